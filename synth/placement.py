@@ -1,0 +1,366 @@
+"""Placements of parallelism axes onto a hierarchy: parallelism matrices.
+
+A placement is an integer matrix ``X`` (axes x levels) whose column products are
+the level counts and whose row products are the axis sizes: ``X[a][l]`` is how
+many ways axis ``a`` is split at level ``l``.
+
+Digit-order convention (used by the mesh, the groups and the docs):
+
+* a device id is the mixed-radix number of its level coordinates, the outermost
+  level most significant;
+* inside level ``l`` the level coordinate is the mixed-radix number of the axes'
+  digits ``d[a][l] < X[a][l]`` in declared axis order, the LAST axis fastest;
+* an axis rank is the mixed-radix number of that axis' digits over the levels,
+  the outermost level most significant.
+
+Equivalently: ``arange(N).reshape([X[a][l] for l in levels for a in axes])``
+indexes devices by digits; transposing to axis-major order gives the mesh.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .errors import SynthError
+from .topology import Topology
+
+Matrix = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    size: int
+
+
+def parse_axes(spec: str) -> tuple[Axis, ...]:
+    """Parse ``dp=16,mp=8`` into axes, in declared order."""
+    axes: list[Axis] = []
+    for item in (s.strip() for s in spec.split(",")):
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(-?\d+)", item)
+        if not m:
+            raise SynthError(f"--axes '{item}': expected NAME=SIZE, e.g. --axes dp=16,mp=8")
+        name, size = m.group(1), int(m.group(2))
+        if size < 1:
+            raise SynthError(f"--axes {name}={size}: an axis size must be >= 1")
+        if any(a.name == name for a in axes):
+            raise SynthError(f"--axes: axis '{name}' is declared twice")
+        axes.append(Axis(name, size))
+    return tuple(axes)
+
+
+def check_axes_fit(axes: Sequence[Axis], topology: Topology) -> None:
+    product = math.prod(a.size for a in axes)
+    if product != topology.num_devices:
+        sizes = " x ".join(str(a.size) for a in axes)
+        raise SynthError(
+            f"--axes: the axis sizes multiply to {product} ({sizes}) but topology "
+            f"'{topology.name}' has {topology.num_devices} devices "
+            f"({' x '.join(map(str, topology.counts))}); make them equal (or use --scale)"
+        )
+
+
+def parse_reduce(spec: str | None, axes: Sequence[Axis]) -> tuple[str, ...]:
+    """Reduction axes, in declared axis order; default: the first axis."""
+    if not spec:
+        return (axes[0].name,)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    declared = [a.name for a in axes]
+    for name in names:
+        if name not in declared:
+            raise SynthError(
+                f"--reduce: unknown axis '{name}'; declared axes are {', '.join(declared)}"
+            )
+    if len(set(names)) != len(names):
+        raise SynthError(f"--reduce: an axis is named twice in '{spec}'")
+    return tuple(a for a in declared if a in names)
+
+
+# ---------------------------------------------------------------- constraints
+
+_OPS = ("<=", ">=", "=")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``X[axis][level] op value``, e.g. ``mp@node=1`` (mp stays inside a node)."""
+
+    axis: str
+    level: str
+    op: str
+    value: int
+
+    def holds(self, value: int) -> bool:
+        return {"=": value == self.value, "<=": value <= self.value, ">=": value >= self.value}[self.op]
+
+    def __str__(self) -> str:
+        return f"{self.axis}@{self.level}{self.op}{self.value}"
+
+
+def parse_constraint(spec: str, axes: Sequence[Axis], topology: Topology) -> Constraint:
+    m = re.fullmatch(r"\s*(\w+)\s*@\s*(\w+)\s*(<=|>=|==|=)\s*(\d+)\s*", spec)
+    if not m:
+        raise SynthError(
+            f"--constrain '{spec}': expected AXIS@LEVEL=N, AXIS@LEVEL>=N or AXIS@LEVEL<=N, "
+            "e.g. --constrain mp@node=1"
+        )
+    axis, level, op, value = m.group(1), m.group(2), m.group(3), int(m.group(4))
+    if axis not in [a.name for a in axes]:
+        raise SynthError(
+            f"--constrain '{spec}': unknown axis '{axis}'; declared axes are "
+            f"{', '.join(a.name for a in axes)}"
+        )
+    if level not in topology.level_names:
+        raise SynthError(
+            f"--constrain '{spec}': unknown level '{level}'; topology '{topology.name}' has "
+            f"levels {', '.join(topology.level_names)}"
+        )
+    return Constraint(axis, level, "=" if op == "==" else op, value)
+
+
+# ---------------------------------------------------------------- enumeration
+
+
+def _prime_exponents(n: int) -> dict[int, int]:
+    out: dict[int, int] = {}
+    p = 2
+    while p * p <= n:
+        while n % p == 0:
+            out[p] = out.get(p, 0) + 1
+            n //= p
+        p += 1
+    if n > 1:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _index_constraints(
+    constraints: Iterable[Constraint], axis_names: Sequence[str], level_names: Sequence[str]
+) -> list[tuple[int, int, Constraint]]:
+    return [(list(axis_names).index(c.axis), list(level_names).index(c.level), c) for c in constraints]
+
+
+def enumerate_matrices(
+    counts: Sequence[int],
+    sizes: Sequence[int],
+    constraints: Iterable[Constraint] = (),
+    axis_names: Sequence[str] = (),
+    level_names: Sequence[str] = (),
+) -> list[Matrix]:
+    """Every parallelism matrix satisfying the constraints, enumerated with z3.
+
+    Each entry is encoded by its prime exponents, which turns the column and row
+    product equations into linear sums; models are enumerated with blocking
+    clauses. The result is sorted (lexicographically by rows), so it does not
+    depend on the solver's order.
+    """
+    import z3
+
+    if math.prod(counts) != math.prod(sizes):
+        return []
+    primes = sorted(set().union(*(_prime_exponents(n).keys() for n in [*counts, *sizes])))
+    solver = z3.Solver()
+    x = [[z3.Int(f"x_{a}_{l}") for l in range(len(counts))] for a in range(len(sizes))]
+    exp = {
+        (a, l, p): z3.Int(f"e_{a}_{l}_{p}")
+        for a in range(len(sizes))
+        for l in range(len(counts))
+        for p in primes
+    }
+    for l, h in enumerate(counts):
+        vh = _prime_exponents(h)
+        for p in primes:
+            solver.add(z3.Sum([exp[a, l, p] for a in range(len(sizes))]) == vh.get(p, 0))
+        for a in range(len(sizes)):
+            for p in primes:
+                solver.add(exp[a, l, p] >= 0, exp[a, l, p] <= vh.get(p, 0))
+            choices = []
+            for d in _divisors(h):
+                vd = _prime_exponents(d)
+                choices.append(z3.And(x[a][l] == d, *[exp[a, l, p] == vd.get(p, 0) for p in primes]))
+            solver.add(z3.Or(choices))
+    for a, size in enumerate(sizes):
+        vs = _prime_exponents(size)
+        for p in primes:
+            solver.add(z3.Sum([exp[a, l, p] for l in range(len(counts))]) == vs.get(p, 0))
+    for a, l, c in _index_constraints(constraints, axis_names, level_names):
+        solver.add({"=": x[a][l] == c.value, "<=": x[a][l] <= c.value, ">=": x[a][l] >= c.value}[c.op])
+    found: list[Matrix] = []
+    flat = [v for row in x for v in row]
+    while solver.check() == z3.sat:
+        model = solver.model()
+        values = [model.eval(v).as_long() for v in flat]
+        found.append(tuple(tuple(values[a * len(counts) : (a + 1) * len(counts)]) for a in range(len(sizes))))
+        solver.add(z3.Or([v != val for v, val in zip(flat, values)]))
+    return sorted(found)
+
+
+def enumerate_matrices_plain(
+    counts: Sequence[int],
+    sizes: Sequence[int],
+    constraints: Iterable[Constraint] = (),
+    axis_names: Sequence[str] = (),
+    level_names: Sequence[str] = (),
+) -> list[Matrix]:
+    """The same set as :func:`enumerate_matrices`, by plain recursive factorisation."""
+    indexed = _index_constraints(constraints, axis_names, level_names)
+    out: list[Matrix] = []
+
+    def splits(n: int, remaining: list[int], a: int):
+        # ordered factorisations of n over axes a.., factor of axis a dividing remaining[a]
+        if a == len(remaining):
+            if n == 1:
+                yield ()
+            return
+        for d in _divisors(n):
+            if remaining[a] % d == 0:
+                for rest in splits(n // d, remaining, a + 1):
+                    yield (d, *rest)
+
+    def levels(l: int, remaining: list[int], columns: list[tuple[int, ...]]):
+        if l == len(counts):
+            if all(r == 1 for r in remaining):
+                matrix = tuple(tuple(col[a] for col in columns) for a in range(len(sizes)))
+                if all(c.holds(matrix[a][lv]) for a, lv, c in indexed):
+                    out.append(matrix)
+            return
+        for col in splits(counts[l], remaining, 0):
+            levels(l + 1, [r // c for r, c in zip(remaining, col)], columns + [col])
+
+    if math.prod(counts) == math.prod(sizes):
+        levels(0, list(sizes), [])
+    return sorted(out)
+
+
+# ---------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A parallelism matrix on a topology, with the mesh and groups it implies."""
+
+    topology: Topology
+    axes: tuple[Axis, ...]
+    matrix: Matrix
+
+    def __post_init__(self) -> None:
+        for l, h in enumerate(self.topology.counts):
+            if math.prod(row[l] for row in self.matrix) != h:
+                raise SynthError(
+                    f"matrix column '{self.topology.levels[l].name}' multiplies to "
+                    f"{math.prod(row[l] for row in self.matrix)}, expected the level count {h}"
+                )
+        for a, axis in enumerate(self.axes):
+            if math.prod(self.matrix[a]) != axis.size:
+                raise SynthError(
+                    f"matrix row '{axis.name}' multiplies to {math.prod(self.matrix[a])}, "
+                    f"expected the axis size {axis.size}"
+                )
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.axes)
+
+    def _digits(self) -> np.ndarray:
+        """Device ids indexed by digits, dims ordered (level, axis), level-major."""
+        dims = [self.matrix[a][l] for l in range(len(self.topology.levels)) for a in range(len(self.axes))]
+        return np.arange(self.topology.num_devices).reshape(dims)
+
+    def _dim(self, a: int, l: int) -> int:
+        return l * len(self.axes) + a
+
+    @cached_property
+    def mesh(self) -> np.ndarray:
+        """Array of shape (axis sizes) holding device ids (JAX Mesh / DeviceMesh order)."""
+        order = [self._dim(a, l) for a in range(len(self.axes)) for l in range(len(self.topology.levels))]
+        return self._digits().transpose(order).reshape([a.size for a in self.axes])
+
+    def _table(self, reduce_axes: Sequence[str], level_major: bool) -> np.ndarray:
+        red = [self.axis_names.index(r) for r in reduce_axes]
+        rest = [a for a in range(len(self.axes)) if a not in red]
+        nl = len(self.topology.levels)
+        outer = [self._dim(a, l) for a in rest for l in range(nl)]
+        if level_major:
+            inner = [self._dim(a, l) for l in range(nl) for a in red]
+        else:
+            inner = [self._dim(a, l) for a in red for l in range(nl)]
+        k = math.prod(self.axes[a].size for a in red)
+        return self._digits().transpose(outer + inner).reshape(-1, k)
+
+    def reduction_groups(self, reduce_axes: Sequence[str]) -> np.ndarray:
+        """(groups, k) device ids; row g is one reduction group, column r the device
+        with reduction rank r (mixed radix over the reduction axes, last fastest)."""
+        return self._table(reduce_axes, level_major=False)
+
+    def synthesis_groups(self, reduce_axes: Sequence[str]) -> np.ndarray:
+        """(groups, k) device ids; the same rows as :meth:`reduction_groups`, columns
+        ordered by synthesis-hierarchy index (level-major digits, see
+        :meth:`synthesis_levels`)."""
+        return self._table(reduce_axes, level_major=True)
+
+    def synthesis_levels(self, reduce_axes: Sequence[str]) -> tuple[tuple[str, int], ...]:
+        """The synthesis hierarchy below the root: for each level where the
+        reduction axes are split (product of ``X[a][l]`` over them > 1), its name
+        and that product. Every reduction group has this shape."""
+        red = [self.axis_names.index(r) for r in reduce_axes]
+        out = []
+        for l, level in enumerate(self.topology.levels):
+            size = math.prod(self.matrix[a][l] for a in red)
+            if size > 1:
+                out.append((level.name, size))
+        return tuple(out)
+
+    def rank_to_synthesis_index(self, reduce_axes: Sequence[str]) -> tuple[int, ...]:
+        """``sigma[r]`` = synthesis index of the device with reduction rank ``r``
+        (the same in every reduction group)."""
+        by_rank = self.reduction_groups(reduce_axes)[0]
+        by_index = self.synthesis_groups(reduce_axes)[0]
+        position = {int(d): i for i, d in enumerate(by_index)}
+        return tuple(position[int(d)] for d in by_rank)
+
+    def describe(self) -> str:
+        """Compact text, e.g. ``dp=[node:4 gpu:1] mp=[node:1 gpu:16]``."""
+        names = self.topology.level_names
+        return " ".join(
+            f"{axis.name}=[" + " ".join(f"{n}:{v}" for n, v in zip(names, row)) + "]"
+            for axis, row in zip(self.axes, self.matrix)
+        )
+
+
+def enumerate_placements(
+    topology: Topology, axes: Sequence[Axis], constraints: Sequence[Constraint] = ()
+) -> list[Placement]:
+    """All placements of ``axes`` on ``topology`` satisfying ``constraints`` (z3)."""
+    check_axes_fit(axes, topology)
+    matrices = enumerate_matrices(
+        topology.counts,
+        [a.size for a in axes],
+        constraints,
+        [a.name for a in axes],
+        topology.level_names,
+    )
+    return [Placement(topology, tuple(axes), m) for m in matrices]
+
+
+def parse_matrix(spec: str, axes: Sequence[Axis], topology: Topology) -> Matrix:
+    """Parse ``4,1;1,16`` (rows = axes, separated by ';') into a matrix."""
+    try:
+        rows = tuple(tuple(int(v) for v in row.split(",")) for row in spec.split(";"))
+    except ValueError:
+        raise SynthError(f"--matrix '{spec}': expected rows of integers like '4,1;1,16'") from None
+    if len(rows) != len(axes) or any(len(r) != len(topology.levels) for r in rows):
+        raise SynthError(
+            f"--matrix '{spec}': expected {len(axes)} rows (axes) of {len(topology.levels)} "
+            "entries (levels), rows separated by ';'"
+        )
+    return rows

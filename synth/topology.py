@@ -1,0 +1,218 @@
+"""Cluster topologies: a list of levels, outermost first, loaded from validated YAML.
+
+A device is a leaf of the hierarchy; its id is its mixed-radix coordinate over the
+level counts, the outermost level most significant. Each level also describes the
+uplink from one element of that level to its parent's switch (the NIC of a node,
+the NVLink port of a GPU). Units are in key names; GB = 1e9 bytes as in nccl-tests.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import SynthError
+from .resources import topologies_dir
+
+FABRICS = ("switch", "ring")
+RESERVED_NAMES = ("root", "inside", "parallel", "master")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of the hierarchy and the uplink of each of its elements.
+
+    ``fabric`` says how siblings of this level are connected under their parent:
+    ``switch`` (any pair talks through the parent switch) or ``ring`` (a
+    non-switched ring such as an NVLink ring, neighbours only).
+    """
+
+    name: str
+    count: int
+    bandwidth_GBps: float
+    latency_us: float
+    ports: int = 1
+    fabric: str = "switch"
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    levels: tuple[Level, ...]
+    description: str = ""
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(level.count for level in self.levels)
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        return tuple(level.name for level in self.levels)
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.counts)
+
+    def level_index(self, name: str) -> int:
+        try:
+            return self.level_names.index(name)
+        except ValueError:
+            raise SynthError(
+                f"unknown level '{name}'; topology '{self.name}' has levels "
+                f"{', '.join(self.level_names)}"
+            ) from None
+
+    def scaled(self, counts: Mapping[str, int]) -> "Topology":
+        """A copy with some level counts overridden (``--scale node=2``)."""
+        levels = list(self.levels)
+        for name, count in counts.items():
+            i = self.level_index(name)
+            if count < 1:
+                raise SynthError(f"--scale {name}={count}: a level count must be >= 1")
+            levels[i] = replace(levels[i], count=count)
+        return replace(self, levels=tuple(levels))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "levels": [
+                {
+                    "name": lv.name,
+                    "count": lv.count,
+                    "bandwidth_GBps": lv.bandwidth_GBps,
+                    "latency_us": lv.latency_us,
+                    "ports": lv.ports,
+                    "fabric": lv.fabric,
+                }
+                for lv in self.levels
+            ],
+        }
+
+
+_LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
+    # key: (type, required, example for the fix)
+    "name": (str, True, "name: node"),
+    "count": (int, True, "count: 4"),
+    "bandwidth_GBps": (float, True, "bandwidth_GBps: 25.0"),
+    "latency_us": (float, True, "latency_us: 5.0"),
+    "ports": (int, False, "ports: 1"),
+    "fabric": (str, False, "fabric: switch"),
+}
+_TOP_FIELDS = ("name", "description", "levels")
+
+
+def _check_type(where: str, key: str, value: Any, kind: type, example: str) -> Any:
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise SynthError(
+            f"{where}: field '{key}' must be {'a number' if kind is float else 'an integer' if kind is int else 'a string'}, "
+            f"got {value!r}; write e.g. '{example}'"
+        )
+    return value
+
+
+def topology_from_dict(data: Any, source: str) -> Topology:
+    """Build and validate a topology; errors name ``source``, the field and the fix."""
+    if not isinstance(data, dict):
+        raise SynthError(f"{source}: expected a mapping with keys {', '.join(_TOP_FIELDS)}")
+    for key in data:
+        if key not in _TOP_FIELDS:
+            raise SynthError(
+                f"{source}: unknown key '{key}' at top level; allowed keys are {', '.join(_TOP_FIELDS)}"
+            )
+    raw_levels = data.get("levels")
+    if not isinstance(raw_levels, list) or not raw_levels:
+        raise SynthError(f"{source}: 'levels' must be a non-empty list of levels, outermost first")
+    levels = []
+    for i, raw in enumerate(raw_levels):
+        where = f"{source}: levels[{i}]"
+        if not isinstance(raw, dict):
+            raise SynthError(f"{where}: expected a mapping with keys {', '.join(_LEVEL_FIELDS)}")
+        if isinstance(raw.get("name"), str):
+            where += f" ({raw['name']})"
+        fields = {}
+        for key, value in raw.items():
+            if key not in _LEVEL_FIELDS:
+                raise SynthError(
+                    f"{where}: unknown key '{key}'; allowed keys are {', '.join(_LEVEL_FIELDS)}"
+                )
+            kind, _, example = _LEVEL_FIELDS[key]
+            fields[key] = _check_type(where, key, value, kind, example)
+        for key, (_, required, example) in _LEVEL_FIELDS.items():
+            if required and key not in fields:
+                raise SynthError(f"{where}: missing field '{key}'; add e.g. '{example}'")
+        name = fields["name"]
+        if not _NAME.match(name) or name in RESERVED_NAMES:
+            raise SynthError(
+                f"{where}: level name '{name}' must be an identifier other than "
+                f"{', '.join(RESERVED_NAMES)}"
+            )
+        if fields["count"] < 1:
+            raise SynthError(f"{where}: 'count' must be >= 1, got {fields['count']}")
+        if fields["bandwidth_GBps"] <= 0:
+            raise SynthError(f"{where}: 'bandwidth_GBps' must be > 0, got {fields['bandwidth_GBps']}")
+        if fields["latency_us"] < 0:
+            raise SynthError(f"{where}: 'latency_us' must be >= 0, got {fields['latency_us']}")
+        if fields.get("ports", 1) < 1:
+            raise SynthError(f"{where}: 'ports' must be >= 1, got {fields['ports']}")
+        if fields.get("fabric", "switch") not in FABRICS:
+            raise SynthError(
+                f"{where}: 'fabric' must be one of {', '.join(FABRICS)}, got {fields['fabric']!r}"
+            )
+        levels.append(Level(**fields))
+    names = [lv.name for lv in levels]
+    for name in names:
+        if names.count(name) > 1:
+            raise SynthError(f"{source}: duplicate level name '{name}'; level names must be unique")
+    name = data.get("name", Path(source).stem)
+    if not isinstance(name, str):
+        raise SynthError(f"{source}: 'name' must be a string")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise SynthError(f"{source}: 'description' must be a string")
+    return Topology(name=name, levels=tuple(levels), description=description)
+
+
+def resolve_topology_path(spec: str) -> Path:
+    """A path, or the name of a shipped topology (``dgx-a100`` or ``dgx-a100.yaml``)."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    shipped = topologies_dir() / (spec if spec.endswith(".yaml") else spec + ".yaml")
+    if shipped.is_file():
+        return shipped
+    known = ", ".join(sorted(p.stem for p in topologies_dir().glob("*.yaml")))
+    raise SynthError(f"topology file '{spec}' not found; give a path or one of: {known}")
+
+
+def load_topology(spec: str) -> Topology:
+    """Load and validate a topology file (path or shipped name)."""
+    path = resolve_topology_path(spec)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SynthError(f"{path}: malformed YAML{at}: {problem}") from None
+    return topology_from_dict(data, str(path))
+
+
+def parse_scale(spec: str) -> dict[str, int]:
+    """Parse ``node=2,gpu=4`` into level-count overrides."""
+    out: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise SynthError(f"--scale '{item}': expected LEVEL=COUNT, e.g. --scale node=2")
+        out[name.strip()] = int(value)
+    return out
