@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 from .language import Collective, Instruction, Program
+from .placement import Placement
 from .semantics import (
     Goal,
     Hierarchy,
@@ -22,6 +24,7 @@ from .semantics import (
     apply_grouping,
     distinct_groupings,
     final_collectives,
+    hierarchy_of,
     initial_state,
     is_goal,
     may_finish_in_one_step,
@@ -124,3 +127,26 @@ def _synthesize_indices(
             walk(g, depth, ())
     found.sort(key=lambda p: (len(p), p))
     return tuple(found), SearchStats(states=len(states), transitions=transitions, programs=len(found))
+
+
+@dataclass(frozen=True)
+class PlacementPrograms:
+    """A placement, its synthesis hierarchy and every valid program on it."""
+
+    placement: Placement
+    hierarchy: Hierarchy
+    programs: tuple[Program, ...]
+    stats: SearchStats
+
+
+def synthesize_placements(
+    placements: Sequence[Placement], reduce_axes: Sequence[str], goal: Goal, max_steps: int = 5
+) -> list[PlacementPrograms]:
+    """Programs for each placement; placements sharing a synthesis hierarchy shape
+    share one search (level names are substituted, the programs are the same)."""
+    out = []
+    for placement in placements:
+        hierarchy = hierarchy_of(placement, reduce_axes)
+        programs, stats = synthesize(hierarchy, goal, max_steps)
+        out.append(PlacementPrograms(placement, hierarchy, programs, stats))
+    return out

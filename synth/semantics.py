@@ -41,6 +41,7 @@ import numpy as np
 
 from .errors import SynthError
 from .language import ROOT, Collective, Form, Instruction
+from .placement import Placement
 
 Run = tuple[int, int, int]  # (first chunk, stop chunk, contributor bitmask)
 # (run stops, run masks): runs partition chunks 0..k-1; mask 0 = not held
@@ -83,6 +84,12 @@ class Hierarchy:
 
     def describe(self) -> str:
         return " > ".join(f"{n} x{s}" for n, s in zip(self.names, self.sizes)) or "(single device)"
+
+
+def hierarchy_of(placement: Placement, reduce_axes: Sequence[str]) -> Hierarchy:
+    """The synthesis hierarchy of a reduction over ``reduce_axes`` on ``placement``."""
+    levels = placement.synthesis_levels(reduce_axes)
+    return Hierarchy(tuple(n for n, _ in levels), tuple(s for _, s in levels))
 
 
 # ---------------------------------------------------------------- groups
