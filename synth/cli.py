@@ -159,6 +159,8 @@ def _verified_documents(
 
 def _run_synthesis(argv: Sequence[str]) -> int:
     args = _main_parser().parse_args(argv)
+    if args.show is not None and args.show < 0:
+        raise SynthError(f"--show {args.show}: must be >= 0")
     problem = _problem(args)
     started = time.perf_counter()
     placements = _placements(problem)

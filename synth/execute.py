@@ -25,7 +25,7 @@ import numpy as np
 
 from .errors import SynthError
 from .language import Collective
-from .lowering import LoweredProgram, LoweredStep
+from .lowering import LoweredProgram, LoweredStep, verification_scope
 from .semantics import Goal
 
 
@@ -52,6 +52,11 @@ def execute(steps: Sequence[LoweredStep], buffers: np.ndarray) -> None:
                 buffers[g[:, None], c] = buffers[g[0], c][None]
 
 
+#: (device, chunk) slots the reference executes at once: the whole system if it
+#: fits, else reduction group 0 alone (see ``verification_scope``)
+LIMIT = 1 << 22
+
+
 def check_numerically(lowered: LoweredProgram, length: int | None = None, seed: int = 0) -> int:
     """Run the program on random integer data and compare every output element
     with the direct reduction computed from the reduction groups alone.
@@ -59,8 +64,13 @@ def check_numerically(lowered: LoweredProgram, length: int | None = None, seed: 
     ``length`` is the per-device buffer length (AllReduce, ReduceScatter) or
     shard length (AllGather); the default ``2k+1`` is odd and, for ``k > 1``, not
     a multiple of ``k``, so padding is exercised. Returns the number of elements
-    checked; raises SynthError on the first mismatch.
+    checked; raises SynthError on the first mismatch or if even one reduction
+    group is too large to execute.
     """
+    scoped = verification_scope(lowered, LIMIT)
+    if scoped is None:
+        raise SynthError(f"numpy reference: {lowered.num_chunks}^2 chunk slots exceed {LIMIT}")
+    lowered = scoped[0]
     k, n = lowered.num_chunks, lowered.num_devices
     rng = np.random.default_rng(seed)
     groups = np.asarray(lowered.reduction_groups)

@@ -92,7 +92,11 @@ def parse_program(text: str, source: str = "<program>") -> Program:
     except lark.UnexpectedInput as exc:
         line, column = exc.line, exc.column
         if isinstance(exc, lark.UnexpectedToken):
-            found = "end of input" if exc.token.type == "$END" else repr(str(exc.token))
+            found = repr(str(exc.token))
+            if exc.token.type == "$END":  # point just past the last character
+                found = "end of input"
+                line = text.count("\n") + 1
+                column = len(text.rsplit("\n", 1)[-1]) + 1
             expected = ", ".join(sorted(_describe(t) for t in exc.expected))
             what = f"unexpected {found}; expected {expected}"
         elif isinstance(exc, lark.UnexpectedCharacters):

@@ -138,3 +138,40 @@ def lower(program: Program, placement: Placement, reduce_axes: Sequence[str], go
         chunk_of_rank=chunk_of_rank,
         steps=tuple(steps),
     )
+
+
+def restrict(lowered: LoweredProgram, rows: Sequence[int]) -> LoweredProgram:
+    """The program on some reduction groups only, devices renumbered 0.. in the
+    order of those groups. Sound because every lowered group lies inside one
+    reduction group (checked here): the groups never exchange data."""
+    keep = [lowered.reduction_groups[i] for i in rows]
+    ids = {d: i for i, d in enumerate(d for g in keep for d in g)}
+    steps = []
+    for step in lowered.steps:
+        pairs = []
+        for group, chunks in zip(step.groups, step.chunks):
+            inside = [d in ids for d in group]
+            if any(inside) and not all(inside):
+                raise SynthError(f"{step.instruction}: group {list(group)} spans reduction groups")
+            if all(inside):
+                pairs.append((tuple(ids[d] for d in group), chunks))
+        steps.append(LoweredStep(step.instruction, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)))
+    return LoweredProgram(
+        program=lowered.program,
+        goal=lowered.goal,
+        num_devices=len(ids),
+        num_chunks=lowered.num_chunks,
+        reduction_groups=tuple(tuple(ids[d] for d in g) for g in keep),
+        chunk_of_rank=lowered.chunk_of_rank,
+        steps=tuple(steps),
+    )
+
+
+def verification_scope(lowered: LoweredProgram, limit: int) -> tuple[LoweredProgram, str] | None:
+    """What a verifier with a budget of ``limit`` (device, chunk) values checks:
+    the whole system, else reduction group 0 alone, else None (too large)."""
+    if lowered.num_devices * lowered.num_chunks <= limit:
+        return lowered, "whole system"
+    if lowered.num_chunks**2 <= limit:
+        return restrict(lowered, [0]), f"reduction group 0 of {len(lowered.reduction_groups)}"
+    return None

@@ -68,9 +68,11 @@ def check_axes_fit(axes: Sequence[Axis], topology: Topology) -> None:
 
 def parse_reduce(spec: str | None, axes: Sequence[Axis]) -> tuple[str, ...]:
     """Reduction axes, in declared axis order; default: the first axis."""
-    if not spec:
+    if spec is None:
         return (axes[0].name,)
     names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise SynthError(f"--reduce '{spec}': name at least one axis, e.g. --reduce {axes[0].name}")
     declared = [a.name for a in axes]
     for name in names:
         if name not in declared:

@@ -68,7 +68,10 @@ def plan_document(placement: Placement, reduce_axes: Sequence[str], lowered: Low
 
 
 def write_plan(path: str | Path, document: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(document, indent=1) + "\n")
+    try:
+        Path(path).write_text(json.dumps(document, indent=1) + "\n")
+    except OSError as exc:
+        raise SynthError(f"{path}: cannot write plan ({exc.strerror})") from None
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ def load_plan(path: str | Path) -> Plan:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise SynthError(f"{source}: no such plan file") from None
+    except OSError as exc:
+        raise SynthError(f"{source}: cannot read plan ({exc.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SynthError(f"{source}: not a valid plan: corrupted JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
@@ -119,7 +124,12 @@ def load_plan(path: str | Path) -> Plan:
     except (TypeError, KeyError, ValueError):
         raise SynthError(f"{source}: not a valid plan: 'axes' must be a list of {{name, size}}") from None
     matrix = _int_lists(_field(doc, "matrix", list, source), "matrix", source)
-    placement = Placement(topology, axes, matrix)
+    try:
+        placement = Placement(topology, axes, matrix)
+    except SynthError as exc:
+        raise SynthError(f"{source}: not a valid plan: {exc}") from None
+    if _field(doc, "mesh", list, source) != placement.mesh.tolist():
+        raise SynthError(f"{source}: the stored mesh is not the mesh of the stored matrix")
     reduce_axes = tuple(_field(doc, "reduce", list, source))
     unknown = [r for r in reduce_axes if r not in placement.axis_names]
     if unknown or not reduce_axes:
@@ -175,7 +185,10 @@ def verify_lowered(lowered: LoweredProgram) -> Verification:
 
 def verify_plan(plan: Plan, source: str = "plan") -> Verification:
     """Re-derive the plan's lowering, compare it with the stored one, re-prove it."""
-    derived = lower(plan.program, plan.placement, plan.reduce_axes, plan.goal)
+    try:
+        derived = lower(plan.program, plan.placement, plan.reduce_axes, plan.goal)
+    except SynthError as exc:
+        raise SynthError(f"{source}: the program is not valid on the stored placement: {exc}") from None
     if derived != plan.stored:
         for number, (a, b) in enumerate(zip(derived.steps, plan.stored.steps), 1):
             if a != b:
@@ -187,4 +200,7 @@ def verify_plan(plan: Plan, source: str = "plan") -> Verification:
             f"{source}: the stored reduction groups, chunk count or chunk_of_rank differ from "
             "the lowering of the program on this placement"
         )
-    return verify_lowered(plan.stored)
+    try:
+        return verify_lowered(plan.stored)
+    except SynthError as exc:
+        raise SynthError(f"{source}: {exc}") from None

@@ -108,6 +108,21 @@ _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
 _TOP_FIELDS = ("name", "description", "levels")
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that rejects a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: D401 - PyYAML hook
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _check_type(where: str, key: str, value: Any, kind: type, example: str) -> Any:
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -158,6 +173,9 @@ def topology_from_dict(data: Any, source: str) -> Topology:
             )
         if fields["count"] < 1:
             raise SynthError(f"{where}: 'count' must be >= 1, got {fields['count']}")
+        for key in ("bandwidth_GBps", "latency_us"):
+            if not math.isfinite(fields[key]):
+                raise SynthError(f"{where}: '{key}' must be a finite number, got {fields[key]}")
         if fields["bandwidth_GBps"] <= 0:
             raise SynthError(f"{where}: 'bandwidth_GBps' must be > 0, got {fields['bandwidth_GBps']}")
         if fields["latency_us"] < 0:
@@ -198,7 +216,11 @@ def load_topology(spec: str) -> Topology:
     """Load and validate a topology file (path or shipped name)."""
     path = resolve_topology_path(spec)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except UnicodeDecodeError:
+        raise SynthError(f"{path}: not a text file (YAML must be UTF-8)") from None
+    except OSError as exc:
+        raise SynthError(f"{path}: cannot read topology ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -1,0 +1,679 @@
+"""The ``synth-reduce`` command line: good paths (table, JSON, plans, check) and bad
+input (exit code 2, one line on stderr naming what is wrong, nothing on stdout)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synth.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp")
+
+BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
+REQUIRED_2LEVEL = [
+    "AllReduce(root, inside)",
+    BLUECONNECT,
+    "Reduce(node, inside)\nAllReduce(node, master(root))\nBroadcast(node, inside)",
+    "AllReduce(node, inside)\nAllReduce(node, parallel(root))",
+]
+
+
+def usage_error(cli, *argv) -> str:
+    """Run the CLI, expect exit code 2, empty stdout and one error line; return it."""
+    code, out, err = cli(*argv)
+    assert code == 2, (code, out, err)
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith("synth-reduce: error: ")
+    return err[len("synth-reduce: error: ") : -1]
+
+
+def run_json(*argv) -> dict:
+    """In-process run for module-scoped fixtures (capsys is function-scoped)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*argv, "--json"])
+    assert code == 0, err.getvalue()
+    return json.loads(out.getvalue())
+
+
+def expected_mesh(counts, matrix) -> np.ndarray:
+    """The device mesh, computed independently from DESIGN.md's convention: a device id
+    is mixed radix over the levels (outer most significant); inside a level the axes'
+    digits are in declared order, last fastest; an axis rank is mixed radix over its
+    digits per level, outermost most significant."""
+    naxes = len(matrix)
+    sizes = [math.prod(row) for row in matrix]
+    mesh = np.full(sizes, -1)
+    for device in range(math.prod(counts)):
+        coords, rest = [], device
+        for h in reversed(counts):
+            coords.append(rest % h)
+            rest //= h
+        coords.reverse()
+        ranks = [0] * naxes
+        for lvl, c in enumerate(coords):
+            digits = []
+            for a in reversed(range(naxes)):
+                digits.append(c % matrix[a][lvl])
+                c //= matrix[a][lvl]
+            digits.reverse()
+            for a in range(naxes):
+                ranks[a] = ranks[a] * matrix[a][lvl] + digits[a]
+        mesh[tuple(ranks)] = device
+    return mesh
+
+
+@pytest.fixture(scope="module")
+def p2_json() -> dict:
+    """The full, verified JSON document for dp=4,mp=16 on p2-a100, reducing dp."""
+    return run_json(*P2)
+
+
+def placement_by_matrix(doc: dict, matrix) -> dict:
+    (found,) = [p for p in doc["placements"] if p["matrix"] == matrix]
+    return found
+
+
+@pytest.fixture(scope="module")
+def plan_path(tmp_path_factory, p2_json) -> Path:
+    """A plan of BlueConnect on the 2-level placement (dp split over node and gpu)."""
+    placement = placement_by_matrix(p2_json, [[2, 2], [2, 8]])
+    program = [q["text"] for q in placement["programs"]].index(BLUECONNECT)
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main([*P2, "--no-verify", "--placement", str(placement["index"]),
+                     "--program", str(program), "--out", str(path)])
+    assert code == 0
+    assert out.getvalue().rstrip().endswith(
+        f"wrote plan: placement {placement['index']}, program {program} -> {path}"
+    )
+    return path
+
+
+def tampered(plan_path: Path, tmp_path: Path, change) -> Path:
+    doc = json.loads(plan_path.read_text())
+    change(doc)
+    path = tmp_path / "tampered.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# ================================================================ good paths
+
+
+def test_table_lists_three_placements(cli):
+    code, out, err = cli(*P2)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "topology p2-a100: node x4 > gpu x16 (64 devices); axes dp=4 mp=16; allreduce over dp"
+    assert lines[1].startswith("3 placement(s), 99 program(s) of at most 5 steps, synthesized in ")
+    assert lines[1].endswith("; listed programs verified (numpy reference + z3 proof)")
+    assert "matrix rows are axes, columns are levels: node gpu" in lines
+    rows = [ln for ln in lines if ln[:3].strip().isdigit()]
+    assert [r.split()[:2] for r in rows] == [
+        ["0", "dp:1,4"], ["1", "dp:2,2"], ["2", "dp:4,1"],
+    ]
+    assert [r.split()[2:4] for r in rows] == [["/", "mp:4,4"], ["/", "mp:2,8"], ["/", "mp:1,16"]]
+    # reduction crosses: gpu only / node and gpu / node only; program counts 3 / 93 / 3
+    assert "gpu x4" in rows[0] and rows[0].split()[6] == "3"
+    assert "node x2 > gpu x2" in rows[1] and rows[1].split()[9] == "93"
+    assert "node x4" in rows[2] and rows[2].split()[6] == "3"
+    assert all(r.endswith("AllReduce(root, inside)") for r in rows)
+    # three programs shown per placement by default, multi-step ones joined with ' ; '
+    assert out.count("ReduceScatter(root, inside) ; AllGather(root, inside)") == 3
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("  #  matrix"))
+    assert set(lines[header + 1]) == {"-"}
+    table = lines[header + 2 :]
+    assert len(table) == 9 and all(ln.endswith(")") for ln in table)
+
+
+def test_show_limits_the_programs_listed(cli):
+    code, out, _ = cli(*P2, "--show", "1", "--no-verify")
+    assert code == 0
+    assert "ReduceScatter(root, inside) ; AllGather(root, inside)" not in out
+    assert out.count("AllReduce(root, inside)") == 3
+    assert "verified" not in out
+
+
+def test_json_document_shape(p2_json):
+    doc = p2_json
+    assert doc["reduce"] == ["dp"] and doc["collective"] == "allreduce"
+    assert doc["axes"] == [{"name": "dp", "size": 4}, {"name": "mp", "size": 16}]
+    assert [(lv["name"], lv["count"]) for lv in doc["topology"]["levels"]] == [("node", 4), ("gpu", 16)]
+    assert doc["verified"] is True and doc["max_steps"] == 5 and doc["constraints"] == []
+    assert isinstance(doc["placements"], list) and len(doc["placements"]) == 3
+    assert [p["index"] for p in doc["placements"]] == [0, 1, 2]
+    assert [p["matrix"] for p in doc["placements"]] == [[[1, 4], [4, 4]], [[2, 2], [2, 8]], [[4, 1], [1, 16]]]
+    assert [p["num_programs"] for p in doc["placements"]] == [3, 93, 3]
+    assert [p["crosses"] for p in doc["placements"]] == [["gpu"], ["node", "gpu"], ["node"]]
+
+
+def test_json_matrices_are_parallelism_matrices(p2_json):
+    counts, sizes = (4, 16), (4, 16)
+    for p in p2_json["placements"]:
+        m = p["matrix"]
+        assert len(m) == 2 and all(len(row) == 2 for row in m)  # axes x levels
+        assert tuple(math.prod(row[lvl] for row in m) for lvl in range(2)) == counts
+        assert tuple(math.prod(row) for row in m) == sizes
+
+
+def test_json_mesh_holds_every_device_once_in_the_documented_order(p2_json):
+    for p in p2_json["placements"]:
+        mesh = np.array(p["mesh"])
+        assert mesh.shape == (4, 16)
+        assert sorted(mesh.ravel().tolist()) == list(range(64))
+        assert mesh.tolist() == expected_mesh((4, 16), p["matrix"]).tolist()
+
+
+def test_json_programs_and_steps(p2_json):
+    for p in p2_json["placements"]:
+        assert len(p["programs"]) == p["num_programs"]  # --json lists all
+        for prog in p["programs"]:
+            lines = prog["text"].split("\n")
+            assert prog["num_steps"] == len(prog["steps"]) == len(lines)
+            assert prog["verified"]["numpy_elements"] > 0 and prog["verified"]["z3"]
+            for line, step in zip(lines, prog["steps"]):
+                assert step["instruction"] == line
+                assert line.startswith(step["collective"] + "(")
+                assert step["collective"] in {"AllReduce", "ReduceScatter", "AllGather", "Reduce", "Broadcast"}
+                flat = [d for g in step["groups"] for d in g]
+                assert all(isinstance(d, int) and 0 <= d < 64 for d in flat)
+                assert len(flat) == len(set(flat))  # a device is in at most one group per step
+
+
+def test_allreduce_root_inside_groups_are_the_mesh_columns(p2_json):
+    for p in p2_json["placements"]:
+        mesh = np.array(p["mesh"])
+        (prog,) = [q for q in p["programs"] if q["text"] == "AllReduce(root, inside)"]
+        (step,) = prog["steps"]
+        assert step["collective"] == "AllReduce"
+        # reducing dp on a (4, 16) mesh: the group of mp index j is mesh[:, j]
+        assert step["groups"] == [mesh[:, j].tolist() for j in range(16)]
+
+
+def test_two_level_placement_has_the_required_programs(p2_json):
+    placement = placement_by_matrix(p2_json, [[2, 2], [2, 8]])
+    assert placement["synthesis_hierarchy"] == [{"name": "node", "size": 2}, {"name": "gpu", "size": 2}]
+    texts = [q["text"] for q in placement["programs"]]
+    for required in REQUIRED_2LEVEL:
+        assert required in texts
+    assert texts[0] == "AllReduce(root, inside)"  # shortest first
+    assert [len(t.split("\n")) for t in texts] == sorted(len(t.split("\n")) for t in texts)
+    assert len(texts) == len(set(texts))
+
+
+def test_two_level_program_groups_follow_the_mesh(p2_json):
+    placement = placement_by_matrix(p2_json, [[2, 2], [2, 8]])
+    mesh = np.array(placement["mesh"])
+    # dp rank = 2 * (node digit) + (gpu digit)
+    inside = sorted(mesh[[2 * n, 2 * n + 1], j].tolist() for n in range(2) for j in range(16))
+    parallel = sorted(mesh[[g, 2 + g], j].tolist() for g in range(2) for j in range(16))
+    master = sorted(mesh[[0, 2], j].tolist() for j in range(16))
+    expected = {
+        "ReduceScatter(node, inside)": inside,
+        "AllGather(node, inside)": inside,
+        "Reduce(node, inside)": inside,
+        "Broadcast(node, inside)": inside,
+        "AllReduce(node, inside)": inside,
+        "AllReduce(node, parallel(root))": parallel,
+        "AllReduce(node, master(root))": master,
+    }
+    by_text = {q["text"]: q for q in placement["programs"]}
+    seen = 0
+    for text in REQUIRED_2LEVEL[1:]:
+        for step in by_text[text]["steps"]:
+            assert sorted(step["groups"]) == expected[step["instruction"]], step["instruction"]
+            seen += 1
+    assert seen == 8
+
+
+@pytest.mark.parametrize(
+    "constraint, matrices",
+    [
+        ("dp@node=1", [[[1, 4], [4, 4]]]),
+        ("dp@node>=2", [[[2, 2], [2, 8]], [[4, 1], [1, 16]]]),
+        ("dp@node==4", [[[4, 1], [1, 16]]]),
+        ("mp@node<=2", [[[2, 2], [2, 8]], [[4, 1], [1, 16]]]),
+        ("mp@gpu=16", [[[4, 1], [1, 16]]]),
+    ],
+)
+def test_constrain(cli, constraint, matrices):
+    code, out, err = cli(*P2, "--constrain", constraint, "--json", "--no-verify")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [p["matrix"] for p in doc["placements"]] == matrices
+    assert doc["constraints"] == [constraint.replace("==", "=")]
+    assert doc["verified"] is False and "verified" not in doc["placements"][0]["programs"][0]
+
+
+def test_constrain_is_repeatable(cli):
+    code, out, _ = cli(*P2, "--constrain", "dp@node>=2", "--constrain", "dp@gpu>=2", "--json", "--no-verify")
+    assert code == 0
+    assert [p["matrix"] for p in json.loads(out)["placements"]] == [[[2, 2], [2, 8]]]
+
+
+def test_out_then_verify(cli, plan_path, p2_json):
+    doc = json.loads(plan_path.read_text())
+    assert doc["schema"] == "synth-reduce/plan" and doc["version"] == 1
+    assert doc["matrix"] == [[2, 2], [2, 8]] and doc["reduce"] == ["dp"]
+    assert doc["mesh"] == placement_by_matrix(p2_json, [[2, 2], [2, 8]])["mesh"]
+    assert doc["program"]["text"] == BLUECONNECT
+    code, out, err = cli("verify", plan_path)
+    assert code == 0 and err == ""
+    assert out.splitlines()[0] == (
+        f"{plan_path}: verified allreduce over dp on dp=[node:2 gpu:2] mp=[node:2 gpu:8]"
+    )
+    assert "program: " + BLUECONNECT.replace("\n", " ; ") in out
+    assert "z3: proved for all inputs" in out
+
+
+def test_verify_json(cli, plan_path):
+    code, out, _ = cli("verify", plan_path, "--json")
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["verified"] is True and summary["program"] == BLUECONNECT
+    assert summary["collective"] == "allreduce" and summary["reduce"] == ["dp"]
+    assert summary["numpy_elements"] > 0 and summary["z3_obligations"] > 0
+
+
+def test_check_blueconnect_on_a_given_matrix(cli, tmp_path):
+    program = tmp_path / "blueconnect.txt"
+    program.write_text("# BlueConnect\n" + BLUECONNECT + "\n")
+    code, out, err = cli("check", program, *P2, "--matrix", "2,2;2,8")
+    assert code == 0 and err == ""
+    assert out.splitlines()[0] == f"{program}: " + BLUECONNECT.replace("\n", " ; ")
+    assert "dp=[node:2 gpu:2] mp=[node:2 gpu:8]: valid (numpy: " in out
+    assert "not valid" not in out
+
+
+def test_check_over_all_placements_reports_each(cli, tmp_path):
+    program = tmp_path / "blueconnect.txt"
+    program.write_text(BLUECONNECT)
+    code, out, _ = cli("check", program, *P2, "--json")
+    assert code == 0
+    rows = json.loads(out)["placements"]
+    assert [r["valid"] for r in rows] == [False, True, False]  # needs both node and gpu in the hierarchy
+    assert "not in the synthesis hierarchy" in rows[0]["reason"]
+
+
+def test_check_reads_standard_input(cli, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("ReduceScatter(root, inside); AllGather(root, inside)"))
+    code, out, _ = cli("check", "-", *P2)
+    assert code == 0
+    assert out.count(": valid (numpy: ") == 3
+
+
+def _verify_every_program(cli, tmp_path, collective, counts):
+    """--out each (placement, program) and re-prove it with verify."""
+    code, out, _ = cli(*P2, "--collective", collective, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["collective"] == collective
+    assert [p["num_programs"] for p in doc["placements"]] == counts
+    texts = []
+    for p in doc["placements"]:
+        for j, prog in enumerate(p["programs"]):
+            assert prog["verified"]["numpy_elements"] > 0
+            path = tmp_path / f"{collective}-{p['index']}-{j}.json"
+            code, _, err = cli(*P2, "--collective", collective, "--no-verify", "--placement", p["index"],
+                               "--program", j, "--out", path)
+            assert code == 0, err
+            code, vout, err = cli("verify", path)
+            assert code == 0, err
+            assert f"verified {collective} over dp" in vout
+            texts.append(prog["text"])
+    return texts
+
+
+def test_reducescatter_programs_all_verify(cli, tmp_path):
+    texts = _verify_every_program(cli, tmp_path, "reducescatter", [1, 3, 1])
+    assert "ReduceScatter(root, inside)" in texts
+    assert "ReduceScatter(node, inside)\nReduceScatter(node, parallel(root))" in texts
+    assert all(t.startswith("ReduceScatter") for t in texts)
+
+
+def test_allgather_programs_all_verify(cli, tmp_path):
+    texts = _verify_every_program(cli, tmp_path, "allgather", [1, 5, 1])
+    assert "AllGather(root, inside)" in texts
+    assert "AllGather(node, inside)\nAllGather(node, parallel(root))" in texts
+
+
+def test_scale_changes_the_device_count(cli):
+    argv = ("--topology", "p2-a100", "--axes", "dp=2,mp=16")
+    code, out, _ = cli(*argv, "--scale", "node=2", "--no-verify")
+    assert code == 0
+    assert out.splitlines()[0] == "topology p2-a100: node x2 > gpu x16 (32 devices); axes dp=2 mp=16; allreduce over dp"
+    msg = usage_error(cli, *argv)  # without --scale: 32 axes product vs 64 devices
+    assert "multiply to 32" in msg and "64 devices" in msg
+
+
+def test_scale_in_json(cli):
+    code, out, _ = cli("--topology", "rack", "--axes", "dp=2,mp=4", "--scale", "rack=1,node=1",
+                       "--json", "--no-verify")
+    assert code == 0
+    doc = json.loads(out)
+    assert [lv["count"] for lv in doc["topology"]["levels"]] == [1, 1, 2, 4]
+    for p in doc["placements"]:
+        assert sorted(np.array(p["mesh"]).ravel().tolist()) == list(range(8))
+
+
+def test_default_reduction_axis_is_the_first(cli):
+    code, out, _ = cli("--topology", "testbed-2x4", "--axes", "dp=4,mp=2", "--no-verify")
+    assert code == 0
+    assert out.splitlines()[0].endswith("axes dp=4 mp=2; allreduce over dp")
+
+
+def test_version(cli, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("synth-reduce ")
+
+
+# ================================================================ bad input
+
+
+def test_malformed_yaml(cli, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: t\nlevels:\n  - name: node\n    count: 4: 5\n")
+    msg = usage_error(cli, "--topology", path, "--axes", "dp=4")
+    assert msg.startswith(str(path))
+    assert "malformed YAML at line 4, column 13" in msg
+
+
+def test_unknown_key_in_topology(cli, tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("levels:\n  - {name: node, count: 4, bandwidth_GBps: 1, latency_us: 1, colour: red}\n")
+    msg = usage_error(cli, "--topology", path, "--axes", "dp=4")
+    assert msg == (
+        f"{path}: levels[0] (node): unknown key 'colour'; allowed keys are "
+        "name, count, bandwidth_GBps, latency_us, ports, fabric"
+    )
+
+
+def test_unknown_topology(cli):
+    msg = usage_error(cli, "--topology", "nosuch", "--axes", "dp=4")
+    assert msg.startswith("topology file 'nosuch' not found; give a path or one of: dgx-a100")
+
+
+def test_inconsistent_axes_states_both_numbers(cli):
+    msg = usage_error(cli, "--topology", "p2-a100", "--axes", "dp=4,mp=8")
+    assert "multiply to 32 (4 x 8)" in msg
+    assert "topology 'p2-a100' has 64 devices (4 x 16)" in msg
+
+
+@pytest.mark.parametrize(
+    "axes, expected",
+    [
+        ("dp", "--axes 'dp': expected NAME=SIZE"),
+        ("", "--axes '': expected NAME=SIZE"),
+        ("dp=0,mp=64", "--axes dp=0: an axis size must be >= 1"),
+        ("dp=4,dp=16", "--axes: axis 'dp' is declared twice"),
+    ],
+)
+def test_bad_axes(cli, axes, expected):
+    assert expected in usage_error(cli, "--topology", "p2-a100", "--axes", axes)
+
+
+def test_unknown_reduction_axis(cli):
+    msg = usage_error(cli, "--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "tp")
+    assert msg == "--reduce: unknown axis 'tp'; declared axes are dp, mp"
+
+
+def test_reduction_axis_named_twice(cli):
+    msg = usage_error(cli, "--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp,dp")
+    assert "--reduce: an axis is named twice" in msg
+
+
+@pytest.mark.parametrize(
+    "constraint, expected",
+    [
+        ("tp@node=1", "--constrain 'tp@node=1': unknown axis 'tp'; declared axes are dp, mp"),
+        ("dp@rack=1", "--constrain 'dp@rack=1': unknown level 'rack'; topology 'p2-a100' has levels node, gpu"),
+        ("dp=node", "--constrain 'dp=node': expected AXIS@LEVEL=N"),
+        ("dp@node<2", "--constrain 'dp@node<2': expected AXIS@LEVEL=N"),
+    ],
+)
+def test_bad_constraint(cli, constraint, expected):
+    assert usage_error(cli, *P2, "--constrain", constraint).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "constraints, shown",
+    [
+        (["dp@node=3"], "dp@node=3"),
+        (["dp@node=1", "mp@node=1"], "dp@node=1, mp@node=1"),
+        (["dp@gpu>=8"], "dp@gpu>=8"),
+    ],
+)
+def test_unsatisfiable_constraints(cli, constraints, shown):
+    argv = [x for c in constraints for x in ("--constrain", c)]
+    msg = usage_error(cli, *P2, *argv)  # usage_error checks stdout is empty: no empty table
+    assert msg == f"no placement satisfies the constraints ({shown}); relax or remove a --constrain"
+
+
+@pytest.mark.parametrize(
+    "scale, expected",
+    [
+        ("node=0", "--scale node=0: a level count must be >= 1"),
+        ("node", "--scale 'node': expected LEVEL=COUNT"),
+        ("node=two", "--scale 'node=two': expected LEVEL=COUNT"),
+        ("rack=2", "unknown level 'rack'; topology 'p2-a100' has levels node, gpu"),
+    ],
+)
+def test_bad_scale(cli, scale, expected):
+    assert expected in usage_error(cli, *P2, "--scale", scale)
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--collective", "broadcast"], "argument --collective: invalid choice: 'broadcast'"),
+        (["--max-steps", "0"], "--max-steps 0: must be >= 1"),
+        (["--max-steps", "x"], "argument --max-steps: invalid int value: 'x'"),
+        (["--placement", "7", "--out", "never.json"], "--placement 7: choose 0..2"),
+        (["--program", "999", "--out", "never.json"], "--program 999: placement 0 has programs 0..2"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_options(cli, tmp_path, monkeypatch, extra, expected):
+    monkeypatch.chdir(tmp_path)
+    assert expected in usage_error(cli, *P2, "--no-verify", *extra)
+    assert not (tmp_path / "never.json").exists()
+
+
+def test_missing_required_arguments(cli):
+    msg = usage_error(cli)
+    assert "the following arguments are required: --topology, --axes" in msg
+    assert "see 'synth-reduce --help'" in msg
+
+
+def test_check_unparsable_program(cli, tmp_path):
+    program = tmp_path / "bad.txt"
+    program.write_text("ReduceScatter(node, inside)\nAllReduce(node parallel(root))\n")
+    msg = usage_error(cli, "check", program, *P2)
+    assert msg == f"{program}:2:16: syntax error: unexpected 'parallel'; expected ','"
+
+
+def test_check_unexpected_character(cli, tmp_path):
+    program = tmp_path / "bad.txt"
+    program.write_text("AllReduce(root, inside) $\n")
+    assert usage_error(cli, "check", program, *P2) == f"{program}:1:25: syntax error: unexpected character '$'"
+
+
+def test_check_program_that_is_not_an_allreduce(cli, tmp_path):
+    program = tmp_path / "rs.txt"
+    program.write_text("ReduceScatter(root, inside)\n")
+    msg = usage_error(cli, "check", program, *P2)
+    assert msg.startswith(f"{program} does not implement allreduce over dp on any of 3 placements; first: ")
+    msg = usage_error(cli, "check", program, *P2, "--matrix", "2,2;2,8")
+    assert msg.startswith(f"{program} does not implement allreduce over dp on dp=[node:2 gpu:2] mp=[node:2 gpu:8]: ")
+    # ...but it is exactly a reduce-scatter
+    code, _, _ = cli("check", program, *P2, "--collective", "reducescatter")
+    assert code == 0
+
+
+def test_check_rejects_allreduce_over_gpu_parallel_root(cli, tmp_path):
+    # (gpu, parallel(root)) varies every digit: one group of all 4 members, which
+    # hold different chunks after the intra-node reduce-scatter
+    program = tmp_path / "p.txt"
+    program.write_text("ReduceScatter(node, inside)\nAllReduce(gpu, parallel(root))\nAllGather(node, inside)\n")
+    msg = usage_error(cli, "check", program, *P2, "--matrix", "2,2;2,8")
+    assert "step 2 AllReduce(gpu, parallel(root)) is invalid" in msg
+    assert "members hold different chunks" in msg
+
+
+def test_check_unknown_level_in_program(cli, tmp_path):
+    program = tmp_path / "p.txt"
+    program.write_text("AllReduce(rack, inside)\n")
+    msg = usage_error(cli, "check", program, *P2, "--matrix", "2,2;2,8")
+    assert "level 'rack' is not in the synthesis hierarchy (root, node, gpu)" in msg
+
+
+def test_check_missing_program_file(cli, tmp_path):
+    missing = tmp_path / "nope.txt"
+    assert usage_error(cli, "check", missing, *P2) == f"{missing}: cannot read program (No such file or directory)"
+
+
+@pytest.mark.parametrize(
+    "matrix, expected",
+    [
+        ("3,2;2,8", "matrix column 'node' multiplies to 6, expected the level count 4"),
+        ("2,2", "--matrix '2,2': expected 2 rows (axes) of 2 entries (levels)"),
+        ("a,b;c,d", "--matrix 'a,b;c,d': expected rows of integers"),
+    ],
+)
+def test_check_bad_matrix(cli, tmp_path, matrix, expected):
+    program = tmp_path / "p.txt"
+    program.write_text("AllReduce(root, inside)\n")
+    assert expected in usage_error(cli, "check", program, *P2, "--matrix", matrix)
+
+
+def test_verify_corrupted_plan(cli, tmp_path, plan_path):
+    path = tmp_path / "cut.json"
+    path.write_text(plan_path.read_text()[:300])
+    msg = usage_error(cli, "verify", path)
+    assert msg.startswith(f"{path}: not a valid plan: corrupted JSON (")
+
+
+def test_verify_missing_plan(cli, tmp_path):
+    assert usage_error(cli, "verify", tmp_path / "nope.json") == f"{tmp_path / 'nope.json'}: no such plan file"
+
+
+def test_verify_not_a_plan(cli, tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text("[1, 2]")
+    assert usage_error(cli, "verify", path) == (
+        f'{path}: not a synth-reduce plan (expected "schema": "synth-reduce/plan")'
+    )
+
+
+def test_verify_wrong_version(cli, tmp_path, plan_path):
+    path = tampered(plan_path, tmp_path, lambda d: d.update(version=2))
+    assert usage_error(cli, "verify", path) == (
+        f"{path}: plan version 2 is not supported; this synth-reduce reads version 1 "
+        "(re-create the plan with --out)"
+    )
+
+
+def _swap_first_members(groups):
+    groups[0][0], groups[1][0] = groups[1][0], groups[0][0]
+
+
+def test_verify_tampered_step_groups(cli, tmp_path, plan_path):
+    path = tampered(plan_path, tmp_path, lambda d: _swap_first_members(d["program"]["steps"][1]["groups"]))
+    assert usage_error(cli, "verify", path) == (
+        f"{path}: step 2 (AllReduce(node, parallel(root))) stores groups or chunks that differ "
+        "from the lowering of the program on this placement"
+    )
+
+
+def test_verify_tampered_reduction_groups(cli, tmp_path, plan_path):
+    path = tampered(plan_path, tmp_path, lambda d: _swap_first_members(d["reduction_groups"]))
+    msg = usage_error(cli, "verify", path)
+    assert msg.startswith(f"{path}: the stored reduction groups, chunk count or chunk_of_rank differ")
+
+
+def test_verify_tampered_chunks(cli, tmp_path, plan_path):
+    def change(d):
+        d["program"]["steps"][0]["chunks"][0] = list(reversed(d["program"]["steps"][0]["chunks"][0]))
+
+    msg = usage_error(cli, "verify", tampered(plan_path, tmp_path, change))
+    assert "step 1 (ReduceScatter(node, inside)) stores groups or chunks that differ" in msg
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda d: d["program"].pop("text"), "not a valid plan: missing field 'text'"),
+        (lambda d: d.update(matrix="x"), "not a valid plan: field 'matrix' has the wrong type"),
+        (lambda d: d.update(collective="foo"), "not a valid plan: unknown collective 'foo'"),
+        (lambda d: d["program"]["steps"].pop(), "plan is inconsistent: 2 steps stored for a 3-instruction program"),
+        (lambda d: d["program"].update(text="AllReduce(root inside)"), "program.text:1:16: syntax error"),
+    ],
+    ids=["no-text", "matrix-type", "collective", "steps", "text-syntax"],
+)
+def test_verify_invalid_plan_fields(cli, tmp_path, plan_path, change, expected):
+    path = tampered(plan_path, tmp_path, change)
+    msg = usage_error(cli, "verify", path)
+    assert msg.startswith(f"{path}: ") and expected in msg
+
+
+# ================================================================ subprocess
+
+
+def test_subprocess_exit_code_2_without_traceback(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "synth.cli", "--topology", "p2-a100", "--axes", "dp=4,mp=8"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("synth-reduce: error: --axes: the axis sizes multiply to 32")
+    assert proc.stderr.count("\n") == 1
+
+
+# ================================================================ fixed bugs (regressions)
+
+
+def test_out_to_unwritable_path_is_a_clean_error(cli, tmp_path):
+    target = tmp_path / "missing-dir" / "plan.json"
+    assert str(target) in usage_error(cli, *P2, "--no-verify", "--out", target)
+
+
+def test_verify_directory_is_a_clean_error(cli, tmp_path):
+    assert str(tmp_path) in usage_error(cli, "verify", tmp_path)
+
+
+def test_verify_detects_tampered_mesh(cli, tmp_path, plan_path):
+    path = tampered(plan_path, tmp_path, lambda d: d["mesh"][0].reverse())
+    assert "mesh" in usage_error(cli, "verify", path)
+
+
+def test_verify_changed_matrix_names_the_file(cli, tmp_path, plan_path):
+    path = tampered(plan_path, tmp_path, lambda d: d.update(matrix=[[4, 1], [1, 16]]))
+    assert usage_error(cli, "verify", path).startswith(f"{path}: ")
+
+
+def test_empty_reduce_list_is_an_error(cli):
+    assert "--reduce" in usage_error(cli, *P2[:4], "--reduce", ",", "--no-verify")
+
+
+def test_negative_show_is_an_error(cli):
+    assert "--show" in usage_error(cli, *P2, "--show", "-1", "--no-verify")

@@ -1,0 +1,181 @@
+"""Groups, collective rules (valid/invalid pairs), and the state search."""
+
+import itertools
+
+import pytest
+
+from synth.language import Collective, Form, format_program, parse_program
+from synth.search import instruction_set, synthesize
+from synth.semantics import (
+    Goal,
+    Hierarchy,
+    apply_collective,
+    apply_step,
+    distinct_groupings,
+    groups_of,
+    initial_state,
+    is_goal,
+    resolve,
+    runs_of,
+)
+
+AR, RS, AG, RED, BC = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER,
+                       Collective.REDUCE, Collective.BROADCAST)
+
+
+def H(*sizes):
+    return Hierarchy(tuple("abcdefg"[: len(sizes)]), tuple(sizes))
+
+
+def test_groups_follow_the_design_definitions():
+    sizes = (2, 3)  # device index = 3*c1 + c2
+    assert groups_of(sizes, 0, Form.INSIDE, None) == ((0, 1, 2, 3, 4, 5),)
+    assert groups_of(sizes, 1, Form.INSIDE, None) == ((0, 1, 2), (3, 4, 5))
+    assert groups_of(sizes, 1, Form.PARALLEL, 0) == ((0, 3), (1, 4), (2, 5))
+    assert groups_of(sizes, 1, Form.MASTER, 0) == ((0, 3),)
+    assert groups_of(sizes, 2, Form.INSIDE, None) == ()  # leaves: no-op
+    assert groups_of(sizes, 2, Form.PARALLEL, 1) == ((0, 1, 2), (3, 4, 5))
+    # three levels: (2, parallel(0)) varies c1,c2 and fixes c3
+    assert groups_of((2, 2, 2), 2, Form.PARALLEL, 0) == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert groups_of((2, 2, 2), 2, Form.MASTER, 1) == ((0, 2), (4, 6))
+
+
+def test_distinct_groupings_merge_instructions_with_equal_groups():
+    h = H(2, 3)
+    shapes = [(g.level, g.form, g.ancestor) for g in distinct_groupings(h)]
+    # root inside, a inside, a parallel(root), a master(root); every b-slice
+    # instruction repeats one of these or is a no-op
+    assert shapes == [(0, Form.INSIDE, None), (1, Form.INSIDE, None),
+                      (1, Form.PARALLEL, 0), (1, Form.MASTER, 0)]
+    assert len(instruction_set(h)) == 4 * len(Collective)
+
+
+def test_resolve_rejects_bad_levels():
+    with pytest.raises(Exception, match="not in the synthesis hierarchy"):
+        resolve(parse_program("AllReduce(rack, inside)").instructions[0], H(2, 2))
+    with pytest.raises(Exception, match="needs a level above"):
+        resolve(parse_program("AllReduce(a, parallel(b))").instructions[0], H(2, 2))
+
+
+def _state(k, *devices):
+    """Device states from lists of (first, stop, set of contributors)."""
+    from synth.semantics import _from_runs
+    return [_from_runs([(a, b, sum(1 << d for d in ds)) for a, b, ds in runs], k) for runs in devices]
+
+
+@pytest.mark.parametrize(
+    "collective,members,ok",
+    [
+        (AR, [[(0, 2, {0})], [(0, 2, {1})]], True),
+        (AR, [[(0, 2, {0, 1})], [(0, 2, {1})]], False),           # double counting
+        (AR, [[(0, 1, {0})], [(1, 2, {1})]], False),              # different chunks
+        (RS, [[(0, 2, {0})], [(0, 2, {1})]], True),
+        (RS, [[(0, 1, {0})], [(0, 1, {1})]], False),              # 1 chunk, 2 parts
+        (AG, [[(0, 1, {0})], [(1, 2, {1})]], True),
+        (AG, [[(0, 1, {0})], [(0, 1, {1})]], False),              # overlapping chunks
+        (AG, [[(0, 1, {0})], [(1, 3, {1})]], False),              # unequal sizes
+        (AG, [[], []], False),                                    # nothing to gather
+        (RED, [[(0, 2, {0})], [(0, 2, {1})]], True),
+        (RED, [[], [(0, 2, {1})]], False),
+        (BC, [[(0, 2, {0, 1})], []], True),
+        (BC, [[(0, 2, {0, 1})], [(0, 2, {1})]], True),           # subset: overwritten
+        (BC, [[(0, 2, {0})], [(0, 2, {1})]], False),              # not contained
+        (BC, [[(0, 2, {0})], [(0, 2, {0})]], False),              # no information gain
+    ],
+)
+def test_collective_preconditions(collective, members, ok):
+    result = apply_collective(collective, _state(2, *members))
+    assert isinstance(result, list) == ok, result
+
+
+def test_collective_effects():
+    a, b = _state(4, [(0, 4, {0})], [(0, 4, {1})])
+    rs = apply_collective(RS, [a, b])
+    assert [runs_of(s) for s in rs] == [[(0, 2, 0b11)], [(2, 4, 0b11)]]
+    red = apply_collective(RED, [a, b])
+    assert runs_of(red[0]) == [(0, 4, 0b11)] and runs_of(red[1]) == []
+    ag = apply_collective(AG, rs)
+    assert [runs_of(s) for s in ag] == [[(0, 4, 0b11)]] * 2
+
+
+def test_step_leaves_devices_outside_groups_alone():
+    state = initial_state(Goal.ALLREDUCE, 4)
+    after = apply_step(state, AR, [(0, 2)])  # a master-style partial step
+    assert after[1] == state[1] and after[3] == state[3]
+    assert runs_of(after[0]) == [(0, 4, 0b0101)] == runs_of(after[2])
+
+
+def _brute_force(h, goal, max_steps):
+    """Every instruction string, checked step by step: the definition itself."""
+    instructions = [(i, resolve(i, h).groups) for i in instruction_set(h)]
+    found = set()
+    for n in range(1, max_steps + 1):
+        for seq in itertools.product(instructions, repeat=n):
+            state = initial_state(goal, h.k)
+            for instruction, groups in seq:
+                state = apply_step(state, instruction.collective, groups)
+                if isinstance(state, str):
+                    break
+            else:
+                if is_goal(state, goal):
+                    found.add(tuple(str(i) for i, _ in seq))
+    return found
+
+
+@pytest.mark.parametrize("sizes,steps", [((4,), 4), ((2, 2), 4), ((2, 3), 3), ((2, 2, 2), 3)])
+@pytest.mark.parametrize("goal", list(Goal))
+def test_state_search_equals_string_enumeration(sizes, steps, goal):
+    h = H(*sizes)
+    programs, stats = synthesize(h, goal, steps)
+    assert {tuple(str(i) for i in p.instructions) for p in programs} == _brute_force(h, goal, steps)
+    assert len(set(programs)) == len(programs) == stats.programs
+    assert [len(p) for p in programs] == sorted(len(p) for p in programs)
+
+
+def test_two_level_reduction_includes_the_classic_programs():
+    h = Hierarchy(("node", "gpu"), (2, 8))
+    texts = {format_program(p, " ; ") for p in synthesize(h, Goal.ALLREDUCE, 5)[0]}
+    for required in [
+        "AllReduce(root, inside)",
+        "ReduceScatter(node, inside) ; AllReduce(node, parallel(root)) ; AllGather(node, inside)",
+        "Reduce(node, inside) ; AllReduce(node, master(root)) ; Broadcast(node, inside)",
+        "AllReduce(node, inside) ; AllReduce(node, parallel(root))",
+    ]:
+        assert required in texts
+
+
+def test_reducescatter_and_allgather_goals():
+    h = Hierarchy(("node", "gpu"), (2, 4))
+    rs = {format_program(p, " ; ") for p in synthesize(h, Goal.REDUCESCATTER, 3)[0]}
+    assert rs == {
+        "ReduceScatter(root, inside)",
+        "ReduceScatter(node, inside) ; ReduceScatter(node, parallel(root))",
+        "ReduceScatter(node, parallel(root)) ; ReduceScatter(node, inside)",
+    }
+    ag = {format_program(p, " ; ") for p in synthesize(h, Goal.ALLGATHER, 2)[0]}
+    assert ag == {
+        "AllGather(root, inside)",
+        "AllGather(node, inside) ; AllGather(node, parallel(root))",
+        "AllGather(node, parallel(root)) ; AllGather(node, inside)",
+    }
+
+
+def test_single_device_reduction_is_the_empty_program():
+    programs, _ = synthesize(Hierarchy((), ()), Goal.ALLREDUCE, 3)
+    assert [len(p) for p in programs] == [0]
+
+
+def test_4096_devices_state_stays_compact():
+    """[node x512, gpu x8] over every device: the same programs as [2, 8] and
+    states of a few runs per device, not k x k bits."""
+    big = Hierarchy(("node", "gpu"), (512, 8))
+    small = Hierarchy(("node", "gpu"), (2, 8))
+    big_programs, stats = synthesize(big, Goal.ALLREDUCE, 3)
+    small_programs, _ = synthesize(small, Goal.ALLREDUCE, 3)
+    assert [format_program(p) for p in big_programs] == [format_program(p) for p in small_programs]
+    assert stats.states < 100
+    state = initial_state(Goal.ALLREDUCE, big.k)
+    for instruction in parse_program("ReduceScatter(node, inside)\nAllReduce(node, parallel(root))").instructions:
+        state = apply_step(state, instruction.collective, resolve(instruction, big).groups)
+        assert not isinstance(state, str)
+        assert max(len(s[0]) for s in state) <= 3

@@ -1,0 +1,344 @@
+"""Topology files: the shipped ones load with their documented shape, and bad files
+give one SynthError that names the file, the field and the fix (never a traceback)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from synth.errors import SynthError
+from synth.resources import topologies_dir
+from synth.topology import (
+    RESERVED_NAMES,
+    Level,
+    load_topology,
+    parse_scale,
+    resolve_topology_path,
+    topology_from_dict,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------- shipped topologies
+
+# name -> [(level name, count)], outermost first, as documented in DESIGN.md / the files
+SHIPPED = {
+    "dgx-a100": [("node", 16), ("gpu", 8)],
+    "dgx-h100": [("node", 16), ("gpu", 8)],
+    "p2-a100": [("node", 4), ("gpu", 16)],
+    "p2-v100": [("node", 4), ("gpu", 8)],
+    "rack": [("rack", 2), ("node", 4), ("cpu", 2), ("gpu", 4)],
+    "testbed-2x4": [("node", 2), ("rank", 4)],
+}
+
+
+def test_shipped_set_is_exactly_the_documented_one():
+    assert sorted(p.stem for p in topologies_dir().glob("*.yaml")) == sorted(SHIPPED)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_topology_loads_with_documented_levels(name):
+    topo = load_topology(name)
+    assert topo.name == name
+    assert [(lv.name, lv.count) for lv in topo.levels] == SHIPPED[name]
+    assert topo.num_devices == math.prod(c for _, c in SHIPPED[name])
+    assert topo.description  # every shipped file says what it models
+    for lv in topo.levels:
+        assert lv.bandwidth_GBps > 0 and lv.latency_us >= 0 and lv.ports >= 1
+
+
+def test_p2_a100_facts():
+    node, gpu = load_topology("p2-a100").levels
+    assert (node.bandwidth_GBps, node.ports, node.fabric) == (8.0, 1, "switch")  # one shared NIC
+    assert (gpu.bandwidth_GBps, gpu.fabric) == (270.0, "switch")  # NVSwitch, 90% of 300
+    assert load_topology("p2-a100").num_devices == 64
+
+
+def test_p2_v100_gpus_form_a_ring():
+    topo = load_topology("p2-v100")
+    node, gpu = topo.levels
+    assert topo.counts == (4, 8) and topo.num_devices == 32
+    assert gpu.fabric == "ring" and gpu.bandwidth_GBps == 135.0
+    assert node.fabric == "switch" and node.bandwidth_GBps == 8.0 and node.ports == 1
+
+
+def test_dgx_nodes_have_one_nic_per_gpu_rail():
+    a100 = load_topology("dgx-a100").levels[0]
+    h100 = load_topology("dgx-h100").levels[0]
+    assert (a100.ports, a100.bandwidth_GBps) == (8, 24.0)
+    assert h100.ports == 8 and 46.0 <= h100.bandwidth_GBps <= 49.0
+
+
+def test_rack_has_four_levels_and_64_devices():
+    topo = load_topology("rack")
+    assert topo.level_names == ("rack", "node", "cpu", "gpu")
+    assert topo.counts == (2, 4, 2, 4)
+    assert topo.num_devices == 64
+
+
+# ---------------------------------------------------------------- loading by name or path
+
+
+def test_load_by_name_with_and_without_suffix_and_by_path():
+    by_name = load_topology("p2-a100")
+    assert load_topology("p2-a100.yaml") == by_name
+    assert load_topology(str(REPO / "topologies" / "p2-a100.yaml")) == by_name
+    assert resolve_topology_path("p2-a100").name == "p2-a100.yaml"
+
+
+def test_a_path_wins_over_a_shipped_name(tmp_path, monkeypatch):
+    (tmp_path / "p2-a100").write_text(
+        "name: mine\nlevels:\n  - {name: node, count: 3, bandwidth_GBps: 1, latency_us: 1}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert load_topology("p2-a100").name == "mine"
+
+
+def test_unknown_topology_lists_the_shipped_ones():
+    with pytest.raises(SynthError) as info:
+        load_topology("no-such-cluster")
+    msg = str(info.value)
+    assert "no-such-cluster" in msg and "not found" in msg
+    for name in SHIPPED:
+        assert name in msg
+
+
+def test_defaults_and_name_from_file_stem(tmp_path):
+    path = tmp_path / "mini.yaml"
+    path.write_text("levels:\n  - name: node\n    count: 2\n    bandwidth_GBps: 3\n    latency_us: 0\n")
+    topo = load_topology(str(path))
+    assert topo.name == "mini"  # no 'name': the file stem
+    assert topo.levels == (Level("node", 2, 3.0, 0.0, ports=1, fabric="switch"),)
+    assert isinstance(topo.levels[0].bandwidth_GBps, float)  # ints are accepted as numbers
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_to_dict_round_trips(name):
+    topo = load_topology(name)
+    assert topology_from_dict(topo.to_dict(), "x") == topo
+
+
+# ---------------------------------------------------------------- scaling
+
+
+def test_scaled_overrides_counts_and_keeps_the_rest():
+    base = load_topology("p2-a100")
+    small = base.scaled({"node": 2})
+    assert small.counts == (2, 16) and small.num_devices == 32
+    assert small.levels[0].bandwidth_GBps == base.levels[0].bandwidth_GBps
+    assert small.levels[1] == base.levels[1]
+    assert base.counts == (4, 16)  # the original is unchanged
+    assert base.scaled(parse_scale("node=8,gpu=2")).counts == (8, 2)
+
+
+def test_parse_scale():
+    assert parse_scale("node=2") == {"node": 2}
+    assert parse_scale(" node = 2 , gpu=4 ") == {"node": 2, "gpu": 4}
+    assert parse_scale("") == {}
+
+
+@pytest.mark.parametrize("spec", ["node", "node=", "node=x", "node=2.5", "node:2"])
+def test_bad_scale_spec(spec):
+    with pytest.raises(SynthError, match=r"expected LEVEL=COUNT, e\.g\. --scale node=2") as info:
+        parse_scale(spec)
+    assert spec in str(info.value)
+
+
+@pytest.mark.parametrize("count", [0, -1])
+def test_scale_count_below_one(count):
+    with pytest.raises(SynthError, match=rf"--scale node={count}: a level count must be >= 1"):
+        load_topology("p2-a100").scaled(parse_scale(f"node={count}"))
+
+
+def test_scale_unknown_level_names_the_levels():
+    with pytest.raises(SynthError, match=r"unknown level 'rack'; topology 'p2-a100' has levels node, gpu"):
+        load_topology("p2-a100").scaled({"rack": 2})
+
+
+# ---------------------------------------------------------------- validation errors
+
+GOOD_LEVEL = "  - name: node\n    count: 4\n    bandwidth_GBps: 8.0\n    latency_us: 5.0\n"
+
+
+def _load(tmp_path, text: str, name: str = "bad.yaml") -> str:
+    """Load ``text`` as a topology file; return the SynthError message."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(SynthError) as info:
+        load_topology(str(path))
+    msg = str(info.value)
+    assert "\n" not in msg  # one line
+    assert msg.startswith(f"{path}: "), msg  # names the file
+    return msg
+
+
+def test_good_level_snippet_is_valid(tmp_path):
+    path = tmp_path / "good.yaml"
+    path.write_text("name: t\nlevels:\n" + GOOD_LEVEL)
+    assert load_topology(str(path)).counts == (4,)
+
+
+def test_malformed_yaml_reports_line_and_column(tmp_path):
+    msg = _load(tmp_path, "name: t\nlevels:\n  - name: node\n    count: 4: 5\n")
+    assert "malformed YAML at line 4, column 13" in msg
+    assert "mapping values are not allowed here" in msg
+
+
+def test_malformed_yaml_tab_indent(tmp_path):
+    msg = _load(tmp_path, "name: t\n\tlevels: 3\n")
+    assert "malformed YAML at line 2, column 1" in msg
+
+
+def test_unknown_top_level_key(tmp_path):
+    msg = _load(tmp_path, "name: t\nlevls:\n" + GOOD_LEVEL)
+    assert "unknown key 'levls' at top level" in msg
+    assert "allowed keys are name, description, levels" in msg
+
+
+def test_unknown_key_in_a_level(tmp_path):
+    msg = _load(tmp_path, "name: t\nlevels:\n" + GOOD_LEVEL + "    colour: red\n")
+    assert "levels[0] (node): unknown key 'colour'" in msg
+    assert "allowed keys are name, count, bandwidth_GBps, latency_us, ports, fabric" in msg
+
+
+@pytest.mark.parametrize(
+    "field, fix",
+    [
+        ("name", "name: node"),
+        ("count", "count: 4"),
+        ("bandwidth_GBps", "bandwidth_GBps: 25.0"),
+        ("latency_us", "latency_us: 5.0"),
+    ],
+)
+def test_missing_required_field(tmp_path, field, fix):
+    lines = [ln for ln in GOOD_LEVEL.splitlines() if field not in ln]
+    level = "\n".join(lines).replace("    ", "  - ", 1) if field == "name" else "\n".join(lines)
+    msg = _load(tmp_path, "name: t\nlevels:\n" + level + "\n")
+    assert f"missing field '{field}'; add e.g. '{fix}'" in msg
+    assert "levels[0]" in msg
+
+
+def test_missing_field_in_second_level_names_its_index(tmp_path):
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL + "  - name: gpu\n    count: 2\n    latency_us: 1\n")
+    assert "levels[1] (gpu): missing field 'bandwidth_GBps'; add e.g. 'bandwidth_GBps: 25.0'" in msg
+
+
+@pytest.mark.parametrize("count", [0, -3])
+def test_count_below_one(tmp_path, count):
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL.replace("count: 4", f"count: {count}"))
+    assert f"levels[0] (node): 'count' must be >= 1, got {count}" in msg
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("count", '"four"', "field 'count' must be an integer, got 'four'; write e.g. 'count: 4'"),
+        ("count", "2.5", "field 'count' must be an integer, got 2.5; write e.g. 'count: 4'"),
+        ("count", "true", "field 'count' must be an integer, got True; write e.g. 'count: 4'"),
+        (
+            "bandwidth_GBps",
+            "fast",
+            "field 'bandwidth_GBps' must be a number, got 'fast'; write e.g. 'bandwidth_GBps: 25.0'",
+        ),
+        ("latency_us", "[1]", "field 'latency_us' must be a number, got [1]; write e.g. 'latency_us: 5.0'"),
+    ],
+)
+def test_wrong_type(tmp_path, field, value, expected):
+    text = re.sub(rf"{field}: .*", f"{field}: {value}", GOOD_LEVEL)
+    msg = _load(tmp_path, "levels:\n" + text)
+    assert "levels[0] (node)" in msg
+    assert expected in msg
+
+
+def test_name_of_wrong_type(tmp_path):
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL.replace("name: node", "name: 5"))
+    assert "levels[0]: field 'name' must be a string, got 5; write e.g. 'name: node'" in msg
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("bandwidth_GBps", "0", "'bandwidth_GBps' must be > 0, got 0.0"),
+        ("latency_us", "-1", "'latency_us' must be >= 0, got -1.0"),
+    ],
+)
+def test_out_of_range_numbers(tmp_path, field, value, expected):
+    text = re.sub(rf"{field}: .*", f"{field}: {value}", GOOD_LEVEL)
+    assert expected in _load(tmp_path, "levels:\n" + text)
+
+
+def test_ports_and_fabric_validated(tmp_path):
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL + "    ports: 0\n")
+    assert "'ports' must be >= 1, got 0" in msg
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL + "    fabric: mesh\n")
+    assert "'fabric' must be one of switch, ring, got 'mesh'" in msg
+
+
+def test_duplicate_level_name(tmp_path):
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL + GOOD_LEVEL)
+    assert "duplicate level name 'node'; level names must be unique" in msg
+
+
+@pytest.mark.parametrize("name", RESERVED_NAMES)
+def test_reserved_level_name(tmp_path, name):
+    assert set(RESERVED_NAMES) >= {"root", "inside", "parallel", "master"}
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL.replace("name: node", f"name: {name}"))
+    assert f"level name '{name}' must be an identifier other than root, inside, parallel, master" in msg
+
+
+def test_non_identifier_level_name(tmp_path):
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL.replace("name: node", "name: 2node"))
+    assert "level name '2node' must be an identifier" in msg
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "- a\n- b\n", "name: t\n", "levels: []\n", "levels: 3\n"],
+    ids=["empty", "list", "no-levels", "empty-levels", "levels-not-list"],
+)
+def test_bad_document_shape(tmp_path, text):
+    msg = _load(tmp_path, text)
+    assert "expected a mapping with keys name, description, levels" in msg or (
+        "'levels' must be a non-empty list of levels, outermost first" in msg
+    )
+
+
+def test_level_that_is_not_a_mapping(tmp_path):
+    msg = _load(tmp_path, "levels:\n  - node\n")
+    assert "levels[0]: expected a mapping with keys name, count" in msg
+
+
+def test_top_level_name_and_description_must_be_strings(tmp_path):
+    assert "'name' must be a string" in _load(tmp_path, "name: [1]\nlevels:\n" + GOOD_LEVEL)
+    assert "'description' must be a string" in _load(tmp_path, "description: 7\nlevels:\n" + GOOD_LEVEL)
+
+
+def test_topology_from_dict_names_its_source():
+    with pytest.raises(SynthError, match=r"^plan\.json: topology: levels\[0\] \(node\): 'count' must be >= 1"):
+        topology_from_dict(
+            {"levels": [{"name": "node", "count": 0, "bandwidth_GBps": 1, "latency_us": 1}]},
+            "plan.json: topology",
+        )
+
+
+# ---------------------------------------------------------------- fixed bugs (regressions)
+
+
+def test_non_utf8_file_is_a_clean_error(tmp_path):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe name: x\n")
+    with pytest.raises(SynthError, match=re.escape(str(path))):
+        load_topology(str(path))
+
+
+def test_nan_bandwidth_rejected(tmp_path):
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL.replace("bandwidth_GBps: 8.0", "bandwidth_GBps: .nan"))
+    assert "bandwidth_GBps" in msg
+
+
+def test_duplicate_key_in_a_level_rejected(tmp_path):
+    msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL + "    count: 3\n")
+    assert "count" in msg

@@ -1,0 +1,155 @@
+"""Both independent verifiers: numpy reference execution and the z3 proof.
+
+Every program the search emits must pass both on the whole system; programs
+broken on purpose must fail both (each test pairs a valid and an invalid case).
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from synth.errors import SynthError
+from synth.execute import check_numerically, execute
+from synth.language import Collective, parse_program
+from synth.lowering import lower
+from synth.placement import Placement, enumerate_placements, parse_axes
+from synth.prove import prove
+from synth.search import synthesize_placements
+from synth.semantics import Goal
+from synth.topology import load_topology
+
+BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
+
+
+def _sweep(topology, spec, reduce_axes, goal, max_steps):
+    axes = parse_axes(spec)
+    results = synthesize_placements(enumerate_placements(topology, axes), reduce_axes, goal, max_steps)
+    checked = 0
+    for result in results:
+        for program in result.programs:
+            lowered = lower(program, result.placement, reduce_axes, goal)
+            assert check_numerically(lowered, seed=checked) > 0
+            proof = prove(lowered)
+            assert proof.proved, (str(program), proof.counterexample)
+            assert proof.scope == "whole system"
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("goal", list(Goal))
+@pytest.mark.parametrize("spec,reduce_axes", [("dp=2,mp=4", ["dp"]), ("dp=2,mp=4", ["mp"]),
+                                              ("dp=2,mp=4", ["dp", "mp"]), ("dp=4,mp=2", ["dp"])])
+def test_every_program_verifies_on_the_testbed(goal, spec, reduce_axes):
+    topology = load_topology("testbed-2x4")
+    assert _sweep(topology, spec, reduce_axes, goal, 4) > 0
+
+
+def test_every_program_verifies_on_p2_a100_two_level_placement():
+    topology = load_topology("p2-a100")
+    assert _sweep(topology, "dp=4,mp=16", ["dp"], Goal.ALLREDUCE, 5) == 3 + 93 + 3
+
+
+def test_three_axes_reduction_over_two_of_them():
+    topology = load_topology("testbed-2x4")
+    assert _sweep(topology, "a=2,b=2,c=2", ["a", "c"], Goal.ALLREDUCE, 3) > 0
+
+
+@pytest.fixture
+def blueconnect():
+    topology = load_topology("p2-a100")
+    placement = Placement(topology, parse_axes("dp=4,mp=16"), ((2, 2), (2, 8)))
+    return lower(parse_program(BLUECONNECT), placement, ["dp"], Goal.ALLREDUCE)
+
+
+def test_blueconnect_lowering_groups(blueconnect):
+    rs, ar, ag = blueconnect.steps
+    # 16 reduction groups x 2 nodes' halves: groups of 2 devices on one node
+    assert len(rs.groups) == 32 and all(len(g) == 2 and g[0] // 16 == g[1] // 16 for g in rs.groups)
+    assert len(ar.groups) == 32 and all(len(g) == 2 and g[0] // 16 != g[1] // 16 for g in ar.groups)
+    assert rs.groups == ag.groups
+    # member i of a ReduceScatter group ends with part i: the AllReduce groups
+    # cover the chunks their members own
+    assert sorted(map(tuple, {tuple(c) for c in ar.chunks})) == [(0, 1), (2, 3)]
+    assert check_numerically(blueconnect, length=1001) == 64 * 1001
+    assert prove(blueconnect).proved
+
+
+def _swap_collective(lowered, step, collective):
+    steps = list(lowered.steps)
+    instruction = replace(steps[step].instruction, collective=collective)
+    steps[step] = replace(steps[step], instruction=instruction)
+    return replace(lowered, steps=tuple(steps))
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda lp: replace(lp, steps=lp.steps[:-1]),                       # missing AllGather
+        lambda lp: replace(lp, steps=lp.steps + lp.steps[1:2]),            # AllReduce twice
+        lambda lp: _swap_collective(lp, 1, Collective.REDUCE),             # root only
+        lambda lp: replace(lp, steps=(replace(lp.steps[0], chunks=tuple(                # RS parts
+            c[::-1] if i == 0 else c for i, c in enumerate(lp.steps[0].chunks))), *lp.steps[1:])),
+        lambda lp: replace(lp, steps=(lp.steps[0], replace(lp.steps[1], chunks=tuple(
+            (0, 1) for _ in lp.steps[1].chunks)), lp.steps[2])),           # wrong chunks
+    ],
+)
+def test_broken_programs_fail_both_verifiers(blueconnect, break_it):
+    broken = break_it(blueconnect)
+    with pytest.raises(SynthError, match="numpy reference"):
+        check_numerically(broken)
+    proof = prove(broken)
+    assert not proof.proved and "device" in proof.counterexample
+
+
+def test_reversed_chunk_order_is_still_correct(blueconnect):
+    """Reversing one AllReduce group's chunk list permutes equal work: still valid,
+    so the verifiers must accept it (they check values, not syntax)."""
+    lp = blueconnect
+    ar = lp.steps[1]
+    flipped = replace(ar, chunks=tuple(c[::-1] for c in ar.chunks))
+    ok = replace(lp, steps=(lp.steps[0], flipped, lp.steps[2]))
+    assert check_numerically(ok) > 0 and prove(ok).proved
+
+
+def test_double_counting_is_caught():
+    topology = load_topology("testbed-2x4")
+    placement = Placement(topology, parse_axes("x=8"), ((2, 4),))
+    good = lower(parse_program("AllReduce(node, inside)\nAllReduce(node, parallel(root))"),
+                 placement, ["x"], Goal.ALLREDUCE)
+    assert check_numerically(good) > 0 and prove(good).proved
+    twice = replace(good, steps=good.steps + good.steps[:1])   # sums a sum again
+    with pytest.raises(SynthError, match="numpy reference"):
+        check_numerically(twice)
+    assert not prove(twice).proved
+
+
+def test_execute_allgather_and_broadcast_in_place():
+    from synth.lowering import LoweredStep
+    from synth.language import Form, Instruction
+    buf = np.arange(4 * 4).reshape(4, 4, 1)
+    ag = LoweredStep(Instruction(Collective.ALLGATHER, "root", Form.INSIDE), ((0, 1, 2, 3),), ((0, 1, 2, 3),))
+    execute([ag], buf)
+    assert buf[:, :, 0].tolist() == [[0, 5, 10, 15]] * 4
+    bc = LoweredStep(Instruction(Collective.BROADCAST, "root", Form.INSIDE), ((2, 0),), ((1, 3),))
+    buf[2, :, 0] = [7, 8, 9, 10]
+    execute([bc], buf)
+    assert buf[0, :, 0].tolist() == [0, 8, 10, 10]
+
+
+def test_verification_scope_shrinks_with_size():
+    topology = load_topology("dgx-a100").scaled({"node": 8})
+    placement = Placement(topology, parse_axes("dp=64"), ((8, 8),))
+    lowered = lower(parse_program(BLUECONNECT), placement, ["dp"], Goal.ALLREDUCE)
+    proof = prove(lowered)
+    assert proof.proved and proof.scope == "whole system"
+    # 256 devices x 128 chunks is over z3's budget: one reduction group is proved
+    topology = load_topology("dgx-a100").scaled({"node": 32})
+    placement = Placement(topology, parse_axes("dp=128,mp=2"), ((16, 8), (2, 1)))
+    lowered = lower(parse_program(BLUECONNECT), placement, ["dp"], Goal.ALLREDUCE)
+    assert check_numerically(lowered) == 256 * (2 * 128 + 1)  # numpy: whole system
+    proof = prove(lowered)
+    assert proof.proved and proof.scope == "reduction group 0 of 2"
+    # a broken program is still refuted inside the scope
+    broken = replace(lowered, steps=lowered.steps[:2])
+    assert not prove(broken).proved
