@@ -30,7 +30,11 @@ outside the groups keep their state. Rules, per group ``m_0..m_{s-1}``
 * Broadcast: the root holds something, every member's ``has`` is contained in
   the root's and some member's differs; all get the root's state.
 
-All programs are enumerated with blocking clauses over ``op``.
+A device's new state is stated once per distinct result, guarded by the
+instructions that yield it (idle devices and ``STOP`` share "unchanged"; AllReduce
+and AllGather share the union). Counts are ``Sum``s of 0/1 terms over bounded
+values, so the whole unrolling is finite-domain and solved with z3's ``QF_FD``
+(SAT-based) solver. All programs are enumerated with blocking clauses over ``op``.
 """
 
 from __future__ import annotations
@@ -91,27 +95,19 @@ def _fresh(name: str, k: int) -> tuple[SymState, z3.BoolRef]:
     return tuple(devices), z3.And(facts)
 
 
-def _const(held: Sequence[Sequence[bool]], has: Sequence[Sequence[Sequence[bool]]]) -> SymState:
-    """A concrete state as z3 constants."""
-    return tuple(
-        DevState(
-            tuple(z3.BoolVal(h) for h in held[d]),
-            tuple(tuple(z3.BoolVal(v) for v in row) for row in has[d]),
-        )
-        for d in range(len(held))
-    )
+def concrete(k: int, contents: dict[int, set[int]]) -> DevState:
+    """A concrete device state: ``contents`` maps each held chunk to its
+    (non-empty) contributor set; chunks of ``range(k)`` not in it are not held."""
+    has = tuple(tuple(z3.BoolVal(e in contents.get(x, ())) for e in range(k)) for x in range(k))
+    return DevState(tuple(z3.BoolVal(bool(contents.get(x))) for x in range(k)), has)
 
 
 def initial(goal: Goal, k: int) -> SymState:
     """AllReduce/ReduceScatter: ``d`` holds every chunk with contributor ``{d}``;
     AllGather: ``d`` holds chunk ``d`` only, contributor ``{d}``."""
     if goal is Goal.ALLGATHER:
-        held = [[x == d for x in range(k)] for d in range(k)]
-        has = [[[x == d and e == d for e in range(k)] for x in range(k)] for d in range(k)]
-    else:
-        held = [[True] * k for _ in range(k)]
-        has = [[[e == d for e in range(k)] for _ in range(k)] for d in range(k)]
-    return _const(held, has)
+        return tuple(concrete(k, {d: {d}}) for d in range(k))
+    return tuple(concrete(k, {x: {d} for x in range(k)}) for d in range(k))
 
 
 def is_goal(goal: Goal, state: SymState) -> z3.BoolRef:
@@ -169,17 +165,16 @@ def _scatter(held: Sequence[z3.BoolRef], parts: int) -> tuple[z3.BoolRef, list[l
     chunk ``x`` is held and in part ``i`` of the held chunks in increasing order."""
     k = len(held)
     total = _count(held)
-    counts = range(parts, k + 1, parts)
-    divisible = z3.Or([total == n for n in counts])
-    keep = []
-    for i in range(parts):
-        row = []
-        for x in range(k):
-            pos = _count(held[:x])
-            cases = [z3.And(total == n, pos >= i * (n // parts), pos < (i + 1) * (n // parts)) for n in counts]
-            row.append(z3.And(held[x], z3.Or(cases)))
-        keep.append(row)
-    return divisible, keep
+    totals = {n: total == n for n in range(parts, k + 1, parts)}  # the divisible counts
+    pos = [_count(held[:x]) for x in range(k)]  # place of chunk x among the held ones
+    keep = [
+        [
+            z3.And(held[x], z3.Or([z3.And(is_n, i * (n // parts) <= pos[x], pos[x] < (i + 1) * (n // parts)) for n, is_n in totals.items()]))
+            for x in range(k)
+        ]
+        for i in range(parts)
+    ]
+    return z3.Or(list(totals.values())), keep
 
 
 def effects(members: Sequence[DevState]) -> dict[Collective, tuple[z3.BoolRef, list[DevState]]]:
