@@ -337,9 +337,11 @@ _REDUCING = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.REDUCE)
 def apply_collective(collective: Collective, members: Sequence[DeviceState]) -> Union[list[DeviceState], str]:
     """New states of a group's members (root = first), or why the step is invalid."""
     if collective is Collective.ALLGATHER:
-        size = _count(members[0])
-        if size == 0:
+        if not any(members[0][1]):
             return "a member holds no data"
+        if any(a == b for a, b in zip(members, members[1:])):
+            return "members hold overlapping chunks"  # equal non-empty states overlap
+        size = _count(members[0])
         if any(_count(s) != size for s in members):
             return "members hold different numbers of chunks"
         runs = sorted(run for s in members for run in runs_of(s))
