@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from . import __version__
@@ -29,10 +29,14 @@ from .placement import (
     parse_matrix,
     parse_reduce,
 )
+from .cost import ALGORITHMS, Profile, Ranked, default_program, rank
+from .fit import accuracy, fit_profile, load_measurements, load_profile, profile_document, save_profile, split_cases
 from .plan import load_plan, plan_document, program_document, verify_lowered, verify_plan, write_plan
-from .search import PlacementPrograms, synthesize_placements
+from .search import synthesize_placements
 from .semantics import Goal
 from .topology import Topology, load_topology, parse_scale
+from .units import format_seconds, format_size, parse_size
+from .workload import parse_workload, rank_placements
 
 EXIT_USAGE = 2
 
@@ -63,31 +67,42 @@ def _add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=5, help="longest program to search (default: 5)")
 
 
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algo", default="ring", choices=ALGORITHMS,
+                   help="collective algorithm to model: NCCL ring or tree, or the MPI testbed's (default: ring)")
+    p.add_argument("--profile", metavar="PROFILE.json", help="fitted parameters (synth-reduce fit); default: the topology's numbers")
+
+
 def _main_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="synth-reduce",
         description=(
             "Enumerate every placement of parallelism axes on a hierarchical cluster and every "
-            "verified program implementing a reduction over some axes. Subcommands: "
-            "'verify PLAN' re-proves a plan file; 'check FILE' checks a hand-written program."
+            "verified program implementing a reduction over some axes, ranked by predicted time. "
+            "Subcommands: 'verify PLAN' re-proves a plan; 'check FILE' checks a hand-written "
+            "program; 'fit' and 'validate' learn and score the cost model from measurements."
         ),
     )
     _add_problem_arguments(p)
+    _add_model_arguments(p)
+    p.add_argument("--size", default="256MiB", help="bytes per device to reduce, e.g. 256MiB, 1M, 64KB (default: 256MiB)")
+    p.add_argument(
+        "--workload",
+        metavar="AXES:GOAL:SIZE[*REPS],...",
+        help="rank placements for a whole job, e.g. dp:allreduce:1GiB,mp:allreduce:64MiB*48 "
+        "(replaces --reduce, --collective and --size)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--out", metavar="PLAN.json", help="write a plan (one placement and one program)")
-    p.add_argument("--placement", type=int, default=0, metavar="I", help="placement index for --out (default 0)")
-    p.add_argument("--program", type=int, default=0, metavar="J", help="program index for --out (default 0, the shortest)")
+    p.add_argument("--placement", type=int, metavar="I",
+                   help="placement (its # column) for --out (default: the best predicted)")
+    p.add_argument("--program", type=int, default=0, metavar="J",
+                   help="program rank within the placement for --out (default 0, the fastest predicted)")
     p.add_argument(
-        "--show",
-        type=int,
-        metavar="N",
-        help="programs listed per placement (default: 3 in the table, all in --json)",
+        "--top", "--show", dest="top", type=int, metavar="K",
+        help="programs listed per placement, fastest first (default: 3 in the table, all in --json)",
     )
-    p.add_argument(
-        "--no-verify",
-        action="store_true",
-        help="skip the numpy and z3 verification of the listed programs",
-    )
+    p.add_argument("--no-verify", action="store_true", help="skip the numpy and z3 verification of the listed programs")
     p.add_argument("--version", action="version", version=f"synth-reduce {__version__}")
     return p
 
@@ -138,69 +153,95 @@ def _placements(problem: Problem) -> list[Placement]:
     return placements
 
 
+def _load_profile(path: str | None, topology: Topology) -> Profile | None:
+    if path is None:
+        return None
+    profile = load_profile(path)
+    profile.check_matches(topology, path)
+    return profile
+
+
 def _progress(message: str) -> None:
     if sys.stderr.isatty():
         print(f"\r{message}\033[K", end="", file=sys.stderr, flush=True)
 
 
-def _verified_documents(
-    result: PlacementPrograms, problem: Problem, limit: int | None, verify: bool
-) -> list[dict[str, Any]]:
-    docs = []
-    for program in result.programs[:limit]:
-        lowered = lower(program, result.placement, problem.reduce_axes, problem.goal)
-        doc = program_document(lowered)
-        if verify:
-            v = verify_lowered(lowered)
-            doc["verified"] = {"numpy_elements": v.elements_checked, "z3": v.proof.scope}
-        docs.append(doc)
-    return docs
+def _program_document(ranked: Ranked, position: int, problem: Problem, verify: bool) -> dict[str, Any]:
+    result = ranked.result
+    program = result.programs[ranked.order[position]]
+    lowered = lower(program, result.placement, problem.reduce_axes, problem.goal)
+    doc = program_document(lowered)
+    doc["predicted_s"] = ranked.predicted_s[position]
+    if verify:
+        v = verify_lowered(lowered)
+        doc["verified"] = {"numpy_elements": v.elements_checked, "z3": v.proof.scope}
+    return doc
 
 
 def _run_synthesis(argv: Sequence[str]) -> int:
     args = _main_parser().parse_args(argv)
-    if args.show is not None and args.show < 0:
-        raise SynthError(f"--show {args.show}: must be >= 0")
+    if args.top is not None and args.top < 0:
+        raise SynthError(f"--top {args.top}: must be >= 0")
+    if args.workload:
+        return _run_workload(args)
     problem = _problem(args)
+    size_bytes = parse_size(args.size)
+    profile = _load_profile(args.profile, problem.topology)
     started = time.perf_counter()
     placements = _placements(problem)
     results = synthesize_placements(placements, problem.reduce_axes, problem.goal, problem.max_steps)
     synth_s = time.perf_counter() - started
-    limit = args.show if args.show is not None else (None if args.json else 3)
+    started = time.perf_counter()
+    ranked = [rank(r, problem.reduce_axes, problem.goal, size_bytes, args.algo, profile) for r in results]
+    predict_s = time.perf_counter() - started
+    by_speed = sorted(range(len(ranked)), key=lambda i: (ranked[i].best_s, i))
+    limit = args.top if args.top is not None else (None if args.json else 3)
     verify = not args.no_verify
-    listed = []
-    for i, result in enumerate(results):
-        _progress(f"verifying placement {i + 1}/{len(results)}")
-        listed.append(_verified_documents(result, problem, limit, verify))
+    listed = {}
+    for n, i in enumerate(by_speed):
+        _progress(f"verifying placement {n + 1}/{len(by_speed)}")
+        count = len(ranked[i].order) if limit is None else min(limit, len(ranked[i].order))
+        listed[i] = [_program_document(ranked[i], j, problem, verify) for j in range(count)]
     _progress("")
     if args.out:
-        _write_selected_plan(args, problem, results)
+        written = _write_selected_plan(args, problem, ranked, by_speed[0])
+    context = dict(size_bytes=size_bytes, algo=args.algo, profile=args.profile, synth_s=synth_s,
+                   predict_s=predict_s, verify=verify)
     if args.json:
-        print(json.dumps(_json_document(problem, results, listed, synth_s, verify), indent=1))
+        print(json.dumps(_json_document(problem, ranked, by_speed, listed, context), indent=1))
     else:
-        _print_table(problem, results, listed, synth_s, verify, limit)
+        _print_table(problem, ranked, by_speed, listed, context)
         if args.out:
-            print(f"\nwrote plan: placement {args.placement}, program {args.program} -> {args.out}")
+            print(f"\nwrote plan: placement {written[0]}, program {written[1]} -> {args.out}")
     return 0
 
 
-def _write_selected_plan(args: argparse.Namespace, problem: Problem, results: list[PlacementPrograms]) -> None:
-    if not 0 <= args.placement < len(results):
-        raise SynthError(f"--placement {args.placement}: choose 0..{len(results) - 1}")
-    result = results[args.placement]
-    if not result.programs:
+def _write_selected_plan(args: argparse.Namespace, problem: Problem, ranked: list[Ranked], best: int) -> tuple[int, int]:
+    """Write the chosen plan; returns (placement #, program rank)."""
+    index = best if args.placement is None else args.placement
+    if not 0 <= index < len(ranked):
+        raise SynthError(f"--placement {index}: choose 0..{len(ranked) - 1}")
+    chosen = ranked[index]
+    if not chosen.order:
         raise SynthError(
-            f"--placement {args.placement} has no program of at most {problem.max_steps} steps; "
-            "raise --max-steps"
+            f"--placement {index} has no program of at most {problem.max_steps} steps; raise --max-steps"
         )
-    if not 0 <= args.program < len(result.programs):
-        raise SynthError(f"--program {args.program}: placement {args.placement} has programs 0..{len(result.programs) - 1}")
-    lowered = lower(result.programs[args.program], result.placement, problem.reduce_axes, problem.goal)
+    if not 0 <= args.program < len(chosen.order):
+        raise SynthError(f"--program {args.program}: placement {index} has programs 0..{len(chosen.order) - 1}")
+    program = chosen.result.programs[chosen.order[args.program]]
+    lowered = lower(program, chosen.result.placement, problem.reduce_axes, problem.goal)
     verify_lowered(lowered)  # never write an unproved plan
-    write_plan(args.out, plan_document(result.placement, problem.reduce_axes, lowered))
+    document = plan_document(chosen.result.placement, problem.reduce_axes, lowered)
+    document["predicted_s"] = chosen.predicted_s[args.program]
+    write_plan(args.out, document)
+    return index, args.program
 
 
-def _json_document(problem, results, listed, synth_s, verify) -> dict[str, Any]:
+def _model_document(context: dict[str, Any]) -> dict[str, Any]:
+    return {"size_bytes": context["size_bytes"], "algo": context["algo"], "profile": context["profile"]}
+
+
+def _json_document(problem, ranked, by_speed, listed, context) -> dict[str, Any]:
     return {
         "topology": problem.topology.to_dict(),
         "axes": [{"name": a.name, "size": a.size} for a in problem.axes],
@@ -208,46 +249,139 @@ def _json_document(problem, results, listed, synth_s, verify) -> dict[str, Any]:
         "collective": problem.goal.value,
         "constraints": [str(c) for c in problem.constraints],
         "max_steps": problem.max_steps,
-        "synthesis_s": round(synth_s, 6),
-        "verified": verify,
+        "model": _model_document(context),
+        "synthesis_s": round(context["synth_s"], 6),
+        "prediction_s": round(context["predict_s"], 6),
+        "verified": context["verify"],
         "placements": [
             {
                 "index": i,
-                "matrix": [list(row) for row in r.placement.matrix],
-                "mesh": r.placement.mesh.tolist(),
-                "synthesis_hierarchy": [{"name": n, "size": s} for n, s in zip(r.hierarchy.names, r.hierarchy.sizes)],
-                "crosses": list(r.hierarchy.names),
-                "num_programs": len(r.programs),
-                "programs": docs,
+                "rank": n,
+                "matrix": [list(row) for row in ranked[i].result.placement.matrix],
+                "mesh": ranked[i].result.placement.mesh.tolist(),
+                "synthesis_hierarchy": [
+                    {"name": name, "size": size}
+                    for name, size in zip(ranked[i].result.hierarchy.names, ranked[i].result.hierarchy.sizes)
+                ],
+                "crosses": list(ranked[i].result.hierarchy.names),
+                "num_programs": len(ranked[i].order),
+                "default": {
+                    "text": format_program(default_program(problem.goal)),
+                    "predicted_s": ranked[i].default_s,
+                },
+                "best_predicted_s": ranked[i].best_s if ranked[i].order else None,
+                "predicted_speedup": ranked[i].speedup,
+                "programs": listed[i],
             }
-            for i, (r, docs) in enumerate(zip(results, listed))
+            for n, i in enumerate(by_speed)
         ],
     }
 
 
-def _print_table(problem, results, listed, synth_s, verify, limit) -> None:
-    total = sum(len(r.programs) for r in results)
+def _matrix_text(axes, matrix) -> str:
+    return " / ".join(f"{a.name}:" + ",".join(str(v) for v in row) for a, row in zip(axes, matrix))
+
+
+def _model_line(context: dict[str, Any]) -> str:
+    algo = {"ring": "NCCL ring", "tree": "NCCL tree", "mpi": "MPI (OpenMPI tuned defaults)"}[context["algo"]]
+    source = f"profile {context['profile']}" if context["profile"] else "topology's numbers as priors"
+    return f"predicted for {format_size(context['size_bytes'])} per device, {algo} model, {source}"
+
+
+def _print_table(problem, ranked, by_speed, listed, context) -> None:
+    total = sum(len(r.order) for r in ranked)
     print(problem.describe())
+    print(_model_line(context))
     print(
-        f"{len(results)} placement(s), {total} program(s) of at most {problem.max_steps} steps, "
-        f"synthesized in {synth_s * 1e3:.0f} ms"
-        + ("; listed programs verified (numpy reference + z3 proof)" if verify else "")
+        f"{len(ranked)} placement(s), {total} program(s) of at most {problem.max_steps} steps; "
+        f"synthesized in {context['synth_s'] * 1e3:.0f} ms, predicted in {context['predict_s'] * 1e3:.0f} ms"
+        + ("; listed programs verified (numpy reference + z3)" if context["verify"] else "")
     )
-    levels = problem.topology.level_names
-    print()
-    print("matrix rows are axes, columns are levels: " + " ".join(levels))
-    header = f"{'#':>3}  {'matrix':<24} {'reduction crosses':<24} {'programs':>8}  shortest programs"
+    print(f"\nmatrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)}); "
+          "default = one AllReduce over each whole reduction group")
+    header = (f"{'rank':>4} {'#':>3}  {'matrix':<22} {'reduction crosses':<22} {'progs':>5} "
+              f"{'default':>11} {'best':>11} {'speedup':>7}  programs, fastest first")
     print(header)
     print("-" * len(header))
-    for i, (r, docs) in enumerate(zip(results, listed)):
-        matrix = " / ".join(
-            f"{a.name}:" + ",".join(str(v) for v in row) for a, row in zip(problem.axes, r.placement.matrix)
+    for n, i in enumerate(by_speed):
+        r = ranked[i]
+        crosses = r.result.hierarchy.describe() if r.result.hierarchy.names else "(nothing: k=1)"
+        docs = listed[i]
+        first = docs[0] if docs else None
+        print(
+            f"{n + 1:>4} {i:>3}  {_matrix_text(problem.axes, r.result.placement.matrix):<22} {crosses:<22} "
+            f"{len(r.order):>5} {format_seconds(r.default_s):>11} "
+            f"{format_seconds(r.best_s) if r.order else '-':>11} {r.speedup:>6.2f}x  "
+            + (first["text"].replace(chr(10), " ; ") if first else "(none within the step limit)")
         )
-        crosses = r.hierarchy.describe() if r.hierarchy.names else "(nothing: k=1)"
-        texts = [d["text"].replace("\n", " ; ") for d in docs] or ["(none within the step limit)"]
-        print(f"{i:>3}  {matrix:<24} {crosses:<24} {len(r.programs):>8}  {texts[0]}")
-        for text in texts[1:]:
-            print(f"{'':>3}  {'':<24} {'':<24} {'':>8}  {text}")
+        for doc in docs[1:]:
+            print(f"{'':>4} {'':>3}  {'':<22} {'':<22} {'':>5} {'':>11} {format_seconds(doc['predicted_s']):>11} "
+                  f"{'':>7}  {doc['text'].replace(chr(10), ' ; ')}")
+
+
+def _run_workload(args: argparse.Namespace) -> int:
+    if args.reduce or args.collective != "allreduce" or args.size != "256MiB":
+        raise SynthError("--workload replaces --reduce, --collective and --size; give one or the other")
+    problem = _problem(args)
+    workload = parse_workload(args.workload, problem.axes)
+    profile = _load_profile(args.profile, problem.topology)
+    started = time.perf_counter()
+    costs = rank_placements(_placements(problem), workload, problem.max_steps, args.algo, profile)
+    elapsed_s = time.perf_counter() - started
+    verify = not args.no_verify
+    best_docs = []
+    for cost in costs:
+        docs = []
+        for item, ranked in zip(workload, cost.items):
+            docs.append(_program_document(ranked, 0, replace(problem, reduce_axes=item.reduce_axes, goal=item.goal), verify)
+                        if ranked.order else None)
+        best_docs.append(docs)
+    if args.json:
+        print(json.dumps({
+            "topology": problem.topology.to_dict(),
+            "axes": [{"name": a.name, "size": a.size} for a in problem.axes],
+            "workload": [{"reduce": list(w.reduce_axes), "collective": w.goal.value, "size_bytes": w.size_bytes,
+                          "repetitions": w.repetitions} for w in workload],
+            "model": {"algo": args.algo, "profile": args.profile},
+            "elapsed_s": round(elapsed_s, 6),
+            "placements": [
+                {
+                    "index": c.index, "rank": n,
+                    "matrix": [list(row) for row in c.placement.matrix],
+                    "mesh": c.placement.mesh.tolist(),
+                    "total_predicted_s": c.total_s(workload),
+                    "default_total_predicted_s": c.default_total_s(workload),
+                    "items": [
+                        {"reduce": list(w.reduce_axes), "collective": w.goal.value, "size_bytes": w.size_bytes,
+                         "repetitions": w.repetitions, "default_predicted_s": r.default_s,
+                         "best_predicted_s": r.best_s if r.order else None, "best_program": doc}
+                        for w, r, doc in zip(workload, c.items, docs)
+                    ],
+                }
+                for n, (c, docs) in enumerate(zip(costs, best_docs))
+            ],
+        }, indent=1))
+        return 0
+    items = ", ".join(f"{'+'.join(w.reduce_axes)} {w.goal.value} {format_size(w.size_bytes)}"
+                      + (f" x{w.repetitions}" if w.repetitions > 1 else "") for w in workload)
+    print(f"topology {problem.topology.name} ({problem.topology.num_devices} devices); "
+          f"axes {' '.join(f'{a.name}={a.size}' for a in problem.axes)}")
+    print(f"workload per step: {items}")
+    print(_model_line({"size_bytes": 0, "algo": args.algo, "profile": args.profile}).split(", ", 1)[1])
+    print(f"{len(costs)} placement(s) ranked in {elapsed_s * 1e3:.0f} ms; each reduction uses its best predicted program"
+          + ("; those programs verified (numpy reference + z3)" if verify else ""))
+    print()
+    header = (f"{'rank':>4} {'#':>3}  {'matrix':<22} {'total':>11} {'with default':>13}  "
+              "best program per reduction")
+    print(header)
+    print("-" * len(header))
+    for n, (c, docs) in enumerate(zip(costs, best_docs)):
+        print(f"{n + 1:>4} {c.index:>3}  {_matrix_text(problem.axes, c.placement.matrix):<22} "
+              f"{format_seconds(c.total_s(workload)):>11} {format_seconds(c.default_total_s(workload)):>13}  "
+              + " | ".join(
+                  f"{'+'.join(w.reduce_axes)}: " + (d["text"].replace(chr(10), " ; ") if d else "-")
+                  for w, d in zip(workload, docs)))
+    return 0
 
 
 # ---------------------------------------------------------------- verify / check
@@ -332,7 +466,74 @@ def _run_check(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"verify": _run_verify, "check": _run_check}
+def _run_fit(argv: Sequence[str]) -> int:
+    p = _Parser(prog="synth-reduce fit", description="Fit per-level bandwidth and latency and per-collective "
+                "efficiency to measurements (JSON lines from 'synth-reduce bench --jsonl').")
+    p.add_argument("measurements", help="JSON-lines file of measurements")
+    p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
+    p.add_argument("--profile", metavar="PROFILE.json", help="start from this profile instead of the topology's numbers")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    topology, measurements = load_measurements(args.measurements)
+    prior = _load_profile(args.profile, topology) or Profile.prior(topology)
+    profile, report = fit_profile(measurements, prior)
+    save_profile(args.output, profile, report.to_dict())
+    if args.json:
+        print(json.dumps(profile_document(profile, report.to_dict()), indent=1))
+        return 0
+    print(f"fitted {report.records} measurements of topology {topology.name} in {report.iterations} iteration(s) -> {args.output}")
+    print(f"{'level':<10} {'bandwidth_GBps':>15} {'(prior)':>10} {'latency_us':>11} {'(prior)':>9}")
+    for name, bw, lat, bw0, lat0 in zip(profile.level_names, profile.bandwidth_GBps, profile.latency_us,
+                                        prior.bandwidth_GBps, prior.latency_us):
+        print(f"{name:<10} {bw:>15.4g} {bw0:>10.4g} {lat:>11.4g} {lat0:>9.4g}")
+    print("efficiency: " + ", ".join(f"{c} {e:.3g}" for c, e in profile.efficiency))
+    print(f"residuals: median {report.median_rel_error:.1%}, mean {report.mean_rel_error:.1%}, "
+          f"max {report.max_rel_error:.1%} relative; RMSE {format_seconds(report.rmse_s)}")
+    return 0
+
+
+def _run_validate(argv: Sequence[str]) -> int:
+    p = _Parser(prog="synth-reduce validate", description="Score the cost model on measurements: top-k accuracy "
+                "(is the measured fastest program among the k predicted fastest?), Spearman correlation, relative error.")
+    p.add_argument("measurements", help="JSON-lines file of measurements")
+    p.add_argument("--profile", metavar="PROFILE.json", help="parameters to score (default: the topology's numbers)")
+    p.add_argument("--holdout", type=float, metavar="FRACTION",
+                   help="fit on the other cases (from --profile or the prior) and score this held-out fraction")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --holdout split (default 0)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    topology, measurements = load_measurements(args.measurements)
+    profile = _load_profile(args.profile, topology) or Profile.prior(topology)
+    scored, fitted_on = measurements, 0
+    if args.holdout is not None:
+        train, scored = split_cases(measurements, args.holdout, args.seed)
+        profile, _ = fit_profile(train, profile)
+        fitted_on = len(train)
+    acc = accuracy(profile, scored)
+    doc = {"cases": acc.cases, "records": acc.records, "fitted_on_records": fitted_on,
+           "top_k": {str(k): v for k, v in acc.top_k.items()}, "spearman_mean": acc.spearman_mean,
+           "median_rel_error": acc.median_rel_error}
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    scope = (f"{acc.records} held-out measurements (fitted on {fitted_on})" if args.holdout is not None
+             else f"{acc.records} measurements")
+    print(f"scored {scope}: {acc.cases} case(s) (placement x reduction x size x algorithm) with >= 2 programs")
+    print("top-k accuracy: " + "  ".join(f"top-{k} {v:.0%}" for k, v in acc.top_k.items()))
+    print(f"Spearman correlation per case (mean): {acc.spearman_mean:.3f}")
+    print(f"median relative error of predicted times: {acc.median_rel_error:.1%}")
+    return 0
+
+
+COMMANDS = {
+    "fit": _run_fit,
+    "validate": _run_validate,
+    "verify": _run_verify,
+    "check": _run_check,
+    # the runtime's commands, run under mpiexec; imported on use
+    "bench": lambda argv: __import__("synth.bench", fromlist=["bench_main"]).bench_main(list(argv)),
+    "tune": lambda argv: __import__("synth.bench", fromlist=["tune_main"]).tune_main(list(argv)),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

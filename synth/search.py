@@ -28,7 +28,11 @@ from .semantics import (
     initial_state,
     is_goal,
     may_finish_in_one_step,
+    step_load,
 )
+
+
+Loads = tuple[int, ...]  # chunks a step moves, per synthesis group
 
 
 @dataclass(frozen=True)
@@ -51,15 +55,21 @@ def synthesize(hierarchy: Hierarchy, goal: Goal, max_steps: int = 5) -> tuple[tu
     """All valid programs of at most ``max_steps`` steps, shortest first (ties in
     instruction order), with search statistics. Cached on the hierarchy's sizes,
     since level names do not change which programs are valid."""
-    programs, stats = _synthesize_indices(hierarchy.sizes, goal, max_steps)
+    programs, _, stats = _synthesize_indices(hierarchy.sizes, goal, max_steps)
     instructions = instruction_set(hierarchy)
     return tuple(Program(tuple(instructions[i] for i in p)) for p in programs), stats
+
+
+def program_loads(hierarchy: Hierarchy, goal: Goal, max_steps: int = 5) -> tuple[tuple[Loads, ...], ...]:
+    """For each program of :func:`synthesize` (same order), per step the number of
+    chunks each synthesis group moves (what the cost model needs)."""
+    return _synthesize_indices(hierarchy.sizes, goal, max_steps)[1]
 
 
 @lru_cache(maxsize=256)
 def _synthesize_indices(
     sizes: tuple[int, ...], goal: Goal, max_steps: int
-) -> tuple[tuple[tuple[int, ...], ...], SearchStats]:
+) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[Loads, ...], ...], SearchStats]:
     hierarchy = Hierarchy(tuple(f"l{i}" for i in range(len(sizes))), sizes)
     groupings = distinct_groupings(hierarchy)
     collectives = tuple(Collective)
@@ -67,12 +77,12 @@ def _synthesize_indices(
     ids: dict[State, int] = {start: 0}
     states: list[State] = [start]
     goal_ids: set[int] = {0} if is_goal(start, goal) else set()
-    # preds[t][node] = [(prev, instruction index)]: edges reaching node at depth t
-    preds: list[dict[int, list[tuple[int, int]]]] = [{0: []}]
-    expanded: dict[int, list[tuple[int, int]]] = {}
+    # preds[t][node] = [(prev, instruction index, loads)]: edges reaching node at depth t
+    preds: list[dict[int, list[tuple[int, int, Loads]]]] = [{0: []}]
+    expanded: dict[int, list[tuple[int, int, Loads]]] = {}
     transitions = 0
 
-    def successors(node: int, last: bool) -> list[tuple[int, int]]:
+    def successors(node: int, last: bool) -> list[tuple[int, int, Loads]]:
         nonlocal transitions
         state = states[node]
         wanted = final_collectives(goal) if last else collectives
@@ -92,12 +102,13 @@ def _synthesize_indices(
                     states.append(nxt)
                     if is_goal(nxt, goal):
                         goal_ids.add(nid)
-                edges.append((g * len(collectives) + collectives.index(collective), nid))
+                loads = tuple(step_load(collective, [state[d] for d in group]) for group in grouping.groups)
+                edges.append((g * len(collectives) + collectives.index(collective), nid, loads))
         return edges
 
     for depth in range(1, max_steps + 1):
         last = depth == max_steps
-        layer: dict[int, list[tuple[int, int]]] = {}
+        layer: dict[int, list[tuple[int, int, Loads]]] = {}
         for node in preds[depth - 1]:
             if node in expanded:
                 edges = expanded[node]
@@ -107,26 +118,30 @@ def _synthesize_indices(
                 edges = successors(node, last=True)
             else:
                 edges = expanded[node] = successors(node, last=False)
-            for index, nid in edges:
+            for index, nid, loads in edges:
                 if not last or nid in goal_ids:
-                    layer.setdefault(nid, []).append((node, index))
+                    layer.setdefault(nid, []).append((node, index, loads))
         preds.append(layer)
 
-    found: list[tuple[int, ...]] = []
+    found: list[tuple[tuple[int, ...], tuple[Loads, ...]]] = []
 
-    def walk(node: int, depth: int, suffix: tuple[int, ...]) -> None:
+    def walk(node: int, depth: int, suffix: tuple[int, ...], loads: tuple[Loads, ...]) -> None:
         if depth == 0:
             if node == 0:
-                found.append(suffix)
+                found.append((suffix, loads))
             return
-        for prev, index in preds[depth].get(node, ()):
-            walk(prev, depth - 1, (index,) + suffix)
+        for prev, index, step_loads in preds[depth].get(node, ()):
+            walk(prev, depth - 1, (index,) + suffix, (step_loads,) + loads)
 
     for depth in range(0, max_steps + 1):
         for g in sorted(goal_ids):
-            walk(g, depth, ())
-    found.sort(key=lambda p: (len(p), p))
-    return tuple(found), SearchStats(states=len(states), transitions=transitions, programs=len(found))
+            walk(g, depth, (), ())
+    found.sort(key=lambda p: (len(p[0]), p[0]))
+    return (
+        tuple(p for p, _ in found),
+        tuple(loads for _, loads in found),
+        SearchStats(states=len(states), transitions=transitions, programs=len(found)),
+    )
 
 
 @dataclass(frozen=True)
@@ -136,6 +151,7 @@ class PlacementPrograms:
     placement: Placement
     hierarchy: Hierarchy
     programs: tuple[Program, ...]
+    loads: tuple[tuple[Loads, ...], ...]  # per program, per step, per synthesis group
     stats: SearchStats
 
 
@@ -148,5 +164,6 @@ def synthesize_placements(
     for placement in placements:
         hierarchy = hierarchy_of(placement, reduce_axes)
         programs, stats = synthesize(hierarchy, goal, max_steps)
-        out.append(PlacementPrograms(placement, hierarchy, programs, stats))
+        loads = program_loads(hierarchy, goal, max_steps)
+        out.append(PlacementPrograms(placement, hierarchy, programs, loads, stats))
     return out

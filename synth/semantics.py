@@ -383,6 +383,13 @@ def step_chunks(collective: Collective, members: Sequence[DeviceState]) -> list[
     return held_chunks(members[0])
 
 
+def step_load(collective: Collective, members: Sequence[DeviceState]) -> int:
+    """Chunks a valid step moves per group: ``len(step_chunks(...))``, cheaply."""
+    if collective is Collective.ALLGATHER:
+        return sum(_count(s) for s in members)
+    return _count(members[0])
+
+
 def apply_step(state: State, collective: Collective, groups: Sequence[Group]) -> Union[State, str]:
     """Apply one instruction to every group at once; devices outside stay as they are."""
     return apply_grouping(state, groups, (collective,))[collective]

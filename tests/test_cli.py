@@ -115,38 +115,36 @@ def tampered(plan_path: Path, tmp_path: Path, change) -> Path:
 # ================================================================ good paths
 
 
-def test_table_lists_three_placements(cli):
+def test_table_ranks_three_placements_by_predicted_time(cli):
     code, out, err = cli(*P2)
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "topology p2-a100: node x4 > gpu x16 (64 devices); axes dp=4 mp=16; allreduce over dp"
-    assert lines[1].startswith("3 placement(s), 99 program(s) of at most 5 steps, synthesized in ")
-    assert lines[1].endswith("; listed programs verified (numpy reference + z3 proof)")
-    assert "matrix rows are axes, columns are levels: node gpu" in lines
-    rows = [ln for ln in lines if ln[:3].strip().isdigit()]
-    assert [r.split()[:2] for r in rows] == [
-        ["0", "dp:1,4"], ["1", "dp:2,2"], ["2", "dp:4,1"],
+    assert lines[1] == "predicted for 256 MiB per device, NCCL ring model, topology's numbers as priors"
+    assert lines[2].startswith("3 placement(s), 99 program(s) of at most 5 steps; synthesized in ")
+    assert lines[2].endswith("; listed programs verified (numpy reference + z3)")
+    rows = [ln for ln in lines if ln[:4].strip().isdigit()]
+    # rank, placement #, matrix: inside a node first, across all 4 nodes last
+    assert [r.split()[:5] for r in rows] == [
+        ["1", "0", "dp:1,4", "/", "mp:4,4"], ["2", "1", "dp:2,2", "/", "mp:2,8"], ["3", "2", "dp:4,1", "/", "mp:1,16"],
     ]
-    assert [r.split()[2:4] for r in rows] == [["/", "mp:4,4"], ["/", "mp:2,8"], ["/", "mp:1,16"]]
-    # reduction crosses: gpu only / node and gpu / node only; program counts 3 / 93 / 3
-    assert "gpu x4" in rows[0] and rows[0].split()[6] == "3"
-    assert "node x2 > gpu x2" in rows[1] and rows[1].split()[9] == "93"
-    assert "node x4" in rows[2] and rows[2].split()[6] == "3"
-    assert all(r.endswith("AllReduce(root, inside)") for r in rows)
-    # three programs shown per placement by default, multi-step ones joined with ' ; '
-    assert out.count("ReduceScatter(root, inside) ; AllGather(root, inside)") == 3
-    header = next(i for i, ln in enumerate(lines) if ln.startswith("  #  matrix"))
+    assert "gpu x4" in rows[0] and "node x2 > gpu x2" in rows[1] and "node x4" in rows[2]
+    # hierarchical program wins on the shared NIC, flat all-reduce elsewhere
+    assert rows[1].endswith(BLUECONNECT.replace("\n", " ; ")) and "1.49x" in rows[1]
+    assert rows[0].endswith("AllReduce(root, inside)") and "1.00x" in rows[0]
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("rank   #  matrix"))
     assert set(lines[header + 1]) == {"-"}
     table = lines[header + 2 :]
-    assert len(table) == 9 and all(ln.endswith(")") for ln in table)
+    assert len(table) == 9 and all(ln.endswith(")") for ln in table)  # 3 programs per placement
 
 
-def test_show_limits_the_programs_listed(cli):
-    code, out, _ = cli(*P2, "--show", "1", "--no-verify")
-    assert code == 0
-    assert "ReduceScatter(root, inside) ; AllGather(root, inside)" not in out
-    assert out.count("AllReduce(root, inside)") == 3
-    assert "verified" not in out
+def test_top_limits_the_programs_listed(cli):
+    for option in ("--top", "--show"):
+        code, out, _ = cli(*P2, option, "1", "--no-verify")
+        assert code == 0
+        rows = [ln for ln in out.splitlines() if ln.endswith(")")]
+        assert len(rows) == 3  # one program per placement
+        assert "verified" not in out
 
 
 def test_json_document_shape(p2_json):
@@ -211,8 +209,11 @@ def test_two_level_placement_has_the_required_programs(p2_json):
     texts = [q["text"] for q in placement["programs"]]
     for required in REQUIRED_2LEVEL:
         assert required in texts
-    assert texts[0] == "AllReduce(root, inside)"  # shortest first
-    assert [len(t.split("\n")) for t in texts] == sorted(len(t.split("\n")) for t in texts)
+    times = [q["predicted_s"] for q in placement["programs"]]
+    assert times == sorted(times)  # fastest first
+    assert texts[0] == BLUECONNECT and placement["best_predicted_s"] == times[0]
+    assert placement["default"] == {"text": "AllReduce(root, inside)",
+                                    "predicted_s": times[texts.index("AllReduce(root, inside)")]}
     assert len(texts) == len(set(texts))
 
 
@@ -675,5 +676,5 @@ def test_empty_reduce_list_is_an_error(cli):
     assert "--reduce" in usage_error(cli, *P2[:4], "--reduce", ",", "--no-verify")
 
 
-def test_negative_show_is_an_error(cli):
-    assert "--show" in usage_error(cli, *P2, "--show", "-1", "--no-verify")
+def test_negative_top_is_an_error(cli):
+    assert "--top -1: must be >= 0" in usage_error(cli, *P2, "--show", "-1", "--no-verify")

@@ -1,0 +1,409 @@
+"""Contention-aware cost model: predicted seconds of a lowered program.
+
+Links. A flow from device ``s`` to device ``t`` that are in different elements
+of level ``l`` uses the uplink of ``s``'s level-``l`` element (up) and the
+downlink of ``t``'s (down), for every such level: it climbs to the lowest common
+ancestor and back. Each uplink carries ``bandwidth_GBps x ports`` per direction,
+one flow at most ``bandwidth_GBps`` (one port); flows crossing it at the same time
+share it equally. A ``ring`` fabric level connects siblings in a ring: a flow
+between siblings at ring distance ``h`` loads the ``h`` ring links on its
+shortest way, and the busiest of them decides its share. Latency: the sum of
+``latency_us`` of the levels a flow crosses.
+
+Steps and rounds. A step runs all its groups at once. A collective is a
+sequence of rounds; in a round every member sends its flows, and the round takes
+as long as its slowest flow: ``latency + bytes / (bandwidth x share x
+efficiency[collective])``, shares counted over the flows of ALL groups of the
+step (this is where 16 GPUs sharing one NIC show up). Algorithms
+(``members`` in device-id order, ``S`` = bytes the group's step moves, ``m`` members):
+
+* ``ring`` (NCCL ring): AllReduce ``2(m-1)`` rounds of ``S/m`` to the next member
+  on the ring; ReduceScatter and AllGather ``m-1`` such rounds; Reduce and
+  Broadcast a pipelined chain: one round of ``S`` along the chain plus ``m-2``
+  extra latencies.
+* ``tree`` (NCCL double binary tree, AllReduce only; other collectives use
+  ``ring`` as NCCL does): two heap-shaped trees (the second over the members
+  rotated by one) each reduce ``S/2`` up and broadcast it down, pipelined: two
+  rounds over the edges of both trees plus ``2(depth-1)`` extra latencies.
+* ``mpi`` (an approximation of OpenMPI's tuned defaults, see docs/simulator.md):
+  AllReduce and AllGather by recursive doubling for ``S <= 64 KiB`` (``ceil(log2
+  m)`` rounds of ``S``, resp. doubling pieces), else ring; ReduceScatter ring;
+  Reduce and Broadcast binomial trees (``ceil(log2 m)`` rounds of ``S``).
+
+Linear form. Given the critical (slowest) flow of every round, a prediction is
+``sum_l latency_us[l] * L[l] + sum_c sum_l X[c][l] / (bandwidth_GBps[l] *
+efficiency[c])``: :class:`Features` records ``L`` and ``X`` so that
+:mod:`synth.fit` can fit the parameters by least squares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from .errors import SynthError
+from .language import Collective, Form, Instruction, Program
+from .lowering import LoweredProgram
+from .placement import Placement
+from .search import Loads, PlacementPrograms
+from .semantics import Goal, hierarchy_of, resolve
+from .topology import Topology
+
+ALGORITHMS = ("ring", "tree", "mpi")
+SMALL_MESSAGE_BYTES = 64 * 1024  # mpi: recursive doubling at or below this size
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Effective parameters per level (outermost first) and per collective.
+
+    The prior comes from the topology file; :mod:`synth.fit` learns one from
+    measurements. ``efficiency`` divides the bandwidth terms of a collective."""
+
+    topology: str
+    level_names: tuple[str, ...]
+    bandwidth_GBps: tuple[float, ...]
+    latency_us: tuple[float, ...]
+    efficiency: tuple[tuple[str, float], ...] = tuple((c.value, 1.0) for c in Collective)
+
+    @classmethod
+    def prior(cls, topology: Topology) -> "Profile":
+        return cls(
+            topology=topology.name,
+            level_names=topology.level_names,
+            bandwidth_GBps=tuple(lv.bandwidth_GBps for lv in topology.levels),
+            latency_us=tuple(lv.latency_us for lv in topology.levels),
+        )
+
+    def efficiency_of(self, collective: Collective) -> float:
+        return dict(self.efficiency)[collective.value]
+
+    def check_matches(self, topology: Topology, source: str = "profile") -> None:
+        if self.topology != topology.name or self.level_names != topology.level_names:
+            raise SynthError(
+                f"{source} was fitted for topology '{self.topology}' with levels "
+                f"{', '.join(self.level_names)}, not '{topology.name}' with levels "
+                f"{', '.join(topology.level_names)}; fit a profile for this topology"
+            )
+
+
+@dataclass
+class Features:
+    """Critical-path terms of a prediction (see the module docstring)."""
+
+    latency_count: np.ndarray  # (levels,)
+    load: dict[Collective, np.ndarray] = field(default_factory=dict)  # bytes/share, (levels,)
+
+    def add(self, other: "Features", times: float = 1.0) -> None:
+        self.latency_count += times * other.latency_count
+        for c, x in other.load.items():
+            self.load[c] = self.load.get(c, 0) + times * x
+
+    def seconds(self, profile: Profile) -> float:
+        lat = np.asarray(profile.latency_us) * 1e-6
+        bw = np.asarray(profile.bandwidth_GBps) * 1e9
+        total = float(lat @ self.latency_count)
+        for c, x in self.load.items():
+            total += float((x / bw).sum()) / profile.efficiency_of(c)
+        return total
+
+
+def _zero(levels: int) -> Features:
+    return Features(np.zeros(levels))
+
+
+# ---------------------------------------------------------------- links
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Per level: the element id of each device's ancestor, and the level data."""
+
+    ancestors: tuple[np.ndarray, ...]  # (levels,) arrays of (devices,)
+    ports: tuple[int, ...]
+    ring: tuple[bool, ...]
+    counts: tuple[int, ...]
+
+
+@lru_cache(maxsize=64)
+def _links(topology: Topology) -> _Links:
+    counts = topology.counts
+    devices = np.arange(topology.num_devices)
+    ancestors = tuple(devices // math.prod(counts[l + 1 :]) for l in range(len(counts)))
+    return _Links(
+        ancestors,
+        tuple(lv.ports for lv in topology.levels),
+        tuple(lv.fabric == "ring" for lv in topology.levels),
+        counts,
+    )
+
+
+def _round(
+    links: _Links, profile: Profile, collective: Collective, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+) -> tuple[float, Features]:
+    """Time of one round of concurrent flows and the features of its slowest flow."""
+    levels = len(links.counts)
+    if len(src) == 0:
+        return 0.0, _zero(levels)
+    eff = profile.efficiency_of(collective)
+    lat = np.asarray(profile.latency_us) * 1e-6
+    bw = np.asarray(profile.bandwidth_GBps) * 1e9
+    crossing = np.zeros((levels, len(src)), dtype=bool)
+    share = np.ones((levels, len(src)))
+    for l in range(levels):
+        a_src, a_dst = links.ancestors[l][src], links.ancestors[l][dst]
+        cross = a_src != a_dst
+        crossing[l] = cross
+        if not cross.any():
+            continue
+        siblings = cross & (links.ancestors[l - 1][src] == links.ancestors[l - 1][dst]) if l else cross
+        if links.ring[l]:
+            load = _ring_load(a_src, a_dst, siblings, links.counts[l])
+            share[l] = np.where(siblings, 1.0 / np.maximum(load, 1), share[l])
+            outward = cross & ~siblings
+        else:
+            outward = cross
+        if outward.any():
+            up = np.bincount(a_src[outward], minlength=int(links.ancestors[l].max()) + 1)
+            down = np.bincount(a_dst[outward], minlength=int(links.ancestors[l].max()) + 1)
+            busiest = np.maximum(up[a_src], down[a_dst])
+            share[l] = np.where(outward, np.minimum(1.0, links.ports[l] / np.maximum(busiest, 1)), share[l])
+    latency = lat @ crossing
+    # bottleneck level of each flow: smallest bandwidth x share among crossed levels
+    rate = np.where(crossing, bw[:, None] * share, np.inf)
+    bottleneck = rate.argmin(axis=0)
+    seconds = latency + nbytes / (rate.min(axis=0) * eff)
+    worst = int(seconds.argmax())
+    features = _zero(levels)
+    features.latency_count = crossing[:, worst].astype(float)
+    load = np.zeros(levels)
+    load[bottleneck[worst]] = nbytes[worst] / share[bottleneck[worst], worst]
+    features.load[collective] = load
+    return float(seconds[worst]), features
+
+
+def _ring_load(a_src: np.ndarray, a_dst: np.ndarray, siblings: np.ndarray, count: int) -> np.ndarray:
+    """Per flow, the number of sibling flows on the busiest ring link of its path."""
+    pos_s, pos_d = a_src % count, a_dst % count
+    parent = a_src // count
+    forward = (pos_d - pos_s) % count
+    clockwise = forward <= count - forward
+    hops = np.where(clockwise, forward, count - forward)
+    step = np.where(clockwise, 1, -1)
+    # link (parent, position, direction) ids; count flows on each
+    load: dict[tuple[int, int, int], int] = {}
+    paths = []
+    for f in np.flatnonzero(siblings):
+        path = [(int(parent[f]), int((pos_s[f] + step[f] * h + (0 if step[f] > 0 else -1)) % count), int(step[f]))
+                for h in range(int(hops[f]))]
+        paths.append((f, path))
+        for link in path:
+            load[link] = load.get(link, 0) + 1
+    out = np.ones(len(a_src))
+    for f, path in paths:
+        out[f] = max(load[link] for link in path)
+    return out
+
+
+# ---------------------------------------------------------------- algorithms
+
+
+def _ring_edges(members: Sequence[int], closed: bool = True) -> list[tuple[int, int]]:
+    """Edges of the ring through ``members`` in device-id order (NCCL builds rings
+    that leave each node once); ``closed=False`` gives the chain."""
+    ring = sorted(members)
+    m = len(ring)
+    return [(ring[i], ring[(i + 1) % m]) for i in range(m if closed else m - 1)]
+
+
+def _rounds(algo: str, collective: Collective, members: Sequence[int], nbytes: float) -> list[tuple[list[tuple[int, int, float]], int, int]]:
+    """``[(flows, repeat, extra_latencies)]`` for one group: each entry is a round
+    repeated ``repeat`` times, plus ``extra_latencies`` pipeline hops."""
+    m = len(members)
+    ordered = sorted(members)
+    if algo == "tree" and collective is not Collective.ALLREDUCE:
+        algo = "ring"
+    if algo == "mpi" and collective in (Collective.ALLREDUCE, Collective.ALLGATHER) and nbytes > SMALL_MESSAGE_BYTES:
+        algo = "ring"
+    if algo == "ring" or (algo == "mpi" and collective is Collective.REDUCESCATTER):
+        if collective in (Collective.REDUCE, Collective.BROADCAST):
+            chain = _ring_edges(ordered, closed=False)
+            if collective is Collective.REDUCE:
+                chain = [(b, a) for a, b in chain]
+            return [([(a, b, nbytes) for a, b in chain], 1, m - 2)]
+        flows = [(a, b, nbytes / m) for a, b in _ring_edges(ordered)]
+        repeat = 2 * (m - 1) if collective is Collective.ALLREDUCE else m - 1
+        return [(flows, repeat, 0)]
+    if algo == "tree":  # double binary tree: two heap-shaped trees, the second
+        # over the members rotated by one, each carrying half of the data
+        edges = [
+            (order[i], order[(i - 1) // 2])
+            for order in (ordered, ordered[1:] + ordered[:1])
+            for i in range(1, m)
+        ]
+        depth = max(1, math.ceil(math.log2(m + 1)) - 1)
+        up = [(a, b, nbytes / 2) for a, b in edges]
+        down = [(b, a, nbytes / 2) for a, b in edges]
+        return [(up, 1, depth - 1), (down, 1, depth - 1)]
+    # mpi: recursive doubling / binomial trees, ceil(log2 m) rounds
+    rounds = []
+    for i in range(math.ceil(math.log2(m))):
+        d = 1 << i
+        if collective in (Collective.ALLREDUCE, Collective.ALLGATHER):
+            piece = nbytes if collective is Collective.ALLREDUCE else nbytes * d / m
+            flows = [(ordered[r], ordered[r ^ d], piece) for r in range(m) if (r ^ d) < m]
+        elif collective is Collective.REDUCE:  # children send partial sums towards rank 0
+            flows = [(ordered[r + d], ordered[r], nbytes) for r in range(0, m, 2 * d) if r + d < m]
+        else:  # Broadcast, mirror of Reduce
+            flows = [(ordered[r], ordered[r + d], nbytes) for r in range(0, m, 2 * d) if r + d < m]
+        rounds.append((flows, 1, 0))
+    if collective is Collective.REDUCE:
+        rounds.reverse()
+    return rounds
+
+
+def step_cost(
+    topology: Topology,
+    profile: Profile,
+    algo: str,
+    collective: Collective,
+    groups: Sequence[Sequence[int]],
+    nbytes: Sequence[float],
+) -> tuple[float, Features]:
+    """Seconds of one step (all groups at once) and its critical-path features."""
+    links = _links(topology)
+    per_group = [_rounds(algo, collective, g, b) for g, b in zip(groups, nbytes)]
+    total, features = 0.0, _zero(len(topology.levels))
+    lat = np.asarray(profile.latency_us) * 1e-6
+    for index in range(max((len(r) for r in per_group), default=0)):
+        flows = [f for rounds in per_group if index < len(rounds) for f in rounds[index][0]]
+        repeat = max(rounds[index][1] for rounds in per_group if index < len(rounds))
+        extra = max(rounds[index][2] for rounds in per_group if index < len(rounds))
+        if not flows or repeat == 0:
+            continue
+        arr = np.asarray(flows, dtype=float)
+        seconds, f = _round(links, profile, collective, arr[:, 0].astype(int), arr[:, 1].astype(int), arr[:, 2])
+        total += repeat * seconds
+        features.add(f, repeat)
+        if extra:
+            hop = f.latency_count
+            total += extra * float(lat @ hop)
+            features.latency_count = features.latency_count + extra * hop
+    return total, features
+
+
+# ---------------------------------------------------------------- programs
+
+
+def default_program(goal: Goal) -> Program:
+    """The library's one-call collective over each whole reduction group."""
+    collective = {
+        Goal.ALLREDUCE: Collective.ALLREDUCE,
+        Goal.REDUCESCATTER: Collective.REDUCESCATTER,
+        Goal.ALLGATHER: Collective.ALLGATHER,
+    }[goal]
+    return Program((Instruction(collective, "root", Form.INSIDE),))
+
+
+class Predictor:
+    """Predictions for the programs of one placement and reduction.
+
+    Step costs are memoised on (instruction, loads, size), so predicting every
+    program of a search costs one evaluation per distinct step."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        reduce_axes: Sequence[str],
+        algo: str = "ring",
+        profile: Profile | None = None,
+    ) -> None:
+        if algo not in ALGORITHMS:
+            raise SynthError(f"--algo {algo}: choose one of {', '.join(ALGORITHMS)}")
+        self.profile = profile or Profile.prior(placement.topology)
+        self.profile.check_matches(placement.topology)
+        self.placement = placement
+        self.algo = algo
+        self._table = placement.synthesis_groups(reduce_axes)
+        self._hierarchy = hierarchy_of(placement, reduce_axes)
+        self._memo: dict[tuple[Instruction, Loads, float], tuple[float, Features]] = {}
+
+    def step(self, instruction: Instruction, loads: Loads, size_bytes: float) -> tuple[float, Features]:
+        key = (instruction, loads, size_bytes)
+        if key not in self._memo:
+            groups = resolve(instruction, self._hierarchy).groups
+            chunk_bytes = size_bytes / self._hierarchy.k
+            global_groups, nbytes = [], []
+            for g, load in zip(groups, loads):
+                for row in self._table:
+                    global_groups.append(row[list(g)].tolist())
+                    nbytes.append(load * chunk_bytes)
+            self._memo[key] = step_cost(
+                self.placement.topology, self.profile, self.algo, instruction.collective, global_groups, nbytes
+            )
+        return self._memo[key]
+
+    def program(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> float:
+        """Predicted seconds of ``program`` whose steps move ``loads`` chunks."""
+        return sum(self.step(i, l, size_bytes)[0] for i, l in zip(program.instructions, loads))
+
+    def features(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> Features:
+        total = _zero(len(self.placement.topology.levels))
+        for i, l in zip(program.instructions, loads):
+            total.add(self.step(i, l, size_bytes)[1])
+        return total
+
+
+def lowered_loads(lowered: LoweredProgram) -> list[Loads]:
+    """Per step, the chunks each group moves, from a lowered program (one value
+    per synthesis group, taken from reduction group 0's groups)."""
+    first = set(lowered.reduction_groups[0])
+    return [tuple(len(c) for g, c in zip(s.groups, s.chunks) if g[0] in first) for s in lowered.steps]
+
+
+def predict_program(
+    lowered: LoweredProgram,
+    placement: Placement,
+    reduce_axes: Sequence[str],
+    size_bytes: float,
+    algo: str = "ring",
+    profile: Profile | None = None,
+) -> float:
+    """Predicted seconds of a lowered program at ``size_bytes`` per device."""
+    predictor = Predictor(placement, tuple(reduce_axes), algo, profile)
+    return predictor.program(lowered.program, lowered_loads(lowered), size_bytes)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A placement's programs sorted fastest first, with the default all-reduce."""
+
+    result: PlacementPrograms
+    order: tuple[int, ...]  # program indices, fastest first
+    predicted_s: tuple[float, ...]  # aligned with ``order``
+    default_s: float
+    default_index: int | None  # index of the default program among the programs
+
+    @property
+    def best_s(self) -> float:
+        return self.predicted_s[0] if self.order else math.inf
+
+    @property
+    def speedup(self) -> float:
+        return self.default_s / self.best_s if self.order else 0.0
+
+
+def rank(result: PlacementPrograms, reduce_axes: Sequence[str], goal: Goal, size_bytes: float,
+         algo: str = "ring", profile: Profile | None = None) -> Ranked:
+    """Predict every program of a placement and sort them, fastest first."""
+    predictor = Predictor(result.placement, tuple(reduce_axes), algo, profile)
+    times = [predictor.program(p, l, size_bytes) for p, l in zip(result.programs, result.loads)]
+    order = tuple(sorted(range(len(times)), key=lambda i: (times[i], i)))
+    default = default_program(goal)
+    default_index = next((i for i, p in enumerate(result.programs) if p == default), None)
+    default_s = times[default_index] if default_index is not None else 0.0  # k = 1: nothing to do
+    return Ranked(result, order, tuple(times[i] for i in order), default_s, default_index)
