@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -80,7 +80,19 @@ class Profile:
         )
 
     def efficiency_of(self, collective: Collective) -> float:
-        return dict(self.efficiency)[collective.value]
+        return self._efficiency[collective.value]
+
+    @cached_property
+    def _efficiency(self) -> dict[str, float]:
+        return dict(self.efficiency)
+
+    @cached_property
+    def latency_s(self) -> np.ndarray:
+        return np.asarray(self.latency_us) * 1e-6
+
+    @cached_property
+    def bandwidth_Bps(self) -> np.ndarray:
+        return np.asarray(self.bandwidth_GBps) * 1e9
 
     def check_matches(self, topology: Topology, source: str = "profile") -> None:
         if self.topology != topology.name or self.level_names != topology.level_names:
@@ -104,11 +116,9 @@ class Features:
             self.load[c] = self.load.get(c, 0) + times * x
 
     def seconds(self, profile: Profile) -> float:
-        lat = np.asarray(profile.latency_us) * 1e-6
-        bw = np.asarray(profile.bandwidth_GBps) * 1e9
-        total = float(lat @ self.latency_count)
+        total = float(profile.latency_s @ self.latency_count)
         for c, x in self.load.items():
-            total += float((x / bw).sum()) / profile.efficiency_of(c)
+            total += float((x / profile.bandwidth_Bps).sum()) / profile.efficiency_of(c)
         return total
 
 
@@ -150,8 +160,7 @@ def _round(
     if len(src) == 0:
         return 0.0, _zero(levels)
     eff = profile.efficiency_of(collective)
-    lat = np.asarray(profile.latency_us) * 1e-6
-    bw = np.asarray(profile.bandwidth_GBps) * 1e9
+    lat, bw = profile.latency_s, profile.bandwidth_Bps
     crossing = np.zeros((levels, len(src)), dtype=bool)
     share = np.ones((levels, len(src)))
     for l in range(levels):
@@ -212,58 +221,56 @@ def _ring_load(a_src: np.ndarray, a_dst: np.ndarray, siblings: np.ndarray, count
 # ---------------------------------------------------------------- algorithms
 
 
-def _ring_edges(members: Sequence[int], closed: bool = True) -> list[tuple[int, int]]:
-    """Edges of the ring through ``members`` in device-id order (NCCL builds rings
-    that leave each node once); ``closed=False`` gives the chain."""
-    ring = sorted(members)
-    m = len(ring)
-    return [(ring[i], ring[(i + 1) % m]) for i in range(m if closed else m - 1)]
+@dataclass(frozen=True)
+class _Round:
+    """One round of a collective over ``m`` members in device-id order: member
+    ``src[i]`` sends ``fraction x S`` bytes to member ``dst[i]``; the round runs
+    ``repeat`` times and a pipeline adds ``extra`` latencies of its slowest flow."""
+
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
+    fraction: float
+    repeat: int = 1
+    extra: int = 0
 
 
-def _rounds(algo: str, collective: Collective, members: Sequence[int], nbytes: float) -> list[tuple[list[tuple[int, int, float]], int, int]]:
-    """``[(flows, repeat, extra_latencies)]`` for one group: each entry is a round
-    repeated ``repeat`` times, plus ``extra_latencies`` pipeline hops."""
-    m = len(members)
-    ordered = sorted(members)
+@lru_cache(maxsize=1024)
+def _pattern(algo: str, collective: Collective, m: int, small: bool) -> tuple[_Round, ...]:
+    """The rounds of ``collective`` over ``m`` members (see the module docstring);
+    ``small``: the message is at most SMALL_MESSAGE_BYTES (mpi switches algorithm)."""
+    ring = tuple(range(m))
+    nxt = tuple((i + 1) % m for i in range(m))
     if algo == "tree" and collective is not Collective.ALLREDUCE:
         algo = "ring"
-    if algo == "mpi" and collective in (Collective.ALLREDUCE, Collective.ALLGATHER) and nbytes > SMALL_MESSAGE_BYTES:
+    if algo == "mpi" and collective in (Collective.ALLREDUCE, Collective.ALLGATHER) and not small:
         algo = "ring"
     if algo == "ring" or (algo == "mpi" and collective is Collective.REDUCESCATTER):
-        if collective in (Collective.REDUCE, Collective.BROADCAST):
-            chain = _ring_edges(ordered, closed=False)
-            if collective is Collective.REDUCE:
-                chain = [(b, a) for a, b in chain]
-            return [([(a, b, nbytes) for a, b in chain], 1, m - 2)]
-        flows = [(a, b, nbytes / m) for a, b in _ring_edges(ordered)]
+        if collective in (Collective.REDUCE, Collective.BROADCAST):  # pipelined chain
+            a, b = ring[:-1], ring[1:]
+            src, dst = (b, a) if collective is Collective.REDUCE else (a, b)
+            return (_Round(src, dst, 1.0, 1, m - 2),)
         repeat = 2 * (m - 1) if collective is Collective.ALLREDUCE else m - 1
-        return [(flows, repeat, 0)]
-    if algo == "tree":  # double binary tree: two heap-shaped trees, the second
-        # over the members rotated by one, each carrying half of the data
-        edges = [
-            (order[i], order[(i - 1) // 2])
-            for order in (ordered, ordered[1:] + ordered[:1])
-            for i in range(1, m)
-        ]
+        return (_Round(ring, nxt, 1.0 / m, repeat),)
+    if algo == "tree":  # double binary tree: the second over members rotated by one
+        child = tuple(c for shift in (0, 1) for c in ((i + shift) % m for i in range(1, m)))
+        parent = tuple(p for shift in (0, 1) for p in (((i - 1) // 2 + shift) % m for i in range(1, m)))
         depth = max(1, math.ceil(math.log2(m + 1)) - 1)
-        up = [(a, b, nbytes / 2) for a, b in edges]
-        down = [(b, a, nbytes / 2) for a, b in edges]
-        return [(up, 1, depth - 1), (down, 1, depth - 1)]
-    # mpi: recursive doubling / binomial trees, ceil(log2 m) rounds
-    rounds = []
+        return (_Round(child, parent, 0.5, 1, depth - 1), _Round(parent, child, 0.5, 1, depth - 1))
+    rounds = []  # mpi: recursive doubling and binomial trees, ceil(log2 m) rounds
     for i in range(math.ceil(math.log2(m))):
         d = 1 << i
         if collective in (Collective.ALLREDUCE, Collective.ALLGATHER):
-            piece = nbytes if collective is Collective.ALLREDUCE else nbytes * d / m
-            flows = [(ordered[r], ordered[r ^ d], piece) for r in range(m) if (r ^ d) < m]
-        elif collective is Collective.REDUCE:  # children send partial sums towards rank 0
-            flows = [(ordered[r + d], ordered[r], nbytes) for r in range(0, m, 2 * d) if r + d < m]
-        else:  # Broadcast, mirror of Reduce
-            flows = [(ordered[r], ordered[r + d], nbytes) for r in range(0, m, 2 * d) if r + d < m]
-        rounds.append((flows, 1, 0))
+            pairs = [(r, r ^ d) for r in range(m) if (r ^ d) < m]
+            fraction = 1.0 if collective is Collective.ALLREDUCE else d / m
+        else:
+            pairs = [(r, r + d) for r in range(0, m, 2 * d) if r + d < m]
+            fraction = 1.0
+            if collective is Collective.REDUCE:  # children send partial sums to rank 0
+                pairs = [(b, a) for a, b in pairs]
+        rounds.append(_Round(tuple(a for a, _ in pairs), tuple(b for _, b in pairs), fraction))
     if collective is Collective.REDUCE:
         rounds.reverse()
-    return rounds
+    return tuple(rounds)
 
 
 def step_cost(
@@ -271,28 +278,29 @@ def step_cost(
     profile: Profile,
     algo: str,
     collective: Collective,
-    groups: Sequence[Sequence[int]],
-    nbytes: Sequence[float],
+    groups: np.ndarray,
+    nbytes: np.ndarray,
 ) -> tuple[float, Features]:
-    """Seconds of one step (all groups at once) and its critical-path features."""
+    """Seconds of one step and its critical-path features. ``groups`` is an
+    (n, m) array of device ids (n groups of m members, all at once) and
+    ``nbytes`` the bytes each group's collective moves."""
     links = _links(topology)
-    per_group = [_rounds(algo, collective, g, b) for g, b in zip(groups, nbytes)]
+    groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
+    nbytes = np.asarray(nbytes, dtype=float)
     total, features = 0.0, _zero(len(topology.levels))
-    lat = np.asarray(profile.latency_us) * 1e-6
-    for index in range(max((len(r) for r in per_group), default=0)):
-        flows = [f for rounds in per_group if index < len(rounds) for f in rounds[index][0]]
-        repeat = max(rounds[index][1] for rounds in per_group if index < len(rounds))
-        extra = max(rounds[index][2] for rounds in per_group if index < len(rounds))
-        if not flows or repeat == 0:
+    for rnd in _pattern(algo, collective, groups.shape[1], bool(nbytes.max() <= SMALL_MESSAGE_BYTES)):
+        if not rnd.src:
             continue
-        arr = np.asarray(flows, dtype=float)
-        seconds, f = _round(links, profile, collective, arr[:, 0].astype(int), arr[:, 1].astype(int), arr[:, 2])
-        total += repeat * seconds
-        features.add(f, repeat)
-        if extra:
+        src = groups[:, list(rnd.src)].ravel()
+        dst = groups[:, list(rnd.dst)].ravel()
+        flow_bytes = np.repeat(nbytes * rnd.fraction, len(rnd.src))
+        seconds, f = _round(links, profile, collective, src, dst, flow_bytes)
+        total += rnd.repeat * seconds
+        features.add(f, rnd.repeat)
+        if rnd.extra:
             hop = f.latency_count
-            total += extra * float(lat @ hop)
-            features.latency_count = features.latency_count + extra * hop
+            total += rnd.extra * float(profile.latency_s @ hop)
+            features.latency_count = features.latency_count + rnd.extra * hop
     return total, features
 
 
@@ -331,19 +339,23 @@ class Predictor:
         self._table = placement.synthesis_groups(reduce_axes)
         self._hierarchy = hierarchy_of(placement, reduce_axes)
         self._memo: dict[tuple[Instruction, Loads, float], tuple[float, Features]] = {}
+        self._groups: dict[Instruction, np.ndarray] = {}
+
+    def _global_groups(self, instruction: Instruction) -> np.ndarray:
+        """(synthesis groups x reduction groups, members) global device ids."""
+        if instruction not in self._groups:
+            synthesis = np.asarray(resolve(instruction, self._hierarchy).groups)  # (s, m)
+            self._groups[instruction] = self._table[:, synthesis].transpose(1, 0, 2).reshape(-1, synthesis.shape[1])
+        return self._groups[instruction]
 
     def step(self, instruction: Instruction, loads: Loads, size_bytes: float) -> tuple[float, Features]:
         key = (instruction, loads, size_bytes)
         if key not in self._memo:
-            groups = resolve(instruction, self._hierarchy).groups
+            groups = self._global_groups(instruction)
             chunk_bytes = size_bytes / self._hierarchy.k
-            global_groups, nbytes = [], []
-            for g, load in zip(groups, loads):
-                for row in self._table:
-                    global_groups.append(row[list(g)].tolist())
-                    nbytes.append(load * chunk_bytes)
+            nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, len(self._table))
             self._memo[key] = step_cost(
-                self.placement.topology, self.profile, self.algo, instruction.collective, global_groups, nbytes
+                self.placement.topology, self.profile, self.algo, instruction.collective, groups, nbytes
             )
         return self._memo[key]
 

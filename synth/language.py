@@ -26,6 +26,8 @@ class Collective(enum.Enum):
     REDUCE = "Reduce"
     BROADCAST = "Broadcast"
 
+    __hash__ = object.__hash__  # members are singletons; Enum's hash is slow Python
+
     @classmethod
     def from_text(cls, text: str) -> "Collective":
         for c in cls:
@@ -38,6 +40,8 @@ class Form(enum.Enum):
     INSIDE = "inside"
     PARALLEL = "parallel"
     MASTER = "master"
+
+    __hash__ = object.__hash__
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,96 @@
+"""How long the cost model takes to predict every program of a configuration.
+
+A configuration is (topology, axis sizes, reduction axes). For every 3-axis
+configuration of p2-a100 (64 devices: ordered factorisations into three axes of
+size >= 2, every non-empty subset of axes reduced, allreduce) this script
+synthesizes all placements and programs (not timed), then times predicting and
+ranking all programs of all placements at one size with fresh predictors (no
+memoised step costs carried over between configurations or repetitions). It
+reports the median of ``--repeat`` runs per configuration, and the distribution
+over configurations, against the 20 ms target (P2: 0.009-3.09 s).
+
+    python scripts/bench_prediction.py [--topology p2-a100] [--algo ring] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+try:
+    import synth  # noqa: F401
+except ImportError:  # running from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from synth.cost import rank  # noqa: E402
+from synth.placement import Axis, enumerate_placements  # noqa: E402
+from synth.search import synthesize_placements  # noqa: E402
+from synth.semantics import Goal  # noqa: E402
+from synth.topology import load_topology  # noqa: E402
+
+TARGET_S = 0.020
+
+
+def three_axis_sizes(n: int) -> list[tuple[int, int, int]]:
+    return [(a, b, n // (a * b)) for a in range(2, n + 1) for b in range(2, n + 1)
+            if n % (a * b) == 0 and n // (a * b) >= 2]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--topology", default="p2-a100")
+    p.add_argument("--algo", default="ring")
+    p.add_argument("--size", type=int, default=256 << 20, help="bytes per device (default 256 MiB)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    topology = load_topology(args.topology)
+    rows = []
+    for sizes in three_axis_sizes(topology.num_devices):
+        axes = tuple(Axis(f"a{i}", s) for i, s in enumerate(sizes))
+        placements = enumerate_placements(topology, axes)
+        for r in range(1, 4):
+            for reduce_axes in itertools.combinations([a.name for a in axes], r):
+                results = synthesize_placements(placements, reduce_axes, Goal.ALLREDUCE, 5)
+                runs = []
+                for _ in range(args.repeat):
+                    started = time.perf_counter()
+                    for result in results:
+                        rank(result, reduce_axes, Goal.ALLREDUCE, args.size, args.algo)
+                    runs.append(time.perf_counter() - started)
+                rows.append({
+                    "axes": list(sizes), "reduce": list(reduce_axes), "placements": len(results),
+                    "programs": sum(len(x.programs) for x in results),
+                    "median_s": statistics.median(runs), "min_s": min(runs),
+                })
+    times = [r["median_s"] for r in rows]
+    summary = {
+        "topology": topology.name, "algo": args.algo, "size_bytes": args.size, "configurations": len(rows),
+        "median_s": statistics.median(times), "max_s": max(times),
+        "within_target": sum(t <= TARGET_S for t in times), "target_s": TARGET_S,
+        "python": platform.python_version(), "machine": platform.processor() or platform.machine(),
+    }
+    if args.json:
+        print(json.dumps({"summary": summary, "configurations": rows}, indent=1))
+        return 0
+    print(f"{'axes':<12} {'reduce':<12} {'placements':>10} {'programs':>9} {'median ms':>10} {'min ms':>8}")
+    for r in rows:
+        print(f"{'x'.join(map(str, r['axes'])):<12} {'+'.join(r['reduce']):<12} {r['placements']:>10} "
+              f"{r['programs']:>9} {r['median_s'] * 1e3:>10.2f} {r['min_s'] * 1e3:>8.2f}")
+    slowest = max(rows, key=lambda r: r["median_s"])
+    print(f"\n{summary['configurations']} configurations of {topology.name}, algo {args.algo}: "
+          f"median {summary['median_s'] * 1e3:.2f} ms, max {summary['max_s'] * 1e3:.2f} ms "
+          f"({'x'.join(map(str, slowest['axes']))} reducing {'+'.join(slowest['reduce'])}, "
+          f"{slowest['programs']} programs); {summary['within_target']}/{len(rows)} within "
+          f"{TARGET_S * 1e3:.0f} ms (P2: 9-3090 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
