@@ -21,10 +21,12 @@ step (this is where 16 GPUs sharing one NIC show up). Algorithms
   on the ring; ReduceScatter and AllGather ``m-1`` such rounds; Reduce and
   Broadcast a pipelined chain: one round of ``S`` along the chain plus ``m-2``
   extra latencies.
-* ``tree`` (NCCL double binary tree, AllReduce only; other collectives use
-  ``ring`` as NCCL does): two heap-shaped trees (the second over the members
-  rotated by one) each reduce ``S/2`` up and broadcast it down, pipelined: two
-  rounds over the edges of both trees plus ``2(depth-1)`` extra latencies.
+* ``tree`` (NCCL tree, AllReduce only; other collectives use ``ring`` as NCCL
+  does): members are bucketed by their element at the outermost level where
+  they differ (their nodes); a chain inside each bucket carries ``S`` to its
+  first member, and a double binary tree over those first members (the second
+  tree over them rotated by one) carries ``S/2`` per tree; reduce up then
+  broadcast down, pipelined: two rounds plus ``depth-1`` extra latencies each.
 * ``mpi`` (an approximation of OpenMPI's tuned defaults, see docs/simulator.md):
   AllReduce and AllGather by recursive doubling for ``S <= 64 KiB`` (``ceil(log2
   m)`` rounds of ``S``, resp. doubling pieces), else ring; ReduceScatter ring;
@@ -224,23 +226,50 @@ def _ring_load(a_src: np.ndarray, a_dst: np.ndarray, siblings: np.ndarray, count
 @dataclass(frozen=True)
 class _Round:
     """One round of a collective over ``m`` members in device-id order: member
-    ``src[i]`` sends ``fraction x S`` bytes to member ``dst[i]``; the round runs
+    ``src[i]`` sends ``fraction[i] x S`` bytes to member ``dst[i]``; the round runs
     ``repeat`` times and a pipeline adds ``extra`` latencies of its slowest flow."""
 
     src: tuple[int, ...]
     dst: tuple[int, ...]
-    fraction: float
+    fraction: tuple[float, ...]
     repeat: int = 1
     extra: int = 0
+
+
+def _uniform(src: tuple[int, ...], dst: tuple[int, ...], fraction: float, repeat: int = 1, extra: int = 0) -> _Round:
+    return _Round(src, dst, (fraction,) * len(src), repeat, extra)
+
+
+@lru_cache(maxsize=1024)
+def _tree(buckets: tuple[int, ...]) -> tuple[_Round, ...]:
+    """NCCL's tree AllReduce over members grouped in consecutive buckets (nodes)
+    of the given sizes: a chain inside each bucket towards its first member, and a
+    double binary tree over the buckets' first members (the second tree over them
+    rotated by one), ``S/2`` per tree; pipelined up then down."""
+    starts = [sum(buckets[:i]) for i in range(len(buckets))]
+    chain = [(s + j + 1, s + j) for s, size in zip(starts, buckets) for j in range(size - 1)]
+    n = len(starts)
+    tree = [
+        (starts[(i + shift) % n], starts[((i - 1) // 2 + shift) % n]) for shift in (0, 1) for i in range(1, n)
+    ] if n > 1 else []
+    fractions = (1.0,) * len(chain) + (0.5,) * len(tree)
+    up = chain + tree
+    depth = max(buckets) - 1 + (max(1, math.ceil(math.log2(n + 1)) - 1) if n > 1 else 0)
+    extra = max(0, depth - 1)
+    return (
+        _Round(tuple(a for a, _ in up), tuple(b for _, b in up), fractions, 1, extra),
+        _Round(tuple(b for _, b in up), tuple(a for a, _ in up), fractions, 1, extra),
+    )
 
 
 @lru_cache(maxsize=1024)
 def _pattern(algo: str, collective: Collective, m: int, small: bool) -> tuple[_Round, ...]:
     """The rounds of ``collective`` over ``m`` members (see the module docstring);
-    ``small``: the message is at most SMALL_MESSAGE_BYTES (mpi switches algorithm)."""
+    ``small``: the message is at most SMALL_MESSAGE_BYTES (mpi switches algorithm).
+    The tree AllReduce depends on the node structure: see :func:`_tree`."""
     ring = tuple(range(m))
     nxt = tuple((i + 1) % m for i in range(m))
-    if algo == "tree" and collective is not Collective.ALLREDUCE:
+    if algo == "tree":
         algo = "ring"
     if algo == "mpi" and collective in (Collective.ALLREDUCE, Collective.ALLGATHER) and not small:
         algo = "ring"
@@ -248,14 +277,9 @@ def _pattern(algo: str, collective: Collective, m: int, small: bool) -> tuple[_R
         if collective in (Collective.REDUCE, Collective.BROADCAST):  # pipelined chain
             a, b = ring[:-1], ring[1:]
             src, dst = (b, a) if collective is Collective.REDUCE else (a, b)
-            return (_Round(src, dst, 1.0, 1, m - 2),)
+            return (_uniform(src, dst, 1.0, 1, m - 2),)
         repeat = 2 * (m - 1) if collective is Collective.ALLREDUCE else m - 1
-        return (_Round(ring, nxt, 1.0 / m, repeat),)
-    if algo == "tree":  # double binary tree: the second over members rotated by one
-        child = tuple(c for shift in (0, 1) for c in ((i + shift) % m for i in range(1, m)))
-        parent = tuple(p for shift in (0, 1) for p in (((i - 1) // 2 + shift) % m for i in range(1, m)))
-        depth = max(1, math.ceil(math.log2(m + 1)) - 1)
-        return (_Round(child, parent, 0.5, 1, depth - 1), _Round(parent, child, 0.5, 1, depth - 1))
+        return (_uniform(ring, nxt, 1.0 / m, repeat),)
     rounds = []  # mpi: recursive doubling and binomial trees, ceil(log2 m) rounds
     for i in range(math.ceil(math.log2(m))):
         d = 1 << i
@@ -267,10 +291,22 @@ def _pattern(algo: str, collective: Collective, m: int, small: bool) -> tuple[_R
             fraction = 1.0
             if collective is Collective.REDUCE:  # children send partial sums to rank 0
                 pairs = [(b, a) for a, b in pairs]
-        rounds.append(_Round(tuple(a for a, _ in pairs), tuple(b for _, b in pairs), fraction))
+        rounds.append(_uniform(tuple(a for a, _ in pairs), tuple(b for _, b in pairs), fraction))
     if collective is Collective.REDUCE:
         rounds.reverse()
     return tuple(rounds)
+
+
+def _buckets(links: _Links, members: np.ndarray) -> tuple[int, ...]:
+    """Sizes of the runs of consecutive (sorted) members that share their element
+    at the outermost level where the members differ; one bucket if they differ
+    only at the leaf level (a group inside one node is a single chain)."""
+    for l in range(len(links.counts) - 1):
+        ancestors = links.ancestors[l][members]
+        if (ancestors != ancestors[0]).any():
+            cuts = np.flatnonzero(np.diff(ancestors)) + 1
+            return tuple(np.diff(np.concatenate([[0], cuts, [len(members)]])).tolist())
+    return (len(members),)
 
 
 def step_cost(
@@ -288,12 +324,16 @@ def step_cost(
     groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
     nbytes = np.asarray(nbytes, dtype=float)
     total, features = 0.0, _zero(len(topology.levels))
-    for rnd in _pattern(algo, collective, groups.shape[1], bool(nbytes.max() <= SMALL_MESSAGE_BYTES)):
+    if algo == "tree" and collective is Collective.ALLREDUCE:
+        pattern = _tree(_buckets(links, groups[0]))
+    else:
+        pattern = _pattern(algo, collective, groups.shape[1], bool(nbytes.max() <= SMALL_MESSAGE_BYTES))
+    for rnd in pattern:
         if not rnd.src:
             continue
         src = groups[:, list(rnd.src)].ravel()
         dst = groups[:, list(rnd.dst)].ravel()
-        flow_bytes = np.repeat(nbytes * rnd.fraction, len(rnd.src))
+        flow_bytes = (nbytes[:, None] * np.asarray(rnd.fraction)[None, :]).ravel()
         seconds, f = _round(links, profile, collective, src, dst, flow_bytes)
         total += rnd.repeat * seconds
         features.add(f, rnd.repeat)
