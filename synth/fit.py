@@ -29,6 +29,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .cost import Features, Predictor, Profile, lowered_loads
+from .documents import read_document, write_document
 from .errors import SynthError
 from .language import Collective, Program, parse_program
 from .lowering import lower
@@ -59,24 +60,12 @@ def profile_document(profile: Profile, report: dict[str, Any] | None = None) -> 
 
 
 def save_profile(path: str | Path, profile: Profile, report: dict[str, Any] | None = None) -> None:
-    try:
-        Path(path).write_text(json.dumps(profile_document(profile, report), indent=1) + "\n")
-    except OSError as exc:
-        raise SynthError(f"{path}: cannot write profile ({exc.strerror})") from None
+    write_document(path, "profile", profile_document(profile, report))
 
 
 def load_profile(path: str | Path) -> Profile:
     source = str(path)
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SynthError(f"{source}: no such profile file") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SynthError(f"{source}: not a valid profile ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
-        raise SynthError(f"{source}: not a synth-reduce profile (expected \"schema\": \"{PROFILE_SCHEMA}\")")
-    if doc.get("version") != PROFILE_VERSION:
-        raise SynthError(f"{source}: profile version {doc.get('version')!r} is not supported (expected {PROFILE_VERSION})")
+    doc = read_document(path, "profile", PROFILE_SCHEMA, PROFILE_VERSION, fix="re-fit it with synth-reduce fit")
     try:
         levels = doc["levels"]
         efficiency = {c.value: float(doc["efficiency"].get(c.value, 1.0)) for c in Collective}

@@ -8,12 +8,12 @@ lowering, and re-proves the stored steps (numpy reference and z3).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
+from .documents import read_document, write_document
 from .errors import SynthError
 from .execute import check_numerically
 from .language import Program, format_program, parse_program
@@ -68,10 +68,7 @@ def plan_document(placement: Placement, reduce_axes: Sequence[str], lowered: Low
 
 
 def write_plan(path: str | Path, document: dict[str, Any]) -> None:
-    try:
-        Path(path).write_text(json.dumps(document, indent=1) + "\n")
-    except OSError as exc:
-        raise SynthError(f"{path}: cannot write plan ({exc.strerror})") from None
+    write_document(path, "plan", document)
 
 
 @dataclass(frozen=True)
@@ -102,21 +99,7 @@ def _int_lists(value: Any, key: str, source: str) -> tuple[tuple[int, ...], ...]
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; errors name the file and the problem."""
     source = str(path)
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SynthError(f"{source}: no such plan file") from None
-    except OSError as exc:
-        raise SynthError(f"{source}: cannot read plan ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SynthError(f"{source}: not a valid plan: corrupted JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise SynthError(f"{source}: not a synth-reduce plan (expected \"schema\": \"{SCHEMA}\")")
-    if doc.get("version") != VERSION:
-        raise SynthError(
-            f"{source}: plan version {doc.get('version')!r} is not supported; this synth-reduce "
-            f"reads version {VERSION} (re-create the plan with --out)"
-        )
+    doc = read_document(path, "plan", SCHEMA, VERSION, fix="re-create the plan with --out")
     topology = topology_from_dict(_field(doc, "topology", dict, source), f"{source}: topology")
     axes_doc = _field(doc, "axes", list, source)
     try:

@@ -1,0 +1,43 @@
+"""Versioned JSON documents (plans, profiles): read, check and write them.
+
+Every error names the file and says what is wrong, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import SynthError
+
+
+def read_document(path: str | Path, kind: str, schema: str, version: int, fix: str = "") -> dict[str, Any]:
+    """The JSON object in ``path`` if its ``schema`` and ``version`` match.
+
+    ``kind`` names the document in messages ("plan"); ``fix`` is appended to the
+    version error (e.g. how to re-create the document)."""
+    source = str(path)
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SynthError(f"{source}: no such {kind} file") from None
+    except OSError as exc:
+        raise SynthError(f"{source}: cannot read {kind} ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SynthError(f"{source}: not a valid {kind}: corrupted JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        raise SynthError(f'{source}: not a synth-reduce {kind} (expected "schema": "{schema}")')
+    if doc.get("version") != version:
+        raise SynthError(
+            f"{source}: {kind} version {doc.get('version')!r} is not supported; this synth-reduce "
+            f"reads version {version}{f' ({fix})' if fix else ''}"
+        )
+    return doc
+
+
+def write_document(path: str | Path, kind: str, document: dict[str, Any]) -> None:
+    try:
+        Path(path).write_text(json.dumps(document, indent=1) + "\n")
+    except OSError as exc:
+        raise SynthError(f"{path}: cannot write {kind} ({exc.strerror})") from None
