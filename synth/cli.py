@@ -52,7 +52,6 @@ def _add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduce", help="reduction axes, e.g. dp or dp,mp (default: the first axis)")
     p.add_argument(
         "--collective",
-        default="allreduce",
         choices=[g.value for g in Goal],
         help="the reduction to implement (default: allreduce)",
     )
@@ -85,7 +84,7 @@ def _main_parser() -> argparse.ArgumentParser:
     )
     _add_problem_arguments(p)
     _add_model_arguments(p)
-    p.add_argument("--size", default="256MiB", help="bytes per device to reduce, e.g. 256MiB, 1M, 64KB (default: 256MiB)")
+    p.add_argument("--size", help="bytes per device to reduce, e.g. 256MiB, 1M, 64KB (default: 256MiB)")
     p.add_argument(
         "--workload",
         metavar="AXES:GOAL:SIZE[*REPS],...",
@@ -137,7 +136,7 @@ def _problem(args: argparse.Namespace) -> Problem:
         topology=topology,
         axes=axes,
         reduce_axes=parse_reduce(args.reduce, axes),
-        goal=Goal(args.collective),
+        goal=Goal(args.collective or "allreduce"),
         constraints=tuple(parse_constraint(c, axes, topology) for c in args.constrain),
         max_steps=args.max_steps,
     )
@@ -185,7 +184,7 @@ def _run_synthesis(argv: Sequence[str]) -> int:
     if args.workload:
         return _run_workload(args)
     problem = _problem(args)
-    size_bytes = parse_size(args.size)
+    size_bytes = parse_size(args.size or "256MiB")
     profile = _load_profile(args.profile, problem.topology)
     started = time.perf_counter()
     placements = _placements(problem)
@@ -320,7 +319,7 @@ def _print_table(problem, ranked, by_speed, listed, context) -> None:
 
 
 def _run_workload(args: argparse.Namespace) -> int:
-    if args.reduce or args.collective != "allreduce" or args.size != "256MiB":
+    if args.reduce is not None or args.collective is not None or args.size is not None:
         raise SynthError("--workload replaces --reduce, --collective and --size; give one or the other")
     problem = _problem(args)
     workload = parse_workload(args.workload, problem.axes)
@@ -510,8 +509,10 @@ def _run_validate(argv: Sequence[str]) -> int:
         profile, _ = fit_profile(train, profile)
         fitted_on = len(train)
     acc = accuracy(profile, scored)
+    ranked = acc.cases > 0  # top-k and Spearman need a case with two programs
     doc = {"cases": acc.cases, "records": acc.records, "fitted_on_records": fitted_on,
-           "top_k": {str(k): v for k, v in acc.top_k.items()}, "spearman_mean": acc.spearman_mean,
+           "top_k": {str(k): v for k, v in acc.top_k.items()} if ranked else None,
+           "spearman_mean": acc.spearman_mean if ranked else None,
            "median_rel_error": acc.median_rel_error}
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -519,8 +520,11 @@ def _run_validate(argv: Sequence[str]) -> int:
     scope = (f"{acc.records} held-out measurements (fitted on {fitted_on})" if args.holdout is not None
              else f"{acc.records} measurements")
     print(f"scored {scope}: {acc.cases} case(s) (placement x reduction x size x algorithm) with >= 2 programs")
-    print("top-k accuracy: " + "  ".join(f"top-{k} {v:.0%}" for k, v in acc.top_k.items()))
-    print(f"Spearman correlation per case (mean): {acc.spearman_mean:.3f}")
+    if ranked:
+        print("top-k accuracy: " + "  ".join(f"top-{k} {v:.0%}" for k, v in acc.top_k.items()))
+        print(f"Spearman correlation per case (mean): {acc.spearman_mean:.3f}")
+    else:
+        print("top-k accuracy and Spearman: n/a (no case has two programs measured)")
     print(f"median relative error of predicted times: {acc.median_rel_error:.1%}")
     return 0
 

@@ -25,8 +25,9 @@ step (this is where 16 GPUs sharing one NIC show up). Algorithms
   does): members are bucketed by their element at the outermost level where
   they differ (their nodes); a chain inside each bucket carries ``S`` to its
   first member, and a double binary tree over those first members (the second
-  tree over them rotated by one) carries ``S/2`` per tree; reduce up then
-  broadcast down, pipelined: two rounds plus ``depth-1`` extra latencies each.
+  tree over them rotated by one) carries ``S/2`` per tree; the reduce up and the
+  broadcast down are pipelined on opposite link directions: one round plus
+  ``2 depth - 1`` extra latencies.
 * ``mpi`` (an approximation of OpenMPI's tuned defaults, see docs/simulator.md):
   AllReduce and AllGather by recursive doubling for ``S <= 64 KiB`` (``ceil(log2
   m)`` rounds of ``S``, resp. doubling pieces), else ring; ReduceScatter ring;
@@ -245,21 +246,20 @@ def _tree(buckets: tuple[int, ...]) -> tuple[_Round, ...]:
     """NCCL's tree AllReduce over members grouped in consecutive buckets (nodes)
     of the given sizes: a chain inside each bucket towards its first member, and a
     double binary tree over the buckets' first members (the second tree over them
-    rotated by one), ``S/2`` per tree; pipelined up then down."""
+    rotated by one), ``S/2`` per tree. Pipelined: the broadcast down runs while the
+    reduce goes up, on the other direction of each link, so both are one round
+    plus ``2 x depth - 1`` latencies."""
     starts = [sum(buckets[:i]) for i in range(len(buckets))]
     chain = [(s + j + 1, s + j) for s, size in zip(starts, buckets) for j in range(size - 1)]
     n = len(starts)
     tree = [
         (starts[(i + shift) % n], starts[((i - 1) // 2 + shift) % n]) for shift in (0, 1) for i in range(1, n)
     ] if n > 1 else []
-    fractions = (1.0,) * len(chain) + (0.5,) * len(tree)
     up = chain + tree
+    both = up + [(b, a) for a, b in up]  # the broadcast down overlaps the reduce up
+    fractions = ((1.0,) * len(chain) + (0.5,) * len(tree)) * 2
     depth = max(buckets) - 1 + (max(1, math.ceil(math.log2(n + 1)) - 1) if n > 1 else 0)
-    extra = max(0, depth - 1)
-    return (
-        _Round(tuple(a for a, _ in up), tuple(b for _, b in up), fractions, 1, extra),
-        _Round(tuple(b for _, b in up), tuple(a for a, _ in up), fractions, 1, extra),
-    )
+    return (_Round(tuple(a for a, _ in both), tuple(b for _, b in both), fractions, 1, max(0, 2 * depth - 1)),)
 
 
 @lru_cache(maxsize=1024)
@@ -446,7 +446,10 @@ class Ranked:
 
     @property
     def speedup(self) -> float:
-        return self.default_s / self.best_s if self.order else 0.0
+        """Default time over best time; 1 when there is nothing to do (k = 1)."""
+        if not self.order:
+            return 0.0
+        return self.default_s / self.best_s if self.best_s > 0 else 1.0
 
 
 def rank(result: PlacementPrograms, reduce_axes: Sequence[str], goal: Goal, size_bytes: float,

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .cost import Features, Predictor, Profile, lowered_loads
+from .cost import ALGORITHMS, Features, Predictor, Profile, lowered_loads
 from .documents import read_document, write_document
 from .errors import SynthError
 from .language import Collective, Program, parse_program
@@ -145,7 +145,16 @@ def load_measurements(path: str | Path) -> tuple[Topology, list[Measurement]]:
             raise SynthError(f"{where}: malformed axes, matrix, collective, size_bytes or median_s") from None
         if size_bytes < 1 or not (median_s > 0 and math.isfinite(median_s)):
             raise SynthError(f"{where}: size_bytes must be >= 1 and median_s a positive number")
-        reduce_axes = tuple(rec["reduce"])
+        reduce_axes = rec["reduce"]
+        if not isinstance(reduce_axes, list) or not reduce_axes or any(r not in placement.axis_names for r in reduce_axes):
+            raise SynthError(
+                f"{where}: 'reduce' must be a non-empty list of declared axes "
+                f"({', '.join(placement.axis_names)}), got {reduce_axes!r}"
+            )
+        reduce_axes = tuple(a for a in placement.axis_names if a in reduce_axes)
+        algo = rec.get("algo") or ("mpi" if rec.get("backend") == "mpi" else "ring")
+        if algo not in ALGORITHMS:
+            raise SynthError(f"{where}: unknown algo {algo!r}; use one of {', '.join(ALGORITHMS)}")
         try:
             program = parse_program(str(rec["program"]), f"{where}: program")
             key = (placement, reduce_axes, goal, program)
@@ -153,7 +162,6 @@ def load_measurements(path: str | Path) -> tuple[Topology, list[Measurement]]:
                 lowered_cache[key] = lowered_loads(lower(program, placement, reduce_axes, goal))
         except SynthError as exc:
             raise SynthError(f"{where}: unknown program for this placement: {exc}") from None
-        algo = rec.get("algo") or ("mpi" if rec.get("backend") == "mpi" else "ring")
         out.append(Measurement(number, placement, reduce_axes, goal, program,
                                tuple(lowered_cache[key]), size_bytes, algo, median_s))
     if topology is None:

@@ -1,0 +1,583 @@
+"""Learning the cost model (synth.fit, ``synth-reduce fit`` and ``validate``) on
+synthetic measurement files generated from a known "true" profile: the fit must
+recover the parameters, validate must score a perfect model as perfect, and bad
+files and profiles must give a one-line error with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synth.cost import Predictor, Profile, default_program
+from synth.fit import (
+    PROFILE_SCHEMA,
+    accuracy,
+    fit_profile,
+    load_measurements,
+    load_profile,
+    save_profile,
+    split_cases,
+)
+from synth.language import Collective, format_program
+from synth.placement import enumerate_placements, parse_axes
+from synth.search import synthesize_placements
+from synth.semantics import Goal
+from synth.topology import load_topology
+
+TESTBED_CONFIGS = [("dp=8", ("dp",)), ("dp=4,mp=2", ("dp",)), ("dp=2,mp=4", ("dp",)), ("dp=2,mp=4", ("mp",))]
+TESTBED_SIZES = [4096, 2**20, 16 * 2**20]
+# efficiencies != 1 for every collective; AllReduce's too, so that the fit's
+# normalisation (efficiencies relative to AllReduce) is exercised
+TRUE_EFFICIENCY = {"AllReduce": 0.9, "ReduceScatter": 0.8, "AllGather": 1.2, "Reduce": 0.7, "Broadcast": 1.1}
+
+
+def profile_for(topology, bandwidth, latency, efficiency=TRUE_EFFICIENCY) -> Profile:
+    return Profile(topology.name, topology.level_names, tuple(bandwidth), tuple(latency),
+                   tuple((c.value, efficiency[c.value]) for c in Collective))
+
+
+def expected_fit(true: Profile) -> Profile:
+    """What a fit can identify: bandwidths x efficiency[AllReduce], efficiencies / it."""
+    scale = true.efficiency_of(Collective.ALLREDUCE)
+    return Profile(true.topology, true.level_names, tuple(b * scale for b in true.bandwidth_GBps), true.latency_us,
+                   tuple((c, e / scale) for c, e in true.efficiency))
+
+
+def record(topology, placement, reduce, goal, program, algo, size, seconds) -> dict:
+    """One line in the format of ``synth-reduce bench --jsonl``."""
+    backend = "mpi" if algo == "mpi" else "nccl"
+    return {
+        "schema": "synth-reduce/measurement", "version": 1,
+        "topology": topology.to_dict(),
+        "axes": [{"name": a.name, "size": a.size} for a in placement.axes],
+        "matrix": [list(row) for row in placement.matrix],
+        "reduce": list(reduce), "collective": goal.value,
+        "program": format_program(program),
+        "is_default": program == default_program(goal),
+        # mpi records say only their backend (as bench writes them); others name the algorithm
+        "backend": backend, "algo": None if algo == "mpi" else algo,
+        "dtype": "float32", "ranks": topology.num_devices,
+        "size_bytes": size, "iters": 3, "times_s": [seconds] * 3, "median_s": seconds,
+        "min_s": seconds, "max_s": seconds, "wrong": 0,
+    }
+
+
+def make_records(topology, true, configs, algos, sizes, goals=(Goal.ALLREDUCE,), max_steps=3,
+                 noise=0.0, seed=0, keep=lambda placement: True) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for axes, reduce in configs:
+        placements = [p for p in enumerate_placements(topology, parse_axes(axes)) if keep(p)]
+        for goal in goals:
+            for result in synthesize_placements(placements, reduce, goal, max_steps):
+                for algo in algos:
+                    predictor = Predictor(result.placement, reduce, algo, true)
+                    for size in sizes:
+                        for program, loads in zip(result.programs, result.loads):
+                            seconds = predictor.program(program, loads, size)
+                            if noise:
+                                seconds *= float(np.exp(rng.normal(0.0, noise)))
+                            out.append(record(topology, result.placement, reduce, goal, program, algo, size, seconds))
+    return out
+
+
+def write(path: Path, records) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def assert_recovers(fitted: Profile, expected: Profile, rel: float) -> None:
+    assert fitted.topology == expected.topology and fitted.level_names == expected.level_names
+    for name, got, want in zip(expected.level_names, fitted.bandwidth_GBps, expected.bandwidth_GBps):
+        assert math.isclose(got, want, rel_tol=rel), ("bandwidth", name, got, want)
+    for name, got, want in zip(expected.level_names, fitted.latency_us, expected.latency_us):
+        assert math.isclose(got, want, rel_tol=rel), ("latency", name, got, want)
+    for (name, got), (_, want) in zip(fitted.efficiency, expected.efficiency):
+        assert math.isclose(got, want, rel_tol=rel), ("efficiency", name, got, want)
+
+
+def usage_error(cli, *argv) -> str:
+    code, out, err = cli(*argv)
+    assert code == 2, (code, out, err)
+    assert out == "" and "Traceback" not in err
+    assert err.startswith("synth-reduce: error: ") and err.count("\n") == 1 and err.endswith("\n"), err
+    return err[len("synth-reduce: error: "):-1]
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    return load_topology("testbed-2x4")
+
+
+@pytest.fixture(scope="module")
+def true_testbed(testbed) -> Profile:
+    return profile_for(testbed, (0.3, 5.0), (40.0, 3.0))
+
+
+@pytest.fixture(scope="module")
+def clean_records(testbed, true_testbed) -> list[dict]:
+    return make_records(testbed, true_testbed, TESTBED_CONFIGS, ("ring", "mpi"), TESTBED_SIZES,
+                        goals=(Goal.ALLREDUCE, Goal.REDUCESCATTER))
+
+
+@pytest.fixture(scope="module")
+def clean_file(tmp_path_factory, clean_records) -> Path:
+    return write(tmp_path_factory.mktemp("fit") / "clean.jsonl", clean_records)
+
+
+@pytest.fixture(scope="module")
+def true_profile_file(tmp_path_factory, true_testbed) -> Path:
+    path = tmp_path_factory.mktemp("fit") / "true.json"
+    save_profile(path, true_testbed)
+    return path
+
+
+# ================================================================ fitting
+
+
+def test_synthetic_file_covers_every_level_collective_and_algorithm(clean_file, clean_records):
+    topology, measurements = load_measurements(clean_file)
+    assert topology.name == "testbed-2x4" and len(measurements) == len(clean_records) > 500
+    assert {m.algo for m in measurements} == {"ring", "mpi"}
+    assert {m.goal for m in measurements} == {Goal.ALLREDUCE, Goal.REDUCESCATTER}
+    assert {i.collective for m in measurements for i in m.program.instructions} == set(Collective)
+    assert [m.line for m in measurements] == list(range(1, len(clean_records) + 1))
+
+
+def test_noise_free_fit_recovers_every_parameter(clean_file, true_testbed):
+    topology, measurements = load_measurements(clean_file)
+    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    assert_recovers(fitted, expected_fit(true_testbed), rel=1e-3)
+    assert fitted.efficiency_of(Collective.ALLREDUCE) == 1.0
+    assert report.records == len(measurements)
+    assert report.median_rel_error < 1e-6 and report.max_rel_error < 1e-6
+    assert 1 <= report.iterations <= 8
+
+
+def test_fit_with_5_percent_lognormal_noise_is_within_10_percent(tmp_path, testbed, true_testbed):
+    records = make_records(testbed, true_testbed, TESTBED_CONFIGS, ("ring", "mpi"), TESTBED_SIZES,
+                           goals=(Goal.ALLREDUCE, Goal.REDUCESCATTER), noise=0.05, seed=3)
+    topology, measurements = load_measurements(write(tmp_path / "noisy.jsonl", records))
+    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    assert_recovers(fitted, expected_fit(true_testbed), rel=0.10)
+    # residuals reflect the noise: median |lognormal(0, 0.05) - 1| is about 3.4%
+    assert 0.01 < report.median_rel_error < 0.08
+
+
+def test_fit_on_p2_a100_with_ring_and_tree(tmp_path):
+    p2 = load_topology("p2-a100")
+    true = profile_for(p2, (6.0, 200.0), (8.0, 2.5),
+                       {"AllReduce": 1.0, "ReduceScatter": 0.85, "AllGather": 0.95, "Reduce": 0.6, "Broadcast": 0.75})
+    records = make_records(p2, true, [("dp=4,mp=16", ("dp",)), ("dp=16,mp=4", ("dp",))], ("ring", "tree"),
+                           [65536, 4 * 2**20, 256 * 2**20])
+    topology, measurements = load_measurements(write(tmp_path / "p2.jsonl", records))
+    assert {m.algo for m in measurements} == {"ring", "tree"}
+    fitted, _ = fit_profile(measurements, Profile.prior(topology))
+    assert_recovers(fitted, true, rel=1e-3)
+
+
+def test_levels_no_record_exercises_keep_their_prior(tmp_path, testbed, true_testbed):
+    # mp inside one node only: nothing crosses the node level
+    records = make_records(testbed, true_testbed, [("dp=2,mp=4", ("mp",))], ("ring",), TESTBED_SIZES,
+                           keep=lambda p: p.matrix[1][0] == 1)
+    topology, measurements = load_measurements(write(tmp_path / "inside.jsonl", records))
+    assert {m.placement.matrix for m in measurements} == {((2, 1), (1, 4))}
+    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    assert fitted.latency_us[0] == 100.0
+    assert math.isclose(fitted.bandwidth_GBps[0], 0.125, rel_tol=1e-9)
+    assert math.isclose(fitted.latency_us[1], 3.0, rel_tol=1e-6)
+    assert report.max_rel_error < 1e-6
+
+
+def test_fit_command_writes_a_profile_and_reports_residuals(cli, tmp_path, clean_file, true_testbed):
+    out_path = tmp_path / "profile.json"
+    code, out, err = cli("fit", clean_file, "-o", out_path)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith(f"fitted {len(clean_file.read_text().splitlines())} measurements of topology "
+                               f"testbed-2x4 in ") and lines[0].endswith(f" -> {out_path}")
+    assert lines[1].split() == ["level", "bandwidth_GBps", "(prior)", "latency_us", "(prior)"]
+    assert lines[2].split()[0] == "node" and lines[2].split()[2] == "0.125"
+    assert any(line.startswith("residuals: median 0.0%, mean 0.0%, max 0.0% relative; RMSE ") for line in lines)
+    fitted = load_profile(out_path)
+    assert_recovers(fitted, expected_fit(true_testbed), rel=1e-3)
+    doc = json.loads(out_path.read_text())
+    assert doc["schema"] == PROFILE_SCHEMA and doc["version"] == 1 and doc["topology"] == "testbed-2x4"
+    assert doc["fit"]["records"] == len(clean_file.read_text().splitlines())
+    assert doc["fit"]["median_rel_error"] < 1e-6
+
+
+def test_fit_command_json_and_start_profile(cli, tmp_path, clean_file, true_profile_file, true_testbed):
+    code, out, err = cli("fit", clean_file, "-o", tmp_path / "p.json", "--profile", true_profile_file, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc == json.loads((tmp_path / "p.json").read_text())
+    assert [lv["name"] for lv in doc["levels"]] == ["node", "rank"]
+    expected = expected_fit(true_testbed)
+    assert math.isclose(doc["levels"][0]["bandwidth_GBps"], expected.bandwidth_GBps[0], rel_tol=1e-6)
+    assert math.isclose(doc["efficiency"]["AllGather"], 1.2 / 0.9, rel_tol=1e-6)
+    assert set(doc["fit"]) >= {"records", "iterations", "median_rel_error", "max_rel_error", "rmse_s"}
+
+
+def test_profile_round_trip(tmp_path, true_testbed):
+    save_profile(tmp_path / "p.json", true_testbed)
+    assert load_profile(tmp_path / "p.json") == true_testbed
+
+
+def test_fitted_profile_changes_the_main_command(cli, tmp_path, testbed, true_testbed):
+    save_profile(tmp_path / "p.json", true_testbed)
+    argv = ("--topology", "testbed-2x4", "--axes", "dp=8", "--no-verify", "--top", "1", "--size", "1M", "--json")
+    prior = json.loads(cli(*argv)[1])
+    fitted = json.loads(cli(*argv, "--profile", tmp_path / "p.json")[1])
+    assert fitted["model"]["profile"] == str(tmp_path / "p.json") and prior["model"]["profile"] is None
+    placement = enumerate_placements(testbed, parse_axes("dp=8"))[0]
+    result = synthesize_placements([placement], ("dp",), Goal.ALLREDUCE, 5)[0]
+    i = result.programs.index(default_program(Goal.ALLREDUCE))
+    want = Predictor(placement, ("dp",), "ring", true_testbed).program(result.programs[i], result.loads[i], 2**20)
+    assert fitted["placements"][0]["default"]["predicted_s"] == pytest.approx(want, rel=1e-12)
+    assert prior["placements"][0]["default"]["predicted_s"] != pytest.approx(want, rel=1e-3)
+
+
+# ================================================================ validate
+
+
+def test_validate_with_the_true_profile_is_perfect(cli, clean_file, true_profile_file, clean_records):
+    code, out, err = cli("validate", clean_file, "--profile", true_profile_file, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    cases: dict = {}
+    for r in clean_records:
+        key = (json.dumps(r["matrix"]), tuple(r["reduce"]), r["collective"], r["size_bytes"], r["backend"], r["algo"])
+        cases[key] = cases.get(key, 0) + 1
+    # cases with one program (a ReduceScatter over 2 members) have nothing to rank
+    assert 0 < sum(n == 1 for n in cases.values()) < len(cases)
+    assert doc["cases"] == sum(n >= 2 for n in cases.values()) and doc["records"] == len(clean_records)
+    assert doc["fitted_on_records"] == 0
+    assert doc["top_k"] == {"1": 1.0, "3": 1.0, "5": 1.0, "10": 1.0}
+    assert doc["spearman_mean"] == pytest.approx(1.0, abs=1e-12)
+    assert doc["median_rel_error"] == 0.0
+
+
+def test_validate_table(cli, clean_file, true_profile_file):
+    code, out, err = cli("validate", clean_file, "--profile", true_profile_file)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"scored {len(clean_file.read_text().splitlines())} measurements: ")
+    assert lines[1] == "top-k accuracy: top-1 100%  top-3 100%  top-5 100%  top-10 100%"
+    assert lines[2] == "Spearman correlation per case (mean): 1.000"
+    assert lines[3] == "median relative error of predicted times: 0.0%"
+
+
+def test_validate_with_the_prior_reports_its_error(cli, clean_file):
+    doc = json.loads(cli("validate", clean_file, "--json")[1])
+    assert doc["median_rel_error"] > 0.2  # the prior is far from the true profile
+
+
+def test_top_k_counts_where_the_measured_fastest_ranks(clean_file, true_testbed):
+    """Make one case's fastest measured program one the model ranks 11th or later:
+    that case misses at every k, the others hit."""
+    _, measurements = load_measurements(clean_file)
+    predicted = np.array([m.median_s for m in measurements])  # true profile, noise-free
+    by_case: dict = {}
+    for i, m in enumerate(measurements):
+        by_case.setdefault(m.case, []).append(i)
+    case, idx = max(by_case.items(), key=lambda kv: len(kv[1]))
+    assert len(idx) > 20
+    # position of record j in its case when sorted by prediction (ties by record order)
+    slow = max(idx, key=lambda j: predicted[j])
+    position = sum(predicted[i] < predicted[slow] or (predicted[i] == predicted[slow] and i < slow) for i in idx)
+    assert position >= 10
+    changed = list(measurements)
+    changed[slow] = type(measurements[slow])(**{**measurements[slow].__dict__,
+                                               "median_s": float(predicted[idx].min()) / 2})
+    acc = accuracy(true_testbed, changed)
+    n = sum(len(v) >= 2 for v in by_case.values())
+    assert acc.cases == n
+    assert acc.top_k == {k: pytest.approx((n - 1) / n) for k in (1, 3, 5, 10)}
+    assert acc.spearman_mean < 1.0
+    assert acc.median_rel_error == 0.0
+
+
+def test_validate_holdout_scores_held_out_cases(cli, clean_file, clean_records):
+    code, out, err = cli("validate", clean_file, "--holdout", "0.5", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    _, measurements = load_measurements(clean_file)
+    train, held = split_cases(measurements, 0.5, seed=0)
+    assert {m.case for m in train}.isdisjoint({m.case for m in held})
+    assert len({m.case for m in held}) == round(0.5 * len({m.case for m in measurements}))
+    held_sizes: dict = {}
+    for m in held:
+        held_sizes[m.case] = held_sizes.get(m.case, 0) + 1
+    assert doc["cases"] == sum(n >= 2 for n in held_sizes.values())
+    assert doc["records"] == len(held) and doc["fitted_on_records"] == len(train)
+    assert doc["records"] + doc["fitted_on_records"] == len(clean_records)
+    # fitted on the other half of noise-free data: the model is exact again
+    assert doc["top_k"]["1"] == 1.0 and doc["median_rel_error"] < 1e-6
+    code, out, err = cli("validate", clean_file, "--holdout", "0.5")
+    assert code == 0, err
+    assert out.startswith(f"scored {len(held)} held-out measurements (fitted on {len(train)}): "
+                          f"{doc['cases']} case(s)")
+    # another seed, another split
+    other = json.loads(cli("validate", clean_file, "--holdout", "0.5", "--seed", "1", "--json")[1])
+    assert other["records"] + other["fitted_on_records"] == len(clean_records)
+
+
+def test_validate_json_without_a_case_to_rank(cli, tmp_path, clean_records):
+    path = write(tmp_path / "single.jsonl", clean_records[:1])
+    code, out, err = cli("validate", path, "--json")
+    if code == 2:  # a clear error is as good as valid JSON
+        assert out == "" and err.count("\n") == 1
+        return
+    assert code == 0, err
+
+    def reject(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    doc = json.loads(out, parse_constant=reject)
+    assert doc["cases"] == 0 and doc["records"] == 1
+
+
+@pytest.mark.parametrize("fraction", ["0", "1", "1.5", "-0.2"])
+def test_validate_bad_holdout(cli, clean_file, fraction):
+    assert usage_error(cli, "validate", clean_file, "--holdout", fraction) == (
+        f"--holdout {float(fraction)}: give the held-out fraction of cases, between 0 and 1"
+    )
+
+
+def test_validate_holdout_needs_two_cases(cli, tmp_path, clean_records):
+    one_case = [r for r in clean_records if r is clean_records[0] or (
+        r["matrix"] == clean_records[0]["matrix"] and r["reduce"] == clean_records[0]["reduce"]
+        and r["collective"] == clean_records[0]["collective"] and r["size_bytes"] == clean_records[0]["size_bytes"]
+        and r["backend"] == clean_records[0]["backend"])]
+    assert len(one_case) >= 2
+    path = write(tmp_path / "one.jsonl", one_case)
+    assert usage_error(cli, "validate", path, "--holdout", "0.5") == (
+        "--holdout leaves no case to fit on; measure more cases or hold out less"
+    )
+
+
+# ================================================================ bad input
+
+
+def edited(tmp_path: Path, records: list[dict], line: int, change, name="bad.jsonl") -> Path:
+    """The first three records with record ``line`` (1-based) changed."""
+    rows = [dict(r) for r in records[:3]]
+    rows[line - 1] = change(rows[line - 1])
+    return write(tmp_path / name, rows)
+
+
+def drop(key):
+    def change(r):
+        r.pop(key)
+        return r
+    return change
+
+
+def setting(**fields):
+    def change(r):
+        r.update(fields)
+        return r
+    return change
+
+
+@pytest.mark.parametrize("command", ["fit", "validate"])
+@pytest.mark.parametrize("field", ["topology", "matrix", "program", "size_bytes", "median_s", "reduce"])
+def test_missing_field_names_file_line_and_field(cli, tmp_path, clean_records, command, field):
+    path = edited(tmp_path, clean_records, 2, drop(field))
+    extra = ("-o", tmp_path / "p.json") if command == "fit" else ()
+    assert usage_error(cli, command, path, *extra) == f"{path}:2: missing field(s) {field}"
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_several_missing_fields_are_all_named(cli, tmp_path, clean_records):
+    path = edited(tmp_path, clean_records, 1, lambda r: {"topology": r["topology"]})
+    message = usage_error(cli, "validate", path)
+    assert message == (f"{path}:1: missing field(s) axes, matrix, reduce, collective, program, "
+                       "size_bytes, median_s")
+
+
+def test_unparsable_json_line(cli, tmp_path, clean_records):
+    path = write(tmp_path / "bad.jsonl", [clean_records[0], "{\"topology\": ", clean_records[1]])
+    message = usage_error(cli, "validate", path)
+    assert message.startswith(f"{path}:2: not valid JSON (")
+
+
+def test_a_json_line_that_is_not_an_object(cli, tmp_path, clean_records):
+    path = write(tmp_path / "bad.jsonl", [clean_records[0], "[1, 2]"])
+    assert usage_error(cli, "validate", path).startswith(f"{path}:2: missing field(s) topology, axes")
+
+
+@pytest.mark.parametrize(
+    "program, detail",
+    [
+        ("AllReduce(node, parallel(root))", "does not implement allreduce"),  # valid syntax, not a reduction
+        ("AllReduce(gpu, inside)", "level 'gpu' is not in the synthesis hierarchy"),
+        ("Frobnicate(root, inside)", "syntax error"),
+    ],
+)
+def test_unknown_program_for_the_placement(cli, tmp_path, clean_records, program, detail):
+    assert clean_records[0]["matrix"] == [[2, 4]] and clean_records[0]["collective"] == "allreduce"
+    path = edited(tmp_path, clean_records, 3, setting(matrix=[[2, 4]], axes=[{"name": "dp", "size": 8}],
+                                                       reduce=["dp"], program=program))
+    message = usage_error(cli, "fit", path, "-o", tmp_path / "p.json")
+    assert message.startswith(f"{path}:3: unknown program for this placement: ")
+    assert detail in message
+
+
+def test_record_with_another_topology(cli, tmp_path, clean_records):
+    p2 = load_topology("p2-a100").to_dict()
+    path = edited(tmp_path, clean_records, 2, setting(topology=p2))
+    assert usage_error(cli, "validate", path) == (
+        f"{path}:2: topology 'p2-a100' differs from the file's first record ('testbed-2x4'); "
+        "fit one topology per file"
+    )
+    # same name, other numbers: also another topology
+    changed = json.loads(json.dumps(clean_records[0]["topology"]))
+    changed["levels"][0]["bandwidth_GBps"] = 1.0
+    path = edited(tmp_path, clean_records, 3, setting(topology=changed), "bad2.jsonl")
+    assert usage_error(cli, "validate", path).startswith(f"{path}:3: topology 'testbed-2x4' differs")
+
+
+def test_invalid_topology_in_a_record(cli, tmp_path, clean_records):
+    broken = json.loads(json.dumps(clean_records[0]["topology"]))
+    broken["levels"][1].pop("count")
+    path = edited(tmp_path, clean_records, 1, setting(topology=broken))
+    message = usage_error(cli, "validate", path)
+    assert message.startswith(f"{path}:1: topology: levels[1] (rank): missing field 'count'")
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n"])
+def test_empty_measurements_file(cli, tmp_path, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(content)
+    assert usage_error(cli, "fit", path, "-o", tmp_path / "p.json") == f"{path}: no measurements"
+    assert usage_error(cli, "validate", path) == f"{path}: no measurements"
+
+
+def test_missing_measurements_file(cli, tmp_path):
+    path = tmp_path / "nope.jsonl"
+    assert usage_error(cli, "validate", path) == f"{path}: no such measurements file"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"size_bytes": -1024}, {"size_bytes": 0}, {"median_s": -1.0}, {"median_s": 0}],
+)
+def test_negative_or_zero_size_or_time(cli, tmp_path, clean_records, fields):
+    path = edited(tmp_path, clean_records, 2, setting(**fields))
+    assert usage_error(cli, "validate", path) == (
+        f"{path}:2: size_bytes must be >= 1 and median_s a positive number"
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"size_bytes": "lots"}, {"median_s": "fast"}, {"collective": "allsum"}, {"matrix": "2,4"},
+     {"axes": [{"name": "dp"}]}],
+)
+def test_malformed_fields(cli, tmp_path, clean_records, fields):
+    path = edited(tmp_path, clean_records, 2, setting(**fields))
+    assert usage_error(cli, "validate", path) == (
+        f"{path}:2: malformed axes, matrix, collective, size_bytes or median_s"
+    )
+
+
+def test_matrix_that_does_not_fit_the_topology(cli, tmp_path, clean_records):
+    path = edited(tmp_path, clean_records, 1, setting(matrix=[[4, 2]]))
+    message = usage_error(cli, "validate", path)
+    assert message.startswith(f"{path}:1: matrix column 'node' multiplies to 4, expected the level count 2")
+
+
+def test_record_reducing_an_unknown_axis(cli, tmp_path, clean_records):
+    path = edited(tmp_path, clean_records, 2, setting(reduce=["zz"]))
+    message = usage_error(cli, "validate", path)
+    assert message.startswith(f"{path}:2: ")
+    assert "zz" in message
+
+
+def test_record_with_an_unknown_algorithm(cli, tmp_path, clean_records):
+    path = edited(tmp_path, clean_records, 2, setting(algo="bogus"))
+    message = usage_error(cli, "validate", path)
+    assert message.startswith(f"{path}:2: ")
+
+
+# ---------------------------------------------------------------- bad profiles
+
+
+def profile_file(tmp_path: Path, topology_name: str, change=lambda doc: doc) -> Path:
+    path = tmp_path / f"{topology_name}.json"
+    save_profile(path, Profile.prior(load_topology(topology_name)))
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    return path
+
+
+def test_profile_for_another_topology_in_validate_and_fit(cli, tmp_path, clean_file):
+    path = profile_file(tmp_path, "p2-a100")
+    expected = (f"{path} was fitted for topology 'p2-a100' with levels node, gpu, not 'testbed-2x4' with "
+                "levels node, rank; fit a profile for this topology")
+    assert usage_error(cli, "validate", clean_file, "--profile", path) == expected
+    assert usage_error(cli, "fit", clean_file, "-o", tmp_path / "out.json", "--profile", path) == expected
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_profile_for_another_topology_in_the_main_command(cli, tmp_path):
+    path = profile_file(tmp_path, "p2-a100")
+    base = ("--topology", "testbed-2x4", "--axes", "dp=4,mp=2", "--no-verify", "--profile", path)
+    expected = (f"{path} was fitted for topology 'p2-a100' with levels node, gpu, not 'testbed-2x4' with "
+                "levels node, rank; fit a profile for this topology")
+    assert usage_error(cli, *base) == expected
+    assert usage_error(cli, *base, "--workload", "dp:allreduce:1M") == expected
+
+
+def test_profile_with_the_same_name_but_other_levels(cli, tmp_path):
+    def rename(doc):
+        doc["levels"][1]["name"] = "gpu"
+        return doc
+    path = profile_file(tmp_path, "testbed-2x4", rename)
+    message = usage_error(cli, "--topology", "testbed-2x4", "--axes", "dp=8", "--no-verify", "--profile", path)
+    assert message.startswith(f"{path} was fitted for topology 'testbed-2x4' with levels node, gpu, not")
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda d: {**d, "version": 2}, "profile version 2 is not supported"),
+        (lambda d: {k: v for k, v in d.items() if k != "version"}, "profile version None is not supported"),
+        (lambda d: {**d, "schema": "synth-reduce/plan"},
+         'not a synth-reduce profile (expected "schema": "synth-reduce/profile")'),
+        (lambda d: [d], 'not a synth-reduce profile (expected "schema": "synth-reduce/profile")'),
+        (lambda d: {**d, "levels": [{"name": "node"}]},
+         "not a valid profile: expected topology, levels[{name, bandwidth_GBps, latency_us}], efficiency"),
+        (lambda d: {**d, "efficiency": {"AllReduce": 0}}, "bandwidths and efficiencies must be positive numbers"),
+        (lambda d: {**d, "levels": [{**lv, "bandwidth_GBps": -1} for lv in d["levels"]]},
+         "bandwidths and efficiencies must be positive numbers"),
+    ],
+)
+def test_bad_profile_documents(cli, tmp_path, clean_file, change, expected):
+    path = profile_file(tmp_path, "testbed-2x4", change)
+    assert usage_error(cli, "validate", clean_file, "--profile", path).startswith(f"{path}: {expected}")
+    assert usage_error(cli, "--topology", "testbed-2x4", "--axes", "dp=8", "--no-verify",
+                       "--profile", path).startswith(f"{path}: {expected}")
+
+
+def test_profile_file_that_is_not_json_or_missing(cli, tmp_path, clean_file):
+    path = tmp_path / "p.json"
+    path.write_text("{nope")
+    assert usage_error(cli, "validate", clean_file, "--profile", path).startswith(f"{path}: not a valid profile")
+    missing = tmp_path / "missing.json"
+    assert usage_error(cli, "validate", clean_file, "--profile", missing) == f"{missing}: no such profile file"
+
+
+def test_fit_output_that_cannot_be_written(cli, tmp_path, clean_file):
+    target = tmp_path / "no" / "such" / "dir" / "p.json"
+    assert usage_error(cli, "fit", clean_file, "-o", target) == f"{target}: cannot write profile (No such file or directory)"
+
+
+def test_fit_requires_an_output(cli, clean_file):
+    message = usage_error(cli, "fit", clean_file)
+    assert "-o/--output" in message and "synth-reduce fit --help" in message

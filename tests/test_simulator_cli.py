@@ -1,0 +1,251 @@
+"""The main command's simulator options: ``--size``, ``--algo``, ``--profile``,
+``--top`` and the predicted fields of the table and ``--json``; hand-derived
+times on p2-a100 (dp=4, mp=16, reducing dp) check that each option takes effect."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from synth.cost import Profile
+from synth.errors import SynthError
+from synth.fit import save_profile
+from synth.topology import load_topology
+from synth.units import format_seconds, format_size, parse_size
+
+P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp", "--no-verify")
+INSIDE, SPLIT, ACROSS = [[1, 4], [4, 4]], [[2, 2], [2, 8]], [[4, 1], [1, 16]]
+US = 1e-6
+S = 256 * 2**20
+BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
+
+
+def usage_error(cli, *argv) -> str:
+    code, out, err = cli(*argv)
+    assert code == 2, (code, out, err)
+    assert out == "" and "Traceback" not in err
+    assert err.startswith("synth-reduce: error: ") and err.count("\n") == 1, err
+    return err[len("synth-reduce: error: "):-1]
+
+
+def run_json(cli, *argv) -> dict:
+    code, out, err = cli(*argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def by_matrix(doc: dict, matrix) -> dict:
+    (found,) = [p for p in doc["placements"] if p["matrix"] == matrix]
+    return found
+
+
+def ring_inside(size: float, bw: float = 270e9) -> float:
+    """Ring AllReduce of 4 GPUs inside a p2-a100 node: 6 rounds of S/4, 1 us each."""
+    return 6 * (1 * US + size / 4 / bw)
+
+
+# ================================================================ --size
+
+
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [("1K", 2**10), ("1M", 2**20), ("1G", 2**30), ("1KiB", 2**10), ("1MiB", 2**20), ("1GiB", 2**30),
+     ("1KB", 10**3), ("1MB", 10**6), ("1GB", 10**9), ("4096", 4096), ("256mib", 256 * 2**20),
+     ("1.5K", 1536), ("64 KiB", 65536), ("7B", 7)],
+)
+def test_parse_size(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [("-1", "expected a positive size"), ("abc", "expected a positive size"), ("", "expected a positive size"),
+     ("1TB", "expected a positive size"), ("1e6", "expected a positive size"), ("M", "expected a positive size"),
+     ("0", "the size must be a whole number of bytes >= 1"), ("0.5", "the size must be a whole number of bytes >= 1"),
+     ("1.3", "the size must be a whole number of bytes >= 1"), ("0K", "the size must be a whole number of bytes >= 1")],
+)
+def test_parse_size_errors(text, problem):
+    with pytest.raises(SynthError) as exc:
+        parse_size(text)
+    assert str(exc.value).startswith(f"--size '{text}': {problem}")
+
+
+def test_format_units():
+    assert format_size(2**30) == "1 GiB" and format_size(1536) == "1.5 KiB" and format_size(1000) == "1000 B"
+    assert format_seconds(1.5) == "1.500 s" and format_seconds(0.0015) == "1.500 ms"
+    assert format_seconds(2e-6) == "2.0 us"
+
+
+@pytest.mark.parametrize("text, nbytes", [("1K", 1024), ("1KB", 1000), ("1M", 2**20), ("1MB", 10**6),
+                                          ("1GiB", 2**30), ("1GB", 10**9)])
+def test_size_option_sets_the_predicted_size(cli, text, nbytes):
+    doc = run_json(cli, *P2, "--size", text, "--top", "0")
+    assert doc["model"]["size_bytes"] == nbytes
+    assert math.isclose(by_matrix(doc, INSIDE)["default"]["predicted_s"], ring_inside(nbytes), rel_tol=1e-9)
+
+
+def test_default_size_is_256MiB(cli):
+    doc = run_json(cli, *P2, "--top", "0")
+    assert doc["model"] == {"size_bytes": S, "algo": "ring", "profile": None}
+    code, out, _ = cli(*P2, "--size", "1K", "--top", "1")
+    assert out.splitlines()[1] == "predicted for 1 KiB per device, NCCL ring model, topology's numbers as priors"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(("--size", "-1"), "--size '-1': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"),
+     (("--size=-1",), "--size '-1': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"),
+     (("--size", "abc"), "--size 'abc': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"),
+     (("--size", "0"), "--size '0': the size must be a whole number of bytes >= 1"),
+     (("--size", "0.1K"), "--size '0.1K': the size must be a whole number of bytes >= 1")],
+)
+def test_bad_size(cli, argv, message):
+    assert usage_error(cli, *P2, *argv) == message
+    assert usage_error(cli, *P2, *argv, "--json") == message
+
+
+# ================================================================ --algo
+
+
+def test_algo_changes_predictions(cli):
+    ring = run_json(cli, *P2, "--top", "0", "--size", "64K")
+    tree = run_json(cli, *P2, "--top", "0", "--size", "64K", "--algo", "tree")
+    mpi = run_json(cli, *P2, "--top", "0", "--size", "64K", "--algo", "mpi")
+    assert [d["model"]["algo"] for d in (ring, tree, mpi)] == ["ring", "tree", "mpi"]
+    size = 65536
+    inside = [by_matrix(d, INSIDE)["default"]["predicted_s"] for d in (ring, tree, mpi)]
+    assert math.isclose(inside[0], ring_inside(size), rel_tol=1e-9)
+    # tree inside a node: a chain 3 -> 2 -> 1 -> 0 carrying S, up then down, 2 extra latencies each
+    assert math.isclose(inside[1], 2 * (1 * US + size / 270e9 + 2 * US), rel_tol=1e-9)
+    # mpi at 64 KiB: recursive doubling, log2(4) rounds of S
+    assert math.isclose(inside[2], 2 * (1 * US + size / 270e9), rel_tol=1e-9)
+    assert len(set(inside)) == 3
+    across = [by_matrix(d, ACROSS)["default"]["predicted_s"] for d in (ring, tree, mpi)]
+    assert len(set(across)) == 3
+
+
+def test_algo_names_the_model_in_the_table(cli):
+    for algo, words in (("ring", "NCCL ring model"), ("tree", "NCCL tree model"),
+                        ("mpi", "MPI (OpenMPI tuned defaults) model")):
+        code, out, _ = cli(*P2, "--top", "1", "--algo", algo)
+        assert code == 0 and out.splitlines()[1] == f"predicted for 256 MiB per device, {words}, topology's numbers as priors"
+
+
+def test_unknown_algo(cli):
+    message = usage_error(cli, *P2, "--algo", "bogus")
+    assert "--algo" in message and "invalid choice" in message and "bogus" in message
+
+
+# ================================================================ --profile
+
+
+@pytest.fixture
+def fast_gpu_profile(tmp_path):
+    p2 = load_topology("p2-a100")
+    path = tmp_path / "fast.json"
+    save_profile(path, Profile(p2.name, p2.level_names, (8.0, 540.0), (5.0, 0.5)))
+    return path
+
+
+def test_profile_changes_predictions(cli, fast_gpu_profile):
+    doc = run_json(cli, *P2, "--top", "0", "--profile", fast_gpu_profile)
+    assert doc["model"]["profile"] == str(fast_gpu_profile)
+    assert math.isclose(by_matrix(doc, INSIDE)["default"]["predicted_s"],
+                        6 * (0.5 * US + S / 4 / 540e9), rel_tol=1e-9)
+    # across nodes the NIC still decides: 16 GPUs share 8 GB/s, latency 5 + 0.5 us
+    assert math.isclose(by_matrix(doc, ACROSS)["default"]["predicted_s"],
+                        6 * (5.5 * US + S / 4 / 0.5e9), rel_tol=1e-9)
+    code, out, _ = cli(*P2, "--top", "1", "--profile", fast_gpu_profile)
+    assert out.splitlines()[1] == f"predicted for 256 MiB per device, NCCL ring model, profile {fast_gpu_profile}"
+
+
+def test_profile_applies_to_a_scaled_topology(cli, fast_gpu_profile):
+    doc = run_json(cli, "--topology", "p2-a100", "--scale", "node=2", "--axes", "dp=4,mp=8", "--no-verify",
+                   "--top", "0", "--profile", fast_gpu_profile)
+    assert math.isclose(by_matrix(doc, [[1, 4], [2, 4]])["default"]["predicted_s"],
+                        6 * (0.5 * US + S / 4 / 540e9), rel_tol=1e-9)
+
+
+# ================================================================ JSON and table
+
+
+@pytest.fixture(scope="module")
+def full_doc():
+    import contextlib
+    import io
+
+    from synth.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*P2, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_json_predicted_fields(full_doc):
+    placements = full_doc["placements"]
+    assert [p["rank"] for p in placements] == list(range(len(placements)))
+    bests = [p["best_predicted_s"] for p in placements]
+    assert bests == sorted(bests)
+    assert [p["matrix"] for p in placements] == [INSIDE, SPLIT, ACROSS]
+    for p in placements:
+        times = [q["predicted_s"] for q in p["programs"]]
+        assert len(times) == p["num_programs"] > 0  # --json lists every program
+        assert times == sorted(times)
+        assert p["best_predicted_s"] == times[0]
+        texts = [q["text"] for q in p["programs"]]
+        assert p["default"]["text"] == "AllReduce(root, inside)"
+        assert p["default"]["predicted_s"] == times[texts.index("AllReduce(root, inside)")]
+        assert p["predicted_speedup"] == pytest.approx(p["default"]["predicted_s"] / p["best_predicted_s"], rel=1e-12)
+        assert "verified" not in p["programs"][0]  # --no-verify
+    split = by_matrix(full_doc, SPLIT)
+    assert split["programs"][0]["text"] == BLUECONNECT
+    assert split["best_predicted_s"] == pytest.approx(
+        2 * (1 * US + S / 2 / 270e9) + 2 * (6 * US + S / 4 / 0.5e9), rel=1e-9)
+    assert split["default"]["predicted_s"] == pytest.approx(6 * (6 * US + S / 4 / 1e9), rel=1e-9)
+
+
+@pytest.mark.parametrize("top", [0, 1, 2])
+def test_top_limits_programs_but_the_default_is_always_predicted(cli, full_doc, top):
+    doc = run_json(cli, *P2, "--top", str(top))
+    for p, full in zip(doc["placements"], full_doc["placements"]):
+        assert p["matrix"] == full["matrix"]
+        assert p["programs"] == full["programs"][:top]
+        assert p["num_programs"] == full["num_programs"]
+        assert p["default"] == full["default"]
+        assert p["best_predicted_s"] == full["best_predicted_s"]
+
+
+def test_bad_top(cli):
+    assert usage_error(cli, *P2, "--top", "-1") == "--top -1: must be >= 0"
+
+
+def test_table_shows_default_best_and_speedup(cli):
+    code, out, err = cli(*P2)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("rank"))
+    assert lines[header].split()[:9] == ["rank", "#", "matrix", "reduction", "crosses", "progs", "default", "best",
+                                         "speedup"]
+    rows = [line for line in lines[header + 2:] if line[:4].strip()]
+    assert len(rows) == 3
+    assert len(lines) == header + 2 + 3 * 3  # three programs per placement by default
+    split = rows[1].split()
+    assert split[:3] == ["2", "1", "dp:2,2"]
+    # default 6 x (6 us + 64 MiB / 1 GB/s); best BlueConnect; speedup their ratio
+    assert " 402.689 ms  269.444 ms   1.49x  ReduceScatter(node, inside) ; AllReduce(node, parallel(root))" in rows[1]
+    assert " 1.497 ms    1.497 ms   1.00x  AllReduce(root, inside)" in rows[0]
+    assert " 805.342 ms  805.342 ms   1.00x  AllReduce(root, inside)" in rows[2]
+
+
+def test_out_records_the_predicted_time(cli, tmp_path):
+    path = tmp_path / "plan.json"
+    argv = ("--topology", "testbed-2x4", "--axes", "dp=4,mp=2", "--no-verify", "--size", "1M")
+    doc = run_json(cli, *argv)
+    code, out, err = cli(*argv, "--out", path)
+    assert code == 0, err
+    plan = json.loads(path.read_text())
+    best = doc["placements"][0]
+    assert plan["predicted_s"] == best["best_predicted_s"] == best["programs"][0]["predicted_s"]
