@@ -353,7 +353,7 @@ def apply_collective(collective: Collective, members: Sequence[DeviceState]) -> 
         root = members[0]
         if not any(root[1]):
             return "the root holds no data"
-        if not all(_contains(root, s) for s in members[1:]):
+        if not all(s == root or _contains(root, s) for s in members[1:]):
             return "a member holds data the root does not contain"
         if all(s == root for s in members[1:]):
             return "no member gains information"

@@ -1,0 +1,94 @@
+"""Worker for tests/test_runtime.py, run as ``mpiexec -n 8 python tests/mpi_worker.py MODE``.
+
+``programs``: every program of every placement, for each goal and several axes
+and reductions on testbed-2x4, on odd and even lengths and four dtypes; every
+rank's whole buffer must equal the numpy reference and the goal's part must
+equal the direct reduction. Rank 0 prints ``ok: ...`` or the failures; exit 1 on
+any failure.
+
+``bad-length`` / ``bad-dtype``: one rank passes a wrong buffer; every rank must
+raise the same SynthError, print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from synth.backends import MPIWorld
+from synth.bench import rank_data
+from synth.errors import SynthError
+from synth.lowering import lower
+from synth.placement import enumerate_placements, parse_axes
+from synth.runtime import Executor, reference
+from synth.search import synthesize_placements
+from synth.semantics import Goal
+from synth.topology import load_topology
+
+PROBLEMS = (("dp=8", "dp"), ("dp=4,mp=2", "dp"), ("dp=2,mp=4", "dp,mp"), ("dp=2,mp=4", "dp"))
+DTYPES = (np.dtype("int32"), np.dtype("int64"), np.dtype("float32"), np.dtype("float64"))
+
+
+def lowered_programs():
+    topology = load_topology("testbed-2x4")
+    for axes_spec, reduce_spec in PROBLEMS:
+        axes = parse_axes(axes_spec)
+        reduce_axes = tuple(reduce_spec.split(","))
+        placements = enumerate_placements(topology, axes, ())
+        for goal in Goal:
+            for result in synthesize_placements(placements, reduce_axes, goal, 5):
+                for program in result.programs:
+                    yield f"{axes_spec} over {reduce_spec}, {result.placement.describe()}", lower(
+                        program, result.placement, reduce_axes, goal
+                    )
+
+
+def check_programs(world: MPIWorld) -> int:
+    failures, runs, programs = [], 0, 0
+    for where, lowered in lowered_programs():
+        programs += 1
+        executor = Executor(lowered, world)
+        k = lowered.num_chunks
+        for number, length in enumerate((2 * k + 1, 3 * k)):
+            dtype = DTYPES[(programs + number) % len(DTYPES)]
+            data = [rank_data(lowered, r, length, dtype) for r in range(world.size)]
+            want = reference(lowered, np.stack([d.input for d in data]))[world.rank]
+            mine = data[world.rank]
+            buffer = mine.input.copy()
+            executor(buffer)
+            runs += 1
+            if not np.array_equal(buffer, want) or not np.array_equal(
+                buffer[mine.checked], mine.expected[mine.checked]
+            ):
+                failures.append(f"rank {world.rank}: {where}: {lowered.program} length {length} {dtype}")
+    everyone = world.allgather(failures)
+    if world.rank == 0:
+        wrong = [f for fs in everyone for f in fs]
+        if wrong:
+            print(f"FAILED: {len(wrong)} wrong rank-runs; first: {wrong[:3]}")
+        else:
+            print(f"ok: {programs} programs, {runs} runs per rank on {world.size} ranks, all exact")
+    return 1 if any(everyone) else 0
+
+
+def bad_buffer(world: MPIWorld, mode: str) -> int:
+    lowered = next(lowered for _, lowered in lowered_programs())
+    executor = Executor(lowered, world)
+    length = 17 - (world.rank == 3 and mode == "bad-length")
+    dtype = "float16" if world.rank == 1 and mode == "bad-dtype" else "float32"
+    try:
+        executor(np.zeros(length, dtype=dtype))
+    except SynthError as exc:
+        print(f"synth-reduce: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(mode: str) -> int:
+    world = MPIWorld()
+    return check_programs(world) if mode == "programs" else bad_buffer(world, mode)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
