@@ -17,6 +17,8 @@ import pytest
 
 from synth.cli import main
 
+from helpers import usage_error
+
 REPO = Path(__file__).resolve().parents[1]
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp")
 
@@ -27,17 +29,6 @@ REQUIRED_2LEVEL = [
     "Reduce(node, inside)\nAllReduce(node, master(root))\nBroadcast(node, inside)",
     "AllReduce(node, inside)\nAllReduce(node, parallel(root))",
 ]
-
-
-def usage_error(cli, *argv) -> str:
-    """Run the CLI, expect exit code 2, empty stdout and one error line; return it."""
-    code, out, err = cli(*argv)
-    assert code == 2, (code, out, err)
-    assert out == ""
-    assert "Traceback" not in err
-    assert err.endswith("\n") and err.count("\n") == 1, err
-    assert err.startswith("synth-reduce: error: ")
-    return err[len("synth-reduce: error: ") : -1]
 
 
 def run_json(*argv) -> dict:

@@ -28,6 +28,8 @@ from synth.search import synthesize_placements
 from synth.semantics import Goal
 from synth.topology import load_topology
 
+from helpers import usage_error
+
 TESTBED_CONFIGS = [("dp=8", ("dp",)), ("dp=4,mp=2", ("dp",)), ("dp=2,mp=4", ("dp",)), ("dp=2,mp=4", ("mp",))]
 TESTBED_SIZES = [4096, 2**20, 16 * 2**20]
 # efficiencies != 1 for every collective; AllReduce's too, so that the fit's
@@ -98,14 +100,6 @@ def assert_recovers(fitted: Profile, expected: Profile, rel: float) -> None:
         assert math.isclose(got, want, rel_tol=rel), ("latency", name, got, want)
     for (name, got), (_, want) in zip(fitted.efficiency, expected.efficiency):
         assert math.isclose(got, want, rel_tol=rel), ("efficiency", name, got, want)
-
-
-def usage_error(cli, *argv) -> str:
-    code, out, err = cli(*argv)
-    assert code == 2, (code, out, err)
-    assert out == "" and "Traceback" not in err
-    assert err.startswith("synth-reduce: error: ") and err.count("\n") == 1 and err.endswith("\n"), err
-    return err[len("synth-reduce: error: "):-1]
 
 
 @pytest.fixture(scope="module")

@@ -15,19 +15,13 @@ from synth.fit import save_profile
 from synth.topology import load_topology
 from synth.units import format_seconds, format_size, parse_size
 
+from helpers import usage_error
+
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp", "--no-verify")
 INSIDE, SPLIT, ACROSS = [[1, 4], [4, 4]], [[2, 2], [2, 8]], [[4, 1], [1, 16]]
 US = 1e-6
 S = 256 * 2**20
 BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
-
-
-def usage_error(cli, *argv) -> str:
-    code, out, err = cli(*argv)
-    assert code == 2, (code, out, err)
-    assert out == "" and "Traceback" not in err
-    assert err.startswith("synth-reduce: error: ") and err.count("\n") == 1, err
-    return err[len("synth-reduce: error: "):-1]
 
 
 def run_json(cli, *argv) -> dict:

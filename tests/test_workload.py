@@ -16,17 +16,11 @@ from synth.semantics import Goal
 from synth.topology import load_topology
 from synth.workload import WorkloadItem, parse_workload, rank_placements
 
+from helpers import usage_error
+
 AXES = parse_axes("dp=4,mp=16")
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16")
 JOB = "dp:allreduce:1GiB,mp:allreduce:64MiB*48"
-
-
-def usage_error(cli, *argv) -> str:
-    code, out, err = cli(*argv)
-    assert code == 2, (code, out, err)
-    assert out == "" and "Traceback" not in err
-    assert err.startswith("synth-reduce: error: ") and err.count("\n") == 1, err
-    return err[len("synth-reduce: error: "):-1]
 
 
 # ================================================================ parsing
