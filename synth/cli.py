@@ -537,6 +537,7 @@ COMMANDS = {
     # the runtime's commands, run under mpiexec; imported on use
     "bench": lambda argv: __import__("synth.bench", fromlist=["bench_main"]).bench_main(list(argv)),
     "tune": lambda argv: __import__("synth.bench", fromlist=["tune_main"]).tune_main(list(argv)),
+    "emulate": lambda argv: __import__("synth.testbed", fromlist=["emulate_main"]).emulate_main(list(argv)),
 }
 
 

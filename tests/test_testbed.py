@@ -1,0 +1,304 @@
+"""The emulated cluster (synth.testbed): the pure description (names, addresses,
+rates, racks, commands, launcher agent), the dry run and the refusals without
+root, then real clusters as root: a 2-node x 2-rank bench with #wrong 0, and
+teardown on success, failure and SIGTERM. The real-cluster tests are skipped,
+with the reason printed as a warning, where root, network namespaces or MPI are
+missing; every one has a subprocess timeout and a finalizer that removes leftovers."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from helpers import usage_error
+from synth import testbed
+from synth.errors import SynthError
+from synth.testbed import (
+    SUBNET,
+    agent_script,
+    build_commands,
+    describe_cluster,
+    hostfile_text,
+    mpiexec_command,
+)
+from synth.topology import load_topology, topology_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+BIGGEST_PID = 4194304  # Linux's pid_max limit
+
+
+def topology(*levels: tuple[str, int, float], ports: int = 1):
+    return topology_from_dict({"name": "t", "levels": [
+        {"name": n, "count": c, "bandwidth_GBps": bw, "latency_us": 10.0, "ports": ports} for n, c, bw in levels
+    ]}, "test")
+
+
+RACKS = topology(("rack", 3, 0.0625), ("node", 4, 0.125), ("rank", 2, 2.0))
+
+
+# ---------------------------------------------------------------- the description
+
+
+@pytest.mark.parametrize("topo", [load_topology("testbed-2x4"), load_topology("dgx-a100"), RACKS],
+                         ids=["testbed-2x4", "dgx-a100", "racks"])
+def test_names_are_short_unique_and_found_by_down(topo):
+    c = describe_cluster(topo, BIGGEST_PID)
+    assert all(len(name) <= 15 for name in c.links)
+    assert len(set(c.links)) == len(c.links) and len(set(c.namespaces)) == len(c.namespaces)
+    assert all(testbed._LINK.match(name).group(1) == str(BIGGEST_PID) for name in c.links)
+    assert all(testbed._NAMESPACE.match(ns).group(1) == str(BIGGEST_PID) for ns in c.namespaces)
+    assert testbed._WORKDIR.match(c.workdir.name)
+    assert all(n.namespace.startswith(f"sr-{BIGGEST_PID}-") for n in c.nodes)
+
+
+def test_addresses_are_distinct_hosts_of_the_private_subnet():
+    c = describe_cluster(RACKS, 42)
+    addresses = [c.launcher_address] + [n.address for n in c.nodes]
+    assert SUBNET.is_private and SUBNET.prefixlen == 24
+    assert len(set(addresses)) == len(addresses) == 13
+    assert all(a in {str(h) for h in SUBNET.hosts()} for a in addresses)
+
+
+def test_nodes_and_ranks_follow_the_device_order():
+    c = describe_cluster(load_topology("testbed-2x4"), 42)
+    assert [(n.index, n.ranks) for n in c.nodes] == [(0, 4), (1, 4)] and c.ranks == 8
+    assert hostfile_text(c) == "10.213.0.2 slots=4\n10.213.0.3 slots=4\n"
+    assert describe_cluster(load_topology("testbed-2x4"), 42, ranks_per_node=2).ranks == 4
+
+
+@pytest.mark.parametrize("name, kwargs, scale, node_bit_s", [
+    ("testbed-2x4", {}, 1.0, 1e9),                        # 0.125 GB/s = 1 Gbit/s: applied as-is
+    ("p2-a100", {}, 1 / 64, 1e9),                         # auto: 8 GB/s scaled to 1 Gbit/s
+    ("dgx-a100", {}, 0.125 / 192, 1e9),                   # 24 GB/s x 8 ports is one uplink
+    ("testbed-2x4", {"rate_scale": 0.5}, 0.5, 5e8),
+    ("p2-a100", {"node_rate_gbit": 2.0}, 2 / 64, 2e9),
+])
+def test_rates_are_the_topology_bandwidths_times_the_documented_scale(name, kwargs, scale, node_bit_s):
+    c = describe_cluster(load_topology(name), 42, **kwargs)
+    assert c.rate_scale == pytest.approx(scale)
+    assert c.node_shaping.rate_bit_s == pytest.approx(node_bit_s, rel=1e-9)
+    assert c.node_shaping.burst_bytes == max(128 * 1024, round(node_bit_s / 8 * 0.002))
+    assert c.node_shaping.latency_ms == 50 and c.rack_shaping is None
+
+
+def test_racks_get_their_own_bridge_and_shaped_uplink():
+    c = describe_cluster(RACKS, 42)
+    assert len(c.racks) == 3 and len(c.nodes) == 12
+    assert [n.rack for n in c.nodes] == [0] * 4 + [1] * 4 + [2] * 4
+    assert all(n.bridge == c.racks[n.rack].bridge != c.top_bridge for n in c.nodes)
+    assert c.rack_shaping.rate_bit_s == 5e8 and c.node_shaping.rate_bit_s == 1e9  # auto keeps them as-is
+    shaped = {cmd[cmd.index("dev") + 1] for cmd in build_commands(c) if cmd[0] == "tc"}
+    assert shaped == {name for r in c.racks for name in (r.link, r.peer)} | {
+        name for n in c.nodes for name in (n.link, n.peer)}
+    # auto scaling looks at the fastest shaped level, the rack here
+    fast_racks = topology(("rack", 2, 1.0), ("node", 2, 0.25), ("rank", 2, 2.0))
+    c = describe_cluster(fast_racks, 42)
+    assert (c.rack_shaping.rate_bit_s, c.node_shaping.rate_bit_s) == (1e9, 2.5e8)
+
+
+def test_commands_touch_only_the_clusters_own_namespaces():
+    c = describe_cluster(RACKS, 42)
+    ours = set(c.namespaces)
+    for cmd in build_commands(c):
+        if cmd[:3] == ("ip", "netns", "add"):
+            assert cmd[3] in ours
+        elif "-n" in cmd:
+            assert cmd[cmd.index("-n") + 1] in ours, cmd
+        else:  # a node's veth pair, created with both ends inside our namespaces
+            assert cmd[:3] == ("ip", "link", "add") and cmd.count("netns") == 2, cmd
+            assert {cmd[i + 1] for i, word in enumerate(cmd) if word == "netns"} <= ours
+
+
+@pytest.mark.parametrize("levels, expected", [
+    ([("rank", 4, 1.0)], "has 1 level(s); the emulator takes [node, rank] or [rack, node, rank]"),
+    ([("rack", 2, 1.0), ("node", 2, 1.0), ("cpu", 2, 1.0), ("gpu", 2, 1.0)], "has 4 level(s)"),
+    ([("node", 254, 0.125), ("rank", 1, 1.0)], "has 254 nodes; the emulator's /24 holds at most 253"),
+    ([("node", 2, 0.0001), ("rank", 1, 1.0)], "shaped to 800000 bit/s, below 1 Mbit/s"),
+])
+def test_topologies_it_cannot_emulate_are_refused(levels, expected):
+    with pytest.raises(SynthError, match=re.escape(expected)):
+        describe_cluster(topology(*levels), 42)
+
+
+def test_the_agent_runs_the_command_in_the_hosts_node(tmp_path):
+    """The agent under sh with a stand-in 'ip' that prints its arguments."""
+    c = describe_cluster(load_topology("testbed-2x4"), 42)
+    (tmp_path / "agent").write_text(agent_script(c))
+    (tmp_path / "ip").write_text('#!/bin/sh\nfor a in "$@"; do echo "[$a]"; done\n')
+    (tmp_path / "ip").chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["sh", str(tmp_path / "agent"), "-x", "10.213.0.3", "prted --x 1"],
+                          capture_output=True, text=True, env=env, timeout=10)
+    assert done.returncode == 0, done.stderr
+    words = [w[1:-1] for w in done.stdout.split("\n") if w]
+    assert words[:3] == ["netns", "exec", "sr-42-n1"]
+    assert words[-5:] == ["sr-42-n1", str(c.nodes[1].tmpdir), "sh", "-c", "prted --x 1"]
+    assert "unshare" in words and "--uts" in words and "--mount" in words
+    unknown = subprocess.run(["sh", str(tmp_path / "agent"), "10.213.0.9", "true"], capture_output=True,
+                             text=True, env=env, timeout=10)
+    assert unknown.returncode == 255 and "no node 10.213.0.9" in unknown.stderr
+
+
+def test_mpiexec_runs_in_the_switch_namespace_with_the_testbed_flags():
+    c = describe_cluster(load_topology("testbed-2x4"), 42)
+    cmd = mpiexec_command(c, "/x/mpiexec", ["hostname"])
+    assert cmd[:4] == ("ip", "netns", "exec", c.switch_namespace)
+    flags = " ".join(cmd[cmd.index("/x/mpiexec"):])
+    for flag in ("-n 8 ", f"--hostfile {c.hostfile_path}", f"plm_ssh_agent {c.agent_path}",
+                 "oob_tcp_if_include 10.213.0.0/24", "btl_tcp_if_include 10.213.0.0/24",
+                 "mpi_yield_when_idle 1", "--bind-to none", "--oversubscribe", "--map-by slot"):
+        assert flag in flags
+    assert cmd[-4:] == ("sh", "-c", testbed._RANK_GUARD, "hostname")  # see RANK_PAUSE_S
+
+
+def test_the_rank_guard_keeps_the_exit_status():
+    done = subprocess.run(["sh", "-c", testbed._RANK_GUARD, "sh", "-c", "echo $0 $1; exit 3", "a b", "c"],
+                          capture_output=True, text=True, timeout=10)
+    assert (done.returncode, done.stdout) == (3, "a b c\n")
+
+
+# ---------------------------------------------------------------- the command without root
+
+
+def test_plan_is_a_dry_run_that_needs_no_root(cli, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    code, out, err = cli("emulate", "plan", "--topology", "testbed-2x4")
+    assert code == 0, err
+    pid = os.getpid()
+    assert f"cluster sr-{pid} emulating testbed-2x4: 2 nodes x 4 ranks = 8 MPI ranks" in out
+    assert "node uplink shaped to 1 Gbit/s per direction" in out
+    assert f"  ip netns add sr-{pid}-n1\n" in out
+    assert f"tc -n sr-{pid}-sw qdisc add dev sr{pid}s1 root tbf rate 1000000000bit burst 250000 latency 50ms" in out
+    assert "mpiexec -n 8 --hostfile" in out
+    assert not Path(testbed.describe_cluster(load_topology("testbed-2x4"), pid).workdir).exists()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--topology", "testbed-2x4", "--", "true"], "synth-reduce emulate needs root (network namespaces, tc); "
+     "run it as root, or 'synth-reduce emulate plan' for a dry run"),
+    (["down"], "synth-reduce emulate needs root"),
+    (["--topology", "testbed-2x4"], "give the command to run after '--'"),
+    (["--topology", "rack", "--", "true"], "topology rack has 4 level(s)"),
+    (["plan", "--topology", "testbed-2x4", "--rate-scale", "x"], "--rate-scale x: expected a number or 'auto'"),
+    (["plan", "--topology", "p2-a100", "--rate-scale", "1", "--node-rate-gbit", "1"],
+     "give --rate-scale or --node-rate-gbit, not both"),
+])
+def test_refusals_are_one_line(cli, monkeypatch, argv, expected):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert usage_error(cli, "emulate", *argv).startswith(expected)
+
+
+# ---------------------------------------------------------------- real clusters (root)
+
+
+def unavailable() -> str | None:
+    """Why real clusters cannot be built here, or None."""
+    if sys.platform != "linux":
+        return "the emulator needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return "the emulator needs root (network namespaces, tc)"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"'{tool}' is not installed (iproute2 / util-linux)"
+    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True, timeout=10)
+    if probe.returncode != 0:
+        return f"cannot create network namespaces here: {probe.stderr.strip()}"
+    try:
+        import mpi4py  # noqa: F401
+        testbed.find_mpiexec()
+    except (ImportError, SynthError) as exc:
+        return f"MPI is not installed ({exc}): pip install '.[test]'"
+    return None
+
+
+@pytest.fixture
+def emulate(tmp_path):
+    """Start ``synth-reduce emulate`` subprocesses; the finalizer stops any
+    still running and removes whatever their clusters left (down)."""
+    reason = unavailable()
+    if reason:
+        warnings.warn(f"emulated-cluster tests skipped: {reason}")
+        pytest.skip(reason)
+    started: list[subprocess.Popen] = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+    def start(*argv: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "synth.cli", "emulate", *argv], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    testbed.down()
+
+
+def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str, str]:
+    """Wait for ``proc``; a hang fails the test (after SIGTERM, which tears down)."""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"emulate did not finish in {timeout_s} s\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def assert_nothing_left(pid: int) -> None:
+    assert testbed.scan().get(pid) is None
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    assert f"sr-{pid}-" not in namespaces and f"sr{pid}" not in links
+
+
+TWO_BY_TWO = """\
+name: testbed-2x2
+levels:
+  - {name: node, count: 2, bandwidth_GBps: 0.125, latency_us: 100.0}
+  - {name: rank, count: 2, bandwidth_GBps: 2.0, latency_us: 10.0}
+"""
+
+
+def test_bench_on_a_two_node_cluster_is_exact_and_leaves_nothing(emulate, tmp_path):
+    (tmp_path / "2x2.yaml").write_text(TWO_BY_TWO)
+    proc = emulate("--topology", "2x2.yaml", "--", sys.executable, "-m", "synth.cli", "bench",
+                   "--topology", "2x2.yaml", "--axes", "dp=4", "--sizes", "64K", "--iters", "3", "--warmup", "1",
+                   "--top", "1")
+    code, out, err = finish(proc, timeout_s=120)
+    assert code == 0, out + err
+    assert "node uplink shaped to 1 Gbit/s per direction" in err
+    rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
+    timed = [row for row in rows if len(row) == 10]
+    assert len(timed) >= 2, out  # the default and the best predicted program
+    assert all(row[-1] == "0" for row in timed), out
+    assert_nothing_left(proc.pid)
+
+
+def test_a_failing_command_or_sigterm_still_tears_down(emulate, tmp_path):
+    (tmp_path / "2x2.yaml").write_text(TWO_BY_TWO)
+    failing = emulate("--topology", "2x2.yaml", "--", "false")
+    code, _, err = finish(failing, timeout_s=60)
+    assert code != 0 and "torn down" in err
+    assert_nothing_left(failing.pid)
+
+    waiting = emulate("--topology", "2x2.yaml", "--", "sleep", "60")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(testbed.scan().get(waiting.pid, testbed.Leftovers(0)).namespaces) < 3:
+        time.sleep(0.1)
+    time.sleep(1.0)  # mpiexec started the ranks
+    waiting.send_signal(signal.SIGTERM)
+    code, _, err = finish(waiting, timeout_s=60)
+    assert code == 128 + signal.SIGTERM, err
+    assert_nothing_left(waiting.pid)
