@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import numpy as np
 
 from .backends import BACKENDS, make_world
-from .cli import Problem, _add_problem_arguments, _Parser, _placements, _problem
+from .problem import Parser, Problem, add_problem_arguments, placements_of, problem_from_args
 from .cost import default_program, rank
 from .errors import SynthError
 from .language import format_program
@@ -167,8 +167,8 @@ def _from_plan(path: str) -> Setup:
 
 
 def _from_synthesis(args: argparse.Namespace, largest_bytes: int, algo: str) -> Setup:
-    problem = _problem(args)
-    placements = _placements(problem)
+    problem = problem_from_args(args)
+    placements = placements_of(problem)
     chosen = range(len(placements)) if args.placement is None else [args.placement]
     if args.placement is not None and not 0 <= args.placement < len(placements):
         raise SynthError(f"--placement {args.placement}: choose 0..{len(placements) - 1}")
@@ -309,7 +309,7 @@ def _print_speedups(measurements: Sequence[Measurement], sizes: Sequence[int]) -
 
 
 def _parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog=prog,
         description=(
             f"Run under mpiexec. '{prog} PLAN.json' times the plan's program and the default; "
@@ -321,7 +321,7 @@ def _parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
     if plan_mode:
         p.add_argument("plan", help="plan JSON written by synth-reduce --out")
     else:
-        _add_problem_arguments(p)
+        add_problem_arguments(p)
         p.add_argument("--placement", type=int, metavar="I", help="only placement I (default: all)")
         p.add_argument("--top", type=int, default=5, metavar="K", help="predicted-best programs per placement (default 5)")
     p.add_argument("--backend", default="mpi", choices=BACKENDS, help="collective library (default: mpi)")

@@ -1,8 +1,13 @@
 """The ``synth-reduce`` command line.
 
-    synth-reduce --topology T --axes dp=16,mp=8 [--reduce dp] [...]   synthesize
+    synth-reduce --topology T --axes dp=16,mp=8 [--reduce dp] [...]   placements, ranked programs
+    synth-reduce --topology T --axes ... --workload SPEC              whole-job placement
     synth-reduce verify plan.json                                     re-prove a plan
     synth-reduce check FILE --topology T --axes ... [--matrix M]      check a program
+    synth-reduce fit MEASUREMENTS -o PROFILE                          learn the cost model
+    synth-reduce validate MEASUREMENTS [--holdout F]                  score the cost model
+    mpiexec -n N synth-reduce bench|tune ...                          run on MPI / NCCL
+    synth-reduce emulate [plan|down] ...                              emulated cluster
 
 Bad input gives a one-line error on stderr and exit code 2, never a traceback.
 """
@@ -13,57 +18,24 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Sequence
 
 from . import __version__
 from .errors import SynthError
 from .language import format_program, parse_program
 from .lowering import lower
-from .placement import (
-    Placement,
-    check_axes_fit,
-    enumerate_placements,
-    parse_axes,
-    parse_constraint,
-    parse_matrix,
-    parse_reduce,
-)
+from .placement import Placement, parse_matrix
 from .cost import ALGORITHMS, Profile, Ranked, default_program, rank
 from .fit import accuracy, fit_profile, load_measurements, load_profile, profile_document, save_profile, split_cases
 from .plan import load_plan, plan_document, program_document, verify_lowered, verify_plan, write_plan
 from .search import synthesize_placements
-from .semantics import Goal
-from .topology import Topology, load_topology, parse_scale
+from .problem import Parser, Problem, add_problem_arguments, placements_of, problem_from_args
+from .topology import Topology
 from .units import format_seconds, format_size, parse_size
 from .workload import parse_workload, rank_placements
 
 EXIT_USAGE = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like SynthError
-        raise SynthError(f"{message} (see '{self.prog} --help')")
-
-
-def _add_problem_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topology", required=True, help="topology YAML file, or a shipped name (e.g. dgx-a100)")
-    p.add_argument("--axes", required=True, help="parallelism axes with sizes, e.g. dp=16,mp=8")
-    p.add_argument("--reduce", help="reduction axes, e.g. dp or dp,mp (default: the first axis)")
-    p.add_argument(
-        "--collective",
-        choices=[g.value for g in Goal],
-        help="the reduction to implement (default: allreduce)",
-    )
-    p.add_argument(
-        "--constrain",
-        action="append",
-        default=[],
-        metavar="AXIS@LEVEL{=,>=,<=}N",
-        help="constrain a matrix entry, e.g. mp@node=1 (mp stays inside a node); repeatable",
-    )
-    p.add_argument("--scale", default="", metavar="LEVEL=COUNT", help="override level counts, e.g. node=2")
-    p.add_argument("--max-steps", type=int, default=5, help="longest program to search (default: 5)")
 
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,7 +45,7 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _main_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="synth-reduce",
         description=(
             "Enumerate every placement of parallelism axes on a hierarchical cluster and every "
@@ -82,7 +54,7 @@ def _main_parser() -> argparse.ArgumentParser:
             "program; 'fit' and 'validate' learn and score the cost model from measurements."
         ),
     )
-    _add_problem_arguments(p)
+    add_problem_arguments(p)
     _add_model_arguments(p)
     p.add_argument("--size", help="bytes per device to reduce, e.g. 256MiB, 1M, 64KB (default: 256MiB)")
     p.add_argument(
@@ -104,52 +76,6 @@ def _main_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip the numpy and z3 verification of the listed programs")
     p.add_argument("--version", action="version", version=f"synth-reduce {__version__}")
     return p
-
-
-@dataclass(frozen=True)
-class Problem:
-    topology: Topology
-    axes: tuple
-    reduce_axes: tuple[str, ...]
-    goal: Goal
-    constraints: tuple
-    max_steps: int
-
-    def describe(self) -> str:
-        axes = " ".join(f"{a.name}={a.size}" for a in self.axes)
-        levels = " > ".join(f"{lv.name} x{lv.count}" for lv in self.topology.levels)
-        return (
-            f"topology {self.topology.name}: {levels} ({self.topology.num_devices} devices); "
-            f"axes {axes}; {self.goal.value} over {','.join(self.reduce_axes)}"
-        )
-
-
-def _problem(args: argparse.Namespace) -> Problem:
-    topology = load_topology(args.topology)
-    if args.scale:
-        topology = topology.scaled(parse_scale(args.scale))
-    axes = parse_axes(args.axes)
-    check_axes_fit(axes, topology)
-    if args.max_steps < 1:
-        raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
-    return Problem(
-        topology=topology,
-        axes=axes,
-        reduce_axes=parse_reduce(args.reduce, axes),
-        goal=Goal(args.collective or "allreduce"),
-        constraints=tuple(parse_constraint(c, axes, topology) for c in args.constrain),
-        max_steps=args.max_steps,
-    )
-
-
-def _placements(problem: Problem) -> list[Placement]:
-    placements = enumerate_placements(problem.topology, problem.axes, problem.constraints)
-    if not placements:
-        given = ", ".join(str(c) for c in problem.constraints)
-        raise SynthError(
-            f"no placement satisfies the constraints ({given}); relax or remove a --constrain"
-        )
-    return placements
 
 
 def _load_profile(path: str | None, topology: Topology) -> Profile | None:
@@ -183,11 +109,11 @@ def _run_synthesis(argv: Sequence[str]) -> int:
         raise SynthError(f"--top {args.top}: must be >= 0")
     if args.workload:
         return _run_workload(args)
-    problem = _problem(args)
+    problem = problem_from_args(args)
     size_bytes = parse_size(args.size or "256MiB")
     profile = _load_profile(args.profile, problem.topology)
     started = time.perf_counter()
-    placements = _placements(problem)
+    placements = placements_of(problem)
     results = synthesize_placements(placements, problem.reduce_axes, problem.goal, problem.max_steps)
     synth_s = time.perf_counter() - started
     started = time.perf_counter()
@@ -321,11 +247,11 @@ def _print_table(problem, ranked, by_speed, listed, context) -> None:
 def _run_workload(args: argparse.Namespace) -> int:
     if args.reduce is not None or args.collective is not None or args.size is not None:
         raise SynthError("--workload replaces --reduce, --collective and --size; give one or the other")
-    problem = _problem(args)
+    problem = problem_from_args(args)
     workload = parse_workload(args.workload, problem.axes)
     profile = _load_profile(args.profile, problem.topology)
     started = time.perf_counter()
-    costs = rank_placements(_placements(problem), workload, problem.max_steps, args.algo, profile)
+    costs = rank_placements(placements_of(problem), workload, problem.max_steps, args.algo, profile)
     elapsed_s = time.perf_counter() - started
     verify = not args.no_verify
     best_docs = []
@@ -387,7 +313,7 @@ def _run_workload(args: argparse.Namespace) -> int:
 
 
 def _run_verify(argv: Sequence[str]) -> int:
-    p = _Parser(prog="synth-reduce verify", description="Re-prove a plan file (numpy reference and z3).")
+    p = Parser(prog="synth-reduce verify", description="Re-prove a plan file (numpy reference and z3).")
     p.add_argument("plan", help="plan JSON written by synth-reduce --out")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -416,16 +342,16 @@ def _run_verify(argv: Sequence[str]) -> int:
 
 
 def _run_check(argv: Sequence[str]) -> int:
-    p = _Parser(
+    p = Parser(
         prog="synth-reduce check",
         description="Parse a hand-written program and verify it implements the reduction.",
     )
     p.add_argument("file", help="program text file ('-' for standard input)")
-    _add_problem_arguments(p)
+    add_problem_arguments(p)
     p.add_argument("--matrix", help="check on this placement only, rows=axes separated by ';', e.g. '4,1;1,16'")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    problem = _problem(args)
+    problem = problem_from_args(args)
     try:
         text = sys.stdin.read() if args.file == "-" else open(args.file).read()
     except OSError as exc:
@@ -434,7 +360,7 @@ def _run_check(argv: Sequence[str]) -> int:
     if args.matrix:
         placements = [Placement(problem.topology, problem.axes, parse_matrix(args.matrix, problem.axes, problem.topology))]
     else:
-        placements = _placements(problem)
+        placements = placements_of(problem)
     rows, failures = [], []
     for i, placement in enumerate(placements):
         try:
@@ -466,7 +392,7 @@ def _run_check(argv: Sequence[str]) -> int:
 
 
 def _run_fit(argv: Sequence[str]) -> int:
-    p = _Parser(prog="synth-reduce fit", description="Fit per-level bandwidth and latency and per-collective "
+    p = Parser(prog="synth-reduce fit", description="Fit per-level bandwidth and latency and per-collective "
                 "efficiency to measurements (JSON lines from 'synth-reduce bench --jsonl').")
     p.add_argument("measurements", help="JSON-lines file of measurements")
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
@@ -492,7 +418,7 @@ def _run_fit(argv: Sequence[str]) -> int:
 
 
 def _run_validate(argv: Sequence[str]) -> int:
-    p = _Parser(prog="synth-reduce validate", description="Score the cost model on measurements: top-k accuracy "
+    p = Parser(prog="synth-reduce validate", description="Score the cost model on measurements: top-k accuracy "
                 "(is the measured fastest program among the k predicted fastest?), Spearman correlation, relative error.")
     p.add_argument("measurements", help="JSON-lines file of measurements")
     p.add_argument("--profile", metavar="PROFILE.json", help="parameters to score (default: the topology's numbers)")
@@ -529,15 +455,36 @@ def _run_validate(argv: Sequence[str]) -> int:
     return 0
 
 
+# The runtime's and the testbed's commands import their modules on use: the
+# main command never loads mpi4py or touches network namespaces.
+
+
+def _run_bench(argv: Sequence[str]) -> int:
+    from .bench import bench_main
+
+    return bench_main(list(argv))
+
+
+def _run_tune(argv: Sequence[str]) -> int:
+    from .bench import tune_main
+
+    return tune_main(list(argv))
+
+
+def _run_emulate(argv: Sequence[str]) -> int:
+    from .testbed import emulate_main
+
+    return emulate_main(list(argv))
+
+
 COMMANDS = {
     "fit": _run_fit,
     "validate": _run_validate,
     "verify": _run_verify,
     "check": _run_check,
-    # the runtime's commands, run under mpiexec; imported on use
-    "bench": lambda argv: __import__("synth.bench", fromlist=["bench_main"]).bench_main(list(argv)),
-    "tune": lambda argv: __import__("synth.bench", fromlist=["tune_main"]).tune_main(list(argv)),
-    "emulate": lambda argv: __import__("synth.testbed", fromlist=["emulate_main"]).emulate_main(list(argv)),
+    "bench": _run_bench,
+    "tune": _run_tune,
+    "emulate": _run_emulate,
 }
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .cli import _Parser
+from .problem import Parser
 from .errors import SynthError
 from .topology import Topology, load_topology
 
@@ -627,7 +627,7 @@ def down(everything: bool = False, log: Log | None = None) -> tuple[list[Leftove
 
 
 def _parser(prog: str, job: bool) -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, description=(
+    p = Parser(prog=prog, description=(
         "Emulate the topology's cluster on this machine (root): one network namespace per node, "
         "tc-shaped uplinks, " + ("then run COMMAND under mpiexec across it and tear everything down."
                                  if job else "and print what would be created and run.")))
@@ -668,7 +668,7 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def emulate_main(argv: list[str]) -> int:
     """``synth-reduce emulate``; see the module docstring."""
     if argv[:1] == ["down"]:
-        p = _Parser(prog="synth-reduce emulate down",
+        p = Parser(prog="synth-reduce emulate down",
                     description="Remove namespaces, links and work folders left by emulate runs that died.")
         p.add_argument("--all", action="store_true", help="also those of emulate processes still running")
         p.add_argument("--verbose", action="store_true")

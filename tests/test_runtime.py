@@ -20,7 +20,8 @@ import mpi_worker
 from synth.backends import _import_cupy_nccl, make_world, run_local
 from synth.bench import RankData, _choose, _parser, bus_factor, measure, parse_sizes, rank_data
 from synth.cost import default_program
-from synth.cli import _placements, _problem, main
+from synth.cli import main
+from synth.problem import placements_of, problem_from_args
 from synth.errors import SynthError
 from synth.language import parse_program
 from synth.lowering import lower
@@ -171,8 +172,8 @@ def test_bus_bandwidth_factor_and_default_program():
 def test_bench_takes_the_top_predicted_and_the_default():
     args = _parser("synth-reduce bench", plan_mode=False, tune=False).parse_args(
         ["--topology", "testbed-2x4", "--axes", "dp=8"])
-    problem = _problem(args)
-    result = synthesize_placements(_placements(problem), problem.reduce_axes, problem.goal, 5)[0]
+    problem = problem_from_args(args)
+    result = synthesize_placements(placements_of(problem), problem.reduce_axes, problem.goal, 5)[0]
     chosen = _choose(result, problem, 2**24, "mpi", top=2)
     # the best two (predicted ranks 0 and 1), then the default at its own rank
     assert len(chosen) == 3 and [c[1] for c in chosen[:2]] == [0, 1] and chosen[0][2] <= chosen[1][2]
