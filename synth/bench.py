@@ -274,7 +274,7 @@ def _print_header(setup: Setup, args: argparse.Namespace, world: World) -> None:
 
 def _print_placement(setup: Setup, candidates: Sequence[Candidate]) -> None:
     first = candidates[0]
-    matrix = " / ".join(f"{a.name}:" + ",".join(map(str, row)) for a, row in zip(setup.axes, first.placement.matrix))
+    matrix = first.placement.matrix_text()
     where = "plan" if first.placement_index is None else f"placement {first.placement_index}"
     print(f"#\n# {where}: {matrix} (reduction group of {first.lowered.num_chunks} ranks)")
     for c in candidates:
@@ -314,7 +314,7 @@ def _parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
         description=(
             f"Run under mpiexec. '{prog} PLAN.json' times the plan's program and the default; "
             f"'{prog} --topology T --axes ...' synthesizes like the main command and times the default "
-            "and the --top K predicted programs of every placement (all programs if no simulator)."
+            "and the --top K predicted programs of every placement."
             + (" tune then writes the plan of the measured winner at the largest size to --out." if tune else "")
         ),
     )

@@ -203,10 +203,6 @@ def _json_document(problem, ranked, by_speed, listed, context) -> dict[str, Any]
     }
 
 
-def _matrix_text(axes, matrix) -> str:
-    return " / ".join(f"{a.name}:" + ",".join(str(v) for v in row) for a, row in zip(axes, matrix))
-
-
 def _model_line(context: dict[str, Any]) -> str:
     algo = {"ring": "NCCL ring", "tree": "NCCL tree", "mpi": "MPI (OpenMPI tuned defaults)"}[context["algo"]]
     source = f"profile {context['profile']}" if context["profile"] else "topology's numbers as priors"
@@ -234,7 +230,7 @@ def _print_table(problem, ranked, by_speed, listed, context) -> None:
         docs = listed[i]
         first = docs[0] if docs else None
         print(
-            f"{n + 1:>4} {i:>3}  {_matrix_text(problem.axes, r.result.placement.matrix):<22} {crosses:<22} "
+            f"{n + 1:>4} {i:>3}  {r.result.placement.matrix_text():<22} {crosses:<22} "
             f"{len(r.order):>5} {format_seconds(r.default_s):>11} "
             f"{format_seconds(r.best_s) if r.order else '-':>11} {r.speedup:>6.2f}x  "
             + (first["text"].replace(chr(10), " ; ") if first else "(none within the step limit)")
@@ -301,7 +297,7 @@ def _run_workload(args: argparse.Namespace) -> int:
     print(header)
     print("-" * len(header))
     for n, (c, docs) in enumerate(zip(costs, best_docs)):
-        print(f"{n + 1:>4} {c.index:>3}  {_matrix_text(problem.axes, c.placement.matrix):<22} "
+        print(f"{n + 1:>4} {c.index:>3}  {c.placement.matrix_text():<22} "
               f"{format_seconds(c.total_s(workload)):>11} {format_seconds(c.default_total_s(workload)):>13}  "
               + " | ".join(
                   f"{'+'.join(w.reduce_axes)}: " + (d["text"].replace(chr(10), " ; ") if d else "-")

@@ -330,6 +330,10 @@ class Placement:
         position = {int(d): i for i, d in enumerate(by_index)}
         return tuple(position[int(d)] for d in by_rank)
 
+    def matrix_text(self) -> str:
+        """The matrix in table form, rows = axes: ``dp:4,1 / mp:1,16``."""
+        return " / ".join(f"{a.name}:" + ",".join(str(v) for v in row) for a, row in zip(self.axes, self.matrix))
+
     def describe(self) -> str:
         """Compact text, e.g. ``dp=[node:4 gpu:1] mp=[node:1 gpu:16]``."""
         names = self.topology.level_names
