@@ -315,6 +315,14 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def measured_best_position(predicted: np.ndarray, measured: np.ndarray) -> int:
+    """Where the measured-fastest program of a case stands in the predicted
+    order (0 = predicted fastest; predicted ties keep the records' order; of
+    programs tied for the fastest measured time, the best placed counts)."""
+    position = np.argsort(np.argsort(predicted, kind="stable"), kind="stable")
+    return int(position[measured == measured.min()].min())
+
+
 def accuracy(profile: Profile, measurements: Sequence[Measurement], ks: Iterable[int] = (1, 3, 5, 10)) -> Accuracy:
     """Top-k accuracy over cases with at least two programs, mean Spearman
     correlation per case, and median relative error over all records."""
@@ -328,8 +336,7 @@ def accuracy(profile: Profile, measurements: Sequence[Measurement], ks: Iterable
     rhos = []
     for idx in compared:
         p, t = predicted[idx], measured[idx]
-        best = int(np.argmin(t))
-        position = int(np.argsort(np.argsort(p, kind="stable"), kind="stable")[best])
+        position = measured_best_position(p, t)
         for k in hits:
             hits[k] += position < k
         rhos.append(_spearman(p, t))

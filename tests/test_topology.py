@@ -32,6 +32,8 @@ SHIPPED = {
     "p2-v100": [("node", 4), ("gpu", 8)],
     "rack": [("rack", 2), ("node", 4), ("cpu", 2), ("gpu", 4)],
     "testbed-2x4": [("node", 2), ("rank", 4)],
+    "testbed-4x4": [("node", 4), ("rank", 4)],
+    "testbed-2x2x2": [("rack", 2), ("node", 2), ("rank", 2)],
 }
 
 

@@ -1,0 +1,536 @@
+#!/usr/bin/env python3
+"""Make docs/results.md and its plots from the JSON lines that
+scripts/run_evaluation.py measured (``<data>/<cluster>-<baseline>.jsonl``).
+
+    python scripts/evaluation_report.py [--data docs/results/data] [--out docs/results.md]
+
+Every number in the report is computed here from the records; nothing is typed in
+by hand except P2's published figures, which are marked as such. Needs matplotlib
+(``pip install '.[plots]'``).
+
+Definitions (also stated in the report):
+- a *case* is one placement, reduction and size; its programs are the default
+  all-reduce and the measured synthesized programs; a time is the median over
+  iterations of the slowest rank;
+- a case is *cross-node* when its reduction group spans more than one node;
+- *speedup* of a case: the default's time over the fastest synthesized program's;
+- *held-out* predictions: two-fold cross-validation per cluster, whole cases
+  on one side (synth.fit.split_cases), a profile fitted on one half
+  (synth.fit.fit_profile) predicts the other half.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from synth.cost import Profile  # noqa: E402
+from synth.fit import fit_profile, load_measurements, measured_best_position, predict_all, split_cases  # noqa: E402
+from synth.units import format_size  # noqa: E402
+
+P2 = {"share_above_1": 0.69, "mean": 1.27, "max": 2.04, "top": {1: 0.52, 3: 0.72, 10: 0.92}}
+TARGETS = {"spread": 10.0, "share": 0.69, "mean": 1.3, "slowdown": 1.03, "top1": 0.80, "top3": 0.95}
+KS = (1, 3, 5, 10)
+
+
+# ---------------------------------------------------------------- records and cases
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured program of one case (one JSON line)."""
+
+    cluster: str
+    baseline: str
+    axes: str  # "dp=4,mp=2"
+    matrix: tuple[tuple[int, ...], ...]
+    reduce: str  # "dp" or "dp,mp"
+    program: str
+    is_default: bool
+    size_bytes: int
+    median_s: float
+    min_s: float
+    max_s: float
+    wrong: int
+    spans: int  # how many outer levels the reduction group crosses (0: inside a node)
+
+    @property
+    def case(self) -> tuple:
+        return (self.cluster, self.baseline, self.axes, self.matrix, self.reduce, self.size_bytes)
+
+    @property
+    def reduction(self) -> tuple:
+        """The same reduction on every placement: what placements are compared on."""
+        return (self.cluster, self.baseline, self.axes, self.reduce, self.size_bytes)
+
+
+def spans(matrix: Sequence[Sequence[int]], axis_names: Sequence[str], reduce: Sequence[str]) -> int:
+    """Outer levels (all but the innermost) on which a reduced axis has more than one index."""
+    rows = [row for name, row in zip(axis_names, matrix) if name in reduce]
+    return sum(any(row[level] > 1 for row in rows) for level in range(len(matrix[0]) - 1))
+
+
+def record_of(rec: dict, baseline: str) -> Record:
+    names = [a["name"] for a in rec["axes"]]
+    matrix = tuple(tuple(row) for row in rec["matrix"])
+    return Record(
+        cluster=rec["topology"]["name"], baseline=baseline,
+        axes=",".join(f"{a['name']}={a['size']}" for a in rec["axes"]), matrix=matrix,
+        reduce=",".join(rec["reduce"]), program=" ; ".join(rec["program"].splitlines()),
+        is_default=bool(rec["is_default"]),
+        size_bytes=int(rec["size_bytes"]), median_s=float(rec["median_s"]), min_s=float(rec["min_s"]),
+        max_s=float(rec["max_s"]), wrong=int(rec["wrong"]), spans=spans(matrix, names, rec["reduce"]),
+    )
+
+
+def data_files(data: Path) -> list[tuple[Path, str, str]]:
+    """(file, cluster, baseline) of ``<cluster>-<baseline>.jsonl``."""
+    out = []
+    for path in sorted(data.glob("*.jsonl")):
+        cluster, _, baseline = path.stem.rpartition("-")
+        out.append((path, cluster, baseline))
+    return out
+
+
+def load_records(path: Path, baseline: str) -> list[Record]:
+    return [record_of(json.loads(line), baseline) for line in path.read_text().splitlines() if line.strip()]
+
+
+def group(records: Iterable[Record], key) -> dict[tuple, list[Record]]:
+    out: dict[tuple, list[Record]] = defaultdict(list)
+    for r in records:
+        out[key(r)].append(r)
+    return dict(out)
+
+
+# ---------------------------------------------------------------- the measures
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One reduction on every placement: the default's time on each."""
+
+    reduction: tuple
+    best_s: float
+    worst_s: float
+    placements: int
+
+    @property
+    def ratio(self) -> float:
+        return self.worst_s / self.best_s
+
+
+def placement_spreads(records: Sequence[Record]) -> list[Spread]:
+    """Reductions with two or more placements, at least one of them cross-node."""
+    out = []
+    for reduction, rs in group(records, lambda r: r.reduction).items():
+        defaults = [r for r in rs if r.is_default]
+        if len(defaults) >= 2 and any(r.spans for r in defaults):
+            times = [r.median_s for r in defaults]
+            out.append(Spread(reduction, min(times), max(times), len(defaults)))
+    return out
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One cross-node case: the default and the programs measured besides it."""
+
+    case: tuple
+    default_s: float
+    best_s: float  # the fastest synthesized (non-default) program
+    best_program: str
+    programs: int
+
+    @property
+    def speedup(self) -> float:
+        return self.default_s / self.best_s
+
+
+def case_results(records: Sequence[Record]) -> list[CaseResult]:
+    out = []
+    for case, rs in group(records, lambda r: r.case).items():
+        default = [r for r in rs if r.is_default]
+        others = [r for r in rs if not r.is_default]
+        if rs[0].spans and default and others:
+            best = min(others, key=lambda r: r.median_s)
+            out.append(CaseResult(case, default[0].median_s, best.median_s, best.program, len(rs)))
+    return out
+
+
+@dataclass(frozen=True)
+class Distribution:
+    cases: int
+    share_above_1: float
+    mean: float
+    median: float
+    max: float
+    min: float
+
+
+def distribution(values: Sequence[float]) -> Distribution:
+    v = np.asarray(values, dtype=float)
+    if not len(v):
+        return Distribution(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+    return Distribution(len(v), float((v > 1).mean()), float(v.mean()), float(np.median(v)), float(v.max()), float(v.min()))
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """Measured and predicted times of one cluster's records, in file order."""
+
+    records: list[Record]
+    measured_s: np.ndarray
+    prior_s: np.ndarray  # the topology file's parameters
+    heldout_s: np.ndarray  # fitted on the other half of the cases
+    fitted: Profile  # fitted on all cases (reported, not used for scores)
+
+
+def predictions(path: Path, baseline: str, seed: int = 0) -> Predicted:
+    topology, ms = load_measurements(path)
+    prior = Profile.prior(topology)
+    first, second = split_cases(ms, 0.5, seed)
+    heldout = {}
+    for fit_on, score_on in ((first, second), (second, first)):
+        profile, _ = fit_profile(fit_on, prior)
+        heldout.update(zip((m.line for m in score_on), predict_all(profile, score_on)))
+    fitted, _ = fit_profile(ms, prior)
+    lines = [line for line in path.read_text().splitlines()]
+    records = [record_of(json.loads(lines[m.line - 1]), baseline) for m in ms]
+    return Predicted(records, np.array([m.median_s for m in ms]), predict_all(prior, ms),
+                     np.array([heldout[m.line] for m in ms]), fitted)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Per case: how the simulator's order compares with the measured one."""
+
+    case: tuple
+    programs: int
+    position: int  # of the measured fastest, in the predicted order (0 = first)
+    pick_over_default: float | None  # time of the predicted-fastest / the default's; None without default
+    cross_node: bool
+
+
+def rankings(p: Predicted, predicted_s: np.ndarray) -> list[Ranking]:
+    out = []
+    for case, idx in group(range(len(p.records)), lambda i: p.records[i].case).items():
+        idx = list(idx)
+        if len(idx) < 2:
+            continue
+        pred, meas = predicted_s[idx], p.measured_s[idx]
+        pick = int(np.argmin(pred))
+        default = [j for j, i in enumerate(idx) if p.records[i].is_default]
+        ratio = float(meas[pick] / meas[default[0]]) if default else None
+        out.append(Ranking(case, len(idx), measured_best_position(pred, meas), ratio, bool(p.records[idx[0]].spans)))
+    return out
+
+
+def top_k(rs: Sequence[Ranking], k: int, more_than_k: bool = False) -> tuple[float, int]:
+    """Share of cases whose measured fastest is among the k predicted fastest, and
+    the number of cases (only those with more than k programs if ``more_than_k``)."""
+    chosen = [r for r in rs if r.programs > k] if more_than_k else list(rs)
+    return (sum(r.position < k for r in chosen) / len(chosen) if chosen else math.nan), len(chosen)
+
+
+def noise(records: Sequence[Record]) -> Distribution:
+    """Max over min of each measurement's iterations."""
+    return distribution([r.max_s / r.min_s for r in records])
+
+
+# ---------------------------------------------------------------- plots
+
+
+def plot_all(out: Path, flat: Sequence[Record], spreads, results, han_results, preds, ranks) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+
+    # 1. placement spread at each size
+    fig, ax = plt.subplots(figsize=(9, 4))
+    spreads = sorted(spreads, key=lambda s: (s.reduction[0], s.reduction[4], -s.ratio))
+    labels = [f"{s.reduction[0].removeprefix('testbed-')} {s.reduction[2]} /{s.reduction[3]} {format_size(s.reduction[4])}"
+              for s in spreads]
+    ax.bar(range(len(spreads)), [s.ratio for s in spreads], color="tab:blue")
+    ax.axhline(TARGETS["spread"], color="tab:red", ls="--", lw=1, label=f"target {TARGETS['spread']:.0f}x")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(spreads)), labels, rotation=90, fontsize=5)
+    ax.set_ylabel("worst / best placement (default all-reduce)")
+    ax.set_title("Same reduction, different placement")
+    ax.legend()
+    fig.tight_layout()
+    files["spread"] = _save(fig, out / "placement_spread.png")
+
+    # 2. speedup distribution
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bins = np.linspace(0, max([r.speedup for r in results + han_results] + [2.2]) * 1.05, 40)
+    ax.hist([r.speedup for r in results], bins=bins, alpha=0.7, label="vs flat default (OMPI_MCA_coll=^han)")
+    if han_results:
+        ax.hist([r.speedup for r in han_results], bins=bins, alpha=0.6, label="vs OpenMPI default (han)")
+    ax.axvline(1, color="black", lw=1)
+    ax.axvline(P2["mean"], color="tab:red", ls="--", lw=1, label=f"P2 mean {P2['mean']}x")
+    ax.set_xlabel("speedup of the fastest synthesized program over the default all-reduce")
+    ax.set_ylabel("cross-node cases")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    files["speedup"] = _save(fig, out / "speedup.png")
+
+    # 3. predicted vs measured
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), sharex=True, sharey=True)
+    for ax, (title, attr) in zip(axes, (("prior (topology file)", "prior_s"), ("fitted, held-out", "heldout_s"))):
+        for p in preds:
+            ax.scatter(p.measured_s * 1e3, getattr(p, attr) * 1e3, s=6, alpha=0.5, label=p.records[0].cluster)
+        lo = min(min(p.measured_s.min(), getattr(p, attr).min()) for p in preds) * 1e3
+        hi = max(max(p.measured_s.max(), getattr(p, attr).max()) for p in preds) * 1e3
+        ax.plot([lo, hi], [lo, hi], color="black", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured (ms)")
+        ax.set_title(title)
+    axes[0].set_ylabel("predicted (ms)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    files["predicted"] = _save(fig, out / "predicted_vs_measured.png")
+
+    # 4. top-k accuracy
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(len(KS))
+    ax.bar(x - 0.2, [top_k(ranks, k)[0] * 100 for k in KS], 0.4, label="synth-reduce (held-out)")
+    ax.bar(x + 0.2, [P2["top"].get(k, math.nan) * 100 for k in KS], 0.4, label="P2 (published)")
+    ax.set_xticks(x, [f"top-{k}" for k in KS])
+    ax.set_ylabel("% of cases")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    files["topk"] = _save(fig, out / "topk.png")
+    return files
+
+
+def _save(fig, path: Path) -> str:
+    fig.savefig(path, dpi=130)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path.name
+
+
+# ---------------------------------------------------------------- the report
+
+
+def pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def report(data: Path, out_md: Path) -> str:
+    files = data_files(data)
+    if not files:
+        raise SystemExit(f"evaluation_report: no <cluster>-<baseline>.jsonl in {data}; run scripts/run_evaluation.py")
+    records = {(c, b): load_records(path, b) for path, c, b in files}
+    flat = [r for (c, b), rs in records.items() if b == "flat" for r in rs]
+    han = [r for (c, b), rs in records.items() if b == "han" for r in rs]
+    clusters = sorted({c for c, _ in records})
+    sizes = sorted({r.size_bytes for r in flat})
+    largest = max(sizes)
+
+    spreads = placement_spreads(flat)
+    results = case_results(flat)
+    han_results = case_results(han)
+    preds = [predictions(path, b) for path, c, b in files if b == "flat"]
+    ranks = [r for p in preds for r in rankings(p, p.heldout_s)]
+    prior_ranks = [r for p in preds for r in rankings(p, p.prior_s)]
+    han_preds = [predictions(path, b) for path, c, b in files if b == "han"]
+    han_picks = [r for p in han_preds for r in rankings(p, p.heldout_s) if r.cross_node]
+    plots = plot_all(out_md.parent / "results", flat, spreads, results, han_results, preds, ranks)
+    rel = lambda dir: f"results/{dir}"  # noqa: E731
+
+    d = distribution([r.speedup for r in results])
+    d_large = distribution([r.speedup for r in results if r.case[5] == largest])
+    cross = [r for r in ranks if r.cross_node and r.pick_over_default is not None]
+    slow = distribution([r.pick_over_default for r in cross])
+    slower = [r for r in cross if r.pick_over_default > TARGETS["slowdown"]]
+    top = {k: top_k(ranks, k) for k in KS}
+    top_hard = {k: top_k(ranks, k, more_than_k=True) for k in KS}
+    max_spread = max(spreads, key=lambda s: s.ratio)
+    wrong = sum(r.wrong for rs in records.values() for r in rs)
+    n_records = sum(len(rs) for rs in records.values())
+    nz = noise(flat)
+
+    L = []
+    w = L.append
+    w("# Measured evaluation on the emulated cluster")
+    w("")
+    w("Generated by `scripts/evaluation_report.py` from the JSON lines in `docs/results/data/`, which")
+    w("`scripts/run_evaluation.py` measured; do not edit by hand. Reproduce everything (as root, about")
+    w("40 minutes on 2 cores):")
+    w("")
+    w("```sh")
+    w("python3 -m venv .venv && . .venv/bin/activate && pip install '.[mpi,plots]'")
+    w("python scripts/run_evaluation.py            # measure (synth-reduce emulate), then this report")
+    w("python scripts/run_evaluation.py --report-only   # only re-make this page from the data")
+    w("```")
+    w("")
+    w("## Setup")
+    w("")
+    w(f"- Clusters (`synth-reduce emulate`, docs/testbed.md): {', '.join(f'`{c}`' for c in clusters)}; node uplinks")
+    w("  shaped to 1 Gbit/s with tc tbf, the rack uplinks of `testbed-2x2x2` to 0.5 Gbit/s; ranks of a node on")
+    w("  shared memory. All ranks share one 2-core machine: compute (the reductions' additions, the")
+    w("  copies of shared memory) competes for the same 2 cores, so intra-node steps are CPU-bound.")
+    w(f"- Cases: every shape of 1, 2 and 3 axes (one shape per multiset of sizes), every reduction of one axis")
+    w(f"  and, for 3 axes, of each pair; every placement; sizes {', '.join(format_size(s) for s in sizes)} per rank;")
+    iters = sorted({json.loads(p.read_text().splitlines()[0])['iters'] for p, _, _ in files})
+    w(f"  {', '.join(map(str, iters))} timed iterations after 2 warm-up ones; a time is the median over iterations of")
+    w("  the slowest rank.")
+    w("- Programs: the default all-reduce and the 8 programs `synth.cost` (the `mpi` model, topology")
+    w("  file's numbers) predicted fastest at the largest size, per placement (all of them where fewer).")
+    w("- Baselines. **flat**: `OMPI_MCA_coll=^han`, OpenMPI's `tuned` all-reduce (ring / recursive")
+    w("  doubling on the whole group), the library's plain all-reduce as P2 compares against NCCL's;")
+    w("  **han**: OpenMPI 5's default components, whose `coll/han` all-reduce is itself hierarchical")
+    w("  (reduce in the node, all-reduce across, broadcast); measured for the default and the predicted")
+    w("  best program only.")
+    w(f"- {n_records} measurements, {len(spreads)} reductions compared across placements, {len(results)} cross-node")
+    w(f"  cases against the flat default, {len(han_results)} against han. Wrong elements: {wrong} (every")
+    w("  iteration is checked against the reference sum).")
+    w("")
+    w("## Targets")
+    w("")
+    w("| target | measured | |")
+    w("| --- | --- | --- |")
+    w(f"| cross-node all-reduce: worst / best placement >= 10x | max {max_spread.ratio:.1f}x "
+      f"({max_spread.reduction[0]}, {max_spread.reduction[2]}, reduce {max_spread.reduction[3]}, "
+      f"{format_size(max_spread.reduction[4])}) | {met(max_spread.ratio >= TARGETS['spread'])} |")
+    w(f"| best synthesized beats the default in >= 69% of cross-node cases | {pct(d.share_above_1)} of {d.cases} "
+      f"| {met(d.share_above_1 >= TARGETS['share'])} |")
+    w(f"| mean speedup >= 1.3x | {d.mean:.2f}x | {met(d.mean >= TARGETS['mean'])} |")
+    w(f"| the simulator's pick never > 3% slower than the default | worst {slow.max:.2f}x the default's time; "
+      f"{len(slower)} of {len(cross)} cases > 1.03x | {met(not slower)} |")
+    w(f"| top-1 >= 80% (held-out) | {pct(top[1][0])} of {top[1][1]} | {met(top[1][0] >= TARGETS['top1'])} |")
+    w(f"| top-3 >= 95% (held-out) | {pct(top[3][0])} of {top[3][1]} | {met(top[3][0] >= TARGETS['top3'])} |")
+    w("")
+    w("## 1. Placement matters")
+    w("")
+    w(f"![worst over best placement]({rel(plots['spread'])})")
+    w("")
+    w("The default all-reduce of the same reduction on every placement of the axes; worst time over best.")
+    w("")
+    w("| cluster | axes | reduce | size | placements | best | worst | worst / best |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for s in sorted(spreads, key=lambda s: (s.reduction[0], s.reduction[2], s.reduction[3], s.reduction[4])):
+        if s.reduction[4] == largest:
+            c, _, axes, red, size = s.reduction
+            w(f"| {c} | {axes} | {red} | {format_size(size)} | {s.placements} | {s.best_s * 1e3:.2f} ms "
+              f"| {s.worst_s * 1e3:.2f} ms | {s.ratio:.1f}x |")
+    w("")
+    w(f"(largest size shown; all sizes in the plot.)")
+    w("")
+    w("## 2. Synthesized programs against the default all-reduce")
+    w("")
+    w(f"![speedup distribution]({rel(plots['speedup'])})")
+    w("")
+    w("| cross-node cases | cases | best > default | mean | median | max | min |")
+    w("| --- | --- | --- | --- | --- | --- | --- |")
+    w(f"| P2 (published, NCCL on GPUs) | | 69% | 1.27x | | 2.04x | |")
+    for title, rs in [("flat default, all sizes", results)] + [
+        (f"flat default, {format_size(z)}", [r for r in results if r.case[5] == z]) for z in sizes
+    ] + [("han default (predicted best only), all sizes", han_results)]:
+        x = distribution([r.speedup for r in rs])
+        w(f"| {title} | {x.cases} | {pct(x.share_above_1)} | {x.mean:.2f}x | {x.median:.2f}x | {x.max:.2f}x | {x.min:.2f}x |")
+    w("")
+    w("Fastest synthesized program per cross-node case at the largest size:")
+    w("")
+    w("| cluster | axes | matrix | reduce | default | fastest synthesized | speedup |")
+    w("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in sorted((r for r in results if r.case[5] == largest), key=lambda r: -r.speedup):
+        c, _, axes, matrix, red, _ = r.case
+        w(f"| {c} | {axes} | {matrix} | {red} | {r.default_s * 1e3:.1f} ms | `{r.best_program}` "
+          f"{r.best_s * 1e3:.1f} ms | {r.speedup:.2f}x |")
+    w("")
+    w("## 3. The simulator")
+    w("")
+    w(f"![predicted vs measured]({rel(plots['predicted'])})")
+    w("")
+    w("Held-out: per cluster, two-fold cross-validation over whole cases (a case goes to one half),")
+    w("`synth.fit.fit_profile` on one half predicts the other.")
+    w("")
+    w("| cluster | records | median rel. error, prior | median rel. error, held-out |")
+    w("| --- | --- | --- | --- |")
+    for p in preds:
+        e0 = np.median(np.abs(p.prior_s - p.measured_s) / p.measured_s)
+        e1 = np.median(np.abs(p.heldout_s - p.measured_s) / p.measured_s)
+        w(f"| {p.records[0].cluster} | {len(p.records)} | {pct(e0)} | {pct(e1)} |")
+    w("")
+    w(f"![top-k accuracy]({rel(plots['topk'])})")
+    w("")
+    w("Top-k: the share of cases whose measured-fastest program is among the k the simulator predicts")
+    w("fastest (among the measured programs). Cases with k or fewer programs are trivially hits, so the")
+    w("second row counts only cases with more than k programs.")
+    w("")
+    w("| | " + " | ".join(f"top-{k}" for k in KS) + " |")
+    w("| --- |" + " --- |" * len(KS))
+    w("| P2 (published) | " + " | ".join(pct(P2['top'][k]) if k in P2['top'] else "" for k in KS) + " |")
+    w("| held-out, all cases | " + " | ".join(f"{pct(top[k][0])} ({top[k][1]})" for k in KS) + " |")
+    w("| held-out, cases with > k programs | " + " | ".join(f"{pct(top_hard[k][0])} ({top_hard[k][1]})" for k in KS) + " |")
+    w("| prior, all cases | " + " | ".join(f"{pct(top_k(prior_ranks, k)[0])}" for k in KS) + " |")
+    w("")
+    w(f"The simulator's pick (held-out) against the flat default in {len(cross)} cross-node cases: pick time /")
+    w(f"default time median {slow.median:.2f}, max {slow.max:.2f}; {len(slower)} cases above 1.03.")
+    if han_picks:
+        hp = distribution([r.pick_over_default for r in han_picks if r.pick_over_default is not None])
+        w(f"Against the han default: median {hp.median:.2f}, max {hp.max:.2f} ({hp.cases} cases).")
+    w("")
+    w("Profiles fitted on all flat measurements of each cluster (`synth-reduce fit`):")
+    w("")
+    w("| cluster | level: bandwidth GB/s, latency us | efficiency (relative to AllReduce) |")
+    w("| --- | --- | --- |")
+    for p in preds:
+        f = p.fitted
+        levels = "; ".join(f"{n}: {b:.3g}, {l:.3g}" for n, b, l in zip(f.level_names, f.bandwidth_GBps, f.latency_us))
+        eff = ", ".join(f"{c} {e:.2f}" for c, e in f.efficiency)
+        w(f"| {p.records[0].cluster} | {levels} | {eff} |")
+    w("")
+    w("## 4. Noise")
+    w("")
+    w(f"Per measurement, the slowest over the fastest of its iterations: median {nz.median:.2f}x, max {nz.max:.2f}x "
+      f"({nz.cases} measurements).")
+    w("")
+    w("| cluster | size | median max/min | max max/min |")
+    w("| --- | --- | --- | --- |")
+    for (c, z), rs in sorted(group(flat, lambda r: (r.cluster, r.size_bytes)).items()):
+        x = noise(rs)
+        w(f"| {c} | {format_size(z)} | {x.median:.2f}x | {x.max:.2f}x |")
+    w("")
+    text = "\n".join(L) + "\n"
+    out_md.write_text(text)
+    return text
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=ROOT / "docs" / "results" / "data")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md")
+    args = p.parse_args()
+    report(args.data, args.out)
+    print(f"wrote {args.out} and its plots in {args.out.parent / 'results'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""The measured evaluation (docs/results.md), one command, as root:
+
+    python scripts/run_evaluation.py                 # measure everything, then report
+    python scripts/run_evaluation.py --report-only   # re-make docs/results.md from the data
+    python scripts/run_evaluation.py --quick         # a few minutes: one cluster, fewer cases
+
+For every emulated cluster (``synth-reduce emulate``: 2 nodes x 4 ranks, 4 x 4, and
+2 racks x 2 nodes x 2 ranks), every shape of one, two and three axes and every
+reduction (each axis; for three axes also each pair), one MPI job runs
+``synth-reduce bench`` for every case in turn: every placement, the default
+all-reduce and the --top K programs the simulator predicts fastest, at --sizes,
+--iters timed iterations each. Records go to ``<data>/<cluster>-<baseline>.jsonl``
+(the ``synth-reduce/measurement`` lines that ``fit`` and ``validate`` read), the
+bench tables to ``<data>/<cluster>-<baseline>.log``.
+
+Two baselines, because OpenMPI's own default all-reduce differs by component:
+``flat`` runs with ``OMPI_MCA_coll=^han`` (the flat ``tuned`` algorithms: the
+library's plain all-reduce, as P2 compares against NCCL's), the whole case list;
+``han`` runs with OpenMPI's default components (``coll/han`` is already
+hierarchical), the default and the predicted-best program only.
+
+Then scripts/evaluation_report.py makes docs/results.md and its plots.
+Measuring everything takes about 40 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "docs" / "results" / "data"
+CLUSTERS = ("testbed-2x4", "testbed-4x4", "testbed-2x2x2")
+AXIS_NAMES = ("dp", "mp", "pp")
+# one shape per multiset of axis sizes (permuting equal-role axes only renames them)
+SHAPES = {8: ((8,), (4, 2), (2, 2, 2)), 16: ((16,), (8, 2), (4, 4), (4, 2, 2))}
+BASELINES = {"flat": {"OMPI_MCA_coll": "^han"}, "han": {}}
+
+
+def cases(num_devices: int, quick: bool = False) -> list[tuple[str, str]]:
+    """(--axes, --reduce) of every shape and reduction for a world of this size."""
+    out = []
+    shapes = SHAPES[num_devices][:2] if quick else SHAPES[num_devices]
+    for shape in shapes:
+        names = AXIS_NAMES[: len(shape)]
+        axes = ",".join(f"{n}={s}" for n, s in zip(names, shape))
+        reductions = [(n,) for n in names]
+        if len(names) == 3:
+            reductions += list(itertools.combinations(names, 2))
+        out += [(axes, ",".join(r)) for r in reductions]
+    return out
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Runs on every rank under mpiexec: bench every case in one MPI job."""
+    from synth.bench import bench_main
+    from synth.errors import SynthError
+    from synth.topology import load_topology
+
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    todo = cases(load_topology(args.cluster).num_devices, args.quick)
+    log = open(args.log, "a") if rank == 0 else open(os.devnull, "w")
+    failed = 0
+    for i, (axes, reduce) in enumerate(todo, 1):
+        start = time.monotonic()
+        argv = ["--topology", args.cluster, "--axes", axes, "--reduce", reduce, "--top", str(args.top),
+                "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup),
+                "--jsonl", args.jsonl]
+        try:
+            with contextlib.redirect_stdout(log):
+                bench_main(argv)
+        except SynthError as exc:  # raised alike on every rank: skip the case everywhere
+            failed += 1
+            print(f"synth-reduce bench {' '.join(argv)}: {exc}", file=log)
+        log.flush()
+        if rank == 0:
+            print(f"  [{i}/{len(todo)}] {args.cluster} {args.baseline}: axes {axes}, reduce {reduce} "
+                  f"({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+def measure(cluster: str, baseline: str, args: argparse.Namespace) -> None:
+    """One emulated cluster, one MPI job over all its cases."""
+    stem = args.data / f"{cluster}-{baseline}"
+    for suffix in (".jsonl", ".log"):
+        stem.with_suffix(suffix).unlink(missing_ok=True)
+    top = args.top if baseline == "flat" else 1
+    job = [sys.executable, str(Path(__file__).resolve()), "--worker", "--cluster", cluster, "--baseline", baseline,
+           "--jsonl", str(stem.with_suffix(".jsonl")), "--log", str(stem.with_suffix(".log")),
+           "--top", str(top), "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    if args.quick:
+        job.append("--quick")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}
+    env.update(BASELINES[baseline])
+    emulate = [sys.executable, "-m", "synth.cli", "emulate", "--topology", cluster, "--", *job]
+    print(f"{cluster}, baseline {baseline}: {' '.join(f'{k}={v}' for k, v in BASELINES[baseline].items())} "
+          f"synth-reduce emulate --topology {cluster} -- ...", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    code = subprocess.run(emulate, env=env, cwd=ROOT).returncode
+    print(f"{cluster}, baseline {baseline}: done in {time.monotonic() - start:.0f} s (exit {code})",
+          file=sys.stderr, flush=True)
+    if code != 0:
+        raise SystemExit(f"run_evaluation: {cluster} ({baseline}) failed with exit code {code}; "
+                         f"see {stem.with_suffix('.log')}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clusters", default=",".join(CLUSTERS), help=f"topologies to emulate (default {','.join(CLUSTERS)})")
+    p.add_argument("--baselines", default="flat,han", help="flat (OMPI_MCA_coll=^han) and/or han (OpenMPI's default)")
+    p.add_argument("--sizes", default="64K,1M,4M", help="per-rank sizes (default 64K,1M,4M)")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations per measurement (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
+    p.add_argument("--top", type=int, default=8, help="predicted-best programs per placement, besides the default (default 8)")
+    p.add_argument("--data", type=Path, default=DATA, help=f"where the JSON lines go (default {DATA.relative_to(ROOT)})")
+    p.add_argument("--quick", action="store_true", help="testbed-2x4 only, shapes of one and two axes")
+    p.add_argument("--report-only", action="store_true", help="skip measuring; report on the data there")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cluster", help=argparse.SUPPRESS)
+    p.add_argument("--baseline", help=argparse.SUPPRESS)
+    p.add_argument("--jsonl", help=argparse.SUPPRESS)
+    p.add_argument("--log", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    clusters = ["testbed-2x4"] if args.quick else args.clusters.split(",")
+    baselines = args.baselines.split(",")
+    for b in baselines:
+        if b not in BASELINES:
+            p.error(f"--baselines {b}: use flat and/or han")
+    if not args.report_only:
+        args.data.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        for cluster in clusters:
+            for baseline in baselines:
+                measure(cluster, baseline, args)
+        print(f"measured in {(time.monotonic() - start) / 60:.1f} min", file=sys.stderr)
+    report = [sys.executable, str(ROOT / "scripts" / "evaluation_report.py"), "--data", str(args.data)]
+    return subprocess.run(report, cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

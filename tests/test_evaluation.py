@@ -1,0 +1,150 @@
+"""scripts/run_evaluation.py and scripts/evaluation_report.py: the case list and
+the measures docs/results.md reports, on hand-made records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synth.problem import Parser, add_problem_arguments, placements_of, problem_from_args
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+run = _load("run_evaluation")
+rep = _load("evaluation_report")
+
+
+def test_cases_cover_every_shape_and_reduction():
+    eight = run.cases(8)
+    assert eight == [
+        ("dp=8", "dp"),
+        ("dp=4,mp=2", "dp"), ("dp=4,mp=2", "mp"),
+        ("dp=2,mp=2,pp=2", "dp"), ("dp=2,mp=2,pp=2", "mp"), ("dp=2,mp=2,pp=2", "pp"),
+        ("dp=2,mp=2,pp=2", "dp,mp"), ("dp=2,mp=2,pp=2", "dp,pp"), ("dp=2,mp=2,pp=2", "mp,pp"),
+    ]
+    assert run.cases(8, quick=True) == eight[:3]
+    assert [a for a, _ in run.cases(16)].count("dp=4,mp=2,pp=2") == 6
+
+
+@pytest.mark.parametrize("cluster", run.CLUSTERS)
+def test_every_case_is_a_valid_problem_on_its_cluster(cluster):
+    from synth.topology import load_topology
+
+    for axes, reduce in run.cases(load_topology(cluster).num_devices):
+        p = Parser()
+        add_problem_arguments(p)
+        problem = problem_from_args(p.parse_args(["--topology", cluster, "--axes", axes, "--reduce", reduce]))
+        assert placements_of(problem)
+
+
+def test_spans_counts_the_outer_levels_a_reduction_crosses():
+    # rows: axes dp, mp; columns: rack, node, rank
+    matrix = ((2, 1, 2), (1, 2, 1))
+    assert rep.spans(matrix, ["dp", "mp"], ["dp"]) == 1  # across racks only
+    assert rep.spans(matrix, ["dp", "mp"], ["mp"]) == 1  # across nodes only
+    assert rep.spans(matrix, ["dp", "mp"], ["dp", "mp"]) == 2
+    assert rep.spans(((1, 1, 4), (2, 2, 1)), ["dp", "mp"], ["dp"]) == 0  # inside a node
+
+
+def _rec(matrix, program, default, median_s, size=1024, reduce="dp", spans=1):
+    return rep.Record("c", "flat", "dp=4,mp=2", matrix, reduce, program, default, size, median_s,
+                      median_s * 0.9, median_s * 1.2, 0, spans)
+
+
+def test_placement_spread_compares_the_default_across_placements():
+    a, b = ((2, 2), (1, 2)), ((1, 4), (2, 1))
+    records = [
+        _rec(a, "AR", True, 2.0), _rec(a, "X", False, 0.5),  # a synthesized program does not count
+        _rec(b, "AR", True, 30.0, spans=0),
+        _rec(a, "AR", True, 5.0, size=2048),  # one placement only at this size: no spread
+    ]
+    spreads = rep.placement_spreads(records)
+    assert len(spreads) == 1
+    assert spreads[0].ratio == 15.0 and spreads[0].placements == 2
+    # no spread when no placement crosses nodes
+    assert rep.placement_spreads([_rec(a, "AR", True, 1.0, spans=0), _rec(b, "AR", True, 3.0, spans=0)]) == []
+
+
+def test_case_results_take_the_fastest_synthesized_program_of_cross_node_cases():
+    a = ((2, 2), (1, 2))
+    records = [_rec(a, "AR", True, 3.0), _rec(a, "X", False, 2.0), _rec(a, "Y", False, 1.5),
+               _rec(((1, 4), (2, 1)), "AR", True, 1.0, spans=0), _rec(((1, 4), (2, 1)), "Z", False, 0.1, spans=0)]
+    (result,) = rep.case_results(records)
+    assert result.best_program == "Y" and result.speedup == 2.0 and result.programs == 3
+
+
+def test_distribution_and_top_k():
+    d = rep.distribution([0.5, 1.0, 2.0, 2.5])
+    assert (d.cases, d.share_above_1, d.mean, d.median, d.max, d.min) == (4, 0.5, 1.5, 1.5, 2.5, 0.5)
+    assert math.isnan(rep.distribution([]).mean)
+    ranks = [rep.Ranking(("k", i), programs, position, None, True)
+             for i, (programs, position) in enumerate([(3, 0), (3, 2), (12, 4), (12, 0)])]
+    assert rep.top_k(ranks, 1) == (0.5, 4)
+    assert rep.top_k(ranks, 3) == (0.75, 4)
+    assert rep.top_k(ranks, 3, more_than_k=True) == (0.5, 2)  # the 3-program cases are trivial hits
+
+
+def test_rankings_position_and_pick_against_the_default():
+    records = [_rec(((2, 2), (1, 2)), name, name == "AR", t) for name, t in (("AR", 4.0), ("X", 2.0), ("Y", 3.0))]
+    p = rep.Predicted(records, np.array([4.0, 2.0, 3.0]), np.zeros(3), np.zeros(3), None)
+    (r,) = rep.rankings(p, np.array([1.0, 3.0, 2.0]))  # predicts AR < Y < X
+    assert r.position == 2  # the measured fastest (X) is predicted last
+    assert r.pick_over_default == 1.0  # the pick is the default itself
+    (r,) = rep.rankings(p, np.array([3.0, 2.0, 1.0]))  # predicts Y first
+    assert r.position == 1 and r.pick_over_default == 0.75
+
+
+def test_report_on_measurements_of_a_known_model(tmp_path):
+    """Records whose times the prior model itself predicts: the report finds the
+    simulator exact (top-1 100%, no error) and the speedups of the data."""
+    pytest.importorskip("matplotlib")
+    from synth.cost import Profile, rank
+    from synth.language import format_program
+    from synth.search import synthesize_placements
+    from synth.topology import load_topology
+
+    p = Parser()
+    add_problem_arguments(p)
+    problem = problem_from_args(p.parse_args(["--topology", "testbed-2x4", "--axes", "dp=4,mp=2", "--reduce", "dp"]))
+    topology = load_topology("testbed-2x4")
+    lines = []
+    for result in synthesize_placements(placements_of(problem), problem.reduce_axes, problem.goal, problem.max_steps):
+        for size in (65536, 4 << 20):
+            ranked = rank(result, problem.reduce_axes, problem.goal, size, algo="mpi", profile=Profile.prior(topology))
+            chosen = list(ranked.order[:4]) + ([ranked.default_index] if ranked.default_index not in ranked.order[:4] else [])
+            seen = set()
+            for j in chosen:
+                t = ranked.predicted_s[ranked.order.index(j)]
+                if round(t, 9) in seen:
+                    continue  # programs of equal cost: either is the fastest, keep one
+                seen.add(round(t, 9))
+                program = result.programs[j]
+                lines.append(json.dumps({
+                    "schema": "synth-reduce/measurement", "version": 1, "topology": topology.to_dict(),
+                    "axes": [{"name": "dp", "size": 4}, {"name": "mp", "size": 2}],
+                    "matrix": [list(r) for r in result.placement.matrix], "reduce": ["dp"], "collective": "allreduce",
+                    "program": format_program(program), "is_default": j == ranked.default_index, "backend": "mpi",
+                    "algo": None, "iters": 3, "size_bytes": size, "median_s": t, "min_s": t, "max_s": t, "wrong": 0}))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "testbed-2x4-flat.jsonl").write_text("\n".join(lines) + "\n")
+    text = rep.report(data, tmp_path / "results.md")
+    assert "| top-1 >= 80% (held-out) | 100% of 4 | met |" in text
+    assert "| testbed-2x4 | " + str(len(lines)) + " | 0% | 0% |" in text
+    for name in ("placement_spread.png", "speedup.png", "predicted_vs_measured.png", "topk.png"):
+        assert (tmp_path / "results" / name).stat().st_size > 1000
