@@ -28,10 +28,13 @@ step (this is where 16 GPUs sharing one NIC show up). Algorithms
   tree over them rotated by one) carries ``S/2`` per tree; the reduce up and the
   broadcast down are pipelined on opposite link directions: one round plus
   ``2 depth - 1`` extra latencies.
-* ``mpi`` (an approximation of OpenMPI's tuned defaults, see docs/simulator.md):
-  AllReduce and AllGather by recursive doubling for ``S <= 64 KiB`` (``ceil(log2
-  m)`` rounds of ``S``, resp. doubling pieces), else ring; ReduceScatter ring;
-  Reduce and Broadcast binomial trees (``ceil(log2 m)`` rounds of ``S``).
+* ``mpi`` (OpenMPI 5.0's ``coll/tuned`` decisions, :func:`mpi_algorithm`, see
+  docs/simulator.md): per collective, group size and bytes one of recursive
+  doubling (``ceil(log2 m)`` rounds of ``S``; AllGather: doubling pieces),
+  Rabenseifner (recursive halving at distance 1, 2, 4, ... moving ``S/2, S/4,
+  ...``, then the mirror image), ring, a pipelined chain, a binomial tree
+  (``ceil(log2 m)`` rounds of ``S``) or linear (everyone to or from member 0 at
+  once; the linear ReduceScatter reduces to member 0, then scatters ``S/m``).
 
 Linear form. Given the critical (slowest) flow of every round, a prediction is
 ``sum_l latency_us[l] * L[l] + sum_c sum_l X[c][l] / (bandwidth_GBps[l] *
@@ -57,7 +60,6 @@ from .semantics import Goal, hierarchy_of, resolve
 from .topology import Topology
 
 ALGORITHMS = ("ring", "tree", "mpi")
-SMALL_MESSAGE_BYTES = 64 * 1024  # mpi: recursive doubling at or below this size
 
 
 @dataclass(frozen=True)
@@ -262,26 +264,72 @@ def _tree(buckets: tuple[int, ...]) -> tuple[_Round, ...]:
     return (_Round(tuple(a for a, _ in both), tuple(b for _, b in both), fractions, 1, max(0, 2 * depth - 1)),)
 
 
+def mpi_algorithm(collective: Collective, m: int, nbytes: float) -> str:
+    """The algorithm OpenMPI 5.0's ``coll/tuned`` fixed decision picks for a sum
+    over ``m`` ranks of ``nbytes`` (the whole buffer), reduced to the families the
+    model has: ``recursive_doubling``, ``rabenseifner``, ``ring``, ``linear``,
+    ``chain``, ``binomial``. Thresholds are tuned's (ompi/mca/coll/tuned/
+    coll_tuned_decision_fixed.c, v5.0) with its many small-size alternations
+    merged; algorithms that need a power of two fall back to ``ring`` on other
+    sizes (tuned folds the extra ranks instead)."""
+    power_of_two = m & (m - 1) == 0
+    if collective is Collective.ALLREDUCE:
+        small = 16384 if m < 4 else 8192 if m < 16 else 4096
+        if nbytes < small:
+            return "recursive_doubling"
+        if m < 4 and nbytes < 262144:
+            return "ring"  # ring and segmented ring
+        return "rabenseifner" if power_of_two else "ring"
+    if collective is Collective.ALLGATHER:  # two_proc for m = 2 is one exchange: doubling
+        return "recursive_doubling" if m < 32 and power_of_two else "ring"
+    if collective is Collective.REDUCESCATTER:  # Reduce_scatter_block: by the block size
+        block = nbytes / m
+        linear = ((m < 4 and block >= 131072) or (4 <= m < 8 and block >= 1048576)
+                  or (8 <= m < 16 and 524288 <= block < 4194304) or (16 <= m < 32 and 524288 <= block < 2097152))
+        return "linear" if linear else "ring"  # recursive halving and butterfly as ring
+    if collective is Collective.REDUCE:
+        if m < 4:
+            return "linear" if nbytes < 262144 else "chain"  # pipeline and chain
+        if m < 8:
+            if nbytes < 65536:
+                return "chain"
+            return "linear" if nbytes >= 1048576 or 262144 <= nbytes < 524288 else "binomial"
+        return "binomial"
+    # Broadcast
+    if m < 8:
+        return "chain" if 4 <= m and nbytes >= 1048576 else "linear" if nbytes >= 8192 else "binomial"
+    return "linear" if m < 16 and nbytes >= 32768 else "binomial"
+
+
 @lru_cache(maxsize=1024)
-def _pattern(algo: str, collective: Collective, m: int, small: bool) -> tuple[_Round, ...]:
-    """The rounds of ``collective`` over ``m`` members (see the module docstring);
-    ``small``: the message is at most SMALL_MESSAGE_BYTES (mpi switches algorithm).
-    The tree AllReduce depends on the node structure: see :func:`_tree`."""
+def _pattern(name: str, collective: Collective, m: int) -> tuple[_Round, ...]:
+    """The rounds of ``collective`` over ``m`` members by algorithm ``name``
+    (see the module docstring). The tree AllReduce depends on the node
+    structure: see :func:`_tree`."""
     ring = tuple(range(m))
     nxt = tuple((i + 1) % m for i in range(m))
-    if algo == "tree":
-        algo = "ring"
-    if algo == "mpi" and collective in (Collective.ALLREDUCE, Collective.ALLGATHER) and not small:
-        algo = "ring"
-    if algo == "ring" or (algo == "mpi" and collective is Collective.REDUCESCATTER):
+    steps = range(math.ceil(math.log2(m)))
+    if name == "tree":
+        name = "ring"  # NCCL runs all but AllReduce as rings
+    if name == "linear":  # everyone <-> member 0 at once
+        others = ring[1:]
+        if collective is Collective.REDUCE:
+            return (_uniform(others, (0,) * (m - 1), 1.0),)
+        if collective is Collective.REDUCESCATTER:  # reduce to member 0, then scatter the pieces
+            return (_uniform(others, (0,) * (m - 1), 1.0), _uniform((0,) * (m - 1), others, 1.0 / m))
+        return (_uniform((0,) * (m - 1), others, 1.0),)  # Broadcast
+    if name in ("ring", "chain"):
         if collective in (Collective.REDUCE, Collective.BROADCAST):  # pipelined chain
             a, b = ring[:-1], ring[1:]
             src, dst = (b, a) if collective is Collective.REDUCE else (a, b)
             return (_uniform(src, dst, 1.0, 1, m - 2),)
         repeat = 2 * (m - 1) if collective is Collective.ALLREDUCE else m - 1
         return (_uniform(ring, nxt, 1.0 / m, repeat),)
-    rounds = []  # mpi: recursive doubling and binomial trees, ceil(log2 m) rounds
-    for i in range(math.ceil(math.log2(m))):
+    if name == "rabenseifner":  # recursive halving, distance doubling; then the mirror image
+        halving = [_uniform(ring, tuple(r ^ (1 << i) for r in ring), 1.0 / (2 << i)) for i in steps]
+        return tuple(halving + halving[::-1])
+    rounds = []  # recursive doubling and binomial trees, ceil(log2 m) rounds
+    for i in steps:
         d = 1 << i
         if collective in (Collective.ALLREDUCE, Collective.ALLGATHER):
             pairs = [(r, r ^ d) for r in range(m) if (r ^ d) < m]
@@ -327,7 +375,8 @@ def step_cost(
     if algo == "tree" and collective is Collective.ALLREDUCE:
         pattern = _tree(_buckets(links, groups[0]))
     else:
-        pattern = _pattern(algo, collective, groups.shape[1], bool(nbytes.max() <= SMALL_MESSAGE_BYTES))
+        m = groups.shape[1]
+        pattern = _pattern(mpi_algorithm(collective, m, float(nbytes.max())) if algo == "mpi" else algo, collective, m)
     for rnd in pattern:
         if not rnd.src:
             continue

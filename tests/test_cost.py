@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from synth.cost import (
-    SMALL_MESSAGE_BYTES,
     Features,
     Predictor,
     Profile,
     default_program,
     lowered_loads,
+    mpi_algorithm,
     predict_program,
     rank,
     step_cost,
@@ -94,12 +94,20 @@ def test_cli_ranks_the_inside_node_placement_first(cli):
     assert order == [INSIDE, SPLIT, ACROSS]
 
 
-@pytest.mark.parametrize("algo", ["ring", "mpi"])
 @pytest.mark.parametrize("size", [1024, MiB, S])
-def test_blueconnect_beats_one_flat_allreduce_across_a_shared_nic(p2, algo, size):
-    ranked = ranked_by_matrix(p2, "dp=4,mp=16", size=size, algo=algo)[SPLIT]
+def test_blueconnect_beats_one_flat_allreduce_across_a_shared_nic(p2, size):
+    ranked = ranked_by_matrix(p2, "dp=4,mp=16", size=size, algo="ring")[SPLIT]
     assert time_of(ranked, BLUECONNECT) < ranked.default_s
     assert time_of(ranked, BLUECONNECT) < time_of(ranked, "AllReduce(root, inside)")
+
+
+def test_openmpi_rabenseifner_allreduce_is_already_blueconnect_shaped(p2):
+    # halves inside the node (distance 1), quarters across (distance 2), mirrored:
+    # on members [a, a+1, b, b+1] the same rounds as RS inside, AR across, AG inside
+    ranked = ranked_by_matrix(p2, "dp=4,mp=16", size=S, algo="mpi")[SPLIT]
+    assert close(ranked.default_s, 2 * (1 * US + S / 2 / 270e9) + 2 * (6 * US + S / 4 / 0.5e9))
+    # BlueConnect's 2-member ReduceScatter is tuned's linear one (reduce, then scatter): no better
+    assert ranked.default_s <= time_of(ranked, BLUECONNECT)
 
 
 def test_blueconnect_and_flat_allreduce_hand_computed(p2):
@@ -337,40 +345,67 @@ def test_tree_allreduce_hand_computed(p2):
     assert close(two, step_cost(p2, prior, "ring", AR, [[0, 16]], [S])[0])
 
 
-def test_mpi_allreduce_recursive_doubling_at_or_below_64KiB(p2):
+@pytest.mark.parametrize("collective, m, nbytes, expected", [
+    (AR, 8, 8191, "recursive_doubling"), (AR, 8, 8192, "rabenseifner"), (AR, 16, 4096, "rabenseifner"),
+    (AR, 2, 16383, "recursive_doubling"), (AR, 2, 65536, "ring"), (AR, 2, 262144, "rabenseifner"),
+    (AR, 6, MiB, "ring"),  # not a power of two
+    (AG, 2, S, "recursive_doubling"), (AG, 16, S, "recursive_doubling"), (AG, 32, S, "ring"),
+    (RS, 2, 2 * 131072, "linear"), (RS, 2, 2 * 131071, "ring"), (RS, 4, 4 * MiB, "linear"),
+    (RS, 4, 4 * MiB - 4, "ring"), (RS, 8, 8 * MiB, "linear"), (RS, 8, 8 * 4 * MiB, "ring"),
+    (RED, 2, 1024, "linear"), (RED, 2, MiB, "chain"), (RED, 4, 4096, "chain"), (RED, 4, 65536, "binomial"),
+    (RED, 4, 300000, "linear"), (RED, 4, 600000, "binomial"), (RED, 4, MiB, "linear"), (RED, 8, MiB, "binomial"),
+    (BC, 2, 1024, "binomial"), (BC, 2, MiB, "linear"), (BC, 4, MiB, "chain"), (BC, 8, 32768, "linear"),
+    (BC, 16, MiB, "binomial"),
+])
+def test_mpi_algorithm_follows_openmpi_tuned_decisions(collective, m, nbytes, expected):
+    assert mpi_algorithm(collective, m, nbytes) == expected
+
+
+def test_mpi_allreduce_recursive_doubling_then_rabenseifner(p2):
     prior = Profile.prior(p2)
     members = [[0, 1, 2, 3]]
-    small = float(SMALL_MESSAGE_BYTES)
-    assert SMALL_MESSAGE_BYTES == 64 * 1024
-    rd, _ = step_cost(p2, prior, "mpi", AR, members, [small])
-    assert close(rd, 2 * (1 * US + small / 270e9))  # log2(4) rounds of S
-    above, _ = step_cost(p2, prior, "mpi", AR, members, [small + 1])
-    assert close(above, 6 * (1 * US + (small + 1) / 4 / 270e9))  # ring
-    assert above == step_cost(p2, prior, "ring", AR, members, [small + 1])[0]
+    rd, _ = step_cost(p2, prior, "mpi", AR, members, [4096.0])
+    assert close(rd, 2 * (1 * US + 4096 / 270e9))  # log2(4) rounds of S
+    # Rabenseifner: halves at distance 1, quarters at distance 2, then the mirror image
+    rab, _ = step_cost(p2, prior, "mpi", AR, members, [float(S)])
+    assert close(rab, 2 * (1 * US + S / 2 / 270e9) + 2 * (1 * US + S / 4 / 270e9))
     # across nodes: 0<->16 and 32<->48, then 0<->32 and 16<->48: one flow per NIC
-    across, _ = step_cost(p2, prior, "mpi", AR, [[0, 16, 32, 48]], [1024.0])
-    assert close(across, 2 * (6 * US + 1024 / 8e9))
+    across, _ = step_cost(p2, prior, "mpi", AR, [[0, 16, 32, 48]], [float(S)])
+    assert close(across, 2 * (6 * US + S / 2 / 8e9) + 2 * (6 * US + S / 4 / 8e9))
+    # contiguous nodes: the halves stay inside the nodes, only the quarters cross (2 flows per NIC)
+    hier, _ = step_cost(p2, prior, "mpi", AR, [[0, 1, 16, 17]], [float(S)])
+    assert close(hier, 2 * (1 * US + S / 2 / 270e9) + 2 * (6 * US + S / 4 / 4e9))
 
 
-def test_mpi_allgather_doubling_pieces_and_ring_reducescatter(p2):
+def test_mpi_allgather_doubling_pieces(p2):
     prior = Profile.prior(p2)
-    size = 32768.0
-    ag, _ = step_cost(p2, prior, "mpi", AG, [[0, 1, 2, 3]], [size])
-    assert close(ag, (1 * US + size / 4 / 270e9) + (1 * US + size / 2 / 270e9))
-    big, _ = step_cost(p2, prior, "mpi", AG, [[0, 1, 2, 3]], [float(S)])
-    assert close(big, 3 * (1 * US + S / 4 / 270e9))
-    rs, _ = step_cost(p2, prior, "mpi", RS, [[0, 1, 2, 3]], [size])
-    assert close(rs, 3 * (1 * US + size / 4 / 270e9))
+    for size in (32768.0, float(S)):
+        ag, _ = step_cost(p2, prior, "mpi", AG, [[0, 1, 2, 3]], [size])
+        assert close(ag, (1 * US + size / 4 / 270e9) + (1 * US + size / 2 / 270e9))
+
+
+def test_mpi_linear_algorithms_share_the_root_port(p2):
+    prior = Profile.prior(p2)
+    # Reduce, 4 members, 1 MiB: all send S to member 0 at once; its port is shared by 3
+    red, _ = step_cost(p2, prior, "mpi", RED, [[0, 1, 2, 3]], [float(MiB)])
+    assert close(red, 1 * US + MiB / (270e9 / 3))
+    # Reduce_scatter_block of 2 with 128 KiB blocks: reduce to member 0, then scatter halves
+    rs, _ = step_cost(p2, prior, "mpi", RS, [[0, 1]], [262144.0])
+    assert close(rs, (1 * US + 262144 / 270e9) + (1 * US + 131072 / 270e9))
+    # Broadcast, 8 members, 32 KiB: member 0 sends S to 7 at once
+    bc, _ = step_cost(p2, prior, "mpi", BC, [list(range(8))], [32768.0])
+    assert close(bc, 1 * US + 32768 / (270e9 / 7))
 
 
 @pytest.mark.parametrize("collective", [RED, BC])
-def test_mpi_reduce_and_broadcast_are_binomial_trees(p2, collective):
+def test_mpi_reduce_and_broadcast_binomial_and_chain(p2, collective):
     prior = Profile.prior(p2)
-    for size in (1024.0, float(S)):
-        seconds, _ = step_cost(p2, prior, "mpi", collective, [[0, 1, 2, 3]], [size])
-        assert close(seconds, 2 * (1 * US + size / 270e9))
-        eight, _ = step_cost(p2, prior, "mpi", collective, [list(range(8))], [size])
-        assert close(eight, 3 * (1 * US + size / 270e9))
+    members, size = ([list(range(8))], float(S)) if collective is RED else ([list(range(16))], 65536.0)
+    tree, _ = step_cost(p2, prior, "mpi", collective, members, [size])
+    assert close(tree, math.log2(len(members[0])) * (1 * US + size / 270e9))  # binomial: log2(m) rounds of S
+    size = 4096.0 if collective is RED else float(S)  # chain: one round of S plus m - 2 latencies
+    chain, _ = step_cost(p2, prior, "mpi", collective, [[0, 1, 2, 3]], [size])
+    assert close(chain, 3 * 1 * US + size / 270e9)
 
 
 def test_efficiency_divides_the_bandwidth_terms(p2):

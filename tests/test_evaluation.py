@@ -106,7 +106,7 @@ def test_rankings_position_and_pick_against_the_default():
     assert r.position == 2  # the measured fastest (X) is predicted last
     assert r.pick_over_default == 1.0  # the pick is the default itself
     (r,) = rep.rankings(p, np.array([3.0, 2.0, 1.0]))  # predicts Y first
-    assert r.position == 1 and r.pick_over_default == 0.75
+    assert r.position == 1 and r.pick_over_default == 0.75 and r.pick_over_best == 1.5
 
 
 def test_report_on_measurements_of_a_known_model(tmp_path):

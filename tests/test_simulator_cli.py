@@ -113,8 +113,8 @@ def test_algo_changes_predictions(cli):
     assert math.isclose(inside[0], ring_inside(size), rel_tol=1e-9)
     # tree inside a node: a chain 3 -> 2 -> 1 -> 0 carrying S, up then down, 2 extra latencies each
     assert math.isclose(inside[1], 2 * (1 * US + size / 270e9 + 2 * US), rel_tol=1e-9)
-    # mpi at 64 KiB: recursive doubling, log2(4) rounds of S
-    assert math.isclose(inside[2], 2 * (1 * US + size / 270e9), rel_tol=1e-9)
+    # mpi at 64 KiB: Rabenseifner, halves then quarters, mirrored
+    assert math.isclose(inside[2], 2 * (1 * US + size / 2 / 270e9) + 2 * (1 * US + size / 4 / 270e9), rel_tol=1e-9)
     assert len(set(inside)) == 3
     across = [by_matrix(d, ACROSS)["default"]["predicted_s"] for d in (ring, tree, mpi)]
     assert len(set(across)) == 3
