@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +114,26 @@ def measure(cluster: str, baseline: str, args: argparse.Namespace) -> None:
                          f"see {stem.with_suffix('.log')}")
 
 
+def write_run_info(args: argparse.Namespace, clusters: list[str], baselines: list[str], minutes: float) -> None:
+    """``<data>/run.json``: what was run, where and how long it took (the report quotes it)."""
+    from synth.testbed import find_mpiexec
+
+    def output(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip().splitlines()[0]
+        except (OSError, IndexError):
+            return "unknown"
+
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "minutes": round(minutes, 1),
+        "clusters": clusters, "baselines": baselines, "sizes": args.sizes, "iters": args.iters,
+        "warmup": args.warmup, "top": args.top, "cpus": os.cpu_count(),
+        "mpi": output([find_mpiexec(), "--version"]), "python": sys.version.split()[0],
+        "commit": output(["git", "rev-parse", "--short", "HEAD"]),
+    }
+    (args.data / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clusters", default=",".join(CLUSTERS), help=f"topologies to emulate (default {','.join(CLUSTERS)})")
@@ -143,7 +164,9 @@ def main() -> int:
         for cluster in clusters:
             for baseline in baselines:
                 measure(cluster, baseline, args)
-        print(f"measured in {(time.monotonic() - start) / 60:.1f} min", file=sys.stderr)
+        minutes = (time.monotonic() - start) / 60
+        write_run_info(args, clusters, baselines, minutes)
+        print(f"measured in {minutes:.1f} min", file=sys.stderr)
     report = [sys.executable, str(ROOT / "scripts" / "evaluation_report.py"), "--data", str(args.data)]
     return subprocess.run(report, cwd=ROOT).returncode
 

@@ -408,6 +408,7 @@ def _run_fit(argv: Sequence[str]) -> int:
                                         prior.bandwidth_GBps, prior.latency_us):
         print(f"{name:<10} {bw:>15.4g} {bw0:>10.4g} {lat:>11.4g} {lat0:>9.4g}")
     print("efficiency: " + ", ".join(f"{c} {e:.3g}" for c, e in profile.efficiency))
+    print(f"call overhead: {profile.call_overhead_us:.3g} us per collective call (prior {prior.call_overhead_us:.3g})")
     print(f"residuals: median {report.median_rel_error:.1%}, mean {report.mean_rel_error:.1%}, "
           f"max {report.max_rel_error:.1%} relative; RMSE {format_seconds(report.rmse_s)}")
     return 0

@@ -66,14 +66,17 @@ ALGORITHMS = ("ring", "tree", "mpi")
 class Profile:
     """Effective parameters per level (outermost first) and per collective.
 
-    The prior comes from the topology file; :mod:`synth.fit` learns one from
-    measurements. ``efficiency`` divides the bandwidth terms of a collective."""
+    The prior comes from the topology file (no call overhead); :mod:`synth.fit`
+    learns one from measurements. ``efficiency`` divides the bandwidth terms of a
+    collective; ``call_overhead_us`` is added once per step (a library call's
+    software cost: a kernel launch, or MPI's bookkeeping on the CPU testbed)."""
 
     topology: str
     level_names: tuple[str, ...]
     bandwidth_GBps: tuple[float, ...]
     latency_us: tuple[float, ...]
     efficiency: tuple[tuple[str, float], ...] = tuple((c.value, 1.0) for c in Collective)
+    call_overhead_us: float = 0.0  # per collective call (step), whatever it moves
 
     @classmethod
     def prior(cls, topology: Topology) -> "Profile":
@@ -114,14 +117,16 @@ class Features:
 
     latency_count: np.ndarray  # (levels,)
     load: dict[Collective, np.ndarray] = field(default_factory=dict)  # bytes/share, (levels,)
+    calls: float = 0.0  # collective calls (steps)
 
     def add(self, other: "Features", times: float = 1.0) -> None:
         self.latency_count += times * other.latency_count
+        self.calls += times * other.calls
         for c, x in other.load.items():
             self.load[c] = self.load.get(c, 0) + times * x
 
     def seconds(self, profile: Profile) -> float:
-        total = float(profile.latency_s @ self.latency_count)
+        total = float(profile.latency_s @ self.latency_count) + self.calls * profile.call_overhead_us * 1e-6
         for c, x in self.load.items():
             total += float((x / profile.bandwidth_Bps).sum()) / profile.efficiency_of(c)
         return total
@@ -390,7 +395,8 @@ def step_cost(
             hop = f.latency_count
             total += rnd.extra * float(profile.latency_s @ hop)
             features.latency_count = features.latency_count + rnd.extra * hop
-    return total, features
+    features.calls = 1.0
+    return total + profile.call_overhead_us * 1e-6, features
 
 
 # ---------------------------------------------------------------- programs

@@ -7,10 +7,10 @@ Measurements are JSON lines written by ``synth-reduce bench --jsonl``, one per
 ``mpi`` for the MPI backend, else ``ring``).
 
 Fitting. With the critical flows fixed, a prediction is linear in the per-level
-latencies and inverse bandwidths, with one efficiency per collective in front
-of its bandwidth terms (see :mod:`synth.cost`). ``fit_profile`` alternates two
-least-squares solves (levels with efficiencies fixed; efficiencies with levels
-fixed), each on relative errors (rows divided by the measured time, since times
+latencies, the per-call overhead and the inverse bandwidths, with one efficiency
+per collective in front of its bandwidth terms (see :mod:`synth.cost`).
+``fit_profile`` alternates two least-squares solves (levels and overhead with
+efficiencies fixed; efficiencies with those fixed), each on relative errors (rows divided by the measured time, since times
 span orders of magnitude), and recomputes the critical flows with the new
 parameters, until the parameters settle. Efficiencies are relative to AllReduce
 (fixed at 1) when AllReduce was measured. Levels no record exercises keep their
@@ -55,6 +55,7 @@ def profile_document(profile: Profile, report: dict[str, Any] | None = None) -> 
             for n, b, l in zip(profile.level_names, profile.bandwidth_GBps, profile.latency_us)
         ],
         "efficiency": dict(profile.efficiency),
+        "call_overhead_us": profile.call_overhead_us,
         "fit": report or {},
     }
 
@@ -75,9 +76,12 @@ def load_profile(path: str | Path) -> Profile:
             bandwidth_GBps=tuple(float(lv["bandwidth_GBps"]) for lv in levels),
             latency_us=tuple(float(lv["latency_us"]) for lv in levels),
             efficiency=tuple(efficiency.items()),
+            call_overhead_us=float(doc.get("call_overhead_us", 0.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         raise SynthError(f"{source}: not a valid profile: expected topology, levels[{{name, bandwidth_GBps, latency_us}}], efficiency") from None
+    if not (profile.call_overhead_us >= 0 and math.isfinite(profile.call_overhead_us)):
+        raise SynthError(f"{source}: call_overhead_us must be a non-negative number")
     if any(not (b > 0 and math.isfinite(b)) for b in profile.bandwidth_GBps) or any(
         not (e > 0 and math.isfinite(e)) for _, e in profile.efficiency
     ):
@@ -234,8 +238,8 @@ def _solve_nonnegative(a: np.ndarray, b: np.ndarray, floor: float) -> np.ndarray
 def fit_profile(
     measurements: Sequence[Measurement], prior: Profile, iterations: int = 8
 ) -> tuple[Profile, FitReport]:
-    """Least-squares fit of per-level latency and bandwidth and per-collective
-    efficiency (see the module docstring)."""
+    """Least-squares fit of per-level latency and bandwidth, the per-call
+    overhead and per-collective efficiency (see the module docstring)."""
     profile = prior
     levels = len(prior.level_names)
     measured = np.array([m.median_s for m in measurements])
@@ -246,18 +250,19 @@ def fit_profile(
         model = _Model(profile)
         feats = [model.features(m) for m in measurements]
         eff = {c: profile.efficiency_of(c) for c in Collective}
-        # 1. levels: unknowns latency_s[l], inverse bandwidth s/byte[l]
+        # 1. levels: unknowns latency_s[l], call overhead s, inverse bandwidth s/byte[l]
         a = np.array([
-            np.concatenate([f.latency_count, sum((x / eff[c] for c, x in f.load.items()), np.zeros(levels))])
+            np.concatenate([f.latency_count, [f.calls], sum((x / eff[c] for c, x in f.load.items()), np.zeros(levels))])
             for f in feats
         ])
         theta = _solve_nonnegative(a * weight[:, None], measured * weight, floor=1e-15)
         lat = np.where(a[:, :levels].any(axis=0), theta[:levels] * 1e6, prior.latency_us)
-        inv_bw = theta[levels:]
-        bw = np.where(a[:, levels:].any(axis=0), 1.0 / np.maximum(inv_bw, 1e-15) / 1e9, prior.bandwidth_GBps)
-        # 2. efficiencies: unknown 1/efficiency[c], levels fixed
+        overhead_us = float(theta[levels] * 1e6) if a[:, levels].any() else prior.call_overhead_us
+        inv_bw = theta[levels + 1:]
+        bw = np.where(a[:, levels + 1:].any(axis=0), 1.0 / np.maximum(inv_bw, 1e-15) / 1e9, prior.bandwidth_GBps)
+        # 2. efficiencies: unknown 1/efficiency[c], levels and overhead fixed
         inv_bw_now = 1.0 / (bw * 1e9)
-        latency_part = np.array([f.latency_count @ (lat * 1e-6) for f in feats])
+        latency_part = np.array([f.latency_count @ (lat * 1e-6) + f.calls * overhead_us * 1e-6 for f in feats])
         b_cols = np.array([[float(f.load.get(c, np.zeros(levels)) @ inv_bw_now) for c in collectives] for f in feats])
         u = _solve_nonnegative(b_cols * weight[:, None], (measured - latency_part) * weight, floor=1e-3)
         new_eff = dict(eff)
@@ -267,12 +272,14 @@ def fit_profile(
         # efficiencies are relative: AllReduce (or the first measured collective) is 1
         anchor = Collective.ALLREDUCE if Collective.ALLREDUCE in collectives else (collectives[0] if collectives else None)
         scale = new_eff[anchor] if anchor is not None else 1.0
+        exercised = a[:, levels + 1:].any(axis=0)
         new = Profile(
             topology=prior.topology,
             level_names=prior.level_names,
-            bandwidth_GBps=tuple(float(v) * scale for v in bw),
+            bandwidth_GBps=tuple(float(v) * (scale if used else 1.0) for v, used in zip(bw, exercised)),
             latency_us=tuple(float(v) for v in lat),
             efficiency=tuple((c.value, new_eff[c] / scale) for c in Collective),
+            call_overhead_us=overhead_us,
         )
         change = max(
             abs(math.log(n / o)) for n, o in zip(new.bandwidth_GBps + tuple(e for _, e in new.efficiency),

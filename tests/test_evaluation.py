@@ -118,33 +118,35 @@ def test_report_on_measurements_of_a_known_model(tmp_path):
     from synth.search import synthesize_placements
     from synth.topology import load_topology
 
-    p = Parser()
-    add_problem_arguments(p)
-    problem = problem_from_args(p.parse_args(["--topology", "testbed-2x4", "--axes", "dp=4,mp=2", "--reduce", "dp"]))
     topology = load_topology("testbed-2x4")
     lines = []
-    for result in synthesize_placements(placements_of(problem), problem.reduce_axes, problem.goal, problem.max_steps):
-        for size in (65536, 4 << 20):
-            ranked = rank(result, problem.reduce_axes, problem.goal, size, algo="mpi", profile=Profile.prior(topology))
-            chosen = list(ranked.order[:4]) + ([ranked.default_index] if ranked.default_index not in ranked.order[:4] else [])
-            seen = set()
-            for j in chosen:
-                t = ranked.predicted_s[ranked.order.index(j)]
-                if round(t, 9) in seen:
-                    continue  # programs of equal cost: either is the fastest, keep one
-                seen.add(round(t, 9))
-                program = result.programs[j]
-                lines.append(json.dumps({
-                    "schema": "synth-reduce/measurement", "version": 1, "topology": topology.to_dict(),
-                    "axes": [{"name": "dp", "size": 4}, {"name": "mp", "size": 2}],
-                    "matrix": [list(r) for r in result.placement.matrix], "reduce": ["dp"], "collective": "allreduce",
-                    "program": format_program(program), "is_default": j == ranked.default_index, "backend": "mpi",
-                    "algo": None, "iters": 3, "size_bytes": size, "median_s": t, "min_s": t, "max_s": t, "wrong": 0}))
+    for axes, reduce in (("dp=8", "dp"), ("dp=4,mp=2", "dp"), ("dp=4,mp=2", "mp")):
+        p = Parser()
+        add_problem_arguments(p)
+        problem = problem_from_args(p.parse_args(["--topology", "testbed-2x4", "--axes", axes, "--reduce", reduce]))
+        results = synthesize_placements(placements_of(problem), problem.reduce_axes, problem.goal, problem.max_steps)
+        for result in results:
+            for size in (4096, 65536, 1 << 20, 4 << 20, 16 << 20):
+                ranked = rank(result, problem.reduce_axes, problem.goal, size, algo="mpi", profile=Profile.prior(topology))
+                seen = set()
+                for j, t in zip(ranked.order[:6], ranked.predicted_s):
+                    if round(t, 9) in seen:
+                        continue  # programs of equal cost: either is the fastest, keep one
+                    seen.add(round(t, 9))
+                    lines.append(json.dumps({
+                        "schema": "synth-reduce/measurement", "version": 1, "topology": topology.to_dict(),
+                        "axes": [{"name": a.name, "size": a.size} for a in problem.axes],
+                        "matrix": [list(r) for r in result.placement.matrix], "reduce": [reduce],
+                        "collective": "allreduce", "program": format_program(result.programs[j]),
+                        "is_default": j == ranked.default_index, "backend": "mpi", "algo": None, "iters": 3,
+                        "size_bytes": size, "median_s": t, "min_s": t, "max_s": t, "wrong": 0}))
     data = tmp_path / "data"
     data.mkdir()
     (data / "testbed-2x4-flat.jsonl").write_text("\n".join(lines) + "\n")
     text = rep.report(data, tmp_path / "results.md")
-    assert "| top-1 >= 80% (held-out) | 100% of 4 | met |" in text
+    cases = len({(json.loads(x)["matrix"].__repr__(), json.loads(x)["reduce"][0], json.loads(x)["size_bytes"])
+                 for x in lines})
+    assert f"| top-1 >= 80% (held-out) | 100% of {cases} | met |" in text
     assert "| testbed-2x4 | " + str(len(lines)) + " | 0% | 0% |" in text
     for name in ("placement_spread.png", "speedup.png", "predicted_vs_measured.png", "topk.png"):
         assert (tmp_path / "results" / name).stat().st_size > 1000

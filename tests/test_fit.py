@@ -37,16 +37,16 @@ TESTBED_SIZES = [4096, 2**20, 16 * 2**20]
 TRUE_EFFICIENCY = {"AllReduce": 0.9, "ReduceScatter": 0.8, "AllGather": 1.2, "Reduce": 0.7, "Broadcast": 1.1}
 
 
-def profile_for(topology, bandwidth, latency, efficiency=TRUE_EFFICIENCY) -> Profile:
+def profile_for(topology, bandwidth, latency, efficiency=TRUE_EFFICIENCY, call_overhead_us=0.0) -> Profile:
     return Profile(topology.name, topology.level_names, tuple(bandwidth), tuple(latency),
-                   tuple((c.value, efficiency[c.value]) for c in Collective))
+                   tuple((c.value, efficiency[c.value]) for c in Collective), call_overhead_us)
 
 
 def expected_fit(true: Profile) -> Profile:
     """What a fit can identify: bandwidths x efficiency[AllReduce], efficiencies / it."""
     scale = true.efficiency_of(Collective.ALLREDUCE)
     return Profile(true.topology, true.level_names, tuple(b * scale for b in true.bandwidth_GBps), true.latency_us,
-                   tuple((c, e / scale) for c, e in true.efficiency))
+                   tuple((c, e / scale) for c, e in true.efficiency), true.call_overhead_us)
 
 
 def record(topology, placement, reduce, goal, program, algo, size, seconds) -> dict:
@@ -100,6 +100,8 @@ def assert_recovers(fitted: Profile, expected: Profile, rel: float) -> None:
         assert math.isclose(got, want, rel_tol=rel), ("latency", name, got, want)
     for (name, got), (_, want) in zip(fitted.efficiency, expected.efficiency):
         assert math.isclose(got, want, rel_tol=rel), ("efficiency", name, got, want)
+    assert math.isclose(fitted.call_overhead_us, expected.call_overhead_us, rel_tol=rel, abs_tol=1e-6), (
+        "call overhead", fitted.call_overhead_us, expected.call_overhead_us)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +111,7 @@ def testbed():
 
 @pytest.fixture(scope="module")
 def true_testbed(testbed) -> Profile:
-    return profile_for(testbed, (0.3, 5.0), (40.0, 3.0))
+    return profile_for(testbed, (0.3, 5.0), (40.0, 3.0), call_overhead_us=25.0)
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +199,14 @@ def test_fit_command_writes_a_profile_and_reports_residuals(cli, tmp_path, clean
     assert lines[1].split() == ["level", "bandwidth_GBps", "(prior)", "latency_us", "(prior)"]
     assert lines[2].split()[0] == "node" and lines[2].split()[2] == "0.125"
     assert any(line.startswith("residuals: median 0.0%, mean 0.0%, max 0.0% relative; RMSE ") for line in lines)
+    assert "call overhead: 25 us per collective call (prior 0)" in lines
     fitted = load_profile(out_path)
     assert_recovers(fitted, expected_fit(true_testbed), rel=1e-3)
     doc = json.loads(out_path.read_text())
     assert doc["schema"] == PROFILE_SCHEMA and doc["version"] == 1 and doc["topology"] == "testbed-2x4"
     assert doc["fit"]["records"] == len(clean_file.read_text().splitlines())
     assert doc["fit"]["median_rel_error"] < 1e-6
+    assert math.isclose(doc["call_overhead_us"], 25.0, rel_tol=1e-3)
 
 
 def test_fit_command_json_and_start_profile(cli, tmp_path, clean_file, true_profile_file, true_testbed):
@@ -546,10 +550,13 @@ def test_profile_with_the_same_name_but_other_levels(cli, tmp_path):
          'not a synth-reduce profile (expected "schema": "synth-reduce/profile")'),
         (lambda d: [d], 'not a synth-reduce profile (expected "schema": "synth-reduce/profile")'),
         (lambda d: {**d, "levels": [{"name": "node"}]},
-         "not a valid profile: expected topology, levels[{name, bandwidth_GBps, latency_us}], efficiency"),
+         "not a valid profile: expected topology, levels[{name, bandwidth_GBps, latency_us}], efficiency, optional call_overhead_us"),
         (lambda d: {**d, "efficiency": {"AllReduce": 0}}, "bandwidths and efficiencies must be positive numbers"),
         (lambda d: {**d, "levels": [{**lv, "bandwidth_GBps": -1} for lv in d["levels"]]},
          "bandwidths and efficiencies must be positive numbers"),
+        (lambda d: {**d, "call_overhead_us": -1.0}, "call_overhead_us must be a non-negative number"),
+        (lambda d: {**d, "call_overhead_us": "fast"},
+         "not a valid profile: expected topology, levels[{name, bandwidth_GBps, latency_us}], efficiency, optional call_overhead_us"),
     ],
 )
 def test_bad_profile_documents(cli, tmp_path, clean_file, change, expected):
