@@ -79,7 +79,7 @@ def load_profile(path: str | Path) -> Profile:
             call_overhead_us=float(doc.get("call_overhead_us", 0.0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise SynthError(f"{source}: not a valid profile: expected topology, levels[{{name, bandwidth_GBps, latency_us}}], efficiency") from None
+        raise SynthError(f"{source}: not a valid profile: expected topology, levels[{{name, bandwidth_GBps, latency_us}}], efficiency, optional call_overhead_us") from None
     if not (profile.call_overhead_us >= 0 and math.isfinite(profile.call_overhead_us)):
         raise SynthError(f"{source}: call_overhead_us must be a non-negative number")
     if any(not (b > 0 and math.isfinite(b)) for b in profile.bandwidth_GBps) or any(
