@@ -14,14 +14,17 @@ all-reduce and the --top K programs the simulator predicts fastest, at --sizes,
 (the ``synth-reduce/measurement`` lines that ``fit`` and ``validate`` read), the
 bench tables to ``<data>/<cluster>-<baseline>.log``.
 
-Two baselines, because OpenMPI's own default all-reduce differs by component:
-``flat`` runs with ``OMPI_MCA_coll=^han`` (the flat ``tuned`` algorithms: the
-library's plain all-reduce, as P2 compares against NCCL's), the whole case list;
-``han`` runs with OpenMPI's default components (``coll/han`` is already
-hierarchical), the default and the predicted-best program only.
+Three baselines (BASELINES), because what "the default all-reduce" is depends on
+OpenMPI's configuration: ``flat`` (``OMPI_MCA_coll=^han``: the ``tuned``
+component, whose all-reduce above 8 KiB is Rabenseifner's) over the whole case
+list with the --top K programs; ``han`` (OpenMPI's default components:
+``coll/han``, itself hierarchical) and ``ring`` (tuned forced to a ring
+all-reduce, the algorithm of NCCL's default and so of P2's baseline) with fewer
+programs per placement.
 
 Then scripts/evaluation_report.py makes docs/results.md and its plots.
-Measuring everything takes about 40 minutes on 2 cores.
+Measuring everything takes about 40 minutes on 2 cores; keep the machine
+otherwise idle (all ranks share its cores).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +46,25 @@ CLUSTERS = ("testbed-2x4", "testbed-4x4", "testbed-2x2x2")
 AXIS_NAMES = ("dp", "mp", "pp")
 # one shape per multiset of axis sizes (permuting equal-role axes only renames them)
 SHAPES = {8: ((8,), (4, 2), (2, 2, 2)), 16: ((16,), (8, 2), (4, 4), (4, 2, 2))}
-BASELINES = {"flat": {"OMPI_MCA_coll": "^han"}, "han": {}}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """How OpenMPI runs the default all-reduce (and every step) in one set of runs."""
+
+    env: dict[str, str]
+    top: int | None  # programs per placement besides the default (None: --top)
+
+
+BASELINES = {
+    # OpenMPI's tuned algorithms (Rabenseifner above 8 KiB): the whole case list
+    "flat": Baseline({"OMPI_MCA_coll": "^han"}, None),
+    # OpenMPI's default components: coll/han, a hierarchical all-reduce
+    "han": Baseline({}, 1),
+    # tuned forced to a ring all-reduce, the algorithm NCCL's default uses (P2's baseline)
+    "ring": Baseline({"OMPI_MCA_coll": "^han", "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+                      "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}, 4),
+}
 
 
 def cases(num_devices: int, quick: bool = False) -> list[tuple[str, str]]:
@@ -94,16 +116,16 @@ def measure(cluster: str, baseline: str, args: argparse.Namespace) -> None:
     stem = args.data / f"{cluster}-{baseline}"
     for suffix in (".jsonl", ".log"):
         stem.with_suffix(suffix).unlink(missing_ok=True)
-    top = args.top if baseline == "flat" else 1
+    top = BASELINES[baseline].top or args.top
     job = [sys.executable, str(Path(__file__).resolve()), "--worker", "--cluster", cluster, "--baseline", baseline,
            "--jsonl", str(stem.with_suffix(".jsonl")), "--log", str(stem.with_suffix(".log")),
            "--top", str(top), "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]
     if args.quick:
         job.append("--quick")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}
-    env.update(BASELINES[baseline])
+    env.update(BASELINES[baseline].env)
     emulate = [sys.executable, "-m", "synth.cli", "emulate", "--topology", cluster, "--", *job]
-    print(f"{cluster}, baseline {baseline}: {' '.join(f'{k}={v}' for k, v in BASELINES[baseline].items())} "
+    print(f"{cluster}, baseline {baseline}: {' '.join(f'{k}={v}' for k, v in BASELINES[baseline].env.items())} "
           f"synth-reduce emulate --topology {cluster} -- ...", file=sys.stderr, flush=True)
     start = time.monotonic()
     code = subprocess.run(emulate, env=env, cwd=ROOT).returncode
@@ -137,11 +159,11 @@ def write_run_info(args: argparse.Namespace, clusters: list[str], baselines: lis
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clusters", default=",".join(CLUSTERS), help=f"topologies to emulate (default {','.join(CLUSTERS)})")
-    p.add_argument("--baselines", default="flat,han", help="flat (OMPI_MCA_coll=^han) and/or han (OpenMPI's default)")
+    p.add_argument("--baselines", default=",".join(BASELINES), help=f"any of {', '.join(BASELINES)} (default all)")
     p.add_argument("--sizes", default="64K,1M,4M", help="per-rank sizes (default 64K,1M,4M)")
     p.add_argument("--iters", type=int, default=10, help="timed iterations per measurement (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
-    p.add_argument("--top", type=int, default=8, help="predicted-best programs per placement, besides the default (default 8)")
+    p.add_argument("--top", type=int, default=12, help="predicted-best programs per placement in the flat runs (default 12)")
     p.add_argument("--data", type=Path, default=DATA, help=f"where the JSON lines go (default {DATA.relative_to(ROOT)})")
     p.add_argument("--quick", action="store_true", help="testbed-2x4 only, shapes of one and two axes")
     p.add_argument("--report-only", action="store_true", help="skip measuring; report on the data there")
@@ -157,7 +179,7 @@ def main() -> int:
     baselines = args.baselines.split(",")
     for b in baselines:
         if b not in BASELINES:
-            p.error(f"--baselines {b}: use flat and/or han")
+            p.error(f"--baselines {b}: choose from {', '.join(BASELINES)}")
     if not args.report_only:
         args.data.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
