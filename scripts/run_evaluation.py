@@ -60,7 +60,7 @@ BASELINES = {
     # OpenMPI's tuned algorithms (Rabenseifner above 8 KiB): the whole case list
     "flat": Baseline({"OMPI_MCA_coll": "^han"}, None),
     # OpenMPI's default components: coll/han, a hierarchical all-reduce
-    "han": Baseline({}, 1),
+    "han": Baseline({}, 3),
     # tuned forced to a ring all-reduce, the algorithm NCCL's default uses (P2's baseline)
     "ring": Baseline({"OMPI_MCA_coll": "^han", "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
                       "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}, 4),
