@@ -387,17 +387,25 @@ def _run_check(argv: Sequence[str]) -> int:
     return 0
 
 
+def _add_efficiency_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--efficiency", action="store_true",
+                   help="also fit one efficiency per collective (lower error, but on the emulated cluster a worse "
+                        "ranking: docs/results.md); default: keep the starting profile's")
+
+
 def _run_fit(argv: Sequence[str]) -> int:
-    p = Parser(prog="synth-reduce fit", description="Fit per-level bandwidth and latency and per-collective "
-                "efficiency to measurements (JSON lines from 'synth-reduce bench --jsonl').")
+    p = Parser(prog="synth-reduce fit", description="Fit per-level bandwidth and latency and the per-call "
+                "overhead (with --efficiency also per-collective efficiencies) to measurements (JSON lines from "
+                "'synth-reduce bench --jsonl').")
     p.add_argument("measurements", help="JSON-lines file of measurements")
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     p.add_argument("--profile", metavar="PROFILE.json", help="start from this profile instead of the topology's numbers")
+    _add_efficiency_flag(p)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     topology, measurements = load_measurements(args.measurements)
     prior = _load_profile(args.profile, topology) or Profile.prior(topology)
-    profile, report = fit_profile(measurements, prior)
+    profile, report = fit_profile(measurements, prior, efficiency=args.efficiency)
     save_profile(args.output, profile, report.to_dict())
     if args.json:
         print(json.dumps(profile_document(profile, report.to_dict()), indent=1))
@@ -422,14 +430,17 @@ def _run_validate(argv: Sequence[str]) -> int:
     p.add_argument("--holdout", type=float, metavar="FRACTION",
                    help="fit on the other cases (from --profile or the prior) and score this held-out fraction")
     p.add_argument("--seed", type=int, default=0, help="seed of the --holdout split (default 0)")
+    _add_efficiency_flag(p)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     topology, measurements = load_measurements(args.measurements)
     profile = _load_profile(args.profile, topology) or Profile.prior(topology)
     scored, fitted_on = measurements, 0
+    if args.efficiency and args.holdout is None:
+        raise SynthError("--efficiency applies to the --holdout fit; give --holdout FRACTION")
     if args.holdout is not None:
         train, scored = split_cases(measurements, args.holdout, args.seed)
-        profile, _ = fit_profile(train, profile)
+        profile, _ = fit_profile(train, profile, efficiency=args.efficiency)
         fitted_on = len(train)
     acc = accuracy(profile, scored)
     ranked = acc.cases > 0  # top-k and Spearman need a case with two programs

@@ -37,9 +37,10 @@ step (this is where 16 GPUs sharing one NIC show up). Algorithms
   once; the linear ReduceScatter reduces to member 0, then scatters ``S/m``).
 
 Linear form. Given the critical (slowest) flow of every round, a prediction is
-``sum_l latency_us[l] * L[l] + sum_c sum_l X[c][l] / (bandwidth_GBps[l] *
-efficiency[c])``: :class:`Features` records ``L`` and ``X`` so that
-:mod:`synth.fit` can fit the parameters by least squares.
+``sum_l latency_us[l] * L[l] + call_overhead_us * calls + sum_c sum_l X[c][l] /
+(bandwidth_GBps[l] * efficiency[c])`` (``calls``: the program's steps):
+:class:`Features` records ``L``, ``calls`` and ``X`` so that :mod:`synth.fit`
+can fit the parameters by least squares.
 """
 
 from __future__ import annotations

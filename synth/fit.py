@@ -10,11 +10,14 @@ Fitting. With the critical flows fixed, a prediction is linear in the per-level
 latencies, the per-call overhead and the inverse bandwidths, with one efficiency
 per collective in front of its bandwidth terms (see :mod:`synth.cost`).
 ``fit_profile`` alternates two least-squares solves (levels and overhead with
-efficiencies fixed; efficiencies with those fixed), each on relative errors (rows divided by the measured time, since times
-span orders of magnitude), and recomputes the critical flows with the new
-parameters, until the parameters settle. Efficiencies are relative to AllReduce
-(fixed at 1) when AllReduce was measured. Levels no record exercises keep their
-prior values.
+efficiencies fixed; efficiencies with those fixed), each on relative errors
+(rows divided by the measured time, since times span orders of magnitude), and
+recomputes the critical flows with the new parameters, until the parameters
+settle. Efficiencies are fitted only on request (``efficiency=True``, ``fit
+--efficiency``): on the emulated cluster they lowered the error but made the
+ranking worse (docs/results.md), so by default the prior's are kept. Fitted
+efficiencies are relative to AllReduce (fixed at 1) when AllReduce was measured.
+Levels no record exercises keep their prior values.
 """
 
 from __future__ import annotations
@@ -236,10 +239,11 @@ def _solve_nonnegative(a: np.ndarray, b: np.ndarray, floor: float) -> np.ndarray
 
 
 def fit_profile(
-    measurements: Sequence[Measurement], prior: Profile, iterations: int = 8
+    measurements: Sequence[Measurement], prior: Profile, iterations: int = 8, efficiency: bool = False
 ) -> tuple[Profile, FitReport]:
-    """Least-squares fit of per-level latency and bandwidth, the per-call
-    overhead and per-collective efficiency (see the module docstring)."""
+    """Least-squares fit of per-level latency and bandwidth and the per-call
+    overhead, and with ``efficiency`` of per-collective efficiencies (else the
+    prior's are kept; see the module docstring)."""
     profile = prior
     levels = len(prior.level_names)
     measured = np.array([m.median_s for m in measurements])
@@ -266,12 +270,12 @@ def fit_profile(
         b_cols = np.array([[float(f.load.get(c, np.zeros(levels)) @ inv_bw_now) for c in collectives] for f in feats])
         u = _solve_nonnegative(b_cols * weight[:, None], (measured - latency_part) * weight, floor=1e-3)
         new_eff = dict(eff)
-        for c, value in zip(collectives, u):
+        for c, value in zip(collectives, u) if efficiency else ():
             if b_cols[:, collectives.index(c)].any():
                 new_eff[c] = 1.0 / value
         # efficiencies are relative: AllReduce (or the first measured collective) is 1
         anchor = Collective.ALLREDUCE if Collective.ALLREDUCE in collectives else (collectives[0] if collectives else None)
-        scale = new_eff[anchor] if anchor is not None else 1.0
+        scale = new_eff[anchor] if anchor is not None and efficiency else 1.0
         exercised = a[:, levels + 1:].any(axis=0)
         new = Profile(
             topology=prior.topology,

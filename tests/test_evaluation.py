@@ -150,3 +150,23 @@ def test_report_on_measurements_of_a_known_model(tmp_path):
     assert "| testbed-2x4 | " + str(len(lines)) + " | 0% | 0% |" in text
     for name in ("placement_spread.png", "speedup.png", "predicted_vs_measured.png", "topk.png"):
         assert (tmp_path / "results" / name).stat().st_size > 1000
+
+
+def test_repeats_compare_one_program_on_the_same_ranks_across_cases(tmp_path):
+    from synth.topology import load_topology
+
+    topology = load_topology("testbed-2x4").to_dict()
+
+    def line(axes, matrix, reduce, median_s):
+        return json.dumps({"topology": topology, "axes": axes, "matrix": matrix, "reduce": reduce,
+                           "collective": "allreduce", "program": "AllReduce(root, inside)", "backend": "mpi",
+                           "size_bytes": 1024, "median_s": median_s})
+
+    # dp=8 over everything and dp,mp of dp=4,mp=2 laid out alike: the same 8 ranks in the same order
+    path = tmp_path / "testbed-2x4-flat.jsonl"
+    path.write_text("\n".join([
+        line([{"name": "dp", "size": 8}], [[2, 4]], ["dp"], 2.0),
+        line([{"name": "dp", "size": 4}, {"name": "mp", "size": 2}], [[2, 2], [1, 2]], ["dp", "mp"], 3.0),
+        line([{"name": "dp", "size": 4}, {"name": "mp", "size": 2}], [[2, 2], [1, 2]], ["dp"], 5.0),
+    ]) + "\n")
+    assert rep.repeats(path) == [1.5]

@@ -146,7 +146,7 @@ def test_synthetic_file_covers_every_level_collective_and_algorithm(clean_file, 
 
 def test_noise_free_fit_recovers_every_parameter(clean_file, true_testbed):
     topology, measurements = load_measurements(clean_file)
-    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    fitted, report = fit_profile(measurements, Profile.prior(topology), efficiency=True)
     assert_recovers(fitted, expected_fit(true_testbed), rel=1e-3)
     assert fitted.efficiency_of(Collective.ALLREDUCE) == 1.0
     assert report.records == len(measurements)
@@ -154,11 +154,30 @@ def test_noise_free_fit_recovers_every_parameter(clean_file, true_testbed):
     assert 1 <= report.iterations <= 8
 
 
+def test_fit_keeps_the_prior_efficiencies_unless_asked(tmp_path, clean_file, testbed):
+    topology, measurements = load_measurements(clean_file)
+    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    assert fitted.efficiency == Profile.prior(topology).efficiency  # all 1
+    assert report.median_rel_error > 0.01  # the data's efficiencies are not 1
+    # data with efficiencies 1: levels and call overhead alone are recovered exactly
+    plain = profile_for(testbed, (0.3, 5.0), (40.0, 3.0), {c.value: 1.0 for c in Collective}, call_overhead_us=25.0)
+    records = make_records(testbed, plain, TESTBED_CONFIGS, ("ring", "mpi"), TESTBED_SIZES)
+    topology, measurements = load_measurements(write(tmp_path / "plain.jsonl", records))
+    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    assert_recovers(fitted, plain, rel=1e-3)
+    assert report.max_rel_error < 1e-6
+
+
+def test_validate_efficiency_needs_holdout(cli, clean_file):
+    assert usage_error(cli, "validate", clean_file, "--efficiency") == (
+        "--efficiency applies to the --holdout fit; give --holdout FRACTION")
+
+
 def test_fit_with_5_percent_lognormal_noise_is_within_10_percent(tmp_path, testbed, true_testbed):
     records = make_records(testbed, true_testbed, TESTBED_CONFIGS, ("ring", "mpi"), TESTBED_SIZES,
                            goals=(Goal.ALLREDUCE, Goal.REDUCESCATTER), noise=0.05, seed=3)
     topology, measurements = load_measurements(write(tmp_path / "noisy.jsonl", records))
-    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    fitted, report = fit_profile(measurements, Profile.prior(topology), efficiency=True)
     assert_recovers(fitted, expected_fit(true_testbed), rel=0.10)
     # residuals reflect the noise: median |lognormal(0, 0.05) - 1| is about 3.4%
     assert 0.01 < report.median_rel_error < 0.08
@@ -172,7 +191,7 @@ def test_fit_on_p2_a100_with_ring_and_tree(tmp_path):
                            [65536, 4 * 2**20, 256 * 2**20])
     topology, measurements = load_measurements(write(tmp_path / "p2.jsonl", records))
     assert {m.algo for m in measurements} == {"ring", "tree"}
-    fitted, _ = fit_profile(measurements, Profile.prior(topology))
+    fitted, _ = fit_profile(measurements, Profile.prior(topology), efficiency=True)
     assert_recovers(fitted, true, rel=1e-3)
 
 
@@ -182,7 +201,7 @@ def test_levels_no_record_exercises_keep_their_prior(tmp_path, testbed, true_tes
                            keep=lambda p: p.matrix[1][0] == 1)
     topology, measurements = load_measurements(write(tmp_path / "inside.jsonl", records))
     assert {m.placement.matrix for m in measurements} == {((2, 1), (1, 4))}
-    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    fitted, report = fit_profile(measurements, Profile.prior(topology), efficiency=True)
     assert fitted.latency_us[0] == 100.0
     assert math.isclose(fitted.bandwidth_GBps[0], 0.125, rel_tol=1e-9)
     assert math.isclose(fitted.latency_us[1], 3.0, rel_tol=1e-6)
@@ -191,7 +210,7 @@ def test_levels_no_record_exercises_keep_their_prior(tmp_path, testbed, true_tes
 
 def test_fit_command_writes_a_profile_and_reports_residuals(cli, tmp_path, clean_file, true_testbed):
     out_path = tmp_path / "profile.json"
-    code, out, err = cli("fit", clean_file, "-o", out_path)
+    code, out, err = cli("fit", clean_file, "-o", out_path, "--efficiency")
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].startswith(f"fitted {len(clean_file.read_text().splitlines())} measurements of topology "
@@ -215,9 +234,10 @@ def test_fit_command_json_and_start_profile(cli, tmp_path, clean_file, true_prof
     doc = json.loads(out)
     assert doc == json.loads((tmp_path / "p.json").read_text())
     assert [lv["name"] for lv in doc["levels"]] == ["node", "rank"]
-    expected = expected_fit(true_testbed)
-    assert math.isclose(doc["levels"][0]["bandwidth_GBps"], expected.bandwidth_GBps[0], rel_tol=1e-6)
-    assert math.isclose(doc["efficiency"]["AllGather"], 1.2 / 0.9, rel_tol=1e-6)
+    # without --efficiency the starting profile's efficiencies stay, unnormalised, and are right here
+    assert math.isclose(doc["levels"][0]["bandwidth_GBps"], true_testbed.bandwidth_GBps[0], rel_tol=1e-6)
+    assert doc["efficiency"] == dict(true_testbed.efficiency)
+    assert doc["fit"]["median_rel_error"] < 1e-6
     assert set(doc["fit"]) >= {"records", "iterations", "median_rel_error", "max_rel_error", "rmse_s"}
 
 
@@ -301,7 +321,7 @@ def test_top_k_counts_where_the_measured_fastest_ranks(clean_file, true_testbed)
 
 
 def test_validate_holdout_scores_held_out_cases(cli, clean_file, clean_records):
-    code, out, err = cli("validate", clean_file, "--holdout", "0.5", "--json")
+    code, out, err = cli("validate", clean_file, "--holdout", "0.5", "--efficiency", "--json")
     assert code == 0, err
     doc = json.loads(out)
     _, measurements = load_measurements(clean_file)
