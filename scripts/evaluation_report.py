@@ -299,7 +299,7 @@ def plot_all(out: Path, spreads, results, other_results, preds, ranks) -> dict[s
     ax.axhline(TARGETS["spread"], color="tab:red", ls="--", lw=1, label=f"target {TARGETS['spread']:.0f}x")
     ax.set_yscale("log")
     ax.set_xticks(range(len(spreads)), labels, rotation=90, fontsize=5)
-    ax.set_ylabel("worst / best placement (default all-reduce)")
+    ax.set_ylabel("worst / best placement")
     ax.set_title("Same reduction, different placement")
     ax.legend()
     fig.tight_layout()

@@ -23,8 +23,9 @@ all-reduce, the algorithm of NCCL's default and so of P2's baseline) with fewer
 programs per placement.
 
 Then scripts/evaluation_report.py makes docs/results.md and its plots.
-Measuring everything takes about 40 minutes on 2 cores; keep the machine
-otherwise idle (all ranks share its cores).
+Measuring everything took 68.8 minutes on 2 cores (flat 38.5, han 14.4, ring
+15.9; testbed-2x2x2 alone 38.2); ``--baselines flat,ring`` takes about 55. Keep
+the machine otherwise idle: all ranks share its cores.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def worker(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def measure(cluster: str, baseline: str, args: argparse.Namespace) -> None:
-    """One emulated cluster, one MPI job over all its cases."""
+def measure(cluster: str, baseline: str, args: argparse.Namespace) -> float:
+    """One emulated cluster, one MPI job over all its cases; returns the seconds it took."""
     stem = args.data / f"{cluster}-{baseline}"
     for suffix in (".jsonl", ".log"):
         stem.with_suffix(suffix).unlink(missing_ok=True)
@@ -129,14 +130,16 @@ def measure(cluster: str, baseline: str, args: argparse.Namespace) -> None:
           f"synth-reduce emulate --topology {cluster} -- ...", file=sys.stderr, flush=True)
     start = time.monotonic()
     code = subprocess.run(emulate, env=env, cwd=ROOT).returncode
-    print(f"{cluster}, baseline {baseline}: done in {time.monotonic() - start:.0f} s (exit {code})",
-          file=sys.stderr, flush=True)
+    seconds = time.monotonic() - start
+    print(f"{cluster}, baseline {baseline}: done in {seconds:.0f} s (exit {code})", file=sys.stderr, flush=True)
     if code != 0:
         raise SystemExit(f"run_evaluation: {cluster} ({baseline}) failed with exit code {code}; "
                          f"see {stem.with_suffix('.log')}")
+    return seconds
 
 
-def write_run_info(args: argparse.Namespace, clusters: list[str], baselines: list[str], minutes: float) -> None:
+def write_run_info(args: argparse.Namespace, clusters: list[str], baselines: list[str], minutes: float,
+                   seconds: dict[str, float]) -> None:
     """``<data>/run.json``: what was run, where and how long it took (the report quotes it)."""
     from synth.testbed import find_mpiexec
 
@@ -152,6 +155,7 @@ def write_run_info(args: argparse.Namespace, clusters: list[str], baselines: lis
         "warmup": args.warmup, "top": args.top, "cpus": os.cpu_count(),
         "mpi": output([find_mpiexec(), "--version"]), "python": sys.version.split()[0],
         "commit": output(["git", "rev-parse", "--short", "HEAD"]),
+        "seconds": {run: round(t) for run, t in seconds.items()},
     }
     (args.data / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
@@ -183,11 +187,9 @@ def main() -> int:
     if not args.report_only:
         args.data.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
-        for cluster in clusters:
-            for baseline in baselines:
-                measure(cluster, baseline, args)
+        seconds = {f"{c}-{b}": measure(c, b, args) for c in clusters for b in baselines}
         minutes = (time.monotonic() - start) / 60
-        write_run_info(args, clusters, baselines, minutes)
+        write_run_info(args, clusters, baselines, minutes, seconds)
         print(f"measured in {minutes:.1f} min", file=sys.stderr)
     report = [sys.executable, str(ROOT / "scripts" / "evaluation_report.py"), "--data", str(args.data)]
     return subprocess.run(report, cwd=ROOT).returncode
