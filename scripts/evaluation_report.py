@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -394,7 +393,6 @@ def report(data: Path, out_md: Path) -> str:
     rel = lambda dir: f"results/{dir}"  # noqa: E731
 
     d = distribution([r.speedup for r in results])
-    d_large = distribution([r.speedup for r in results if r.case[5] == largest])
     cross = [r for r in ranks if r.cross_node and r.pick_over_default is not None]
     slow = distribution([r.pick_over_default for r in cross])
     slower = [r for r in cross if r.pick_over_default > TARGETS["slowdown"]]
@@ -431,7 +429,7 @@ def report(data: Path, out_md: Path) -> str:
     w("  shaped to 1 Gbit/s with tc tbf, the rack uplinks of `testbed-2x2x2` to 0.5 Gbit/s; ranks of a node on")
     w("  shared memory. All ranks share one 2-core machine: compute (the reductions' additions, the")
     w("  copies of shared memory) competes for the same 2 cores, so intra-node steps are CPU-bound.")
-    w(f"- Cases: every shape of 1, 2 and 3 axes (one shape per multiset of sizes), every reduction of one axis")
+    w("- Cases: every shape of 1, 2 and 3 axes (one shape per multiset of sizes), every reduction of one axis")
     w(f"  and, for 3 axes, of each pair; every placement; sizes {', '.join(format_size(s) for s in sizes)} per rank;")
     iters = sorted({json.loads(p.read_text().splitlines()[0])['iters'] for p, _, _ in files})
     w(f"  {', '.join(map(str, iters))} timed iterations after {info.get('warmup', '?')} warm-up ones; a time is the median")
@@ -447,7 +445,7 @@ def report(data: Path, out_md: Path) -> str:
     w("  the algorithm of NCCL's default and so the analogue of P2's baseline. han and ring runs")
     w("  measure fewer programs per placement (run.json).")
     w(f"- {n_records} measurements, {len(spreads)} reductions compared across placements, {len(results)} cross-node")
-    w(f"  cases against the flat default"
+    w("  cases against the flat default"
       + "".join(f", {len(rs)} against {b}" for b, rs in other_results.items()) + f". Wrong elements: {wrong} (every")
     w("  iteration is checked against the reference sum).")
     w("")
@@ -479,7 +477,7 @@ def report(data: Path, out_md: Path) -> str:
           f"{pct(x.share_above_1)} of {x.cases} cross-node")
         w(f"  cases, mean {x.mean:.2f}x, max {x.max:.2f}x (P2: 69%, 1.27x, 2.04x against NCCL). That default's time over")
         w(f"  the flat default's in the same cases: median {ratio.median:.2f}, from {ratio.min:.2f} to {ratio.max:.2f}.")
-    w(f"- **Against the flat default**, OpenMPI's tuned all-reduce (Rabenseifner's), the synthesized programs")
+    w("- **Against the flat default**, OpenMPI's tuned all-reduce (Rabenseifner's), the synthesized programs")
     w(f"  win in {pct(d.share_above_1)} of {d.cases} cross-node cases with a mean of {d.mean:.2f}x (max {d.max:.2f}x): Rabenseifner")
     w("  halves the vector with the nearest rank first, so on a group laid out node by node it already")
     w("  moves only the smallest pieces across nodes, the traffic of ReduceScatter-AllReduce-AllGather;")
@@ -507,7 +505,7 @@ def report(data: Path, out_md: Path) -> str:
             w(f"| {c} | {axes} | {red} | {format_size(size)} | {s.placements} | {s.best_s * 1e3:.2f} ms "
               f"| {s.worst_s * 1e3:.2f} ms | {s.ratio:.1f}x |")
     w("")
-    w(f"(largest size shown; all sizes in the plot.)")
+    w("(largest size shown; all sizes in the plot.)")
     w("")
     w("## 2. Synthesized programs against the default all-reduce")
     w("")
@@ -515,7 +513,7 @@ def report(data: Path, out_md: Path) -> str:
     w("")
     w("| cross-node cases | cases | best > default | mean | median | max | min |")
     w("| --- | --- | --- | --- | --- | --- | --- |")
-    w(f"| P2 (published, NCCL on GPUs) | | 69% | 1.27x | | 2.04x | |")
+    w("| P2 (published, NCCL on GPUs) | | 69% | 1.27x | | 2.04x | |")
     for title, rs in [("flat default, all sizes", results)] + [
         (f"flat default, {format_size(z)}", [r for r in results if r.case[5] == z]) for z in sizes
     ] + [(f"{BASELINE_NAMES.get(b, b)}, {format_size(z)}", [r for r in rs if r.case[5] == z])
@@ -602,7 +600,7 @@ def report(data: Path, out_md: Path) -> str:
     rep_ratios = [x for path, c, b in files if b == "flat" for x in repeats(path)]
     if rep_ratios:
         rr = distribution(rep_ratios)
-        w(f"Run to run: the same program on the same ranks and size, measured in different cases of the run")
+        w("Run to run: the same program on the same ranks and size, measured in different cases of the run")
         w(f"(minutes apart; {rr.cases} such pairs or sets): slowest over fastest median {rr.median:.2f}x, max {rr.max:.2f}x.")
         w("")
     w("| cluster | size | median max/min | max max/min |")
