@@ -584,13 +584,14 @@ def report(data: Path, out_md: Path) -> str:
     w("")
     w("Profiles fitted on all flat measurements of each cluster (`synth-reduce fit`):")
     w("")
-    w("| cluster | level: bandwidth GB/s, latency us | efficiency (relative to AllReduce) |")
+    w("| cluster | level: bandwidth GB/s, latency us | call overhead us |")
     w("| --- | --- | --- |")
     for p in preds:
         f = p.fitted
         levels = "; ".join(f"{n}: {b:.3g}, {l:.3g}" for n, b, l in zip(f.level_names, f.bandwidth_GBps, f.latency_us))
-        eff = ", ".join(f"{c} {e:.2f}" for c, e in f.efficiency)
-        w(f"| {p.records[0].cluster} | {levels} | {eff} |")
+        w(f"| {p.records[0].cluster} | {levels} | {f.call_overhead_us:.3g} |")
+    w("")
+    w("(Values of 1e-09 are the fit's floor: no measurable term.)")
     w("")
     w("## 4. Noise")
     w("")
