@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from synth.cost import Profile  # noqa: E402
-from synth.fit import fit_profile, load_measurements, measured_best_position, predict_all, split_cases  # noqa: E402
+from synth.fit import (  # noqa: E402
+    Measurement, fit_profile, load_measurements, measured_best_position, predict_all, split_cases)
 from synth.units import format_size  # noqa: E402
 
 P2 = {"share_above_1": 0.69, "mean": 1.27, "max": 2.04, "top": {1: 0.52, 3: 0.72, 10: 0.92}}
@@ -205,6 +206,7 @@ class Predicted:
     heldout_s: np.ndarray  # fitted on the other half of the cases
     fitted: Profile  # fitted on all cases (reported, not used for scores)
     heldout_efficiency_s: np.ndarray | None = None  # the same, fitting per-collective efficiencies too
+    measurements: tuple[Measurement, ...] = ()  # as synth.fit read them, in file order
 
 
 def predictions(path: Path, baseline: str, seed: int = 0) -> Predicted:
@@ -223,7 +225,7 @@ def predictions(path: Path, baseline: str, seed: int = 0) -> Predicted:
     lines = path.read_text().splitlines()
     records = [record_of(json.loads(lines[m.line - 1]), baseline) for m in ms]
     return Predicted(records, np.array([m.median_s for m in ms]), predict_all(prior, ms), heldout(False), fitted,
-                     heldout(True))
+                     heldout(True), tuple(ms))
 
 
 @dataclass(frozen=True)
@@ -260,13 +262,12 @@ def top_k(rs: Sequence[Ranking], k: int, more_than_k: bool = False) -> tuple[flo
     return (sum(r.position < k for r in chosen) / len(chosen) if chosen else math.nan), len(chosen)
 
 
-def repeats(path: Path) -> list[float]:
+def repeats(measurements: Sequence[Measurement]) -> list[float]:
     """Max over min of the medians of one program on the same reduction groups at
     one size (same ranks in the same order), measured more than once (in different
     cases of the run, minutes apart)."""
-    _, ms = load_measurements(path)
     times: dict[tuple, list[float]] = defaultdict(list)
-    for m in ms:
+    for m in measurements:
         groups = tuple(sorted(tuple(int(d) for d in g) for g in m.placement.reduction_groups(m.reduce_axes)))
         times[(groups, m.size_bytes, str(m.program), m.loads)].append(m.median_s)
     return [max(t) / min(t) for t in times.values() if len(t) > 1]
@@ -598,7 +599,7 @@ def report(data: Path, out_md: Path) -> str:
     w(f"Per measurement, the slowest over the fastest of its iterations: median {nz.median:.2f}x, max {nz.max:.2f}x "
       f"({nz.cases} measurements).")
     w("")
-    rep_ratios = [x for path, c, b in files if b == "flat" for x in repeats(path)]
+    rep_ratios = [x for p in preds for x in repeats(p.measurements)]
     if rep_ratios:
         rr = distribution(rep_ratios)
         w("Run to run: the same program on the same ranks and size, measured in different cases of the run")

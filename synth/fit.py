@@ -263,7 +263,8 @@ def fit_profile(
         lat = np.where(a[:, :levels].any(axis=0), theta[:levels] * 1e6, prior.latency_us)
         overhead_us = float(theta[levels] * 1e6) if a[:, levels].any() else prior.call_overhead_us
         inv_bw = theta[levels + 1:]
-        bw = np.where(a[:, levels + 1:].any(axis=0), 1.0 / np.maximum(inv_bw, 1e-15) / 1e9, prior.bandwidth_GBps)
+        exercised = a[:, levels + 1:].any(axis=0)  # levels some record's bandwidth term uses
+        bw = np.where(exercised, 1.0 / np.maximum(inv_bw, 1e-15) / 1e9, prior.bandwidth_GBps)
         # 2. efficiencies: unknown 1/efficiency[c], levels and overhead fixed
         inv_bw_now = 1.0 / (bw * 1e9)
         latency_part = np.array([f.latency_count @ (lat * 1e-6) + f.calls * overhead_us * 1e-6 for f in feats])
@@ -276,7 +277,6 @@ def fit_profile(
         # efficiencies are relative: AllReduce (or the first measured collective) is 1
         anchor = Collective.ALLREDUCE if Collective.ALLREDUCE in collectives else (collectives[0] if collectives else None)
         scale = new_eff[anchor] if anchor is not None and efficiency else 1.0
-        exercised = a[:, levels + 1:].any(axis=0)
         new = Profile(
             topology=prior.topology,
             level_names=prior.level_names,
