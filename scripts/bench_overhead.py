@@ -43,6 +43,7 @@ from synth.backends import MPIWorld  # noqa: E402
 from synth.language import parse_program  # noqa: E402
 from synth.lowering import lower  # noqa: E402
 from synth.placement import Placement, parse_axes  # noqa: E402
+from synth.reduction import Reduction  # noqa: E402
 from synth.runtime import Executor  # noqa: E402
 from synth.semantics import Goal  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
@@ -96,7 +97,7 @@ def main() -> int:
     placement = Placement(load_topology("testbed-2x4"), parse_axes("dp=8"), ((2, 4),))
     results = []
     for name in args.programs.split(","):
-        lowered = lower(parse_program(PROGRAMS[name]), placement, ("dp",), Goal.ALLREDUCE)
+        lowered = lower(parse_program(PROGRAMS[name]), Reduction.of(placement, ("dp",), Goal.ALLREDUCE))
         executor = Executor(lowered, world)
         for size, n_iters in zip(sizes, iters):
             count = size // 4

@@ -28,9 +28,10 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth.cost import rank  # noqa: E402
+from synth.cost import Model, rank  # noqa: E402
 from synth.placement import Axis, enumerate_placements  # noqa: E402
-from synth.search import synthesize_placements  # noqa: E402
+from synth.reduction import Reduction  # noqa: E402
+from synth.search import synthesize_reduction  # noqa: E402
 from synth.semantics import Goal  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 
@@ -57,12 +58,13 @@ def main() -> int:
         placements = enumerate_placements(topology, axes)
         for r in range(1, 4):
             for reduce_axes in itertools.combinations([a.name for a in axes], r):
-                results = synthesize_placements(placements, reduce_axes, Goal.ALLREDUCE, 5)
+                results = [synthesize_reduction(Reduction.of(p, reduce_axes, Goal.ALLREDUCE), 5) for p in placements]
+                model = Model.load(args.algo)
                 runs = []
                 for _ in range(args.repeat):
                     started = time.perf_counter()
                     for result in results:
-                        rank(result, reduce_axes, Goal.ALLREDUCE, args.size, args.algo)
+                        rank(result, args.size, model)
                     runs.append(time.perf_counter() - started)
                 rows.append({
                     "axes": list(sizes), "reduce": list(reduce_axes), "placements": len(results),

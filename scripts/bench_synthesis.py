@@ -9,7 +9,7 @@ Three measurements (see docs/performance.md for the results and the machine):
    3 axes of size >= 2 (axes named a0, a1, a2), every non-empty subset of the
    axes as the reduction, and each goal. One run of a configuration is the full
    pipeline from a cold search cache: ``enumerate_placements`` (z3) followed by
-   ``synthesize_placements(..., max_steps=5)`` for all placements. Each
+   ``synthesize_reduction(..., max_steps=5)`` for all placements. Each
    configuration is run ``--repeats`` times; its time is the MEDIAN of the runs
    (the worst single run is reported as well). The process makes one warm-up
    call (z3 + a small search) before any timing: the first z3 call in a process
@@ -58,7 +58,8 @@ if importlib.util.find_spec("synth") is None:  # not installed: use the reposito
     sys.path.insert(0, str(REPO_ROOT))
 
 from synth.placement import Axis, enumerate_placements  # noqa: E402
-from synth.search import _synthesize_indices, synthesize_placements  # noqa: E402
+from synth.reduction import Reduction  # noqa: E402
+from synth.search import clear_cache, synthesize_reduction  # noqa: E402
 from synth.semantics import Goal  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 
@@ -104,25 +105,30 @@ def configurations(num_devices: int, goals, quick: bool):
                     yield sizes, reduce_axes, goal
 
 
+def synthesize_all(placements, reduce_axes, goal):
+    """Every placement's programs (placements of one hierarchy shape share a search)."""
+    return [synthesize_reduction(Reduction.of(p, reduce_axes, goal), MAX_STEPS) for p in placements]
+
+
 def warm_up() -> None:
     """One z3 enumeration and one small search, so that one-off start-up costs
     (z3 context creation, first imports, numpy) are not charged to a configuration."""
     topology = load_topology("testbed-2x4")
     placements = enumerate_placements(topology, [Axis("w", 8)])
-    synthesize_placements(placements, ("w",), Goal.ALLREDUCE, MAX_STEPS)
-    _synthesize_indices.cache_clear()
+    synthesize_all(placements, ("w",), Goal.ALLREDUCE)
+    clear_cache()
 
 
 def run_configuration(topology, sizes, reduce_axes, goal):
     """One cold run of the full pipeline; returns (wall s, z3 wall s, search wall s,
     results, CPU s of this process)."""
     axes = [Axis(f"a{i}", s) for i, s in enumerate(sizes)]
-    _synthesize_indices.cache_clear()
+    clear_cache()
     c0 = time.process_time()
     t0 = time.perf_counter()
     placements = enumerate_placements(topology, axes)
     t1 = time.perf_counter()
-    results = synthesize_placements(placements, reduce_axes, goal, MAX_STEPS)
+    results = synthesize_all(placements, reduce_axes, goal)
     t2 = time.perf_counter()
     c2 = time.process_time()
     return t2 - t0, t1 - t0, t2 - t1, results, c2 - c0
@@ -204,7 +210,7 @@ def child_case(case: str, goal_name: str, use_tracemalloc: bool) -> None:
     t0 = time.perf_counter()
     placements = enumerate_placements(topology, axes)
     t1 = time.perf_counter()
-    results = synthesize_placements(placements, [a.name for a in axes], goal, MAX_STEPS)
+    results = synthesize_all(placements, [a.name for a in axes], goal)
     t2 = time.perf_counter()
     c2 = time.process_time()
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -233,10 +239,10 @@ def child_case(case: str, goal_name: str, use_tracemalloc: bool) -> None:
     if use_tracemalloc:
         import tracemalloc
 
-        _synthesize_indices.cache_clear()
+        clear_cache()
         tracemalloc.start()
         placements = enumerate_placements(topology, axes)
-        synthesize_placements(placements, [a.name for a in axes], goal, MAX_STEPS)
+        synthesize_all(placements, [a.name for a in axes], goal)
         out["tracemalloc_peak_bytes"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     print(json.dumps(out))

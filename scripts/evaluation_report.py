@@ -8,15 +8,8 @@ Every number in the report is computed here from the records; nothing is typed i
 by hand except P2's published figures, which are marked as such. Needs matplotlib
 (``pip install '.[plots]'``).
 
-Definitions (also stated in the report):
-- a *case* is one placement, reduction and size; its programs are the default
-  all-reduce and the measured synthesized programs; a time is the median over
-  iterations of the slowest rank;
-- a case is *cross-node* when its reduction group spans more than one node;
-- *speedup* of a case: the default's time over the fastest synthesized program's;
-- *held-out* predictions: two-fold cross-validation per cluster, whole cases
-  on one side (synth.fit.split_cases), a profile fitted on one half
-  (synth.fit.fit_profile) predicts the other half.
+The measures and their definitions (also stated in the report) are in
+synth/evaluation.py; this script turns them into text and plots.
 """
 
 from __future__ import annotations
@@ -25,19 +18,18 @@ import argparse
 import json
 import math
 import sys
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from synth.cost import Profile  # noqa: E402
-from synth.fit import (  # noqa: E402
-    Measurement, fit_profile, load_measurements, measured_best_position, predict_all, split_cases)
+from synth.evaluation import (  # noqa: E402
+    case_results, data_files, default_ratios, distribution, group, noise, placement_spreads, predictions,
+    program_time, rankings, repeats, top_k)
+from synth.fit import samples_of  # noqa: E402
+from synth.records import read_records  # noqa: E402
 from synth.units import format_size  # noqa: E402
 
 P2 = {"share_above_1": 0.69, "mean": 1.27, "max": 2.04, "top": {1: 0.52, 3: 0.72, 10: 0.92}}
@@ -45,237 +37,6 @@ TARGETS = {"spread": 10.0, "share": 0.69, "mean": 1.3, "slowdown": 1.03, "top1":
 KS = (1, 3, 5, 10)
 BASELINE_NAMES = {"flat": "flat default (tuned, Rabenseifner)", "han": "OpenMPI default (han)",
                   "ring": "ring default (tuned ring)"}
-
-
-# ---------------------------------------------------------------- records and cases
-
-
-@dataclass(frozen=True)
-class Record:
-    """One measured program of one case (one JSON line)."""
-
-    cluster: str
-    baseline: str
-    axes: str  # "dp=4,mp=2"
-    matrix: tuple[tuple[int, ...], ...]
-    reduce: str  # "dp" or "dp,mp"
-    program: str
-    is_default: bool
-    size_bytes: int
-    median_s: float
-    min_s: float
-    max_s: float
-    wrong: int
-    spans: int  # how many outer levels the reduction group crosses (0: inside a node)
-
-    @property
-    def case(self) -> tuple:
-        return (self.cluster, self.baseline, self.axes, self.matrix, self.reduce, self.size_bytes)
-
-    @property
-    def reduction(self) -> tuple:
-        """The same reduction on every placement: what placements are compared on."""
-        return (self.cluster, self.baseline, self.axes, self.reduce, self.size_bytes)
-
-
-def spans(matrix: Sequence[Sequence[int]], axis_names: Sequence[str], reduce: Sequence[str]) -> int:
-    """Outer levels (all but the innermost) on which a reduced axis has more than one index."""
-    rows = [row for name, row in zip(axis_names, matrix) if name in reduce]
-    return sum(any(row[level] > 1 for row in rows) for level in range(len(matrix[0]) - 1))
-
-
-def record_of(rec: dict, baseline: str) -> Record:
-    names = [a["name"] for a in rec["axes"]]
-    matrix = tuple(tuple(row) for row in rec["matrix"])
-    return Record(
-        cluster=rec["topology"]["name"], baseline=baseline,
-        axes=",".join(f"{a['name']}={a['size']}" for a in rec["axes"]), matrix=matrix,
-        reduce=",".join(rec["reduce"]), program=" ; ".join(rec["program"].splitlines()),
-        is_default=bool(rec["is_default"]),
-        size_bytes=int(rec["size_bytes"]), median_s=float(rec["median_s"]), min_s=float(rec["min_s"]),
-        max_s=float(rec["max_s"]), wrong=int(rec["wrong"]), spans=spans(matrix, names, rec["reduce"]),
-    )
-
-
-def data_files(data: Path) -> list[tuple[Path, str, str]]:
-    """(file, cluster, baseline) of ``<cluster>-<baseline>.jsonl``."""
-    out = []
-    for path in sorted(data.glob("*.jsonl")):
-        cluster, _, baseline = path.stem.rpartition("-")
-        out.append((path, cluster, baseline))
-    return out
-
-
-def load_records(path: Path, baseline: str) -> list[Record]:
-    return [record_of(json.loads(line), baseline) for line in path.read_text().splitlines() if line.strip()]
-
-
-def group(records: Iterable[Record], key) -> dict[tuple, list[Record]]:
-    out: dict[tuple, list[Record]] = defaultdict(list)
-    for r in records:
-        out[key(r)].append(r)
-    return dict(out)
-
-
-# ---------------------------------------------------------------- the measures
-
-
-@dataclass(frozen=True)
-class Spread:
-    """One reduction on every placement: the default's time on each."""
-
-    reduction: tuple
-    best_s: float
-    worst_s: float
-    placements: int
-
-    @property
-    def ratio(self) -> float:
-        return self.worst_s / self.best_s
-
-
-def placement_spreads(records: Sequence[Record]) -> list[Spread]:
-    """Reductions with two or more placements, at least one of them cross-node."""
-    out = []
-    for reduction, rs in group(records, lambda r: r.reduction).items():
-        defaults = [r for r in rs if r.is_default]
-        if len(defaults) >= 2 and any(r.spans for r in defaults):
-            times = [r.median_s for r in defaults]
-            out.append(Spread(reduction, min(times), max(times), len(defaults)))
-    return out
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    """One cross-node case: the default and the programs measured besides it."""
-
-    case: tuple
-    default_s: float
-    best_s: float  # the fastest synthesized (non-default) program
-    best_program: str
-    programs: int
-
-    @property
-    def speedup(self) -> float:
-        return self.default_s / self.best_s
-
-
-def case_results(records: Sequence[Record]) -> list[CaseResult]:
-    out = []
-    for case, rs in group(records, lambda r: r.case).items():
-        default = [r for r in rs if r.is_default]
-        others = [r for r in rs if not r.is_default]
-        if rs[0].spans and default and others:
-            best = min(others, key=lambda r: r.median_s)
-            out.append(CaseResult(case, default[0].median_s, best.median_s, best.program, len(rs)))
-    return out
-
-
-def default_ratios(records: Sequence[Record], other: Sequence[Record]) -> list[float]:
-    """Per cross-node case measured under both baselines: the other baseline's
-    default time over this one's."""
-    mine = {r.case[:1] + r.case[2:]: r.median_s for r in records if r.is_default and r.spans}
-    return [r.median_s / mine[r.case[:1] + r.case[2:]] for r in other
-            if r.is_default and r.spans and r.case[:1] + r.case[2:] in mine]
-
-
-@dataclass(frozen=True)
-class Distribution:
-    cases: int
-    share_above_1: float
-    mean: float
-    median: float
-    max: float
-    min: float
-
-
-def distribution(values: Sequence[float]) -> Distribution:
-    v = np.asarray(values, dtype=float)
-    if not len(v):
-        return Distribution(0, math.nan, math.nan, math.nan, math.nan, math.nan)
-    return Distribution(len(v), float((v > 1).mean()), float(v.mean()), float(np.median(v)), float(v.max()), float(v.min()))
-
-
-@dataclass(frozen=True)
-class Predicted:
-    """Measured and predicted times of one cluster's records, in file order."""
-
-    records: list[Record]
-    measured_s: np.ndarray
-    prior_s: np.ndarray  # the topology file's parameters
-    heldout_s: np.ndarray  # fitted on the other half of the cases
-    fitted: Profile  # fitted on all cases (reported, not used for scores)
-    heldout_efficiency_s: np.ndarray | None = None  # the same, fitting per-collective efficiencies too
-    measurements: tuple[Measurement, ...] = ()  # as synth.fit read them, in file order
-
-
-def predictions(path: Path, baseline: str, seed: int = 0) -> Predicted:
-    topology, ms = load_measurements(path)
-    prior = Profile.prior(topology)
-    first, second = split_cases(ms, 0.5, seed)
-
-    def heldout(efficiency: bool) -> np.ndarray:
-        out = {}
-        for fit_on, score_on in ((first, second), (second, first)):
-            profile, _ = fit_profile(fit_on, prior, efficiency=efficiency)
-            out.update(zip((m.line for m in score_on), predict_all(profile, score_on)))
-        return np.array([out[m.line] for m in ms])
-
-    fitted, _ = fit_profile(ms, prior)
-    lines = path.read_text().splitlines()
-    records = [record_of(json.loads(lines[m.line - 1]), baseline) for m in ms]
-    return Predicted(records, np.array([m.median_s for m in ms]), predict_all(prior, ms), heldout(False), fitted,
-                     heldout(True), tuple(ms))
-
-
-@dataclass(frozen=True)
-class Ranking:
-    """Per case: how the simulator's order compares with the measured one."""
-
-    case: tuple
-    programs: int
-    position: int  # of the measured fastest, in the predicted order (0 = first)
-    pick_over_default: float | None  # time of the predicted-fastest / the default's; None without default
-    cross_node: bool
-    pick_over_best: float = 1.0  # time of the predicted-fastest / the measured fastest
-
-
-def rankings(p: Predicted, predicted_s: np.ndarray) -> list[Ranking]:
-    out = []
-    for case, idx in group(range(len(p.records)), lambda i: p.records[i].case).items():
-        idx = list(idx)
-        if len(idx) < 2:
-            continue
-        pred, meas = predicted_s[idx], p.measured_s[idx]
-        pick = int(np.argmin(pred))
-        default = [j for j, i in enumerate(idx) if p.records[i].is_default]
-        ratio = float(meas[pick] / meas[default[0]]) if default else None
-        out.append(Ranking(case, len(idx), measured_best_position(pred, meas), ratio, bool(p.records[idx[0]].spans),
-                           float(meas[pick] / meas.min())))
-    return out
-
-
-def top_k(rs: Sequence[Ranking], k: int, more_than_k: bool = False) -> tuple[float, int]:
-    """Share of cases whose measured fastest is among the k predicted fastest, and
-    the number of cases (only those with more than k programs if ``more_than_k``)."""
-    chosen = [r for r in rs if r.programs > k] if more_than_k else list(rs)
-    return (sum(r.position < k for r in chosen) / len(chosen) if chosen else math.nan), len(chosen)
-
-
-def repeats(measurements: Sequence[Measurement]) -> list[float]:
-    """Max over min of the medians of one program on the same reduction groups at
-    one size (same ranks in the same order), measured more than once (in different
-    cases of the run, minutes apart)."""
-    times: dict[tuple, list[float]] = defaultdict(list)
-    for m in measurements:
-        groups = tuple(sorted(tuple(int(d) for d in g) for g in m.placement.reduction_groups(m.reduce_axes)))
-        times[(groups, m.size_bytes, str(m.program), m.loads)].append(m.median_s)
-    return [max(t) / min(t) for t in times.values() if len(t) > 1]
-
-
-def noise(records: Sequence[Record]) -> Distribution:
-    """Max over min of each measurement's iterations."""
-    return distribution([r.max_s / r.min_s for r in records])
 
 
 # ---------------------------------------------------------------- plots
@@ -374,7 +135,8 @@ def report(data: Path, out_md: Path) -> str:
     files = data_files(data)
     if not files:
         raise SystemExit(f"evaluation_report: no <cluster>-<baseline>.jsonl in {data}; run scripts/run_evaluation.py")
-    records = {(c, b): load_records(path, b) for path, c, b in files}
+    read = {(c, b): read_records(path)[1] for path, c, b in files}
+    records = {(c, b): [program_time(r, b) for r in rs] for (c, b), rs in read.items()}
     info = json.loads((data / "run.json").read_text()) if (data / "run.json").exists() else {}
     flat = [r for (c, b), rs in records.items() if b == "flat" for r in rs]
     others = {b: [r for (_, b2), rs in records.items() if b2 == b for r in rs]
@@ -386,7 +148,7 @@ def report(data: Path, out_md: Path) -> str:
     spreads = placement_spreads(flat)
     results = case_results(flat)
     other_results = {b: case_results(rs) for b, rs in others.items()}
-    preds = [predictions(path, b) for path, c, b in files if b == "flat"]
+    preds = [predictions(samples_of(read[c, b], str(path)), b) for path, c, b in files if b == "flat"]
     ranks = [r for p in preds for r in rankings(p, p.heldout_s)]
     prior_ranks = [r for p in preds for r in rankings(p, p.prior_s)]
     eff_ranks = [r for p in preds for r in rankings(p, p.heldout_efficiency_s)]
@@ -432,7 +194,7 @@ def report(data: Path, out_md: Path) -> str:
     w("  copies of shared memory) competes for the same 2 cores, so intra-node steps are CPU-bound.")
     w("- Cases: every shape of 1, 2 and 3 axes (one shape per multiset of sizes), every reduction of one axis")
     w(f"  and, for 3 axes, of each pair; every placement; sizes {', '.join(format_size(s) for s in sizes)} per rank;")
-    iters = sorted({json.loads(p.read_text().splitlines()[0])['iters'] for p, _, _ in files})
+    iters = sorted({len(rs[0].times_s) for rs in read.values()})
     w(f"  {', '.join(map(str, iters))} timed iterations after {info.get('warmup', '?')} warm-up ones; a time is the median")
     w("  over iterations of the slowest rank.")
     w(f"- Programs: the default all-reduce and the {info.get('top', '?')} programs `synth.cost` (the `mpi` model, topology")
@@ -599,7 +361,7 @@ def report(data: Path, out_md: Path) -> str:
     w(f"Per measurement, the slowest over the fastest of its iterations: median {nz.median:.2f}x, max {nz.max:.2f}x "
       f"({nz.cases} measurements).")
     w("")
-    rep_ratios = [x for p in preds for x in repeats(p.measurements)]
+    rep_ratios = [x for p in preds for x in repeats(p.samples)]
     if rep_ratios:
         rr = distribution(rep_ratios)
         w("Run to run: the same program on the same ranks and size, measured in different cases of the run")

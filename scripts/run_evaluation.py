@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import subprocess
@@ -43,12 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "results" / "data"
-CLUSTERS = ("testbed-2x4", "testbed-4x4", "testbed-2x2x2")
-AXIS_NAMES = ("dp", "mp", "pp")
-# one shape per multiset of axis sizes (permuting equal-role axes only renames them)
-SHAPES = {8: ((8,), (4, 2), (2, 2, 2)), 16: ((16,), (8, 2), (4, 4), (4, 2, 2))}
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-
+from synth.evaluation import CLUSTERS, cases  # noqa: E402
 @dataclass(frozen=True)
 class Baseline:
     """How OpenMPI runs the default all-reduce (and every step) in one set of runs."""
@@ -68,23 +64,9 @@ BASELINES = {
 }
 
 
-def cases(num_devices: int, quick: bool = False) -> list[tuple[str, str]]:
-    """(--axes, --reduce) of every shape and reduction for a world of this size."""
-    out = []
-    shapes = SHAPES[num_devices][:2] if quick else SHAPES[num_devices]
-    for shape in shapes:
-        names = AXIS_NAMES[: len(shape)]
-        axes = ",".join(f"{n}={s}" for n, s in zip(names, shape))
-        reductions = [(n,) for n in names]
-        if len(names) == 3:
-            reductions += list(itertools.combinations(names, 2))
-        out += [(axes, ",".join(r)) for r in reductions]
-    return out
-
-
 def worker(args: argparse.Namespace) -> int:
     """Runs on every rank under mpiexec: bench every case in one MPI job."""
-    from synth.bench import bench_main
+    from synth.cli.bench import run_bench
     from synth.errors import SynthError
     from synth.topology import load_topology
 
@@ -101,7 +83,7 @@ def worker(args: argparse.Namespace) -> int:
                 "--jsonl", args.jsonl]
         try:
             with contextlib.redirect_stdout(log):
-                bench_main(argv)
+                run_bench(argv)
         except SynthError as exc:  # raised alike on every rank: skip the case everywhere
             failed += 1
             print(f"synth-reduce bench {' '.join(argv)}: {exc}", file=log)

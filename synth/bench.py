@@ -17,9 +17,7 @@ wrong elements, summed over ranks and iterations).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -29,19 +27,22 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
-from .backends import BACKENDS, make_world
-from .problem import Parser, Problem, add_problem_arguments, placements_of, problem_from_args
-from .cost import default_program, rank
+from .backends import make_world
+from .cost import Algorithm, Model, default_program, rank
 from .errors import SynthError
 from .language import format_program
 from .lowering import LoweredProgram, lower
-from .placement import Axis, Placement
-from .plan import load_plan, plan_document, verify_lowered, verify_plan, write_plan
+from .placement import Axis
+from .plan import Plan, load_plan, write_plan
+from .problem import ProblemSpec
+from .records import Record, append_records
+from .reduction import Reduction
 from .runtime import Executor, World, piece_length
-from .search import PlacementPrograms, synthesize_placements
+from .search import ReductionPrograms, synthesize_reduction
 from .semantics import Goal
 from .topology import Topology
 from .units import format_seconds, format_size, parse_size
+from .verify import verify_lowered, verify_plan
 
 T = TypeVar("T")
 
@@ -119,6 +120,25 @@ def rank_data(lowered: LoweredProgram, rank: int, count: int, dtype: np.dtype) -
 
 
 @dataclass(frozen=True)
+class BenchRequest:
+    """What ``bench`` or ``tune`` is asked to run: a plan file (``plan_path``)
+    or a problem to synthesize (``problem``), and how to time it."""
+
+    sizes: tuple[int, ...]
+    plan_path: str | None = None
+    problem: ProblemSpec | None = None
+    placement: int | None = None  # only this placement (synthesis)
+    top: int = 5  # predicted-best programs per placement (synthesis)
+    backend: str = "mpi"
+    dtype: str = "float32"
+    iters: int = 20
+    warmup: int = 5
+    jsonl: str | None = None
+    out: str | None = None  # tune: where the winner's plan goes
+    tune: bool = False
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A program on a placement, as benchmarked. ``label``: ``P/J`` is the
     program of predicted rank ``J`` (0 = fastest) on placement ``P``, the main
@@ -127,7 +147,7 @@ class Candidate:
 
     label: str
     placement_index: int | None
-    placement: Placement
+    reduction: Reduction
     lowered: LoweredProgram
     is_default: bool
     predicted_s: float | None
@@ -137,16 +157,15 @@ class Candidate:
 class Setup:
     topology: Topology
     axes: tuple[Axis, ...]
-    reduce_axes: tuple[str, ...]
-    goal: Goal
     candidates: tuple[Candidate, ...]
     ranking: str  # how the candidates were chosen, for the header
+    reductions: str  # what is reduced, for the header
 
 
-def _choose(result: PlacementPrograms, problem: Problem, size_bytes: int, algo: str, top: int) -> list[tuple[int, int, float]]:
+def _choose(result: ReductionPrograms, size_bytes: int, model: Model, top: int) -> list[tuple[int, int, float]]:
     """(program index, predicted rank, predicted seconds) of the ``top`` best
     predicted by the simulator, plus the default."""
-    ranked = rank(result, problem.reduce_axes, problem.goal, size_bytes, algo=algo)
+    ranked = rank(result, size_bytes, model)
     chosen = [(j, r, t) for r, (j, t) in enumerate(zip(ranked.order, ranked.predicted_s))][:top]
     if ranked.default_index is not None and ranked.default_index not in ranked.order[:top]:
         r = ranked.order.index(ranked.default_index)
@@ -155,49 +174,62 @@ def _choose(result: PlacementPrograms, problem: Problem, size_bytes: int, algo: 
 
 
 def _from_plan(path: str) -> Setup:
-    plan = load_plan(path)
-    verify_plan(plan, path)  # the stored steps are exactly the proved lowering
-    default = default_program(plan.goal)
-    candidates = [Candidate("plan", None, plan.placement, plan.stored, plan.program == default, None)]
-    if plan.program != default:
-        lowered = lower(default, plan.placement, plan.reduce_axes, plan.goal)
-        candidates.insert(0, Candidate("default", None, plan.placement, lowered, True, None))
-    return Setup(plan.placement.topology, plan.placement.axes, plan.reduce_axes, plan.goal,
-                 tuple(candidates), f"the plan's program and the default, from {path}")
+    plan = load_plan(path)  # the stored steps are exactly the lowering of the programs
+    verify_plan(plan, path)  # and the programs are proved
+    candidates = []
+    for planned in plan.reductions:
+        reduction = planned.reduction
+        default = default_program(reduction.goal)
+        several = len(plan.reductions) > 1
+        distinct = []
+        for p in planned.programs:
+            if p.program not in [d.program for d in distinct]:
+                distinct.append(p)
+        prefix = f"{','.join(reduction.axes)}:" if several else ""
+        rows = [Candidate(f"{prefix}plan{i if len(distinct) > 1 else ''}", None, reduction, p.lowered,
+                          p.program == default, None) for i, p in enumerate(distinct)]
+        if all(not c.is_default for c in rows):
+            rows.insert(0, Candidate(f"{prefix}default", None, reduction, lower(default, reduction), True, None))
+        candidates += rows
+    reductions = "; ".join(r.reduction.describe() for r in plan.reductions)
+    return Setup(plan.placement.topology, plan.placement.axes, tuple(candidates),
+                 f"the plan's programs and the default, from {path}", reductions)
 
 
-def _from_synthesis(args: argparse.Namespace, largest_bytes: int, algo: str) -> Setup:
-    problem = problem_from_args(args)
-    placements = placements_of(problem)
-    chosen = range(len(placements)) if args.placement is None else [args.placement]
-    if args.placement is not None and not 0 <= args.placement < len(placements):
-        raise SynthError(f"--placement {args.placement}: choose 0..{len(placements) - 1}")
-    results = synthesize_placements([placements[i] for i in chosen], problem.reduce_axes, problem.goal,
-                                    problem.max_steps)
+def _from_synthesis(request: BenchRequest, largest_bytes: int, model: Model) -> Setup:
+    problem = request.problem.build()
+    placements = problem.placements()
+    chosen = range(len(placements)) if request.placement is None else [request.placement]
+    if request.placement is not None and not 0 <= request.placement < len(placements):
+        raise SynthError(f"--placement {request.placement}: choose 0..{len(placements) - 1}")
     default = default_program(problem.goal)
     candidates = []
-    for i, result in zip(chosen, results):
-        if result.hierarchy.k == 1:
+    for i in chosen:
+        result = synthesize_reduction(problem.reduction(placements[i]), problem.max_steps)
+        if result.reduction.k == 1:
             continue  # the reduction is local: nothing to run
         rows = []
-        for j, position, predicted in _choose(result, problem, largest_bytes, algo, args.top):
+        for j, position, predicted in _choose(result, largest_bytes, model, request.top):
             program = result.programs[j]
-            lowered = lower(program, result.placement, problem.reduce_axes, problem.goal)
-            rows.append(Candidate(f"{i}/{position}", i, result.placement, lowered, program == default, predicted))
+            lowered = lower(program, result.reduction)
+            rows.append(Candidate(f"{i}/{position}", i, result.reduction, lowered, program == default, predicted))
         rows.sort(key=lambda c: not c.is_default)  # the default first
         candidates += rows
     if not candidates:
         raise SynthError("every chosen placement keeps the reduction on one device: nothing to benchmark")
-    ranking = (f"the default and the {args.top} best predicted by synth.cost ({algo} algorithms) at "
-               f"{format_size(largest_bytes)}")
-    return Setup(problem.topology, problem.axes, problem.reduce_axes, problem.goal, tuple(candidates), ranking)
+    ranking = (f"the default and the {request.top} best predicted by synth.cost ({model.algorithm.value} "
+               f"algorithms) at {format_size(largest_bytes)}")
+    reductions = f"{problem.goal.value} over {','.join(problem.reduce_axes)}"
+    return Setup(problem.topology, problem.axes, tuple(candidates), ranking, reductions)
 
 
 # ---------------------------------------------------------------- measuring
 
 
 @dataclass(frozen=True)
-class Measurement:
+class Timing:
+    """One candidate timed at one size."""
+
     candidate: Candidate
     size_bytes: int
     count: int
@@ -211,6 +243,13 @@ class Measurement:
     @property
     def algbw_GBps(self) -> float:
         return self.size_bytes / self.median_s / 1e9 if self.median_s > 0 else float("inf")
+
+    def record(self, backend: str, dtype: str, ranks: int) -> Record:
+        """The measurement record ``fit`` and ``validate`` read."""
+        c = self.candidate
+        return Record(c.reduction, c.lowered.program, self.size_bytes, self.median_s, is_default=c.is_default,
+                      backend=backend, algo=None, dtype=dtype, ranks=ranks, times_s=self.times_s,
+                      min_s=min(self.times_s), max_s=max(self.times_s), wrong=self.wrong)
 
 
 def measure(world: World, executor: Executor, data: RankData, iters: int, warmup: int) -> tuple[tuple[float, ...], int]:
@@ -236,47 +275,31 @@ def measure(world: World, executor: Executor, data: RankData, iters: int, warmup
     return tuple(max(t[i] for t, _ in everyone) for i in range(iters)), sum(w for _, w in everyone)
 
 
-def record(setup: Setup, m: Measurement, backend: str, dtype: str, ranks: int) -> dict[str, Any]:
-    """One JSON line, the format ``synth-reduce fit`` and ``validate`` read."""
-    c = m.candidate
-    return {
-        "schema": "synth-reduce/measurement", "version": 1,
-        "topology": setup.topology.to_dict(),
-        "axes": [{"name": a.name, "size": a.size} for a in setup.axes],
-        "matrix": [list(row) for row in c.placement.matrix],
-        "reduce": list(setup.reduce_axes),
-        "collective": setup.goal.value,
-        "program": format_program(c.lowered.program),
-        "is_default": c.is_default,
-        "backend": backend, "algo": None, "dtype": dtype, "ranks": ranks,
-        "size_bytes": m.size_bytes, "iters": len(m.times_s),
-        "times_s": list(m.times_s), "median_s": m.median_s,
-        "min_s": min(m.times_s), "max_s": max(m.times_s), "wrong": m.wrong,
-    }
-
-
 # ---------------------------------------------------------------- output
 
 
 _ROW = "{:>8} {:>12} {:>11} {:>8} {:>11} {:>11} {:>11} {:>8} {:>8} {:>7}"
 
 
-def _print_header(setup: Setup, args: argparse.Namespace, world: World) -> None:
+def _print_header(setup: Setup, request: BenchRequest, world: World) -> None:
     axes = " ".join(f"{a.name}={a.size}" for a in setup.axes)
     levels = " > ".join(f"{lv.name} x{lv.count}" for lv in setup.topology.levels)
-    print(f"# synth-reduce bench: backend {world.name}, {world.size} ranks, dtype {args.dtype}, "
-          f"{args.iters} iterations after {args.warmup} warmup")
-    print(f"# {setup.topology.name}: {levels}; axes {axes}; {setup.goal.value} over {','.join(setup.reduce_axes)}")
+    goals = {c.reduction.goal for c in setup.candidates}
+    print(f"# synth-reduce bench: backend {world.name}, {world.size} ranks, dtype {request.dtype}, "
+          f"{request.iters} iterations after {request.warmup} warmup")
+    print(f"# {setup.topology.name}: {levels}; axes {axes}; {setup.reductions}")
     print(f"# programs: {setup.ranking}")
+    factors = sorted({"2(n-1)/n" if g is Goal.ALLREDUCE else "(n-1)/n" for g in goals})
     print("# time: median over iterations of the slowest rank, with min and max; algbw = size / time; "
-          f"busbw = algbw x {'2(n-1)/n' if setup.goal is Goal.ALLREDUCE else '(n-1)/n'}, n = reduction group size")
+          f"busbw = algbw x {' or '.join(factors)}, n = reduction group size")
 
 
-def _print_placement(setup: Setup, candidates: Sequence[Candidate]) -> None:
+def _print_placement(candidates: Sequence[Candidate]) -> None:
     first = candidates[0]
-    matrix = first.placement.matrix_text()
+    matrix = first.reduction.placement.matrix_text()
     where = "plan" if first.placement_index is None else f"placement {first.placement_index}"
-    print(f"#\n# {where}: {matrix} (reduction group of {first.lowered.num_chunks} ranks)")
+    what = f", {first.reduction.describe()}" if first.placement_index is None else ""
+    print(f"#\n# {where}: {matrix} (reduction group of {first.lowered.num_chunks} ranks{what})")
     for c in candidates:
         predicted = "" if c.predicted_s is None else f"predicted {format_seconds(c.predicted_s)}  "
         flag = "(default)  " if c.is_default else ""
@@ -286,53 +309,30 @@ def _print_placement(setup: Setup, candidates: Sequence[Candidate]) -> None:
     print("#" + _ROW.format("", "", "", "", "", "", "", "(GB/s)", "(GB/s)", "")[1:])
 
 
-def _print_row(m: Measurement, dtype: str, factor: float) -> None:
+def _print_row(m: Timing, dtype: str, factor: float) -> None:
     print(_ROW.format(m.candidate.label, m.size_bytes, m.count, dtype, f"{m.median_s * 1e6:.1f}",
                       f"{min(m.times_s) * 1e6:.1f}", f"{max(m.times_s) * 1e6:.1f}", f"{m.algbw_GBps:.3f}",
                       f"{m.algbw_GBps * factor:.3f}", m.wrong), flush=True)
 
 
-def _print_speedups(measurements: Sequence[Measurement], sizes: Sequence[int]) -> None:
+def _group_key(c: Candidate) -> tuple:
+    return (c.placement_index, c.reduction.axes, c.reduction.goal)
+
+
+def _print_speedups(timings: Sequence[Timing], sizes: Sequence[int]) -> None:
     print("#\n# speedup over the default of the same placement (its median time / the program's)")
     print("#" + "".join(f"{s:>10}" for s in ["prog"] + [format_size(z) for z in sizes])[1:])
-    default = {(m.candidate.placement_index, m.size_bytes): m.median_s for m in measurements if m.candidate.is_default}
+    default = {(_group_key(m.candidate), m.size_bytes): m.median_s for m in timings if m.candidate.is_default}
     rows: dict[str, dict[int, float]] = {}
-    for m in measurements:
-        base = default.get((m.candidate.placement_index, m.size_bytes))
+    for m in timings:
+        base = default.get((_group_key(m.candidate), m.size_bytes))
         if base is not None and m.median_s > 0:
             rows.setdefault(m.candidate.label, {})[m.size_bytes] = base / m.median_s
     for label, by_size in rows.items():
         print("".join([f"{label:>10}"] + [f"{by_size[z]:>9.2f}x" if z in by_size else f"{'-':>10}" for z in sizes]))
 
 
-# ---------------------------------------------------------------- commands
-
-
-def _parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
-    p = Parser(
-        prog=prog,
-        description=(
-            f"Run under mpiexec. '{prog} PLAN.json' times the plan's program and the default; "
-            f"'{prog} --topology T --axes ...' synthesizes like the main command and times the default "
-            "and the --top K predicted programs of every placement."
-            + (" tune then writes the plan of the measured winner at the largest size to --out." if tune else "")
-        ),
-    )
-    if plan_mode:
-        p.add_argument("plan", help="plan JSON written by synth-reduce --out")
-    else:
-        add_problem_arguments(p)
-        p.add_argument("--placement", type=int, metavar="I", help="only placement I (default: all)")
-        p.add_argument("--top", type=int, default=5, metavar="K", help="predicted-best programs per placement (default 5)")
-    p.add_argument("--backend", default="mpi", choices=BACKENDS, help="collective library (default: mpi)")
-    p.add_argument("--sizes", default="1M,16M", help="per-rank buffer sizes in bytes, e.g. 1M,16M,256M (1M = 2^20)")
-    p.add_argument("--dtype", default="float32", help="float32, float64, int32, int64; nccl also float16, bfloat16")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
-    p.add_argument("--jsonl", metavar="FILE", help="append one measurement record per (placement, program, size)")
-    if tune:
-        p.add_argument("--out", required=True, metavar="PLAN.json", help="write the plan of the measured winner")
-    return p
+# ---------------------------------------------------------------- running
 
 
 def _collectively(world: World, fn: Callable[[], T]) -> T:
@@ -355,19 +355,26 @@ def _rank0_prints(world: World) -> Iterator[None]:
         yield
 
 
-def _run(argv: Sequence[str], tune: bool) -> int:
-    prog = "synth-reduce " + ("tune" if tune else "bench")
-    plan_mode = not tune and bool(argv) and not argv[0].startswith("-")
-    args = _parser(prog, plan_mode, tune).parse_args(argv)
-    sizes = parse_sizes(args.sizes)
-    for name, value, least in (("--iters", args.iters, 1), ("--warmup", args.warmup, 0),
-                               ("--top", getattr(args, "top", 1), 1)):
+def check_request(request: BenchRequest) -> None:
+    """Checks that need no world (the same outcome on every rank)."""
+    for name, value, least in (("--iters", request.iters, 1), ("--warmup", request.warmup, 0),
+                               ("--top", request.top, 1)):
         if value < least:
             raise SynthError(f"{name} {value}: must be >= {least}")
-    world = make_world(args.backend)
+    if (request.plan_path is None) == (request.problem is None):
+        raise SynthError("give a plan file or --topology and --axes, not both")
+    if request.tune and not request.out:
+        raise SynthError("tune needs --out PLAN.json")
+
+
+def run(request: BenchRequest) -> int:
+    """Run ``bench`` or ``tune`` on this process's rank (under mpiexec); every
+    rank calls it with the same request. Only rank 0 prints."""
+    check_request(request)
+    world = make_world(request.backend)
     with _rank0_prints(world):
         try:
-            return _bench(args, world, sizes, plan_mode, tune)
+            return _bench(request, world)
         except SynthError:
             raise
         except Exception:  # a bug or a library failure on some ranks: stop all, never hang
@@ -377,77 +384,72 @@ def _run(argv: Sequence[str], tune: bool) -> int:
             raise
 
 
-def _bench(args: argparse.Namespace, world: World, sizes: tuple[int, ...], plan_mode: bool, tune: bool) -> int:
+def _bench(request: BenchRequest, world: World) -> int:
+    sizes = request.sizes
+
     def setup_all() -> tuple[Setup, np.dtype]:
-        if args.dtype not in world.dtypes:
-            raise SynthError(f"--dtype {args.dtype}: the {world.name} backend supports "
+        if request.dtype not in world.dtypes:
+            raise SynthError(f"--dtype {request.dtype}: the {world.name} backend supports "
                              f"{', '.join(sorted(world.dtypes))}")
-        dtype = numpy_dtype(args.dtype)
+        dtype = numpy_dtype(request.dtype)
         for size in sizes:
             if size % dtype.itemsize:
-                raise SynthError(f"--sizes {size}: not a multiple of the {args.dtype} element size ({dtype.itemsize} B)")
-        setup = _from_plan(args.plan) if plan_mode else _from_synthesis(args, max(sizes), "mpi" if world.name == "mpi" else "ring")
+                raise SynthError(f"--sizes {size}: not a multiple of the {request.dtype} element size ({dtype.itemsize} B)")
+        model = Model(Algorithm.MPI if world.name == "mpi" else Algorithm.RING)
+        setup = _from_plan(request.plan_path) if request.plan_path else _from_synthesis(request, max(sizes), model)
         devices = setup.topology.num_devices
         if devices != world.size:
-            raise SynthError(f"{'the plan' if plan_mode else 'the topology'} has {devices} devices but "
+            raise SynthError(f"{'the plan' if request.plan_path else 'the topology'} has {devices} devices but "
                              f"{world.size} ranks were launched; run under mpiexec -n {devices}")
-        if args.jsonl and world.rank == 0:
+        if request.jsonl and world.rank == 0:
             try:
-                open(args.jsonl, "a").close()
+                open(request.jsonl, "a").close()
             except OSError as exc:
-                raise SynthError(f"--jsonl {args.jsonl}: cannot write ({exc.strerror})") from None
+                raise SynthError(f"--jsonl {request.jsonl}: cannot write ({exc.strerror})") from None
         return setup, dtype
 
     setup, dtype = _collectively(world, setup_all)
-    _print_header(setup, args, world)
-    measurements = []
-    placements = {}
+    _print_header(setup, request, world)
+    timings = []
+    groups: dict[tuple, list[Candidate]] = {}
     for c in setup.candidates:
-        placements.setdefault(c.placement_index, []).append(c)
-    for candidates in placements.values():
-        _print_placement(setup, candidates)
+        groups.setdefault(_group_key(c), []).append(c)
+    for candidates in groups.values():
+        _print_placement(candidates)
         executors = [Executor(c.lowered, world) for c in candidates]
-        factor = bus_factor(setup.goal, candidates[0].lowered.num_chunks)
+        first = candidates[0].lowered
+        factor = bus_factor(first.goal, first.num_chunks)
         for size in sizes:
             count = size // dtype.itemsize
-            data = rank_data(candidates[0].lowered, world.rank, count, dtype)
+            data = rank_data(first, world.rank, count, dtype)
             data = RankData(world.xp.asarray(data.input), world.xp.asarray(data.expected), data.checked)
             for c, executor in zip(candidates, executors):
-                times, wrong = measure(world, executor, data, args.iters, args.warmup)
-                m = Measurement(c, size, count, times, wrong)
-                measurements.append(m)
-                _print_row(m, args.dtype, factor)
-                if args.jsonl and world.rank == 0:
-                    with open(args.jsonl, "a") as f:
-                        f.write(json.dumps(record(setup, m, world.name, args.dtype, world.size)) + "\n")
-    _print_speedups(measurements, sizes)
-    if tune:
-        _write_winner(args, world, setup, measurements, max(sizes))
+                times, wrong = measure(world, executor, data, request.iters, request.warmup)
+                m = Timing(c, size, count, times, wrong)
+                timings.append(m)
+                _print_row(m, request.dtype, factor)
+                if request.jsonl and world.rank == 0:
+                    append_records(request.jsonl, [m.record(world.name, request.dtype, world.size)])
+    _print_speedups(timings, sizes)
+    if request.tune:
+        _write_winner(request, world, timings, max(sizes))
     return 0
 
 
-def _write_winner(args: argparse.Namespace, world: World, setup: Setup, measurements: Sequence[Measurement], size: int) -> None:
-    at_size = [m for m in measurements if m.size_bytes == size and m.wrong == 0]
+def _write_winner(request: BenchRequest, world: World, timings: Sequence[Timing], size: int) -> None:
+    at_size = [m for m in timings if m.size_bytes == size and m.wrong == 0]
     if not at_size:
         raise SynthError("no program gave correct results at the largest size; no plan written")
     best = min(at_size, key=lambda m: m.median_s)  # identical on every rank: times are gathered
     c = best.candidate
-    default = next((m for m in at_size if m.candidate.is_default and m.candidate.placement_index == c.placement_index), None)
+    default = next((m for m in at_size if m.candidate.is_default and _group_key(m.candidate) == _group_key(c)), None)
     speedup = f", {default.median_s / best.median_s:.2f}x the default" if default else ""
 
     def write() -> None:
         if world.rank == 0:
             verify_lowered(c.lowered)  # never write an unproved plan
-            write_plan(args.out, plan_document(c.placement, setup.reduce_axes, c.lowered))
+            write_plan(request.out, Plan.single(c.lowered, c.reduction))
 
     _collectively(world, write)
     print(f"#\n# winner at {format_size(size)}: {c.label} {format_program(c.lowered.program, ' ; ')} "
-          f"({best.median_s * 1e6:.1f} us{speedup})\nwrote plan -> {args.out}")
-
-
-def bench_main(argv: list[str]) -> int:
-    return _run(argv, tune=False)
-
-
-def tune_main(argv: list[str]) -> int:
-    return _run(argv, tune=True)
+          f"({best.median_s * 1e6:.1f} us{speedup})\nwrote plan -> {request.out}")

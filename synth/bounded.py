@@ -3,7 +3,7 @@
 
 It shares only the language with the rest of the package (which instructions
 exist and their groups: :func:`synth.semantics.distinct_groupings`); the
-semantics of DESIGN.md section 4 is encoded here from scratch, P2-style, as
+semantics of docs/model.md is encoded here from scratch, P2-style, as
 Boolean tensors over ``k`` devices and ``k`` chunks:
 
 * ``held[t][d][x]``: after ``t`` steps device ``d`` holds chunk ``x``;

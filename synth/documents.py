@@ -12,11 +12,15 @@ from typing import Any
 from .errors import SynthError
 
 
-def read_document(path: str | Path, kind: str, schema: str, version: int, fix: str = "") -> dict[str, Any]:
-    """The JSON object in ``path`` if its ``schema`` and ``version`` match.
+def read_document(
+    path: str | Path, kind: str, schema: str, version: int | tuple[int, ...], fix: str = ""
+) -> dict[str, Any]:
+    """The JSON object in ``path`` if its ``schema`` matches and its ``version``
+    is ``version`` (or one of them).
 
     ``kind`` names the document in messages ("plan"); ``fix`` is appended to the
     version error (e.g. how to re-create the document)."""
+    versions = (version,) if isinstance(version, int) else version
     source = str(path)
     try:
         doc = json.loads(Path(path).read_text())
@@ -28,10 +32,11 @@ def read_document(path: str | Path, kind: str, schema: str, version: int, fix: s
         raise SynthError(f"{source}: not a valid {kind}: corrupted JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != schema:
         raise SynthError(f'{source}: not a synth-reduce {kind} (expected "schema": "{schema}")')
-    if doc.get("version") != version:
+    if doc.get("version") not in versions or isinstance(doc.get("version"), bool):
+        readable = " and ".join(str(v) for v in versions)
         raise SynthError(
             f"{source}: {kind} version {doc.get('version')!r} is not supported; this synth-reduce "
-            f"reads version {version}{f' ({fix})' if fix else ''}"
+            f"reads version {readable}{f' ({fix})' if fix else ''}"
         )
     return doc
 

@@ -1,10 +1,9 @@
 """Learn the cost model's parameters from measurements, and score its accuracy.
 
-Measurements are JSON lines written by ``synth-reduce bench --jsonl``, one per
-(placement, program, size): ``topology``, ``axes``, ``matrix``, ``reduce``,
-``collective``, ``program`` (text), ``size_bytes`` and ``median_s`` are required;
-``backend`` and ``algo`` say which algorithm to model (``algo`` if set, else
-``mpi`` for the MPI backend, else ``ring``).
+Measurements are the records of :mod:`synth.records` (JSON lines written by
+``synth-reduce bench --jsonl``); each is modelled with the algorithm it names
+(``Record.algorithm``: ``algo`` if set, else ``mpi`` for the MPI backend, else
+``ring``).
 
 Fitting. With the critical flows fixed, a prediction is linear in the per-level
 latencies, the per-call overhead and the inverse bandwidths, with one efficiency
@@ -22,7 +21,6 @@ Levels no record exercises keep their prior values.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -31,177 +29,107 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .cost import ALGORITHMS, Features, Predictor, Profile, lowered_loads
-from .documents import read_document, write_document
+from .cost import Algorithm, Features, Model, Predictor, Profile, lowered_loads
 from .errors import SynthError
-from .language import Collective, Program, parse_program
+from .language import Collective, Program
 from .lowering import lower
-from .placement import Axis, Placement
-from .semantics import Goal
-from .topology import Topology, topology_from_dict
-
-PROFILE_SCHEMA = "synth-reduce/profile"
-PROFILE_VERSION = 1
-_REQUIRED = ("topology", "axes", "matrix", "reduce", "collective", "program", "size_bytes", "median_s")
+from .records import Record, read_records
+from .reduction import Reduction
+from .semantics import Loads
+from .topology import Topology
 
 
-# ---------------------------------------------------------------- profiles
-
-
-def profile_document(profile: Profile, report: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "schema": PROFILE_SCHEMA,
-        "version": PROFILE_VERSION,
-        "topology": profile.topology,
-        "levels": [
-            {"name": n, "bandwidth_GBps": b, "latency_us": l}
-            for n, b, l in zip(profile.level_names, profile.bandwidth_GBps, profile.latency_us)
-        ],
-        "efficiency": dict(profile.efficiency),
-        "call_overhead_us": profile.call_overhead_us,
-        "fit": report or {},
-    }
-
-
-def save_profile(path: str | Path, profile: Profile, report: dict[str, Any] | None = None) -> None:
-    write_document(path, "profile", profile_document(profile, report))
-
-
-def load_profile(path: str | Path) -> Profile:
-    source = str(path)
-    doc = read_document(path, "profile", PROFILE_SCHEMA, PROFILE_VERSION, fix="re-fit it with synth-reduce fit")
-    try:
-        levels = doc["levels"]
-        efficiency = {c.value: float(doc["efficiency"].get(c.value, 1.0)) for c in Collective}
-        profile = Profile(
-            topology=str(doc["topology"]),
-            level_names=tuple(str(lv["name"]) for lv in levels),
-            bandwidth_GBps=tuple(float(lv["bandwidth_GBps"]) for lv in levels),
-            latency_us=tuple(float(lv["latency_us"]) for lv in levels),
-            efficiency=tuple(efficiency.items()),
-            call_overhead_us=float(doc.get("call_overhead_us", 0.0)),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise SynthError(f"{source}: not a valid profile: expected topology, levels[{{name, bandwidth_GBps, latency_us}}], efficiency, optional call_overhead_us") from None
-    if not (profile.call_overhead_us >= 0 and math.isfinite(profile.call_overhead_us)):
-        raise SynthError(f"{source}: call_overhead_us must be a non-negative number")
-    if any(not (b > 0 and math.isfinite(b)) for b in profile.bandwidth_GBps) or any(
-        not (e > 0 and math.isfinite(e)) for _, e in profile.efficiency
-    ):
-        raise SynthError(f"{source}: bandwidths and efficiencies must be positive numbers")
-    return profile
-
-
-# ---------------------------------------------------------------- measurements
+# ---------------------------------------------------------------- samples
 
 
 @dataclass(frozen=True)
-class Measurement:
-    line: int
-    placement: Placement
-    reduce_axes: tuple[str, ...]
-    goal: Goal
-    program: Program
-    loads: tuple[tuple[int, ...], ...]
-    size_bytes: int
-    algo: str
-    median_s: float
+class Sample:
+    """A measurement record with what the model needs: the chunks each step of
+    its program moves and the algorithm to model it with."""
+
+    record: Record
+    loads: tuple[Loads, ...]
+    algorithm: Algorithm
+
+    @property
+    def reduction(self) -> Reduction:
+        return self.record.reduction
+
+    @property
+    def program(self) -> Program:
+        return self.record.program
+
+    @property
+    def size_bytes(self) -> int:
+        return self.record.size_bytes
+
+    @property
+    def median_s(self) -> float:
+        return self.record.median_s
+
+    @property
+    def line(self) -> int:
+        return self.record.line
 
     @property
     def case(self) -> tuple:
-        """Placement x reduction x size x algorithm: programs compared in a case."""
-        return (self.placement.matrix, self.reduce_axes, self.goal, self.size_bytes, self.algo)
+        return self.record.case
 
 
-def load_measurements(path: str | Path) -> tuple[Topology, list[Measurement]]:
-    """Read and check a JSON-lines file; errors name the file, line and field."""
-    source = str(path)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
-        raise SynthError(f"{source}: no such measurements file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SynthError(f"{source}: cannot read measurements ({exc})") from None
-    topology: Topology | None = None
-    out: list[Measurement] = []
-    lowered_cache: dict[tuple, Any] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{source}:{number}"
+def samples_of(records: Sequence[Record], source: str = "measurements") -> list[Sample]:
+    """Samples of records; each distinct (reduction, program) is lowered once.
+    Errors name ``source:line``."""
+    loads: dict[tuple[Reduction, Program], tuple[Loads, ...]] = {}
+    out = []
+    for record in records:
+        where = f"{source}:{record.line}" if record.line else source
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None
-        missing = [k for k in _REQUIRED if not isinstance(rec, dict) or k not in rec]
-        if missing:
-            raise SynthError(f"{where}: missing field(s) {', '.join(missing)}")
-        this = topology_from_dict(rec["topology"], f"{where}: topology")
-        if topology is None:
-            topology = this
-        elif this != topology:
-            raise SynthError(f"{where}: topology '{this.name}' differs from the file's first record ('{topology.name}'); fit one topology per file")
-        try:
-            axes = tuple(Axis(str(a["name"]), int(a["size"])) for a in rec["axes"])
-            placement = Placement(topology, axes, tuple(tuple(int(v) for v in row) for row in rec["matrix"]))
-            goal = Goal(rec["collective"])
-            size_bytes, median_s = int(rec["size_bytes"]), float(rec["median_s"])
-        except SynthError as exc:
-            raise SynthError(f"{where}: {exc}") from None
-        except (TypeError, ValueError, KeyError):
-            raise SynthError(f"{where}: malformed axes, matrix, collective, size_bytes or median_s") from None
-        if size_bytes < 1 or not (median_s > 0 and math.isfinite(median_s)):
-            raise SynthError(f"{where}: size_bytes must be >= 1 and median_s a positive number")
-        reduce_axes = rec["reduce"]
-        if not isinstance(reduce_axes, list) or not reduce_axes or any(r not in placement.axis_names for r in reduce_axes):
-            raise SynthError(
-                f"{where}: 'reduce' must be a non-empty list of declared axes "
-                f"({', '.join(placement.axis_names)}), got {reduce_axes!r}"
-            )
-        reduce_axes = tuple(a for a in placement.axis_names if a in reduce_axes)
-        algo = rec.get("algo") or ("mpi" if rec.get("backend") == "mpi" else "ring")
-        if algo not in ALGORITHMS:
-            raise SynthError(f"{where}: unknown algo {algo!r}; use one of {', '.join(ALGORITHMS)}")
-        try:
-            program = parse_program(str(rec["program"]), f"{where}: program")
-            key = (placement, reduce_axes, goal, program)
-            if key not in lowered_cache:
-                lowered_cache[key] = lowered_loads(lower(program, placement, reduce_axes, goal))
-        except SynthError as exc:
-            raise SynthError(f"{where}: unknown program for this placement: {exc}") from None
-        out.append(Measurement(number, placement, reduce_axes, goal, program,
-                               tuple(lowered_cache[key]), size_bytes, algo, median_s))
-    if topology is None:
-        raise SynthError(f"{source}: no measurements")
-    return topology, out
+            algorithm = Algorithm.from_text(record.algorithm)
+        except SynthError:
+            raise SynthError(f"{where}: unknown algo {record.algorithm!r}; use one of "
+                             f"{', '.join(a.value for a in Algorithm)}") from None
+        key = (record.reduction, record.program)
+        if key not in loads:
+            try:
+                loads[key] = tuple(lowered_loads(lower(record.program, record.reduction)))
+            except SynthError as exc:
+                raise SynthError(f"{where}: unknown program for this placement: {exc}") from None
+        out.append(Sample(record, loads[key], algorithm))
+    return out
+
+
+def load_samples(path: str | Path) -> tuple[Topology, list[Sample]]:
+    """Read a measurements file (:func:`synth.records.read_records`) into samples."""
+    topology, records = read_records(path)
+    return topology, samples_of(records, str(path))
 
 
 # ---------------------------------------------------------------- fitting
 
 
-class _Model:
-    """Predictors per (placement, reduction, algorithm) for one profile."""
+class _Predictors:
+    """Predictors per (reduction, algorithm) for one profile."""
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self._predictors: dict[tuple, Predictor] = {}
 
-    def predictor(self, m: Measurement) -> Predictor:
-        key = (m.placement, m.reduce_axes, m.algo)
+    def predictor(self, s: Sample) -> Predictor:
+        key = (s.reduction, s.algorithm)
         if key not in self._predictors:
-            self._predictors[key] = Predictor(m.placement, m.reduce_axes, m.algo, self.profile)
+            self._predictors[key] = Predictor(s.reduction, Model(s.algorithm, self.profile))
         return self._predictors[key]
 
-    def predict(self, m: Measurement) -> float:
-        return self.predictor(m).program(m.program, m.loads, m.size_bytes)
+    def predict(self, s: Sample) -> float:
+        return self.predictor(s).program(s.program, s.loads, s.size_bytes)
 
-    def features(self, m: Measurement) -> Features:
-        return self.predictor(m).features(m.program, m.loads, m.size_bytes)
+    def features(self, s: Sample) -> Features:
+        return self.predictor(s).features(s.program, s.loads, s.size_bytes)
 
 
-def predict_all(profile: Profile, measurements: Sequence[Measurement]) -> np.ndarray:
-    model = _Model(profile)
-    return np.array([model.predict(m) for m in measurements])
+def predict_all(profile: Profile, samples: Sequence[Sample]) -> np.ndarray:
+    predictors = _Predictors(profile)
+    return np.array([predictors.predict(s) for s in samples])
 
 
 @dataclass(frozen=True)
@@ -239,7 +167,7 @@ def _solve_nonnegative(a: np.ndarray, b: np.ndarray, floor: float) -> np.ndarray
 
 
 def fit_profile(
-    measurements: Sequence[Measurement], prior: Profile, iterations: int = 8, efficiency: bool = False
+    measurements: Sequence[Sample], prior: Profile, iterations: int = 8, efficiency: bool = False
 ) -> tuple[Profile, FitReport]:
     """Least-squares fit of per-level latency and bandwidth and the per-call
     overhead, and with ``efficiency`` of per-collective efficiencies (else the
@@ -251,8 +179,8 @@ def fit_profile(
     collectives = sorted({i.collective for m in measurements for i in m.program.instructions}, key=lambda c: c.value)
     done = 0
     for done in range(1, iterations + 1):
-        model = _Model(profile)
-        feats = [model.features(m) for m in measurements]
+        predictors = _Predictors(profile)
+        feats = [predictors.features(m) for m in measurements]
         eff = {c: profile.efficiency_of(c) for c in Collective}
         # 1. levels: unknowns latency_s[l], call overhead s, inverse bandwidth s/byte[l]
         a = np.array([
@@ -334,7 +262,7 @@ def measured_best_position(predicted: np.ndarray, measured: np.ndarray) -> int:
     return int(position[measured == measured.min()].min())
 
 
-def accuracy(profile: Profile, measurements: Sequence[Measurement], ks: Iterable[int] = (1, 3, 5, 10)) -> Accuracy:
+def accuracy(profile: Profile, measurements: Sequence[Sample], ks: Iterable[int] = (1, 3, 5, 10)) -> Accuracy:
     """Top-k accuracy over cases with at least two programs, mean Spearman
     correlation per case, and median relative error over all records."""
     predicted = predict_all(profile, measurements)
@@ -361,7 +289,7 @@ def accuracy(profile: Profile, measurements: Sequence[Measurement], ks: Iterable
     )
 
 
-def split_cases(measurements: Sequence[Measurement], holdout: float, seed: int = 0) -> tuple[list[Measurement], list[Measurement]]:
+def split_cases(measurements: Sequence[Sample], holdout: float, seed: int = 0) -> tuple[list[Sample], list[Sample]]:
     """(fit set, held-out set): whole cases go to one side or the other."""
     if not 0 < holdout < 1:
         raise SynthError(f"--holdout {holdout}: give the held-out fraction of cases, between 0 and 1")

@@ -3,18 +3,25 @@
 ``parse_program(format_program(p)) == p`` for every program ``p``. Level names are
 those of the synthesis hierarchy (from the topology) plus ``root`` for the top;
 they are resolved against a hierarchy by :mod:`synth.semantics`.
+
+lark is imported only when text that is not in the printer's canonical form is
+parsed: :func:`read_program` reads what :func:`format_program` prints with a
+strict pattern, so loading a plan for execution does not load the parser.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from functools import lru_cache
-
-import lark
+from typing import TYPE_CHECKING
 
 from .errors import SynthError
 from .resources import grammar_path
+
+if TYPE_CHECKING:
+    import lark
 
 ROOT = "root"
 
@@ -79,18 +86,44 @@ def format_program(program: Program, sep: str = "\n") -> str:
 
 
 @lru_cache(maxsize=1)
-def _parser() -> lark.Lark:
+def _parser() -> "lark.Lark":
+    import lark
+
     return lark.Lark(grammar_path("program.lark").read_text(), parser="lalr", propagate_positions=True)
 
 
-def _instruction(tree: lark.Tree) -> Instruction:
+def _instruction(tree: "lark.Tree") -> Instruction:
     collective, level, form = tree.children
     ancestor = str(form.children[1]) if form.data != "inside" else None
     return Instruction(Collective.from_text(str(collective)), str(level), Form(form.data), ancestor)
 
 
+_CANONICAL = re.compile(
+    r"(AllReduce|ReduceScatter|AllGather|Reduce|Broadcast)\(([A-Za-z_]\w*), "
+    r"(?:(inside)|(parallel|master)\(([A-Za-z_]\w*)\))\)"
+)
+_BY_NAME = {c.value: c for c in Collective}
+
+
+def read_program(text: str, source: str = "<program>") -> Program:
+    """:func:`parse_program`, with a fast path (no lark) for the canonical text
+    :func:`format_program` prints: one instruction per line, exactly as printed."""
+    instructions = []
+    for line in text.split("\n"):
+        m = _CANONICAL.fullmatch(line)
+        if m is None:
+            return parse_program(text, source)
+        collective, level, inside, form, ancestor = m.groups()
+        instructions.append(
+            Instruction(_BY_NAME[collective], level, Form.INSIDE if inside else Form(form), ancestor)
+        )
+    return Program(tuple(instructions))
+
+
 def parse_program(text: str, source: str = "<program>") -> Program:
     """Parse program text; errors report ``source:line:column``."""
+    import lark
+
     try:
         tree = _parser().parse(text)
     except lark.UnexpectedInput as exc:

@@ -3,7 +3,7 @@
 A program is traced once on the synthesis hierarchy (one reduction group) with
 the semantics, which gives, per step, the synthesis groups and the ordered chunk
 list each group covers. The same grouping is then applied to every reduction
-group at once through ``Placement.synthesis_groups`` (row = reduction group,
+group at once through ``Reduction.synthesis_groups`` (row = reduction group,
 column = synthesis index).
 
 Chunks and shards. The data of a reduction group is split into ``k`` chunks.
@@ -21,13 +21,12 @@ from typing import Sequence
 
 from .errors import SynthError
 from .language import Collective, Instruction, Program
-from .placement import Placement
+from .reduction import Reduction
 from .semantics import (
     Goal,
     Hierarchy,
     State,
     apply_step,
-    hierarchy_of,
     held_chunks,
     initial_state,
     is_goal,
@@ -108,12 +107,13 @@ def trace(program: Program, hierarchy: Hierarchy, goal: Goal) -> tuple[tuple[Tra
     return tuple(steps), state
 
 
-def lower(program: Program, placement: Placement, reduce_axes: Sequence[str], goal: Goal) -> LoweredProgram:
-    """The program on every reduction group at once, in global device ids."""
-    hierarchy = hierarchy_of(placement, reduce_axes)
+def lower(program: Program, reduction: Reduction) -> LoweredProgram:
+    """The program on every reduction group at once, in global device ids;
+    SynthError (from :func:`trace`) if it does not implement the reduction."""
+    hierarchy, goal = reduction.hierarchy, reduction.goal
     traced, final = trace(program, hierarchy, goal)
-    table = placement.synthesis_groups(reduce_axes)
-    sigma = placement.rank_to_synthesis_index(reduce_axes)
+    table = reduction.synthesis_groups
+    sigma = reduction.rank_to_synthesis_index
     if goal is Goal.REDUCESCATTER:
         chunk_of_rank = tuple(held_chunks(final[s])[0] for s in sigma)
     elif goal is Goal.ALLGATHER:
@@ -128,11 +128,11 @@ def lower(program: Program, placement: Placement, reduce_axes: Sequence[str], go
         steps.append(
             LoweredStep(t.instruction, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
         )
-    rank_groups = placement.reduction_groups(reduce_axes)
+    rank_groups = reduction.reduction_groups
     return LoweredProgram(
         program=program,
         goal=goal,
-        num_devices=placement.topology.num_devices,
+        num_devices=reduction.topology.num_devices,
         num_chunks=hierarchy.k,
         reduction_groups=tuple(tuple(int(v) for v in row) for row in rank_groups),
         chunk_of_rank=chunk_of_rank,

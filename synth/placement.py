@@ -86,8 +86,6 @@ def parse_reduce(spec: str | None, axes: Sequence[Axis]) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- constraints
 
-_OPS = ("<=", ">=", "=")
-
 
 @dataclass(frozen=True)
 class Constraint:
@@ -273,62 +271,22 @@ class Placement:
     def axis_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.axes)
 
-    def _digits(self) -> np.ndarray:
-        """Device ids indexed by digits, dims ordered (level, axis), level-major."""
+    @cached_property
+    def digits(self) -> np.ndarray:
+        """Device ids indexed by digits: dims ordered (level, axis), level-major,
+        dim ``l * len(axes) + a`` of size ``X[a][l]`` (see the module docstring)."""
         dims = [self.matrix[a][l] for l in range(len(self.topology.levels)) for a in range(len(self.axes))]
         return np.arange(self.topology.num_devices).reshape(dims)
 
-    def _dim(self, a: int, l: int) -> int:
-        return l * len(self.axes) + a
+    def digit_dim(self, axis: int, level: int) -> int:
+        """The dimension of :attr:`digits` that holds axis ``axis``'s digit at ``level``."""
+        return level * len(self.axes) + axis
 
     @cached_property
     def mesh(self) -> np.ndarray:
         """Array of shape (axis sizes) holding device ids (JAX Mesh / DeviceMesh order)."""
-        order = [self._dim(a, l) for a in range(len(self.axes)) for l in range(len(self.topology.levels))]
-        return self._digits().transpose(order).reshape([a.size for a in self.axes])
-
-    def _table(self, reduce_axes: Sequence[str], level_major: bool) -> np.ndarray:
-        red = [self.axis_names.index(r) for r in reduce_axes]
-        rest = [a for a in range(len(self.axes)) if a not in red]
-        nl = len(self.topology.levels)
-        outer = [self._dim(a, l) for a in rest for l in range(nl)]
-        if level_major:
-            inner = [self._dim(a, l) for l in range(nl) for a in red]
-        else:
-            inner = [self._dim(a, l) for a in red for l in range(nl)]
-        k = math.prod(self.axes[a].size for a in red)
-        return self._digits().transpose(outer + inner).reshape(-1, k)
-
-    def reduction_groups(self, reduce_axes: Sequence[str]) -> np.ndarray:
-        """(groups, k) device ids; row g is one reduction group, column r the device
-        with reduction rank r (mixed radix over the reduction axes, last fastest)."""
-        return self._table(reduce_axes, level_major=False)
-
-    def synthesis_groups(self, reduce_axes: Sequence[str]) -> np.ndarray:
-        """(groups, k) device ids; the same rows as :meth:`reduction_groups`, columns
-        ordered by synthesis-hierarchy index (level-major digits, see
-        :meth:`synthesis_levels`)."""
-        return self._table(reduce_axes, level_major=True)
-
-    def synthesis_levels(self, reduce_axes: Sequence[str]) -> tuple[tuple[str, int], ...]:
-        """The synthesis hierarchy below the root: for each level where the
-        reduction axes are split (product of ``X[a][l]`` over them > 1), its name
-        and that product. Every reduction group has this shape."""
-        red = [self.axis_names.index(r) for r in reduce_axes]
-        out = []
-        for l, level in enumerate(self.topology.levels):
-            size = math.prod(self.matrix[a][l] for a in red)
-            if size > 1:
-                out.append((level.name, size))
-        return tuple(out)
-
-    def rank_to_synthesis_index(self, reduce_axes: Sequence[str]) -> tuple[int, ...]:
-        """``sigma[r]`` = synthesis index of the device with reduction rank ``r``
-        (the same in every reduction group)."""
-        by_rank = self.reduction_groups(reduce_axes)[0]
-        by_index = self.synthesis_groups(reduce_axes)[0]
-        position = {int(d): i for i, d in enumerate(by_index)}
-        return tuple(position[int(d)] for d in by_rank)
+        order = [self.digit_dim(a, l) for a in range(len(self.axes)) for l in range(len(self.topology.levels))]
+        return self.digits.transpose(order).reshape([a.size for a in self.axes])
 
     def matrix_text(self) -> str:
         """The matrix in table form, rows = axes: ``dp:4,1 / mp:1,16``."""

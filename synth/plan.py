@@ -1,30 +1,177 @@
-"""Plans: a placement plus a verified program, as a versioned JSON document.
+"""Plans: a placement and verified programs, as a versioned JSON document.
 
-The schema is documented in ``docs/plan-schema.md``. ``load_plan`` validates a
-document and rebuilds its parts; ``verify_plan`` re-derives the lowering from the
-topology, matrix and program text, checks that the stored steps are exactly that
-lowering, and re-proves the stored steps (numpy reference and z3).
+The schema is documented in ``docs/plan-schema.md`` (version 2; version 1 files
+are read too). A plan holds one placement (topology, axes, matrix, mesh) and one
+or more reductions over it (axes and goal), each with one program per range of
+buffer sizes (one range covering every size for a plan written by the main
+command; several for ``tune`` or the job planner).
+
+:func:`load_plan` is the path to execution and stays light (numpy only: no z3,
+lark or yaml): it rebuilds the placement, re-derives every program's lowering
+from its text with the semantics (:func:`synth.lowering.lower`) and refuses a
+file whose stored values differ in any field from that derivation. Proving the
+programs (numpy reference and z3) is a separate, explicit step:
+:func:`synth.verify.verify_plan` or ``synth-reduce verify``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
 from .documents import read_document, write_document
 from .errors import SynthError
-from .execute import check_numerically
-from .language import Program, format_program, parse_program
-from .lowering import LoweredProgram, LoweredStep, lower
+from .language import Program, format_program, read_program
+from .lowering import LoweredProgram, lower
 from .placement import Axis, Placement
-from .prove import Proof, prove
-from .semantics import Goal, hierarchy_of
+from .reduction import Reduction
+from .semantics import Goal
 from .topology import topology_from_dict
 
 SCHEMA = "synth-reduce/plan"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+_FIX = "re-create the plan with synth-reduce --out"
+
+
+# ---------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class PlannedProgram:
+    """A lowered program used for buffers of ``min_bytes <= size < max_bytes``
+    bytes per device (``max_bytes`` None: no upper bound)."""
+
+    lowered: LoweredProgram
+    min_bytes: int = 0
+    max_bytes: int | None = None
+    predicted_s: float | None = None  # informative: the model's prediction when chosen
+    predicted_for_bytes: int | None = None
+
+    @property
+    def program(self) -> Program:
+        return self.lowered.program
+
+    def covers(self, size_bytes: int) -> bool:
+        return self.min_bytes <= size_bytes and (self.max_bytes is None or size_bytes < self.max_bytes)
+
+
+@dataclass(frozen=True)
+class PlannedReduction:
+    """A reduction and its programs by size range. Invariant: the ranges are
+    sorted, start at 0, touch without gaps or overlaps and end unbounded."""
+
+    reduction: Reduction
+    programs: tuple[PlannedProgram, ...]
+
+    def __post_init__(self) -> None:
+        problem = _range_problem(self.programs)
+        if problem:
+            raise SynthError(f"{self.reduction.describe()}: {problem}")
+
+    def program_for(self, size_bytes: int) -> PlannedProgram:
+        """The program for buffers of ``size_bytes`` bytes per device."""
+        return next(p for p in self.programs if p.covers(size_bytes))
+
+
+def _range_problem(programs: Sequence[PlannedProgram]) -> str | None:
+    if not programs:
+        return "no program"
+    if programs[0].min_bytes != 0:
+        return f"the first size range starts at {programs[0].min_bytes} bytes, not 0"
+    for a, b in zip(programs, programs[1:]):
+        if a.max_bytes is None or a.max_bytes != b.min_bytes or b.min_bytes <= a.min_bytes:
+            return (f"size ranges [{a.min_bytes}, {a.max_bytes}) and [{b.min_bytes}, {b.max_bytes}) "
+                    "must follow each other without gap or overlap")
+    if programs[-1].max_bytes is not None:
+        return f"the last size range ends at {programs[-1].max_bytes} bytes; it must be unbounded (null)"
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement and the programs of its reductions (see the module docstring).
+    ``job`` is free-form information from the job planner (informative; not
+    verified)."""
+
+    placement: Placement
+    reductions: tuple[PlannedReduction, ...]
+    job: dict[str, Any] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.reductions:
+            raise SynthError("a plan needs at least one reduction")
+        keys = [(r.reduction.axes, r.reduction.goal) for r in self.reductions]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise SynthError(f"a plan holds {key[1].value} over {','.join(key[0])} twice")
+        if any(r.reduction.placement != self.placement for r in self.reductions):
+            raise SynthError("every reduction of a plan must be on the plan's placement")
+
+    @classmethod
+    def single(cls, lowered: LoweredProgram, reduction: Reduction, predicted_s: float | None = None,
+               predicted_for_bytes: int | None = None) -> "Plan":
+        """A plan of one reduction with one program for every size."""
+        program = PlannedProgram(lowered, predicted_s=predicted_s, predicted_for_bytes=predicted_for_bytes)
+        return cls(reduction.placement, (PlannedReduction(reduction, (program,)),))
+
+    def find(self, axes: Sequence[str] | str | None = None, goal: Goal | str | None = None) -> PlannedReduction:
+        """The reduction over ``axes`` (names or ``"dp,mp"``) toward ``goal``;
+        either may be omitted when it leaves one candidate."""
+        if isinstance(axes, str):
+            axes = [a.strip() for a in axes.split(",") if a.strip()]
+        if isinstance(goal, str):
+            goal = _goal(goal, "goal")
+        found = [r for r in self.reductions
+                 if (axes is None or set(r.reduction.axes) == set(axes)) and (goal is None or r.reduction.goal is goal)]
+        if len(found) == 1:
+            return found[0]
+        held = ", ".join(r.reduction.describe() for r in self.reductions)
+        wanted = " ".join(x for x in (goal.value if goal else None, f"over {','.join(axes)}" if axes else None) if x)
+        if not found:
+            raise SynthError(f"the plan has no reduction {wanted or ''}; it holds {held}".replace("  ", " "))
+        raise SynthError(f"the plan holds several reductions ({held}); name the axes and goal to use")
+
+    @property
+    def only(self) -> PlannedReduction:
+        """The plan's reduction when it holds exactly one."""
+        return self.find()
+
+    @property
+    def reduction(self) -> Reduction:
+        return self.only.reduction
+
+    @property
+    def lowered(self) -> LoweredProgram:
+        """The program of a plan with one reduction and one size range."""
+        only = self.only
+        if len(only.programs) != 1:
+            raise SynthError(
+                f"the plan has {len(only.programs)} programs by buffer size for {only.reduction.describe()}; "
+                "pick one with plan.only.program_for(size_bytes)"
+            )
+        return only.programs[0].lowered
+
+    @property
+    def programs(self) -> tuple[PlannedProgram, ...]:
+        """Every program of every reduction, in document order."""
+        return tuple(p for r in self.reductions for p in r.programs)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _runs(chunks: Sequence[int]) -> list[list[int]]:
+    """``[0, 1, 2, 5]`` -> ``[[0, 3], [5, 6]]``: ``[first, stop)`` runs."""
+    out: list[list[int]] = []
+    for c in chunks:
+        if out and out[-1][1] == c:
+            out[-1][1] = c + 1
+        else:
+            out.append([c, c + 1])
+    return out
 
 
 def steps_document(lowered: LoweredProgram) -> list[dict[str, Any]]:
@@ -33,13 +180,14 @@ def steps_document(lowered: LoweredProgram) -> list[dict[str, Any]]:
             "instruction": str(step.instruction),
             "collective": step.collective.value,
             "groups": [list(g) for g in step.groups],
-            "chunks": [list(c) for c in step.chunks],
+            "chunks": [_runs(c) for c in step.chunks],
         }
         for step in lowered.steps
     ]
 
 
 def program_document(lowered: LoweredProgram) -> dict[str, Any]:
+    """The program's text and lowered steps (what ``--json`` lists per program)."""
     return {
         "text": format_program(lowered.program),
         "num_steps": len(lowered.steps),
@@ -47,144 +195,241 @@ def program_document(lowered: LoweredProgram) -> dict[str, Any]:
     }
 
 
-def plan_document(placement: Placement, reduce_axes: Sequence[str], lowered: LoweredProgram) -> dict[str, Any]:
-    hierarchy = hierarchy_of(placement, reduce_axes)
-    return {
+def _hierarchy_document(reduction: Reduction) -> list[dict[str, Any]]:
+    h = reduction.hierarchy
+    return [{"name": n, "size": s} for n, s in zip(h.names, h.sizes)]
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    placement = plan.placement
+    doc: dict[str, Any] = {
         "schema": SCHEMA,
         "version": VERSION,
         "created_by": f"synth-reduce {__version__}",
         "topology": placement.topology.to_dict(),
         "axes": [{"name": a.name, "size": a.size} for a in placement.axes],
-        "reduce": list(reduce_axes),
-        "collective": lowered.goal.value,
         "matrix": [list(row) for row in placement.matrix],
         "mesh": placement.mesh.tolist(),
-        "synthesis_hierarchy": [{"name": n, "size": s} for n, s in zip(hierarchy.names, hierarchy.sizes)],
-        "num_chunks": lowered.num_chunks,
-        "reduction_groups": [list(g) for g in lowered.reduction_groups],
-        "chunk_of_rank": list(lowered.chunk_of_rank),
-        "program": program_document(lowered),
+        "reductions": [],
     }
+    for planned in plan.reductions:
+        reduction = planned.reduction
+        first = planned.programs[0].lowered
+        programs = []
+        for p in planned.programs:
+            entry: dict[str, Any] = {"min_bytes": p.min_bytes, "max_bytes": p.max_bytes}
+            entry.update(program_document(p.lowered))
+            if p.predicted_s is not None:
+                entry["predicted_s"] = p.predicted_s
+                entry["predicted_for_bytes"] = p.predicted_for_bytes
+            programs.append(entry)
+        doc["reductions"].append({
+            "reduce": list(reduction.axes),
+            "collective": reduction.goal.value,
+            "synthesis_hierarchy": _hierarchy_document(reduction),
+            "num_chunks": first.num_chunks,
+            "reduction_groups": [list(g) for g in first.reduction_groups],
+            "chunk_of_rank": list(first.chunk_of_rank),
+            "programs": programs,
+        })
+    if plan.job is not None:
+        doc["job"] = plan.job
+    return doc
 
 
-def write_plan(path: str | Path, document: dict[str, Any]) -> None:
-    write_document(path, "plan", document)
+def write_plan(path: str | Path, plan: Plan) -> None:
+    write_document(path, "plan", plan_document(plan))
 
 
-@dataclass(frozen=True)
-class Plan:
-    placement: Placement
-    reduce_axes: tuple[str, ...]
-    goal: Goal
-    program: Program
-    stored: LoweredProgram  # the steps exactly as the file has them
+# ---------------------------------------------------------------- reading
 
 
-def _field(doc: dict[str, Any], key: str, kind: type, source: str) -> Any:
-    if key not in doc:
-        raise SynthError(f"{source}: not a valid plan: missing field '{key}'")
-    if not isinstance(doc[key], kind):
-        raise SynthError(f"{source}: not a valid plan: field '{key}' has the wrong type")
-    return doc[key]
+class _Reader:
+    """Typed access to a plan document; errors name the file and the field."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, what: str) -> SynthError:
+        return SynthError(f"{self.source}: not a valid plan: {where} {what}")
+
+    def get(self, doc: Any, key: str, kind: type, where: str = "") -> Any:
+        name = f"{where}.{key}" if where else key
+        if not isinstance(doc, dict) or key not in doc:
+            raise SynthError(f"{self.source}: not a valid plan: missing field '{name}'")
+        value = doc[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.fail(f"'{name}'", f"must be {_KIND_NAMES.get(kind, kind.__name__)}")
+        return value
+
+    def ints(self, value: Any, name: str) -> tuple[int, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.fail(f"'{name}'", "must be a list of integers")
+        return tuple(value)
+
+    def int_lists(self, value: Any, name: str) -> tuple[tuple[int, ...], ...]:
+        if not isinstance(value, list):
+            raise self.fail(f"'{name}'", "must be a list of lists of integers")
+        return tuple(self.ints(row, name) for row in value)
 
 
-def _int_lists(value: Any, key: str, source: str) -> tuple[tuple[int, ...], ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(row, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in row) for row in value
-    ):
-        raise SynthError(f"{source}: not a valid plan: '{key}' must be a list of lists of integers")
-    return tuple(tuple(row) for row in value)
+_KIND_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object", bool: "true or false"}
+
+
+def _goal(text: str, where: str) -> Goal:
+    try:
+        return Goal(text)
+    except ValueError:
+        raise SynthError(f"{where}: unknown collective {text!r}; use one of {', '.join(g.value for g in Goal)}") from None
+
+
+def _upgrade_v1(doc: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 document (one reduction, one program, chunk lists as plain
+    integers) in the version-2 layout, for the one reader below."""
+    program = doc.get("program")
+    if isinstance(program, dict) and isinstance(program.get("steps"), list):
+        program = dict(program, min_bytes=0, max_bytes=None)
+        steps = []
+        for step in program["steps"]:
+            if isinstance(step, dict) and isinstance(step.get("chunks"), list):
+                step = dict(step, chunks=[_runs(c) if isinstance(c, list) and all(
+                    isinstance(x, int) for x in c) else c for c in step["chunks"]])
+            steps.append(step)
+        program["steps"] = steps
+    reduction = {key: doc[key] for key in ("reduce", "collective", "synthesis_hierarchy", "num_chunks",
+                                           "reduction_groups", "chunk_of_rank") if key in doc}
+    reduction["programs"] = [program] if program is not None else None
+    if "predicted_s" in doc and isinstance(program, dict):
+        program["predicted_s"] = doc["predicted_s"]
+    out = {key: doc[key] for key in ("schema", "created_by", "topology", "axes", "matrix", "mesh") if key in doc}
+    out["version"] = VERSION
+    out["reductions"] = [reduction]
+    return out
+
+
+def _chunk_list(r: _Reader, runs: Any, name: str) -> tuple[int, ...]:
+    chunks: list[int] = []
+    for run in r.int_lists(runs, name):
+        if len(run) != 2 or not 0 <= run[0] < run[1]:
+            raise r.fail(f"'{name}'", "must be a list of [first, stop) chunk runs with 0 <= first < stop")
+        chunks.extend(range(run[0], run[1]))
+    return tuple(chunks)
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read and validate a plan file; errors name the file and the problem."""
+    """Read a plan file and check it against the derivation of its programs;
+    errors name the file, the field and the fix. Needs numpy only."""
     source = str(path)
-    doc = read_document(path, "plan", SCHEMA, VERSION, fix="re-create the plan with --out")
-    topology = topology_from_dict(_field(doc, "topology", dict, source), f"{source}: topology")
-    axes_doc = _field(doc, "axes", list, source)
+    doc = read_document(path, "plan", SCHEMA, READABLE_VERSIONS, fix=_FIX)
+    if doc["version"] == 1:
+        doc = _upgrade_v1(doc)
+    return plan_from_document(doc, source)
+
+
+def plan_from_document(doc: dict[str, Any], source: str = "plan") -> Plan:
+    """:func:`load_plan` on an already parsed version-2 document."""
+    r = _Reader(source)
+    topology = topology_from_dict(r.get(doc, "topology", dict), f"{source}: topology")
+    axes_doc = r.get(doc, "axes", list)
     try:
-        axes = tuple(Axis(str(a["name"]), int(a["size"])) for a in axes_doc)
-    except (TypeError, KeyError, ValueError):
-        raise SynthError(f"{source}: not a valid plan: 'axes' must be a list of {{name, size}}") from None
-    matrix = _int_lists(_field(doc, "matrix", list, source), "matrix", source)
+        axes = tuple(Axis(a["name"], a["size"]) for a in axes_doc)
+        if not all(isinstance(a.name, str) and isinstance(a.size, int) and a.size >= 1 for a in axes):
+            raise TypeError
+    except (TypeError, KeyError):
+        raise r.fail("'axes'", "must be a list of {name, size} with a string name and a size >= 1") from None
+    matrix = r.int_lists(r.get(doc, "matrix", list), "matrix")
     try:
         placement = Placement(topology, axes, matrix)
     except SynthError as exc:
         raise SynthError(f"{source}: not a valid plan: {exc}") from None
-    if _field(doc, "mesh", list, source) != placement.mesh.tolist():
-        raise SynthError(f"{source}: the stored mesh is not the mesh of the stored matrix")
-    reduce_axes = tuple(_field(doc, "reduce", list, source))
-    unknown = [r for r in reduce_axes if r not in placement.axis_names]
-    if unknown or not reduce_axes:
-        raise SynthError(f"{source}: not a valid plan: 'reduce' names unknown axes {unknown}")
+    if r.get(doc, "mesh", list) != placement.mesh.tolist():
+        raise SynthError(f"{source}: the stored mesh is not the mesh of the stored matrix; {_FIX}")
+    reductions = []
+    for i, entry in enumerate(r.get(doc, "reductions", list)):
+        reductions.append(_planned_reduction(r, entry, f"reductions[{i}]", placement))
+    if not reductions:
+        raise r.fail("'reductions'", "must hold at least one reduction")
+    job = doc.get("job")
     try:
-        goal = Goal(_field(doc, "collective", str, source))
-    except ValueError:
-        raise SynthError(f"{source}: not a valid plan: unknown collective {doc['collective']!r}") from None
-    program_doc = _field(doc, "program", dict, source)
-    program = parse_program(_field(program_doc, "text", str, source), f"{source}: program.text")
-    steps_doc = _field(program_doc, "steps", list, source)
-    if len(steps_doc) != len(program):
-        raise SynthError(
-            f"{source}: plan is inconsistent: {len(steps_doc)} steps stored for a "
-            f"{len(program)}-instruction program"
-        )
-    steps = []
-    for instruction, step in zip(program.instructions, steps_doc):
-        if not isinstance(step, dict):
-            raise SynthError(f"{source}: not a valid plan: every step must be an object")
-        groups = _int_lists(step.get("groups"), "groups", source)
-        chunks = _int_lists(step.get("chunks"), "chunks", source)
-        if len(groups) != len(chunks):
-            raise SynthError(f"{source}: not a valid plan: a step has {len(groups)} groups but {len(chunks)} chunk lists")
-        steps.append(LoweredStep(instruction, groups, chunks))
-    k = _field(doc, "num_chunks", int, source)
-    stored = LoweredProgram(
-        program=program,
-        goal=goal,
-        num_devices=topology.num_devices,
-        num_chunks=k,
-        reduction_groups=_int_lists(_field(doc, "reduction_groups", list, source), "reduction_groups", source),
-        chunk_of_rank=tuple(_field(doc, "chunk_of_rank", list, source)),
-        steps=tuple(steps),
-    )
-    return Plan(placement, reduce_axes, goal, program, stored)
-
-
-@dataclass(frozen=True)
-class Verification:
-    elements_checked: int
-    proof: Proof
-
-
-def verify_lowered(lowered: LoweredProgram) -> Verification:
-    """Both independent checks; SynthError if either fails. A z3 proof skipped for
-    size (``proof.skipped``) is not a failure; callers report its scope."""
-    checked = check_numerically(lowered)
-    proof = prove(lowered)
-    if not proof.proved and not proof.skipped:
-        raise SynthError(f"z3 refutes the program: {proof.counterexample}")
-    return Verification(checked, proof)
-
-
-def verify_plan(plan: Plan, source: str = "plan") -> Verification:
-    """Re-derive the plan's lowering, compare it with the stored one, re-prove it."""
-    try:
-        derived = lower(plan.program, plan.placement, plan.reduce_axes, plan.goal)
+        return Plan(placement, tuple(reductions), job if isinstance(job, dict) else None)
     except SynthError as exc:
-        raise SynthError(f"{source}: the program is not valid on the stored placement: {exc}") from None
-    if derived != plan.stored:
-        for number, (a, b) in enumerate(zip(derived.steps, plan.stored.steps), 1):
-            if a != b:
-                raise SynthError(
-                    f"{source}: step {number} ({a.instruction}) stores groups or chunks that differ "
-                    "from the lowering of the program on this placement"
-                )
-        raise SynthError(
-            f"{source}: the stored reduction groups, chunk count or chunk_of_rank differ from "
-            "the lowering of the program on this placement"
-        )
+        raise SynthError(f"{source}: not a valid plan: {exc}") from None
+
+
+def _planned_reduction(r: _Reader, entry: Any, where: str, placement: Placement) -> PlannedReduction:
+    source = r.source
+    reduce_axes = r.get(entry, "reduce", list, where)
+    if not all(isinstance(a, str) for a in reduce_axes):
+        raise r.fail(f"'{where}.reduce'", "must be a list of axis names")
+    goal = _goal(r.get(entry, "collective", str, where), f"{source}: {where}.collective")
     try:
-        return verify_lowered(plan.stored)
+        reduction = Reduction(placement, tuple(reduce_axes), goal)
     except SynthError as exc:
-        raise SynthError(f"{source}: {exc}") from None
+        raise SynthError(f"{source}: not a valid plan: {where}: {exc}") from None
+    hierarchy = r.get(entry, "synthesis_hierarchy", list, where)
+    derived_hierarchy = [{"name": n, "size": s} for n, s in zip(reduction.hierarchy.names, reduction.hierarchy.sizes)]
+    if hierarchy != derived_hierarchy:
+        raise SynthError(f"{source}: {where}.synthesis_hierarchy is not the synthesis hierarchy of the stored "
+                         f"matrix and reduction axes ({reduction.hierarchy.describe()}); {_FIX}")
+    num_chunks = r.get(entry, "num_chunks", int, where)
+    groups = r.int_lists(r.get(entry, "reduction_groups", list, where), f"{where}.reduction_groups")
+    chunk_of_rank = r.ints(r.get(entry, "chunk_of_rank", list, where), f"{where}.chunk_of_rank")
+    programs = []
+    for j, program_doc in enumerate(r.get(entry, "programs", list, where)):
+        at = f"{where}.programs[{j}]"
+        lowered = _checked_program(r, program_doc, at, reduction)
+        for name, stored, derived in (("num_chunks", num_chunks, lowered.num_chunks),
+                                      ("reduction_groups", groups, lowered.reduction_groups),
+                                      ("chunk_of_rank", chunk_of_rank, lowered.chunk_of_rank)):
+            if stored != derived:
+                raise SynthError(f"{source}: {where}.{name} differs from the lowering of {at}'s program on this "
+                                 f"placement; {_FIX}")
+        min_bytes = r.get(program_doc, "min_bytes", int, at)
+        max_bytes = program_doc.get("max_bytes")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)):
+            raise r.fail(f"'{at}.max_bytes'", "must be an integer or null")
+        predicted = program_doc.get("predicted_s")
+        predicted_for = program_doc.get("predicted_for_bytes")
+        programs.append(PlannedProgram(
+            lowered, min_bytes, max_bytes,
+            float(predicted) if isinstance(predicted, (int, float)) and not isinstance(predicted, bool) else None,
+            predicted_for if isinstance(predicted_for, int) and not isinstance(predicted_for, bool) else None,
+        ))
+    problem = _range_problem(programs)
+    if problem:
+        raise r.fail(f"'{where}.programs'", f"size ranges are inconsistent: {problem}")
+    return PlannedReduction(reduction, tuple(programs))
+
+
+def _checked_program(r: _Reader, doc: Any, at: str, reduction: Reduction) -> LoweredProgram:
+    """The lowering of the stored program text, after checking that every stored
+    field of the program equals it."""
+    source = r.source
+    text = r.get(doc, "text", str, at)
+    program = read_program(text, f"{source}: {at}.text")
+    try:
+        derived = lower(program, reduction)
+    except SynthError as exc:
+        raise SynthError(f"{source}: {at}: the program is not valid on the stored placement: {exc}") from None
+    if r.get(doc, "num_steps", int, at) != len(derived.steps):
+        raise SynthError(f"{source}: {at}.num_steps is {doc['num_steps']} but the program has "
+                         f"{len(derived.steps)} instructions; {_FIX}")
+    steps = r.get(doc, "steps", list, at)
+    if len(steps) != len(derived.steps):
+        raise SynthError(f"{source}: {at}: {len(steps)} steps stored for a {len(derived.steps)}-instruction "
+                         f"program; {_FIX}")
+    for number, (step, want) in enumerate(zip(steps, derived.steps), 1):
+        where = f"{at}.steps[{number - 1}]"
+        if r.get(step, "instruction", str, where) != str(want.instruction):
+            raise SynthError(f"{source}: {where}.instruction is {step['instruction']!r} but instruction {number} "
+                             f"of the program text is {str(want.instruction)!r}; {_FIX}")
+        if r.get(step, "collective", str, where) != want.collective.value:
+            raise SynthError(f"{source}: {where}.collective is {step['collective']!r} but step {number} is a "
+                             f"{want.collective.value}; {_FIX}")
+        groups = r.int_lists(r.get(step, "groups", list, where), f"{where}.groups")
+        chunks_doc = r.get(step, "chunks", list, where)
+        chunks = tuple(_chunk_list(r, c, f"{where}.chunks") for c in chunks_doc)
+        if groups != want.groups or chunks != want.chunks:
+            raise SynthError(f"{source}: step {number} ({want.instruction}) stores groups or chunks that differ "
+                             f"from the lowering of the program on this placement; {_FIX}")
+    return derived

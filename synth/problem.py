@@ -1,12 +1,16 @@
-"""The problem a command solves, from its command-line arguments: a topology,
-parallelism axes, the reduction (axes and goal), placement constraints and the
-step limit. Shared by the main command, bench, tune and emulate.
+"""The question a command or an API call asks: a topology, parallelism axes, the
+reduction (axes and goal), placement constraints and the step limit.
+
+:func:`make_problem` builds one from the loose values users write (a shipped
+topology name or a path, ``{"dp": 4}`` or ``"dp=4,mp=16"``, ``"mp@node=1"``),
+with the same one-line errors as the command line.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence, Union
 
 from .errors import SynthError
 from .placement import (
@@ -19,35 +23,14 @@ from .placement import (
     parse_constraint,
     parse_reduce,
 )
+from .reduction import Reduction
 from .semantics import Goal
 from .topology import Topology, load_topology, parse_scale
 
+MAX_STEPS_DEFAULT = 5
 
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are SynthErrors (one line, exit 2)."""
-
-    def error(self, message: str) -> None:  # one line, exit 2, like SynthError
-        raise SynthError(f"{message} (see '{self.prog} --help')")
-
-
-def add_problem_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topology", required=True, help="topology YAML file, or a shipped name (e.g. dgx-a100)")
-    p.add_argument("--axes", required=True, help="parallelism axes with sizes, e.g. dp=16,mp=8")
-    p.add_argument("--reduce", help="reduction axes, e.g. dp or dp,mp (default: the first axis)")
-    p.add_argument(
-        "--collective",
-        choices=[g.value for g in Goal],
-        help="the reduction to implement (default: allreduce)",
-    )
-    p.add_argument(
-        "--constrain",
-        action="append",
-        default=[],
-        metavar="AXIS@LEVEL{=,>=,<=}N",
-        help="constrain a matrix entry, e.g. mp@node=1 (mp stays inside a node); repeatable",
-    )
-    p.add_argument("--scale", default="", metavar="LEVEL=COUNT", help="override level counts, e.g. node=2")
-    p.add_argument("--max-steps", type=int, default=5, help="longest program to search (default: 5)")
+TopologySpec = Union[str, Path, Topology]
+AxesSpec = Union[str, Mapping[str, int], Sequence[Axis]]
 
 
 @dataclass(frozen=True)
@@ -55,9 +38,9 @@ class Problem:
     topology: Topology
     axes: tuple[Axis, ...]
     reduce_axes: tuple[str, ...]
-    goal: Goal
-    constraints: tuple[Constraint, ...]
-    max_steps: int
+    goal: Goal = Goal.ALLREDUCE
+    constraints: tuple[Constraint, ...] = ()
+    max_steps: int = MAX_STEPS_DEFAULT
 
     def describe(self) -> str:
         axes = " ".join(f"{a.name}={a.size}" for a in self.axes)
@@ -67,30 +50,83 @@ class Problem:
             f"axes {axes}; {self.goal.value} over {','.join(self.reduce_axes)}"
         )
 
+    def placements(self) -> list[Placement]:
+        """Every placement satisfying the constraints, in enumeration order (the
+        ``#`` column); SynthError if none does."""
+        placements = enumerate_placements(self.topology, self.axes, self.constraints)
+        if not placements:
+            given = ", ".join(str(c) for c in self.constraints)
+            raise SynthError(f"no placement satisfies the constraints ({given}); relax or remove a --constrain")
+        return placements
 
-def problem_from_args(args: argparse.Namespace) -> Problem:
-    topology = load_topology(args.topology)
-    if args.scale:
-        topology = topology.scaled(parse_scale(args.scale))
-    axes = parse_axes(args.axes)
+    def reduction(self, placement: Placement) -> Reduction:
+        return Reduction(placement, self.reduce_axes, self.goal)
+
+
+def resolve_topology(topology: TopologySpec) -> Topology:
+    """A :class:`Topology` as given, or loaded from a path or shipped name."""
+    return topology if isinstance(topology, Topology) else load_topology(str(topology))
+
+
+def resolve_axes(axes: AxesSpec) -> tuple[Axis, ...]:
+    """Axes from ``"dp=4,mp=16"``, ``{"dp": 4, "mp": 16}`` or a sequence of :class:`Axis`."""
+    if isinstance(axes, str):
+        return parse_axes(axes)
+    if isinstance(axes, Mapping):
+        return parse_axes(",".join(f"{name}={size}" for name, size in axes.items()))
+    if all(isinstance(a, Axis) for a in axes):
+        return parse_axes(",".join(f"{a.name}={a.size}" for a in axes))
+    raise SynthError("axes: give a mapping name -> size, e.g. {'dp': 4, 'mp': 16}, or text 'dp=4,mp=16'")
+
+
+def resolve_goal(goal: Goal | str) -> Goal:
+    if isinstance(goal, Goal):
+        return goal
+    try:
+        return Goal(goal.lower())
+    except (ValueError, AttributeError):
+        raise SynthError(f"goal {goal!r}: use one of {', '.join(g.value for g in Goal)}") from None
+
+
+def make_problem(
+    topology: TopologySpec,
+    axes: AxesSpec,
+    reduce: str | Sequence[str] | None = None,
+    goal: Goal | str = Goal.ALLREDUCE,
+    constraints: Sequence[Constraint | str] = (),
+    max_steps: int = MAX_STEPS_DEFAULT,
+) -> Problem:
+    """A checked problem from loose values; SynthError names the bad one."""
+    topology = resolve_topology(topology)
+    axes = resolve_axes(axes)
     check_axes_fit(axes, topology)
-    if args.max_steps < 1:
-        raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
-    return Problem(
-        topology=topology,
-        axes=axes,
-        reduce_axes=parse_reduce(args.reduce, axes),
-        goal=Goal(args.collective or "allreduce"),
-        constraints=tuple(parse_constraint(c, axes, topology) for c in args.constrain),
-        max_steps=args.max_steps,
-    )
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int):
+        raise SynthError(f"--max-steps {max_steps!r}: must be an integer >= 1")
+    if max_steps < 1:
+        raise SynthError(f"--max-steps {max_steps}: must be >= 1")
+    if reduce is not None and not isinstance(reduce, str):
+        reduce = ",".join(reduce)
+    checked = tuple(parse_constraint(str(c), axes, topology) for c in constraints)
+    return Problem(topology, axes, parse_reduce(reduce, axes), resolve_goal(goal), checked, max_steps)
 
 
-def placements_of(problem: Problem) -> list[Placement]:
-    placements = enumerate_placements(problem.topology, problem.axes, problem.constraints)
-    if not placements:
-        given = ", ".join(str(c) for c in problem.constraints)
-        raise SynthError(
-            f"no placement satisfies the constraints ({given}); relax or remove a --constrain"
-        )
-    return placements
+@dataclass(frozen=True)
+class ProblemSpec:
+    """A problem as the command line writes it (text values); :meth:`build`
+    loads and checks it. Commands that run under mpiexec build it on every rank
+    and agree on the outcome before any collective."""
+
+    topology: str
+    axes: str
+    reduce: str | None = None
+    goal: str | None = None
+    constraints: tuple[str, ...] = ()
+    scale: tuple[str, ...] = ()  # "node=2" or "node=2,gpu=4" items, applied in order
+    max_steps: int = MAX_STEPS_DEFAULT
+
+    def build(self) -> Problem:
+        topology = load_topology(self.topology)
+        for item in self.scale:
+            topology = topology.scaled(parse_scale(item))
+        return make_problem(topology, self.axes, self.reduce, self.goal or Goal.ALLREDUCE, self.constraints,
+                            self.max_steps)

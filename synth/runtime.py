@@ -39,7 +39,8 @@ from .errors import SynthError
 from .execute import execute
 from .language import Collective
 from .lowering import LoweredProgram
-from .plan import Plan
+from .plan import Plan, PlannedProgram
+from .semantics import Goal
 
 Group = tuple[int, ...]
 Range = tuple[int, int]
@@ -177,10 +178,13 @@ class World:
         return {g: c for g, c in self._communicators.items() if c is not None}
 
 
-def _fingerprint(lowered: LoweredProgram) -> str:
-    steps = [(s.collective.value, s.groups, s.chunks) for s in lowered.steps]
-    text = repr((lowered.num_devices, lowered.num_chunks, lowered.chunk_of_rank, steps))
-    return hashlib.sha256(text.encode()).hexdigest()
+def _fingerprint(programs: Sequence[LoweredProgram], ranges: Sequence[tuple[int, int | None]]) -> str:
+    """A hash of everything that decides which collectives a rank calls."""
+    digest = hashlib.sha256(repr(tuple(ranges)).encode())
+    for lowered in programs:
+        steps = [(s.collective.value, s.groups, s.chunks) for s in lowered.steps]
+        digest.update(repr((lowered.num_devices, lowered.num_chunks, lowered.chunk_of_rank, steps)).encode())
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------- executor
@@ -238,39 +242,18 @@ def _copy_ranges(work: Any, ranges: Sequence[Range], flat: Any, into_work: bool)
         offset = end
 
 
-class Executor:
-    """A plan bound to a world. Building it is collective over the world
-    (checks that every rank holds the same plan for this world size, creates the
-    sub-communicators); so is each call ``executor(buffer)``, which runs the
-    program in place on this rank's 1-D contiguous ``buffer``.
+class _Runner:
+    """One lowered program bound to a world: this rank's calls, its
+    communicators, and the ops per buffer length and dtype."""
 
-    ``check=True`` (the default) first checks collectively that every rank passes
-    a supported dtype and the same length, and raises the same SynthError on
-    every rank otherwise; ``check=False`` skips that small collective in hot
-    loops whose buffers were checked once."""
-
-    def __init__(self, plan: LoweredProgram | Plan, world: World) -> None:
-        lowered = plan.stored if isinstance(plan, Plan) else plan
-        problem = None
-        if world.size != lowered.num_devices:
-            problem = (
-                f"the plan is for {lowered.num_devices} ranks but {world.size} were launched; "
-                f"run it with mpiexec -n {lowered.num_devices}"
-            )
-        world.agree(problem)
-        fingerprints = world.allgather(_fingerprint(lowered))
-        if len(set(fingerprints)) > 1:
-            differ = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
-            raise SynthError(f"ranks {differ} hold a different plan than rank 0; pass every rank the same plan")
+    def __init__(self, lowered: LoweredProgram, world: World) -> None:
         self.lowered = lowered
         self.world = world
         self.calls = schedule(lowered, world.rank)
         self._comms = world.communicators(lowered)
         self._ops: dict[tuple[int, Any], tuple[list[_Op], Any]] = {}
 
-    def __call__(self, buffer: Any, check: bool = True) -> None:
-        if check:
-            self.check(buffer)
+    def __call__(self, buffer: Any) -> None:
         n = buffer.shape[0]
         key = (n, buffer.dtype)
         bound = self._ops.get(key)
@@ -296,6 +279,72 @@ class Executor:
         ops = [_Op(c, self._comms[c.group], q, xp, dtype) for c in self.calls] if q else []
         padded = xp.zeros(k * q, dtype=dtype) if k * q != n else None
         return ops, padded
+
+
+class Executor:
+    """A plan bound to a world. Building it is collective over the world
+    (checks that every rank holds the same plan for this world size, creates the
+    sub-communicators of every program once); so is each call
+    ``executor(buffer)``, which runs the program for the buffer's size in place
+    on this rank's 1-D contiguous ``buffer``.
+
+    ``plan`` is a :class:`~synth.plan.Plan` (with ``reduce`` and ``goal`` naming
+    one of its reductions when it holds several) or a single lowered program.
+    ``check=True`` (the default) first checks collectively that every rank passes
+    a supported dtype and the same length, and raises the same SynthError on
+    every rank otherwise; ``check=False`` skips that small collective in hot
+    loops whose buffers were checked once (every rank must then pass the same
+    length, or ranks may pick programs of different size ranges)."""
+
+    def __init__(self, plan: LoweredProgram | Plan, world: World, reduce: str | Sequence[str] | None = None,
+                 goal: Goal | str | None = None) -> None:
+        if isinstance(plan, Plan):
+            programs = plan.find(reduce, goal).programs
+        else:
+            programs = (PlannedProgram(plan),)
+        devices = programs[0].lowered.num_devices
+        problem = None
+        if world.size != devices:
+            problem = (
+                f"the plan is for {devices} ranks but {world.size} were launched; "
+                f"run it with {devices} ranks (e.g. mpiexec -n {devices})"
+            )
+        world.agree(problem)
+        fingerprint = _fingerprint([p.lowered for p in programs], [(p.min_bytes, p.max_bytes) for p in programs])
+        fingerprints = world.allgather(fingerprint)
+        if len(set(fingerprints)) > 1:
+            differ = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
+            raise SynthError(f"ranks {differ} hold a different plan than rank 0; pass every rank the same plan")
+        self.world = world
+        self.programs = programs
+        self._runners = [_Runner(p.lowered, world) for p in programs]
+
+    @property
+    def lowered(self) -> LoweredProgram:
+        """The program of a plan with one size range."""
+        if len(self._runners) != 1:
+            raise SynthError("this executor holds one program per size range; see Executor.program_for")
+        return self._runners[0].lowered
+
+    @property
+    def calls(self) -> tuple[Call, ...]:
+        """This rank's calls (of a plan with one size range)."""
+        return schedule(self.lowered, self.world.rank)
+
+    def program_for(self, size_bytes: int) -> LoweredProgram:
+        """The program a buffer of ``size_bytes`` bytes runs."""
+        return self._runner(size_bytes).lowered
+
+    def _runner(self, size_bytes: int) -> _Runner:
+        for program, runner in zip(self.programs, self._runners):
+            if program.covers(size_bytes):
+                return runner
+        raise AssertionError("plan size ranges cover every size")  # checked when the plan was built
+
+    def __call__(self, buffer: Any, check: bool = True) -> None:
+        if check:
+            self.check(buffer)
+        self._runner(buffer.nbytes)(buffer)
 
     def check(self, buffer: Any) -> None:
         """Collective: every rank passes a supported 1-D contiguous buffer of the

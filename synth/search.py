@@ -13,26 +13,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 from .language import Collective, Instruction, Program
 from .placement import Placement
+from .reduction import Reduction
 from .semantics import (
     Goal,
     Hierarchy,
+    Loads,
     State,
     apply_grouping,
     distinct_groupings,
     final_collectives,
-    hierarchy_of,
     initial_state,
     is_goal,
     may_finish_in_one_step,
     step_load,
 )
-
-
-Loads = tuple[int, ...]  # chunks a step moves, per synthesis group
 
 
 @dataclass(frozen=True)
@@ -145,25 +142,32 @@ def _synthesize_indices(
 
 
 @dataclass(frozen=True)
-class PlacementPrograms:
-    """A placement, its synthesis hierarchy and every valid program on it."""
+class ReductionPrograms:
+    """A reduction and every valid program on its synthesis hierarchy."""
 
-    placement: Placement
-    hierarchy: Hierarchy
-    programs: tuple[Program, ...]
+    reduction: Reduction
+    programs: tuple[Program, ...]  # shortest first, ties in instruction order
     loads: tuple[tuple[Loads, ...], ...]  # per program, per step, per synthesis group
     stats: SearchStats
 
+    @property
+    def placement(self) -> Placement:
+        return self.reduction.placement
 
-def synthesize_placements(
-    placements: Sequence[Placement], reduce_axes: Sequence[str], goal: Goal, max_steps: int = 5
-) -> list[PlacementPrograms]:
-    """Programs for each placement; placements sharing a synthesis hierarchy shape
-    share one search (level names are substituted, the programs are the same)."""
-    out = []
-    for placement in placements:
-        hierarchy = hierarchy_of(placement, reduce_axes)
-        programs, stats = synthesize(hierarchy, goal, max_steps)
-        loads = program_loads(hierarchy, goal, max_steps)
-        out.append(PlacementPrograms(placement, hierarchy, programs, loads, stats))
-    return out
+    @property
+    def hierarchy(self) -> Hierarchy:
+        return self.reduction.hierarchy
+
+
+def synthesize_reduction(reduction: Reduction, max_steps: int = 5) -> ReductionPrograms:
+    """Every valid program of at most ``max_steps`` steps for ``reduction``.
+    Reductions whose synthesis hierarchies have the same sizes share one search
+    (level names are substituted; the programs are the same)."""
+    hierarchy = reduction.hierarchy
+    programs, stats = synthesize(hierarchy, reduction.goal, max_steps)
+    return ReductionPrograms(reduction, programs, program_loads(hierarchy, reduction.goal, max_steps), stats)
+
+
+def clear_cache() -> None:
+    """Forget the memoised searches (for benchmarks that time cold searches)."""
+    _synthesize_indices.cache_clear()

@@ -41,13 +41,13 @@ import numpy as np
 
 from .errors import SynthError
 from .language import ROOT, Collective, Form, Instruction
-from .placement import Placement
 
 Run = tuple[int, int, int]  # (first chunk, stop chunk, contributor bitmask)
 # (run stops, run masks): runs partition chunks 0..k-1; mask 0 = not held
 DeviceState = tuple[tuple[int, ...], tuple[int, ...]]
 State = tuple[DeviceState, ...]
 Group = tuple[int, ...]
+Loads = tuple[int, ...]  # chunks one step moves, per synthesis group
 
 
 class Goal(enum.Enum):
@@ -84,12 +84,6 @@ class Hierarchy:
 
     def describe(self) -> str:
         return " > ".join(f"{n} x{s}" for n, s in zip(self.names, self.sizes)) or "(single device)"
-
-
-def hierarchy_of(placement: Placement, reduce_axes: Sequence[str]) -> Hierarchy:
-    """The synthesis hierarchy of a reduction over ``reduce_axes`` on ``placement``."""
-    levels = placement.synthesis_levels(reduce_axes)
-    return Hierarchy(tuple(n for n, _ in levels), tuple(s for _, s in levels))
 
 
 # ---------------------------------------------------------------- groups

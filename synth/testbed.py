@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .problem import Parser
+from .cli.args import Parser
 from .errors import SynthError
 from .topology import Topology, load_topology
 

@@ -12,9 +12,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from functools import lru_cache
 from typing import Any, Mapping
-
-import yaml
 
 from .errors import SynthError
 from .resources import topologies_dir
@@ -108,19 +107,25 @@ _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
 _TOP_FIELDS = ("name", "description", "levels")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that rejects a key given twice in one mapping."""
+@lru_cache(maxsize=1)
+def _strict_loader() -> type:
+    """A yaml SafeLoader that rejects a key given twice in one mapping (yaml is
+    imported here, not at module import: executing a plan needs no yaml)."""
+    import yaml
 
-    def construct_mapping(self, node, deep=False):  # noqa: D401 - PyYAML hook
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key}' is given twice", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):  # PyYAML hook
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key '{key}' is given twice", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
 
 
 def _check_type(where: str, key: str, value: Any, kind: type, example: str) -> Any:
@@ -214,9 +219,11 @@ def resolve_topology_path(spec: str) -> Path:
 
 def load_topology(spec: str) -> Topology:
     """Load and validate a topology file (path or shipped name)."""
+    import yaml
+
     path = resolve_topology_path(spec)
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_strict_loader())
     except UnicodeDecodeError:
         raise SynthError(f"{path}: not a text file (YAML must be UTF-8)") from None
     except OSError as exc:

@@ -14,10 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from .cost import Profile, Ranked, rank
+from .cost import Model, Ranked, rank
 from .errors import SynthError
 from .placement import Axis, Placement
-from .search import synthesize_placements
+from .reduction import Reduction
+from .search import synthesize_reduction
 from .semantics import Goal
 from .units import parse_size
 
@@ -32,6 +33,10 @@ class WorkloadItem:
     def __str__(self) -> str:
         reps = f"*{self.repetitions}" if self.repetitions != 1 else ""
         return f"{'+'.join(self.reduce_axes)}:{self.goal.value}:{self.size_bytes}{reps}"
+
+    def on(self, placement: Placement) -> Reduction:
+        """This item's reduction on ``placement``."""
+        return Reduction(placement, self.reduce_axes, self.goal)
 
 
 def parse_workload(spec: str, axes: Sequence[Axis]) -> tuple[WorkloadItem, ...]:
@@ -74,19 +79,15 @@ class PlacementCost:
         return sum(item.repetitions * r.default_s for item, r in zip(workload, self.items))
 
 
-def rank_placements(
+def placement_costs(
     placements: Sequence[Placement],
     workload: Sequence[WorkloadItem],
     max_steps: int = 5,
-    algo: str = "ring",
-    profile: Profile | None = None,
+    model: Model | None = None,
 ) -> list[PlacementCost]:
     """Placements sorted by total predicted workload time, fastest first."""
     per_item = [
-        [
-            rank(result, item.reduce_axes, item.goal, item.size_bytes, algo, profile)
-            for result in synthesize_placements(placements, item.reduce_axes, item.goal, max_steps)
-        ]
+        [rank(synthesize_reduction(item.on(p), max_steps), item.size_bytes, model) for p in placements]
         for item in workload
     ]
     costs = [PlacementCost(p, i, tuple(ranks[i] for ranks in per_item)) for i, p in enumerate(placements)]

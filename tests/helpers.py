@@ -15,3 +15,21 @@ def usage_error(cli, *argv) -> str:
     assert err.endswith("\n") and err.count("\n") == 1, err
     assert err.startswith(PREFIX)
     return err[len(PREFIX) : -1]
+
+
+def synthesize_all(placements, reduce, goal=None, max_steps=5):
+    """Every placement's programs for a reduction over ``reduce`` (names) toward
+    ``goal`` (default allreduce), in placement order."""
+    from synth.reduction import Reduction
+    from synth.search import synthesize_reduction
+    from synth.semantics import Goal
+
+    goal = Goal.ALLREDUCE if goal is None else goal
+    return [synthesize_reduction(Reduction.of(p, reduce, goal), max_steps) for p in placements]
+
+
+def model(algo="ring", profile=None):
+    """A cost model from an algorithm name and an optional profile."""
+    from synth.cost import Algorithm, Model
+
+    return Model(Algorithm(algo), profile)

@@ -22,7 +22,8 @@ from synth.errors import SynthError
 from synth.lowering import lower
 from synth.placement import enumerate_placements, parse_axes
 from synth.runtime import Executor, reference
-from synth.search import synthesize_placements
+from synth.reduction import Reduction
+from synth.search import synthesize_reduction
 from synth.semantics import Goal
 from synth.topology import load_topology
 
@@ -37,11 +38,10 @@ def lowered_programs():
         reduce_axes = tuple(reduce_spec.split(","))
         placements = enumerate_placements(topology, axes, ())
         for goal in Goal:
-            for result in synthesize_placements(placements, reduce_axes, goal, 5):
+            for placement in placements:
+                result = synthesize_reduction(Reduction.of(placement, reduce_axes, goal), 5)
                 for program in result.programs:
-                    yield f"{axes_spec} over {reduce_spec}, {result.placement.describe()}", lower(
-                        program, result.placement, reduce_axes, goal
-                    )
+                    yield f"{axes_spec} over {reduce_spec}, {placement.describe()}", lower(program, result.reduction)
 
 
 def check_programs(world: MPIWorld) -> int:

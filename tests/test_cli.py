@@ -95,6 +95,19 @@ def plan_path(tmp_path_factory, p2_json) -> Path:
     return path
 
 
+def reduction0(doc: dict) -> dict:
+    """The first (here: only) reduction of a version-2 plan document."""
+    return doc["reductions"][0]
+
+
+def program0(doc: dict) -> dict:
+    """Its first (here: only) program."""
+    return doc["reductions"][0]["programs"][0]
+
+
+FIX = "; re-create the plan with synth-reduce --out"
+
+
 def tampered(plan_path: Path, tmp_path: Path, change) -> Path:
     doc = json.loads(plan_path.read_text())
     change(doc)
@@ -260,10 +273,11 @@ def test_constrain_is_repeatable(cli):
 
 def test_out_then_verify(cli, plan_path, p2_json):
     doc = json.loads(plan_path.read_text())
-    assert doc["schema"] == "synth-reduce/plan" and doc["version"] == 1
-    assert doc["matrix"] == [[2, 2], [2, 8]] and doc["reduce"] == ["dp"]
+    assert doc["schema"] == "synth-reduce/plan" and doc["version"] == 2
+    assert doc["matrix"] == [[2, 2], [2, 8]] and reduction0(doc)["reduce"] == ["dp"]
     assert doc["mesh"] == placement_by_matrix(p2_json, [[2, 2], [2, 8]])["mesh"]
-    assert doc["program"]["text"] == BLUECONNECT
+    assert program0(doc)["text"] == BLUECONNECT
+    assert (program0(doc)["min_bytes"], program0(doc)["max_bytes"]) == (0, None)
     code, out, err = cli("verify", plan_path)
     assert code == 0 and err == ""
     assert out.splitlines()[0] == (
@@ -575,10 +589,10 @@ def test_verify_not_a_plan(cli, tmp_path):
 
 
 def test_verify_wrong_version(cli, tmp_path, plan_path):
-    path = tampered(plan_path, tmp_path, lambda d: d.update(version=2))
+    path = tampered(plan_path, tmp_path, lambda d: d.update(version=3))
     assert usage_error(cli, "verify", path) == (
-        f"{path}: plan version 2 is not supported; this synth-reduce reads version 1 "
-        "(re-create the plan with --out)"
+        f"{path}: plan version 3 is not supported; this synth-reduce reads version 1 and 2 "
+        "(re-create the plan with synth-reduce --out)"
     )
 
 
@@ -587,22 +601,24 @@ def _swap_first_members(groups):
 
 
 def test_verify_tampered_step_groups(cli, tmp_path, plan_path):
-    path = tampered(plan_path, tmp_path, lambda d: _swap_first_members(d["program"]["steps"][1]["groups"]))
+    path = tampered(plan_path, tmp_path, lambda d: _swap_first_members(program0(d)["steps"][1]["groups"]))
     assert usage_error(cli, "verify", path) == (
         f"{path}: step 2 (AllReduce(node, parallel(root))) stores groups or chunks that differ "
-        "from the lowering of the program on this placement"
+        "from the lowering of the program on this placement" + FIX
     )
 
 
 def test_verify_tampered_reduction_groups(cli, tmp_path, plan_path):
-    path = tampered(plan_path, tmp_path, lambda d: _swap_first_members(d["reduction_groups"]))
+    path = tampered(plan_path, tmp_path, lambda d: _swap_first_members(reduction0(d)["reduction_groups"]))
     msg = usage_error(cli, "verify", path)
-    assert msg.startswith(f"{path}: the stored reduction groups, chunk count or chunk_of_rank differ")
+    assert msg == (f"{path}: reductions[0].reduction_groups differs from the lowering of reductions[0].programs[0]'s "
+                   "program on this placement" + FIX)
 
 
 def test_verify_tampered_chunks(cli, tmp_path, plan_path):
-    def change(d):
-        d["program"]["steps"][0]["chunks"][0] = list(reversed(d["program"]["steps"][0]["chunks"][0]))
+    def change(d):  # the first group's chunks, as one run [0, 4), reversed: 3, 2, 1, 0
+        assert program0(d)["steps"][0]["chunks"][0] == [[0, 4]]
+        program0(d)["steps"][0]["chunks"][0] = [[3, 4], [2, 3], [1, 2], [0, 1]]
 
     msg = usage_error(cli, "verify", tampered(plan_path, tmp_path, change))
     assert "step 1 (ReduceScatter(node, inside)) stores groups or chunks that differ" in msg
@@ -611,11 +627,14 @@ def test_verify_tampered_chunks(cli, tmp_path, plan_path):
 @pytest.mark.parametrize(
     "change, expected",
     [
-        (lambda d: d["program"].pop("text"), "not a valid plan: missing field 'text'"),
-        (lambda d: d.update(matrix="x"), "not a valid plan: field 'matrix' has the wrong type"),
-        (lambda d: d.update(collective="foo"), "not a valid plan: unknown collective 'foo'"),
-        (lambda d: d["program"]["steps"].pop(), "plan is inconsistent: 2 steps stored for a 3-instruction program"),
-        (lambda d: d["program"].update(text="AllReduce(root inside)"), "program.text:1:16: syntax error"),
+        (lambda d: program0(d).pop("text"), "not a valid plan: missing field 'reductions[0].programs[0].text'"),
+        (lambda d: d.update(matrix="x"), "not a valid plan: 'matrix' must be a list"),
+        (lambda d: reduction0(d).update(collective="foo"),
+         "reductions[0].collective: unknown collective 'foo'; use one of allreduce, reducescatter, allgather"),
+        (lambda d: program0(d)["steps"].pop(), "reductions[0].programs[0]: 2 steps stored for a 3-instruction "
+                                               "program" + FIX),
+        (lambda d: program0(d).update(text="AllReduce(root inside)"),
+         "reductions[0].programs[0].text:1:16: syntax error"),
     ],
     ids=["no-text", "matrix-type", "collective", "steps", "text-syntax"],
 )

@@ -13,13 +13,15 @@ import random
 import numpy as np
 import pytest
 
+from synth.cost.algorithms import mpi_algorithm
 from synth.cost import (
+    Algorithm,
+    Model,
     Features,
     Predictor,
     Profile,
     default_program,
     lowered_loads,
-    mpi_algorithm,
     predict_program,
     rank,
     step_cost,
@@ -28,9 +30,11 @@ from synth.errors import SynthError
 from synth.language import Collective, format_program, parse_program
 from synth.lowering import lower
 from synth.placement import Placement, enumerate_placements, parse_axes
-from synth.search import synthesize_placements
+from synth.reduction import Reduction
 from synth.semantics import Goal
 from synth.topology import load_topology
+
+from helpers import model, synthesize_all
 
 AR, RS, AG, RED, BC = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER,
                        Collective.REDUCE, Collective.BROADCAST)
@@ -56,8 +60,8 @@ def close(a: float, b: float, rel: float = 1e-9) -> bool:
 def ranked_by_matrix(topology, axes: str, reduce=("dp",), goal=Goal.ALLREDUCE, size=S, algo="ring",
                      profile=None, max_steps=5):
     placements = enumerate_placements(topology, parse_axes(axes))
-    results = synthesize_placements(placements, reduce, goal, max_steps)
-    return {r.placement.matrix: rank(r, reduce, goal, size, algo, profile) for r in results}
+    results = synthesize_all(placements, reduce, goal, max_steps)
+    return {r.placement.matrix: rank(r, size, model(algo, profile)) for r in results}
 
 
 def time_of(ranked, text: str) -> float:
@@ -154,11 +158,11 @@ def flat_allreduce_slack_inside_nodes(algo: str, cases=INSIDE_CASES) -> list[str
     for name, axes in cases:
         t = topo(name)
         placements = enumerate_placements(t, parse_axes(axes))
-        for result in synthesize_placements(placements, ("dp",), Goal.ALLREDUCE, 3):
+        for result in synthesize_all(placements, ("dp",), Goal.ALLREDUCE, 3):
             if result.hierarchy.names != (t.level_names[-1],):
                 continue  # the reduction crosses a node
             for size in INSIDE_SIZES:
-                r = rank(result, ("dp",), Goal.ALLREDUCE, size, algo)
+                r = rank(result, size, model(algo))
                 checked += 1
                 assert r.default_index is not None
                 if r.default_s > 1.05 * r.best_s:
@@ -185,8 +189,8 @@ def test_forced_tree_inside_a_node_is_slower_than_ring_programs():
     sizes; that is why NCCL's tuner picks ring there."""
     p2 = load_topology("p2-a100")
     placement = Placement(p2, parse_axes("dp=4,mp=16"), ((1, 4), (4, 4)))
-    result = synthesize_placements([placement], ["dp"], Goal.ALLREDUCE, 5)[0]
-    ranked = rank(result, ["dp"], Goal.ALLREDUCE, S, "tree")
+    result = synthesize_all([placement], ["dp"], Goal.ALLREDUCE, 5)[0]
+    ranked = rank(result, S, model("tree"))
     best = result.programs[ranked.order[0]]
     assert format_program(best, " ; ") == "ReduceScatter(root, inside) ; AllGather(root, inside)"
     assert ranked.default_s / ranked.best_s == pytest.approx(4 / 3, rel=0.01)
@@ -198,7 +202,7 @@ def test_forced_tree_inside_a_node_is_slower_than_ring_programs():
 def test_ring_allreduce_of_four_gpus_inside_a_node(p2):
     prior = Profile.prior(p2)
     for size in (1000.0, 12345.0, float(S)):
-        seconds, f = step_cost(p2, prior, "ring", AR, [[0, 1, 2, 3]], [size])
+        seconds, f = step_cost(p2, prior, Algorithm.RING, AR, [[0, 1, 2, 3]], [size])
         assert close(seconds, 2 * 3 / 4 * size / 270e9 + 6 * 1 * US)
         assert f.latency_count.tolist() == [0, 6]
         assert np.allclose(f.load[AR], [0, 6 * size / 4])
@@ -206,33 +210,33 @@ def test_ring_allreduce_of_four_gpus_inside_a_node(p2):
 
 def test_concurrent_groups_inside_nodes_do_not_contend_on_a_switch(p2):
     prior = Profile.prior(p2)
-    one, _ = step_cost(p2, prior, "ring", AR, [[0, 1, 2, 3]], [S])
+    one, _ = step_cost(p2, prior, Algorithm.RING, AR, [[0, 1, 2, 3]], [S])
     # 16 groups of 4 covering all 64 GPUs: every GPU has its own NVSwitch port
-    many, _ = step_cost(p2, prior, "ring", AR, [list(range(i, i + 4)) for i in range(0, 64, 4)], [S] * 16)
+    many, _ = step_cost(p2, prior, Algorithm.RING, AR, [list(range(i, i + 4)) for i in range(0, 64, 4)], [S] * 16)
     assert many == one
 
 
 def test_sixteen_flows_share_one_nic(p2):
     prior = Profile.prior(p2)
-    single, _ = step_cost(p2, prior, "ring", AR, [[0, 16]], [S])
+    single, _ = step_cost(p2, prior, Algorithm.RING, AR, [[0, 16]], [S])
     assert close(single, 2 * (6 * US + S / 2 / 8e9))
     groups = [[g, 16 + g] for g in range(16)]  # every GPU of node 0 talks to node 1
-    seconds, f = step_cost(p2, prior, "ring", AR, groups, [S] * 16)
+    seconds, f = step_cost(p2, prior, Algorithm.RING, AR, groups, [S] * 16)
     assert close(seconds, 2 * (6 * US + S / 2 / 0.5e9))  # 8 GB/s / 16 = 0.5 GB/s each
     assert f.latency_count.tolist() == [2, 2]
     assert np.allclose(f.load[AR], [2 * (S / 2) * 16, 0])
     # eight of them: 1 GB/s each
-    seconds8, _ = step_cost(p2, prior, "ring", AR, groups[:8], [S] * 8)
+    seconds8, _ = step_cost(p2, prior, Algorithm.RING, AR, groups[:8], [S] * 8)
     assert close(seconds8, 2 * (6 * US + S / 2 / 1e9))
 
 
 def test_flows_from_different_nodes_share_the_receiving_nic(p2):
     prior = Profile.prior(p2)
-    seconds, _ = step_cost(p2, prior, "ring", RED, [[16, 0], [17, 32]], [S, S])
+    seconds, _ = step_cost(p2, prior, Algorithm.RING, RED, [[16, 0], [17, 32]], [S, S])
     # Reduce (chain towards the first member in id order): 16 -> 0 and 32 -> 17:
     # node 0 and node 2 send, nodes 0 and 1 receive: one flow per NIC direction
     assert close(seconds, 6 * US + S / 8e9)
-    seconds, _ = step_cost(p2, prior, "ring", RED, [[16, 0], [18, 32], [17, 48]], [S] * 3)
+    seconds, _ = step_cost(p2, prior, Algorithm.RING, RED, [[16, 0], [18, 32], [17, 48]], [S] * 3)
     # 16 -> 0, 32 -> 18, 48 -> 17: nodes 2 and 3 both send into node 1: 4 GB/s each
     assert close(seconds, 6 * US + S / 4e9)
 
@@ -240,13 +244,13 @@ def test_flows_from_different_nodes_share_the_receiving_nic(p2):
 def test_ports_of_a_dgx_a100_node():
     dgx = topo("dgx-a100")
     prior = Profile.prior(dgx)
-    four, _ = step_cost(dgx, prior, "ring", AR, [[g, 8 + g] for g in range(4)], [S] * 4)
-    eight, _ = step_cost(dgx, prior, "ring", AR, [[g, 8 + g] for g in range(8)], [S] * 8)
+    four, _ = step_cost(dgx, prior, Algorithm.RING, AR, [[g, 8 + g] for g in range(4)], [S] * 4)
+    eight, _ = step_cost(dgx, prior, Algorithm.RING, AR, [[g, 8 + g] for g in range(8)], [S] * 8)
     # 8 ports x 24 GB/s: up to 8 flows each get a whole port, one flow never more
     assert close(four, 2 * (6 * US + S / 2 / 24e9))
     assert close(eight, 2 * (6 * US + S / 2 / 24e9))
     wide = topo("dgx-a100", gpu=16)  # 16 GPUs behind the same 8 ports
-    sixteen, _ = step_cost(wide, Profile.prior(wide), "ring", AR, [[g, 16 + g] for g in range(16)], [S] * 16)
+    sixteen, _ = step_cost(wide, Profile.prior(wide), Algorithm.RING, AR, [[g, 16 + g] for g in range(16)], [S] * 16)
     assert close(sixteen, 2 * (6 * US + S / 2 / 12e9))
 
 
@@ -262,7 +266,7 @@ def test_ports_of_a_dgx_a100_node():
 def test_latency_adds_per_level_crossed(pair, latency_us, rate_GBps):
     rack = topo("rack")
     size = 4096.0
-    seconds, f = step_cost(rack, Profile.prior(rack), "ring", AR, [list(pair)], [size])
+    seconds, f = step_cost(rack, Profile.prior(rack), Algorithm.RING, AR, [list(pair)], [size])
     assert close(seconds, 2 * (latency_us * US + size / 2 / (rate_GBps * 1e9)))
     crossed = {1.5: 1, 3.5: 2, 8.5: 3, 18.5: 4}[latency_us]
     assert f.latency_count.tolist() == [0] * (4 - crossed) + [2] * crossed
@@ -272,20 +276,20 @@ def test_ring_fabric_loads_ring_links_with_distance():
     v100 = topo("p2-v100")
     prior = Profile.prior(v100)
     size = float(S)
-    neighbours, _ = step_cost(v100, prior, "ring", AR, [[0, 1], [2, 3]], [size, size])
+    neighbours, _ = step_cost(v100, prior, Algorithm.RING, AR, [[0, 1], [2, 3]], [size, size])
     assert close(neighbours, 2 * (1 * US + size / 2 / 135e9))
     # 0 -> 2 and 1 -> 3 both use ring link 1 -> 2 (and back 2 -> 1): half each
-    overlapping, _ = step_cost(v100, prior, "ring", AR, [[0, 2], [1, 3]], [size, size])
+    overlapping, _ = step_cost(v100, prior, Algorithm.RING, AR, [[0, 2], [1, 3]], [size, size])
     assert close(overlapping, 2 * (1 * US + size / 2 / 67.5e9))
     # 0 -> 3 uses links 0-1, 1-2, 2-3, and 1 -> 2 rides on 1-2: half each
-    nested, _ = step_cost(v100, prior, "ring", AR, [[0, 3], [1, 2]], [size, size])
+    nested, _ = step_cost(v100, prior, Algorithm.RING, AR, [[0, 3], [1, 2]], [size, size])
     assert close(nested, 2 * (1 * US + size / 2 / 67.5e9))
     # opposite sides of the ring: 0 -> 4 clockwise, 4 -> 0 on the other half
-    opposite, _ = step_cost(v100, prior, "ring", AR, [[0, 4]], [size])
+    opposite, _ = step_cost(v100, prior, Algorithm.RING, AR, [[0, 4]], [size])
     assert close(opposite, 2 * (1 * US + size / 2 / 135e9))
     # the same groups on a switched node (p2-a100): no sharing at all
     p2 = topo("p2-a100")
-    switched, _ = step_cost(p2, Profile.prior(p2), "ring", AR, [[0, 2], [1, 3]], [size, size])
+    switched, _ = step_cost(p2, Profile.prior(p2), Algorithm.RING, AR, [[0, 2], [1, 3]], [size, size])
     assert close(switched, 2 * (1 * US + size / 2 / 270e9))
 
 
@@ -294,17 +298,17 @@ def test_ring_reducescatter_and_allgather_take_m_minus_1_rounds(p2, collective):
     prior = Profile.prior(p2)
     for members in ([0, 1, 2, 3], list(range(16))):
         m = len(members)
-        seconds, f = step_cost(p2, prior, "ring", collective, [members], [S])
+        seconds, f = step_cost(p2, prior, Algorithm.RING, collective, [members], [S])
         assert close(seconds, (m - 1) * (1 * US + S / m / 270e9))
         assert f.latency_count.tolist() == [0, m - 1]
-    across, _ = step_cost(p2, prior, "ring", collective, [[0, 16, 32, 48]], [S])
+    across, _ = step_cost(p2, prior, Algorithm.RING, collective, [[0, 16, 32, 48]], [S])
     assert close(across, 3 * (6 * US + S / 4 / 8e9))
 
 
 @pytest.mark.parametrize("collective", [RED, BC])
 def test_ring_reduce_and_broadcast_are_a_pipelined_chain(p2, collective):
     prior = Profile.prior(p2)
-    seconds, f = step_cost(p2, prior, "ring", collective, [[0, 1, 2, 3]], [S])
+    seconds, f = step_cost(p2, prior, Algorithm.RING, collective, [[0, 1, 2, 3]], [S])
     assert close(seconds, 1 * US + S / 270e9 + 2 * 1 * US)
     assert f.latency_count.tolist() == [0, 3]
 
@@ -314,8 +318,8 @@ def test_tree_is_ring_except_for_allreduce(p2, collective):
     prior = Profile.prior(p2)
     for groups in ([[0, 1, 2, 3]], [[0, 16, 32, 48]], [[g, 16 + g, 32 + g] for g in range(5)]):
         sizes = [float(S)] * len(groups)
-        assert step_cost(p2, prior, "tree", collective, groups, sizes)[0] == \
-            step_cost(p2, prior, "ring", collective, groups, sizes)[0]
+        assert step_cost(p2, prior, Algorithm.TREE, collective, groups, sizes)[0] == \
+            step_cost(p2, prior, Algorithm.RING, collective, groups, sizes)[0]
 
 
 def test_tree_allreduce_hand_computed(p2):
@@ -323,26 +327,26 @@ def test_tree_allreduce_hand_computed(p2):
     # inside one node: one chain 3 -> 2 -> 1 -> 0 carrying S up while the
     # broadcast comes down 0 -> 1 -> 2 -> 3 (one round): GPUs 1 and 2 receive
     # from both sides on their one port, S at 135 GB/s each; depth 3: 5 extra latencies
-    seconds, f = step_cost(p2, prior, "tree", AR, [[0, 1, 2, 3]], [S])
+    seconds, f = step_cost(p2, prior, Algorithm.TREE, AR, [[0, 1, 2, 3]], [S])
     assert close(seconds, 1 * US + S / 135e9 + 5 * 1 * US)
     assert f.latency_count.tolist() == [0, 6]
-    ring, _ = step_cost(p2, prior, "ring", AR, [[0, 1, 2, 3]], [S])
+    ring, _ = step_cost(p2, prior, Algorithm.RING, AR, [[0, 1, 2, 3]], [S])
     assert close(ring, 6 * US + 1.5 * S / 270e9) and seconds > ring
     # one GPU on each of 4 nodes: trees 16->0 32->0 48->16 and (rotated by one)
     # 32->16 48->16 0->32, S/2 each, plus the same edges reversed: node 1 (16)
     # receives 48->16 twice, 32->16 and 0->16, 4 flows on its 8 GB/s NIC;
     # depth ceil(log2 5) - 1 = 2: 3 extra latencies of 5 + 1 us
-    across, f = step_cost(p2, prior, "tree", AR, [[0, 16, 32, 48]], [S])
+    across, f = step_cost(p2, prior, Algorithm.TREE, AR, [[0, 16, 32, 48]], [S])
     assert close(across, 6 * US + (S / 2) / (8e9 / 4) + 3 * 6 * US)
     assert f.latency_count.tolist() == [4, 4]
     # 2 nodes x 2 gpus: chains 1->0 and 17->16 (S) with the leaders' trees 16->0 and
     # 0->16 (S/2), both ways at once: 2 flows each way on each NIC, 4 GB/s each;
     # depth 1 + 1: 3 extra latencies
-    mixed, _ = step_cost(p2, prior, "tree", AR, [[0, 1, 16, 17]], [S])
+    mixed, _ = step_cost(p2, prior, Algorithm.TREE, AR, [[0, 1, 16, 17]], [S])
     assert close(mixed, 6 * US + (S / 2) / 4e9 + 3 * 6 * US)
     # two members in two nodes: the same time as a ring of 2
-    two, _ = step_cost(p2, prior, "tree", AR, [[0, 16]], [S])
-    assert close(two, step_cost(p2, prior, "ring", AR, [[0, 16]], [S])[0])
+    two, _ = step_cost(p2, prior, Algorithm.TREE, AR, [[0, 16]], [S])
+    assert close(two, step_cost(p2, prior, Algorithm.RING, AR, [[0, 16]], [S])[0])
 
 
 @pytest.mark.parametrize("collective, m, nbytes, expected", [
@@ -364,36 +368,36 @@ def test_mpi_algorithm_follows_openmpi_tuned_decisions(collective, m, nbytes, ex
 def test_mpi_allreduce_recursive_doubling_then_rabenseifner(p2):
     prior = Profile.prior(p2)
     members = [[0, 1, 2, 3]]
-    rd, _ = step_cost(p2, prior, "mpi", AR, members, [4096.0])
+    rd, _ = step_cost(p2, prior, Algorithm.MPI, AR, members, [4096.0])
     assert close(rd, 2 * (1 * US + 4096 / 270e9))  # log2(4) rounds of S
     # Rabenseifner: halves at distance 1, quarters at distance 2, then the mirror image
-    rab, _ = step_cost(p2, prior, "mpi", AR, members, [float(S)])
+    rab, _ = step_cost(p2, prior, Algorithm.MPI, AR, members, [float(S)])
     assert close(rab, 2 * (1 * US + S / 2 / 270e9) + 2 * (1 * US + S / 4 / 270e9))
     # across nodes: 0<->16 and 32<->48, then 0<->32 and 16<->48: one flow per NIC
-    across, _ = step_cost(p2, prior, "mpi", AR, [[0, 16, 32, 48]], [float(S)])
+    across, _ = step_cost(p2, prior, Algorithm.MPI, AR, [[0, 16, 32, 48]], [float(S)])
     assert close(across, 2 * (6 * US + S / 2 / 8e9) + 2 * (6 * US + S / 4 / 8e9))
     # contiguous nodes: the halves stay inside the nodes, only the quarters cross (2 flows per NIC)
-    hier, _ = step_cost(p2, prior, "mpi", AR, [[0, 1, 16, 17]], [float(S)])
+    hier, _ = step_cost(p2, prior, Algorithm.MPI, AR, [[0, 1, 16, 17]], [float(S)])
     assert close(hier, 2 * (1 * US + S / 2 / 270e9) + 2 * (6 * US + S / 4 / 4e9))
 
 
 def test_mpi_allgather_doubling_pieces(p2):
     prior = Profile.prior(p2)
     for size in (32768.0, float(S)):
-        ag, _ = step_cost(p2, prior, "mpi", AG, [[0, 1, 2, 3]], [size])
+        ag, _ = step_cost(p2, prior, Algorithm.MPI, AG, [[0, 1, 2, 3]], [size])
         assert close(ag, (1 * US + size / 4 / 270e9) + (1 * US + size / 2 / 270e9))
 
 
 def test_mpi_linear_algorithms_share_the_root_port(p2):
     prior = Profile.prior(p2)
     # Reduce, 4 members, 1 MiB: all send S to member 0 at once; its port is shared by 3
-    red, _ = step_cost(p2, prior, "mpi", RED, [[0, 1, 2, 3]], [float(MiB)])
+    red, _ = step_cost(p2, prior, Algorithm.MPI, RED, [[0, 1, 2, 3]], [float(MiB)])
     assert close(red, 1 * US + MiB / (270e9 / 3))
     # Reduce_scatter_block of 2 with 128 KiB blocks: reduce to member 0, then scatter halves
-    rs, _ = step_cost(p2, prior, "mpi", RS, [[0, 1]], [262144.0])
+    rs, _ = step_cost(p2, prior, Algorithm.MPI, RS, [[0, 1]], [262144.0])
     assert close(rs, (1 * US + 262144 / 270e9) + (1 * US + 131072 / 270e9))
     # Broadcast, 8 members, 32 KiB: member 0 sends S to 7 at once
-    bc, _ = step_cost(p2, prior, "mpi", BC, [list(range(8))], [32768.0])
+    bc, _ = step_cost(p2, prior, Algorithm.MPI, BC, [list(range(8))], [32768.0])
     assert close(bc, 1 * US + 32768 / (270e9 / 7))
 
 
@@ -401,10 +405,10 @@ def test_mpi_linear_algorithms_share_the_root_port(p2):
 def test_mpi_reduce_and_broadcast_binomial_and_chain(p2, collective):
     prior = Profile.prior(p2)
     members, size = ([list(range(8))], float(S)) if collective is RED else ([list(range(16))], 65536.0)
-    tree, _ = step_cost(p2, prior, "mpi", collective, members, [size])
+    tree, _ = step_cost(p2, prior, Algorithm.MPI, collective, members, [size])
     assert close(tree, math.log2(len(members[0])) * (1 * US + size / 270e9))  # binomial: log2(m) rounds of S
     size = 4096.0 if collective is RED else float(S)  # chain: one round of S plus m - 2 latencies
-    chain, _ = step_cost(p2, prior, "mpi", collective, [[0, 1, 2, 3]], [size])
+    chain, _ = step_cost(p2, prior, Algorithm.MPI, collective, [[0, 1, 2, 3]], [size])
     assert close(chain, 3 * 1 * US + size / 270e9)
 
 
@@ -412,31 +416,32 @@ def test_efficiency_divides_the_bandwidth_terms(p2):
     prior = Profile.prior(p2)
     slow = Profile(p2.name, p2.level_names, prior.bandwidth_GBps, prior.latency_us,
                    tuple((c.value, 0.5 if c is AR else 1.0) for c in Collective))
-    seconds, _ = step_cost(p2, slow, "ring", AR, [[0, 1, 2, 3]], [S])
+    seconds, _ = step_cost(p2, slow, Algorithm.RING, AR, [[0, 1, 2, 3]], [S])
     assert close(seconds, 6 * US + 1.5 * S / (270e9 * 0.5))
-    rs, _ = step_cost(p2, slow, "ring", RS, [[0, 1, 2, 3]], [S])
+    rs, _ = step_cost(p2, slow, Algorithm.RING, RS, [[0, 1, 2, 3]], [S])
     assert close(rs, 3 * (1 * US + S / 4 / 270e9))
 
 
 def test_profile_parameters_replace_the_topology_numbers(p2):
     fitted = Profile(p2.name, p2.level_names, (4.0, 100.0), (20.0, 3.0))
-    seconds, _ = step_cost(p2, fitted, "ring", AR, [[0, 16]], [S])
+    seconds, _ = step_cost(p2, fitted, Algorithm.RING, AR, [[0, 16]], [S])
     assert close(seconds, 2 * (23 * US + S / 2 / 4e9))
-    inside, _ = step_cost(p2, fitted, "ring", AR, [[0, 1, 2, 3]], [S])
+    inside, _ = step_cost(p2, fitted, Algorithm.RING, AR, [[0, 1, 2, 3]], [S])
     assert close(inside, 6 * (3 * US + S / 4 / 100e9))
 
 
 def test_predictor_scales_steps_by_the_chunks_they_move(p2):
     placement = [p for p in enumerate_placements(p2, parse_axes("dp=4,mp=16")) if p.matrix == SPLIT][0]
     program = parse_program(BLUECONNECT)
-    lowered = lower(program, placement, ("dp",), Goal.ALLREDUCE)
+    reduction = Reduction.of(placement, ("dp",))
+    lowered = lower(program, reduction)
     expected = 2 * (1 * US + S / 2 / 270e9) + 2 * (6 * US + S / 4 / 0.5e9)
-    assert close(predict_program(lowered, placement, ("dp",), S), expected)
+    assert close(predict_program(lowered, reduction, S), expected)
     # the same via Predictor with the chunks each synthesis group moves: 4 of k=4,
     # then 2 per group across nodes, then 4
     loads = lowered_loads(lowered)
     assert loads == [(4, 4), (2, 2), (4, 4)]
-    assert close(Predictor(placement, ("dp",)).program(program, loads, S), expected)
+    assert close(Predictor(reduction).program(program, loads, S), expected)
 
 
 # ================================================================ linear features
@@ -457,10 +462,10 @@ def _random_cases():
                         tuple((c.value, rng.uniform(0.5, 1.5)) for c in Collective))
         placements = enumerate_placements(t, parse_axes(axes))
         for goal in (Goal.ALLREDUCE, Goal.REDUCESCATTER):
-            for result in synthesize_placements(rng.sample(placements, min(3, len(placements))), reduce, goal, 4):
+            for result in synthesize_all(rng.sample(placements, min(3, len(placements))), reduce, goal, 4):
                 for algo in ("ring", "tree", "mpi"):
                     for profile in (prior, other):
-                        predictor = Predictor(result.placement, reduce, algo, profile)
+                        predictor = Predictor(result.reduction, model(algo, profile))
                         for j in rng.sample(range(len(result.programs)), min(6, len(result.programs))):
                             size = rng.choice([512, 4096, 65536, 65537, 3 * MiB, S])
                             out.append((predictor, profile, result.programs[j], result.loads[j], size))
@@ -480,10 +485,10 @@ def test_features_give_the_predicted_time_for_random_programs():
 def test_features_are_linear_in_inverse_bandwidth_and_latency(p2):
     # 16 flows through one NIC: doubling the NIC bandwidth halves the bandwidth term
     groups = [[g, 16 + g] for g in range(16)]
-    _, f = step_cost(p2, Profile.prior(p2), "ring", AR, groups, [S] * 16)
+    _, f = step_cost(p2, Profile.prior(p2), Algorithm.RING, AR, groups, [S] * 16)
     doubled = Profile(p2.name, p2.level_names, (16.0, 270.0), (5.0, 1.0))
     assert close(f.seconds(doubled), 2 * (6 * US + S / 2 / 1e9))
-    assert close(f.seconds(doubled), step_cost(p2, doubled, "ring", AR, groups, [S] * 16)[0])
+    assert close(f.seconds(doubled), step_cost(p2, doubled, Algorithm.RING, AR, groups, [S] * 16)[0])
 
 
 # ================================================================ profiles, defaults, ranking
@@ -503,13 +508,12 @@ def test_profile_for_another_topology_is_rejected():
     Profile.prior(p2).check_matches(topo("p2-a100", node=2))  # a scaled copy is the same system
     placement = enumerate_placements(dgx, parse_axes("dp=16,mp=8"))[0]
     with pytest.raises(SynthError, match="profile was fitted for topology 'p2-a100'"):
-        Predictor(placement, ("dp",), "ring", Profile.prior(p2))
+        Predictor(Reduction.of(placement, ("dp",)), model("ring", Profile.prior(p2)))
 
 
-def test_unknown_algorithm_is_rejected(p2):
-    placement = enumerate_placements(p2, parse_axes("dp=4,mp=16"))[0]
+def test_unknown_algorithm_is_rejected():
     with pytest.raises(SynthError, match="--algo bogus: choose one of ring, tree, mpi"):
-        Predictor(placement, ("dp",), "bogus")
+        Model.load("bogus")
 
 
 @pytest.mark.parametrize(
@@ -531,7 +535,7 @@ def test_rank_sorts_programs_fastest_first(p2):
             assert len(r.order) == len(r.result.programs) == len(r.predicted_s)
             assert sorted(r.order) == list(range(len(r.order)))
             assert list(r.predicted_s) == sorted(r.predicted_s)
-            predictor = Predictor(r.result.placement, ("dp",))
+            predictor = Predictor(r.result.reduction)
             for i, t in zip(r.order, r.predicted_s):
                 assert t == predictor.program(r.result.programs[i], r.result.loads[i], size)
             assert r.best_s == min(r.predicted_s)

@@ -1,32 +1,23 @@
-"""scripts/run_evaluation.py and scripts/evaluation_report.py: the case list and
-the measures docs/results.md reports, on hand-made records."""
+"""The measured evaluation (synth.evaluation, scripts/evaluation_report.py): the
+case list and the measures docs/results.md reports, on hand-made records, and the
+report script run on measurements of a known model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from synth.problem import Parser, add_problem_arguments, placements_of, problem_from_args
+from synth import evaluation as rep
+from synth.problem import ProblemSpec
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-run = _load("run_evaluation")
-rep = _load("evaluation_report")
+run = rep  # the case list lives beside the measures
 
 
 def test_cases_cover_every_shape_and_reduction():
@@ -46,10 +37,7 @@ def test_every_case_is_a_valid_problem_on_its_cluster(cluster):
     from synth.topology import load_topology
 
     for axes, reduce in run.cases(load_topology(cluster).num_devices):
-        p = Parser()
-        add_problem_arguments(p)
-        problem = problem_from_args(p.parse_args(["--topology", cluster, "--axes", axes, "--reduce", reduce]))
-        assert placements_of(problem)
+        assert ProblemSpec(cluster, axes, reduce).build().placements()
 
 
 def test_spans_counts_the_outer_levels_a_reduction_crosses():
@@ -62,7 +50,7 @@ def test_spans_counts_the_outer_levels_a_reduction_crosses():
 
 
 def _rec(matrix, program, default, median_s, size=1024, reduce="dp", spans=1):
-    return rep.Record("c", "flat", "dp=4,mp=2", matrix, reduce, program, default, size, median_s,
+    return rep.ProgramTime("c", "flat", "dp=4,mp=2", matrix, reduce, program, default, size, median_s,
                       median_s * 0.9, median_s * 1.2, 0, spans)
 
 
@@ -113,21 +101,19 @@ def test_report_on_measurements_of_a_known_model(tmp_path):
     """Records whose times the prior model itself predicts: the report finds the
     simulator exact (top-1 100%, no error) and the speedups of the data."""
     pytest.importorskip("matplotlib")
-    from synth.cost import Profile, rank
+    from synth.cost import Algorithm, Model, rank
     from synth.language import format_program
-    from synth.search import synthesize_placements
+    from synth.search import synthesize_reduction
     from synth.topology import load_topology
 
     topology = load_topology("testbed-2x4")
     lines = []
     for axes, reduce in (("dp=8", "dp"), ("dp=4,mp=2", "dp"), ("dp=4,mp=2", "mp")):
-        p = Parser()
-        add_problem_arguments(p)
-        problem = problem_from_args(p.parse_args(["--topology", "testbed-2x4", "--axes", axes, "--reduce", reduce]))
-        results = synthesize_placements(placements_of(problem), problem.reduce_axes, problem.goal, problem.max_steps)
+        problem = ProblemSpec("testbed-2x4", axes, reduce).build()
+        results = [synthesize_reduction(problem.reduction(p), problem.max_steps) for p in problem.placements()]
         for result in results:
             for size in (4096, 65536, 1 << 20, 4 << 20, 16 << 20):
-                ranked = rank(result, problem.reduce_axes, problem.goal, size, algo="mpi", profile=Profile.prior(topology))
+                ranked = rank(result, size, Model(Algorithm.MPI))
                 seen = set()
                 for j, t in zip(ranked.order[:6], ranked.predicted_s):
                     if round(t, 9) in seen:
@@ -138,12 +124,15 @@ def test_report_on_measurements_of_a_known_model(tmp_path):
                         "axes": [{"name": a.name, "size": a.size} for a in problem.axes],
                         "matrix": [list(r) for r in result.placement.matrix], "reduce": [reduce],
                         "collective": "allreduce", "program": format_program(result.programs[j]),
-                        "is_default": j == ranked.default_index, "backend": "mpi", "algo": None, "iters": 3,
-                        "size_bytes": size, "median_s": t, "min_s": t, "max_s": t, "wrong": 0}))
+                        "is_default": j == ranked.default_index, "backend": "mpi", "algo": None,
+                        "times_s": [t] * 3, "size_bytes": size, "median_s": t, "min_s": t, "max_s": t, "wrong": 0}))
     data = tmp_path / "data"
     data.mkdir()
     (data / "testbed-2x4-flat.jsonl").write_text("\n".join(lines) + "\n")
-    text = rep.report(data, tmp_path / "results.md")
+    out = tmp_path / "results.md"
+    subprocess.run([sys.executable, str(SCRIPTS / "evaluation_report.py"), "--data", str(data), "--out", str(out)],
+                   check=True, timeout=300)
+    text = out.read_text()
     parsed = [json.loads(x) for x in lines]
     cases = len({(repr(d["matrix"]), d["reduce"][0], d["size_bytes"]) for d in parsed})
     assert f"| top-1 >= 80% (held-out) | 100% of {cases} | met |" in text
@@ -158,7 +147,8 @@ def test_repeats_compare_one_program_on_the_same_ranks_across_cases(tmp_path):
     topology = load_topology("testbed-2x4").to_dict()
 
     def line(axes, matrix, reduce, median_s):
-        return json.dumps({"topology": topology, "axes": axes, "matrix": matrix, "reduce": reduce,
+        return json.dumps({"schema": "synth-reduce/measurement", "version": 1,
+                           "topology": topology, "axes": axes, "matrix": matrix, "reduce": reduce,
                            "collective": "allreduce", "program": "AllReduce(root, inside)", "backend": "mpi",
                            "size_bytes": 1024, "median_s": median_s})
 
@@ -169,6 +159,6 @@ def test_repeats_compare_one_program_on_the_same_ranks_across_cases(tmp_path):
         line([{"name": "dp", "size": 4}, {"name": "mp", "size": 2}], [[2, 2], [1, 2]], ["dp", "mp"], 3.0),
         line([{"name": "dp", "size": 4}, {"name": "mp", "size": 2}], [[2, 2], [1, 2]], ["dp"], 5.0),
     ]) + "\n")
-    from synth.fit import load_measurements
+    from synth.fit import load_samples
 
-    assert rep.repeats(load_measurements(path)[1]) == [1.5]
+    assert rep.repeats(load_samples(path)[1]) == [1.5]

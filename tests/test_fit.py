@@ -7,28 +7,22 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from synth.cost import Predictor, Profile, default_program
-from synth.fit import (
-    PROFILE_SCHEMA,
-    accuracy,
-    fit_profile,
-    load_measurements,
-    load_profile,
-    save_profile,
-    split_cases,
-)
+from synth.cost import Predictor, Profile, default_program, load_profile, save_profile
+from synth.cost.profile import PROFILE_SCHEMA
+from synth.fit import accuracy, fit_profile, load_samples as load_measurements, split_cases
 from synth.language import Collective, format_program
 from synth.placement import enumerate_placements, parse_axes
-from synth.search import synthesize_placements
+from synth.reduction import Reduction
 from synth.semantics import Goal
 from synth.topology import load_topology
 
-from helpers import usage_error
+from helpers import model, synthesize_all, usage_error
 
 TESTBED_CONFIGS = [("dp=8", ("dp",)), ("dp=4,mp=2", ("dp",)), ("dp=2,mp=4", ("dp",)), ("dp=2,mp=4", ("mp",))]
 TESTBED_SIZES = [4096, 2**20, 16 * 2**20]
@@ -75,9 +69,9 @@ def make_records(topology, true, configs, algos, sizes, goals=(Goal.ALLREDUCE,),
     for axes, reduce in configs:
         placements = [p for p in enumerate_placements(topology, parse_axes(axes)) if keep(p)]
         for goal in goals:
-            for result in synthesize_placements(placements, reduce, goal, max_steps):
+            for result in synthesize_all(placements, reduce, goal, max_steps):
                 for algo in algos:
-                    predictor = Predictor(result.placement, reduce, algo, true)
+                    predictor = Predictor(result.reduction, model(algo, true))
                     for size in sizes:
                         for program, loads in zip(result.programs, result.loads):
                             seconds = predictor.program(program, loads, size)
@@ -138,8 +132,8 @@ def true_profile_file(tmp_path_factory, true_testbed) -> Path:
 def test_synthetic_file_covers_every_level_collective_and_algorithm(clean_file, clean_records):
     topology, measurements = load_measurements(clean_file)
     assert topology.name == "testbed-2x4" and len(measurements) == len(clean_records) > 500
-    assert {m.algo for m in measurements} == {"ring", "mpi"}
-    assert {m.goal for m in measurements} == {Goal.ALLREDUCE, Goal.REDUCESCATTER}
+    assert {m.algorithm.value for m in measurements} == {"ring", "mpi"}
+    assert {m.reduction.goal for m in measurements} == {Goal.ALLREDUCE, Goal.REDUCESCATTER}
     assert {i.collective for m in measurements for i in m.program.instructions} == set(Collective)
     assert [m.line for m in measurements] == list(range(1, len(clean_records) + 1))
 
@@ -190,7 +184,7 @@ def test_fit_on_p2_a100_with_ring_and_tree(tmp_path):
     records = make_records(p2, true, [("dp=4,mp=16", ("dp",)), ("dp=16,mp=4", ("dp",))], ("ring", "tree"),
                            [65536, 4 * 2**20, 256 * 2**20])
     topology, measurements = load_measurements(write(tmp_path / "p2.jsonl", records))
-    assert {m.algo for m in measurements} == {"ring", "tree"}
+    assert {m.algorithm.value for m in measurements} == {"ring", "tree"}
     fitted, _ = fit_profile(measurements, Profile.prior(topology), efficiency=True)
     assert_recovers(fitted, true, rel=1e-3)
 
@@ -200,7 +194,7 @@ def test_levels_no_record_exercises_keep_their_prior(tmp_path, testbed, true_tes
     records = make_records(testbed, true_testbed, [("dp=2,mp=4", ("mp",))], ("ring",), TESTBED_SIZES,
                            keep=lambda p: p.matrix[1][0] == 1)
     topology, measurements = load_measurements(write(tmp_path / "inside.jsonl", records))
-    assert {m.placement.matrix for m in measurements} == {((2, 1), (1, 4))}
+    assert {m.reduction.placement.matrix for m in measurements} == {((2, 1), (1, 4))}
     fitted, report = fit_profile(measurements, Profile.prior(topology), efficiency=True)
     assert fitted.latency_us[0] == 100.0
     assert math.isclose(fitted.bandwidth_GBps[0], 0.125, rel_tol=1e-9)
@@ -253,9 +247,9 @@ def test_fitted_profile_changes_the_main_command(cli, tmp_path, testbed, true_te
     fitted = json.loads(cli(*argv, "--profile", tmp_path / "p.json")[1])
     assert fitted["model"]["profile"] == str(tmp_path / "p.json") and prior["model"]["profile"] is None
     placement = enumerate_placements(testbed, parse_axes("dp=8"))[0]
-    result = synthesize_placements([placement], ("dp",), Goal.ALLREDUCE, 5)[0]
+    result = synthesize_all([placement], ("dp",), Goal.ALLREDUCE, 5)[0]
     i = result.programs.index(default_program(Goal.ALLREDUCE))
-    want = Predictor(placement, ("dp",), "ring", true_testbed).program(result.programs[i], result.loads[i], 2**20)
+    want = Predictor(result.reduction, model("ring", true_testbed)).program(result.programs[i], result.loads[i], 2**20)
     assert fitted["placements"][0]["default"]["predicted_s"] == pytest.approx(want, rel=1e-12)
     assert prior["placements"][0]["default"]["predicted_s"] != pytest.approx(want, rel=1e-3)
 
@@ -310,8 +304,8 @@ def test_top_k_counts_where_the_measured_fastest_ranks(clean_file, true_testbed)
     position = sum(predicted[i] < predicted[slow] or (predicted[i] == predicted[slow] and i < slow) for i in idx)
     assert position >= 10
     changed = list(measurements)
-    changed[slow] = type(measurements[slow])(**{**measurements[slow].__dict__,
-                                               "median_s": float(predicted[idx].min()) / 2})
+    faster = replace(measurements[slow].record, median_s=float(predicted[idx].min()) / 2)
+    changed[slow] = replace(measurements[slow], record=faster)
     acc = accuracy(true_testbed, changed)
     n = sum(len(v) >= 2 for v in by_case.values())
     assert acc.cases == n
@@ -413,7 +407,8 @@ def test_missing_field_names_file_line_and_field(cli, tmp_path, clean_records, c
 
 
 def test_several_missing_fields_are_all_named(cli, tmp_path, clean_records):
-    path = edited(tmp_path, clean_records, 1, lambda r: {"topology": r["topology"]})
+    path = edited(tmp_path, clean_records, 1,
+                  lambda r: {"schema": r["schema"], "version": r["version"], "topology": r["topology"]})
     message = usage_error(cli, "validate", path)
     assert message == (f"{path}:1: missing field(s) axes, matrix, reduce, collective, program, "
                        "size_bytes, median_s")
@@ -427,7 +422,17 @@ def test_unparsable_json_line(cli, tmp_path, clean_records):
 
 def test_a_json_line_that_is_not_an_object(cli, tmp_path, clean_records):
     path = write(tmp_path / "bad.jsonl", [clean_records[0], "[1, 2]"])
-    assert usage_error(cli, "validate", path).startswith(f"{path}:2: missing field(s) topology, axes")
+    assert usage_error(cli, "validate", path) == f"{path}:2: expected a JSON object"
+
+
+@pytest.mark.parametrize("change, expected", [
+    (drop("schema"), 'not a synth-reduce measurement (expected "schema": "synth-reduce/measurement")'),
+    (setting(schema="synth-reduce/plan"), 'not a synth-reduce measurement (expected "schema": "synth-reduce/measurement")'),
+    (setting(version=2), "measurement version 2 is not supported; this synth-reduce reads version 1"),
+])
+def test_records_of_another_schema_or_version_are_refused(cli, tmp_path, clean_records, change, expected):
+    path = edited(tmp_path, clean_records, 2, change)
+    assert usage_error(cli, "fit", path, "-o", tmp_path / "p.json") == f"{path}:2: {expected}"
 
 
 @pytest.mark.parametrize(
@@ -435,7 +440,6 @@ def test_a_json_line_that_is_not_an_object(cli, tmp_path, clean_records):
     [
         ("AllReduce(node, parallel(root))", "does not implement allreduce"),  # valid syntax, not a reduction
         ("AllReduce(gpu, inside)", "level 'gpu' is not in the synthesis hierarchy"),
-        ("Frobnicate(root, inside)", "syntax error"),
     ],
 )
 def test_unknown_program_for_the_placement(cli, tmp_path, clean_records, program, detail):
@@ -445,6 +449,12 @@ def test_unknown_program_for_the_placement(cli, tmp_path, clean_records, program
     message = usage_error(cli, "fit", path, "-o", tmp_path / "p.json")
     assert message.startswith(f"{path}:3: unknown program for this placement: ")
     assert detail in message
+
+
+def test_unparsable_program_in_a_record(cli, tmp_path, clean_records):
+    path = edited(tmp_path, clean_records, 3, setting(program="Frobnicate(root, inside)"))
+    message = usage_error(cli, "fit", path, "-o", tmp_path / "p.json")
+    assert message.startswith(f"{path}:3: program:1:1: syntax error: unexpected 'Frobnicate'")
 
 
 def test_record_with_another_topology(cli, tmp_path, clean_records):

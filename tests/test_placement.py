@@ -14,6 +14,7 @@ from synth.placement import (
     parse_constraint,
     parse_reduce,
 )
+from synth.reduction import Reduction
 from synth.topology import load_topology
 
 
@@ -132,17 +133,18 @@ def test_mesh_follows_documented_digit_order(spec, topo_name):
 def test_reduction_groups_are_mesh_slices_and_synthesis_order():
     topo = load_topology("p2-a100")
     p = Placement(topo, parse_axes("dp=4,mp=16"), ((2, 2), (2, 8)))
-    groups = p.reduction_groups(["dp"])
+    dp = Reduction.of(p, ["dp"])
+    groups = dp.reduction_groups
     assert groups.shape == (16, 4)
     for j in range(16):
         assert groups[j].tolist() == p.mesh[:, j].tolist()
-    assert p.synthesis_levels(["dp"]) == (("node", 2), ("gpu", 2))
-    synth = p.synthesis_groups(["dp"])
+    assert (dp.hierarchy.names, dp.hierarchy.sizes) == (("node", "gpu"), (2, 2))
+    synth = dp.synthesis_groups
     # synthesis index = (node digit, gpu digit): devices of group 0 by node then gpu
     assert synth[0].tolist() == [0, 8, 32, 40]
     assert [d // 16 for d in synth[0]] == [0, 0, 2, 2]  # first two share a node
     assert sorted(synth[0].tolist()) == sorted(groups[0].tolist())
-    both = p.reduction_groups(["dp", "mp"])
+    both = Reduction.of(p, ["dp", "mp"]).reduction_groups
     assert both.shape == (1, 64) and sorted(both[0].tolist()) == list(range(64))
 
 

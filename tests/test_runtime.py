@@ -18,17 +18,18 @@ import pytest
 
 import mpi_worker
 from synth.backends import _import_cupy_nccl, make_world, run_local
-from synth.bench import RankData, _choose, _parser, bus_factor, measure, parse_sizes, rank_data
-from synth.cost import default_program
+from synth.bench import RankData, _choose, bus_factor, measure, parse_sizes, rank_data
 from synth.cli import main
-from synth.problem import placements_of, problem_from_args
+from synth.cli.bench import request_of
+from synth.cost import Algorithm, Model, default_program
 from synth.errors import SynthError
 from synth.language import parse_program
 from synth.lowering import lower
 from synth.placement import Placement, parse_axes
-from synth.plan import plan_document, write_plan
+from synth.plan import Plan, write_plan
+from synth.reduction import Reduction
 from synth.runtime import Executor, element_ranges, reference, schedule
-from synth.search import synthesize_placements
+from synth.search import synthesize_reduction
 from synth.semantics import Goal
 from synth.topology import load_topology
 
@@ -40,7 +41,7 @@ PLACEMENT = Placement(load_topology("testbed-2x4"), parse_axes("dp=8"), ((2, 4),
 
 
 def lowered_on_2x4(text: str, goal: Goal = Goal.ALLREDUCE):
-    return lower(parse_program(text), PLACEMENT, ("dp",), goal)
+    return lower(parse_program(text), Reduction.of(PLACEMENT, ("dp",), goal))
 
 
 def run_numpy(lowered, buffers: np.ndarray) -> np.ndarray:
@@ -170,16 +171,14 @@ def test_bus_bandwidth_factor_and_default_program():
 
 
 def test_bench_takes_the_top_predicted_and_the_default():
-    args = _parser("synth-reduce bench", plan_mode=False, tune=False).parse_args(
-        ["--topology", "testbed-2x4", "--axes", "dp=8"])
-    problem = problem_from_args(args)
-    result = synthesize_placements(placements_of(problem), problem.reduce_axes, problem.goal, 5)[0]
-    chosen = _choose(result, problem, 2**24, "ring", top=2)
+    problem = request_of(["--topology", "testbed-2x4", "--axes", "dp=8"], tune=False).problem.build()
+    result = synthesize_reduction(problem.reduction(problem.placements()[0]), 5)
+    chosen = _choose(result, 2**24, Model(Algorithm.RING), top=2)
     # the best two (predicted ranks 0 and 1), then the default at its own rank
     assert len(chosen) == 3 and [c[1] for c in chosen[:2]] == [0, 1] and chosen[0][2] <= chosen[1][2]
     assert str(result.programs[chosen[2][0]]) == "AllReduce(root, inside)" and chosen[2][1] >= 2
     # OpenMPI's Rabenseifner all-reduce is predicted best: the default is one of the two, not added
-    chosen = _choose(result, problem, 2**24, "mpi", top=2)
+    chosen = _choose(result, 2**24, Model(Algorithm.MPI), top=2)
     assert [c[1] for c in chosen] == [0, 1] and str(result.programs[chosen[0][0]]) == "AllReduce(root, inside)"
 
 
@@ -255,7 +254,7 @@ def test_bench_prints_zero_wrong_and_appends_records(tmp_path):
 def test_bench_runs_a_plan_file_of_another_goal(tmp_path):
     plan = tmp_path / "rs.json"
     lowered = lowered_on_2x4("ReduceScatter(node, inside)\nReduceScatter(node, parallel(root))", Goal.REDUCESCATTER)
-    write_plan(plan, plan_document(PLACEMENT, ("dp",), lowered))
+    write_plan(plan, Plan.single(lowered, Reduction.of(PLACEMENT, ("dp",), Goal.REDUCESCATTER)))
     done = mpirun(8, "-m", "synth.cli", "bench", str(plan), "--sizes", "72", "--iters", "2", "--warmup", "0",
                   "--dtype", "int64")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -9,9 +9,8 @@ import math
 
 import pytest
 
-from synth.cost import Profile
+from synth.cost import Profile, save_profile
 from synth.errors import SynthError
-from synth.fit import save_profile
 from synth.topology import load_topology
 from synth.units import format_seconds, format_size, parse_size
 
@@ -242,4 +241,6 @@ def test_out_records_the_predicted_time(cli, tmp_path):
     assert code == 0, err
     plan = json.loads(path.read_text())
     best = doc["placements"][0]
-    assert plan["predicted_s"] == best["best_predicted_s"] == best["programs"][0]["predicted_s"]
+    program = plan["reductions"][0]["programs"][0]
+    assert program["predicted_s"] == best["best_predicted_s"] == best["programs"][0]["predicted_s"]
+    assert program["predicted_for_bytes"] == 2**20

@@ -15,20 +15,22 @@ from synth.language import Collective, parse_program
 from synth.lowering import lower
 from synth.placement import Placement, enumerate_placements, parse_axes
 from synth.prove import prove
-from synth.search import synthesize_placements
+from synth.reduction import Reduction
 from synth.semantics import Goal
 from synth.topology import load_topology
+
+from helpers import synthesize_all
 
 BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
 
 
 def _sweep(topology, spec, reduce_axes, goal, max_steps):
     axes = parse_axes(spec)
-    results = synthesize_placements(enumerate_placements(topology, axes), reduce_axes, goal, max_steps)
+    results = synthesize_all(enumerate_placements(topology, axes), reduce_axes, goal, max_steps)
     checked = 0
     for result in results:
         for program in result.programs:
-            lowered = lower(program, result.placement, reduce_axes, goal)
+            lowered = lower(program, result.reduction)
             assert check_numerically(lowered, seed=checked) > 0
             proof = prove(lowered)
             assert proof.proved, (str(program), proof.counterexample)
@@ -59,7 +61,7 @@ def test_three_axes_reduction_over_two_of_them():
 def blueconnect():
     topology = load_topology("p2-a100")
     placement = Placement(topology, parse_axes("dp=4,mp=16"), ((2, 2), (2, 8)))
-    return lower(parse_program(BLUECONNECT), placement, ["dp"], Goal.ALLREDUCE)
+    return lower(parse_program(BLUECONNECT), Reduction.of(placement, ["dp"]))
 
 
 def test_blueconnect_lowering_groups(blueconnect):
@@ -116,7 +118,7 @@ def test_double_counting_is_caught():
     topology = load_topology("testbed-2x4")
     placement = Placement(topology, parse_axes("x=8"), ((2, 4),))
     good = lower(parse_program("AllReduce(node, inside)\nAllReduce(node, parallel(root))"),
-                 placement, ["x"], Goal.ALLREDUCE)
+                 Reduction.of(placement, ["x"]))
     assert check_numerically(good) > 0 and prove(good).proved
     twice = replace(good, steps=good.steps + good.steps[:1])   # sums a sum again
     with pytest.raises(SynthError, match="numpy reference"):
@@ -140,13 +142,13 @@ def test_execute_allgather_and_broadcast_in_place():
 def test_verification_scope_shrinks_with_size():
     topology = load_topology("dgx-a100").scaled({"node": 8})
     placement = Placement(topology, parse_axes("dp=64"), ((8, 8),))
-    lowered = lower(parse_program(BLUECONNECT), placement, ["dp"], Goal.ALLREDUCE)
+    lowered = lower(parse_program(BLUECONNECT), Reduction.of(placement, ["dp"]))
     proof = prove(lowered)
     assert proof.proved and proof.scope == "whole system"
     # 256 devices x 128 chunks is over z3's budget: one reduction group is proved
     topology = load_topology("dgx-a100").scaled({"node": 32})
     placement = Placement(topology, parse_axes("dp=128,mp=2"), ((16, 8), (2, 1)))
-    lowered = lower(parse_program(BLUECONNECT), placement, ["dp"], Goal.ALLREDUCE)
+    lowered = lower(parse_program(BLUECONNECT), Reduction.of(placement, ["dp"]))
     assert check_numerically(lowered) == 256 * (2 * 128 + 1)  # numpy: whole system
     proof = prove(lowered)
     assert proof.proved and proof.scope == "reduction group 0 of 2"

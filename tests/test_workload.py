@@ -11,10 +11,11 @@ import pytest
 from synth.cost import Profile, rank
 from synth.errors import SynthError
 from synth.placement import enumerate_placements, parse_axes
-from synth.search import synthesize_placements
 from synth.semantics import Goal
 from synth.topology import load_topology
-from synth.workload import WorkloadItem, parse_workload, rank_placements
+from synth.workload import WorkloadItem, parse_workload, placement_costs
+
+from helpers import model, synthesize_all
 
 from helpers import usage_error
 
@@ -91,8 +92,8 @@ def independent_totals(placements, workload, algo="ring", profile=None, max_step
     for placement in placements:
         total = default = 0.0
         for item in workload:
-            (result,) = synthesize_placements([placement], item.reduce_axes, item.goal, max_steps)
-            r = rank(result, item.reduce_axes, item.goal, item.size_bytes, algo, profile)
+            (result,) = synthesize_all([placement], item.reduce_axes, item.goal, max_steps)
+            r = rank(result, item.size_bytes, model(algo, profile))
             total += item.repetitions * min(r.predicted_s)
             default += item.repetitions * r.default_s
         totals.append(total)
@@ -106,7 +107,7 @@ def independent_totals(placements, workload, algo="ring", profile=None, max_step
 )
 def test_rank_placements_orders_by_total(p2_placements, spec, algo):
     workload = parse_workload(spec, AXES)
-    costs = rank_placements(p2_placements, workload, algo=algo)
+    costs = placement_costs(p2_placements, workload, model=model(algo))
     totals, defaults = independent_totals(p2_placements, workload, algo)
     assert sorted(c.index for c in costs) == list(range(len(p2_placements)))
     for c in costs:
@@ -121,9 +122,9 @@ def test_rank_placements_orders_by_total(p2_placements, spec, algo):
 def test_whole_job_ranking_differs_from_one_reduction(p2_placements):
     """Alone, reducing dp inside a node wins; with 48 mp reductions per step the
     split placement (both axes half inside, half across) wins the job."""
-    dp_only = rank_placements(p2_placements, parse_workload("dp:allreduce:1GiB", AXES))
+    dp_only = placement_costs(p2_placements, parse_workload("dp:allreduce:1GiB", AXES))
     assert dp_only[0].placement.matrix == ((1, 4), (4, 4))
-    job = rank_placements(p2_placements, parse_workload(JOB, AXES))
+    job = placement_costs(p2_placements, parse_workload(JOB, AXES))
     assert [c.placement.matrix for c in job] == [((2, 2), (2, 8)), ((1, 4), (4, 4)), ((4, 1), (1, 16))]
 
 
@@ -131,11 +132,11 @@ def test_rank_placements_uses_the_profile(p2_placements):
     p2 = load_topology("p2-a100")
     fast = Profile(p2.name, p2.level_names, (80.0, 270.0), (5.0, 1.0))
     workload = parse_workload(JOB, AXES)
-    costs = rank_placements(p2_placements, workload, profile=fast)
+    costs = placement_costs(p2_placements, workload, model=model("ring", fast))
     totals, _ = independent_totals(p2_placements, workload, profile=fast)
     for c in costs:
         assert math.isclose(c.total_s(workload), totals[c.index], rel_tol=1e-12)
-    prior = {c.index: c.total_s(workload) for c in rank_placements(p2_placements, workload)}
+    prior = {c.index: c.total_s(workload) for c in placement_costs(p2_placements, workload)}
     # every placement sends one of the reductions across nodes: a 10x faster NIC helps all
     assert all(c.total_s(workload) < prior[c.index] for c in costs)
 

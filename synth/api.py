@@ -1,0 +1,346 @@
+"""The public Python API: what research scripts, trainers and the command line use.
+
+    import synth
+    solution = synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp")
+    best = solution.best                      # the placement predicted fastest
+    print(best.matrix, best.programs[0].text, best.programs[0].predicted_s)
+    synth.write_plan("plan.json", solution.plan())
+
+:func:`solve` enumerates every placement, synthesizes every program of at most
+``max_steps`` steps, predicts and ranks them, and (``verify=True``) proves every
+program it returns with the numpy reference and z3. :func:`rank_placements`
+ranks placements for a whole workload. The numbers are those the command line
+prints (``synth-reduce ... --json``), which is a thin layer over these calls.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .cost import Model, Ranked, default_program, rank
+from .errors import SynthError
+from .language import Program, format_program
+from .lowering import LoweredProgram, LoweredStep, lower
+from .placement import Axis, Constraint, Placement
+from .plan import Plan
+from .problem import AxesSpec, Problem, TopologySpec, make_problem
+from .reduction import Reduction
+from .search import synthesize_reduction
+from .semantics import Goal, Hierarchy
+from .topology import Topology
+from .units import parse_size
+from .verify import Verification, verify_lowered
+from .workload import PlacementCost, WorkloadItem, parse_workload, placement_costs
+
+DEFAULT_SIZE_BYTES = 256 * 2**20
+Progress = Callable[[str], None]
+
+
+def _model(model: Model | str | None) -> Model:
+    if model is None:
+        return Model()
+    return model if isinstance(model, Model) else Model.load(model)
+
+
+def _size_bytes(size: int | str) -> int:
+    if isinstance(size, str):
+        return parse_size(size)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise SynthError(f"size {size!r}: give bytes per device as an integer >= 1 or text like '256MiB'")
+    return size
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class ProgramResult:
+    """One program of a reduction: its text, predicted time and (lazily) its
+    lowered steps. ``verification`` is set when it was proved."""
+
+    program: Program
+    reduction: Reduction
+    predicted_s: float
+    verification: Verification | None = None
+    _lowered: LoweredProgram | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        return format_program(self.program)
+
+    @cached_property
+    def lowered(self) -> LoweredProgram:
+        """The program on every reduction group at once (global device ids)."""
+        return self._lowered if self._lowered is not None else lower(self.program, self.reduction)
+
+    @property
+    def steps(self) -> tuple[LoweredStep, ...]:
+        return self.lowered.steps
+
+    @property
+    def is_default(self) -> bool:
+        return self.program == default_program(self.reduction.goal)
+
+    def verified(self) -> "ProgramResult":
+        """This program, proved (numpy reference + z3); SynthError if it fails."""
+        if self.verification is not None:
+            return self
+        lowered = self.lowered
+        return ProgramResult(self.program, self.reduction, self.predicted_s, verify_lowered(lowered), lowered)
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    """One placement: its reduction and programs, fastest predicted first
+    (``programs`` holds the listed ones; ``num_programs`` counts them all)."""
+
+    index: int  # enumeration order: the command line's '#'
+    ranked: Ranked = field(repr=False)
+    programs: tuple[ProgramResult, ...]
+
+    @property
+    def reduction(self) -> Reduction:
+        return self.ranked.result.reduction
+
+    @property
+    def placement(self) -> Placement:
+        return self.reduction.placement
+
+    @property
+    def matrix(self) -> tuple[tuple[int, ...], ...]:
+        return self.placement.matrix
+
+    @property
+    def mesh(self) -> np.ndarray:
+        return self.placement.mesh
+
+    @property
+    def hierarchy(self) -> Hierarchy:
+        return self.reduction.hierarchy
+
+    @property
+    def num_programs(self) -> int:
+        return len(self.ranked.order)
+
+    @property
+    def default_s(self) -> float:
+        return self.ranked.default_s
+
+    @property
+    def best_s(self) -> float:
+        """Predicted seconds of the fastest program (inf if none within the step limit)."""
+        return self.ranked.best_s
+
+    @property
+    def speedup(self) -> float:
+        return self.ranked.speedup
+
+    def program(self, position: int) -> ProgramResult:
+        """The program of predicted rank ``position`` (0 = fastest), listed or not."""
+        if not 0 <= position < self.num_programs:
+            raise SynthError(f"--program {position}: placement {self.index} has programs 0..{self.num_programs - 1}")
+        if position < len(self.programs):
+            return self.programs[position]
+        return ProgramResult(self.ranked.result.programs[self.ranked.order[position]], self.reduction,
+                             self.ranked.predicted_s[position])
+
+
+@dataclass(frozen=True)
+class Solution:
+    """Every placement of a problem (enumeration order) with its ranked programs."""
+
+    problem: Problem
+    model: Model
+    size_bytes: int
+    placements: tuple[PlacementResult, ...]
+    synthesis_s: float
+    prediction_s: float
+    verified: bool
+
+    @property
+    def by_speed(self) -> tuple[PlacementResult, ...]:
+        """Placements fastest predicted first (ties: enumeration order)."""
+        return tuple(sorted(self.placements, key=lambda p: (p.best_s, p.index)))
+
+    @property
+    def best(self) -> PlacementResult:
+        return self.by_speed[0]
+
+    def plan(self, placement: int | None = None, program: int = 0) -> Plan:
+        """A plan of one placement (its ``index``; default: the best predicted)
+        and its program of predicted rank ``program``, proved first."""
+        index = self.best.index if placement is None else placement
+        if not 0 <= index < len(self.placements):
+            raise SynthError(f"--placement {index}: choose 0..{len(self.placements) - 1}")
+        chosen = self.placements[index]
+        if not chosen.num_programs:
+            raise SynthError(
+                f"--placement {index} has no program of at most {self.problem.max_steps} steps; raise --max-steps"
+            )
+        result = chosen.program(program).verified()  # never plan an unproved program
+        return Plan.single(result.lowered, chosen.reduction, result.predicted_s, self.size_bytes)
+
+
+def solve(
+    topology: TopologySpec,
+    axes: AxesSpec,
+    reduce: str | Sequence[str] | None = None,
+    goal: Goal | str = "allreduce",
+    model: Model | str | None = None,
+    max_steps: int = 5,
+    constraints: Sequence[Constraint | str] = (),
+    verify: bool = True,
+    size: int | str = DEFAULT_SIZE_BYTES,
+    top: int | None = None,
+    progress: Progress | None = None,
+) -> Solution:
+    """Placements and programs of a reduction, ranked by predicted time.
+
+    ``topology``: a :class:`Topology`, a shipped name (``"dgx-a100"``) or a YAML
+    path; ``axes``: ``{"dp": 16, "mp": 8}`` (or ``"dp=16,mp=8"``), sizes
+    multiplying to the device count; ``reduce``: the reduction axes (default:
+    the first axis); ``goal``: ``allreduce``, ``reducescatter`` or ``allgather``;
+    ``model``: a :class:`~synth.cost.Model` or an algorithm name (default: NCCL
+    ring, the topology's numbers); ``constraints``: e.g. ``["mp@node=1"]``;
+    ``size``: bytes per device the predictions are for; ``top``: programs kept
+    per placement, fastest first (default: all). With ``verify`` every kept
+    program is proved (numpy reference + z3). ``progress`` receives short
+    status lines. Raises :class:`~synth.errors.SynthError` on bad input.
+    """
+    problem = make_problem(topology, axes, reduce, goal, constraints, max_steps)
+    return solve_problem(problem, _model(model), _size_bytes(size), verify, top, progress)
+
+
+def solve_problem(
+    problem: Problem,
+    model: Model,
+    size_bytes: int,
+    verify: bool = True,
+    top: int | None = None,
+    progress: Progress | None = None,
+) -> Solution:
+    """:func:`solve` on a checked :class:`~synth.problem.Problem`."""
+    if top is not None and top < 0:
+        raise SynthError(f"--top {top}: must be >= 0")
+    model.profile_for(problem.topology)  # a profile of another topology fails before any work
+    started = time.perf_counter()
+    results = [synthesize_reduction(problem.reduction(p), problem.max_steps) for p in problem.placements()]
+    synthesis_s = time.perf_counter() - started
+    started = time.perf_counter()
+    ranked = [rank(r, size_bytes, model) for r in results]
+    prediction_s = time.perf_counter() - started
+    by_speed = sorted(range(len(ranked)), key=lambda i: (ranked[i].best_s, i))
+    listed: dict[int, tuple[ProgramResult, ...]] = {}
+    for n, i in enumerate(by_speed):
+        if progress is not None:
+            progress(f"{'verifying' if verify else 'listing'} placement {n + 1}/{len(by_speed)}")
+        r = ranked[i]
+        count = len(r.order) if top is None else min(top, len(r.order))
+        programs = [ProgramResult(r.result.programs[j], r.result.reduction, t)
+                    for j, t in zip(r.order[:count], r.predicted_s)]
+        listed[i] = tuple(p.verified() for p in programs) if verify else tuple(programs)
+    placements = tuple(PlacementResult(i, r, listed[i]) for i, r in enumerate(ranked))
+    return Solution(problem, model, size_bytes, placements, synthesis_s, prediction_s, verify)
+
+
+# ---------------------------------------------------------------- workloads
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One workload item on one placement: the default's and the best program's
+    predicted seconds (per repetition) and the best program."""
+
+    item: WorkloadItem
+    ranked: Ranked = field(repr=False)
+    best: ProgramResult | None
+
+    @property
+    def default_s(self) -> float:
+        return self.ranked.default_s
+
+    @property
+    def best_s(self) -> float | None:
+        return self.ranked.best_s if self.ranked.order else None
+
+
+@dataclass(frozen=True)
+class WorkloadPlacement:
+    """A placement ranked for a whole workload."""
+
+    index: int  # enumeration order
+    placement: Placement
+    items: tuple[ItemResult, ...]  # aligned with the workload
+    total_s: float  # sum of repetitions x best predicted time (inf if an item has no program)
+    default_total_s: float
+
+    @property
+    def matrix(self) -> tuple[tuple[int, ...], ...]:
+        return self.placement.matrix
+
+
+@dataclass(frozen=True)
+class WorkloadSolution:
+    topology: Topology
+    axes: tuple[Axis, ...]
+    workload: tuple[WorkloadItem, ...]
+    model: Model
+    placements: tuple[WorkloadPlacement, ...]  # fastest first
+    elapsed_s: float
+    verified: bool
+
+
+def rank_placements(
+    topology: TopologySpec,
+    axes: AxesSpec,
+    workload: str | Sequence[WorkloadItem],
+    model: Model | str | None = None,
+    max_steps: int = 5,
+    constraints: Sequence[Constraint | str] = (),
+    verify: bool = True,
+    progress: Progress | None = None,
+) -> WorkloadSolution:
+    """Placements ranked by the total predicted time of a workload, e.g.
+    ``"dp:allreduce:1GiB,mp:allreduce:64MiB*48"`` (each reduction with its best
+    predicted program; with ``verify`` those programs are proved)."""
+    problem = make_problem(topology, axes, None, Goal.ALLREDUCE, constraints, max_steps)
+    items = parse_workload(workload, problem.axes) if isinstance(workload, str) else tuple(workload)
+    return rank_problem_placements(problem, items, _model(model), verify, progress)
+
+
+def rank_problem_placements(
+    problem: Problem,
+    workload: Sequence[WorkloadItem],
+    model: Model,
+    verify: bool = True,
+    progress: Progress | None = None,
+) -> WorkloadSolution:
+    """:func:`rank_placements` on a checked problem (its reduction is ignored)."""
+    model.profile_for(problem.topology)
+    started = time.perf_counter()
+    costs = placement_costs(problem.placements(), workload, problem.max_steps, model)
+    elapsed_s = time.perf_counter() - started
+    out = []
+    for n, cost in enumerate(costs):
+        if progress is not None:
+            progress(f"{'verifying' if verify else 'listing'} placement {n + 1}/{len(costs)}")
+        out.append(_workload_placement(cost, workload, verify))
+    return WorkloadSolution(problem.topology, problem.axes, tuple(workload), model, tuple(out), elapsed_s, verify)
+
+
+def _workload_placement(cost: PlacementCost, items: Sequence[WorkloadItem], verify: bool) -> WorkloadPlacement:
+    results = []
+    for item, ranked in zip(items, cost.items):
+        best = None
+        if ranked.order:
+            best = ProgramResult(ranked.result.programs[ranked.order[0]], ranked.result.reduction,
+                                 ranked.predicted_s[0])
+            best = best.verified() if verify else best
+        results.append(ItemResult(item, ranked, best))
+    return WorkloadPlacement(cost.index, cost.placement, tuple(results), cost.total_s(items),
+                             cost.default_total_s(items))

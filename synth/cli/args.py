@@ -1,0 +1,62 @@
+"""Argument groups shared by the commands, and the parser class they use."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cost import ALGORITHMS, Model
+from ..errors import SynthError
+from ..problem import MAX_STEPS_DEFAULT, ProblemSpec
+from ..semantics import Goal
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are SynthErrors (one line, exit 2)."""
+
+    def error(self, message: str) -> None:  # one line, exit 2, like SynthError
+        raise SynthError(f"{message} (see '{self.prog} --help')")
+
+
+def add_problem_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", required=True, help="topology YAML file, or a shipped name (e.g. dgx-a100)")
+    p.add_argument("--axes", required=True, help="parallelism axes with sizes, e.g. dp=16,mp=8")
+    p.add_argument("--reduce", help="reduction axes, e.g. dp or dp,mp (default: the first axis)")
+    p.add_argument(
+        "--collective",
+        choices=[g.value for g in Goal],
+        help="the reduction to implement (default: allreduce)",
+    )
+    p.add_argument(
+        "--constrain",
+        action="append",
+        default=[],
+        metavar="AXIS@LEVEL{=,>=,<=}N",
+        help="constrain a matrix entry, e.g. mp@node=1 (mp stays inside a node); repeatable",
+    )
+    p.add_argument("--scale", default="", metavar="LEVEL=COUNT", help="override level counts, e.g. node=2")
+    p.add_argument("--max-steps", type=int, default=MAX_STEPS_DEFAULT,
+                   help=f"longest program to search (default: {MAX_STEPS_DEFAULT})")
+
+
+def problem_spec(args: argparse.Namespace) -> ProblemSpec:
+    """The problem the arguments of :func:`add_problem_arguments` describe."""
+    return ProblemSpec(
+        topology=args.topology,
+        axes=args.axes,
+        reduce=args.reduce,
+        goal=args.collective,
+        constraints=tuple(args.constrain),
+        scale=(args.scale,) if args.scale else (),
+        max_steps=args.max_steps,
+    )
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algo", default="ring", choices=ALGORITHMS,
+                   help="collective algorithm to model: NCCL ring or tree, or the MPI testbed's (default: ring)")
+    p.add_argument("--profile", metavar="PROFILE.json",
+                   help="fitted parameters (synth-reduce fit); default: the topology's numbers")
+
+
+def model_of(args: argparse.Namespace) -> Model:
+    return Model.load(args.algo, args.profile)

@@ -1,0 +1,66 @@
+"""``synth-reduce bench`` and ``synth-reduce tune`` (run under mpiexec): their
+arguments; the work is :func:`synth.bench.run`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from ..backends import BACKENDS
+from ..bench import BenchRequest, parse_sizes, run
+from .args import Parser, add_problem_arguments, problem_spec
+
+
+def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
+    p = Parser(
+        prog=prog,
+        description=(
+            f"Run under mpiexec. '{prog} PLAN.json' times the plan's program and the default; "
+            f"'{prog} --topology T --axes ...' synthesizes like the main command and times the default "
+            "and the --top K predicted programs of every placement."
+            + (" tune then writes the plan of the measured winner at the largest size to --out." if tune else "")
+        ),
+    )
+    if plan_mode:
+        p.add_argument("plan", help="plan JSON written by synth-reduce --out")
+    else:
+        add_problem_arguments(p)
+        p.add_argument("--placement", type=int, metavar="I", help="only placement I (default: all)")
+        p.add_argument("--top", type=int, default=5, metavar="K", help="predicted-best programs per placement (default 5)")
+    p.add_argument("--backend", default="mpi", choices=BACKENDS, help="collective library (default: mpi)")
+    p.add_argument("--sizes", default="1M,16M", help="per-rank buffer sizes in bytes, e.g. 1M,16M,256M (1M = 2^20)")
+    p.add_argument("--dtype", default="float32", help="float32, float64, int32, int64; nccl also float16, bfloat16")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("--jsonl", metavar="FILE", help="append one measurement record per (placement, program, size)")
+    if tune:
+        p.add_argument("--out", required=True, metavar="PLAN.json", help="write the plan of the measured winner")
+    return p
+
+
+def request_of(argv: Sequence[str], tune: bool) -> BenchRequest:
+    prog = "synth-reduce " + ("tune" if tune else "bench")
+    plan_mode = not tune and bool(argv) and not argv[0].startswith("-")
+    args = parser(prog, plan_mode, tune).parse_args(argv)
+    return BenchRequest(
+        sizes=parse_sizes(args.sizes),
+        plan_path=args.plan if plan_mode else None,
+        problem=None if plan_mode else problem_spec(args),
+        placement=None if plan_mode else args.placement,
+        top=1 if plan_mode else args.top,
+        backend=args.backend,
+        dtype=args.dtype,
+        iters=args.iters,
+        warmup=args.warmup,
+        jsonl=args.jsonl,
+        out=getattr(args, "out", None),
+        tune=tune,
+    )
+
+
+def run_bench(argv: Sequence[str]) -> int:
+    return run(request_of(argv, tune=False))
+
+
+def run_tune(argv: Sequence[str]) -> int:
+    return run(request_of(argv, tune=True))

@@ -1,0 +1,244 @@
+"""The main command: placements and ranked programs of a reduction, or
+placements ranked for a whole workload (``--workload``), as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from .. import __version__
+from ..api import Solution, WorkloadSolution, rank_problem_placements, solve_problem
+from ..cost import default_program
+from ..errors import SynthError
+from ..language import format_program
+from ..plan import program_document, write_plan
+from ..units import format_seconds, format_size, parse_size
+from ..workload import parse_workload
+from .args import Parser, add_model_arguments, add_problem_arguments, model_of, problem_spec
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="synth-reduce",
+        description=(
+            "Enumerate every placement of parallelism axes on a hierarchical cluster and every "
+            "verified program implementing a reduction over some axes, ranked by predicted time. "
+            "Subcommands: 'verify PLAN' re-proves a plan; 'check FILE' checks a hand-written "
+            "program; 'fit' and 'validate' learn and score the cost model from measurements."
+        ),
+    )
+    add_problem_arguments(p)
+    add_model_arguments(p)
+    p.add_argument("--size", help="bytes per device to reduce, e.g. 256MiB, 1M, 64KB (default: 256MiB)")
+    p.add_argument(
+        "--workload",
+        metavar="AXES:GOAL:SIZE[*REPS],...",
+        help="rank placements for a whole job, e.g. dp:allreduce:1GiB,mp:allreduce:64MiB*48 "
+        "(replaces --reduce, --collective and --size)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument("--out", metavar="PLAN.json", help="write a plan (one placement and one program)")
+    p.add_argument("--placement", type=int, metavar="I",
+                   help="placement (its # column) for --out (default: the best predicted)")
+    p.add_argument("--program", type=int, default=0, metavar="J",
+                   help="program rank within the placement for --out (default 0, the fastest predicted)")
+    p.add_argument(
+        "--top", "--show", dest="top", type=int, metavar="K",
+        help="programs listed per placement, fastest first (default: 3 in the table, all in --json)",
+    )
+    p.add_argument("--no-verify", action="store_true", help="skip the numpy and z3 verification of the listed programs")
+    p.add_argument("--version", action="version", version=f"synth-reduce {__version__}")
+    return p
+
+
+def _progress(message: str) -> None:
+    if sys.stderr.isatty():
+        print(f"\r{message}\033[K", end="", file=sys.stderr, flush=True)
+
+
+def run(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.top is not None and args.top < 0:
+        raise SynthError(f"--top {args.top}: must be >= 0")
+    if args.workload:
+        return _run_workload(args)
+    problem = problem_spec(args).build()
+    size_bytes = parse_size(args.size or "256MiB")
+    model = model_of(args)
+    top = args.top if args.top is not None else (None if args.json else 3)
+    solution = solve_problem(problem, model, size_bytes, verify=not args.no_verify, top=top, progress=_progress)
+    _progress("")
+    if args.out:
+        written = solution.best.index if args.placement is None else args.placement
+        write_plan(args.out, solution.plan(written, args.program))
+    if args.json:
+        print(json.dumps(solution_document(solution), indent=1))
+    else:
+        print_table(solution)
+        if args.out:
+            print(f"\nwrote plan: placement {written}, program {args.program} -> {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def _program_document(result) -> dict[str, Any]:
+    doc = program_document(result.lowered)
+    doc["predicted_s"] = result.predicted_s
+    if result.verification is not None:
+        v = result.verification
+        doc["verified"] = {"numpy_elements": v.elements_checked, "z3": v.proof.scope}
+    return doc
+
+
+def _model_document(solution: Solution) -> dict[str, Any]:
+    return {"size_bytes": solution.size_bytes, "algo": solution.model.algorithm.value,
+            "profile": solution.model.profile_path}
+
+
+def solution_document(solution: Solution) -> dict[str, Any]:
+    """What ``--json`` prints: every placement, fastest first, with its listed programs."""
+    problem = solution.problem
+    return {
+        "topology": problem.topology.to_dict(),
+        "axes": [{"name": a.name, "size": a.size} for a in problem.axes],
+        "reduce": list(problem.reduce_axes),
+        "collective": problem.goal.value,
+        "constraints": [str(c) for c in problem.constraints],
+        "max_steps": problem.max_steps,
+        "model": _model_document(solution),
+        "synthesis_s": round(solution.synthesis_s, 6),
+        "prediction_s": round(solution.prediction_s, 6),
+        "verified": solution.verified,
+        "placements": [
+            {
+                "index": p.index,
+                "rank": n,
+                "matrix": [list(row) for row in p.matrix],
+                "mesh": p.mesh.tolist(),
+                "synthesis_hierarchy": [
+                    {"name": name, "size": size} for name, size in zip(p.hierarchy.names, p.hierarchy.sizes)
+                ],
+                "crosses": list(p.hierarchy.names),
+                "num_programs": p.num_programs,
+                "default": {
+                    "text": format_program(default_program(problem.goal)),
+                    "predicted_s": p.default_s,
+                },
+                "best_predicted_s": p.best_s if p.num_programs else None,
+                "predicted_speedup": p.speedup,
+                "programs": [_program_document(r) for r in p.programs],
+            }
+            for n, p in enumerate(solution.by_speed)
+        ],
+    }
+
+
+# ---------------------------------------------------------------- table
+
+
+def _model_line(solution: Solution) -> str:
+    return f"predicted for {format_size(solution.size_bytes)} per device, {solution.model.describe()}"
+
+
+def print_table(solution: Solution) -> None:
+    problem = solution.problem
+    placements = solution.by_speed
+    total = sum(p.num_programs for p in placements)
+    print(problem.describe())
+    print(_model_line(solution))
+    print(
+        f"{len(placements)} placement(s), {total} program(s) of at most {problem.max_steps} steps; "
+        f"synthesized in {solution.synthesis_s * 1e3:.0f} ms, predicted in {solution.prediction_s * 1e3:.0f} ms"
+        + ("; listed programs verified (numpy reference + z3)" if solution.verified else "")
+    )
+    print(f"\nmatrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)}); "
+          "default = one AllReduce over each whole reduction group")
+    header = (f"{'rank':>4} {'#':>3}  {'matrix':<22} {'reduction crosses':<22} {'progs':>5} "
+              f"{'default':>11} {'best':>11} {'speedup':>7}  programs, fastest first")
+    print(header)
+    print("-" * len(header))
+    for n, p in enumerate(placements):
+        crosses = p.hierarchy.describe() if p.hierarchy.names else "(nothing: k=1)"
+        first = p.programs[0] if p.programs else None
+        print(
+            f"{n + 1:>4} {p.index:>3}  {p.placement.matrix_text():<22} {crosses:<22} "
+            f"{p.num_programs:>5} {format_seconds(p.default_s):>11} "
+            f"{format_seconds(p.best_s) if p.num_programs else '-':>11} {p.speedup:>6.2f}x  "
+            + (format_program(first.program, " ; ") if first else "(none within the step limit)")
+        )
+        for r in p.programs[1:]:
+            print(f"{'':>4} {'':>3}  {'':<22} {'':<22} {'':>5} {'':>11} {format_seconds(r.predicted_s):>11} "
+                  f"{'':>7}  {format_program(r.program, ' ; ')}")
+
+
+# ---------------------------------------------------------------- workload
+
+
+def _run_workload(args: argparse.Namespace) -> int:
+    if args.reduce is not None or args.collective is not None or args.size is not None:
+        raise SynthError("--workload replaces --reduce, --collective and --size; give one or the other")
+    problem = problem_spec(args).build()
+    workload = parse_workload(args.workload, problem.axes)
+    model = model_of(args)
+    solution = rank_problem_placements(problem, workload, model, verify=not args.no_verify, progress=_progress)
+    _progress("")
+    if args.json:
+        print(json.dumps(workload_document(solution), indent=1))
+    else:
+        print_workload_table(solution)
+    return 0
+
+
+def workload_document(solution: WorkloadSolution) -> dict[str, Any]:
+    return {
+        "topology": solution.topology.to_dict(),
+        "axes": [{"name": a.name, "size": a.size} for a in solution.axes],
+        "workload": [{"reduce": list(w.reduce_axes), "collective": w.goal.value, "size_bytes": w.size_bytes,
+                      "repetitions": w.repetitions} for w in solution.workload],
+        "model": {"algo": solution.model.algorithm.value, "profile": solution.model.profile_path},
+        "elapsed_s": round(solution.elapsed_s, 6),
+        "placements": [
+            {
+                "index": c.index, "rank": n,
+                "matrix": [list(row) for row in c.matrix],
+                "mesh": c.placement.mesh.tolist(),
+                "total_predicted_s": c.total_s,
+                "default_total_predicted_s": c.default_total_s,
+                "items": [
+                    {"reduce": list(r.item.reduce_axes), "collective": r.item.goal.value,
+                     "size_bytes": r.item.size_bytes, "repetitions": r.item.repetitions,
+                     "default_predicted_s": r.default_s, "best_predicted_s": r.best_s,
+                     "best_program": _program_document(r.best) if r.best else None}
+                    for r in c.items
+                ],
+            }
+            for n, c in enumerate(solution.placements)
+        ],
+    }
+
+
+def print_workload_table(solution: WorkloadSolution) -> None:
+    items = ", ".join(f"{'+'.join(w.reduce_axes)} {w.goal.value} {format_size(w.size_bytes)}"
+                      + (f" x{w.repetitions}" if w.repetitions > 1 else "") for w in solution.workload)
+    print(f"topology {solution.topology.name} ({solution.topology.num_devices} devices); "
+          f"axes {' '.join(f'{a.name}={a.size}' for a in solution.axes)}")
+    print(f"workload per step: {items}")
+    print(solution.model.describe())
+    print(f"{len(solution.placements)} placement(s) ranked in {solution.elapsed_s * 1e3:.0f} ms; each reduction "
+          "uses its best predicted program" + ("; those programs verified (numpy reference + z3)"
+                                               if solution.verified else ""))
+    print()
+    header = (f"{'rank':>4} {'#':>3}  {'matrix':<22} {'total':>11} {'with default':>13}  "
+              "best program per reduction")
+    print(header)
+    print("-" * len(header))
+    for n, c in enumerate(solution.placements):
+        print(f"{n + 1:>4} {c.index:>3}  {c.placement.matrix_text():<22} "
+              f"{format_seconds(c.total_s):>11} {format_seconds(c.default_total_s):>13}  "
+              + " | ".join(
+                  f"{'+'.join(r.item.reduce_axes)}: " + (format_program(r.best.program, ' ; ') if r.best else "-")
+                  for r in c.items))

@@ -1,0 +1,115 @@
+"""The links and their contention: how long one round of concurrent flows takes.
+
+A flow from device ``s`` to device ``t`` that are in different elements of level
+``l`` uses the uplink of ``s``'s level-``l`` element (up) and the downlink of
+``t``'s (down), for every such level: it climbs to the lowest common ancestor
+and back. Each uplink carries ``bandwidth_GBps x ports`` per direction, one flow
+at most ``bandwidth_GBps`` (one port); flows crossing it at the same time share
+it equally. A ``ring`` fabric level connects siblings in a ring: a flow between
+siblings at ring distance ``h`` loads the ``h`` ring links on its shortest way,
+and the busiest of them decides its share. Latency: the sum of ``latency_us`` of
+the levels a flow crosses. A round takes as long as its slowest flow:
+``latency + bytes / (bandwidth x share x efficiency[collective])``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..language import Collective
+from ..topology import Topology
+from .profile import Profile
+from .terms import Features
+
+
+@dataclass(frozen=True)
+class Links:
+    """Per level: the element id of each device's ancestor, and the level data."""
+
+    ancestors: tuple[np.ndarray, ...]  # (levels,) arrays of (devices,)
+    ports: tuple[int, ...]
+    ring: tuple[bool, ...]
+    counts: tuple[int, ...]
+
+
+@lru_cache(maxsize=64)
+def links_of(topology: Topology) -> Links:
+    counts = topology.counts
+    devices = np.arange(topology.num_devices)
+    ancestors = tuple(devices // math.prod(counts[l + 1 :]) for l in range(len(counts)))
+    return Links(
+        ancestors,
+        tuple(lv.ports for lv in topology.levels),
+        tuple(lv.fabric == "ring" for lv in topology.levels),
+        counts,
+    )
+
+
+def round_cost(
+    links: Links, profile: Profile, collective: Collective, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+) -> tuple[float, Features]:
+    """Time of one round of concurrent flows and the features of its slowest flow."""
+    levels = len(links.counts)
+    if len(src) == 0:
+        return 0.0, Features.zero(levels)
+    eff = profile.efficiency_of(collective)
+    lat, bw = profile.latency_s, profile.bandwidth_Bps
+    crossing = np.zeros((levels, len(src)), dtype=bool)
+    share = np.ones((levels, len(src)))
+    for l in range(levels):
+        a_src, a_dst = links.ancestors[l][src], links.ancestors[l][dst]
+        cross = a_src != a_dst
+        crossing[l] = cross
+        if not cross.any():
+            continue
+        siblings = cross & (links.ancestors[l - 1][src] == links.ancestors[l - 1][dst]) if l else cross
+        if links.ring[l]:
+            load = _ring_load(a_src, a_dst, siblings, links.counts[l])
+            share[l] = np.where(siblings, 1.0 / np.maximum(load, 1), share[l])
+            outward = cross & ~siblings
+        else:
+            outward = cross
+        if outward.any():
+            up = np.bincount(a_src[outward], minlength=int(links.ancestors[l].max()) + 1)
+            down = np.bincount(a_dst[outward], minlength=int(links.ancestors[l].max()) + 1)
+            busiest = np.maximum(up[a_src], down[a_dst])
+            share[l] = np.where(outward, np.minimum(1.0, links.ports[l] / np.maximum(busiest, 1)), share[l])
+    latency = lat @ crossing
+    # bottleneck level of each flow: smallest bandwidth x share among crossed levels
+    rate = np.where(crossing, bw[:, None] * share, np.inf)
+    bottleneck = rate.argmin(axis=0)
+    seconds = latency + nbytes / (rate.min(axis=0) * eff)
+    worst = int(seconds.argmax())
+    features = Features.zero(levels)
+    features.latency_count = crossing[:, worst].astype(float)
+    load = np.zeros(levels)
+    load[bottleneck[worst]] = nbytes[worst] / share[bottleneck[worst], worst]
+    features.load[collective] = load
+    return float(seconds[worst]), features
+
+
+def _ring_load(a_src: np.ndarray, a_dst: np.ndarray, siblings: np.ndarray, count: int) -> np.ndarray:
+    """Per flow, the number of sibling flows on the busiest ring link of its path."""
+    pos_s, pos_d = a_src % count, a_dst % count
+    parent = a_src // count
+    forward = (pos_d - pos_s) % count
+    clockwise = forward <= count - forward
+    hops = np.where(clockwise, forward, count - forward)
+    step = np.where(clockwise, 1, -1)
+    # link (parent, position, direction) ids; count flows on each
+    load: dict[tuple[int, int, int], int] = {}
+    paths = []
+    for f in np.flatnonzero(siblings):
+        path = [(int(parent[f]), int((pos_s[f] + step[f] * h + (0 if step[f] > 0 else -1)) % count), int(step[f]))
+                for h in range(int(hops[f]))]
+        paths.append((f, path))
+        for link in path:
+            load[link] = load.get(link, 0) + 1
+    out = np.ones(len(a_src))
+    for f, path in paths:
+        out[f] = max(load[link] for link in path)
+    return out

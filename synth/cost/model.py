@@ -1,0 +1,73 @@
+"""What a prediction models: the collective library's algorithms and the
+parameters of the links (a :class:`Model` = an :class:`Algorithm` + a profile).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SynthError
+from ..topology import Topology
+from .profile import Profile, load_profile
+
+
+class Algorithm(enum.Enum):
+    """How the library runs each collective (see :mod:`synth.cost.algorithms`)."""
+
+    RING = "ring"  # NCCL's ring (NCCL_ALGO=Ring)
+    TREE = "tree"  # NCCL's tree for AllReduce, rings otherwise (NCCL_ALGO=Tree)
+    MPI = "mpi"  # OpenMPI 5.0 coll/tuned's fixed decisions (the CPU testbed)
+
+    __hash__ = object.__hash__
+
+    @property
+    def title(self) -> str:
+        return {"ring": "NCCL ring", "tree": "NCCL tree", "mpi": "MPI (OpenMPI tuned defaults)"}[self.value]
+
+    @classmethod
+    def from_text(cls, text: str) -> "Algorithm":
+        for algorithm in cls:
+            if algorithm.value == text:
+                return algorithm
+        raise SynthError(f"--algo {text}: choose one of {', '.join(a.value for a in cls)}")
+
+
+ALGORITHMS = tuple(a.value for a in Algorithm)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A cost model: the library's algorithm choice and the link parameters.
+
+    ``profile`` None means the topology's own numbers (its prior); a fitted
+    profile must match the topology it is used on. ``profile_path`` only says
+    where the profile was read, for reports."""
+
+    algorithm: Algorithm = Algorithm.RING
+    profile: Profile | None = None
+    profile_path: str | None = None
+
+    @classmethod
+    def load(cls, algorithm: str | Algorithm = Algorithm.RING, profile: str | Path | None = None) -> "Model":
+        """A model from names: ``algorithm`` as text or enum, ``profile`` a path
+        to a profile written by ``synth-reduce fit`` (or None)."""
+        if not isinstance(algorithm, Algorithm):
+            algorithm = Algorithm.from_text(algorithm)
+        if profile is None:
+            return cls(algorithm)
+        return cls(algorithm, load_profile(profile), str(profile))
+
+    def profile_for(self, topology: Topology) -> Profile:
+        """The parameters to predict with on ``topology``; SynthError if a fitted
+        profile belongs to another topology."""
+        if self.profile is None:
+            return Profile.prior(topology)
+        self.profile.check_matches(topology, self.profile_path or "profile")
+        return self.profile
+
+    def describe(self) -> str:
+        """``NCCL ring model, topology's numbers as priors``."""
+        source = f"profile {self.profile_path or self.profile.topology}" if self.profile else "topology's numbers as priors"
+        return f"{self.algorithm.title} model, {source}"

@@ -1,0 +1,44 @@
+"""Rank the programs of a reduction by predicted time."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..search import ReductionPrograms
+from .model import Model
+from .predict import Predictor, default_program
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A reduction's programs sorted fastest first, with the default all-reduce."""
+
+    result: ReductionPrograms
+    order: tuple[int, ...]  # program indices, fastest first
+    predicted_s: tuple[float, ...]  # aligned with ``order``
+    default_s: float
+    default_index: int | None  # index of the default program among the programs
+
+    @property
+    def best_s(self) -> float:
+        return self.predicted_s[0] if self.order else math.inf
+
+    @property
+    def speedup(self) -> float:
+        """Default time over best time; 1 when there is nothing to do (k = 1)."""
+        if not self.order:
+            return 0.0
+        return self.default_s / self.best_s if self.best_s > 0 else 1.0
+
+
+def rank(result: ReductionPrograms, size_bytes: float, model: Model | None = None) -> Ranked:
+    """Predict every program of a reduction and sort them, fastest first (ties
+    keep the search's order)."""
+    predictor = Predictor(result.reduction, model)
+    times = [predictor.program(p, l, size_bytes) for p, l in zip(result.programs, result.loads)]
+    order = tuple(sorted(range(len(times)), key=lambda i: (times[i], i)))
+    default = default_program(result.reduction.goal)
+    default_index = next((i for i, p in enumerate(result.programs) if p == default), None)
+    default_s = times[default_index] if default_index is not None else 0.0  # k = 1: nothing to do
+    return Ranked(result, order, tuple(times[i] for i in order), default_s, default_index)

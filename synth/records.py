@@ -1,0 +1,194 @@
+"""Measurement records: one JSON line per timed (placement, reduction, program,
+size), written by ``synth-reduce bench``/``tune`` and read by ``fit``,
+``validate`` and the evaluation (:mod:`synth.evaluation`).
+
+Format (``"schema": "synth-reduce/measurement"``, ``"version": 1``): ``topology``
+(the plan's topology object), ``axes`` (``{name, size}`` list), ``matrix``,
+``reduce`` (axis names), ``collective`` (the goal), ``program`` (text),
+``size_bytes`` and ``median_s`` are required; ``is_default``, ``backend``,
+``algo`` (the library algorithm the run used, when known or forced), ``dtype``,
+``ranks``, ``iters``, ``times_s``, ``min_s``, ``max_s`` and ``wrong`` are
+optional. A reader refuses a line of another schema or version, naming the file
+and line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import SynthError
+from .language import Program, format_program, read_program
+from .placement import Axis, Placement
+from .reduction import Reduction
+from .semantics import Goal
+from .topology import Topology, topology_from_dict
+
+SCHEMA = "synth-reduce/measurement"
+VERSION = 1
+REQUIRED = ("topology", "axes", "matrix", "reduce", "collective", "program", "size_bytes", "median_s")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured program: its reduction, size and times (seconds)."""
+
+    reduction: Reduction
+    program: Program
+    size_bytes: int
+    median_s: float
+    is_default: bool = False
+    backend: str | None = None
+    algo: str | None = None
+    dtype: str | None = None
+    ranks: int | None = None
+    times_s: tuple[float, ...] = ()
+    min_s: float | None = None
+    max_s: float | None = None
+    wrong: int = 0
+    line: int = field(default=0, compare=False)  # line of the file it was read from (0: not read)
+
+    @property
+    def algorithm(self) -> str:
+        """The library algorithm to model this run with: ``algo`` when the
+        record names it, else ``mpi`` for the MPI backend, else ``ring``."""
+        return self.algo or ("mpi" if self.backend == "mpi" else "ring")
+
+    @property
+    def case(self) -> tuple:
+        """Placement x reduction x size x algorithm: the programs compared in a case."""
+        r = self.reduction
+        return (r.placement.matrix, r.axes, r.goal, self.size_bytes, self.algorithm)
+
+    def to_dict(self) -> dict[str, Any]:
+        reduction = self.reduction
+        placement = reduction.placement
+        doc: dict[str, Any] = {
+            "schema": SCHEMA, "version": VERSION,
+            "topology": placement.topology.to_dict(),
+            "axes": [{"name": a.name, "size": a.size} for a in placement.axes],
+            "matrix": [list(row) for row in placement.matrix],
+            "reduce": list(reduction.axes),
+            "collective": reduction.goal.value,
+            "program": format_program(self.program),
+            "is_default": self.is_default,
+            "backend": self.backend, "algo": self.algo, "dtype": self.dtype, "ranks": self.ranks,
+            "size_bytes": self.size_bytes,
+        }
+        if self.times_s:
+            doc["iters"] = len(self.times_s)
+            doc["times_s"] = list(self.times_s)
+        doc["median_s"] = self.median_s
+        if self.min_s is not None:
+            doc["min_s"] = self.min_s
+        if self.max_s is not None:
+            doc["max_s"] = self.max_s
+        doc["wrong"] = self.wrong
+        return doc
+
+
+def append_records(path: str | Path, records: Iterable[Record]) -> None:
+    """Append records as JSON lines (one write per call)."""
+    text = "".join(json.dumps(r.to_dict()) + "\n" for r in records)
+    try:
+        with open(path, "a") as f:
+            f.write(text)
+    except OSError as exc:
+        raise SynthError(f"{path}: cannot write measurements ({exc.strerror})") from None
+
+
+def _number(rec: dict, key: str, where: str, kind: type = float) -> Any:
+    value = rec.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SynthError(f"{where}: '{key}' must be a number, got {value!r}")
+    return kind(value)
+
+
+def record_from_dict(rec: Any, where: str, topology: Topology | None = None, line: int = 0) -> Record:
+    """One record; errors name ``where`` (file:line) and the field. With
+    ``topology``, the record's topology must equal it."""
+    if not isinstance(rec, dict):
+        raise SynthError(f"{where}: expected a JSON object")
+    if rec.get("schema") != SCHEMA:
+        raise SynthError(f'{where}: not a synth-reduce measurement (expected "schema": "{SCHEMA}")')
+    if rec.get("version") != VERSION:
+        raise SynthError(f"{where}: measurement version {rec.get('version')!r} is not supported; "
+                         f"this synth-reduce reads version {VERSION}")
+    missing = [k for k in REQUIRED if k not in rec]
+    if missing:
+        raise SynthError(f"{where}: missing field(s) {', '.join(missing)}")
+    this = topology_from_dict(rec["topology"], f"{where}: topology")
+    if topology is not None and this != topology:
+        raise SynthError(f"{where}: topology '{this.name}' differs from the file's first record "
+                         f"('{topology.name}'); fit one topology per file")
+    try:
+        axes = tuple(Axis(str(a["name"]), int(a["size"])) for a in rec["axes"])
+        placement = Placement(this, axes, tuple(tuple(int(v) for v in row) for row in rec["matrix"]))
+        goal = Goal(rec["collective"])
+        size_bytes, median_s = int(rec["size_bytes"]), float(rec["median_s"])
+    except SynthError as exc:
+        raise SynthError(f"{where}: {exc}") from None
+    except (TypeError, ValueError, KeyError):
+        raise SynthError(f"{where}: malformed axes, matrix, collective, size_bytes or median_s") from None
+    if size_bytes < 1 or not (median_s > 0 and math.isfinite(median_s)):
+        raise SynthError(f"{where}: size_bytes must be >= 1 and median_s a positive number")
+    reduce_axes = rec["reduce"]
+    if not isinstance(reduce_axes, list) or not reduce_axes or any(r not in placement.axis_names for r in reduce_axes):
+        raise SynthError(
+            f"{where}: 'reduce' must be a non-empty list of declared axes "
+            f"({', '.join(placement.axis_names)}), got {reduce_axes!r}"
+        )
+    reduction = Reduction.of(placement, reduce_axes, goal)
+    if not isinstance(rec["program"], str):
+        raise SynthError(f"{where}: 'program' must be the program's text")
+    program = read_program(rec["program"], f"{where}: program")
+    times = rec.get("times_s")
+    times = [] if times is None else times
+    if not isinstance(times, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
+        raise SynthError(f"{where}: 'times_s' must be a list of numbers")
+    for key in ("backend", "algo", "dtype"):
+        if rec.get(key) is not None and not isinstance(rec[key], str):
+            raise SynthError(f"{where}: '{key}' must be a string or null")
+    return Record(
+        reduction, program, size_bytes, median_s,
+        is_default=bool(rec.get("is_default", False)),
+        backend=rec.get("backend"), algo=rec.get("algo"), dtype=rec.get("dtype"),
+        ranks=_number(rec, "ranks", where, int),
+        times_s=tuple(float(t) for t in times),
+        min_s=_number(rec, "min_s", where), max_s=_number(rec, "max_s", where),
+        wrong=_number(rec, "wrong", where, int) or 0,
+        line=line,
+    )
+
+
+def read_records(path: str | Path) -> tuple[Topology, list[Record]]:
+    """Every record of a JSON-lines file (blank lines skipped), all of one
+    topology; errors name the file, line and field."""
+    source = str(path)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        raise SynthError(f"{source}: no such measurements file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SynthError(f"{source}: cannot read measurements ({exc})") from None
+    topology: Topology | None = None
+    out: list[Record] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{number}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None
+        record = record_from_dict(rec, where, topology, number)
+        topology = record.reduction.topology
+        out.append(record)
+    if topology is None:
+        raise SynthError(f"{source}: no measurements")
+    return topology, out
