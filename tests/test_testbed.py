@@ -19,17 +19,15 @@ from pathlib import Path
 
 import pytest
 
+import synth.testbed
 from helpers import usage_error
-from synth import testbed
 from synth.errors import SynthError
-from synth.testbed import (
-    SUBNET,
-    agent_script,
-    build_commands,
-    describe_cluster,
-    hostfile_text,
-    mpiexec_command,
-)
+from synth.testbed import commands, description, namespaces
+from synth.testbed.cli import emulate_main
+from synth.testbed.commands import RANK_GUARD, agent_script, build_commands, hostfile_text, mpiexec_command
+from synth.testbed.description import SUBNET, describe_cluster
+from synth.testbed.names import Names, link_owner, namespace_owner, workdir_owner
+from synth.testbed.namespaces import Leftovers, down, find_mpiexec, scan
 from synth.topology import load_topology, topology_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,10 +52,30 @@ def test_names_are_short_unique_and_found_by_down(topo):
     c = describe_cluster(topo, BIGGEST_PID)
     assert all(len(name) <= 15 for name in c.links)
     assert len(set(c.links)) == len(c.links) and len(set(c.namespaces)) == len(c.namespaces)
-    assert all(testbed._LINK.match(name).group(1) == str(BIGGEST_PID) for name in c.links)
-    assert all(testbed._NAMESPACE.match(ns).group(1) == str(BIGGEST_PID) for ns in c.namespaces)
-    assert testbed._WORKDIR.match(c.workdir.name)
+    assert all(link_owner(name) == BIGGEST_PID for name in c.links)
+    assert all(namespace_owner(ns) == BIGGEST_PID for ns in c.namespaces)
+    assert workdir_owner(c.workdir.name) == BIGGEST_PID and c.tag == c.workdir.name
     assert all(n.namespace.startswith(f"sr-{BIGGEST_PID}-") for n in c.nodes)
+
+
+def test_each_kind_of_name_is_recognised_only_as_that_kind():
+    n = Names(42)
+    links = [n.top_bridge, n.rack_bridge(2), n.rack_link(2), n.rack_peer(2), n.node_link(7), n.node_peer(7)]
+    assert links == ["sr42b", "sr42b2", "sr42r2", "sr42u2", "sr42n7", "sr42s7"]
+    assert [n.switch_namespace, n.node_namespace(7), n.workdir(Path("/t"))] == ["sr-42-sw", "sr-42-n7", Path("/t/sr-42")]
+    assert {link_owner(x) for x in links} == {42} and {namespace_owner(x) for x in links} == {None}
+    assert namespace_owner("sr-42-n7") == namespace_owner("sr-42-sw") == 42 == workdir_owner("sr-42")
+    for foreign in ("eth0", "sr-42", "sr-42-x", "sr42", "sr42x1", "sr-42-n", "xsr42b", "sr42b-"):
+        assert link_owner(foreign) is None and namespace_owner(foreign) is None
+    assert workdir_owner("sr-42-sw") is None and workdir_owner("sr42") is None
+
+
+def test_the_package_re_exports_its_layers():
+    assert synth.testbed.emulate_main is emulate_main
+    assert synth.testbed.describe_cluster is description.describe_cluster
+    assert synth.testbed.mpiexec_command is commands.mpiexec_command
+    assert synth.testbed.find_mpiexec is namespaces.find_mpiexec
+    assert {name for name in synth.testbed.__all__ if not hasattr(synth.testbed, name)} == set()
 
 
 def test_addresses_are_distinct_hosts_of_the_private_subnet():
@@ -157,11 +175,11 @@ def test_mpiexec_runs_in_the_switch_namespace_with_the_testbed_flags():
                  "oob_tcp_if_include 10.213.0.0/24", "btl_tcp_if_include 10.213.0.0/24",
                  "mpi_yield_when_idle 1", "--bind-to none", "--oversubscribe", "--map-by slot"):
         assert flag in flags
-    assert cmd[-4:] == ("sh", "-c", testbed._RANK_GUARD, "hostname")  # see RANK_PAUSE_S
+    assert cmd[-4:] == ("sh", "-c", RANK_GUARD, "hostname")  # see RANK_PAUSE_S
 
 
 def test_the_rank_guard_keeps_the_exit_status():
-    done = subprocess.run(["sh", "-c", testbed._RANK_GUARD, "sh", "-c", "echo $0 $1; exit 3", "a b", "c"],
+    done = subprocess.run(["sh", "-c", RANK_GUARD, "sh", "-c", "echo $0 $1; exit 3", "a b", "c"],
                           capture_output=True, text=True, timeout=10)
     assert (done.returncode, done.stdout) == (3, "a b c\n")
 
@@ -179,7 +197,7 @@ def test_plan_is_a_dry_run_that_needs_no_root(cli, monkeypatch):
     assert f"  ip netns add sr-{pid}-n1\n" in out
     assert f"tc -n sr-{pid}-sw qdisc add dev sr{pid}s1 root tbf rate 1000000000bit burst 250000 latency 50ms" in out
     assert "mpiexec -n 8 --hostfile" in out
-    assert not Path(testbed.describe_cluster(load_topology("testbed-2x4"), pid).workdir).exists()
+    assert not Path(describe_cluster(load_topology("testbed-2x4"), pid).workdir).exists()
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -214,7 +232,7 @@ def unavailable() -> str | None:
         return f"cannot create network namespaces here: {probe.stderr.strip()}"
     try:
         import mpi4py  # noqa: F401
-        testbed.find_mpiexec()
+        find_mpiexec()
     except (ImportError, SynthError) as exc:
         return f"MPI is not installed ({exc}): pip install '.[test]'"
     return None
@@ -242,7 +260,7 @@ def emulate(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    testbed.down()
+    down()
 
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str, str]:
@@ -257,7 +275,7 @@ def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str, str]:
 
 
 def assert_nothing_left(pid: int) -> None:
-    assert testbed.scan().get(pid) is None
+    assert scan().get(pid) is None
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     assert f"sr-{pid}-" not in namespaces and f"sr{pid}" not in links
@@ -295,7 +313,7 @@ def test_a_failing_command_or_sigterm_still_tears_down(emulate, tmp_path):
 
     waiting = emulate("--topology", "2x2.yaml", "--", "sleep", "60")
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(testbed.scan().get(waiting.pid, testbed.Leftovers(0)).namespaces) < 3:
+    while time.monotonic() < deadline and len(scan().get(waiting.pid, Leftovers(0)).namespaces) < 3:
         time.sleep(0.1)
     time.sleep(1.0)  # mpiexec started the ranks
     waiting.send_signal(signal.SIGTERM)
