@@ -200,6 +200,21 @@ def test_plan_is_a_dry_run_that_needs_no_root(cli, monkeypatch):
     assert not Path(describe_cluster(load_topology("testbed-2x4"), pid).workdir).exists()
 
 
+@pytest.mark.parametrize("argv, usage", [
+    (["--help"], "usage: synth-reduce emulate --topology T [options] -- COMMAND..."),
+    (["plan", "--help"], "usage: synth-reduce emulate plan [-h] --topology TOPOLOGY"),
+    (["down", "--help"], "usage: synth-reduce emulate down [-h] [--all] [--verbose]"),
+], ids=["job", "plan", "down"])
+def test_help_shows_how_each_form_is_called(capsys, argv, usage):
+    with pytest.raises(SystemExit) as stopped:
+        emulate_main(argv)
+    out = capsys.readouterr().out
+    assert stopped.value.code == 0 and out.startswith(usage), out
+    if argv == ["--help"]:  # the whole usage line; the options are still listed below it
+        assert out.startswith(usage + "\n\n"), out
+        assert all(option in out for option in ("--topology", "--ranks-per-node", "--rate-scale", "--verbose"))
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--topology", "testbed-2x4", "--", "true"], "synth-reduce emulate needs root (network namespaces, tc); "
      "run it as root, or 'synth-reduce emulate plan' for a dry run"),

@@ -17,7 +17,9 @@ from .names import Names
 from .namespaces import cluster_up, down, find_mpiexec, launch, preflight
 
 def _parser(prog: str, job: bool) -> argparse.ArgumentParser:
-    p = Parser(prog=prog, description=(
+    # the job's COMMAND comes after '--', which emulate_main splits off before parsing
+    usage = f"{prog} --topology T [options] -- COMMAND..." if job else None
+    p = Parser(prog=prog, usage=usage, description=(
         "Emulate the topology's cluster on this machine (root): one network namespace per node, "
         "tc-shaped uplinks, " + ("then run COMMAND under mpiexec across it and tear everything down."
                                  if job else "and print what would be created and run.")))
