@@ -27,8 +27,12 @@ Layers, one module each, every one importing only those above it:
 - ``commands`` (pure): the commands and files that build a cluster and launch a
   job on it (``build_commands``, ``enter_node``, ``agent_script``,
   ``hostfile_text``, ``mpiexec_command``), and the dry run listing them (``plan_text``).
-- ``namespaces`` (imperative): runs them: ``preflight``, ``build``, ``launch``,
-  ``teardown``, ``cluster_up`` (which always tears down), ``scan``, ``down``.
+- ``watch`` (pure): from snapshots of the node namespaces' processes, when a
+  job has lost ranks: stalled after a rank's guard died, or ended by mpiexec
+  while a node's ranks still ran (its daemon died).
+- ``namespaces`` (imperative): runs them: ``preflight``, ``build``, ``launch``
+  (which stops a job that lost ranks), ``teardown``, ``cluster_up`` (which always
+  tears down), ``scan``, ``down``.
 - ``cli``: ``emulate_main`` and its argument parsers.
 
 Guide: docs/testbed.md.
@@ -48,11 +52,11 @@ from .commands import (
 )
 from .description import SUBNET, Cluster, Node, Rack, Shaping, choose_rate_scale, describe_cluster, describe_text
 from .names import Names
-from .namespaces import Leftovers, cluster_up, down, find_mpiexec, launch, preflight, scan, teardown
+from .namespaces import Leftovers, RanksLost, cluster_up, down, find_mpiexec, launch, preflight, scan, teardown
 
 __all__ = [
-    "MPI_ENV", "RANK_GUARD", "RANK_PAUSE_S", "SUBNET", "Cluster", "Leftovers", "Names", "Node", "Rack", "Shaping",
-    "agent_script", "build_commands", "choose_rate_scale", "cluster_up", "describe_cluster", "describe_text",
-    "down", "emulate_main", "enter_node", "find_mpiexec", "hostfile_text", "launch", "mpiexec_command",
-    "plan_text", "preflight", "scan", "teardown",
+    "MPI_ENV", "RANK_GUARD", "RANK_PAUSE_S", "SUBNET", "Cluster", "Leftovers", "Names", "Node", "Rack", "RanksLost",
+    "Shaping", "agent_script", "build_commands", "choose_rate_scale", "cluster_up", "describe_cluster",
+    "describe_text", "down", "emulate_main", "enter_node", "find_mpiexec", "hostfile_text", "launch",
+    "mpiexec_command", "plan_text", "preflight", "scan", "teardown",
 ]

@@ -14,7 +14,8 @@ from ..topology import load_topology
 from .commands import plan_text
 from .description import AUTO_CAP_GBPS, Cluster, describe_cluster, describe_text
 from .names import Names
-from .namespaces import cluster_up, down, find_mpiexec, launch, preflight
+from .namespaces import RANKS_LOST_EXIT, RanksLost, cluster_up, down, find_mpiexec, launch, preflight
+
 
 def _parser(prog: str, job: bool) -> argparse.ArgumentParser:
     # the job's COMMAND comes after '--', which emulate_main splits off before parsing
@@ -92,6 +93,10 @@ def emulate_main(argv: list[str]) -> int:
     for line in describe_text(cluster).splitlines():
         _say(line)
     with cluster_up(cluster, log, _say):
-        code = launch(cluster, command, log)
-    _say(f"torn down cluster {cluster.tag}; the command exited with {code}")
+        try:
+            code, ended = launch(cluster, command, log), "the command exited with"
+        except RanksLost as lost:
+            _say(str(lost))
+            code, ended = RANKS_LOST_EXIT, "the job lost ranks: exit code"
+    _say(f"torn down cluster {cluster.tag}; {ended} {code}")
     return code

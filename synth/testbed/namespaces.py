@@ -1,7 +1,8 @@
-"""Running a cluster (imperative): preflight, ``build``, ``launch`` a job,
-``teardown``, and ``cluster_up`` that always tears down, even on Ctrl-C, SIGTERM or
-SIGHUP; ``scan`` finds what clusters left on this machine by name, ``remove``
-and ``down`` delete it. Every command it runs comes from ``commands``."""
+"""Running a cluster (imperative): preflight, ``build``, ``launch`` a job (and
+stop it when it stalls, see ``watch``), ``teardown``, and ``cluster_up`` that
+always tears down, even on Ctrl-C, SIGTERM or SIGHUP; ``scan`` finds what
+clusters left on this machine by name, ``remove`` and ``down`` delete it. Every
+command it runs comes from ``commands``."""
 
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ from ..errors import SynthError
 from .commands import MPI_ENV, agent_script, build_commands, hostfile_text, mpiexec_command
 from .description import Cluster
 from .names import link_owner, namespace_owner, workdir_owner
+from .watch import JobWatch, Process
 
 MARKER = ".synth-reduce-emulate"  # in a work folder: build made it, down may remove it
+NETNS_DIR = Path("/var/run/netns")  # where 'ip netns' keeps the named namespaces
+WATCH_POLL_S = 0.5  # how often launch looks at the ranks
+RANKS_LOST_EXIT = 124  # emulate's exit code when a node lost its ranks (that of timeout(1) for a stall)
 
 Log = Callable[[str], None]
 
@@ -125,9 +130,42 @@ def scan(workroot: Path | None = None) -> dict[int, Leftovers]:
     return {pid: Leftovers(pid, *(tuple(v) for v in kinds.values())) for pid, kinds in sorted(found.items())}
 
 
-def _namespace_pids(namespace: str) -> list[int]:
-    done = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-    return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+def namespace_pids(namespaces: Sequence[str]) -> dict[str, list[int]]:
+    """The processes in each of the named network namespaces (none for one that
+    does not exist), found in /proc as 'ip netns pids' finds them."""
+    ids: dict[tuple[int, int], str] = {}
+    for ns in namespaces:
+        with contextlib.suppress(OSError):
+            st = os.stat(NETNS_DIR / ns)
+            ids[(st.st_dev, st.st_ino)] = ns
+    found: dict[str, list[int]] = {ns: [] for ns in namespaces}
+    for entry in os.scandir("/proc") if ids else ():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                st = os.stat(f"/proc/{entry.name}/ns/net")
+                if (ns := ids.get((st.st_dev, st.st_ino))) is not None:
+                    found[ns].append(int(entry.name))
+    return found
+
+
+_RANK_VARIABLE = b"OMPI_COMM_WORLD_RANK="
+
+
+def _process(pid: int) -> Process | None:
+    """What ``watch`` needs of a process: its argv and its rank, if any; None if it is gone."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    rank = next((v[len(_RANK_VARIABLE):] for v in environ if v.startswith(_RANK_VARIABLE)), b"")
+    return Process(pid, tuple(a.decode(errors="replace") for a in argv), int(rank) if rank.isdigit() else None)
+
+
+def node_processes(c: Cluster) -> dict[str, list[Process]]:
+    """The processes in each node's namespace now."""
+    return {ns: [p for pid in pids if (p := _process(pid))]
+            for ns, pids in namespace_pids([n.namespace for n in c.nodes]).items()}
 
 
 def _signal_all(pids: Sequence[int], sig: int) -> None:
@@ -141,7 +179,7 @@ def remove(left: Leftovers, log: Log | None = None, grace_s: float = 2.0) -> Non
     ``grace_s``), delete the namespaces (with their links and bridges), any
     root-namespace links and the work folders. Never raises for what is gone."""
     def pids() -> list[int]:
-        return [p for ns in left.namespaces for p in _namespace_pids(ns) if p != os.getpid()]
+        return [p for found in namespace_pids(left.namespaces).values() for p in found if p != os.getpid()]
 
     running = pids()
     if running:
@@ -221,15 +259,26 @@ def resolve_program(command: Sequence[str]) -> list[str]:
     return [found or program, *command[1:]]
 
 
+class RanksLost(SynthError):
+    """A node lost its ranks (see ``watch``): ``launch`` stopped the job that
+    stalled because of it, or mpiexec ended while the ranks still ran. The
+    message says which node lost what."""
+
+
 def launch(c: Cluster, command: Sequence[str], log: Log | None = None) -> int:
     """Run ``command`` under mpiexec on the built cluster ``c``; its exit code
-    (128 + N if killed by signal N). Stops mpiexec if interrupted."""
+    (128 + N if killed by signal N). Stops mpiexec if interrupted. Raises
+    RanksLost, after stopping mpiexec, when no rank has run for ``STALL_GRACE_S`` but
+    mpiexec has not ended, and when mpiexec ended with ranks still running."""
     cmd = mpiexec_command(c, find_mpiexec(), resolve_program(command))
     if log:
         log("+ " + shlex.join(cmd))
     proc = subprocess.Popen(cmd, env={**os.environ, **MPI_ENV})
+    watch = JobWatch(c.nodes)
     try:
-        code = proc.wait()
+        while (code := _wait(proc, WATCH_POLL_S)) is None:
+            if stalled := watch.observe(time.monotonic(), node_processes(c)):
+                raise RanksLost(stalled)
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -238,7 +287,16 @@ def launch(c: Cluster, command: Sequence[str], log: Log | None = None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    if left := watch.left_running(node_processes(c)):
+        raise RanksLost(left)
     return code if code >= 0 else 128 - code
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> int | None:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _alive(pid: int) -> bool:
