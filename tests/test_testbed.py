@@ -19,17 +19,16 @@ from pathlib import Path
 
 import pytest
 
+import synth.testbed
 from helpers import usage_error
-from synth import testbed
 from synth.errors import SynthError
-from synth.testbed import (
-    SUBNET,
-    agent_script,
-    build_commands,
-    describe_cluster,
-    hostfile_text,
-    mpiexec_command,
-)
+from synth.testbed import commands, description, namespaces
+from synth.cli.emulate import emulate_main
+from synth.testbed.commands import RANK_GUARD, agent_script, build_commands, hostfile_text, mpiexec_command
+from synth.testbed.description import SUBNET, describe_cluster
+from synth.testbed.names import Names, link_owner, namespace_owner, workdir_owner
+from synth.testbed.namespaces import Leftovers, down, find_mpiexec, scan
+from synth.testbed.watch import JobWatch, Process
 from synth.topology import load_topology, topology_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,10 +53,30 @@ def test_names_are_short_unique_and_found_by_down(topo):
     c = describe_cluster(topo, BIGGEST_PID)
     assert all(len(name) <= 15 for name in c.links)
     assert len(set(c.links)) == len(c.links) and len(set(c.namespaces)) == len(c.namespaces)
-    assert all(testbed._LINK.match(name).group(1) == str(BIGGEST_PID) for name in c.links)
-    assert all(testbed._NAMESPACE.match(ns).group(1) == str(BIGGEST_PID) for ns in c.namespaces)
-    assert testbed._WORKDIR.match(c.workdir.name)
+    assert all(link_owner(name) == BIGGEST_PID for name in c.links)
+    assert all(namespace_owner(ns) == BIGGEST_PID for ns in c.namespaces)
+    assert workdir_owner(c.workdir.name) == BIGGEST_PID and c.tag == c.workdir.name
     assert all(n.namespace.startswith(f"sr-{BIGGEST_PID}-") for n in c.nodes)
+
+
+def test_each_kind_of_name_is_recognised_only_as_that_kind():
+    n = Names(42)
+    links = [n.top_bridge, n.rack_bridge(2), n.rack_link(2), n.rack_peer(2), n.node_link(7), n.node_peer(7)]
+    assert links == ["sr42b", "sr42b2", "sr42r2", "sr42u2", "sr42n7", "sr42s7"]
+    assert (n.switch_namespace, n.node_namespace(7), n.workdir(Path("/t"))) == ("sr-42-sw", "sr-42-n7",
+                                                                               Path("/t/sr-42"))
+    assert {link_owner(x) for x in links} == {42} and {namespace_owner(x) for x in links} == {None}
+    assert namespace_owner("sr-42-n7") == namespace_owner("sr-42-sw") == 42 == workdir_owner("sr-42")
+    for foreign in ("eth0", "sr-42", "sr-42-x", "sr42", "sr42x1", "sr-42-n", "xsr42b", "sr42b-"):
+        assert link_owner(foreign) is None and namespace_owner(foreign) is None
+    assert workdir_owner("sr-42-sw") is None and workdir_owner("sr42") is None
+
+
+def test_the_package_re_exports_its_layers():
+    assert synth.testbed.describe_cluster is description.describe_cluster
+    assert synth.testbed.mpiexec_command is commands.mpiexec_command
+    assert synth.testbed.find_mpiexec is namespaces.find_mpiexec
+    assert {name for name in synth.testbed.__all__ if not hasattr(synth.testbed, name)} == set()
 
 
 def test_addresses_are_distinct_hosts_of_the_private_subnet():
@@ -157,13 +176,59 @@ def test_mpiexec_runs_in_the_switch_namespace_with_the_testbed_flags():
                  "oob_tcp_if_include 10.213.0.0/24", "btl_tcp_if_include 10.213.0.0/24",
                  "mpi_yield_when_idle 1", "--bind-to none", "--oversubscribe", "--map-by slot"):
         assert flag in flags
-    assert cmd[-4:] == ("sh", "-c", testbed._RANK_GUARD, "hostname")  # see RANK_PAUSE_S
+    assert cmd[-4:] == ("sh", "-c", RANK_GUARD, "hostname")  # see RANK_PAUSE_S
 
 
 def test_the_rank_guard_keeps_the_exit_status():
-    done = subprocess.run(["sh", "-c", testbed._RANK_GUARD, "sh", "-c", "echo $0 $1; exit 3", "a b", "c"],
+    done = subprocess.run(["sh", "-c", RANK_GUARD, "sh", "-c", "echo $0 $1; exit 3", "a b", "c"],
                           capture_output=True, text=True, timeout=10)
     assert (done.returncode, done.stdout) == (3, "a b c\n")
+
+
+# ---------------------------------------------------------------- watching the ranks
+
+
+PRTED = Process(5, ("/venv/bin/prted", "--daemonize"))
+
+
+def rank(pid: int, r: int, guard: bool = True) -> Process:
+    """A rank's guard shell, or (``guard=False``) its command."""
+    return Process(pid, ("sh", "-c", RANK_GUARD, "/usr/bin/sleep", "300") if guard else ("/usr/bin/sleep", "300"), r)
+
+
+def test_the_watch_stops_a_job_only_when_no_rank_has_run_for_the_grace_period():
+    c = describe_cluster(load_topology("testbed-2x4"), 42, ranks_per_node=1)
+    n0, n1 = (n.namespace for n in c.nodes)
+    watch = JobWatch(c.nodes, grace_s=10)
+    running = {n0: [PRTED, rank(10, 0), rank(11, 0, guard=False)], n1: [PRTED, rank(20, 1), rank(21, 1, False)]}
+    assert watch.observe(0, {n0: [PRTED], n1: [PRTED]}) is None
+    assert watch.observe(100, {n0: [PRTED], n1: []}) is None  # no rank started yet: no stall, however long
+    assert watch.observe(101, running) is None
+    assert watch.observe(102, {n0: running[n0], n1: [PRTED]}) is None  # n1's ranks ended first: n0's still run
+    assert watch.observe(500, {n0: running[n0], n1: [PRTED]}) is None
+    stalled = {n0: [PRTED, rank(11, 0, guard=False)], n1: [PRTED]}  # rank 0's guard died, its command did not
+    assert watch.observe(501, stalled) is None
+    assert watch.observe(510.9, stalled) is None  # the grace period counts from the last rank's end
+    assert watch.observe(511, stalled) == (
+        f"node {n0}: the guard shell of rank 0 is gone but its sleep (pid 11) still runs; "
+        "mpiexec has waited 10 s since the last rank's guard ended: stopping the job")
+
+    watch = JobWatch(c.nodes, grace_s=10)  # nothing left of the ranks: the node whose ranks ended first
+    for now, snapshot in [(0, running), (1, {n0: running[n0], n1: []}), (2, {}), (3, running), (4, {}),
+                          (5, {n0: [PRTED], n1: running[n1]}), (6, {})]:
+        assert watch.observe(now, snapshot) is None  # ranks that run again reset the clock
+    assert watch.observe(16, {}) == (
+        f"every rank has ended (first those of node {n0}) but mpiexec has waited 10 s since the last rank's "
+        "guard ended: stopping the job")
+
+
+def test_the_watch_names_the_ranks_left_running_after_mpiexec_ended():
+    c = describe_cluster(load_topology("testbed-2x4"), 42, ranks_per_node=2)
+    n0, n1 = (n.namespace for n in c.nodes)
+    watch = JobWatch(c.nodes)
+    assert watch.left_running({n0: [PRTED, rank(11, 0, guard=False)], n1: []}) is None  # no guard: no rank runs
+    assert watch.left_running({n0: [PRTED, rank(12, 1), rank(10, 0)], n1: [rank(20, 2), rank(21, 2, False)]}) == (
+        f"mpiexec ended while ranks still ran: 0, 1 on node {n0}; 2 on node {n1}, whose daemon (prted) is gone")
 
 
 # ---------------------------------------------------------------- the command without root
@@ -179,7 +244,22 @@ def test_plan_is_a_dry_run_that_needs_no_root(cli, monkeypatch):
     assert f"  ip netns add sr-{pid}-n1\n" in out
     assert f"tc -n sr-{pid}-sw qdisc add dev sr{pid}s1 root tbf rate 1000000000bit burst 250000 latency 50ms" in out
     assert "mpiexec -n 8 --hostfile" in out
-    assert not Path(testbed.describe_cluster(load_topology("testbed-2x4"), pid).workdir).exists()
+    assert not Path(describe_cluster(load_topology("testbed-2x4"), pid).workdir).exists()
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["--help"], "usage: synth-reduce emulate --topology T [options] -- COMMAND..."),
+    (["plan", "--help"], "usage: synth-reduce emulate plan [-h] --topology TOPOLOGY"),
+    (["down", "--help"], "usage: synth-reduce emulate down [-h] [--all] [--verbose]"),
+], ids=["job", "plan", "down"])
+def test_help_shows_how_each_form_is_called(capsys, argv, usage):
+    with pytest.raises(SystemExit) as stopped:
+        emulate_main(argv)
+    out = capsys.readouterr().out
+    assert stopped.value.code == 0 and out.startswith(usage), out
+    if argv == ["--help"]:  # the whole usage line; the options are still listed below it
+        assert out.startswith(usage + "\n\n"), out
+        assert all(option in out for option in ("--topology", "--ranks-per-node", "--rate-scale", "--verbose"))
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -214,7 +294,7 @@ def unavailable() -> str | None:
         return f"cannot create network namespaces here: {probe.stderr.strip()}"
     try:
         import mpi4py  # noqa: F401
-        testbed.find_mpiexec()
+        find_mpiexec()
     except (ImportError, SynthError) as exc:
         return f"MPI is not installed ({exc}): pip install '.[test]'"
     return None
@@ -242,7 +322,7 @@ def emulate(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    testbed.down()
+    down()
 
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str, str]:
@@ -257,7 +337,7 @@ def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str, str]:
 
 
 def assert_nothing_left(pid: int) -> None:
-    assert testbed.scan().get(pid) is None
+    assert scan().get(pid) is None
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     assert f"sr-{pid}-" not in namespaces and f"sr{pid}" not in links
@@ -295,10 +375,83 @@ def test_a_failing_command_or_sigterm_still_tears_down(emulate, tmp_path):
 
     waiting = emulate("--topology", "2x2.yaml", "--", "sleep", "60")
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(testbed.scan().get(waiting.pid, testbed.Leftovers(0)).namespaces) < 3:
+    while time.monotonic() < deadline and len(scan().get(waiting.pid, Leftovers(0)).namespaces) < 3:
         time.sleep(0.1)
     time.sleep(1.0)  # mpiexec started the ranks
     waiting.send_signal(signal.SIGTERM)
     code, _, err = finish(waiting, timeout_s=60)
     assert code == 128 + signal.SIGTERM, err
     assert_nothing_left(waiting.pid)
+
+
+def node_processes(namespace: str) -> list[tuple[int, list[str], dict[str, str]]]:
+    """(pid, argv, environment) of each process in ``namespace``, read independently of the package."""
+    found = []
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10).stdout
+    for pid in map(int, pids.split()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+            env = dict(item.partition("=")[::2] for item in
+                       Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if item)
+        except OSError:  # gone meanwhile
+            continue
+        found.append((pid, argv, env))
+    return found
+
+
+def rank_guards(namespace: str) -> dict[int, int]:
+    """{rank: pid} of the rank guard shells running in a node's namespace."""
+    return {int(env["OMPI_COMM_WORLD_RANK"]): pid for pid, argv, env in node_processes(namespace)
+            if argv[1:3] == ["-c", RANK_GUARD]}
+
+
+def sleeping_job(emulate, tmp_path) -> tuple[subprocess.Popen, str]:
+    """``emulate`` running ``sleep 300`` on the 2x2 cluster, once the guards of
+    all 4 ranks run; with its second node's namespace."""
+    (tmp_path / "2x2.yaml").write_text(TWO_BY_TWO)
+    job = emulate("--topology", "2x2.yaml", "--", "sleep", "300")
+    nodes = [f"sr-{job.pid}-n{i}" for i in range(2)]
+    deadline = time.monotonic() + 60
+    while sum(len(rank_guards(ns)) for ns in nodes) < 4:
+        assert job.poll() is None, job.communicate()
+        if time.monotonic() > deadline:
+            pytest.fail("the ranks did not start within 60 s")  # the fixture stops the job
+        time.sleep(0.2)
+    return job, nodes[1]
+
+
+def test_a_rank_whose_guard_dies_ends_the_job_with_a_message_naming_its_node(emulate, tmp_path):
+    """Killing a rank's guard shell leaves its command running outside MPI's
+    control: mpiexec would wait for it (here 300 s). emulate notices that no
+    rank runs any more, names the node and stops the job within a bounded time."""
+    job, n1 = sleeping_job(emulate, tmp_path)
+    time.sleep(1.0)  # emulate has seen the ranks of both nodes running
+    rank, victim = sorted(rank_guards(n1).items())[0]
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    code, _, err = finish(job, timeout_s=120)
+    took = time.monotonic() - killed
+    assert took < 60, err  # the stopped job and its teardown; without the watch mpiexec waits the 300 s
+    assert code != 0, err
+    ours = [line for line in err.splitlines() if line.startswith("synth-reduce emulate:") and n1 in line]
+    assert len(ours) == 1, err
+    assert f"rank {rank}" in ours[0] and "guard" in ours[0] and "sleep" in ours[0], ours[0]
+    assert_nothing_left(job.pid)
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_node_whose_daemon_dies_fails_the_job_with_a_message_naming_it(emulate, tmp_path):
+    """When a node's daemon (prted) dies, mpiexec ends the job at once with exit
+    code 0 and leaves the ranks running; emulate says so and exits nonzero."""
+    job, n1 = sleeping_job(emulate, tmp_path)
+    daemon = parent(min(rank_guards(n1).values()))
+    os.kill(daemon, signal.SIGKILL)
+    code, _, err = finish(job, timeout_s=60)
+    assert code != 0, err
+    ours = [line for line in err.replace("\0", "").splitlines()
+            if line.startswith("synth-reduce emulate:") and f"{n1}, whose daemon (prted) is gone" in line]
+    assert len(ours) == 1, err
+    assert_nothing_left(job.pid)
