@@ -77,9 +77,9 @@ class AxisRange:
     def __str__(self) -> str:
         if self.fixed is not None:
             return f"{self.name}={self.fixed}"
-        low = f"{self.low}<=" if self.low > 1 else ""
-        high = f"<={self.high}" if self.high is not None else ""
-        return f"{low}{self.name}{high}"
+        if self.high is None:
+            return f"{self.name}>={self.low}" if self.low > 1 else self.name
+        return f"{self.low}<={self.name}<={self.high}" if self.low > 1 else f"{self.name}<={self.high}"
 
 
 _RANGE = re.compile(r"(?:(\d+)\s*<=\s*)?([A-Za-z_][A-Za-z0-9_]*)\s*(?:(<=|>=|=)\s*(-?\d+))?")

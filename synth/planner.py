@@ -46,7 +46,6 @@ from .lowering import lower
 from .placement import (
     Axis,
     AxisRange,
-    Constraint,
     Placement,
     enumerate_matrices_plain,
     parse_constraint,
@@ -319,7 +318,7 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
     candidates: list[Candidate] = []
     evaluated = 0
     for n, axes in enumerate(assignments):
-        if progress is not None and (10 * (n + 1)) // len(assignments) != (10 * n) // len(assignments):
+        if progress is not None:
             progress(f"planning: {n + 1}/{len(assignments)} size assignments, {evaluated} configurations")
         sizes = {a.name: a.size for a in axes}
         tp, dp, pp = (sizes.get(name, 1) for name in PLANNER_AXES)
@@ -398,7 +397,8 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
         f"needs {_gib(memory.total)} per device ({memory.stage} stage: weights {_gib(memory.weights)}, gradients "
         f"{_gib(memory.gradients)}, optimizer {_gib(memory.optimizer)}, activations {_gib(memory.activations)}) "
         f"> {device.memory_GiB:g} GiB")
-    programs = tuple((axis, goal, size, costs.best(placement, axis, goal, size)) for axis, goal, size in step.reductions)
+    programs = tuple((axis, goal, size, costs.best(placement, axis, goal, size))
+                     for axis, goal, size in step.reductions)
     flops = model.training_flops(training.global_batch, training.recompute)
     return Candidate(config, placement, step, memory, feasible, reason, programs, len(placements), flops.model,
                      flops.total)

@@ -201,13 +201,20 @@ class Transformer:
             extra.append("SwiGLU")
         more = ", " + ", ".join(extra) if extra else ""
         return (f"model {self.name}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads{more}, "
-                f"seq {self.seq}, vocab {self.vocab} ({self.parameters / 1e9:.2f} B parameters)")
+                f"seq {self.seq}, vocab {self.vocab} ({_count(self.parameters)} parameters)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.ffn, "kv_heads": self.kv_heads,
                 "gated_mlp": self.gated_mlp, "tied_embeddings": self.tied_embeddings,
                 "parameters": self.parameters}
+
+
+def _count(n: int) -> str:
+    for unit, factor in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= factor:
+            return f"{n / factor:.2f} {unit}"
+    return str(n)
 
 
 @dataclass(frozen=True)

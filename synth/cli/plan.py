@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any, Sequence
 
 from ..compute import DEFAULT_COMPUTE, load_compute_profile
@@ -59,9 +60,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _progress(message: str) -> None:
-    print(f"\r{message}\033[K" if sys.stderr.isatty() else message, end="" if sys.stderr.isatty() else "\n",
-          file=sys.stderr, flush=True)
+class _Progress:
+    """Progress lines on stderr (also when it is not a terminal), once work has
+    run for a second and then at most once a second, so quick runs (and their
+    one-line errors) stay quiet."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.last = self.started
+        self.shown = False
+
+    def __call__(self, message: str) -> None:
+        now = time.perf_counter()
+        if now - self.last < 1.0:
+            return
+        self.last, self.shown = now, True
+        tty = sys.stderr.isatty()
+        print(f"\r{message}\033[K" if tty else message, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.shown and sys.stderr.isatty():
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
 def _micro_batches(text: str | None) -> tuple[int, ...] | None:
@@ -104,15 +123,17 @@ def run(argv: Sequence[str]) -> int:
     if args.top < 0:
         raise SynthError(f"--top {args.top}: must be >= 0")
     request = request_of(args)
-    solution = plan_job(request, progress=_progress)
+    progress = _Progress()
+    solution = plan_job(request, progress=progress)
+    if args.out:
+        _ = solution.best  # no configuration fits: fail before proving anything
     listed = solution.candidates[: args.top]
     if not args.no_verify:
         for n, candidate in enumerate(listed):
-            _progress(f"proving the programs of configuration {n + 1}/{len(listed)}")
+            progress(f"proving the programs of configuration {n + 1}/{len(listed)}")
             solution.verify(candidate)
-    if sys.stderr.isatty():
-        _progress("")
     plan = solution.plan() if args.out else None  # proved; fails before anything is printed
+    progress.done()
     if plan is not None:
         write_plan(args.out, plan)
     if args.json:
@@ -175,7 +196,7 @@ def solution_document(solution: JobSolution) -> dict[str, Any]:
 
 
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f}G"
+    return f"{nbytes / 2**30:.3g}G" if nbytes < 2**30 else f"{nbytes / 2**30:.1f}G"
 
 
 def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:

@@ -221,7 +221,8 @@ def print_sizes_table(solution: SizesSolution) -> None:
     topology = solution.topology
     levels = " > ".join(f"{lv.name} x{lv.count}" for lv in topology.levels)
     print(f"topology {topology.name}: {levels} ({topology.num_devices} devices); axes "
-          f"{','.join(map(str, solution.axes))} without sizes; {problem.goal.value} over {','.join(problem.reduce_axes)}")
+          f"{','.join(map(str, solution.axes))} without sizes; {problem.goal.value} over "
+          f"{','.join(problem.reduce_axes)}")
     print(_model_line(first))
     placements = sum(len(s.placements) for s in solutions)
     programs = sum(p.num_programs for s in solutions for p in s.placements)
