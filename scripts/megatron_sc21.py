@@ -110,9 +110,10 @@ def comparison(progress: bool = True) -> tuple[str, float]:
     costs = RecordCosts()
     started = time.perf_counter()
     lines = [
-        "| row | model | GPUs | batch | Megatron tp/pp/dp, mb (v) | achieved | predicted, Megatron's config | "
-        "planner's choice tp/pp/dp, mb | predicted, planner's choice | planner - Megatron (predicted) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| row | model | GPUs | batch | Megatron tp/pp/dp, mb (v) | achieved | predicted for Megatron's config "
+        "(error) | planner's choice tp/pp/dp, mb | predicted for the planner's choice | planner's choice - Megatron's "
+        "config, predicted seconds per step | rank of Megatron's sizes and micro-batch (1F1B) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, (row, record) in enumerate(zip(rows, records)):
         others = [r for j, r in enumerate(records) if j != i]
@@ -130,13 +131,32 @@ def comparison(progress: bool = True) -> tuple[str, float]:
         mine = best.config
         lines.append(
             f"| {row['row']} | {row['model']} | {row['gpus']} | {row['batch_size']} | {c.tp}/{c.pp}/{c.dp}, "
-            f"{c.micro_batch}{v} | {row['tflops_per_gpu']} | {tflops(row, theirs_s):.0f} | "
-            f"{mine.tp}/{mine.pp}/{mine.dp}, {mine.micro_batch} | {tflops(row, best.predicted_step_s):.0f} | "
-            f"{_breakdown_delta(best.step.breakdown(), theirs)} |")
+            f"{c.micro_batch}{v} | {row['tflops_per_gpu']} | {tflops(row, theirs_s):.0f} "
+            f"({tflops(row, theirs_s) / row['tflops_per_gpu'] - 1:+.0%}) | "
+            f"{mine.tp}/{mine.pp}/{mine.dp}, {mine.micro_batch}{_tp_where(best)} | "
+            f"{tflops(row, best.predicted_step_s):.0f} | "
+            f"{_breakdown_delta(best.step.breakdown(), theirs)} | {_rank_of(solution, c)} |")
         if progress:
             print(f"row {row['row']}: {solution.evaluated} configurations in {solution.elapsed_s:.1f} s",
                   file=sys.stderr)
     return "\n".join(lines), time.perf_counter() - started
+
+
+def _tp_where(candidate) -> str:
+    """Whether the planner's tensor-parallel groups stay inside a node."""
+    if candidate.config.tp == 1:
+        return ""
+    row = candidate.placement.matrix[candidate.placement.axis_names.index("tp")]
+    return " (tp in a node)" if all(v == 1 for v in row[:-1]) else " (tp across nodes)"
+
+
+def _rank_of(solution, config: Configuration) -> str:
+    """Where Megatron's sizes and micro-batch (plain 1F1B) stand in the planner's list."""
+    for n, candidate in enumerate(solution.candidates, 1):
+        k = candidate.config
+        if (k.tp, k.dp, k.pp, k.micro_batch) == (config.tp, config.dp, config.pp, config.micro_batch):
+            return f"{n} of {len(solution.candidates)}" + ("" if candidate.feasible else " (does not fit)")
+    return "not evaluated"
 
 
 def _megatron_breakdown(record: StepRecord, compute: ComputeProfile, costs: RecordCosts) -> dict:
