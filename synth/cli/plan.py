@@ -199,6 +199,13 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.3g}G" if nbytes < 2**30 else f"{nbytes / 2**30:.1f}G"
 
 
+def _compute_text(compute) -> str:
+    if compute.half_flops == 0:
+        return f"compute at {compute.efficiency_max:.1%} of peak"
+    return (f"compute at {compute.efficiency_max:.1%} of peak x x / (x + {compute.half_flops:.3g}), x = FLOPs per "
+            "layer and micro-batch")
+
+
 def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     r = solution.request
     t = r.training
@@ -207,8 +214,7 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     print(f"topology {r.topology.name}: {levels} ({r.topology.num_devices} devices of {r.device.name}: "
           f"{r.device.memory_GiB:g} GiB, {r.device.peak_TFLOPs:g} TFLOP/s peak)")
     print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {t.recompute.value}; "
-          f"{r.comm.describe()}; compute efficiency {r.compute.efficiency_max:.3f} x x/(x + "
-          f"{r.compute.half_flops:.3g} FLOP)")
+          f"{r.comm.describe()}; {_compute_text(r.compute)}")
     feasible = len(solution.feasible)
     print(f"{solution.evaluated} configurations (sizes x micro-batch x placement) of {solution.assignments} size "
           f"assignments ranked in {format_seconds(solution.elapsed_s)}; {len(solution.candidates)} (sizes, "
