@@ -3,7 +3,9 @@
 The pipeline, one module per concept: ``topology`` -> ``placement`` ->
 ``language`` -> ``semantics`` -> ``reduction`` -> ``search`` -> ``lowering`` ->
 ``execute`` (numpy reference) / ``prove`` (z3) / ``verify`` -> ``cost`` ->
-``plan`` -> ``runtime`` (``backends``, ``bench``) -> ``cli``.
+``plan`` -> ``runtime`` (``backends``, ``bench``) -> ``cli``. The job planner:
+``transformer`` -> ``compute`` -> ``stepmodel`` -> ``planner`` (``steprecords``,
+``stepfit`` learn its compute curve).
 
 The public API, importable from the package top level::
 

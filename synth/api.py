@@ -26,7 +26,8 @@ from .cost import Model, Ranked, default_program, rank
 from .errors import SynthError
 from .language import Program, format_program
 from .lowering import LoweredProgram, LoweredStep, lower
-from .placement import Axis, AxisRange, Constraint, Placement, enumerate_placements, parse_axis_ranges, size_assignments
+from .placement import (Axis, AxisRange, Constraint, Placement, enumerate_placements, parse_axis_ranges,
+                        size_assignments)
 from .plan import Plan
 from .problem import AxesSpec, Problem, TopologySpec, make_problem, resolve_topology
 from .reduction import Reduction

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -42,7 +42,7 @@ from .compute import DEFAULT_COMPUTE, ComputeProfile
 from .cost import Model, Predictor, step_cost
 from .errors import SynthError
 from .language import Collective, Program, format_program
-from .lowering import lower
+from .lowering import LoweredProgram, lower
 from .placement import (
     Axis,
     AxisRange,
@@ -69,7 +69,7 @@ from .stepmodel import (
 )
 from .topology import Device, Topology
 from .transformer import Transformer
-from .verify import Verification, verify_lowered
+from .verify import verify_lowered
 
 PLANNER_AXES = ("tp", "dp", "pp")
 Progress = Callable[[str], None]
@@ -99,6 +99,7 @@ class CollectiveCosts:
         self._reductions: dict[tuple, tuple[ReductionPrograms, Predictor]] = {}
         self._best: dict[tuple, BestProgram] = {}
         self._sends: dict[tuple, float] = {}
+        self._proved: dict[tuple, LoweredProgram] = {}
 
     def _key(self, placement: Placement, axes: tuple[str, ...]) -> tuple:
         rows = tuple(placement.matrix[placement.axis_names.index(a)] for a in axes)
@@ -141,6 +142,19 @@ class CollectiveCosts:
 
     def on(self, placement: Placement) -> "PlacementCollectives":
         return PlacementCollectives(self, placement)
+
+    def proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> LoweredProgram:
+        """``program`` lowered on ``placement``'s reduction over ``axis``, proved
+        (numpy reference + z3; SynthError if it fails), each once."""
+        key = (placement.matrix, placement.axis_names, axis, goal, program)
+        if key not in self._proved:
+            lowered = lower(program, Reduction(placement, (axis,), goal))
+            verify_lowered(lowered)
+            self._proved[key] = lowered
+        return self._proved[key]
+
+    def is_proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> bool:
+        return (placement.matrix, placement.axis_names, axis, goal, program) in self._proved
 
 
 def _fastest(programs: ReductionPrograms, predictor: Predictor, size_bytes: int) -> BestProgram:
@@ -263,7 +277,6 @@ class JobSolution:
     evaluated: int  # (sizes, micro-batch, placement) triples predicted
     elapsed_s: float
     costs: CollectiveCosts = field(repr=False, compare=False)
-    verified: dict[tuple, Verification] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def feasible(self) -> tuple[Candidate, ...]:
@@ -281,16 +294,12 @@ class JobSolution:
         """Prove every program ``candidate`` uses (numpy reference + z3); each
         (placement, reduction, program) once."""
         for axis, goal, _, best in candidate.programs:
-            if best.program is None:
-                continue
-            reduction = Reduction(candidate.placement, (axis,), goal)
-            key = (candidate.placement.matrix, candidate.placement.axis_names, axis, goal, best.program)
-            if key not in self.verified:
-                self.verified[key] = verify_lowered(lower(best.program, reduction))
+            if best.program is not None:
+                self.costs.proved(candidate.placement, axis, goal, best.program)
 
     def is_verified(self, candidate: Candidate) -> bool:
-        return all((candidate.placement.matrix, candidate.placement.axis_names, axis, goal, best.program)
-                   in self.verified for axis, goal, _, best in candidate.programs if best.program is not None)
+        return all(self.costs.is_proved(candidate.placement, axis, goal, best.program)
+                   for axis, goal, _, best in candidate.programs if best.program is not None)
 
     def plan(self, candidate: Candidate | None = None) -> Plan:
         """The job plan of ``candidate`` (default: the best feasible): one
@@ -419,7 +428,7 @@ def job_plan(solution: JobSolution, candidate: Candidate) -> Plan:
         sizes = wanted.setdefault((axis, goal), set())
         sizes.add(size)
         if axis == "dp" and candidate.step.bucket_bytes is not None:
-            sizes.update(s for s in bucket_sizes(size) if s <= size)
+            sizes.update(bucket_sizes(size))
     if not wanted:
         raise SynthError(f"configuration {candidate.config.describe()} reduces over no axis (tp = dp = 1); "
                          "there is no reduction to write a plan for")
@@ -432,19 +441,14 @@ def job_plan(solution: JobSolution, candidate: Candidate) -> Plan:
             raise SynthError(f"no program of at most {solution.request.max_steps} steps for {reduction.describe()}; "
                              "raise --max-steps")
         programs: list[PlannedProgram] = []
-        proved: dict[Program, Any] = {}
         for i, (size, best) in enumerate(chosen):
             if programs and programs[-1].program == best.program:
                 continue  # the previous range extends over this size
             low = 0 if i == 0 else math.isqrt(ordered[i - 1] * size)
             if programs:
-                programs[-1] = PlannedProgram(programs[-1].lowered, programs[-1].min_bytes, low,
-                                              programs[-1].predicted_s, programs[-1].predicted_for_bytes)
-            if best.program not in proved:
-                lowered = lower(best.program, reduction)
-                verify_lowered(lowered)  # never plan an unproved program
-                proved[best.program] = lowered
-            programs.append(PlannedProgram(proved[best.program], low, None, best.seconds, size))
+                programs[-1] = replace(programs[-1], max_bytes=low)
+            lowered = costs.proved(placement, axis, goal, best.program)  # never plan an unproved program
+            programs.append(PlannedProgram(lowered, low, None, best.seconds, size))
         reductions.append(PlannedReduction(reduction, tuple(programs)))
     return Plan(placement, tuple(reductions), job=job_document(solution, candidate))
 

@@ -132,5 +132,5 @@ class ProblemSpec:
         return topology
 
     def build(self) -> Problem:
-        return make_problem(self.load_topology(), self.axes, self.reduce, self.goal or Goal.ALLREDUCE, self.constraints,
-                            self.max_steps)
+        return make_problem(self.load_topology(), self.axes, self.reduce, self.goal or Goal.ALLREDUCE,
+                            self.constraints, self.max_steps)

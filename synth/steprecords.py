@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .documents import json_lines
 from .errors import SynthError
 from .placement import Axis, Placement
 from .stepmodel import Configuration, Sharding, Training, configuration_problem
@@ -177,25 +178,9 @@ def step_record_from_dict(rec: Any, where: str, line: int = 0) -> StepRecord:
 def read_step_records(path: str | Path) -> list[StepRecord]:
     """Every record of a JSON-lines file (blank lines skipped); errors name the
     file, line and field."""
-    source = str(path)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
-        raise SynthError(f"{source}: no such step records file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SynthError(f"{source}: cannot read step records ({exc})") from None
-    out = []
-    for number, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        where = f"{source}:{number}"
-        try:
-            rec = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None
-        out.append(step_record_from_dict(rec, where, number))
+    out = [step_record_from_dict(rec, where, number) for where, number, rec in json_lines(path, "step records")]
     if not out:
-        raise SynthError(f"{source}: no step records")
+        raise SynthError(f"{path}: no step records")
     return out
 
 

@@ -262,9 +262,9 @@ def test_tensor_parallelism_stays_inside_a_node():
 
 
 def test_pipeline_parallelism_appears_when_the_model_does_not_fit_otherwise():
-    small = plan("dgx-a100", "megatron-7.5b", 128, recompute=Recompute.FULL)
+    small = plan("dgx-a100", "megatron-7.5b", 128, micro_batches=(1, 2), recompute=Recompute.FULL)
     assert small.best.config.pp == 1
-    large = plan("dgx-a100", "gpt3-175b", 128, recompute=Recompute.FULL)
+    large = plan("dgx-a100", "gpt3-175b", 128, micro_batches=(1, 2), recompute=Recompute.FULL)
     assert large.best.config.pp > 1
     assert not any(c.feasible for c in large.candidates if c.config.pp == 1)
     assert any(c.config.pp == 1 for c in large.candidates)
@@ -394,13 +394,13 @@ def test_axes_without_sizes_enumerate_every_assignment(cli):
     doc = json.loads(out)
     sizes = sorted((a["axes"][0]["size"], a["axes"][1]["size"]) for a in doc["assignments"])
     assert sizes == [(2**k, 2 ** (7 - k)) for k in range(8)]
-    solution = synth.solve_sizes("dgx-a100", "dp,mp")
+    solution = synth.solve_sizes("dgx-a100", "dp,mp", verify=False)  # proving changes no number
     assert [[a.size for a in s.problem.axes] for s in solution.by_speed] == [
         [a["size"] for a in d["axes"]] for d in doc["assignments"]]
     for got, want in zip(solution.by_speed, doc["assignments"]):
         assert [p.best_s for p in got.by_speed] == [p["best_predicted_s"] for p in want["placements"]]
         assert [p.programs[0].text for p in got.by_speed] == [p["programs"][0]["text"] for p in want["placements"]]
-    code, out, _ = cli("--topology", "dgx-a100", "--axes", "dp,mp<=8")
+    code, out, _ = cli("--topology", "dgx-a100", "--axes", "dp,mp<=8", "--no-verify")
     assert code == 0 and "4 size assignment(s)" in out
 
 

@@ -104,10 +104,6 @@ def request_of(args: argparse.Namespace) -> JobRequest:
         raise SynthError(f"topology '{topology.name}' has no 'device' (memory_GiB, peak_TFLOPs): add one to the "
                          "topology file or pass --device memory_GiB=M,peak_TFLOPs=P")
     model = load_model(args.model)
-    if model.source_inconsistency:
-        print(f"synth-reduce: note: model {model.name}: {' '.join(model.source_inconsistency.split())}; the "
-              f"planner uses hidden={model.hidden} as printed (tp must divide both heads and hidden)",
-              file=sys.stderr)
     training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
                         Recompute.from_text(args.recompute), not args.no_overlap)
     if args.max_steps < 1:
@@ -134,6 +130,11 @@ def run(argv: Sequence[str]) -> int:
             solution.verify(candidate)
     plan = solution.plan() if args.out else None  # proved; fails before anything is printed
     progress.done()
+    model = request.model
+    if model.source_inconsistency:
+        print(f"synth-reduce: note: model {model.name}: {' '.join(model.source_inconsistency.split())}; the "
+              f"planner uses hidden={model.hidden} as printed (tp must divide both heads and hidden)",
+              file=sys.stderr)
     if plan is not None:
         write_plan(args.out, plan)
     if args.json:
