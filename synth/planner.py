@@ -223,9 +223,10 @@ class JobRequest:
             parse_constraint(str(c), dummy, self.topology)
 
     def micro_batches_for(self, dp: int) -> tuple[int, ...]:
-        per_replica = self.training.global_batch // dp if self.training.global_batch % dp == 0 else 0
+        """The micro-batches to try with ``dp`` replicas (dp divides the batch)."""
         if self.micro_batches is not None:
             return self.micro_batches
+        per_replica = self.training.global_batch // dp
         return tuple(1 << k for k in range(per_replica.bit_length()) if per_replica % (1 << k) == 0)
 
 
@@ -334,6 +335,9 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
         problem = model.parallelism_problem(tp, pp)
         if problem:
             skipped.add(problem)
+            continue
+        if training.global_batch % dp:
+            skipped.add(f"--global-batch {training.global_batch} is not divisible by dp={dp}")
             continue
         placements = _placements(topology, axes, request.constraints)
         if not placements:
