@@ -60,7 +60,7 @@ class ComputeProfile:
         return {"efficiency_max": self.efficiency_max, "half_flops": self.half_flops, "source": self.source}
 
 
-# Fitted by `python scripts/megatron_sc21.py --fit` on data/megatron_sc21_steps.jsonl
+# Fitted by `python scripts/megatron_sc21.py fit` on data/megatron_sc21_steps.jsonl
 # with the default communication model (tests/test_planner.py checks that a refit
 # gives these numbers; regenerate them when the default cost model changes).
 DEFAULT_COMPUTE = ComputeProfile(
