@@ -3,7 +3,9 @@
 The pipeline, one module per concept: ``topology`` -> ``placement`` ->
 ``language`` -> ``semantics`` -> ``reduction`` -> ``search`` -> ``lowering`` ->
 ``execute`` (numpy reference) / ``prove`` (z3) / ``verify`` -> ``cost`` ->
-``plan`` -> ``runtime`` (``backends``, ``bench``) -> ``cli``.
+``plan`` -> ``runtime`` (``backends``, ``bench``) -> ``cli``. The job planner:
+``transformer`` -> ``compute`` -> ``stepmodel`` -> ``planner`` (``steprecords``,
+``stepfit`` learn its compute curve).
 
 The public API, importable from the package top level::
 
@@ -26,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "solve": "api", "solve_problem": "api", "rank_placements": "api", "Solution": "api",
+    "solve": "api", "solve_problem": "api", "solve_sizes": "api", "rank_placements": "api", "Solution": "api",
+    "SizesSolution": "api", "plan_job": "planner", "JobRequest": "planner", "JobSolution": "planner",
     "PlacementResult": "api", "ProgramResult": "api", "WorkloadSolution": "api",
     "load_plan": "plan", "write_plan": "plan", "Plan": "plan",
     "verify_plan": "verify", "Executor": "runtime",
@@ -37,16 +40,19 @@ _EXPORTS = {
 _SUBMODULES = ("torch", "jax")
 
 __all__ = [
-    "Algorithm", "Executor", "Goal", "Model", "Plan", "PlacementResult", "Profile", "ProgramResult", "Reduction",
-    "Solution", "SynthError", "Topology", "WorkloadSolution", "__version__", "load_plan", "load_topology",
-    "rank_placements", "solve", "solve_problem", "verify_plan", "write_plan",
+    "Algorithm", "Executor", "Goal", "JobRequest", "JobSolution", "Model", "Plan", "PlacementResult", "Profile",
+    "ProgramResult", "Reduction", "SizesSolution", "Solution", "SynthError", "Topology", "WorkloadSolution",
+    "__version__", "load_plan", "load_topology", "plan_job", "rank_placements", "solve", "solve_problem",
+    "solve_sizes", "verify_plan", "write_plan",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .api import PlacementResult, ProgramResult, Solution, WorkloadSolution, rank_placements, solve, solve_problem
+    from .api import (PlacementResult, ProgramResult, SizesSolution, Solution, WorkloadSolution, rank_placements,
+                      solve, solve_problem, solve_sizes)
     from .cost import Algorithm, Model, Profile
     from .errors import SynthError
     from .plan import Plan, load_plan, write_plan
+    from .planner import JobRequest, JobSolution, plan_job
     from .reduction import Reduction
     from .runtime import Executor
     from .semantics import Goal

@@ -26,9 +26,10 @@ from .cost import Model, Ranked, default_program, rank
 from .errors import SynthError
 from .language import Program, format_program
 from .lowering import LoweredProgram, LoweredStep, lower
-from .placement import Axis, Constraint, Placement
+from .placement import (Axis, AxisRange, Constraint, Placement, enumerate_placements, parse_axis_ranges,
+                        size_assignments)
 from .plan import Plan
-from .problem import AxesSpec, Problem, TopologySpec, make_problem
+from .problem import AxesSpec, Problem, TopologySpec, make_problem, resolve_topology
 from .reduction import Reduction
 from .search import synthesize_reduction
 from .semantics import Goal, Hierarchy
@@ -246,6 +247,65 @@ def solve_problem(
         listed[i] = tuple(p.verified() for p in programs) if verify else tuple(programs)
     placements = tuple(PlacementResult(i, r, listed[i]) for i, r in enumerate(ranked))
     return Solution(problem, model, size_bytes, placements, synthesis_s, prediction_s, verify)
+
+
+# ---------------------------------------------------------------- axes without sizes
+
+
+@dataclass(frozen=True)
+class SizesSolution:
+    """Every assignment of sizes to axes given without sizes (or with bounds),
+    each solved as :func:`solve` would (``solutions`` in assignment order)."""
+
+    topology: Topology
+    axes: tuple[AxisRange, ...]
+    solutions: tuple[Solution, ...]
+    skipped: tuple[tuple[Axis, ...], ...]  # assignments no placement satisfies the constraints for
+
+    @property
+    def by_speed(self) -> tuple[Solution, ...]:
+        """Assignments by their best placement's best predicted time (ties: assignment order)."""
+        order = sorted(range(len(self.solutions)), key=lambda i: (self.solutions[i].best.best_s, i))
+        return tuple(self.solutions[i] for i in order)
+
+
+def solve_sizes(
+    topology: TopologySpec,
+    axes: str | Sequence[AxisRange],
+    reduce: str | Sequence[str] | None = None,
+    goal: Goal | str = "allreduce",
+    model: Model | str | None = None,
+    max_steps: int = 5,
+    constraints: Sequence[Constraint | str] = (),
+    verify: bool = True,
+    size: int | str = DEFAULT_SIZE_BYTES,
+    top: int | None = 1,
+    progress: Progress | None = None,
+) -> SizesSolution:
+    """:func:`solve` for every assignment of sizes to ``axes`` given as
+    ``"dp,mp"`` or ``"tp<=8,dp,pp"`` (sizes multiplying to the device count,
+    within the bounds): placements and programs of each (``top`` programs kept
+    per placement, default 1, the best). Assignments that no placement
+    satisfies under ``constraints`` are skipped (SynthError if all are)."""
+    topo = resolve_topology(topology)
+    ranges = parse_axis_ranges(axes) if isinstance(axes, str) else tuple(axes)
+    chosen = _model(model)
+    size_bytes = _size_bytes(size)
+    solutions, skipped = [], []
+    assignments = size_assignments(ranges, topo.num_devices)
+    for n, assignment in enumerate(assignments):
+        if progress is not None:
+            progress(f"size assignment {n + 1}/{len(assignments)}")
+        problem = make_problem(topo, assignment, reduce, goal, constraints, max_steps)
+        if problem.constraints and not enumerate_placements(topo, problem.axes, problem.constraints):
+            skipped.append(assignment)
+            continue
+        solutions.append(solve_problem(problem, chosen, size_bytes, verify, top))
+    if not solutions:
+        given = ", ".join(str(c) for c in constraints)
+        raise SynthError(f"no size assignment of --axes '{','.join(map(str, ranges))}' has a placement satisfying "
+                         f"the constraints ({given}); relax or remove a --constrain")
+    return SizesSolution(topo, ranges, tuple(solutions), tuple(skipped))
 
 
 # ---------------------------------------------------------------- workloads

@@ -1,4 +1,5 @@
-"""Versioned JSON documents (plans, profiles): read, check and write them.
+"""Versioned JSON documents (plans, profiles) and JSON-lines files (measurement
+and step records): read, check and write them.
 
 Every error names the file and says what is wrong, never a traceback.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import SynthError
 
@@ -46,3 +47,25 @@ def write_document(path: str | Path, kind: str, document: dict[str, Any]) -> Non
         Path(path).write_text(json.dumps(document, indent=1) + "\n")
     except OSError as exc:
         raise SynthError(f"{path}: cannot write {kind} ({exc.strerror})") from None
+
+
+def json_lines(path: str | Path, kind: str) -> Iterator[tuple[str, int, Any]]:
+    """``(where, line number, value)`` of each non-blank line of a JSON-lines
+    file, ``where`` = ``file:line``; SynthError naming the file (and line) if
+    it cannot be read or a line is not JSON. ``kind`` names the records
+    ("measurements")."""
+    source = str(path)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        raise SynthError(f"{source}: no such {kind} file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SynthError(f"{source}: cannot read {kind} ({exc})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{number}"
+        try:
+            yield where, number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None

@@ -55,6 +55,100 @@ def parse_axes(spec: str) -> tuple[Axis, ...]:
     return tuple(axes)
 
 
+# ---------------------------------------------------------------- axes without sizes
+
+
+@dataclass(frozen=True)
+class AxisRange:
+    """An axis whose size is fixed (``low == high``) or to be chosen within
+    ``[low, high]`` (``high`` None: no upper bound)."""
+
+    name: str
+    low: int = 1
+    high: int | None = None
+
+    @property
+    def fixed(self) -> int | None:
+        return self.low if self.high == self.low else None
+
+    def allows(self, size: int) -> bool:
+        return self.low <= size and (self.high is None or size <= self.high)
+
+    def __str__(self) -> str:
+        if self.fixed is not None:
+            return f"{self.name}={self.fixed}"
+        if self.high is None:
+            return f"{self.name}>={self.low}" if self.low > 1 else self.name
+        return f"{self.low}<={self.name}<={self.high}" if self.low > 1 else f"{self.name}<={self.high}"
+
+
+_RANGE = re.compile(r"(?:(\d+)\s*<=\s*)?([A-Za-z_][A-Za-z0-9_]*)\s*(?:(<=|>=|=)\s*(-?\d+))?")
+
+
+def parse_axis_ranges(spec: str) -> tuple[AxisRange, ...]:
+    """Parse ``dp,mp``, ``tp<=8,dp,pp``, ``2<=tp<=8`` or ``tp=8,dp`` (sizes given
+    or to be chosen), in declared order."""
+    out: list[AxisRange] = []
+    for item in (s.strip() for s in spec.split(",")):
+        m = _RANGE.fullmatch(item)
+        if not m:
+            raise SynthError(f"--axes '{item}': expected NAME, NAME=SIZE, NAME<=MAX, NAME>=MIN or MIN<=NAME<=MAX, "
+                             "e.g. --axes 'tp<=8,dp,pp'")
+        low_text, name, op, value_text = m.groups()
+        if any(a.name == name for a in out):
+            raise SynthError(f"--axes: axis '{name}' is declared twice")
+        low, high = int(low_text or 1), None
+        if op is not None:
+            value = int(value_text)
+            if value < 1:
+                raise SynthError(f"--axes '{item}': an axis size must be >= 1")
+            if op == "=" and low_text is None:
+                low = high = value
+            elif op == "<=":
+                high = value
+            elif op == ">=" and low_text is None:
+                low = value
+            else:
+                raise SynthError(f"--axes '{item}': give a range as MIN<=NAME<=MAX")
+        if low < 1:
+            raise SynthError(f"--axes '{item}': an axis size must be >= 1")
+        if high is not None and high < low:
+            raise SynthError(f"--axes '{item}': the lower bound {low} is above the upper bound {high}")
+        out.append(AxisRange(name, low, high))
+    return tuple(out)
+
+
+def axes_have_sizes(spec: str) -> bool:
+    """Whether ``--axes`` text gives every size (``dp=16,mp=8``), as opposed to
+    naming an axis without a size (``dp,mp``) or with bounds (``tp<=8``)."""
+    return not any(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", item.strip()) or "<" in item or ">" in item
+                   for item in spec.split(","))
+
+
+def size_assignments(ranges: Sequence[AxisRange], devices: int) -> list[tuple[Axis, ...]]:
+    """Every assignment of sizes within the ranges whose product is ``devices``
+    (sizes in lexicographic order); SynthError naming ``--axes`` if none."""
+    out: list[tuple[int, ...]] = []
+
+    def extend(prefix: tuple[int, ...], remaining: int) -> None:
+        a = len(prefix)
+        if a == len(ranges) - 1:
+            if ranges[a].allows(remaining):
+                out.append(prefix + (remaining,))
+            return
+        for d in _divisors(remaining):
+            if ranges[a].allows(d):
+                extend(prefix + (d,), remaining // d)
+
+    if ranges:
+        extend((), devices)
+    if not out:
+        given = ",".join(str(r) for r in ranges)
+        raise SynthError(f"--axes '{given}': no sizes within the bounds multiply to the {devices} devices; "
+                         "relax a bound (or use --scale)")
+    return [tuple(Axis(r.name, s) for r, s in zip(ranges, sizes)) for sizes in out]
+
+
 def check_axes_fit(axes: Sequence[Axis], topology: Topology) -> None:
     product = math.prod(a.size for a in axes)
     if product != topology.num_devices:

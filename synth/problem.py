@@ -124,9 +124,13 @@ class ProblemSpec:
     scale: tuple[str, ...] = ()  # "node=2" or "node=2,gpu=4" items, applied in order
     max_steps: int = MAX_STEPS_DEFAULT
 
-    def build(self) -> Problem:
+    def load_topology(self) -> Topology:
+        """The topology, with the ``scale`` overrides applied."""
         topology = load_topology(self.topology)
         for item in self.scale:
             topology = topology.scaled(parse_scale(item))
-        return make_problem(topology, self.axes, self.reduce, self.goal or Goal.ALLREDUCE, self.constraints,
-                            self.max_steps)
+        return topology
+
+    def build(self) -> Problem:
+        return make_problem(self.load_topology(), self.axes, self.reduce, self.goal or Goal.ALLREDUCE,
+                            self.constraints, self.max_steps)

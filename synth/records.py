@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .documents import json_lines
 from .errors import SynthError
 from .language import Program, format_program, read_program
 from .placement import Axis, Placement
@@ -169,26 +170,12 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
 def read_records(path: str | Path) -> tuple[Topology, list[Record]]:
     """Every record of a JSON-lines file (blank lines skipped), all of one
     topology; errors name the file, line and field."""
-    source = str(path)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
-        raise SynthError(f"{source}: no such measurements file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SynthError(f"{source}: cannot read measurements ({exc})") from None
     topology: Topology | None = None
     out: list[Record] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{source}:{number}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None
+    for where, number, rec in json_lines(path, "measurements"):
         record = record_from_dict(rec, where, topology, number)
         topology = record.reduction.topology
         out.append(record)
     if topology is None:
-        raise SynthError(f"{source}: no measurements")
+        raise SynthError(f"{path}: no measurements")
     return topology, out

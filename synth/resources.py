@@ -1,8 +1,9 @@
-"""Locate the grammars and topologies shipped with the package.
+"""Locate the grammars, topologies and transformer models shipped with the package.
 
-Installed, they are the folders ``synth/grammars`` and ``synth/topologies`` (the
-packages ``synth.grammars`` and ``synth.topologies`` of pyproject.toml); in a
-source checkout they are the top-level folders ``grammars/`` and ``topologies/``.
+Installed, they are the folders ``synth/grammars``, ``synth/topologies`` and
+``synth/models`` (the packages ``synth.grammars``, ``synth.topologies`` and
+``synth.models`` of pyproject.toml); in a source checkout they are the top-level
+folders ``grammars/``, ``topologies/`` and ``models/``.
 """
 
 from __future__ import annotations
@@ -25,3 +26,8 @@ def grammar_path(name: str) -> Path:
 def topologies_dir() -> Path:
     """Folder holding the shipped topology YAML files."""
     return _folder("topologies")
+
+
+def models_dir() -> Path:
+    """Folder holding the shipped transformer model YAML files (job planner)."""
+    return _folder("models")

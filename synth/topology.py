@@ -4,6 +4,11 @@ A device is a leaf of the hierarchy; its id is its mixed-radix coordinate over t
 level counts, the outermost level most significant. Each level also describes the
 uplink from one element of that level to its parent's switch (the NIC of a node,
 the NVLink port of a GPU). Units are in key names; GB = 1e9 bytes as in nccl-tests.
+
+An optional top-level ``device`` mapping describes one device (a leaf): its
+``name``, usable ``memory_GiB`` (GiB = 2^30 bytes) and dense 16-bit tensor-core
+``peak_TFLOPs``, with the ``source`` of the numbers. The job planner
+(:mod:`synth.planner`) needs it; the reduction tools ignore it.
 """
 
 from __future__ import annotations
@@ -41,10 +46,36 @@ class Level:
 
 
 @dataclass(frozen=True)
+class Device:
+    """One device of the topology, for the job planner: usable memory in GiB
+    (2^30 bytes) and dense 16-bit (bf16/fp16) tensor-core peak in TFLOP/s, not
+    the sparsity figure; ``source`` says where the numbers come from."""
+
+    name: str
+    memory_GiB: float
+    peak_TFLOPs: float
+    source: str = ""
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_GiB * 2**30
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak in FLOP/s."""
+        return self.peak_TFLOPs * 1e12
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "memory_GiB": self.memory_GiB, "peak_TFLOPs": self.peak_TFLOPs,
+                "source": self.source}
+
+
+@dataclass(frozen=True)
 class Topology:
     name: str
     levels: tuple[Level, ...]
     description: str = ""
+    device: Device | None = None
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -78,7 +109,7 @@ class Topology:
         return replace(self, levels=tuple(levels))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc = {
             "name": self.name,
             "description": self.description,
             "levels": [
@@ -93,6 +124,9 @@ class Topology:
                 for lv in self.levels
             ],
         }
+        if self.device is not None:
+            doc["device"] = self.device.to_dict()
+        return doc
 
 
 _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
@@ -104,7 +138,13 @@ _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
     "ports": (int, False, "ports: 1"),
     "fabric": (str, False, "fabric: switch"),
 }
-_TOP_FIELDS = ("name", "description", "levels")
+_TOP_FIELDS = ("name", "description", "levels", "device")
+_DEVICE_FIELDS: dict[str, tuple[type, bool, str]] = {
+    "name": (str, True, "name: NVIDIA A100 80GB SXM4"),
+    "memory_GiB": (float, True, "memory_GiB: 80.0"),
+    "peak_TFLOPs": (float, True, "peak_TFLOPs: 312"),
+    "source": (str, False, "source: NVIDIA A100 datasheet"),
+}
 
 
 @lru_cache(maxsize=1)
@@ -202,7 +242,26 @@ def topology_from_dict(data: Any, source: str) -> Topology:
     description = data.get("description", "")
     if not isinstance(description, str):
         raise SynthError(f"{source}: 'description' must be a string")
-    return Topology(name=name, levels=tuple(levels), description=description)
+    device = _device_from_dict(data["device"], f"{source}: device") if "device" in data else None
+    return Topology(name=name, levels=tuple(levels), description=description, device=device)
+
+
+def _device_from_dict(raw: Any, where: str) -> Device:
+    if not isinstance(raw, dict):
+        raise SynthError(f"{where}: expected a mapping with keys {', '.join(_DEVICE_FIELDS)}")
+    fields = {}
+    for key, value in raw.items():
+        if key not in _DEVICE_FIELDS:
+            raise SynthError(f"{where}: unknown key '{key}'; allowed keys are {', '.join(_DEVICE_FIELDS)}")
+        kind, _, example = _DEVICE_FIELDS[key]
+        fields[key] = _check_type(where, key, value, kind, example)
+    for key, (_, required, example) in _DEVICE_FIELDS.items():
+        if required and key not in fields:
+            raise SynthError(f"{where}: missing field '{key}'; add e.g. '{example}'")
+    for key in ("memory_GiB", "peak_TFLOPs"):
+        if not (math.isfinite(fields[key]) and fields[key] > 0):
+            raise SynthError(f"{where}: '{key}' must be a positive number, got {fields[key]}")
+    return Device(**fields)
 
 
 def resolve_topology_path(spec: str) -> Path:
@@ -234,6 +293,28 @@ def load_topology(spec: str) -> Topology:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SynthError(f"{path}: malformed YAML{at}: {problem}") from None
     return topology_from_dict(data, str(path))
+
+
+def parse_device(spec: str, option: str = "--device") -> Device:
+    """A device from ``name=H100,memory_GiB=80,peak_TFLOPs=989.4[,source=...]``
+    (numbers as numbers, the rest as text); errors name the option and field."""
+    raw: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SynthError(f"{option} '{item}': expected KEY=VALUE, e.g. {option} memory_GiB=80,peak_TFLOPs=312")
+        key, value = key.strip(), value.strip()
+        kind = _DEVICE_FIELDS.get(key, (str,))[0]
+        if kind is float:
+            try:
+                raw[key] = float(value)
+            except ValueError:
+                raise SynthError(f"{option} {key}={value}: must be a number") from None
+        else:
+            raw[key] = value
+    raw.setdefault("name", "device")
+    raw.setdefault("source", f"given with {option}")
+    return _device_from_dict(raw, option)
 
 
 def parse_scale(spec: str) -> dict[str, int]:

@@ -344,3 +344,70 @@ def test_nan_bandwidth_rejected(tmp_path):
 def test_duplicate_key_in_a_level_rejected(tmp_path):
     msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL + "    count: 3\n")
     assert "count" in msg
+
+
+# ---------------------------------------------------------------- device (job planner)
+
+GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100")
+
+
+def _gpus() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "data" / "gpus.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_devices_come_from_the_gpu_table(name):
+    """Every GPU topology's device is an entry of data/gpus.yaml (its own GPU, or
+    the smallest-memory candidate where the memory size is not confirmed); the
+    others (illustrative or CPU testbeds) have none."""
+    data = _gpus()
+    entry = data["topologies"][name]
+    device = load_topology(name).device
+    if name not in GPU_TOPOLOGIES:
+        assert device is None and entry["gpu"] is None and "candidates" not in entry
+        return
+    key = entry["gpu"] or min(entry["candidates"], key=lambda c: data["gpus"][c]["memory_GB"])
+    gpu = data["gpus"][key]
+    assert device.memory_GiB == gpu["memory_GiB"]  # nvidia-smi's total, not the marketing 'GB'
+    assert device.peak_TFLOPs == gpu["peak_TFLOPs"]  # dense, not the sparsity figure
+    assert device.name == gpu["name"].split(" (")[0]
+    assert key in device.source and device.source.startswith("data/gpus.yaml")
+
+
+def test_device_round_trips_and_is_optional(tmp_path):
+    topo = load_topology("dgx-a100")
+    assert topology_from_dict(topo.to_dict(), "x") == topo
+    assert "device" not in load_topology("testbed-2x4").to_dict()
+    path = tmp_path / "t.yaml"
+    path.write_text("levels:\n" + GOOD_LEVEL + "device: {name: X, memory_GiB: 16, peak_TFLOPs: 100}\n")
+    device = load_topology(str(path)).device
+    assert (device.memory_GiB, device.peak_TFLOPs, device.source) == (16.0, 100.0, "")
+    assert device.memory_bytes == 16 * 2**30 and device.peak_flops == 100e12
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("[1]", "device: expected a mapping with keys name, memory_GiB, peak_TFLOPs, source"),
+    ("{name: X, memory_GiB: 16}", "device: missing field 'peak_TFLOPs'; add e.g. 'peak_TFLOPs: 312'"),
+    ("{name: X, memory_GiB: 16, peak_TFLOPs: 1, hbm: 3}", "device: unknown key 'hbm'; allowed keys are name, "
+                                                          "memory_GiB, peak_TFLOPs, source"),
+    ("{name: X, memory_GiB: lots, peak_TFLOPs: 1}", "device: field 'memory_GiB' must be a number, got 'lots'"),
+    ("{name: X, memory_GiB: 0, peak_TFLOPs: 1}", "device: 'memory_GiB' must be a positive number, got 0.0"),
+    ("{name: X, memory_GiB: 8, peak_TFLOPs: .inf}", "device: 'peak_TFLOPs' must be a positive number, got inf"),
+])
+def test_bad_device(tmp_path, device, expected):
+    assert expected in _load(tmp_path, "levels:\n" + GOOD_LEVEL + f"device: {device}\n")
+
+
+def test_parse_device():
+    from synth.topology import parse_device
+
+    device = parse_device("memory_GiB=24,peak_TFLOPs=82.6,name=L4")
+    assert (device.name, device.memory_GiB, device.peak_TFLOPs) == ("L4", 24.0, 82.6)
+    with pytest.raises(SynthError, match=r"^--device memory_GiB=x: must be a number$"):
+        parse_device("memory_GiB=x,peak_TFLOPs=1")
+    with pytest.raises(SynthError, match=r"^--device: missing field 'peak_TFLOPs'"):
+        parse_device("memory_GiB=1")
+    with pytest.raises(SynthError, match=r"^--device: unknown key 'hbm'"):
+        parse_device("memory_GiB=1,peak_TFLOPs=1,hbm=2")

@@ -3,6 +3,7 @@ API (:mod:`synth.api`) and the runtime.
 
     synth-reduce --topology T --axes dp=16,mp=8 [--reduce dp] [...]   placements, ranked programs (solve)
     synth-reduce --topology T --axes ... --workload SPEC              whole-job placement (solve)
+    synth-reduce plan --topology T --model M --global-batch B [...]   plan a training job (plan)
     synth-reduce verify plan.json                                     re-prove a plan (verify)
     synth-reduce check FILE --topology T --axes ... [--matrix M]      check a program (check)
     synth-reduce fit MEASUREMENTS -o PROFILE                          learn the cost model (fit)
@@ -27,6 +28,7 @@ EXIT_USAGE = 2
 # command -> (module, function); modules are imported on use, so the main
 # command never loads the runtime's backends or the testbed
 COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("plan", "run"),
     "fit": ("fit", "run_fit"),
     "validate": ("fit", "run_validate"),
     "verify": ("verify", "run"),

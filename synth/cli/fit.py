@@ -7,9 +7,15 @@ import argparse
 import json
 from typing import Sequence
 
-from ..cost import Model, Profile, profile_document, save_profile
+import numpy as np
+
+from ..compute import compute_profile_document, save_compute_profile
+from ..cost import Model, Profile, load_profile, profile_document, save_profile
 from ..errors import SynthError
 from ..fit import accuracy, fit_profile, load_samples, split_cases
+from ..stepfit import RecordCosts, fit_compute, predicted_step_s
+from ..steprecords import SCHEMA as STEP_SCHEMA
+from ..steprecords import first_schema, read_step_records
 from ..topology import Topology
 from ..units import format_seconds
 from .args import Parser
@@ -29,13 +35,17 @@ def _add_efficiency_flag(p: argparse.ArgumentParser) -> None:
 def run_fit(argv: Sequence[str]) -> int:
     p = Parser(prog="synth-reduce fit", description="Fit per-level bandwidth and latency and the per-call "
                 "overhead (with --efficiency also per-collective efficiencies) to measurements (JSON lines from "
-                "'synth-reduce bench --jsonl').")
-    p.add_argument("measurements", help="JSON-lines file of measurements")
+                "'synth-reduce bench --jsonl'); or, given step-time records (schema synth-reduce/step), the job "
+                "planner's compute-efficiency curve.")
+    p.add_argument("measurements", help="JSON-lines file of measurements or of step-time records")
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
-    p.add_argument("--profile", metavar="PROFILE.json", help="start from this profile instead of the topology's numbers")
+    p.add_argument("--profile", metavar="PROFILE.json", help="start from this profile instead of the topology's "
+                   "numbers (step records: the communication profile to predict their collectives with)")
     _add_efficiency_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = p.parse_args(argv)
+    if first_schema(args.measurements) == STEP_SCHEMA:
+        return _fit_steps(args)
     topology, measurements = load_samples(args.measurements)
     prior = _start(args.profile, topology)
     profile, report = fit_profile(measurements, prior, efficiency=args.efficiency)
@@ -52,6 +62,36 @@ def run_fit(argv: Sequence[str]) -> int:
     print(f"call overhead: {profile.call_overhead_us:.3g} us per collective call (prior {prior.call_overhead_us:.3g})")
     print(f"residuals: median {report.median_rel_error:.1%}, mean {report.mean_rel_error:.1%}, "
           f"max {report.max_rel_error:.1%} relative; RMSE {format_seconds(report.rmse_s)}")
+    return 0
+
+
+def _fit_steps(args: argparse.Namespace) -> int:
+    """``fit`` on step-time records: the compute-efficiency curve (synth.stepfit)."""
+    if args.efficiency:
+        raise SynthError("--efficiency fits collective efficiencies from measurements; step records fit the "
+                         "compute curve only")
+    records = read_step_records(args.measurements)
+    profile = load_profile(args.profile) if args.profile else None
+    costs = RecordCosts(profile, args.profile)
+    fit, points = fit_compute(records, costs, source=f"synth-reduce fit {args.measurements}")
+    predicted = [predicted_step_s(p.record, fit.profile, costs) for p in points]
+    rel = [abs(q - p.record.step_s) / p.record.step_s for q, p in zip(predicted, points)]
+    report = {"records": len(records), "step_median_rel_error": float(np.median(rel)),
+              "step_max_rel_error": max(rel), "communication_profile": args.profile}
+    save_compute_profile(args.output, fit, report)
+    if args.json:
+        print(json.dumps(compute_profile_document(fit, report), indent=1))
+        return 0
+    c = fit.profile
+    print(f"fitted the compute-efficiency curve to {len(records)} step records -> {args.output}")
+    print(f"efficiency(x) = {c.efficiency_max:.4f} x x / (x + {c.half_flops:.4g}), x = FLOPs per layer and "
+          "micro-batch per device")
+    print(f"{'line':>5} {'configuration':<26} {'x (FLOP)':>10} {'implied':>8} {'measured':>11} {'predicted':>11}")
+    for p, q in zip(points, predicted):
+        print(f"{p.record.line:>5} {p.record.config.describe():<26} {p.flops_per_layer:>10.3g} "
+              f"{p.efficiency:>8.3f} {format_seconds(p.record.step_s):>11} {format_seconds(q):>11}")
+    print(f"step time residuals: median {report['step_median_rel_error']:.1%}, "
+          f"max {report['step_max_rel_error']:.1%}")
     return 0
 
 

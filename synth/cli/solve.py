@@ -9,10 +9,11 @@ import sys
 from typing import Any, Sequence
 
 from .. import __version__
-from ..api import Solution, WorkloadSolution, rank_problem_placements, solve_problem
+from ..api import SizesSolution, Solution, WorkloadSolution, rank_problem_placements, solve_problem, solve_sizes
 from ..cost import default_program
 from ..errors import SynthError
 from ..language import format_program
+from ..placement import axes_have_sizes
 from ..plan import program_document, write_plan
 from ..units import format_seconds, format_size, parse_size
 from ..workload import parse_workload
@@ -62,6 +63,8 @@ def run(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv)
     if args.top is not None and args.top < 0:
         raise SynthError(f"--top {args.top}: must be >= 0")
+    if not axes_have_sizes(args.axes):
+        return _run_sizes(args)
     if args.workload:
         return _run_workload(args)
     problem = problem_spec(args).build()
@@ -173,6 +176,78 @@ def print_table(solution: Solution) -> None:
         for r in p.programs[1:]:
             print(f"{'':>4} {'':>3}  {'':<22} {'':<22} {'':>5} {'':>11} {format_seconds(r.predicted_s):>11} "
                   f"{'':>7}  {format_program(r.program, ' ; ')}")
+
+
+# ---------------------------------------------------------------- axes without sizes
+
+
+def _run_sizes(args: argparse.Namespace) -> int:
+    for option, given in (("--workload", args.workload), ("--out", args.out), ("--placement", args.placement)):
+        if given is not None:
+            raise SynthError(f"{option} needs axis sizes (e.g. --axes dp=16,mp=8); --axes {args.axes} leaves them "
+                             "to choose")
+    spec = problem_spec(args)
+    solution = solve_sizes(
+        spec.load_topology(), args.axes, args.reduce, args.collective or "allreduce", model_of(args), args.max_steps,
+        spec.constraints, not args.no_verify, parse_size(args.size or "256MiB"),
+        1 if args.top is None else args.top, progress=_progress,
+    )
+    _progress("")
+    if args.json:
+        print(json.dumps(sizes_document(solution), indent=1))
+    else:
+        print_sizes_table(solution)
+    return 0
+
+
+def sizes_document(solution: SizesSolution) -> dict[str, Any]:
+    """What ``--json`` prints for axes without sizes: every size assignment,
+    fastest first, each with the document the sized command prints for it."""
+    first = solution.solutions[0]
+    return {
+        "topology": solution.topology.to_dict(),
+        "axes": [str(a) for a in solution.axes],
+        "reduce": list(first.problem.reduce_axes),
+        "collective": first.problem.goal.value,
+        "skipped": [[{"name": a.name, "size": a.size} for a in axes] for axes in solution.skipped],
+        "assignments": [dict(solution_document(s), rank=n) for n, s in enumerate(solution.by_speed)],
+    }
+
+
+def print_sizes_table(solution: SizesSolution) -> None:
+    solutions = solution.by_speed
+    first = solutions[0]
+    problem = first.problem
+    topology = solution.topology
+    levels = " > ".join(f"{lv.name} x{lv.count}" for lv in topology.levels)
+    print(f"topology {topology.name}: {levels} ({topology.num_devices} devices); axes "
+          f"{','.join(map(str, solution.axes))} without sizes; {problem.goal.value} over "
+          f"{','.join(problem.reduce_axes)}")
+    print(_model_line(first))
+    placements = sum(len(s.placements) for s in solutions)
+    programs = sum(p.num_programs for s in solutions for p in s.placements)
+    synthesis = sum(s.synthesis_s for s in solutions)
+    prediction = sum(s.prediction_s for s in solutions)
+    print(f"{len(solutions)} size assignment(s), {placements} placement(s), {programs} program(s) of at most "
+          f"{problem.max_steps} steps; synthesized in {synthesis * 1e3:.0f} ms, predicted in {prediction * 1e3:.0f} ms"
+          + ("; listed programs verified (numpy reference + z3)" if first.verified else ""))
+    if solution.skipped:
+        print(f"{len(solution.skipped)} assignment(s) have no placement under the constraints: "
+              + ", ".join(" ".join(f"{a.name}={a.size}" for a in axes) for axes in solution.skipped))
+    print(f"\nbest placement per size assignment; matrix rows are axes, columns are levels "
+          f"({' '.join(topology.level_names)})")
+    header = (f"{'rank':>4}  {'sizes':<18} {'placements':>10}  {'best matrix':<22} {'reduction crosses':<22} "
+              f"{'default':>11} {'best':>11} {'speedup':>7}  best program")
+    print(header)
+    print("-" * len(header))
+    for n, s in enumerate(solutions):
+        best = s.best
+        sizes = " ".join(f"{a.name}={a.size}" for a in s.problem.axes)
+        crosses = best.hierarchy.describe() if best.hierarchy.names else "(nothing: k=1)"
+        program = (format_program(best.programs[0].program, " ; ") or "(nothing to do)") if best.programs else "-"
+        print(f"{n + 1:>4}  {sizes:<18} {len(s.placements):>10}  {best.placement.matrix_text():<22} {crosses:<22} "
+              f"{format_seconds(best.default_s):>11} "
+              f"{format_seconds(best.best_s) if best.num_programs else '-':>11} {best.speedup:>6.2f}x  {program}")
 
 
 # ---------------------------------------------------------------- workload

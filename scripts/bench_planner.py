@@ -1,0 +1,97 @@
+"""How long the job planner takes to rank every configuration of a large job.
+
+Runs ``synth.plan_job`` (what ``synth-reduce plan`` does, without proving the
+listed programs) on the cases below, each ``--repeat`` times in this process:
+the first run of a case starts from a cold synthesis cache
+(``synth.search.clear_cache()``), the others are warm (the synthesis cache
+survives; collective costs are per run). It reports the configurations
+(size assignments x micro-batches x placements) ranked, wall and CPU seconds
+(``time.process_time``), configurations per CPU second, and the target of
+<= 10 s for >= 1000 configurations.
+
+    python scripts/bench_planner.py [--repeat 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+try:
+    import synth  # noqa: F401
+except ImportError:  # running from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from synth.placement import parse_axis_ranges  # noqa: E402
+from synth.planner import JobRequest, plan_job  # noqa: E402
+from synth.search import clear_cache  # noqa: E402
+from synth.stepmodel import Training  # noqa: E402
+from synth.topology import load_topology  # noqa: E402
+from synth.transformer import Recompute, load_model  # noqa: E402
+
+TARGET_S = 10.0
+TARGET_CONFIGURATIONS = 1000
+
+# (label, topology, nodes, model, global batch, recompute)
+CASES = (
+    ("GPT-3 175B, 512 A100", "dgx-a100", 64, "gpt3-175b", 1536, Recompute.NONE),
+    ("GPT-3 175B, 512 A100, full recomputation", "dgx-a100", 64, "gpt3-175b", 1536, Recompute.FULL),
+    ("Llama 2 70B, 512 H100", "dgx-h100", 64, "llama2-70b", 1024, Recompute.SELECTIVE),
+)
+
+
+def run_case(topology_name: str, nodes: int, model: str, batch: int, recompute: Recompute, cold: bool) -> dict:
+    topology = load_topology(topology_name).scaled({"node": nodes})
+    request = JobRequest(topology, topology.device, load_model(model), Training(batch, recompute=recompute),
+                         parse_axis_ranges("tp,dp,pp"))
+    if cold:
+        clear_cache()
+    wall, cpu = time.perf_counter(), time.process_time()
+    solution = plan_job(request)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    best = solution.best
+    return {"wall_s": wall, "cpu_s": cpu, "configurations": solution.evaluated,
+            "sizes_micro_batches": len(solution.candidates), "feasible": len(solution.feasible),
+            "reductions_synthesized": solution.costs.reductions_synthesized, "rankings": solution.costs.rankings,
+            "best": best.config.describe(), "best_step_s": best.predicted_step_s}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3, help="runs per case; the first is cold (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    args = p.parse_args()
+    load_before = os.getloadavg()[0]
+    rows = []
+    for label, topology, nodes, model, batch, recompute in CASES:
+        runs = [run_case(topology, nodes, model, batch, recompute, cold=i == 0) for i in range(args.repeat)]
+        warm = runs[1:] or runs
+        rows.append({"case": label, "cold": runs[0], "warm_median_wall_s": statistics.median(r["wall_s"] for r in warm),
+                     "warm_median_cpu_s": statistics.median(r["cpu_s"] for r in warm)})
+    doc = {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
+           "load_after": os.getloadavg()[0], "target_s": TARGET_S, "cases": rows}
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"Python {doc['python']}, {doc['cpus']} CPUs, 1-minute load {load_before:.1f} before, "
+          f"{doc['load_after']:.1f} after; target: >= {TARGET_CONFIGURATIONS} configurations in <= {TARGET_S:g} s")
+    header = (f"{'case':<42} {'configs':>7} {'cold wall':>10} {'cold CPU':>9} {'warm wall':>10} {'warm CPU':>9} "
+              f"{'configs/CPU s':>13}  best")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        c = r["cold"]
+        print(f"{r['case']:<42} {c['configurations']:>7} {c['wall_s']:>9.2f}s {c['cpu_s']:>8.2f}s "
+              f"{r['warm_median_wall_s']:>9.2f}s {r['warm_median_cpu_s']:>8.2f}s "
+              f"{c['configurations'] / c['cpu_s']:>13.0f}  {c['best']} ({c['best_step_s']:.2f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

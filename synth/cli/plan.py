@@ -1,0 +1,248 @@
+"""``synth-reduce plan``: the job planner. Axis sizes, placement and reduction
+programs for a whole training step of a transformer, ranked by predicted step
+time, as a table or JSON, and the best configuration as a job plan (``--out``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Sequence
+
+from ..compute import DEFAULT_COMPUTE, load_compute_profile
+from ..errors import SynthError
+from ..planner import Candidate, JobRequest, JobSolution, plan_job
+from ..plan import write_plan
+from ..placement import parse_axis_ranges
+from ..problem import MAX_STEPS_DEFAULT
+from ..stepmodel import Sharding, Training
+from ..topology import load_topology, parse_device, parse_scale
+from ..transformer import Recompute, load_model
+from ..units import format_seconds, format_size
+from .args import Parser, add_model_arguments, model_of
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="synth-reduce plan", description=(
+        "Plan a transformer's training step: every assignment of sizes to tp, dp and pp, every micro-batch and "
+        "every placement, ranked by predicted step time (compute, 1F1B bubble, tensor, pipeline and data-parallel "
+        "communication with the best verified program per axis), with memory per device."))
+    p.add_argument("--topology", required=True, help="topology YAML file, or a shipped name (e.g. dgx-a100)")
+    p.add_argument("--scale", default="", metavar="LEVEL=COUNT", help="override level counts, e.g. node=64")
+    p.add_argument("--model", required=True,
+                   help="a shipped model (e.g. gpt3-175b, llama2-70b), a YAML file, or inline fields "
+                        "layers=30,hidden=3072,heads=32,seq=2048,vocab=51200 (ffn defaults to 4 x hidden)")
+    p.add_argument("--global-batch", type=int, required=True, metavar="B", help="sequences per training step")
+    p.add_argument("--micro-batch", metavar="B1,B2,...",
+                   help="micro-batch sizes to try (default: the powers of two that divide the batch per replica)")
+    p.add_argument("--axes", default="tp,dp,pp",
+                   help="axes among tp, dp, pp, with sizes or bounds: 'tp<=8,dp,pp', 'tp=8,dp,pp' "
+                        "(an axis left out has size 1; default tp,dp,pp)")
+    p.add_argument("--constrain", action="append", default=[], metavar="AXIS@LEVEL{=,>=,<=}N",
+                   help="constrain placements, e.g. tp@node=1; repeatable")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="training dtype (default bf16)")
+    p.add_argument("--sharding", default="none", help="optimizer sharding over dp: none, zero1, zero3 (fsdp)")
+    p.add_argument("--recompute", default="none", help="activation recomputation: none, selective, full")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="data-parallel reductions after the backward pass instead of overlapped with it")
+    p.add_argument("--device", metavar="memory_GiB=M,peak_TFLOPs=P",
+                   help="the device's memory and dense peak (default: the topology's 'device')")
+    p.add_argument("--compute-profile", metavar="COMPUTE.json",
+                   help="fitted compute-efficiency curve (synth-reduce fit on step records)")
+    add_model_arguments(p)
+    p.add_argument("--max-steps", type=int, default=MAX_STEPS_DEFAULT, help="longest reduction program searched")
+    p.add_argument("--top", type=int, default=10, metavar="K",
+                   help="configurations listed in the table (their programs are proved), default 10")
+    p.add_argument("--json", action="store_true", help="print one JSON document with every configuration")
+    p.add_argument("--out", metavar="JOB.json", help="write the best feasible configuration as a job plan")
+    p.add_argument("--no-verify", action="store_true", help="do not prove the listed configurations' programs")
+    return p
+
+
+class _Progress:
+    """Progress lines on stderr (also when it is not a terminal), once work has
+    run for a second and then at most once a second, so quick runs (and their
+    one-line errors) stay quiet."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.last = self.started
+        self.shown = False
+
+    def __call__(self, message: str) -> None:
+        now = time.perf_counter()
+        if now - self.last < 1.0:
+            return
+        self.last, self.shown = now, True
+        tty = sys.stderr.isatty()
+        print(f"\r{message}\033[K" if tty else message, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.shown and sys.stderr.isatty():
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def _micro_batches(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item.isdigit() or int(item) < 1:
+            raise SynthError(f"--micro-batch '{item}': give micro-batch sizes as integers >= 1, e.g. 1,2,4,8")
+        out.append(int(item))
+    return tuple(out)
+
+
+def request_of(args: argparse.Namespace) -> JobRequest:
+    """The request the arguments describe; SynthError naming the bad one."""
+    topology = load_topology(args.topology)
+    if args.scale:
+        topology = topology.scaled(parse_scale(args.scale))
+    device = parse_device(args.device) if args.device else topology.device
+    if device is None:
+        raise SynthError(f"topology '{topology.name}' has no 'device' (memory_GiB, peak_TFLOPs): add one to the "
+                         "topology file or pass --device memory_GiB=M,peak_TFLOPs=P")
+    model = load_model(args.model)
+    training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
+                        Recompute.from_text(args.recompute), not args.no_overlap)
+    if args.max_steps < 1:
+        raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
+    compute = load_compute_profile(args.compute_profile) if args.compute_profile else DEFAULT_COMPUTE
+    return JobRequest(topology, device, model, training, parse_axis_ranges(args.axes),
+                      _micro_batches(args.micro_batch), tuple(args.constrain), args.max_steps, model_of(args),
+                      compute)
+
+
+def run(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.top < 0:
+        raise SynthError(f"--top {args.top}: must be >= 0")
+    request = request_of(args)
+    progress = _Progress()
+    solution = plan_job(request, progress=progress)
+    if args.out:
+        _ = solution.best  # no configuration fits: fail before proving anything
+    listed = solution.candidates[: args.top]
+    if not args.no_verify:
+        for n, candidate in enumerate(listed):
+            progress(f"proving the programs of configuration {n + 1}/{len(listed)}")
+            solution.verify(candidate)
+    plan = solution.plan() if args.out else None  # proved; fails before anything is printed
+    progress.done()
+    model = request.model
+    if model.source_inconsistency:
+        print(f"synth-reduce: note: model {model.name}: {' '.join(model.source_inconsistency.split())}; the "
+              f"planner uses hidden={model.hidden} as printed (tp must divide both heads and hidden)",
+              file=sys.stderr)
+    if plan is not None:
+        write_plan(args.out, plan)
+    if args.json:
+        print(json.dumps(solution_document(solution), indent=1))
+    else:
+        print_table(solution, listed)
+        if args.out:
+            print(f"\nwrote job plan: {solution.best.config.describe()} -> {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def candidate_document(solution: JobSolution, c: Candidate) -> dict[str, Any]:
+    return {
+        "axes": c.config.sizes(),
+        "micro_batch": c.config.micro_batch,
+        "micro_batches": c.config.micro_batches(solution.request.training),
+        "matrix": [list(row) for row in c.placement.matrix],
+        "matrix_axes": list(c.placement.axis_names),
+        "predicted_step_s": c.predicted_step_s,
+        "feasible": c.feasible,
+        "reason": c.reason or None,
+        "memory_bytes_per_device": c.memory.total,
+        "memory": c.memory.to_dict(),
+        "breakdown": c.step.breakdown(),
+        "efficiency": c.step.efficiency,
+        "bucket_bytes": c.step.bucket_bytes,
+        "programs": c.program_texts(),
+        "programs_verified": solution.is_verified(c),
+        "model_tflops_per_device": c.tflops_per_device(),
+        "hardware_tflops_per_device": c.tflops_per_device(hardware=True),
+        "placements_evaluated": c.placements_tried,
+    }
+
+
+def solution_document(solution: JobSolution) -> dict[str, Any]:
+    """What ``plan --json`` prints: the request, and every evaluated (sizes,
+    micro-batch) with its best placement, feasible first, fastest first."""
+    r = solution.request
+    return {
+        "topology": r.topology.to_dict(),
+        "device": r.device.to_dict(),
+        "model": r.model.to_dict(),
+        "training": r.training.to_dict(),
+        "axes": [str(a) for a in r.axes],
+        "constraints": list(r.constraints),
+        "cost_model": {"algo": r.comm.algorithm.value, "profile": r.comm.profile_path},
+        "compute_profile": r.compute.to_dict(),
+        "size_assignments": solution.assignments,
+        "skipped": [{"reason": reason, "count": count} for reason, count in solution.skipped],
+        "evaluated": solution.evaluated,
+        "elapsed_s": round(solution.elapsed_s, 6),
+        "configurations": [candidate_document(solution, c) for c in solution.candidates],
+    }
+
+
+# ---------------------------------------------------------------- table
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3g}G" if nbytes < 2**30 else f"{nbytes / 2**30:.1f}G"
+
+
+def _compute_text(compute) -> str:
+    if compute.half_flops == 0:
+        return f"compute at {compute.efficiency_max:.1%} of peak"
+    return (f"compute at {compute.efficiency_max:.1%} of peak x x / (x + {compute.half_flops:.3g}), x = FLOPs per "
+            "layer and micro-batch")
+
+
+def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
+    r = solution.request
+    t = r.training
+    print(r.model.describe())
+    levels = " > ".join(f"{lv.name} x{lv.count}" for lv in r.topology.levels)
+    print(f"topology {r.topology.name}: {levels} ({r.topology.num_devices} devices of {r.device.name}: "
+          f"{r.device.memory_GiB:g} GiB, {r.device.peak_TFLOPs:g} TFLOP/s peak)")
+    print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {t.recompute.value}; "
+          f"{r.comm.describe()}; {_compute_text(r.compute)}")
+    feasible = len(solution.feasible)
+    print(f"{solution.evaluated} configurations (sizes x micro-batch x placement) of {solution.assignments} size "
+          f"assignments ranked in {format_seconds(solution.elapsed_s)}; {len(solution.candidates)} (sizes, "
+          f"micro-batch) with their best placement: {feasible} fit in memory, "
+          f"{len(solution.candidates) - feasible} do not")
+    for reason, count in solution.skipped:
+        print(f"  not evaluated ({count}): {reason}")
+    print(f"\nmatrix rows are axes, columns are levels ({' '.join(r.topology.level_names)}); times per step; "
+          "TFLOP/s = model FLOPs (no recomputation) per device"
+          + ("; listed programs proved (numpy reference + z3)" if listed and all(
+              solution.is_verified(c) for c in listed) else ""))
+    header = (f"{'rank':>4} {'tp':>3} {'dp':>4} {'pp':>3} {'mb':>3}  {'matrix':<26} {'step':>9} {'compute':>9} "
+              f"{'bubble':>9} {'tp':>9} {'pp':>9} {'dp':>9} {'mem':>7} {'TFLOP/s':>7}  programs")
+    print(header)
+    print("-" * len(header))
+    for n, c in enumerate(listed):
+        b = c.step
+        mark = "" if c.feasible else " (does not fit)"
+        programs = " | ".join(f"{axis}: {text}" for axis, text in c.program_texts().items()) or "-"
+        print(f"{n + 1:>4} {c.config.tp:>3} {c.config.dp:>4} {c.config.pp:>3} {c.config.micro_batch:>3}  "
+              f"{c.placement.matrix_text():<26} {format_seconds(b.total_s):>9} {format_seconds(b.compute_s):>9} "
+              f"{format_seconds(b.bubble_s):>9} {format_seconds(b.tp_s):>9} {format_seconds(b.pp_s):>9} "
+              f"{format_seconds(b.dp_s):>9} {_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  "
+              f"{programs}{mark}")
+    if feasible and solution.best.step.bucket_bytes:
+        print(f"\nbest: DP bucket {format_size(solution.best.step.bucket_bytes)}")
+    infeasible = [c for c in solution.candidates if not c.feasible]
+    if infeasible:
+        smallest = min(infeasible, key=lambda c: c.memory.total)
+        print(f"\n{len(infeasible)} configuration(s) do not fit, e.g. {smallest.config.describe()}: {smallest.reason}")

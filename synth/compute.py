@@ -1,0 +1,129 @@
+"""The compute-efficiency curve of the job planner: how much of a device's peak
+a training step sustains, as a function of the per-device GEMM work.
+
+Tensor parallelism (t) and small micro-batches (b) shrink the GEMMs each device
+runs; small GEMMs reach a smaller fraction of peak (fixed per-kernel costs,
+tiles that do not fill the device). The planner models this with one saturating
+curve of ``x``, the FLOPs one device spends on one layer for one micro-batch
+(forward, backward and recomputation: roughly ``72 b s h^2 / t``)::
+
+    efficiency(x) = efficiency_max * x / (x + half_flops)
+
+so that a micro-batch's compute time is ``flops / (peak * efficiency(x))`` =
+``flops / (peak * efficiency_max) + layers * half_flops / (peak *
+efficiency_max)``: a peak-bound part and a fixed cost per layer and micro-batch.
+Both parameters are learned (:mod:`synth.stepfit`, ``synth-reduce fit`` on
+step-time records) by least squares on ``1 / efficiency = 1 / efficiency_max +
+(half_flops / efficiency_max) / x``, which is linear in the two unknowns.
+
+:data:`DEFAULT_COMPUTE` is that fit on the ten Megatron-LM SC'21 Table 1 runs
+(``data/megatron_sc21_steps.jsonl``, ``scripts/megatron_sc21.py``); see
+docs/planner.md for what it means and where it does not carry over.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .documents import read_document, write_document
+from .errors import SynthError
+
+SCHEMA = "synth-reduce/compute-profile"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """``efficiency(x) = efficiency_max * x / (x + half_flops)`` (module docstring);
+    ``source`` says where the parameters come from."""
+
+    efficiency_max: float
+    half_flops: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.efficiency_max <= 1 and math.isfinite(self.efficiency_max)):
+            raise SynthError(f"compute profile: efficiency_max must be in (0, 1], got {self.efficiency_max}")
+        if not (self.half_flops >= 0 and math.isfinite(self.half_flops)):
+            raise SynthError(f"compute profile: half_flops must be a number >= 0, got {self.half_flops}")
+
+    def efficiency(self, flops_per_layer: float) -> float:
+        """Sustained fraction of peak for ``flops_per_layer`` per micro-batch."""
+        return self.efficiency_max * flops_per_layer / (flops_per_layer + self.half_flops)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"efficiency_max": self.efficiency_max, "half_flops": self.half_flops, "source": self.source}
+
+
+# Fitted by `python scripts/megatron_sc21.py fit` on data/megatron_sc21_steps.jsonl
+# with the default communication model (tests/test_planner.py checks that a refit
+# gives these numbers; regenerate them when the default cost model changes).
+DEFAULT_COMPUTE = ComputeProfile(
+    efficiency_max=0.5465431724581157,
+    half_flops=0.0,
+    source="least-squares fit on the 10 Megatron-LM SC'21 Table 1 runs (data/megatron_sc21_steps.jsonl)",
+)
+
+
+@dataclass(frozen=True)
+class CurveFit:
+    """The fitted curve and its residuals: relative errors of the predicted
+    compute times (1/efficiency) against the implied ones."""
+
+    profile: ComputeProfile
+    points: int
+    median_rel_error: float
+    max_rel_error: float
+
+
+def fit_curve(flops_per_layer: Sequence[float], efficiency: Sequence[float], source: str = "") -> CurveFit:
+    """Least squares on relative errors of ``1/efficiency = u + v/x`` with
+    ``u >= 1`` (never above peak) and ``v >= 0`` (efficiency never rises as GEMMs
+    shrink); ``efficiency_max = 1/u``, ``half_flops = v/u``."""
+    x = np.asarray(flops_per_layer, dtype=float)
+    e = np.asarray(efficiency, dtype=float)
+    if len(x) == 0:
+        raise SynthError("fit: no step records to fit the compute curve to")
+    if (e <= 0).any() or not np.isfinite(e).all() or (x <= 0).any():
+        raise SynthError("fit: implied efficiencies and per-layer FLOPs must be positive")
+    # residual of record r: (u + v / x_r) * e_r - 1 (relative error of the predicted time)
+    a = np.stack([e, e / x], axis=1)
+    u, v = np.linalg.lstsq(a, np.ones_like(e), rcond=None)[0] if len(x) > 1 else (1 / e[0], 0.0)
+    if v < 0:  # efficiency cannot grow as GEMMs shrink: a flat curve
+        u, v = float(np.sum(e) / np.sum(e * e)), 0.0
+    if u < 1:  # never above peak: pin efficiency_max at 1 and refit v
+        u = 1.0
+        v = max(0.0, float(np.sum((e / x) * (1 - e)) / np.sum((e / x) ** 2)))
+    rel = np.abs((u + v / x) * e - 1)
+    profile = ComputeProfile(1.0 / u, v / u, source)
+    return CurveFit(profile, len(x), float(np.median(rel)), float(rel.max()))
+
+
+def compute_profile_document(fit: CurveFit, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    doc = {"schema": SCHEMA, "version": VERSION}
+    doc.update(fit.profile.to_dict())
+    doc["fit"] = {"points": fit.points, "median_rel_error": fit.median_rel_error,
+                  "max_rel_error": fit.max_rel_error, **(extra or {})}
+    return doc
+
+
+def save_compute_profile(path: str | Path, fit: CurveFit, extra: dict[str, Any] | None = None) -> None:
+    write_document(path, "compute profile", compute_profile_document(fit, extra))
+
+
+def load_compute_profile(path: str | Path) -> ComputeProfile:
+    doc = read_document(path, "compute profile", SCHEMA, VERSION,
+                        fix="re-fit it with synth-reduce fit STEPS.jsonl -o PROFILE.json")
+    try:
+        return ComputeProfile(float(doc["efficiency_max"]), float(doc["half_flops"]),
+                              str(doc.get("source") or path))
+    except (KeyError, TypeError, ValueError):
+        raise SynthError(f"{path}: not a valid compute profile: expected efficiency_max and half_flops "
+                         "numbers") from None
+    except SynthError as exc:
+        raise SynthError(f"{path}: {exc}") from None

@@ -1,0 +1,480 @@
+"""The job planner: axis sizes, placement and reduction programs for a whole
+training step of a transformer, ranked by predicted step time.
+
+:func:`plan_job` enumerates every assignment of sizes to the axes tp, dp and
+pp (within the user's bounds, product = the device count) that can split the
+model, every micro-batch that divides the batch, and every placement of the
+axes on the hierarchy; it predicts each with the step model
+(:mod:`synth.stepmodel`) and keeps, per (sizes, micro-batch), the placement
+with the shortest predicted step. Memory decides feasibility; configurations
+that do not fit stay in the result, marked with the reason.
+
+Every collective of a step is costed by the project's cost model
+(:mod:`synth.cost`) with the best synthesized program for its axis, placement
+and size (:class:`CollectiveCosts`): placement and programs change the step
+time. A reduction is synthesized once per (axis rows of the matrix, goal) and
+ranked once per size, and reused across micro-batches, size assignments and
+placements. On a topology whose levels are all switched, the predicted cost of
+a reduction over an axis depends on the matrix only through that axis's row:
+two placements with the same row have reduction groups that map onto each
+other by permuting siblings inside their parents, which keeps every link's
+load and every group's device-id order (within a level an axis's digits are
+laid out with positive strides), and the cost model sees the topology only
+through those (tests check the equality). Pipeline sends are costed as a
+Broadcast over each pair of adjacent stages, all pairs at once.
+
+:meth:`JobSolution.plan` writes a configuration as a job plan (a
+:class:`~synth.plan.Plan` with one reduction per reduced axis, programs by
+size range, every one proved) that the runtime and the trainers accept.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .compute import DEFAULT_COMPUTE, ComputeProfile
+from .cost import Model, Predictor, step_cost
+from .errors import SynthError
+from .language import Collective, Program, format_program
+from .lowering import LoweredProgram, lower
+from .placement import (
+    Axis,
+    AxisRange,
+    Placement,
+    enumerate_matrices_plain,
+    parse_constraint,
+    size_assignments,
+)
+from .plan import Plan, PlannedProgram, PlannedReduction
+from .reduction import Reduction
+from .search import ReductionPrograms, synthesize_reduction
+from .semantics import Goal
+from .stepmodel import (
+    Configuration,
+    Memory,
+    StepTime,
+    Training,
+    bucket_sizes,
+    compute_seconds,
+    configuration_problem,
+    memory_per_device,
+    step_shape,
+    step_time,
+)
+from .topology import Device, Topology
+from .transformer import Transformer
+from .verify import verify_lowered
+
+PLANNER_AXES = ("tp", "dp", "pp")
+Progress = Callable[[str], None]
+
+
+# ---------------------------------------------------------------- collective costs
+
+
+@dataclass(frozen=True)
+class BestProgram:
+    """The fastest predicted program of a reduction at one size."""
+
+    seconds: float
+    program: Program | None  # None: no program within the step limit
+
+
+class CollectiveCosts:
+    """Predicted seconds of reductions and pipeline sends on placements of one
+    topology under one cost model, each computed once (module docstring)."""
+
+    def __init__(self, topology: Topology, model: Model | None = None, max_steps: int = 5) -> None:
+        self.topology = topology
+        self.model = model or Model()
+        self.profile = self.model.profile_for(topology)
+        self.max_steps = max_steps
+        self.symmetric = all(level.fabric == "switch" for level in topology.levels)
+        self._reductions: dict[tuple, tuple[ReductionPrograms, Predictor]] = {}
+        self._best: dict[tuple, BestProgram] = {}
+        self._sends: dict[tuple, float] = {}
+        self._proved: dict[tuple, LoweredProgram] = {}
+
+    def _key(self, placement: Placement, axes: tuple[str, ...]) -> tuple:
+        rows = tuple(placement.matrix[placement.axis_names.index(a)] for a in axes)
+        return rows if self.symmetric else (placement.matrix, placement.axis_names, axes)
+
+    @property
+    def reductions_synthesized(self) -> int:
+        return len(self._reductions)
+
+    @property
+    def rankings(self) -> int:
+        return len(self._best)
+
+    def best(self, placement: Placement, axis: str, goal: Goal, size_bytes: int) -> BestProgram:
+        """The fastest program of a reduction over ``axis`` on ``placement``."""
+        key = (self._key(placement, (axis,)), goal)
+        found = self._reductions.get(key)
+        if found is None:
+            programs = synthesize_reduction(Reduction(placement, (axis,), goal), self.max_steps)
+            found = self._reductions[key] = (programs, Predictor(programs.reduction, self.model))
+        programs, predictor = found
+        at = (key, size_bytes)
+        best = self._best.get(at)
+        if best is None:
+            best = self._best[at] = _fastest(programs, predictor, size_bytes)
+        return best
+
+    def send(self, placement: Placement, axis: str, size_bytes: int) -> float:
+        """Every device sends ``size_bytes`` to the device of the next ``axis``
+        rank (same other coordinates), all pairs at once: a Broadcast over each
+        pair."""
+        key = (self._key(placement, (axis,)), size_bytes)
+        if key not in self._sends:
+            mesh = np.moveaxis(placement.mesh, placement.axis_names.index(axis), -1)
+            pairs = np.stack([mesh[..., :-1], mesh[..., 1:]], axis=-1).reshape(-1, 2)
+            nbytes = np.full(len(pairs), float(size_bytes))
+            self._sends[key] = step_cost(self.topology, self.profile, self.model.algorithm, Collective.BROADCAST,
+                                         pairs, nbytes)[0]
+        return self._sends[key]
+
+    def on(self, placement: Placement) -> "PlacementCollectives":
+        return PlacementCollectives(self, placement)
+
+    def proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> LoweredProgram:
+        """``program`` lowered on ``placement``'s reduction over ``axis``, proved
+        (numpy reference + z3; SynthError if it fails), each once."""
+        key = (placement.matrix, placement.axis_names, axis, goal, program)
+        if key not in self._proved:
+            lowered = lower(program, Reduction(placement, (axis,), goal))
+            verify_lowered(lowered)
+            self._proved[key] = lowered
+        return self._proved[key]
+
+    def is_proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> bool:
+        return (placement.matrix, placement.axis_names, axis, goal, program) in self._proved
+
+
+def _fastest(programs: ReductionPrograms, predictor: Predictor, size_bytes: int) -> BestProgram:
+    """The first of the fastest programs (as :func:`synth.cost.rank` orders them);
+    a program's steps stop being predicted once its partial sum exceeds the best
+    so far, which cannot change the minimum."""
+    best_s, best = math.inf, None
+    for program, loads in zip(programs.programs, programs.loads):
+        total = 0.0
+        for instruction, step_loads in zip(program.instructions, loads):
+            total += predictor.step(instruction, step_loads, size_bytes)[0]
+            if total > best_s:
+                break
+        else:
+            if total < best_s:
+                best_s, best = total, program
+    return BestProgram(best_s, best)
+
+
+@dataclass(frozen=True)
+class PlacementCollectives:
+    """:class:`~synth.stepmodel.Collectives` of one placement."""
+
+    costs: CollectiveCosts
+    placement: Placement
+
+    def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
+        return self.costs.best(self.placement, axis, goal, size_bytes).seconds
+
+    def send(self, axis: str, size_bytes: int) -> float:
+        return self.costs.send(self.placement, axis, size_bytes)
+
+
+# ---------------------------------------------------------------- request
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What to plan: a topology with its device, a model, how it trains, the
+    axes (names among tp, dp, pp with sizes or bounds; an axis not named has size
+    1), the micro-batches to try (None: the powers of two that divide the batch),
+    placement constraints, and the communication and compute models."""
+
+    topology: Topology
+    device: Device
+    model: Transformer
+    training: Training
+    axes: tuple[AxisRange, ...]
+    micro_batches: tuple[int, ...] | None = None
+    constraints: tuple[str, ...] = ()
+    max_steps: int = 5
+    comm: Model = field(default_factory=Model)
+    compute: ComputeProfile = DEFAULT_COMPUTE
+
+    def __post_init__(self) -> None:
+        for a in self.axes:
+            if a.name not in PLANNER_AXES:
+                raise SynthError(f"--axes: unknown axis '{a.name}'; the planner's axes are tp, dp and pp")
+        if self.micro_batches is not None:
+            for b in self.micro_batches:
+                if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                    raise SynthError(f"--micro-batch {b!r}: micro-batch sizes must be integers >= 1")
+        # constraints name declared axes and known levels
+        dummy = tuple(Axis(a.name, 1) for a in self.axes)
+        for c in self.constraints:
+            parse_constraint(str(c), dummy, self.topology)
+
+    def micro_batches_for(self, dp: int) -> tuple[int, ...]:
+        """The micro-batches to try with ``dp`` replicas (dp divides the batch)."""
+        if self.micro_batches is not None:
+            return self.micro_batches
+        per_replica = self.training.global_batch // dp
+        return tuple(1 << k for k in range(per_replica.bit_length()) if per_replica % (1 << k) == 0)
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (sizes, micro-batch) with its best placement: predicted step,
+    memory, feasibility and the program of each reduction it uses."""
+
+    config: Configuration
+    placement: Placement
+    step: StepTime
+    memory: Memory
+    feasible: bool
+    reason: str
+    programs: tuple[tuple[str, Goal, int, BestProgram], ...]  # (axis, goal, size, best)
+    placements_tried: int
+    model_flops: float  # per step, without recomputation
+    hardware_flops: float  # per step, with recomputation
+
+    @property
+    def predicted_step_s(self) -> float:
+        return self.step.total_s
+
+    def tflops_per_device(self, hardware: bool = False) -> float:
+        flops = self.hardware_flops if hardware else self.model_flops
+        return flops / (self.step.total_s * self.config.devices) / 1e12
+
+    def program_texts(self) -> dict[str, str]:
+        """``axis`` (all-reduce) or ``axis/goal`` -> program text."""
+        out = {}
+        for axis, goal, _, best in self.programs:
+            key = axis if goal is Goal.ALLREDUCE else f"{axis}/{goal.value}"
+            out[key] = format_program(best.program, " ; ") if best.program else "(none within the step limit)"
+        return out
+
+
+@dataclass(frozen=True)
+class JobSolution:
+    """Every evaluated (sizes, micro-batch) with its best placement, feasible
+    first, each group fastest first."""
+
+    request: JobRequest
+    candidates: tuple[Candidate, ...]
+    assignments: int  # size assignments within the bounds
+    skipped: tuple[tuple[str, int], ...]  # (reason, count) of assignments or micro-batches not evaluated
+    evaluated: int  # (sizes, micro-batch, placement) triples predicted
+    elapsed_s: float
+    costs: CollectiveCosts = field(repr=False, compare=False)
+
+    @property
+    def feasible(self) -> tuple[Candidate, ...]:
+        return tuple(c for c in self.candidates if c.feasible)
+
+    @property
+    def best(self) -> Candidate:
+        if not self.feasible:
+            raise SynthError(f"no configuration fits in {self.request.device.memory_GiB:g} GiB per device; the "
+                             f"smallest needs {_gib(min(c.memory.total for c in self.candidates))} "
+                             "(try --sharding zero1/zero3, --recompute full, or more devices)")
+        return self.feasible[0]
+
+    def verify(self, candidate: Candidate) -> None:
+        """Prove every program ``candidate`` uses (numpy reference + z3); each
+        (placement, reduction, program) once."""
+        for axis, goal, _, best in candidate.programs:
+            if best.program is not None:
+                self.costs.proved(candidate.placement, axis, goal, best.program)
+
+    def is_verified(self, candidate: Candidate) -> bool:
+        return all(self.costs.is_proved(candidate.placement, axis, goal, best.program)
+                   for axis, goal, _, best in candidate.programs if best.program is not None)
+
+    def plan(self, candidate: Candidate | None = None) -> Plan:
+        """The job plan of ``candidate`` (default: the best feasible): one
+        reduction per (axis, goal) the step uses, with a program per size range,
+        every program proved first."""
+        return job_plan(self, candidate or self.best)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+# ---------------------------------------------------------------- search
+
+
+def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSolution:
+    """Rank every configuration of ``request`` (module docstring)."""
+    started = time.perf_counter()
+    topology, model, training = request.topology, request.model, request.training
+    costs = CollectiveCosts(topology, request.comm, request.max_steps)
+    ranges = {r.name: r for r in request.axes}
+    names = tuple(r.name for r in request.axes)
+    assignments = size_assignments(request.axes, topology.num_devices)
+    skipped = _Skipped()
+    candidates: list[Candidate] = []
+    evaluated = 0
+    for n, axes in enumerate(assignments):
+        if progress is not None:
+            progress(f"planning: {n + 1}/{len(assignments)} size assignments, {evaluated} configurations")
+        sizes = {a.name: a.size for a in axes}
+        tp, dp, pp = (sizes.get(name, 1) for name in PLANNER_AXES)
+        problem = model.parallelism_problem(tp, pp)
+        if problem:
+            skipped.add(problem)
+            continue
+        if training.global_batch % dp:
+            skipped.add(f"--global-batch {training.global_batch} is not divisible by dp={dp}")
+            continue
+        placements = _placements(topology, axes, request.constraints)
+        if not placements:
+            skipped.add(f"no placement of {' '.join(f'{a.name}={a.size}' for a in axes)} satisfies the constraints")
+            continue
+        for b in request.micro_batches_for(dp):
+            config = Configuration(tp, dp, pp, b)
+            problem = configuration_problem(model, training, config)
+            if problem:
+                skipped.add(problem)
+                continue
+            candidates.append(_evaluate(request, costs, config, placements))
+            evaluated += len(placements)
+    if not candidates:
+        given = ",".join(str(ranges[name]) for name in names)
+        raise SynthError(f"no configuration of --axes '{given}' on {topology.num_devices} devices can run the "
+                         f"model: {skipped.examples()}")
+    candidates.sort(key=lambda c: (not c.feasible, c.predicted_step_s, c.config.tp, c.config.pp,
+                                   c.config.micro_batch))
+    return JobSolution(request, tuple(candidates), len(assignments), skipped.summary(), evaluated,
+                       time.perf_counter() - started, costs)
+
+
+class _Skipped:
+    """Reasons why size assignments or micro-batches were not evaluated: counted
+    by kind (sizes left out: 'tp does not divide ...'), the first few kept whole."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.first: list[str] = []
+
+    def add(self, reason: str) -> None:
+        kind = re.sub(r"\b(tp|dp|pp)=\d+", r"\1", reason)
+        kind = re.sub(r"= \d+ x \d+$", "", kind)
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if len(self.first) < 3 and reason not in self.first:
+            self.first.append(reason)
+
+    def summary(self) -> tuple[tuple[str, int], ...]:
+        return tuple(self.counts.items())
+
+    def examples(self) -> str:
+        return "; ".join(self.first) + ("; ..." if sum(self.counts.values()) > len(self.first) else "")
+
+
+def _placements(topology: Topology, axes: tuple[Axis, ...], constraints: Sequence[str]) -> list[Placement]:
+    """Every placement of ``axes`` under the constraints (the plain factorisation
+    enumerator, which tests show equal to the z3 one, is faster here)."""
+    checked = [parse_constraint(str(c), axes, topology) for c in constraints]
+    matrices = enumerate_matrices_plain(topology.counts, [a.size for a in axes], checked, [a.name for a in axes],
+                                        topology.level_names)
+    return [Placement(topology, axes, m) for m in matrices]
+
+
+def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration,
+              placements: Sequence[Placement]) -> Candidate:
+    model, training, device = request.model, request.training, request.device
+    shape = step_shape(model, training, config)
+    micro_batch_s, efficiency = compute_seconds(shape, device, request.compute)
+    best: tuple[StepTime, Placement] | None = None
+    for placement in placements:
+        step = step_time(model, training, config, costs.on(placement), micro_batch_s, efficiency, shape)
+        if best is None or step.total_s < best[0].total_s:
+            best = (step, placement)
+    assert best is not None
+    step, placement = best
+    memory = memory_per_device(model, training, config)
+    feasible = memory.total <= device.memory_bytes
+    reason = "" if feasible else (
+        f"needs {_gib(memory.total)} per device ({memory.stage} stage: weights {_gib(memory.weights)}, gradients "
+        f"{_gib(memory.gradients)}, optimizer {_gib(memory.optimizer)}, activations {_gib(memory.activations)}) "
+        f"> {device.memory_GiB:g} GiB")
+    programs = tuple((axis, goal, size, costs.best(placement, axis, goal, size))
+                     for axis, goal, size in step.reductions)
+    flops = model.training_flops(training.global_batch, training.recompute)
+    return Candidate(config, placement, step, memory, feasible, reason, programs, len(placements), flops.model,
+                     flops.total)
+
+
+# ---------------------------------------------------------------- job plans
+
+
+def job_plan(solution: JobSolution, candidate: Candidate) -> Plan:
+    """A plan of ``candidate`` (see :meth:`JobSolution.plan`). Each reduction
+    gets the best program at every size the step uses it at; DP reductions also
+    at every bucket-grid size below the chosen bucket (a trainer's last bucket
+    is smaller), with ranges split at the geometric midpoints between sizes."""
+    costs = solution.costs
+    placement = candidate.placement
+    wanted: dict[tuple[str, Goal], set[int]] = {}
+    for axis, goal, size, _ in candidate.programs:
+        sizes = wanted.setdefault((axis, goal), set())
+        sizes.add(size)
+        if axis == "dp" and candidate.step.bucket_bytes is not None:
+            sizes.update(bucket_sizes(size))
+    if not wanted:
+        raise SynthError(f"configuration {candidate.config.describe()} reduces over no axis (tp = dp = 1); "
+                         "there is no reduction to write a plan for")
+    reductions = []
+    for (axis, goal), sizes in wanted.items():
+        reduction = Reduction(placement, (axis,), goal)
+        ordered = sorted(sizes)
+        chosen = [(s, costs.best(placement, axis, goal, s)) for s in ordered]
+        if any(best.program is None for _, best in chosen):
+            raise SynthError(f"no program of at most {solution.request.max_steps} steps for {reduction.describe()}; "
+                             "raise --max-steps")
+        programs: list[PlannedProgram] = []
+        for i, (size, best) in enumerate(chosen):
+            if programs and programs[-1].program == best.program:
+                continue  # the previous range extends over this size
+            low = 0 if i == 0 else math.isqrt(ordered[i - 1] * size)
+            if programs:
+                programs[-1] = replace(programs[-1], max_bytes=low)
+            lowered = costs.proved(placement, axis, goal, best.program)  # never plan an unproved program
+            programs.append(PlannedProgram(lowered, low, None, best.seconds, size))
+        reductions.append(PlannedReduction(reduction, tuple(programs)))
+    return Plan(placement, tuple(reductions), job=job_document(solution, candidate))
+
+
+def job_document(solution: JobSolution, candidate: Candidate) -> dict[str, Any]:
+    """The plan's informative ``job`` object."""
+    request = solution.request
+    config = candidate.config
+    return {
+        "planner": "synth-reduce plan",
+        "model": request.model.to_dict(),
+        "training": request.training.to_dict(),
+        "sizes": config.sizes(),
+        "micro_batch": config.micro_batch,
+        "micro_batches": config.micro_batches(request.training),
+        "schedule": "1F1B" if config.virtual_stages == 1 else f"interleaved 1F1B, {config.virtual_stages} stages",
+        "pipeline_axis": "pp" if config.pp > 1 else None,
+        "bucket_bytes": candidate.step.bucket_bytes,
+        "predicted_step_s": candidate.predicted_step_s,
+        "breakdown_s": candidate.step.breakdown(),
+        "memory_bytes_per_device": candidate.memory.to_dict(),
+        "device": request.device.to_dict(),
+        "compute_profile": request.compute.to_dict(),
+        "cost_model": {"algo": request.comm.algorithm.value, "profile": request.comm.profile_path},
+    }

@@ -1,0 +1,78 @@
+"""Learn the job planner's compute-efficiency curve from step-time records.
+
+For each record (:mod:`synth.steprecords`) the step model (:mod:`synth.stepmodel`)
+is inverted: with the record's communication predicted by the cost model on its
+placement (each collective with its best program, as the planner does), the
+compute time of one micro-batch that makes the predicted step equal the
+measured one gives the efficiency the run implies, ``F_mb / (peak x t_mb)``, at
+its per-layer work ``x``. :func:`synth.compute.fit_curve` then fits
+``efficiency(x)`` to those points. The fit is as good as the communication
+model: a fitted communication profile (``--profile``) makes it better.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .compute import ComputeProfile, CurveFit, fit_curve
+from .cost import Model, Profile
+from .planner import CollectiveCosts
+from .stepmodel import compute_seconds, micro_batch_seconds_for, step_shape, step_time
+from .steprecords import StepRecord
+
+
+@dataclass(frozen=True)
+class Implied:
+    """What a record implies: its per-layer work and sustained efficiency."""
+
+    record: StepRecord
+    flops_per_layer: float
+    efficiency: float
+
+
+class RecordCosts:
+    """:class:`~synth.planner.CollectiveCosts` per (topology, algorithm), shared by
+    the records that ran there."""
+
+    def __init__(self, profile: Profile | None = None, profile_path: str | None = None) -> None:
+        self.profile = profile
+        self.profile_path = profile_path
+        self._costs: dict[tuple, CollectiveCosts] = {}
+
+    def of(self, record: StepRecord) -> CollectiveCosts:
+        key = (record.topology, record.algo)
+        if key not in self._costs:
+            model = Model.load(record.algo) if self.profile is None else Model(
+                Model.load(record.algo).algorithm, self.profile, self.profile_path)
+            self._costs[key] = CollectiveCosts(record.topology, model)
+        return self._costs[key]
+
+
+def implied(records: Sequence[StepRecord], costs: RecordCosts | None = None) -> list[Implied]:
+    costs = costs or RecordCosts()
+    out = []
+    for r in records:
+        where = f"step record (line {r.line})" if r.line else "step record"
+        collectives = costs.of(r).on(r.placement)
+        t = micro_batch_seconds_for(r.model, r.training, r.config, collectives, r.step_s, where)
+        shape = step_shape(r.model, r.training, r.config)
+        out.append(Implied(r, shape.flops_per_layer, shape.flops_per_micro_batch / (r.device.peak_flops * t)))
+    return out
+
+
+def fit_compute(records: Sequence[StepRecord], costs: RecordCosts | None = None,
+                source: str = "") -> tuple[CurveFit, list[Implied]]:
+    """The efficiency curve fitted to ``records`` and the points it was fitted to."""
+    points = implied(records, costs)
+    fit = fit_curve([p.flops_per_layer for p in points], [p.efficiency for p in points], source)
+    return fit, points
+
+
+def predicted_step_s(record: StepRecord, compute: ComputeProfile, costs: RecordCosts | None = None) -> float:
+    """The step model's prediction for a record's configuration and placement."""
+    costs = costs or RecordCosts()
+    shape = step_shape(record.model, record.training, record.config)
+    micro_batch_s, efficiency = compute_seconds(shape, record.device, compute)
+    return step_time(record.model, record.training, record.config, costs.of(record).on(record.placement),
+                     micro_batch_s, efficiency, shape).total_s

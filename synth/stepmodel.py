@@ -1,0 +1,410 @@
+"""The step model: predicted time and memory per device of one training step of
+a transformer under tensor (tp), data (dp) and pipeline (pp) parallelism.
+
+Notation: B global batch, b micro-batch, m = B / (dp b) micro-batches per step,
+L layers, L_s = L / pp layers per stage, v virtual stages per device (1: plain
+1F1B), s sequence, h hidden, P_s the parameters of a stage, bytes per value
+``w`` (2 for bf16/fp16, 4 for fp32). Every term (docs/planner.md has the
+sources):
+
+* compute: ``m t_mb`` with ``t_mb = F_mb / (peak x efficiency(x))``, F_mb the
+  training FLOPs of one micro-batch per device (the model's, :mod:`synth.transformer`,
+  divided by tp pp: stages are taken as balanced), ``x = F_mb / L_s`` and the
+  efficiency curve of :mod:`synth.compute`;
+* tensor parallelism (Megatron-LM without sequence parallelism): per micro-batch
+  and layer two all-reduces of ``b s h w`` bytes forward and two backward, two
+  more for the recomputed forward under full recomputation; on the critical path;
+* pipeline parallelism: per micro-batch one send of the activations forward and
+  one of their gradients backward between adjacent stages (``b s h w / tp`` per
+  tensor-parallel rank: Megatron's scatter/gather), v times with interleaving;
+  on the critical path;
+* the 1F1B bubble: ``(pp - 1) / v`` micro-batch slots, a slot being ``t_mb`` plus
+  its tp and pp communication (Narayanan et al. 2021);
+* data parallelism: the gradients of a stage, ``P_s w / tp`` bytes, in buckets
+  of ``bucket_bytes`` reduced while the last micro-batch's backward runs (DDP's
+  bucketing, DisCo's tensor fusion: the planner picks the bucket size); exposed is
+  what outlasts that backward (:func:`overlapped_s`), all of it without overlap.
+  ZeRO-1 reduce-scatters the gradients the same way and all-gathers the updated
+  16-bit weights after the optimizer step (exposed); ZeRO-3 (FSDP) all-gathers
+  each layer's weights before its forward and its backward and reduce-scatters
+  its gradients after the backward, for every micro-batch, overlapped with that
+  phase's compute.
+
+Memory per device is the worst pipeline stage's (the first holds the
+activations of ``min(pp, m)`` micro-batches in 1F1B, the last one micro-batch
+but also the output layer's logits): weights ``w P``, gradients ``w P`` and
+Adam's fp32 master weights, momentum and variance ``12 P`` (``8 P`` in fp32
+training, no master copy), with ``P`` = the stage's parameters / tp (ZeRO-1
+divides the optimizer states by dp, ZeRO-3 all three and adds the gathered
+weights and gradients of the layers in flight), plus activations
+(:meth:`~synth.transformer.Transformer.activation_bytes_per_layer`).
+
+Communication is given as a :class:`Collectives` (seconds for a size in bytes),
+which :mod:`synth.planner` computes with the project's cost model on the
+configuration's placement.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from .compute import ComputeProfile
+from .errors import SynthError
+from .semantics import Goal
+from .topology import Device
+from .transformer import Recompute, Transformer
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+MiB = 2**20
+# DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
+BUCKET_GRID_BYTES = tuple(MiB * 4**k for k in range(7))
+
+
+class Sharding(enum.Enum):
+    """Optimizer-state sharding over dp: none, ZeRO-1, ZeRO-3 / FSDP."""
+
+    NONE = "none"
+    ZERO1 = "zero1"
+    ZERO3 = "zero3"
+
+    @classmethod
+    def from_text(cls, text: str, option: str = "--sharding") -> "Sharding":
+        aliases = {"fsdp": "zero3", "zero-1": "zero1", "zero-3": "zero3"}
+        text = aliases.get(text.lower(), text.lower())
+        for s in cls:
+            if s.value == text:
+                return s
+        raise SynthError(f"{option} {text}: choose one of none, zero1, zero3 (fsdp)")
+
+
+@dataclass(frozen=True)
+class Training:
+    """How the job trains: global batch (sequences per step), dtype, optimizer
+    sharding, recomputation, and whether DP reductions overlap the backward."""
+
+    global_batch: int
+    dtype: str = "bf16"
+    sharding: Sharding = Sharding.NONE
+    recompute: Recompute = Recompute.NONE
+    overlap_dp: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise SynthError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPE_BYTES)}")
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
+            raise SynthError(f"--global-batch {self.global_batch!r}: must be an integer >= 1")
+
+    @property
+    def value_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def to_dict(self) -> dict:
+        return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
+                "recompute": self.recompute.value, "overlap_dp": self.overlap_dp}
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """Axis sizes and micro-batch; ``virtual_stages`` > 1 is Megatron's
+    interleaved 1F1B (the planner searches plain 1F1B only)."""
+
+    tp: int
+    dp: int
+    pp: int
+    micro_batch: int
+    virtual_stages: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def micro_batches(self, training: Training) -> int:
+        return training.global_batch // (self.dp * self.micro_batch)
+
+    def sizes(self) -> dict[str, int]:
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+
+    def describe(self) -> str:
+        v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return f"tp={self.tp} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}"
+
+
+def configuration_problem(model: Transformer, training: Training, config: Configuration) -> str | None:
+    """Why the configuration cannot run the model (None if it can)."""
+    problem = model.parallelism_problem(config.tp, config.pp)
+    if problem:
+        return problem
+    if training.global_batch % (config.dp * config.micro_batch):
+        return (f"--global-batch {training.global_batch} is not divisible by dp x micro-batch = "
+                f"{config.dp} x {config.micro_batch}")
+    if (model.layers // config.pp) % config.virtual_stages:
+        return f"{config.virtual_stages} virtual stages do not divide the {model.layers // config.pp} layers per stage"
+    return None
+
+
+# ---------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per device of the worst pipeline stage."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    stage: str  # "first", "last" or "only"
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def to_dict(self) -> dict:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "total": self.total, "stage": self.stage}
+
+
+def stage_parameters(model: Transformer, pp: int) -> dict[str, int]:
+    """Parameters of the first and last pipeline stages (the only one if pp = 1).
+    With tied embeddings and pp > 1 the last stage keeps its own copy of the word
+    embeddings for the output layer (as Megatron-LM does)."""
+    layers = model.layers // pp * model.layer_params
+    if pp == 1:
+        return {"only": layers + model.embedding_params + model.head_params}
+    head = model.head_params + (model.vocab * model.hidden if model.tied_embeddings else 0)
+    return {"first": layers + model.embedding_params, "last": layers + head}
+
+
+def memory_per_device(model: Transformer, training: Training, config: Configuration) -> Memory:
+    """Memory per device of the worst stage (module docstring)."""
+    w = training.value_bytes
+    optimizer_bytes = 12 if w == 2 else 8  # fp32 master + Adam m, v; fp32 training has no master copy
+    m = config.micro_batches(training)
+    per_layer = model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w)
+    working = 0.0  # full recomputation rebuilds one layer's activations at a time
+    if training.recompute is Recompute.FULL:
+        working = model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w)
+    layers = model.layers // config.pp
+    worst: Memory | None = None
+    for stage, params in stage_parameters(model, config.pp).items():
+        p = params / config.tp
+        weights, gradients, optimizer = w * p, w * p, optimizer_bytes * p
+        if training.sharding is Sharding.ZERO1:
+            optimizer /= config.dp
+        elif training.sharding is Sharding.ZERO3:
+            weights, gradients, optimizer = weights / config.dp, gradients / config.dp, optimizer / config.dp
+            layer = model.layer_params / config.tp
+            weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
+            gradients += w * layer  # one layer's full gradients before the reduce-scatter
+        in_flight = min(config.pp, m) if stage == "first" else 1
+        activations = layers * in_flight * per_layer + working
+        if stage != "first":
+            activations += model.logits_bytes(config.micro_batch, config.tp)
+        memory = Memory(weights, gradients, optimizer, activations, stage)
+        if worst is None or memory.total > worst.total:
+            worst = memory
+    assert worst is not None
+    return worst
+
+
+# ---------------------------------------------------------------- time
+
+
+class Collectives(Protocol):
+    """Predicted seconds of the job's collectives on one placement (each with the
+    best program for that axis, placement and size)."""
+
+    def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
+        """One reduction over ``axis`` toward ``goal`` of ``size_bytes`` per device."""
+
+    def send(self, axis: str, size_bytes: int) -> float:
+        """Every device sends ``size_bytes`` to its next neighbour along ``axis`` at once."""
+
+
+def overlapped_s(count: int, each_s: float, window_s: float) -> float:
+    """Exposed seconds of ``count`` equal transfers of ``each_s`` that become
+    ready evenly over a compute window of ``window_s`` (transfer ``i`` ready at
+    ``(i + 1) window / count``, one at a time): the last one never overlaps, and
+    more transfer time than window shows. ``max(each, count x each - window x
+    (1 - 1/count))``."""
+    if count < 1:
+        return 0.0
+    return max(each_s, count * each_s - window_s * (1 - 1 / count))
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted seconds of one step, split by term; ``bucket_bytes`` is the
+    chosen DP bucket (None: no DP reduction or ZeRO-3's per-layer units)."""
+
+    compute_s: float
+    bubble_s: float
+    tp_s: float
+    pp_s: float
+    dp_s: float
+    efficiency: float
+    micro_batch_s: float  # compute of one micro-batch per device
+    bucket_bytes: int | None
+    reductions: tuple[tuple[str, Goal, int], ...]  # (axis, goal, size) the step reduces
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.bubble_s + self.tp_s + self.pp_s + self.dp_s
+
+    def breakdown(self) -> dict[str, float]:
+        return {"compute": self.compute_s, "bubble": self.bubble_s, "tp": self.tp_s, "pp": self.pp_s,
+                "dp": self.dp_s}
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the step model derives from a configuration before any timing."""
+
+    micro_batches: int
+    layers_per_stage: int
+    flops_per_micro_batch: float  # per device, with recomputation
+    backward_fraction: float  # of a micro-batch's compute: backward and recomputation
+    activation_bytes: int  # b s h w: one tp all-reduce, one pipeline send (before / tp)
+    gradient_bytes: int  # per device: the worst stage's parameters / tp, in w bytes
+    layer_bytes: int  # one layer's parameters per device, in w bytes
+
+    @property
+    def flops_per_layer(self) -> float:
+        return self.flops_per_micro_batch / self.layers_per_stage
+
+
+def step_shape(model: Transformer, training: Training, config: Configuration) -> StepShape:
+    w = training.value_bytes
+    flops = model.training_flops(config.micro_batch, training.recompute)
+    per_device = flops.total / (config.tp * config.pp)
+    params = max(stage_parameters(model, config.pp).values())
+    return StepShape(
+        micro_batches=config.micro_batches(training),
+        layers_per_stage=model.layers // config.pp,
+        flops_per_micro_batch=per_device,
+        backward_fraction=(flops.backward + flops.recompute) / flops.total,
+        activation_bytes=config.micro_batch * model.seq * model.hidden * w,
+        gradient_bytes=math.ceil(params / config.tp) * w,
+        layer_bytes=math.ceil(model.layer_params / config.tp) * w,
+    )
+
+
+def compute_seconds(shape: StepShape, device: Device, compute: ComputeProfile) -> tuple[float, float]:
+    """(seconds of one micro-batch's compute per device, efficiency)."""
+    efficiency = compute.efficiency(shape.flops_per_layer)
+    return shape.flops_per_micro_batch / (device.peak_flops * efficiency), efficiency
+
+
+def step_time(
+    model: Transformer,
+    training: Training,
+    config: Configuration,
+    collectives: Collectives,
+    micro_batch_s: float,
+    efficiency: float = float("nan"),
+    shape: StepShape | None = None,
+) -> StepTime:
+    """The step's predicted seconds, given one micro-batch's compute time per
+    device (:func:`compute_seconds`, or a measured or fitted one)."""
+    shape = shape or step_shape(model, training, config)
+    m, v = shape.micro_batches, config.virtual_stages
+    reductions: list[tuple[str, Goal, int]] = []
+    tp_mb = 0.0
+    if config.tp > 1:
+        calls = shape.layers_per_stage * (6 if training.recompute is Recompute.FULL else 4)
+        tp_mb = calls * collectives.reduce("tp", Goal.ALLREDUCE, shape.activation_bytes)
+        reductions.append(("tp", Goal.ALLREDUCE, shape.activation_bytes))
+    pp_mb = 0.0
+    if config.pp > 1:
+        pp_mb = 2 * v * collectives.send("pp", max(1, shape.activation_bytes // config.tp))
+    slot = micro_batch_s + tp_mb + pp_mb
+    dp_s, bucket, dp_reductions = _data_parallel(training, config, collectives, shape, micro_batch_s)
+    reductions.extend(dp_reductions)
+    return StepTime(
+        compute_s=m * micro_batch_s,
+        bubble_s=(config.pp - 1) / v * slot,
+        tp_s=m * tp_mb,
+        pp_s=m * pp_mb,
+        dp_s=dp_s,
+        efficiency=efficiency,
+        micro_batch_s=micro_batch_s,
+        bucket_bytes=bucket,
+        reductions=tuple(reductions),
+    )
+
+
+def _data_parallel(training: Training, config: Configuration, collectives: Collectives, shape: StepShape,
+                   micro_batch_s: float) -> tuple[float, int | None, list[tuple[str, Goal, int]]]:
+    """Exposed DP seconds, the chosen bucket size and the reductions used."""
+    if config.dp == 1:
+        return 0.0, None, []
+    backward_s = micro_batch_s * shape.backward_fraction
+    if training.sharding is Sharding.ZERO3:
+        size = shape.layer_bytes
+        gather = collectives.reduce("dp", Goal.ALLGATHER, size)
+        scatter = collectives.reduce("dp", Goal.REDUCESCATTER, size)
+        n = shape.layers_per_stage
+        per_micro_batch = (overlapped_s(n, gather, micro_batch_s - backward_s)
+                           + overlapped_s(n, gather + scatter, backward_s))
+        return (shape.micro_batches * per_micro_batch, None,
+                [("dp", Goal.ALLGATHER, size), ("dp", Goal.REDUCESCATTER, size)])
+    goal = Goal.REDUCESCATTER if training.sharding is Sharding.ZERO1 else Goal.ALLREDUCE
+    best: tuple[float, int] | None = None
+    for bucket in bucket_sizes(shape.gradient_bytes):
+        n = math.ceil(shape.gradient_bytes / bucket)
+        each = collectives.reduce("dp", goal, bucket)
+        exposed = overlapped_s(n, each, backward_s) if training.overlap_dp else n * each
+        if training.sharding is Sharding.ZERO1:
+            exposed += n * collectives.reduce("dp", Goal.ALLGATHER, bucket)
+        if best is None or exposed < best[0]:
+            best = (exposed, bucket)
+    assert best is not None
+    used = [("dp", goal, best[1])]
+    if training.sharding is Sharding.ZERO1:
+        used.append(("dp", Goal.ALLGATHER, best[1]))
+    return best[0], best[1], used
+
+
+def bucket_sizes(gradient_bytes: int) -> tuple[int, ...]:
+    """The grid sizes a DP bucket may take for ``gradient_bytes`` of gradients:
+    those not above it (at least the smallest). Each of the ``ceil(G / bucket)``
+    buckets is costed at the full bucket size (the last one as if padded)."""
+    fitting = tuple(b for b in BUCKET_GRID_BYTES if b <= gradient_bytes)
+    return fitting or BUCKET_GRID_BYTES[:1]
+
+
+def micro_batch_seconds_for(
+    model: Transformer,
+    training: Training,
+    config: Configuration,
+    collectives: Collectives,
+    measured_step_s: float,
+    where: str = "record",
+) -> float:
+    """The compute time of one micro-batch per device that makes the step model
+    predict ``measured_step_s`` (bisection: the step time grows with it)."""
+    shape = step_shape(model, training, config)
+
+    def total(t: float) -> float:
+        return step_time(model, training, config, collectives, t, shape=shape).total_s
+
+    floor = total(0.0)
+    if measured_step_s <= floor:
+        raise SynthError(f"{where}: the measured step ({measured_step_s:.4g} s) is not longer than the predicted "
+                         f"communication alone ({floor:.4g} s); check the record or the communication profile")
+    low, high = 0.0, measured_step_s
+    while total(high) < measured_step_s:
+        high *= 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        if total(mid) < measured_step_s:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-12 * high:
+            break
+    return (low + high) / 2
+

@@ -1,0 +1,329 @@
+"""Transformer models for the job planner: shape, parameters, FLOPs, activations.
+
+A :class:`Transformer` is a decoder-only model as ``models/*.yaml`` describe it
+(``data/README.md``): ``layers`` L, ``hidden`` h, ``heads`` a, ``seq`` s,
+``vocab`` V, optionally ``ffn`` f (default 4h), ``kv_heads`` (grouped-query
+attention; default a), ``gated_mlp`` (SwiGLU, three MLP matrices) and
+``tied_embeddings``. It is loaded from a shipped name (``gpt3-175b``), a YAML
+path, or inline text (``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``).
+
+Two architecture families, told apart by ``gated_mlp``:
+
+* GPT (``gated_mlp`` false): biases on every linear layer, LayerNorm (weight and
+  bias), learned position embeddings (s x h), a GeLU MLP of two matrices;
+* Llama (``gated_mlp`` true): no biases, RMSNorm (weight only), rotary positions
+  (no parameters), a SwiGLU MLP of three matrices.
+
+Formulas (b = micro-batch, t = tensor-parallel size, kv = h x kv_heads / a):
+
+* parameters per layer: ``h(h + 2kv) + h^2`` (q, k, v, o) ``+ m h f`` (MLP, m = 2
+  or 3) + biases ``h + 2kv + h + f + h`` (GPT only) + norms ``4h`` (GPT) or ``2h``
+  (Llama); for GPT with f = 4h that is Megatron's ``12 h^2 + 13 h``;
+* embeddings ``V h`` (+ ``s h`` positions for GPT), an untied output head ``V h``,
+  a final norm ``2h`` (GPT) or ``h`` (Llama);
+* forward FLOPs of one layer for T = b s tokens: ``2 T x (matrix parameters)``
+  + ``4 T s h`` (attention scores and their product with V, counted over the
+  full s x s as Megatron-LM does); logits ``2 T h V``. Training (forward and
+  backward) is 3x the forward; full recomputation adds one forward of every
+  layer, selective recomputation the attention core ``4 T s h`` per layer. For
+  GPT with f = 4h and no recomputation this is Megatron-LM's
+  ``72 B s L h^2 (1 + s/(6h)) + 6 B s h V`` (Narayanan et al. 2021), with full
+  recomputation ``96 B s L h^2 (1 + s/(6h) + V/(16 L h))``;
+* activations stored per layer and micro-batch, 16-bit, tensor parallelism
+  without sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", arXiv:2205.05198, Section 4):
+  ``s b h (10 + 24/t + 5 a s / (h t))`` for GPT; generalised below to GQA and
+  other MLP widths by the same counting. Selective recomputation drops the
+  ``5 a s^2 b / t`` attention core; full recomputation keeps only the layer's
+  input, ``2 s b h``.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import SynthError
+from .resources import models_dir
+
+
+class Recompute(enum.Enum):
+    """Activation recomputation: none, selective (the attention core, Korthikanti
+    et al. 2022) or full (every layer's forward again in the backward pass)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+    @classmethod
+    def from_text(cls, text: str, option: str = "--recompute") -> "Recompute":
+        for r in cls:
+            if r.value == text:
+                return r
+        raise SynthError(f"{option} {text}: choose one of {', '.join(r.value for r in cls)}")
+
+
+# field -> (type, required); the files' other keys are informative
+_INT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "params", "head_dim",
+               "train_batch_tokens")
+_REQUIRED = ("layers", "hidden", "heads", "seq", "vocab")
+_BOOL_FIELDS = ("gated_mlp", "tied_embeddings")
+_TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
+INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "gated_mlp", "tied_embeddings")
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A decoder-only transformer (see the module docstring)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int
+    kv_heads: int
+    gated_mlp: bool = False
+    tied_embeddings: bool = True
+    params_stated: int | None = None  # the count the source states (informative)
+    source: str = ""
+    source_inconsistency: str | None = None
+
+    # ------------------------------------------------------------ parameters
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and value) projection: h x kv_heads / heads."""
+        return self.hidden * self.kv_heads // self.heads
+
+    @property
+    def layer_matrix_params(self) -> int:
+        """The matrices of one layer (what its GEMMs multiply by)."""
+        h, f = self.hidden, self.ffn
+        return h * (h + 2 * self.kv_dim) + h * h + (3 if self.gated_mlp else 2) * h * f
+
+    @property
+    def layer_params(self) -> int:
+        """One layer: matrices, biases (GPT) and norms."""
+        h = self.hidden
+        if self.gated_mlp:
+            return self.layer_matrix_params + 2 * h
+        biases = (h + 2 * self.kv_dim) + h + self.ffn + h
+        return self.layer_matrix_params + biases + 4 * h
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embeddings (plus learned positions for GPT)."""
+        return self.vocab * self.hidden + (0 if self.gated_mlp else self.seq * self.hidden)
+
+    @property
+    def head_params(self) -> int:
+        """Output head and final norm (the head is the embedding when tied)."""
+        norm = self.hidden if self.gated_mlp else 2 * self.hidden
+        return norm + (0 if self.tied_embeddings else self.vocab * self.hidden)
+
+    @property
+    def parameters(self) -> int:
+        return self.layers * self.layer_params + self.embedding_params + self.head_params
+
+    # ------------------------------------------------------------ FLOPs
+
+    def layer_forward_flops(self, tokens: int) -> float:
+        """Forward FLOPs of one layer for ``tokens`` = b s tokens."""
+        return 2.0 * tokens * self.layer_matrix_params + self.attention_core_flops(tokens)
+
+    def attention_core_flops(self, tokens: int) -> float:
+        """Forward FLOPs of QK^T and (scores)V for ``tokens`` tokens: 4 T s h."""
+        return 4.0 * tokens * self.seq * self.hidden
+
+    def logits_forward_flops(self, tokens: int) -> float:
+        return 2.0 * tokens * self.hidden * self.vocab
+
+    def training_flops(self, samples: int, recompute: Recompute = Recompute.NONE) -> "Flops":
+        """FLOPs of forward, backward and recomputation for ``samples`` sequences."""
+        tokens = samples * self.seq
+        layers = self.layers * self.layer_forward_flops(tokens)
+        forward = layers + self.logits_forward_flops(tokens)
+        extra = {Recompute.NONE: 0.0, Recompute.FULL: layers,
+                 Recompute.SELECTIVE: self.layers * self.attention_core_flops(tokens)}[recompute]
+        return Flops(forward, 2.0 * forward, extra)
+
+    # ------------------------------------------------------------ activations
+
+    def activation_bytes_per_layer(self, micro_batch: int, tp: int, recompute: Recompute,
+                                   bytes_per_value: int = 2) -> float:
+        """Activation bytes one layer stores for one micro-batch on one device
+        (Korthikanti et al. 2022, tensor parallelism without sequence
+        parallelism; ``bytes_per_value`` scales the 16-bit figure)."""
+        s, b, h, f, kv = self.seq, micro_batch, self.hidden, self.ffn, self.kv_dim
+        scale = bytes_per_value / 2
+        if recompute is Recompute.FULL:
+            return scale * 2 * s * b * h  # the layer's input only
+        # replicated on every tensor-parallel rank: both norms' inputs (4), the
+        # QKV and MLP inputs (2 + 2) and the two dropout masks (1 + 1 bytes)
+        replicated = 10 * s * b * h
+        # split over tp: Q, K, V, the attention output projection's input, the MLP's
+        # wide tensors (GeLU in and out; gate, up and product for SwiGLU)
+        split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + (6 if self.gated_mlp else 4) * s * b * f
+        if recompute is Recompute.NONE:  # scores, softmax, dropout mask and output: 5 a s^2 b
+            split += 5 * self.heads * s * s * b
+        return scale * (replicated + split / tp)
+
+    def logits_bytes(self, micro_batch: int, tp: int) -> float:
+        """The output layer's fp32 logits for one micro-batch (4 s b V / t)."""
+        return 4.0 * self.seq * micro_batch * self.vocab / tp
+
+    # ------------------------------------------------------------ checks
+
+    def parallelism_problem(self, tp: int, pp: int) -> str | None:
+        """Why ``tp`` or ``pp`` cannot split this model (None if they can):
+        tensor parallelism splits heads, key/value heads, hidden and ffn; pipeline
+        parallelism splits the layers into equal stages."""
+        for field, value in (("heads", self.heads), ("kv_heads", self.kv_heads), ("hidden", self.hidden),
+                             ("ffn", self.ffn)):
+            if value % tp:
+                return f"tp={tp} does not divide the model's {field} ({value})"
+        if self.layers % pp:
+            return f"pp={pp} does not divide the model's layers ({self.layers})"
+        return None
+
+    def describe(self) -> str:
+        extra = []
+        if self.ffn != 4 * self.hidden:
+            extra.append(f"ffn {self.ffn}")
+        if self.kv_heads != self.heads:
+            extra.append(f"{self.kv_heads} kv heads")
+        if self.gated_mlp:
+            extra.append("SwiGLU")
+        more = ", " + ", ".join(extra) if extra else ""
+        return (f"model {self.name}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads{more}, "
+                f"seq {self.seq}, vocab {self.vocab} ({_count(self.parameters)} parameters)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
+                "seq": self.seq, "vocab": self.vocab, "ffn": self.ffn, "kv_heads": self.kv_heads,
+                "gated_mlp": self.gated_mlp, "tied_embeddings": self.tied_embeddings,
+                "parameters": self.parameters}
+
+
+def _count(n: int) -> str:
+    for unit, factor in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= factor:
+            return f"{n / factor:.2f} {unit}"
+    return str(n)
+
+
+@dataclass(frozen=True)
+class Flops:
+    """Training FLOPs of some samples: forward, backward (2x forward) and the
+    forward work recomputation adds."""
+
+    forward: float
+    backward: float
+    recompute: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.recompute
+
+    @property
+    def model(self) -> float:
+        """The model's FLOPs without recomputation (3x the forward)."""
+        return self.forward + self.backward
+
+
+# ---------------------------------------------------------------- loading
+
+
+def model_from_dict(data: Any, source: str) -> Transformer:
+    """Build and check a model; errors name ``source`` and the field."""
+    if not isinstance(data, dict):
+        raise SynthError(f"{source}: expected a mapping with keys {', '.join(_REQUIRED)}")
+    allowed = _INT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS
+    for key in data:
+        if key not in allowed:
+            raise SynthError(f"{source}: unknown model field '{key}'; known fields are {', '.join(allowed)}")
+    for key in _REQUIRED:
+        if key not in data:
+            raise SynthError(f"{source}: missing model field '{key}', e.g. {key}=2048")
+    for key in _INT_FIELDS:
+        if key in data:
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SynthError(f"{source}: model field '{key}' must be an integer >= 1, got {value!r}")
+    for key in _BOOL_FIELDS:
+        if key in data and not isinstance(data[key], bool):
+            raise SynthError(f"{source}: model field '{key}' must be true or false, got {data[key]!r}")
+    for key in _TEXT_FIELDS:
+        if key in data and not isinstance(data[key], str):
+            raise SynthError(f"{source}: model field '{key}' must be text, got {data[key]!r}")
+    heads, hidden = data["heads"], data["hidden"]
+    kv_heads = data.get("kv_heads", heads)
+    if heads % kv_heads:
+        raise SynthError(f"{source}: model field 'kv_heads' ({kv_heads}) must divide heads ({heads})")
+    if (hidden * kv_heads) % heads:
+        raise SynthError(f"{source}: model field 'kv_heads': hidden x kv_heads / heads = {hidden} x {kv_heads} / "
+                         f"{heads} is not an integer")
+    if data.get("gated_mlp") and "ffn" not in data:
+        raise SynthError(f"{source}: model field 'ffn' is required with gated_mlp (the SwiGLU width)")
+    return Transformer(
+        name=str(data.get("name", Path(source).stem)),
+        layers=data["layers"], hidden=hidden, heads=heads, seq=data["seq"], vocab=data["vocab"],
+        ffn=data.get("ffn", 4 * hidden), kv_heads=kv_heads,
+        gated_mlp=bool(data.get("gated_mlp", False)),
+        tied_embeddings=bool(data.get("tied_embeddings", True)),
+        params_stated=data.get("params"), source=str(data.get("source", "")),
+        source_inconsistency=data.get("source_inconsistency"),
+    )
+
+
+def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
+    """A model from ``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``."""
+    data: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        m = re.fullmatch(r"(\w+)\s*=\s*(\S+)", item)
+        if not m:
+            raise SynthError(f"{option} '{item}': expected FIELD=VALUE, e.g. {option} layers=30,hidden=3072,"
+                             "heads=32,seq=2048,vocab=51200")
+        key, value = m.group(1), m.group(2)
+        if key not in INLINE_FIELDS:
+            raise SynthError(f"{option}: unknown model field '{key}'; inline fields are {', '.join(INLINE_FIELDS)}")
+        if key in data:
+            raise SynthError(f"{option}: model field '{key}' is given twice")
+        if key in _BOOL_FIELDS:
+            if value not in ("true", "false"):
+                raise SynthError(f"{option} {key}={value}: must be true or false")
+            data[key] = value == "true"
+        elif not value.isdigit():
+            raise SynthError(f"{option} {key}={value}: must be an integer >= 1")
+        else:
+            data[key] = int(value)
+    data["name"] = "inline"
+    return model_from_dict(data, option)
+
+
+def load_model(spec: str) -> Transformer:
+    """A shipped model name (``gpt3-175b``), a YAML path, or inline fields."""
+    if "=" in spec:
+        return parse_inline_model(spec)
+    import yaml
+
+    path = Path(spec)
+    if not path.is_file():
+        shipped = models_dir() / (spec if spec.endswith(".yaml") else spec + ".yaml")
+        if not shipped.is_file():
+            known = ", ".join(sorted(p.stem for p in models_dir().glob("*.yaml")))
+            raise SynthError(f"--model '{spec}': not a file, a shipped model ({known}) or inline fields "
+                             "like layers=30,hidden=3072,heads=32,seq=2048,vocab=51200")
+        path = shipped
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SynthError(f"{path}: cannot read the model ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise SynthError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
+    return model_from_dict(data, str(path))

@@ -1,0 +1,567 @@
+"""The job planner: the transformer arithmetic and the step model against
+formulas computed here by hand, the search (the known rules on DGX A100
+clusters), the collective costs it reuses, job plans executed exactly and
+re-proved, step records and the compute-curve fit, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import synth
+from helpers import usage_error
+from synth.backends import run_local
+from synth.cli import main
+from synth.compute import DEFAULT_COMPUTE, ComputeProfile, fit_curve, load_compute_profile
+from synth.cost import Model, rank
+from synth.errors import SynthError
+from synth.placement import Axis, AxisRange, enumerate_placements, parse_axes, parse_axis_ranges
+from synth.plan import load_plan
+from synth.planner import CollectiveCosts, JobRequest, plan_job
+from synth.reduction import Reduction
+from synth.runtime import Executor
+from synth.search import synthesize_reduction
+from synth.semantics import Goal
+from synth.stepfit import RecordCosts, fit_compute, predicted_step_s
+from synth.stepmodel import (
+    BUCKET_GRID_BYTES,
+    Configuration,
+    Sharding,
+    Training,
+    memory_per_device,
+    overlapped_s,
+    step_time,
+)
+from synth.steprecords import StepRecord, read_step_records, write_step_records
+from synth.topology import load_topology
+from synth.transformer import Recompute, load_model, parse_inline_model
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = "layers=4,hidden=256,heads=8,seq=128,vocab=1000"
+
+
+def gpt(layers=4, hidden=64, heads=4, seq=32, vocab=100):
+    return parse_inline_model(f"layers={layers},hidden={hidden},heads={heads},seq={seq},vocab={vocab}")
+
+
+# ================================================================ the model's arithmetic
+
+
+@pytest.mark.parametrize("L, h, a, s, V", [(2, 64, 4, 32, 100), (24, 2304, 24, 2048, 51200), (3, 48, 6, 7, 11)])
+def test_gpt_parameters_are_megatrons_count(L, h, a, s, V):
+    m = gpt(L, h, a, s, V)
+    # per layer: QKV 3h^2 + 3h, projection h^2 + h, MLP 8h^2 + 5h, two LayerNorms 4h; embeddings V h + s h;
+    # final LayerNorm 2h (Megatron's 12 L h^2 (1 + 13/(12h) + (V+s)/(12 L h)) plus the final norm)
+    per_layer = 3 * h * h + 3 * h + h * h + h + 8 * h * h + 5 * h + 4 * h
+    assert m.layer_params == per_layer == 12 * h * h + 13 * h
+    assert m.parameters == L * per_layer + V * h + s * h + 2 * h
+    assert math.isclose(m.parameters - 2 * h, 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h)))
+
+
+def test_llama_parameters_are_the_matrices():
+    m = load_model("llama2-70b")
+    h, L, V, f, kv = 8192, 80, 32000, 28672, 1024  # from the model card's config (models/llama2-70b.yaml)
+    per_layer = h * h + 2 * h * kv + h * h + 3 * h * f + 2 * h
+    assert m.parameters == L * per_layer + V * h + V * h + h == 68_976_648_192
+
+
+@pytest.mark.parametrize("recompute", list(Recompute))
+@pytest.mark.parametrize("B, L, h, s, V", [(8, 2, 64, 32, 100), (512, 24, 2304, 2048, 51200)])
+def test_gpt_flops_are_megatrons_formula(B, L, h, s, V, recompute):
+    flops = gpt(L, h, 4, s, V).training_flops(B, recompute)
+    base = 72 * B * s * L * h * h * (1 + s / (6 * h)) + 6 * B * s * h * V
+    extra = {Recompute.NONE: 0, Recompute.SELECTIVE: L * 4 * B * s * s * h,
+             Recompute.FULL: 24 * B * s * L * h * h * (1 + s / (6 * h))}[recompute]
+    assert math.isclose(flops.model, base, rel_tol=1e-12)
+    assert math.isclose(flops.total, base + extra, rel_tol=1e-12)
+    if recompute is Recompute.FULL:  # Narayanan et al. 2021, with recomputation
+        assert math.isclose(flops.total, 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_activations_are_korthikantis_formula(tp):
+    s, b, h, a = 32, 3, 64, 4
+    m = gpt(4, h, a, s, 100)
+    assert m.activation_bytes_per_layer(b, tp, Recompute.NONE) == pytest.approx(
+        s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)))
+    assert m.activation_bytes_per_layer(b, tp, Recompute.SELECTIVE) == pytest.approx(s * b * h * (10 + 24 / tp))
+    assert m.activation_bytes_per_layer(b, tp, Recompute.FULL) == 2 * s * b * h
+    assert m.activation_bytes_per_layer(b, tp, Recompute.NONE, 4) == pytest.approx(
+        2 * s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)))
+
+
+def test_memory_per_device_by_hand():
+    L, h, a, s, V = 4, 64, 4, 32, 128
+    m = gpt(L, h, a, s, V)
+    tp, dp, pp, b, B = 2, 2, 2, 2, 16  # m = 16 / (2 x 2) = 4 micro-batches, 2 layers per stage
+    training = Training(B)
+    layer = 12 * h * h + 13 * h
+    act = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    first_p = (2 * layer + V * h + s * h) / tp
+    first = 16 * first_p + 2 * min(pp, 4) * act  # weights 2 + grads 2 + Adam 12 bytes per parameter
+    last_p = (2 * layer + 2 * h + V * h) / tp  # final LayerNorm, the tied embedding's copy
+    last = 16 * last_p + 2 * 1 * act + 4 * s * b * V / tp
+    memory = memory_per_device(m, training, Configuration(tp, dp, pp, b))
+    assert memory.total == pytest.approx(max(first, last))
+    assert memory.stage == ("first" if first > last else "last")
+    zero1 = memory_per_device(m, Training(B, sharding=Sharding.ZERO1), Configuration(tp, dp, pp, b))
+    assert zero1.optimizer == pytest.approx(12 * (first_p if first > last else last_p) / dp)
+    assert zero1.weights == memory.weights and zero1.gradients == memory.gradients
+    zero3 = memory_per_device(m, Training(B, sharding=Sharding.ZERO3), Configuration(tp, dp, pp, b))
+    p = first_p if zero3.stage == "first" else last_p
+    assert zero3.weights == pytest.approx(2 * p / dp + 2 * 2 * layer / tp)
+    assert zero3.gradients == pytest.approx(2 * p / dp + 2 * layer / tp)
+    full = memory_per_device(m, Training(B, recompute=Recompute.FULL), Configuration(tp, dp, pp, b))
+    assert full.activations == pytest.approx(max(2 * min(pp, 4) * 2 * s * b * h + act,
+                                                 2 * 2 * s * b * h + act + 4 * s * b * V / tp))
+
+
+# ================================================================ the step model
+
+
+class Recording:
+    """Collectives that cost a fixed time per call and record every call."""
+
+    def __init__(self, reduce_s=1e-3, send_s=2e-3):
+        self.reduce_s, self.send_s = reduce_s, send_s
+        self.calls = []
+
+    def reduce(self, axis, goal, size_bytes):
+        self.calls.append(("reduce", axis, goal, size_bytes))
+        return self.reduce_s * (1 + size_bytes / 2**30)
+
+    def send(self, axis, size_bytes):
+        self.calls.append(("send", axis, size_bytes))
+        return self.send_s
+
+
+def test_bubble_and_the_bytes_of_each_collective_by_hand():
+    L, h, s, V = 8, 64, 32, 100
+    m = gpt(L, h, 4, s, V)
+    tp, dp, pp, b, B = 2, 2, 4, 2, 32  # 8 micro-batches, 2 layers per stage
+    training = Training(B)
+    config = Configuration(tp, dp, pp, b)
+    rec = Recording()
+    t_mb = 0.5
+    step = step_time(m, training, config, rec, t_mb)
+    act = b * s * h * 2  # bf16
+    tp_call = 1e-3 * (1 + act / 2**30)
+    assert ("reduce", "tp", Goal.ALLREDUCE, act) in rec.calls
+    assert ("send", "pp", act // tp) in rec.calls
+    tp_mb = 2 * 4 * tp_call  # 2 layers per stage x 4 all-reduces (2 forward, 2 backward)
+    pp_mb = 2 * 2e-3  # activations forward, gradients backward
+    assert step.compute_s == pytest.approx(8 * t_mb)
+    assert step.tp_s == pytest.approx(8 * tp_mb)
+    assert step.pp_s == pytest.approx(8 * pp_mb)
+    assert step.bubble_s == pytest.approx((pp - 1) * (t_mb + tp_mb + pp_mb))
+    # DP: the largest stage's gradients in bf16, in buckets of a grid size not above them
+    layer = 12 * h * h + 13 * h
+    grads = math.ceil(max(2 * layer + V * h + s * h, 2 * layer + 2 * h + V * h) / tp) * 2
+    dp_sizes = {c[3] for c in rec.calls if c[1] == "dp"}
+    assert dp_sizes == {BUCKET_GRID_BYTES[0]} and grads < BUCKET_GRID_BYTES[0]  # one padded bucket
+    backward = t_mb * 2 / 3
+    assert step.dp_s == pytest.approx(overlapped_s(1, 1e-3 * (1 + 2**20 / 2**30), backward))
+    assert step.total_s == pytest.approx(step.compute_s + step.bubble_s + step.tp_s + step.pp_s + step.dp_s)
+    # interleaving divides the bubble and multiplies the sends
+    inter = step_time(m, training, Configuration(tp, dp, pp, b, virtual_stages=2), Recording(), t_mb)
+    assert inter.bubble_s == pytest.approx((pp - 1) / 2 * (t_mb + tp_mb + 2 * pp_mb))
+    assert inter.pp_s == pytest.approx(8 * 2 * pp_mb)
+
+
+def test_full_recomputation_adds_two_tp_all_reduces_per_layer():
+    m = gpt(8, 64, 4, 32, 100)
+    config = Configuration(2, 1, 1, 1)
+    none = step_time(m, Training(4), config, Recording(), 1.0)
+    full = step_time(m, Training(4, recompute=Recompute.FULL), config, Recording(), 1.0)
+    assert full.tp_s == pytest.approx(none.tp_s * 6 / 4)
+
+
+def test_zero_sizes():
+    L, h = 4, 64
+    m = gpt(L, h, 4, 32, 100)
+    layer_bytes = math.ceil((12 * h * h + 13 * h) / 2) * 2
+    rec = Recording()
+    step_time(m, Training(8, sharding=Sharding.ZERO3), Configuration(2, 2, 1, 1), rec, 1.0)
+    assert {(c[2], c[3]) for c in rec.calls if c[1] == "dp"} == {(Goal.ALLGATHER, layer_bytes),
+                                                                  (Goal.REDUCESCATTER, layer_bytes)}
+    rec = Recording()
+    step_time(m, Training(8, sharding=Sharding.ZERO1), Configuration(2, 2, 1, 1), rec, 1.0)
+    assert {c[2] for c in rec.calls if c[1] == "dp"} == {Goal.REDUCESCATTER, Goal.ALLGATHER}
+
+
+@pytest.mark.parametrize("count, each, window", [(1, 1.0, 5.0), (4, 1.0, 10.0), (4, 1.0, 2.0), (10, 0.3, 2.0),
+                                                 (7, 2.0, 0.0)])
+def test_overlap_against_a_simulation(count, each, window):
+    end = 0.0
+    for i in range(count):  # transfer i is ready when the compute has produced its share
+        end = max(end, (i + 1) * window / count) + each
+    assert overlapped_s(count, each, window) == pytest.approx(max(0.0, end - window))
+
+
+# ================================================================ collective costs
+
+
+def test_reductions_with_the_same_row_cost_the_same_on_switched_topologies():
+    """What CollectiveCosts' cache relies on: the row decides the cost."""
+    topology = load_topology("dgx-a100").scaled({"node": 4})
+    axes = parse_axes("tp=4,dp=4,pp=2")
+    seen = {}
+    for placement in enumerate_placements(topology, axes):
+        for axis in ("tp", "dp"):
+            reduction = Reduction(placement, (axis,))
+            ranked = rank(synthesize_reduction(reduction), 8 * 2**20, Model())
+            row = placement.matrix[placement.axis_names.index(axis)]
+            seen.setdefault((axis, row), set()).add(round(ranked.best_s, 15))
+    assert all(len(times) == 1 for times in seen.values()), seen
+    assert len(seen) > 2
+
+
+def test_collective_costs_are_the_ranked_best_and_ring_fabrics_key_on_the_matrix():
+    for name in ("rack", "p2-v100"):
+        topology = load_topology(name)
+        costs = CollectiveCosts(topology)
+        axes = parse_axes("a=4,b=8,c=2") if name == "rack" else parse_axes("a=4,b=8")
+        for placement in enumerate_placements(topology, axes):
+            for axis in ("a", "b"):
+                ranked = rank(synthesize_reduction(Reduction(placement, (axis,))), 2**20, Model())
+                best = costs.best(placement, axis, Goal.ALLREDUCE, 2**20)
+                assert best.seconds == ranked.best_s
+                assert best.program == ranked.result.programs[ranked.order[0]]
+        assert costs.symmetric is (name == "rack")
+
+
+# ================================================================ the search
+
+
+def plan(topology, model, batch, axes="tp,dp,pp", micro_batches=None, **kwargs):
+    topo = load_topology(topology) if isinstance(topology, str) else topology
+    return plan_job(JobRequest(topo, topo.device, load_model(model), Training(batch, **kwargs),
+                               parse_axis_ranges(axes), micro_batches))
+
+
+def test_tensor_parallelism_stays_inside_a_node():
+    solution = plan(load_topology("dgx-a100").scaled({"node": 4}), "megatron-39.1b", 64,
+                    recompute=Recompute.FULL)
+    by_tp = {}
+    for c in solution.candidates:
+        by_tp.setdefault(c.config.tp, []).append(c)
+    best8 = min(by_tp[8], key=lambda c: c.predicted_step_s)
+    best16 = min(by_tp[16], key=lambda c: c.predicted_step_s)
+    assert best16.predicted_step_s > best8.predicted_step_s
+    assert best16.step.tp_s > 2 * best8.step.tp_s
+    assert solution.candidates.index(best16) > solution.candidates.index(best8)
+    assert best8.placement.matrix[best8.placement.axis_names.index("tp")] == (1, 8)  # inside one node
+    for c in by_tp[8]:  # every tp = 8 configuration keeps tp in a node
+        assert c.placement.matrix[c.placement.axis_names.index("tp")] == (1, 8)
+
+
+def test_pipeline_parallelism_appears_when_the_model_does_not_fit_otherwise():
+    small = plan("dgx-a100", "megatron-7.5b", 128, micro_batches=(1, 2), recompute=Recompute.FULL)
+    assert small.best.config.pp == 1
+    large = plan("dgx-a100", "gpt3-175b", 128, micro_batches=(1, 2), recompute=Recompute.FULL)
+    assert large.best.config.pp > 1
+    assert not any(c.feasible for c in large.candidates if c.config.pp == 1)
+    assert any(c.config.pp == 1 for c in large.candidates)
+
+
+def test_175b_with_tp_and_pp_one_is_infeasible_on_80_GiB(cli):
+    code, out, _ = cli("plan", "--topology", "dgx-a100", "--model", "gpt3-175b", "--global-batch", "128",
+                       "--axes", "tp=1,dp,pp=1", "--micro-batch", "1", "--json", "--no-verify")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["device"]["memory_GiB"] == 80.0
+    (only,) = doc["configurations"]
+    assert only["axes"] == {"tp": 1, "dp": 128, "pp": 1} and only["feasible"] is False
+    assert only["memory_bytes_per_device"] > 16 * 174e9  # 16 bytes per parameter of weights and Adam states
+    assert "> 80 GiB" in only["reason"]
+    assert usage_error(cli, "plan", "--topology", "dgx-a100", "--model", "gpt3-175b", "--global-batch", "128",
+                       "--axes", "tp=1,dp,pp=1", "--micro-batch", "1", "--out", "x.json").startswith(
+        "no configuration fits in 80 GiB per device")
+
+
+def test_json_lists_every_evaluated_configuration_and_equals_the_api(cli):
+    code, out, _ = cli("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, "--global-batch",
+                       "16", "--json", "--top", "2")
+    assert code == 0
+    doc = json.loads(out)
+    # every (sizes, micro-batch): tp | 8 heads, pp | 4 layers, b | 16 / dp, product 16
+    expected = {(tp, dp, pp, b) for tp in (1, 2, 4, 8, 16) for pp in (1, 2, 4, 8, 16) for dp in (1, 2, 4, 8, 16)
+                for b in (1, 2, 4, 8, 16)
+                if tp * dp * pp == 16 and 8 % tp == 0 and 4 % pp == 0 and 16 % (dp * b) == 0}
+    got = [(c["axes"]["tp"], c["axes"]["dp"], c["axes"]["pp"], c["micro_batch"]) for c in doc["configurations"]]
+    assert sorted(got) == sorted(expected)
+    for c in doc["configurations"]:
+        assert set(c) >= {"axes", "micro_batch", "matrix", "predicted_step_s", "feasible", "reason",
+                          "memory_bytes_per_device", "breakdown", "programs"}
+        assert c["predicted_step_s"] == pytest.approx(sum(c["breakdown"].values()))
+    times = [c["predicted_step_s"] for c in doc["configurations"]]
+    assert times == sorted(times)  # all fit: fastest first
+    verified = [c["programs_verified"] for c in doc["configurations"]]
+    assert verified[:2] == [True, True] and not all(verified)  # --top 2 (and others sharing their programs)
+    solution = synth.plan_job(JobRequest(load_topology("dgx-a100").scaled({"node": 2}),
+                                         load_topology("dgx-a100").device, load_model(TINY), Training(16),
+                                         tuple(AxisRange(n) for n in ("tp", "dp", "pp"))))
+    assert [c.predicted_step_s for c in solution.candidates] == times
+    assert [[list(r) for r in c.placement.matrix] for c in solution.candidates] == [c["matrix"] for c in
+                                                                                     doc["configurations"]]
+
+
+def test_table(cli):
+    code, out, err = cli("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY,
+                         "--global-batch", "16", "--top", "3")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("model inline: 4 layers, hidden 256, 8 heads")
+    header = next(i for i, line in enumerate(lines) if line.startswith("rank"))
+    assert [line.split()[0] for line in lines[header + 2: header + 5]] == ["1", "2", "3"]
+    assert "listed programs proved" in out
+
+
+# ================================================================ job plans
+
+
+@pytest.mark.parametrize("sharding, axes", [("none", "tp=2,dp=4"), ("zero1", "tp=2,dp=2,pp=2"),
+                                            ("zero3", "dp=4,tp=2")])
+def test_job_plan_runs_exactly_and_verifies(cli, tmp_path, sharding, axes):
+    path = tmp_path / "job.json"
+    code, out, _ = cli("plan", "--topology", "dgx-a100", "--scale", "node=1", "--model", TINY,
+                       "--global-batch", "16", "--axes", axes, "--sharding", sharding, "--out", path, "--top", "1")
+    assert code == 0 and f"-> {path}" in out
+    plan = load_plan(path)
+    assert plan.job["sizes"] == {a.name: a.size for a in parse_axes(axes)} | {
+        n: 1 for n in ("tp", "dp", "pp") if n not in axes}
+    goals = {(r.reduction.axes, r.reduction.goal) for r in plan.reductions}
+    dp_goals = {"none": {Goal.ALLREDUCE}, "zero1": {Goal.REDUCESCATTER, Goal.ALLGATHER},
+                "zero3": {Goal.REDUCESCATTER, Goal.ALLGATHER}}[sharding]
+    assert goals == {(("tp",), Goal.ALLREDUCE)} | {(("dp",), g) for g in dp_goals}
+    mesh = plan.placement.mesh
+    for planned in plan.reductions:
+        axis = plan.placement.axis_names.index(planned.reduction.axes[0])
+        k = mesh.shape[axis]
+        groups = np.moveaxis(mesh, axis, -1).reshape(-1, k)  # devices of a group, by axis rank
+        for n in (5, 1000, 3 * 2**18 + 7):  # elements: several size ranges and padding
+            _check_execution(plan, planned.reduction, groups, n)
+    assert cli("verify", path)[0] == 0
+
+
+def _check_execution(plan, reduction, groups, n):
+    rng = np.random.default_rng(n)
+    buffers = rng.integers(-1000, 1000, size=(plan.placement.topology.num_devices, n)).astype(np.int64)
+    out = buffers.copy()
+    run_local(len(out), lambda world: Executor(plan, world, reduction.axes, reduction.goal)(out[world.rank]))
+    k = groups.shape[1]
+    q = -(-n // k)
+    for group in groups:
+        total = buffers[list(group)].sum(axis=0)
+        for r, device in enumerate(group):
+            piece = slice(r * q, min((r + 1) * q, n))
+            if reduction.goal is Goal.ALLREDUCE:
+                assert np.array_equal(out[device], total)
+            elif reduction.goal is Goal.REDUCESCATTER:
+                assert np.array_equal(out[device][piece], total[piece])
+            else:
+                gathered = np.concatenate([buffers[d][r2 * q: min((r2 + 1) * q, n)] for r2, d in enumerate(group)])
+                assert np.array_equal(out[device], gathered)
+
+
+def test_job_plan_dp_programs_cover_bucket_sizes_by_range(tmp_path):
+    solution = plan(load_topology("dgx-a100").scaled({"node": 2}), "megatron-1.7b", 64, axes="tp=1,dp,pp=1",
+                    micro_batches=(1,))
+    best = solution.best
+    job = solution.plan(best)
+    (dp,) = job.reductions
+    assert dp.programs[0].min_bytes == 0 and dp.programs[-1].max_bytes is None
+    bucket = best.step.bucket_bytes
+    assert bucket > BUCKET_GRID_BYTES[0]
+    for size in (s for s in BUCKET_GRID_BYTES if s <= bucket):
+        chosen = dp.program_for(size)
+        assert chosen.lowered.program == solution.costs.best(best.placement, "dp", Goal.ALLREDUCE, size).program
+    assert dp.program_for(bucket).predicted_for_bytes <= bucket
+
+
+# ================================================================ axes without sizes (main command)
+
+
+def test_axes_without_sizes_enumerate_every_assignment(cli):
+    code, out, _ = cli("--topology", "dgx-a100", "--axes", "dp,mp", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    sizes = sorted((a["axes"][0]["size"], a["axes"][1]["size"]) for a in doc["assignments"])
+    assert sizes == [(2**k, 2 ** (7 - k)) for k in range(8)]
+    solution = synth.solve_sizes("dgx-a100", "dp,mp", verify=False)  # proving changes no number
+    assert [[a.size for a in s.problem.axes] for s in solution.by_speed] == [
+        [a["size"] for a in d["axes"]] for d in doc["assignments"]]
+    for got, want in zip(solution.by_speed, doc["assignments"]):
+        assert [p.best_s for p in got.by_speed] == [p["best_predicted_s"] for p in want["placements"]]
+        assert [p.programs[0].text for p in got.by_speed] == [p["programs"][0]["text"] for p in want["placements"]]
+    code, out, _ = cli("--topology", "dgx-a100", "--axes", "dp,mp<=8", "--no-verify")
+    assert code == 0 and "4 size assignment(s)" in out
+
+
+def test_bounds_and_constraints_on_axes_without_sizes(cli):
+    doc = json.loads(cli("--topology", "dgx-a100", "--axes", "2<=dp<=16,mp", "--constrain", "mp@node=1",
+                         "--json")[1])
+    sizes = sorted(tuple(a["size"] for a in d["axes"]) for d in doc["assignments"])
+    assert sizes == [(16, 8)]  # mp inside a node: mp <= 8, so dp >= 16
+    assert sorted(tuple(a["size"] for a in s) for s in doc["skipped"]) == [(2, 64), (4, 32), (8, 16)]
+
+
+# ================================================================ step records and the fit
+
+
+def test_step_records_round_trip_and_the_fit_recovers_a_known_curve(tmp_path):
+    truth = ComputeProfile(0.5, 4e9, "truth")
+    topology = load_topology("dgx-a100").scaled({"node": 2})
+    costs = RecordCosts()
+    records = []
+    for tp, b in itertools.product((1, 2, 8), (1, 4)):
+        axes = (Axis("tp", tp), Axis("dp", 16 // tp))
+        placement = enumerate_placements(topology, axes)[0]
+        record = StepRecord(load_model(TINY), Training(64), placement, Configuration(tp, 16 // tp, 1, b), 1.0)
+        records.append(StepRecord(record.model, record.training, placement, record.config,
+                                  predicted_step_s(record, truth, costs)))
+    path = tmp_path / "steps.jsonl"
+    write_step_records(path, records)
+    again = read_step_records(path)
+    assert [(r.config, r.placement.matrix, r.step_s) for r in again] == [
+        (r.config, r.placement.matrix, r.step_s) for r in records]
+    fit, points = fit_compute(again, costs)
+    assert fit.profile.efficiency_max == pytest.approx(0.5, rel=1e-6)
+    assert fit.profile.half_flops == pytest.approx(4e9, rel=1e-5)
+    assert [p.efficiency for p in points] == pytest.approx([truth.efficiency(p.flops_per_layer) for p in points])
+    # the command line: fit, then plan with the fitted curve
+    assert main(["fit", str(path), "-o", str(tmp_path / "compute.json")]) == 0
+    fitted = load_compute_profile(tmp_path / "compute.json")
+    assert fitted.half_flops == pytest.approx(4e9, rel=1e-5)
+    assert main(["plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, "--global-batch", "64",
+                 "--compute-profile", str(tmp_path / "compute.json"), "--no-verify"]) == 0
+
+
+def test_fit_curve_keeps_efficiency_below_peak_and_never_rising_as_gemms_shrink():
+    flat = fit_curve([1e12, 2e12, 4e12], [0.6, 0.5, 0.4])  # efficiency falling with x: no knee
+    assert flat.profile.half_flops == 0 and 0.4 < flat.profile.efficiency_max < 0.6
+    capped = fit_curve([1e9, 1e12], [0.99, 1.0])
+    assert capped.profile.efficiency_max <= 1
+
+
+def test_default_compute_is_the_fit_of_the_megatron_records():
+    """Stale when the default communication model changes: regenerate with
+    python scripts/megatron_sc21.py fit, then update synth/compute.py."""
+    fit, _ = fit_compute(read_step_records(REPO / "data" / "megatron_sc21_steps.jsonl"))
+    assert fit.profile.efficiency_max == pytest.approx(DEFAULT_COMPUTE.efficiency_max, rel=1e-9)
+    assert fit.profile.half_flops == pytest.approx(DEFAULT_COMPUTE.half_flops, abs=1.0)
+
+
+def test_megatron_records_derive_from_table_1():
+    """Each record: the table's configuration and step_s = the paper's FLOPs /
+    (TFLOP/s x GPUs), computed here from the transcribed row."""
+    rows = [json.loads(x) for x in (REPO / "data" / "megatron_sc21.jsonl").read_text().splitlines() if x]
+    records = read_step_records(REPO / "data" / "megatron_sc21_steps.jsonl")
+    assert len(records) == len(rows) == 10
+    for row, r in zip(rows, records):
+        B, s, L, h, V = row["batch_size"], row["seq_length"], row["layers"], row["hidden_size"], row["vocab_size"]
+        flops = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        assert r.step_s == pytest.approx(flops / (row["tflops_per_gpu"] * 1e12 * row["gpus"]), rel=1e-12)
+        assert (r.config.tp, r.config.pp, r.config.dp, r.config.micro_batch) == (
+            row["tp"], row["pp"], row["dp"], row["micro_batch_size"])
+        assert r.training.recompute is Recompute.FULL and r.training.global_batch == B
+        assert r.training.overlap_dp == (row["script_ddp_impl"] == "torch")
+        assert r.model.training_flops(B, Recompute.FULL).total == pytest.approx(flops, rel=1e-12)
+        assert r.topology.num_devices == row["gpus"] and r.device.peak_TFLOPs == 312
+        # Megatron's rank order: tensor parallel ranks are consecutive, then data, then pipeline
+        mesh = r.placement.mesh
+        names = r.placement.axis_names
+        order = np.transpose(mesh, [names.index("pp"), names.index("dp"), names.index("tp")]).ravel()
+        assert np.array_equal(order, np.arange(row["gpus"]))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(schema="x"), 'not a synth-reduce step record (expected "schema": "synth-reduce/step")'),
+    (lambda d: d.update(version=9), "step record version 9 is not supported"),
+    (lambda d: d.pop("step_s"), "missing field(s) step_s"),
+    (lambda d: d.update(step_s=-1), "'step_s' must be a positive number"),
+    (lambda d: d["model"].update(colour=1), "unknown model field 'colour'"),
+    (lambda d: d["training"].update(recompute="some"), "training.recompute some: choose one of"),
+    (lambda d: d["topology"].pop("device"), "the topology has no 'device'"),
+    (lambda d: d.update(micro_batch=7), "--global-batch 64 is not divisible by dp x micro-batch"),
+])
+def test_bad_step_records(tmp_path, change, message):
+    placement = enumerate_placements(load_topology("dgx-a100").scaled({"node": 2}),
+                                     (Axis("tp", 2), Axis("dp", 8)))[0]
+    record = StepRecord(load_model(TINY), Training(64), placement, Configuration(2, 8, 1, 1), 1.0)
+    doc = record.to_dict()
+    change(doc)
+    path = tmp_path / "steps.jsonl"
+    path.write_text("\n" + json.dumps(doc) + "\n")
+    with pytest.raises(SynthError) as info:
+        read_step_records(path)
+    assert str(info.value).startswith(f"{path}:2: ") and message in str(info.value), str(info.value)
+
+
+# ================================================================ models and bad input
+
+
+def test_shipped_models_load_and_inconsistent_sources_keep_the_printed_hidden(cli):
+    assert load_model("gpt3-175b").parameters == pytest.approx(175e9, rel=0.01)
+    m = load_model("gpt3-1.3b")
+    assert (m.hidden, m.heads) == (2048, 24) and m.source_inconsistency
+    code, out, err = cli("plan", "--topology", "dgx-a100", "--scale", "node=1", "--model", "gpt3-1.3b",
+                         "--global-batch", "8", "--micro-batch", "1", "--json", "--no-verify")
+    assert code == 0 and "uses hidden=2048 as printed" in err
+    assert {c["axes"]["tp"] for c in json.loads(out)["configurations"]} == {1, 2, 4, 8}  # divide 24 and 2048
+
+
+def test_model_yaml_with_an_unknown_field(cli, tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 100, "colour": 1}))
+    msg = usage_error(cli, "plan", "--topology", "dgx-a100", "--model", path, "--global-batch", "8")
+    assert msg == (f"{path}: unknown model field 'colour'; known fields are layers, hidden, heads, seq, vocab, ffn, "
+                   "kv_heads, params, head_dim, train_batch_tokens, gated_mlp, tied_embeddings, name, description, "
+                   "source, source_inconsistency")
+
+
+BASE = ("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, "--global-batch", "16")
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (("--model", TINY + ",depth=3"), "--model: unknown model field 'depth'; inline fields are layers, hidden"),
+    (("--model", "layers=4,hidden=256,heads=8,seq=128"), "--model: missing model field 'vocab'"),
+    (("--model", "layers=4,hidden=256,heads=8,seq=128,vocab=x"), "--model vocab=x: must be an integer >= 1"),
+    (("--scale", "node=3", "--axes", "tp=3,dp,pp"), "tp=3 does not divide the model's heads (8)"),
+    (("--axes", "tp,dp,pp=8"), "pp=8 does not divide the model's layers (4)"),
+    (("--axes", "tp=2,dp=8,pp", "--micro-batch", "3"), "--global-batch 16 is not divisible by dp x micro-batch = "
+                                                         "8 x 3"),
+    (("--axes", "tp>=32,dp,pp"), "--axes 'tp>=32,dp,pp': no sizes within the bounds multiply to the 16 devices"),
+    (("--axes", "8<=tp<=4,dp"), "--axes '8<=tp<=4': the lower bound 8 is above the upper bound 4"),
+    (("--axes", "tp,mp"), "--axes: unknown axis 'mp'; the planner's axes are tp, dp and pp"),
+    (("--global-batch", "0"), "--global-batch 0: must be an integer >= 1"),
+    (("--micro-batch", "2,x"), "--micro-batch 'x': give micro-batch sizes as integers >= 1"),
+    (("--sharding", "zero2"), "--sharding zero2: choose one of none, zero1, zero3"),
+    (("--recompute", "most"), "--recompute most: choose one of none, selective, full"),
+    (("--device", "memory_GiB=lots"), "--device memory_GiB=lots: must be a number"),
+    (("--constrain", "tp@rack=1"), "unknown level 'rack'"),
+    (("--model", "no-such-model"), "--model 'no-such-model': not a file, a shipped model (gpt3-1.3b"),
+])
+def test_bad_plan_input(cli, extra, expected):
+    argv = list(BASE)
+    for option, value in zip(extra[::2], extra[1::2]):
+        if option in argv:
+            argv[argv.index(option) + 1] = value
+        else:
+            argv += [option, value]
+    assert expected in usage_error(cli, *argv)
+
+
+def test_a_topology_without_a_device_needs_one(cli):
+    msg = usage_error(cli, "plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "8")
+    assert msg == ("topology 'testbed-2x4' has no 'device' (memory_GiB, peak_TFLOPs): add one to the topology file "
+                   "or pass --device memory_GiB=M,peak_TFLOPs=P")
+    code, out, _ = cli("plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "8", "--device",
+                       "memory_GiB=2,peak_TFLOPs=0.1", "--json", "--no-verify")
+    assert code == 0 and json.loads(out)["device"]["memory_GiB"] == 2
