@@ -307,14 +307,14 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
     group_size = executor.programs[0].lowered.num_chunks
     w = executor.world
 
-    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+    def hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket and Future[Tensor]
         tensor = bucket.buffer()
         problem = w.buffer_problem(tensor)
         if problem is not None:
             raise SynthError(problem)
         tensor.div_(group_size)
         executor(tensor, check=False)  # DDP gives every rank of a group the same buckets
-        future: torch.futures.Future = torch.futures.Future()
+        future = torch.futures.Future()
         future.set_result(tensor)
         return future
 
