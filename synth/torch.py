@@ -80,10 +80,11 @@ class _Tensors:
         return torch.empty_like(a)
 
     def asarray(self, a: np.ndarray) -> torch.Tensor:
-        """A numpy array (bfloat16 from ml_dtypes too) as a tensor on the device."""
+        """A copy of a numpy array (bfloat16 from ml_dtypes too) on the device,
+        as ``cupy.asarray`` copies to the GPU: the two never share memory."""
         if a.dtype.name == "bfloat16":
             return torch.from_numpy(a.astype(np.float32)).to(self.device, torch.bfloat16)
-        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, copy=True)
 
 
 class _TorchComm:
