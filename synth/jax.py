@@ -45,18 +45,9 @@ from .errors import SynthError
 from .language import Collective
 from .lowering import LoweredProgram
 from .meshes import MeshLayout, mesh_layout
-from .plan import Plan, PlannedReduction, load_plan
+from .plan import Plan, PlannedReduction, as_plan
 from .runtime import piece_length, schedule
 from .semantics import Goal
-
-
-def as_plan(plan: Plan | str | os.PathLike) -> Plan:
-    """A loaded plan, or the plan at a path (``synth.load_plan``)."""
-    if isinstance(plan, Plan):
-        return plan
-    if isinstance(plan, (str, os.PathLike)):
-        return load_plan(plan)
-    raise SynthError(f"plan: give a path or a synth.Plan, not {type(plan).__name__}")
 
 
 def mesh(plan: Plan | str | os.PathLike, hierarchical: bool = False, devices: Sequence[Any] | None = None) -> Mesh:
@@ -369,13 +360,17 @@ def execute(plan: Plan | str | os.PathLike, buffers: Any, reduce: str | Sequence
             goal: Goal | str | None = None) -> np.ndarray:
     """Run the plan on ``buffers`` (shape ``(devices, n)``, row ``d`` = device
     ``d``'s buffer) through :func:`reducer` on ``jax.devices()``; return the
-    rows after the program, as the MPI runtime leaves them."""
+    rows after the program, as the MPI runtime leaves them. 64-bit dtypes need
+    JAX's x64 mode (else JAX would silently compute in 32 bits)."""
     plan = as_plan(plan)
     buffers = np.asarray(buffers)
     devices = plan.placement.topology.num_devices
     if buffers.ndim != 2 or buffers.shape[0] != devices:
         raise SynthError(f"buffers: expected shape ({devices}, n), one row per device of the plan, "
                          f"got {buffers.shape}")
+    if buffers.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+        raise SynthError(f"buffers: {buffers.dtype} needs 64-bit JAX (jax.config.update('jax_enable_x64', True) "
+                         "or `with jax.enable_x64(True)`); JAX would compute in 32 bits")
     run, layout = _jitted(plan, *_key(reduce, goal))
     order = layout.ids.reshape(-1)
     out = np.asarray(run(buffers[order].reshape(*layout.shape, buffers.shape[1])))

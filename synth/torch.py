@@ -37,7 +37,7 @@ import torch.distributed as dist
 from . import runtime
 from .errors import SynthError
 from .meshes import devices_per_node, launch_problem, mesh_layout
-from .plan import Plan, load_plan
+from .plan import Plan, as_plan
 from .runtime import Group, World
 from .semantics import Goal
 
@@ -46,15 +46,6 @@ DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int32", "int64
 # torch 2.13 renamed the single-tensor collectives; older versions have the old names only
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def as_plan(plan: Plan | str | os.PathLike) -> Plan:
-    """A loaded plan, or the plan at a path (``synth.load_plan``)."""
-    if isinstance(plan, Plan):
-        return plan
-    if isinstance(plan, (str, os.PathLike)):
-        return load_plan(plan)
-    raise SynthError(f"plan: give a path or a synth.Plan, not {type(plan).__name__}")
 
 
 # ---------------------------------------------------------------- the world

@@ -83,7 +83,9 @@ def uneven(lowered) -> bool:
 def exact_everywhere(lowered, reduction: Reduction, length: int, dtype: np.dtype) -> None:
     data = [rank_data(lowered, d, length, dtype) for d in range(8)]
     buffers = np.stack([d.input for d in data])
-    got = synth.jax.execute(Plan.single(lowered, reduction), buffers)
+    with jax.enable_x64(dtype.itemsize == 8):
+        got = synth.jax.execute(Plan.single(lowered, reduction), buffers)
+    assert got.dtype == dtype
     where = f"{lowered.goal.value} {lowered.program} length {length} {dtype}"
     assert np.array_equal(got, reference(lowered, buffers)), where
     for d, rank in enumerate(data):  # and the goal's part is the direct reduction
@@ -123,7 +125,9 @@ def test_execute_picks_the_program_of_the_buffer_size_and_checks_its_input():
         lowered = small if length == 5 else large
         assert np.array_equal(synth.jax.execute(plan, buffers), reference(lowered, buffers))
     with pytest.raises(SynthError, match=r"buffers: expected shape \(8, n\), one row per device"):
-        synth.jax.execute(plan, np.zeros((4, 3)))
+        synth.jax.execute(plan, np.zeros((4, 3), np.float32))
+    with pytest.raises(SynthError, match=r"buffers: float64 needs 64-bit JAX .* JAX would compute in 32 bits"):
+        synth.jax.execute(plan, np.zeros((8, 3)))
 
 
 def replica_groups(hlo: str, op: str) -> list[list[list[int]]]:
