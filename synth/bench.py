@@ -17,7 +17,7 @@ with the reduction computed from the reduction groups alone (``#wrong`` counts
 wrong elements, summed over ranks and iterations). On NCCL, rank 0 reads
 NCCL's tuning log after each (program, size) and records the version and the
 algorithms NCCL chose (:mod:`synth.nccl_log`). ``tune`` writes a plan with one
-program per measured size (:func:`tuned_programs`).
+program per measured size (:func:`size_winners`, :func:`tuned_ranges`).
 """
 
 from __future__ import annotations

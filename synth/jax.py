@@ -75,7 +75,7 @@ def _mesh(layout: MeshLayout, devices: Sequence[Any] | None) -> Mesh:
 # ---------------------------------------------------------------- one program as shard_map ops
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Table:
     """Per mesh position, row indices into the device's ``(k + 1, q)`` work
     array (row ``k`` is scratch): static when every position has the same."""

@@ -126,7 +126,9 @@ class World:
     ``allgather(obj)`` (every rank's object, in rank order), ``split(groups)``
     (collective over the world: the communicator of this rank's group among the
     disjoint ``groups``, or None), ``barrier()``, ``synchronize()`` (wait for
-    queued device work) and ``wtime()`` (seconds)."""
+    queued device work) and ``wtime()`` (seconds). A world whose buffers are not
+    numpy-like (torch tensors: :class:`synth.torch.TorchWorld`) overrides
+    ``buffer_problem`` and ``dtype_name``; ``launcher`` says how to start N ranks."""
 
     name = "abstract"
     launcher = "mpiexec -n {ranks}"  # how to start N ranks, for error messages

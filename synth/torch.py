@@ -35,13 +35,12 @@ import torch
 import torch.distributed as dist
 
 from . import runtime
+from .backends import GPU_DTYPES
 from .errors import SynthError
 from .meshes import devices_per_node, launch_problem, mesh_layout
 from .plan import Plan, as_plan
 from .runtime import Group, World
 from .semantics import Goal
-
-DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int32", "int64"})
 
 # torch 2.13 renamed the single-tensor collectives; older versions have the old names only
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -120,7 +119,7 @@ class TorchWorld(World):
 
     name = "torch"
     launcher = "torchrun --nproc-per-node {ranks}"
-    dtypes = DTYPES
+    dtypes = GPU_DTYPES  # gloo sums all six on CPU tensors too (tests/test_gpu_check.py)
 
     def __init__(self, owns_group: bool = False) -> None:
         super().__init__()
