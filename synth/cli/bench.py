@@ -34,7 +34,8 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
     p.add_argument("--backend", default="mpi", choices=BACKENDS,
                    help="collective library: mpi, nccl (CuPy), torch (NCCL on GPUs, gloo on CPUs) (default: mpi)")
     p.add_argument("--sizes", default="1M,16M", help="per-rank buffer sizes in bytes, e.g. 1M,16M,256M (1M = 2^20)")
-    p.add_argument("--dtype", default="float32", help="float32, float64, int32, int64; nccl and torch also float16, bfloat16")
+    p.add_argument("--dtype", default="float32",
+                   help="float32, float64, int32, int64; nccl and torch also float16, bfloat16")
     p.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
     p.add_argument("--jsonl", metavar="FILE", help="append one measurement record per (placement, program, size)")
