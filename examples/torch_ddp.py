@@ -29,7 +29,7 @@ import synth.torch
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", required=True, help="a plan written by synth-reduce --out or tune")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -52,7 +52,7 @@ def main() -> int:
         model = DDP(net, process_group=mesh.get_group(axes[0]), bucket_cap_mb=0.01)
         model.register_comm_hook(None, synth.torch.comm_hook(plan))
 
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         generator = torch.Generator().manual_seed(rank)  # each rank its own data
         for step in range(1, args.steps + 1):
             x = torch.randn(64, 32, generator=generator).to(device)
