@@ -6,10 +6,13 @@
 * ``mpi``: one process per rank under ``mpiexec``, mpi4py on numpy buffers.
 * ``nccl``: one process per rank and GPU under ``mpiexec``, CuPy buffers and
   ``cupy.cuda.nccl`` communicators, bootstrapped over MPI (the unique id of each
-  group travels on an MPI sub-communicator). Untested on a GPU so far.
+  group travels on an MPI sub-communicator). Untested on a GPU so far
+  (``scripts/gpu_check.sh`` runs the checks that need one).
+* ``torch``: one process per rank under ``torchrun``, torch.distributed process
+  groups (NCCL on GPUs, gloo on CPUs): :class:`synth.torch.TorchWorld`.
 
-mpi4py and CuPy are imported only when their backend is chosen; a missing one is
-a SynthError that says what to install.
+mpi4py, CuPy and torch are imported only when their backend is chosen; a
+missing one is a SynthError that says what to install.
 """
 
 from __future__ import annotations
@@ -23,19 +26,28 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .errors import SynthError
+from .nccl_log import version_text
 from .runtime import Group, World
 
 HOST_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
 GPU_DTYPES = HOST_DTYPES | {"float16", "bfloat16"}
-BACKENDS = ("mpi", "nccl")  # the ones a launch under mpiexec can use
+BACKENDS = ("mpi", "nccl", "torch")  # mpi and nccl under mpiexec, torch under torchrun
 
 
 def make_world(name: str) -> World:
-    """The world of this process for a backend launched under mpiexec."""
+    """The world of this process for a backend launched under mpiexec (mpi,
+    nccl) or torchrun (torch)."""
     if name == "mpi":
         return MPIWorld()
     if name == "nccl":
         return NCCLWorld()
+    if name == "torch":
+        try:
+            from .torch import init_process_group
+        except ImportError as exc:
+            raise SynthError(f"the torch backend needs PyTorch ({exc}); install it with "
+                             "pip install 'synth-reduce[torch]'") from None
+        return init_process_group()
     raise SynthError(f"unknown backend '{name}'; use one of {', '.join(BACKENDS)}")
 
 
@@ -319,6 +331,11 @@ class NCCLWorld(World):
         except Exception as exc:  # CUDA runtime errors: no driver, no device
             problem = f"the nccl backend needs a working CUDA GPU ({type(exc).__name__}: {exc})"
         self.mpi.agree(problem)
+
+    @property
+    def nccl_version(self) -> str:
+        """The version of the NCCL that CuPy loaded."""
+        return version_text(self.nccl.get_version())
 
     def allgather(self, obj: Any) -> list[Any]:
         return self.mpi.allgather(obj)

@@ -1,9 +1,11 @@
 """``synth-reduce bench`` and ``synth-reduce tune``: time programs on a real
-collective library, nccl-tests style, under ``mpiexec``.
+collective library, nccl-tests style, under ``mpiexec`` (backends ``mpi``,
+``nccl``) or ``torchrun`` (backend ``torch``: NCCL on GPUs, gloo on CPUs).
 
     mpiexec -n 8 synth-reduce bench PLAN.json [options]
     mpiexec -n 8 synth-reduce bench --topology T --axes ... [--top K] [options]
     mpiexec -n 8 synth-reduce tune --topology T --axes ... --out PLAN.json [options]
+    torchrun --nproc-per-node 8 -m synth.cli bench --backend torch ...
 
 Every rank parses, synthesizes and checks the same input; setup problems are
 agreed collectively, so a bad input is the same one-line error on every rank and
@@ -12,12 +14,16 @@ iteration timed with the world's clock on every rank; an iteration's time is the
 maximum over ranks; the table shows the median with min and max. Every timed
 iteration starts from the same integer-valued input and its result is compared
 with the reduction computed from the reduction groups alone (``#wrong`` counts
-wrong elements, summed over ranks and iterations).
+wrong elements, summed over ranks and iterations). On NCCL, rank 0 reads
+NCCL's tuning log after each (program, size) and records the version and the
+algorithms NCCL chose (:mod:`synth.nccl_log`). ``tune`` writes a plan with one
+program per measured size (:func:`size_winners`, :func:`tuned_ranges`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -32,8 +38,9 @@ from .cost import Algorithm, Model, default_program, rank
 from .errors import SynthError
 from .language import format_program
 from .lowering import LoweredProgram, lower
+from .nccl_log import Capture, Choice, parse, summarize
 from .placement import Axis
-from .plan import Plan, load_plan, write_plan
+from .plan import Plan, PlannedProgram, PlannedReduction, load_plan, write_plan
 from .problem import ProblemSpec
 from .records import Record, append_records
 from .reduction import Reduction
@@ -136,6 +143,7 @@ class BenchRequest:
     jsonl: str | None = None
     out: str | None = None  # tune: where the winner's plan goes
     tune: bool = False
+    nccl_log: bool = True  # on NCCL: record what NCCL's tuning log says it chose
 
 
 @dataclass(frozen=True)
@@ -235,6 +243,7 @@ class Timing:
     count: int
     times_s: tuple[float, ...]  # per iteration, the slowest rank
     wrong: int
+    nccl_choices: tuple[Choice, ...] = ()  # what rank 0's NCCL log said it ran (NCCL only)
 
     @property
     def median_s(self) -> float:
@@ -244,12 +253,13 @@ class Timing:
     def algbw_GBps(self) -> float:
         return self.size_bytes / self.median_s / 1e9 if self.median_s > 0 else float("inf")
 
-    def record(self, backend: str, dtype: str, ranks: int) -> Record:
+    def record(self, backend: str, dtype: str, ranks: int, nccl_version: str | None = None) -> Record:
         """The measurement record ``fit`` and ``validate`` read."""
         c = self.candidate
         return Record(c.reduction, c.lowered.program, self.size_bytes, self.median_s, is_default=c.is_default,
                       backend=backend, algo=None, dtype=dtype, ranks=ranks, times_s=self.times_s,
-                      min_s=min(self.times_s), max_s=max(self.times_s), wrong=self.wrong)
+                      min_s=min(self.times_s), max_s=max(self.times_s), wrong=self.wrong,
+                      nccl_version=nccl_version, nccl_choices=self.nccl_choices)
 
 
 def measure(world: World, executor: Executor, data: RankData, iters: int, warmup: int) -> tuple[tuple[float, ...], int]:
@@ -281,12 +291,22 @@ def measure(world: World, executor: Executor, data: RankData, iters: int, warmup
 _ROW = "{:>8} {:>12} {:>11} {:>8} {:>11} {:>11} {:>11} {:>8} {:>8} {:>7}"
 
 
+def backend_label(world: World) -> str:
+    """``mpi``, ``nccl``, ``torch-gloo``, ``torch-nccl``: what records name."""
+    library = getattr(world, "library", None)
+    return f"{world.name}-{library}" if library else world.name
+
+
 def _print_header(setup: Setup, request: BenchRequest, world: World) -> None:
     axes = " ".join(f"{a.name}={a.size}" for a in setup.axes)
     levels = " > ".join(f"{lv.name} x{lv.count}" for lv in setup.topology.levels)
     goals = {c.reduction.goal for c in setup.candidates}
-    print(f"# synth-reduce bench: backend {world.name}, {world.size} ranks, dtype {request.dtype}, "
-          f"{request.iters} iterations after {request.warmup} warmup")
+    version = getattr(world, "nccl_version", None)
+    print(f"# synth-reduce bench: backend {backend_label(world)}{f' (NCCL {version})' if version else ''}, "
+          f"{world.size} ranks, dtype {request.dtype}, {request.iters} iterations after {request.warmup} warmup")
+    if getattr(world, "library", None) == "gloo":
+        print("# gloo implements reduce-scatter through all-reduce: results are exact, times are no benchmark "
+              "of the programs (time them on MPI or NCCL)")
     print(f"# {setup.topology.name}: {levels}; axes {axes}; {setup.reductions}")
     print(f"# programs: {setup.ranking}")
     factors = sorted({"2(n-1)/n" if g is Goal.ALLREDUCE else "(n-1)/n" for g in goals})
@@ -368,23 +388,27 @@ def check_request(request: BenchRequest) -> None:
 
 
 def run(request: BenchRequest) -> int:
-    """Run ``bench`` or ``tune`` on this process's rank (under mpiexec); every
-    rank calls it with the same request. Only rank 0 prints."""
+    """Run ``bench`` or ``tune`` on this process's rank (under mpiexec or
+    torchrun); every rank calls it with the same request. Only rank 0 prints."""
     check_request(request)
-    world = make_world(request.backend)
-    with _rank0_prints(world):
-        try:
-            return _bench(request, world)
-        except SynthError:
-            raise
-        except Exception:  # a bug or a library failure on some ranks: stop all, never hang
-            traceback.print_exc()
-            sys.stderr.flush()
-            world.abort(1)
-            raise
+    nccl_log = request.nccl_log and request.backend in ("nccl", "torch")
+    with Capture() if nccl_log else contextlib.nullcontext() as capture:
+        world = make_world(request.backend)
+        with _rank0_prints(world):
+            try:
+                return _bench(request, world, capture)
+            except SynthError:
+                raise
+            except Exception:  # a bug or a library failure on some ranks: stop all, never hang
+                traceback.print_exc()
+                sys.stderr.flush()
+                world.abort(1)
+                raise
+            finally:
+                getattr(world, "close", lambda: None)()  # the torch backend's process group
 
 
-def _bench(request: BenchRequest, world: World) -> int:
+def _bench(request: BenchRequest, world: World, capture: Capture | None = None) -> int:
     sizes = request.sizes
 
     def setup_all() -> tuple[Setup, np.dtype]:
@@ -400,7 +424,7 @@ def _bench(request: BenchRequest, world: World) -> int:
         devices = setup.topology.num_devices
         if devices != world.size:
             raise SynthError(f"{'the plan' if request.plan_path else 'the topology'} has {devices} devices but "
-                             f"{world.size} ranks were launched; run under mpiexec -n {devices}")
+                             f"{world.size} ranks were launched; run under {world.launcher.format(ranks=devices)}")
         if request.jsonl and world.rank == 0:
             try:
                 open(request.jsonl, "a").close()
@@ -410,6 +434,8 @@ def _bench(request: BenchRequest, world: World) -> int:
 
     setup, dtype = _collectively(world, setup_all)
     _print_header(setup, request, world)
+    nccl_version = getattr(world, "nccl_version", None)  # None unless the world runs on NCCL
+    read_log = capture is not None and world.rank == 0 and nccl_version is not None
     timings = []
     groups: dict[tuple, list[Candidate]] = {}
     for c in setup.candidates:
@@ -425,31 +451,81 @@ def _bench(request: BenchRequest, world: World) -> int:
             data = RankData(world.xp.asarray(data.input), world.xp.asarray(data.expected), data.checked)
             for c, executor in zip(candidates, executors):
                 times, wrong = measure(world, executor, data, request.iters, request.warmup)
-                m = Timing(c, size, count, times, wrong)
+                lines = capture.read() if read_log else []
+                m = Timing(c, size, count, times, wrong, summarize(parse(lines)))
                 timings.append(m)
                 _print_row(m, request.dtype, factor)
                 if request.jsonl and world.rank == 0:
-                    append_records(request.jsonl, [m.record(world.name, request.dtype, world.size)])
+                    append_records(request.jsonl, [m.record(backend_label(world), request.dtype, world.size,
+                                                            nccl_version)])
     _print_speedups(timings, sizes)
     if request.tune:
-        _write_winner(request, world, timings, max(sizes))
+        _write_tuned(request, world, timings, sizes)
     return 0
 
 
-def _write_winner(request: BenchRequest, world: World, timings: Sequence[Timing], size: int) -> None:
-    at_size = [m for m in timings if m.size_bytes == size and m.wrong == 0]
-    if not at_size:
+def _range_bounds(sizes: Sequence[int]) -> list[int]:
+    """Where the size ranges of a tuned plan meet: between consecutive measured
+    sizes, at their geometric mean (rounded down, above the smaller size)."""
+    return [max(math.isqrt(a * b), a + 1) for a, b in zip(sizes, sizes[1:])]
+
+
+def size_winners(timings: Sequence[Timing], sizes: Sequence[int]) -> list[Timing]:
+    """What ``tune`` chooses, per measured size in increasing order: on the
+    placement (and reduction) of the fastest correct program at the largest
+    size, the fastest correct program of that size. Every rank computes the same
+    from the gathered times."""
+    sizes = sorted(set(sizes))
+    correct = [m for m in timings if m.wrong == 0]
+    largest = [m for m in correct if m.size_bytes == sizes[-1]]
+    if not largest:
         raise SynthError("no program gave correct results at the largest size; no plan written")
-    best = min(at_size, key=lambda m: m.median_s)  # identical on every rank: times are gathered
-    c = best.candidate
-    default = next((m for m in at_size if m.candidate.is_default and _group_key(m.candidate) == _group_key(c)), None)
-    speedup = f", {default.median_s / best.median_s:.2f}x the default" if default else ""
+    group = _group_key(min(largest, key=lambda m: m.median_s).candidate)
+    winners = []
+    for size in sizes:
+        here = [m for m in correct if m.size_bytes == size and _group_key(m.candidate) == group]
+        if not here:
+            raise SynthError(f"no program gave correct results at {format_size(size)}; no plan written")
+        winners.append(min(here, key=lambda m: m.median_s))
+    return winners
+
+
+def tuned_ranges(winners: Sequence[Timing]) -> list[PlannedProgram]:
+    """The size ranges of a tuned plan: the winner of size ``s`` runs from the
+    previous bound to the bound between ``s`` and the next measured size
+    (:func:`_range_bounds`); the first range starts at 0, the last is unbounded;
+    adjacent ranges with the same program are merged."""
+    bounds = [0, *_range_bounds([m.size_bytes for m in winners]), None]
+    ranges: list[PlannedProgram] = []
+    for m, low, high in zip(winners, bounds, bounds[1:]):
+        if ranges and ranges[-1].program == m.candidate.lowered.program:
+            ranges[-1] = PlannedProgram(ranges[-1].lowered, ranges[-1].min_bytes, high)
+        else:
+            ranges.append(PlannedProgram(m.candidate.lowered, low, high))
+    return ranges
+
+
+def _write_tuned(request: BenchRequest, world: World, timings: Sequence[Timing], sizes: Sequence[int]) -> None:
+    winners = size_winners(timings, sizes)
+    reduction = winners[0].candidate.reduction
+    programs = tuned_ranges(winners)
 
     def write() -> None:
         if world.rank == 0:
-            verify_lowered(c.lowered)  # never write an unproved plan
-            write_plan(request.out, Plan.single(c.lowered, c.reduction))
+            for p in programs:
+                verify_lowered(p.lowered)  # never write an unproved plan
+            write_plan(request.out, Plan(reduction.placement, (PlannedReduction(reduction, tuple(programs)),)))
 
     _collectively(world, write)
-    print(f"#\n# winner at {format_size(size)}: {c.label} {format_program(c.lowered.program, ' ; ')} "
-          f"({best.median_s * 1e6:.1f} us{speedup})\nwrote plan -> {request.out}")
+    defaults = {(_group_key(m.candidate), m.size_bytes): m.median_s for m in timings if m.candidate.is_default}
+    print("#")
+    for m in winners:
+        c = m.candidate
+        default = defaults.get((_group_key(c), m.size_bytes))
+        speedup = f", {default / m.median_s:.2f}x the default" if default else ""
+        print(f"# winner at {format_size(m.size_bytes)}: {c.label} {format_program(c.lowered.program, ' ; ')} "
+              f"({m.median_s * 1e6:.1f} us{speedup})")
+    for p in programs:
+        upper = "" if p.max_bytes is None else f" < {p.max_bytes}"
+        print(f"# plan: {p.min_bytes} <= bytes{upper}: {format_program(p.program, ' ; ')}")
+    print(f"wrote plan -> {request.out}")

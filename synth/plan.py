@@ -16,6 +16,7 @@ programs (numpy reference and z3) is a separate, explicit step:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -324,6 +325,16 @@ def load_plan(path: str | Path) -> Plan:
     if doc["version"] == 1:
         doc = _upgrade_v1(doc)
     return plan_from_document(doc, source)
+
+
+def as_plan(plan: Plan | str | Path) -> Plan:
+    """A loaded plan as it is, or the plan at a path (:func:`load_plan`): what
+    the trainer integrations accept wherever they take a plan."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, os.PathLike)):
+        return load_plan(plan)
+    raise SynthError(f"plan: give a path or a synth.Plan, not {type(plan).__name__}")
 
 
 def plan_from_document(doc: dict[str, Any], source: str = "plan") -> Plan:

@@ -8,8 +8,11 @@ Format (``"schema": "synth-reduce/measurement"``, ``"version": 1``): ``topology`
 ``size_bytes`` and ``median_s`` are required; ``is_default``, ``backend``,
 ``algo`` (the library algorithm the run used, when known or forced), ``dtype``,
 ``ranks``, ``iters``, ``times_s``, ``min_s``, ``max_s`` and ``wrong`` are
-optional. A reader refuses a line of another schema or version, naming the file
-and line.
+optional; so are, for runs on NCCL, ``nccl_version`` (``"2.21.5"``) and
+``nccl_choices`` (what NCCL's tuning log said it ran: a list of ``{collective,
+size_bytes, algorithm, protocol, channels, calls}``, see
+:mod:`synth.nccl_log`), written only when known. A reader refuses a line of
+another schema or version, naming the file and line.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Iterable
 from .documents import json_lines
 from .errors import SynthError
 from .language import Program, format_program, read_program
+from .nccl_log import Choice
 from .placement import Axis, Placement
 from .reduction import Reduction
 from .semantics import Goal
@@ -50,6 +54,8 @@ class Record:
     min_s: float | None = None
     max_s: float | None = None
     wrong: int = 0
+    nccl_version: str | None = None
+    nccl_choices: tuple[Choice, ...] = ()
     line: int = field(default=0, compare=False)  # line of the file it was read from (0: not read)
 
     @property
@@ -88,6 +94,10 @@ class Record:
         if self.max_s is not None:
             doc["max_s"] = self.max_s
         doc["wrong"] = self.wrong
+        if self.nccl_version is not None:
+            doc["nccl_version"] = self.nccl_version
+        if self.nccl_choices:
+            doc["nccl_choices"] = [c.to_dict() for c in self.nccl_choices]
         return doc
 
 
@@ -152,7 +162,7 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
     times = [] if times is None else times
     if not isinstance(times, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
         raise SynthError(f"{where}: 'times_s' must be a list of numbers")
-    for key in ("backend", "algo", "dtype"):
+    for key in ("backend", "algo", "dtype", "nccl_version"):
         if rec.get(key) is not None and not isinstance(rec[key], str):
             raise SynthError(f"{where}: '{key}' must be a string or null")
     return Record(
@@ -163,8 +173,28 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
         times_s=tuple(float(t) for t in times),
         min_s=_number(rec, "min_s", where), max_s=_number(rec, "max_s", where),
         wrong=_number(rec, "wrong", where, int) or 0,
+        nccl_version=rec.get("nccl_version"),
+        nccl_choices=_choices(rec.get("nccl_choices"), where),
         line=line,
     )
+
+
+def _choices(value: Any, where: str) -> tuple[Choice, ...]:
+    """The optional ``nccl_choices`` list; errors name the field and the fix."""
+    if value is None:
+        return ()
+    fields = {"collective": (str, type(None)), "size_bytes": int, "algorithm": str, "protocol": str,
+              "channels": (int, type(None)), "calls": int}
+    problem = f"{where}: 'nccl_choices' must be a list of {{{', '.join(fields)}}} objects as bench writes them"
+    if not isinstance(value, list):
+        raise SynthError(problem)
+    out = []
+    for item in value:
+        if (not isinstance(item, dict) or set(item) != set(fields)
+                or any(isinstance(item[k], bool) or not isinstance(item[k], t) for k, t in fields.items())):
+            raise SynthError(problem)
+        out.append(Choice(**item))
+    return tuple(out)
 
 
 def read_records(path: str | Path) -> tuple[Topology, list[Record]]:

@@ -126,9 +126,12 @@ class World:
     ``allgather(obj)`` (every rank's object, in rank order), ``split(groups)``
     (collective over the world: the communicator of this rank's group among the
     disjoint ``groups``, or None), ``barrier()``, ``synchronize()`` (wait for
-    queued device work) and ``wtime()`` (seconds)."""
+    queued device work) and ``wtime()`` (seconds). A world whose buffers are not
+    numpy-like (torch tensors: :class:`synth.torch.TorchWorld`) overrides
+    ``buffer_problem`` and ``dtype_name``; ``launcher`` says how to start N ranks."""
 
     name = "abstract"
+    launcher = "mpiexec -n {ranks}"  # how to start N ranks, for error messages
     rank = 0
     size = 1
     xp: Any = np
@@ -151,6 +154,24 @@ class World:
 
     def wtime(self) -> float:
         raise NotImplementedError
+
+    def dtype_name(self, buffer: Any) -> str:
+        """``float32``, ``bfloat16``, ...: the name of the buffer's element type."""
+        return buffer.dtype.name
+
+    def buffer_problem(self, buffer: Any) -> str | None:
+        """Why this rank's buffer cannot be run (None if it can), without
+        communicating: the world's array type, 1-D, contiguous, a supported dtype."""
+        if not isinstance(buffer, self.xp.ndarray):
+            return f"the {self.name} backend takes {self.xp.__name__} arrays, not {type(buffer).__name__}"
+        if buffer.ndim != 1 or not buffer.flags.c_contiguous:
+            return "the buffer must be a 1-D contiguous array (use buffer.reshape(-1) on a contiguous tensor)"
+        if buffer.dtype.name not in self.dtypes:
+            return (
+                f"dtype {buffer.dtype.name} is not supported by the {self.name} backend; "
+                f"use one of {', '.join(sorted(self.dtypes))}"
+            )
+        return None
 
     def agree(self, problem: str | None) -> None:
         """Collective: if any rank has a problem, raise the same SynthError on
@@ -307,7 +328,7 @@ class Executor:
         if world.size != devices:
             problem = (
                 f"the plan is for {devices} ranks but {world.size} were launched; "
-                f"run it with {devices} ranks (e.g. mpiexec -n {devices})"
+                f"run it with {devices} ranks (e.g. {world.launcher.format(ranks=devices)})"
             )
         world.agree(problem)
         fingerprint = _fingerprint([p.lowered for p in programs], [(p.min_bytes, p.max_bytes) for p in programs])
@@ -350,9 +371,9 @@ class Executor:
         """Collective: every rank passes a supported 1-D contiguous buffer of the
         same length and dtype; else the same SynthError on every rank."""
         world = self.world
-        problem = _buffer_problem(buffer, world)
+        problem = world.buffer_problem(buffer)
         n = int(buffer.shape[0]) if problem is None else None
-        dtype = buffer.dtype.name if problem is None else None
+        dtype = world.dtype_name(buffer) if problem is None else None
         infos = world.allgather((n, dtype, problem))
         problems = [f"rank {r}: {p}" for r, (_, _, p) in enumerate(infos) if p]
         for label, index in (("lengths", 0), ("dtypes", 1)):
@@ -371,16 +392,3 @@ def _ranks(ranks: Sequence[int]) -> str:
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "ranks " + (",".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)} ranks)")
-
-
-def _buffer_problem(buffer: Any, world: World) -> str | None:
-    if not isinstance(buffer, world.xp.ndarray):
-        return f"the {world.name} backend takes {world.xp.__name__} arrays, not {type(buffer).__name__}"
-    if buffer.ndim != 1 or not buffer.flags.c_contiguous:
-        return "the buffer must be a 1-D contiguous array (use buffer.reshape(-1) on a contiguous tensor)"
-    if buffer.dtype.name not in world.dtypes:
-        return (
-            f"dtype {buffer.dtype.name} is not supported by the {world.name} backend; "
-            f"use one of {', '.join(sorted(world.dtypes))}"
-        )
-    return None

@@ -9,6 +9,7 @@ API (:mod:`synth.api`) and the runtime.
     synth-reduce fit MEASUREMENTS -o PROFILE                          learn the cost model (fit)
     synth-reduce validate MEASUREMENTS [--holdout F]                  score the cost model (fit)
     mpiexec -n N synth-reduce bench|tune ...                          run on MPI / NCCL (bench)
+    torchrun --nproc-per-node N -m synth.cli bench|tune --backend torch ...   run on torch.distributed (bench)
     synth-reduce emulate [plan|down] ...                              emulated cluster (emulate)
 
 Shared argument groups are in :mod:`synth.cli.args`. Bad input gives a one-line

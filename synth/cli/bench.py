@@ -1,5 +1,6 @@
-"""``synth-reduce bench`` and ``synth-reduce tune`` (run under mpiexec): their
-arguments; the work is :func:`synth.bench.run`."""
+"""``synth-reduce bench`` and ``synth-reduce tune`` (run under mpiexec, or
+torchrun for ``--backend torch``): their arguments; the work is
+:func:`synth.bench.run`."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
     p = Parser(
         prog=prog,
         description=(
-            f"Run under mpiexec. '{prog} PLAN.json' times the plan's program and the default; "
+            f"Run under mpiexec (backends mpi, nccl) or torchrun (backend torch: "
+            f"torchrun --nproc-per-node N -m synth.cli {prog.split()[-1]} --backend torch ...). "
+            f"'{prog} PLAN.json' times the plan's program and the default; "
             f"'{prog} --topology T --axes ...' synthesizes like the main command and times the default "
             "and the --top K predicted programs of every placement."
-            + (" tune then writes the plan of the measured winner at the largest size to --out." if tune else "")
+            + (" tune then writes to --out a plan for the placement of the measured winner at the largest size, "
+               "with the measured winner of each size for the sizes around it." if tune else "")
         ),
     )
     if plan_mode:
@@ -27,12 +31,16 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
         add_problem_arguments(p)
         p.add_argument("--placement", type=int, metavar="I", help="only placement I (default: all)")
         p.add_argument("--top", type=int, default=5, metavar="K", help="predicted-best programs per placement (default 5)")
-    p.add_argument("--backend", default="mpi", choices=BACKENDS, help="collective library (default: mpi)")
+    p.add_argument("--backend", default="mpi", choices=BACKENDS,
+                   help="collective library: mpi, nccl (CuPy), torch (NCCL on GPUs, gloo on CPUs) (default: mpi)")
     p.add_argument("--sizes", default="1M,16M", help="per-rank buffer sizes in bytes, e.g. 1M,16M,256M (1M = 2^20)")
-    p.add_argument("--dtype", default="float32", help="float32, float64, int32, int64; nccl also float16, bfloat16")
+    p.add_argument("--dtype", default="float32",
+                   help="float32, float64, int32, int64; nccl and torch also float16, bfloat16")
     p.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
     p.add_argument("--jsonl", metavar="FILE", help="append one measurement record per (placement, program, size)")
+    p.add_argument("--no-nccl-log", dest="nccl_log", action="store_false",
+                   help="on NCCL, do not log NCCL's tuning choices (NCCL_DEBUG=INFO) to record them")
     if tune:
         p.add_argument("--out", required=True, metavar="PLAN.json", help="write the plan of the measured winner")
     return p
@@ -55,6 +63,7 @@ def request_of(argv: Sequence[str], tune: bool) -> BenchRequest:
         jsonl=args.jsonl,
         out=getattr(args, "out", None),
         tune=tune,
+        nccl_log=args.nccl_log,
     )
 
 

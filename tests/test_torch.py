@@ -1,0 +1,242 @@
+"""PyTorch consumes plans (synth.torch) and the meshes it builds on (synth.meshes):
+mesh layouts and launch checks in-process; under one ``torchrun`` launch of 8
+gloo ranks the executor on every program of a placement, the DeviceMesh's
+groups, DDP with the plan's hook and FSDP2's HSDP against default DDP
+(tests/torch_worker.py); bad launches fail on every rank; ``bench`` and ``tune
+--backend torch``; examples/torch_ddp.py. Every launch has a timeout so that a
+hang fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synth.cli import main
+from synth.errors import SynthError
+from synth.meshes import host_level, launch_problem, mesh_layout, node_of_device
+from synth.placement import Placement, enumerate_placements, parse_axes
+from synth.plan import load_plan
+from synth.topology import load_topology
+
+REPO = Path(__file__).resolve().parents[1]
+TESTBED = load_topology("testbed-2x4")
+
+
+# ---------------------------------------------------------------- meshes (no torch)
+
+
+def axis_coordinates(placement: Placement, device: int) -> tuple[int, ...]:
+    """Each axis' rank of ``device``, from the digit convention of
+    synth.placement directly: the level coordinates of the device id, each split
+    into the axes' digits (last axis fastest), then each axis' digits as a
+    number over the levels (outer level most significant)."""
+    counts = placement.topology.counts
+    level_coords = np.unravel_index(device, counts)
+    ranks = [0] * len(placement.axes)
+    for level, coordinate in enumerate(level_coords):
+        splits = [row[level] for row in placement.matrix]
+        digits = np.unravel_index(int(coordinate), splits)
+        for a, digit in enumerate(digits):
+            ranks[a] = ranks[a] * splits[a] + int(digit)
+    return tuple(ranks)
+
+
+@pytest.mark.parametrize("topology, axes", [("testbed-2x4", "dp=2,mp=4"), ("rack", "dp=8,tp=4,pp=2"),
+                                            ("testbed-2x2x2", "dp=4,mp=2")])
+def test_mesh_layouts_place_every_device_at_its_axis_coordinates(topology, axes):
+    for placement in enumerate_placements(load_topology(topology), parse_axes(axes)):
+        flat = mesh_layout(placement)
+        assert flat.names == placement.axis_names and flat.shape == tuple(a.size for a in placement.axes)
+        for device in range(placement.topology.num_devices):
+            assert flat.ids[axis_coordinates(placement, device)] == device
+        tree = mesh_layout(placement, hierarchical=True)
+        levels = placement.topology.level_names
+        want = []
+        for axis, row in zip(placement.axes, placement.matrix):
+            want += [f"{axis.name}_{name}" for name, split in zip(levels, row) if split > 1] or [axis.name]
+        assert list(tree.names) == want
+        # splitting each axis coordinate into its level digits is a reshape of the flat mesh
+        assert (tree.ids.reshape(flat.shape) == flat.ids).all()
+        assert all(d.size == placement.matrix[placement.axis_names.index(d.axis)][d.level]
+                   for d in tree.dims if d.level is not None)
+
+
+def test_a_mesh_dimension_name_may_not_occur_twice():
+    placement = Placement(TESTBED, parse_axes("dp=8,dp_rank=1"), ((2, 4), (1, 1)))
+    with pytest.raises(SynthError, match="mesh dimension name.s. dp_rank occur twice"):
+        mesh_layout(placement, hierarchical=True)
+
+
+def test_hosts_are_the_node_level_else_the_level_above_the_innermost():
+    assert host_level(load_topology("rack")) == 1  # rack > node > cpu > gpu
+    assert node_of_device(load_topology("rack")).tolist() == [d // 8 for d in range(64)]
+    assert host_level(TESTBED) == 0 and node_of_device(TESTBED).tolist() == [0] * 4 + [1] * 4
+    one_level = TESTBED.scaled({"node": 1})
+    assert host_level(load_topology("testbed-2x2x2")) == 1
+    assert node_of_device(one_level).tolist() == [0] * 4
+
+
+def test_launch_problems_name_the_ranks_hosts_and_the_fix():
+    fix = "launch right"
+    assert launch_problem(TESTBED, ["a"] * 8, fix) is None  # every plan node on one host: fine
+    assert launch_problem(TESTBED, ["a"] * 4 + ["b"] * 4, fix) is None
+    assert launch_problem(TESTBED, ["a"] * 4, fix) == (
+        "the plan is for 8 ranks (2 node(s) x 4) but 4 were launched; launch right")
+    assert launch_problem(TESTBED, ["a"] * 4 + ["b", "b", "c", "b"], fix) == (
+        "ranks 4..7 of plan node 1 must share one host but run on several (ranks 4,5,7 on b; 6 on c); launch right")
+
+
+# ---------------------------------------------------------------- light imports
+
+
+def test_synth_torch_and_synth_jax_do_not_load_the_synthesizer():
+    code = ("import sys, synth.torch, synth.jax\n"
+            "print(sorted({'z3', 'lark'} & {m.split('.')[0] for m in sys.modules}))\n"
+            "import synth.meshes, synth.runtime\n"
+            "print(sorted({'torch', 'jax'} & {m.split('.')[0] for m in sys.modules}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "['jax', 'torch']"]
+    core = ("import sys, synth, synth.api, synth.runtime, synth.bench, synth.backends, synth.cli\n"
+            "print(sorted({'torch', 'jax'} & {m.split('.')[0] for m in sys.modules}))\n")
+    done = subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_synth_torch_needs_an_initialized_process_group_and_a_plan():
+    import synth.torch
+
+    with pytest.raises(SynthError, match="torch.distributed is not initialized"):
+        synth.torch.world()
+    with pytest.raises(SynthError, match="plan: give a path or a synth.Plan, not int"):
+        synth.torch.Executor(3)
+    with pytest.raises(SynthError, match=r"RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set\); e.g. torchrun"):
+        synth.torch.init_process_group()
+
+
+# ---------------------------------------------------------------- torchrun
+
+
+def torchrun(n: int, *argv: str, timeout_s: float, wrap: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+    command = [*launcher, "--no-python", *wrap, *argv] if wrap else [*launcher, *argv]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    """One launch of 8 gloo ranks for every check of tests/torch_worker.py."""
+    done = torchrun(8, "tests/torch_worker.py", "checks", str(tmp_path_factory.mktemp("torch")), timeout_s=500)
+    results = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            results[record["check"]] = record
+    return results, done
+
+
+def assert_check(checks, name: str) -> str:
+    results, done = checks
+    assert name in results, done.stdout[-3000:] + done.stderr[-3000:]
+    assert results[name]["ok"], results[name]["detail"]
+    return results[name]["detail"]
+
+
+@pytest.mark.timeout(600)
+def test_executor_is_exact_on_every_allreduce_program_at_odd_lengths(checks):
+    detail = assert_check(checks, "allreduce_programs")
+    assert re.fullmatch(r"93 programs, 558 runs per rank", detail)  # 93 programs x 3 lengths x 2 dtypes
+
+
+@pytest.mark.timeout(600)
+def test_executor_is_exact_on_reducescatter_and_allgather_plans(checks):
+    assert re.fullmatch(r"\d+ programs", assert_check(checks, "shard_programs"))
+
+
+@pytest.mark.timeout(600)
+def test_executor_takes_a_plan_path_and_picks_the_program_by_size(checks):
+    assert_check(checks, "plan_file_with_size_ranges")
+
+
+@pytest.mark.timeout(600)
+def test_device_mesh_groups_are_the_plans_reduction_groups(checks):
+    assert_check(checks, "device_mesh")
+
+
+@pytest.mark.timeout(600)
+def test_ddp_with_the_plans_hook_trains_like_default_ddp(checks):
+    for name in ("ddp_dp_only", "ddp_dp_mp"):
+        detail = assert_check(checks, name)
+        calls = [int(n) for n in re.search(r"hook calls per step \[([\d, ]+)\]", detail)[1].split(",")]
+        assert all(n >= 3 for n in calls[1:]), detail
+
+
+@pytest.mark.timeout(600)
+def test_hsdp_on_the_hierarchical_mesh_runs_the_blueconnect_program(checks):
+    assert_check(checks, "hsdp")
+
+
+def _can_unshare() -> bool:
+    unshare = shutil.which("unshare")
+    return bool(unshare) and subprocess.run([unshare, "--uts", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not _can_unshare(), reason="giving ranks their own host names needs root (unshare --uts)")
+def test_bad_launches_fail_on_every_rank_with_one_message(tmp_path):
+    # each rank in its own UTS namespace with host name host<local rank>: plan nodes span hosts
+    inner = 'hostname "host$LOCAL_RANK" && exec "$0" "$@"'
+    rename = ["sh", "-c", f"exec unshare --uts sh -c '{inner}' \"$0\" \"$@\"", sys.executable]
+    done = torchrun(4, "tests/torch_worker.py", "launch", str(tmp_path), timeout_s=240, wrap=rename)
+    # ranks write to one pipe: count messages in the whole stream, not per line
+    size = ("synth-reduce: error: the plan is for 8 ranks (2 node(s) x 4) but 4 were launched; run torchrun "
+            "--nnodes 2 --nproc-per-node 4 with --node-rank = the plan's node index (on one host: torchrun "
+            "--nproc-per-node 8)")
+    hosts = ("synth-reduce: error: ranks 0..1 of plan node 0 must share one host but run on several (ranks 0 on "
+             "host0; 1 on host1); run torchrun --nnodes 2 --nproc-per-node 2")
+    bench = ("synth-reduce: error: the plan has 8 devices but 4 ranks were launched; run under torchrun "
+             "--nproc-per-node 8")
+    assert done.stderr.count(size) == 4, done.stdout + done.stderr
+    assert done.stderr.count(hosts) == 2 * 4, done.stderr  # device_mesh and comm_hook
+    assert done.stderr.count(bench) == 4, done.stderr
+    assert sorted(re.findall(r"rank (\d): bench exit 2", done.stdout)) == ["0", "1", "2", "3"]
+    assert "no error" not in done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
+    done = torchrun(8, "tests/torch_worker.py", "bench", str(tmp_path), timeout_s=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "backend torch-gloo, 8 ranks" in done.stdout and "gloo implements reduce-scatter through all-reduce" \
+        in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+/\d+\s+\d+\s+\d+\s", line)]
+    assert rows and all(row[-1] == "0" for row in rows), done.stdout
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * 2  # the default and 2 predicted programs x 2 sizes
+    assert {r["backend"] for r in records} == {"torch-gloo"} and all(r["wrong"] == 0 for r in records)
+    assert not any("nccl_version" in r or "nccl_choices" in r for r in records)  # gloo: nothing from NCCL
+    assert re.search(r"winner at 4 KiB: .*\n# winner at 64 KiB: ", done.stdout)
+    code, out, err = cli("verify", tmp_path / "tuned.json")
+    assert code == 0 and "verified allreduce over dp" in out, err
+    programs = load_plan(tmp_path / "tuned.json").only.programs
+    assert programs[0].min_bytes == 0 and programs[-1].max_bytes is None
+
+
+@pytest.mark.timeout(300)
+def test_the_ddp_example_trains_with_a_plans_hook(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert main(["--topology", "testbed-2x4", "--scale", "rank=2", "--axes", "dp=4", "--out", str(plan)]) == 0
+    done = torchrun(4, "examples/torch_ddp.py", "--plan", str(plan), "--steps", "3", timeout_s=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"step 3 loss \d+\.\d+", done.stdout), done.stdout
+    assert "parameters equal on every rank" in done.stdout

@@ -1,0 +1,327 @@
+"""Worker for tests/test_torch.py, run under ``torchrun --standalone`` on gloo.
+
+``checks`` (8 ranks): the executor on every allreduce program of a placement at
+lengths 1, 7, 4099 in float32 and float64 and on every reducescatter and
+allgather program of several placements, every rank's whole buffer against the
+numpy reference (``synth.runtime.reference``) and the goal's part against the
+direct reduction; a plan file with two size ranges; the DeviceMesh's groups;
+DDP with the plan's hook against default DDP (dp only, and dp x mp with DDP on
+the dp sub-group); FSDP2's HSDP on the hierarchical mesh against default DDP.
+Rank 0 prints one JSON line per check: ``{"check", "ok", "detail"}``.
+
+``launch`` (4 ranks, rank-dependent host names): a plan for 8 ranks, then a
+plan whose node 0 spans two hosts, then ``synth-reduce bench`` on the 8-rank
+plan: each must raise the same SynthError on every rank, printed as
+``synth-reduce: error: ...`` on stderr, never hang.
+
+``bench PLAN_DIR`` (8 ranks): ``synth-reduce bench --backend torch`` with
+``--jsonl`` and ``synth-reduce tune --backend torch`` over two sizes,
+in-process through the CLI's ``main``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import synth.torch
+from synth.bench import rank_data
+from synth.cli import main as cli_main
+from synth.errors import SynthError
+from synth.language import format_program, parse_program
+from synth.lowering import lower
+from synth.placement import Placement, enumerate_placements, parse_axes
+from synth.plan import Plan, PlannedProgram, PlannedReduction, write_plan
+from synth.reduction import Reduction
+from synth.runtime import reference
+from synth.search import synthesize_reduction
+from synth.semantics import Goal
+from synth.topology import load_topology
+
+TESTBED = load_topology("testbed-2x4")
+BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
+DEFAULT = "AllReduce(root, inside)"
+
+
+def placement(axes: str, matrix) -> Placement:
+    return Placement(TESTBED, parse_axes(axes), matrix)
+
+
+def single(text: str, reduction: Reduction) -> Plan:
+    return Plan.single(lower(parse_program(text), reduction), reduction)
+
+
+# ---------------------------------------------------------------- executor
+
+
+def exact(lowered, executor, rank: int, length: int, dtype: np.dtype, check: bool = True) -> str | None:
+    """Run ``executor`` on every rank's integer-valued data; None if this rank's
+    whole buffer equals the reference and its goal part the direct reduction.
+    ``check=False`` skips the executor's collective buffer check."""
+    data = [rank_data(lowered, r, length, dtype) for r in range(8)]
+    want = reference(lowered, np.stack([d.input for d in data]))[rank]
+    mine = data[rank]
+    buffer = torch.from_numpy(mine.input.copy())
+    executor(buffer, check=check)
+    got = buffer.numpy()
+    if np.array_equal(got, want) and np.array_equal(got[mine.checked], mine.expected[mine.checked]):
+        return None
+    return f"rank {rank}: {lowered.goal.value} {str(lowered.program)!r} length {length} {dtype}"
+
+
+def check_allreduce_programs(rank: int) -> str:
+    """Every allreduce program of dp over both nodes, lengths 1, 7, 4099."""
+    result = synthesize_reduction(Reduction.of(placement("dp=8", ((2, 4),)), ["dp"]), 5)
+    runs = 0
+    for program in result.programs:
+        lowered = lower(program, result.reduction)
+        executor = synth.torch.Executor(Plan.single(lowered, result.reduction))
+        for length in (1, 7, 4099):
+            for dtype in (np.dtype("float32"), np.dtype("float64")):
+                problem = exact(lowered, executor, rank, length, dtype, check=length == 1)
+                if problem:
+                    raise AssertionError(problem)
+                runs += 1
+    return f"{len(result.programs)} programs, {runs} runs per rank"
+
+
+def check_shard_programs(rank: int) -> str:
+    """Every reducescatter and allgather program of every placement of dp=8 and
+    of dp=4,mp=2 over dp, at lengths 7 and 4099."""
+    programs = 0
+    for axes in ("dp=8", "dp=4,mp=2"):
+        for p in enumerate_placements(TESTBED, parse_axes(axes)):
+            for goal in (Goal.REDUCESCATTER, Goal.ALLGATHER):
+                result = synthesize_reduction(Reduction.of(p, ["dp"], goal), 5)
+                if result.reduction.k == 1:
+                    continue
+                for program in result.programs:
+                    lowered = lower(program, result.reduction)
+                    executor = synth.torch.Executor(Plan.single(lowered, result.reduction))
+                    for number, length in enumerate((7, 4099)):
+                        dtype = np.dtype(("float32", "float64", "int64")[(programs + number) % 3])
+                        problem = exact(lowered, executor, rank, length, dtype, check=number == 0)
+                        if problem:
+                            raise AssertionError(problem)
+                    programs += 1
+    return f"{programs} programs"
+
+
+def check_plan_file_with_size_ranges(rank: int, directory: Path) -> str:
+    reduction = Reduction.of(placement("dp=8", ((2, 4),)), ["dp"])
+    small, large = (lower(parse_program(t), reduction) for t in (BLUECONNECT, DEFAULT))
+    plan = Plan(reduction.placement, (PlannedReduction(reduction, (PlannedProgram(small, 0, 1000),
+                                                                   PlannedProgram(large, 1000, None))),))
+    path = directory / "ranges.json"
+    if rank == 0:
+        write_plan(path, plan)
+    dist.barrier()
+    executor = synth.torch.Executor(str(path))
+    assert executor.program_for(7 * 4) == small and executor.program_for(4099 * 4) == large
+    for lowered, length in ((small, 7), (large, 4099)):
+        problem = exact(lowered, executor, rank, length, np.dtype("float32"))
+        if problem:
+            raise AssertionError(problem)
+    return "a path, two size ranges, each exact"
+
+
+# ---------------------------------------------------------------- meshes
+
+
+def check_device_mesh(rank: int) -> str:
+    """A non-row-major placement: every axis' group is its reduction group, in
+    order; the hierarchical mesh's groups are the BlueConnect steps' groups."""
+    p = placement("dp=2,mp=4", ((1, 2), (2, 2)))
+    plan = single(BLUECONNECT, Reduction.of(p, ["mp"]))
+    mesh = synth.torch.device_mesh(plan, "cpu")
+    assert mesh.mesh_dim_names == ("dp", "mp") and mesh.mesh.tolist() == p.mesh.tolist(), mesh
+    for axis in ("dp", "mp"):
+        groups = Reduction.of(p, [axis]).reduction_groups.tolist()
+        mine = next(g for g in groups if rank in g)
+        got = dist.get_process_group_ranks(mesh.get_group(axis))
+        assert got == mine, (axis, got, mine)
+    hierarchical = synth.torch.device_mesh(plan, "cpu", hierarchical=True)
+    assert hierarchical.mesh_dim_names == ("dp_rank", "mp_node", "mp_rank"), hierarchical.mesh_dim_names
+    steps = plan.lowered.steps
+    for dim, step in (("mp_rank", steps[0]), ("mp_node", steps[1])):
+        mine = next(list(g) for g in step.groups if rank in g)
+        got = dist.get_process_group_ranks(hierarchical.get_group(dim))
+        assert got == mine, (dim, got, mine)
+    return f"mesh {p.mesh.tolist()}"
+
+
+# ---------------------------------------------------------------- training
+
+
+def model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 8))
+
+
+def train(module: nn.Module, rank: int, steps: int = 4) -> None:
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)  # each rank its own data
+        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+        loss = ((module(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def max_difference(a: nn.Module, b_params) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b_params))
+
+
+def ddp_against_default(rank: int, plan: Plan, group, seed: int) -> tuple[float, list[int], set]:
+    """Train default DDP and DDP with the plan's hook on ``group``, with
+    buckets of about 16 KB; return the largest parameter difference, the hook
+    calls per step and the programs the hook ran."""
+    reference_ddp = DDP(model(seed), process_group=group, bucket_cap_mb=0.016)
+    train(reference_ddp, rank)
+    hooked = DDP(model(seed), process_group=group, bucket_cap_mb=0.016)
+    hook = synth.torch.comm_hook(plan)
+    executor = synth.torch.Executor(plan)
+    calls: list[int] = []
+    used = set()
+
+    def counting(state, bucket):
+        calls.append(bucket.index())
+        used.add(format_program(executor.program_for(bucket.buffer().nbytes).program, " ; "))
+        return hook(state, bucket)
+
+    hooked.register_comm_hook(None, counting)
+    per_step = []
+    optimizer = torch.optim.SGD(hooked.parameters(), lr=0.1)
+    for step in range(4):
+        before = len(calls)
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+        loss = ((hooked(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        per_step.append(len(calls) - before)
+    return max_difference(reference_ddp.module, list(hooked.module.parameters())), per_step, used
+
+
+def check_ddp_dp_only(rank: int) -> str:
+    reduction = Reduction.of(placement("dp=8", ((2, 4),)), ["dp"])
+    small, large = (lower(parse_program(t), reduction) for t in (BLUECONNECT, DEFAULT))
+    plan = Plan(reduction.placement, (PlannedReduction(reduction, (PlannedProgram(small, 0, 12000),
+                                                                   PlannedProgram(large, 12000, None))),))
+    group = synth.torch.device_mesh(plan, "cpu").get_group("dp")
+    difference, per_step, used = ddp_against_default(rank, plan, group, seed=0)
+    assert difference <= 1e-6, difference
+    assert all(n >= 3 for n in per_step[1:]), per_step  # DDP's first step uses one large first bucket
+    assert len(used) == 2, used  # buckets on both sides of the size ranges' bound
+    return f"max |difference| {difference:.1e}; hook calls per step {per_step}; programs used {sorted(used)}"
+
+
+def check_ddp_dp_mp(rank: int) -> str:
+    p = placement("dp=4,mp=2", ((2, 2), (1, 2)))
+    plan = single(BLUECONNECT, Reduction.of(p, ["dp"]))
+    mesh = synth.torch.device_mesh(plan, "cpu")
+    mp_rank = int(np.argwhere(p.mesh == rank)[0][1])
+    difference, per_step, _ = ddp_against_default(rank, plan, mesh.get_group("dp"), seed=10 + mp_rank)
+    assert difference <= 1e-6, difference
+    assert all(n >= 3 for n in per_step[1:]), per_step
+    return f"max |difference| {difference:.1e}; hook calls per step {per_step}"
+
+
+def check_hsdp(rank: int) -> str:
+    """FSDP2's HSDP on the hierarchical mesh: its reduce-scatter groups are the
+    plan's ReduceScatter(node, inside) groups, its all-reduce groups those of
+    AllReduce(node, parallel(root)); it trains like default DDP."""
+    from torch.distributed.fsdp import fully_shard
+
+    plan = single(BLUECONNECT, Reduction.of(placement("dp=8", ((2, 4),)), ["dp"]))
+    mesh = synth.torch.device_mesh(plan, "cpu", hierarchical=True)
+    steps = plan.lowered.steps
+    for dim, step in (("dp_rank", steps[0]), ("dp_node", steps[1])):
+        mine = next(list(g) for g in step.groups if rank in g)
+        assert dist.get_process_group_ranks(mesh.get_group(dim)) == mine, dim
+    reference_ddp = DDP(model(0), process_group=synth.torch.device_mesh(plan, "cpu").get_group("dp"))
+    train(reference_ddp, rank)
+    sharded = model(0)
+    fully_shard(sharded, mesh=mesh["dp_node", "dp_rank"])  # 2-D mesh: replicate across nodes, shard inside
+    train(sharded, rank)
+    difference = max_difference(reference_ddp.module, [p.full_tensor() for p in sharded.parameters()])
+    assert difference <= 1e-6, difference
+    return f"max |difference| {difference:.1e}"
+
+
+# ---------------------------------------------------------------- modes
+
+
+def run_checks(directory: Path) -> int:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    checks = [("allreduce_programs", lambda: check_allreduce_programs(rank)),
+              ("shard_programs", lambda: check_shard_programs(rank)),
+              ("plan_file_with_size_ranges", lambda: check_plan_file_with_size_ranges(rank, directory)),
+              ("device_mesh", lambda: check_device_mesh(rank)),
+              ("ddp_dp_only", lambda: check_ddp_dp_only(rank)),
+              ("ddp_dp_mp", lambda: check_ddp_dp_mp(rank)),
+              ("hsdp", lambda: check_hsdp(rank))]
+    failed = False
+    for name, check in checks:
+        try:
+            detail, ok = check(), True
+        except Exception as exc:  # reported, and the other checks still run
+            detail, ok = f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}", False
+        everyone = synth.torch.world().allgather((ok, detail))
+        if rank == 0:
+            bad = [d for o, d in everyone if not o]
+            print(json.dumps({"check": name, "ok": not bad, "detail": bad[0] if bad else detail}), flush=True)
+        failed |= not all(o for o, _ in everyone)
+    dist.destroy_process_group()
+    return 1 if failed else 0
+
+
+def run_launch(directory: Path) -> int:
+    """Every bad launch must give the same error on every rank."""
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    plan8 = directory / "plan8.json"
+    plan4 = directory / "plan4.json"
+    if rank == 0:
+        write_plan(plan8, single(BLUECONNECT, Reduction.of(placement("dp=8", ((2, 4),)), ["dp"])))
+        small = Placement(TESTBED.scaled({"rank": 2}), parse_axes("dp=4"), ((2, 2),))
+        write_plan(plan4, single(BLUECONNECT, Reduction.of(small, ["dp"])))
+    dist.barrier()
+    for attempt in (lambda: synth.torch.Executor(plan8), lambda: synth.torch.device_mesh(plan4, "cpu"),
+                    lambda: synth.torch.comm_hook(plan4)):
+        try:
+            attempt()
+            print(f"rank {rank}: no error", flush=True)
+        except SynthError as exc:
+            sys.stderr.write(f"synth-reduce: error: {exc}\n")
+            sys.stderr.flush()
+    code = cli_main(["bench", str(plan8), "--backend", "torch"])
+    print(f"rank {rank}: bench exit {code}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def run_bench(directory: Path) -> int:
+    dist.init_process_group("gloo")
+    common = ["--backend", "torch", "--topology", "testbed-2x4", "--axes", "dp=8", "--iters", "2", "--warmup", "0"]
+    code = cli_main(["bench", *common, "--sizes", "52,4K", "--top", "2", "--jsonl", str(directory / "m.jsonl")])
+    code |= cli_main(["tune", *common, "--sizes", "4K,64K", "--top", "3", "--out", str(directory / "tuned.json")])
+    dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    mode, where = sys.argv[1], Path(sys.argv[2])
+    sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench}[mode](where))
