@@ -1,15 +1,73 @@
 """Versioned JSON documents (plans, profiles): read, check and write them.
 
 Every error names the file and says what is wrong, never a traceback.
+:func:`parse_json` is the one JSON parser of user files (plans, profiles,
+measurement records): a document nested deeper than :data:`MAX_DEPTH` is
+refused (Python's parser and the code that walks a document recurse).
+:func:`check_writable` lets a command check an output path before its work.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from .errors import SynthError
+
+MAX_DEPTH = 32  # nesting of lists and objects; a plan's deepest is its mesh: one level per axis, plus one
+
+
+def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON or YAML) nests lists and mappings more
+    than ``max_depth`` deep. Iterative, so any depth is safe to ask about, and
+    linear in the containers: one shared by YAML aliases is walked again only
+    when reached deeper (a cycle is too deep)."""
+    deepest: dict[int, int] = {}
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list)) or deepest.get(id(item), 0) >= depth:
+            continue
+        if depth > max_depth:
+            return True
+        deepest[id(item)] = depth
+        stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep"
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` for user files; every problem is a ValueError whose
+    message says what is wrong: malformed JSON, an integer of more digits than
+    Python converts, or nesting deeper than :data:`MAX_DEPTH`."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or int() of too many digits
+        raise ValueError(str(exc)) from None
+    except RecursionError:  # deeper than the parser recurses
+        raise ValueError(TOO_DEEP) from None
+    if too_deep(value):
+        raise ValueError(TOO_DEEP)
+    return value
+
+
+def check_writable(path: str | Path, option: str) -> None:
+    """SynthError unless a file can be written at ``path`` (its folder exists
+    and is writable; an existing file is a writable file). Creates nothing."""
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise SynthError(f"{option} {path}: is a folder; give a file name")
+    if not folder.is_dir():
+        raise SynthError(f"{option} {path}: the folder {folder} does not exist; create it or write elsewhere")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise SynthError(f"{option} {path}: the file is not writable")
+    if not target.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise SynthError(f"{option} {path}: the folder {folder} is not writable")
 
 
 def read_document(
@@ -23,12 +81,14 @@ def read_document(
     versions = (version,) if isinstance(version, int) else version
     source = str(path)
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = parse_json(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SynthError(f"{source}: no such {kind} file") from None
     except OSError as exc:
         raise SynthError(f"{source}: cannot read {kind} ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise SynthError(f"{source}: not a valid {kind}: not a text file (JSON must be UTF-8)") from None
+    except ValueError as exc:
         raise SynthError(f"{source}: not a valid {kind}: corrupted JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != schema:
         raise SynthError(f'{source}: not a synth-reduce {kind} (expected "schema": "{schema}")')

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .documents import parse_json
 from .errors import SynthError
 from .language import Program, format_program, read_program
 from .placement import Axis, Placement
@@ -183,9 +184,9 @@ def read_records(path: str | Path) -> tuple[Topology, list[Record]]:
             continue
         where = f"{source}:{number}"
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None
+            rec = parse_json(line)
+        except ValueError as exc:
+            raise SynthError(f"{where}: not valid JSON ({exc})") from None
         record = record_from_dict(rec, where, topology, number)
         topology = record.reduction.topology
         out.append(record)

@@ -15,6 +15,7 @@ from pathlib import Path
 from functools import lru_cache
 from typing import Any, Mapping
 
+from .documents import TOO_DEEP, too_deep
 from .errors import SynthError
 from .resources import topologies_dir
 
@@ -228,11 +229,15 @@ def load_topology(spec: str) -> Topology:
         raise SynthError(f"{path}: not a text file (YAML must be UTF-8)") from None
     except OSError as exc:
         raise SynthError(f"{path}: cannot read topology ({exc.strerror})") from None
+    except RecursionError:  # deeper than the YAML composer recurses
+        raise SynthError(f"{path}: malformed YAML: {TOO_DEEP}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SynthError(f"{path}: malformed YAML{at}: {problem}") from None
+    if too_deep(data):
+        raise SynthError(f"{path}: malformed YAML: {TOO_DEEP}")
     return topology_from_dict(data, str(path))
 
 

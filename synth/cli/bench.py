@@ -12,13 +12,17 @@ from .args import Parser, add_problem_arguments, problem_spec
 
 
 def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
+    usage = (f"{prog} --topology T --axes AXES --out PLAN.json [options]" if tune else
+             f"{prog} PLAN.json [options]\n       {prog} --topology T --axes AXES [options]")
     p = Parser(
         prog=prog,
+        usage=usage,
         description=(
-            f"Run under mpiexec. '{prog} PLAN.json' times the plan's program and the default; "
-            f"'{prog} --topology T --axes ...' synthesizes like the main command and times the default "
-            "and the --top K predicted programs of every placement."
-            + (" tune then writes the plan of the measured winner at the largest size to --out." if tune else "")
+            "Run under mpiexec. "
+            + ("" if tune else f"'{prog} PLAN.json' times the plan's programs and the default; ")
+            + f"'{prog} --topology T --axes ...' synthesizes like the main command and times the default "
+            "and the --top K predicted programs of every placement"
+            + (", then writes the plan of the measured winner at the largest size to --out." if tune else ".")
         ),
     )
     if plan_mode:
