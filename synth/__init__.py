@@ -23,7 +23,8 @@ a plan) does not load the synthesizer (z3, lark, yaml).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: less start-up before the CLI's error handling
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from typing import Any
+
     from .api import (PlacementResult, ProgramResult, SizesSolution, Solution, WorkloadSolution, rank_placements,
                       solve, solve_problem, solve_sizes)
     from .cost import Algorithm, Model, Profile

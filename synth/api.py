@@ -28,7 +28,7 @@ from .language import Program, format_program
 from .lowering import LoweredProgram, LoweredStep, lower
 from .placement import (Axis, AxisRange, Constraint, Placement, enumerate_placements, parse_axis_ranges,
                         size_assignments)
-from .plan import Plan
+from .plan import Plan, PlannedProgram, PlannedReduction
 from .problem import AxesSpec, Problem, TopologySpec, make_problem, resolve_topology
 from .reduction import Reduction
 from .search import synthesize_reduction
@@ -353,6 +353,39 @@ class WorkloadSolution:
     placements: tuple[WorkloadPlacement, ...]  # fastest first
     elapsed_s: float
     verified: bool
+
+    def plan(self, placement: int | None = None) -> Plan:
+        """A plan of one placement (its ``index``; default: the best predicted)
+        holding every reduction of the workload with the best predicted program
+        of each of its items, each proved first. Items of one reduction (axes
+        and goal) at several sizes become size ranges: the program of the item
+        of ``s_i`` bytes covers ``[s_i, s_i+1)``, the smallest item's from 0 and
+        the largest's unbounded; neighbouring ranges with the same program are
+        one range."""
+        chosen = self.placements[0] if placement is None else next(
+            (c for c in self.placements if c.index == placement), None)
+        if chosen is None:
+            raise SynthError(f"--placement {placement}: choose 0..{len(self.placements) - 1}")
+        items: dict[tuple[tuple[str, ...], Goal], list[ItemResult]] = {}
+        for result in chosen.items:
+            if result.best is None:
+                raise SynthError(f"workload item {result.item}: placement {chosen.index} has no program within the "
+                                 "step limit; raise --max-steps")
+            items.setdefault((result.item.reduce_axes, result.item.goal), []).append(result)
+        reductions = []
+        for results in items.values():
+            ranges: list[tuple[int, ItemResult]] = []  # (min_bytes, item)
+            for result in sorted(results, key=lambda r: r.item.size_bytes):
+                if not ranges or result.best.program != ranges[-1][1].best.program:
+                    ranges.append((result.item.size_bytes if ranges else 0, result))
+            programs = []
+            for n, (start, result) in enumerate(ranges):
+                proved = result.best.verified()  # never plan an unproved program
+                stop = ranges[n + 1][0] if n + 1 < len(ranges) else None
+                programs.append(PlannedProgram(proved.lowered, start, stop, proved.predicted_s,
+                                               result.item.size_bytes))
+            reductions.append(PlannedReduction(results[0].best.reduction, tuple(programs)))
+        return Plan(chosen.placement, tuple(reductions))
 
 
 def rank_placements(

@@ -23,18 +23,23 @@ program per measured size (:func:`size_winners`, :func:`tuned_ranges`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import math
 import os
+import socket
 import statistics
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from .backends import make_world
 from .cost import Algorithm, Model, default_program, rank
+from .documents import check_writable
 from .errors import SynthError
 from .language import format_program
 from .lowering import LoweredProgram, lower
@@ -44,7 +49,7 @@ from .plan import Plan, PlannedProgram, PlannedReduction, load_plan, write_plan
 from .problem import ProblemSpec
 from .records import Record, append_records
 from .reduction import Reduction
-from .runtime import Executor, World, piece_length
+from .runtime import Executor, World, piece_length, ranks_text, scratch_elements, steps_problem
 from .search import ReductionPrograms, synthesize_reduction
 from .semantics import Goal
 from .topology import Topology
@@ -339,6 +344,14 @@ def _group_key(c: Candidate) -> tuple:
     return (c.placement_index, c.reduction.axes, c.reduction.goal)
 
 
+def _groups(candidates: Sequence[Candidate]) -> dict[tuple, list[Candidate]]:
+    """Candidates by placement and reduction, in order: the benchmark's sets."""
+    groups: dict[tuple, list[Candidate]] = {}
+    for c in candidates:
+        groups.setdefault(_group_key(c), []).append(c)
+    return groups
+
+
 def _print_speedups(timings: Sequence[Timing], sizes: Sequence[int]) -> None:
     print("#\n# speedup over the default of the same placement (its median time / the program's)")
     print("#" + "".join(f"{s:>10}" for s in ["prog"] + [format_size(z) for z in sizes])[1:])
@@ -376,7 +389,8 @@ def _rank0_prints(world: World) -> Iterator[None]:
 
 
 def check_request(request: BenchRequest) -> None:
-    """Checks that need no world (the same outcome on every rank)."""
+    """Checks that need no world (the same outcome on every rank once the
+    ranks agree on the request: :func:`agree_on_request`)."""
     for name, value, least in (("--iters", request.iters, 1), ("--warmup", request.warmup, 0),
                                ("--top", request.top, 1)):
         if value < least:
@@ -389,13 +403,15 @@ def check_request(request: BenchRequest) -> None:
 
 def run(request: BenchRequest) -> int:
     """Run ``bench`` or ``tune`` on this process's rank (under mpiexec or
-    torchrun); every rank calls it with the same request. Only rank 0 prints."""
-    check_request(request)
+    torchrun); every rank calls it with the same request (the first collective
+    checks it). Only rank 0 prints."""
     nccl_log = request.nccl_log and request.backend in ("nccl", "torch")
     with Capture() if nccl_log else contextlib.nullcontext() as capture:
         world = make_world(request.backend)
         with _rank0_prints(world):
             try:
+                agree_on_request(world, request)
+                check_request(request)
                 return _bench(request, world, capture)
             except SynthError:
                 raise
@@ -408,10 +424,156 @@ def run(request: BenchRequest) -> int:
                 getattr(world, "close", lambda: None)()  # the torch backend's process group
 
 
+# ---------------------------------------------------------------- checks before the work
+
+
+_REQUEST_TAG = "the bench/tune argument check"  # see synth.runtime.steps_problem
+_OPTIONS = {"plan_path": "PLAN.json", "goal": "--collective", "constraints": "--constrain", "tune": "command"}
+
+
+def request_digest(request: BenchRequest) -> str:
+    """A hash of everything the request says (a frozen value: its repr is
+    complete and the same in every process)."""
+    return hashlib.sha256(repr(request).encode()).hexdigest()
+
+
+def _arguments(value: Any) -> dict[str, str]:
+    """A request's fields as the command line names them (nested values
+    flattened), for the message that says which differ."""
+    out = {}
+    for f in dataclasses.fields(value):
+        item = getattr(value, f.name)
+        if dataclasses.is_dataclass(item):
+            out.update(_arguments(item))
+            continue
+        if f.name == "tune":
+            text = "tune" if item else "bench"
+        elif isinstance(item, tuple):
+            text = ",".join(map(str, item)) or "none"
+        else:
+            text = "none" if item is None else str(item)
+        out[_OPTIONS.get(f.name, "--" + f.name.replace("_", "-"))] = text
+    return out
+
+
+def agree_on_request(world: World, request: BenchRequest) -> None:
+    """Collective, the first of a run: every rank was given the same request
+    (compared by :func:`request_digest`, as the executor compares plans by a
+    hash); else the same SynthError on every rank naming the arguments that
+    differ and on which ranks."""
+    everyone = world.allgather((_REQUEST_TAG, request_digest(request), _arguments(request)))
+    mixed = steps_problem(everyone)
+    if mixed:
+        raise SynthError(mixed)
+    if len({digest for _, digest, _ in everyone}) == 1:
+        return
+    differences = []
+    for option in dict.fromkeys(k for _, _, arguments in everyone for k in arguments):
+        by_value: dict[str, list[int]] = {}
+        for r, (_, _, arguments) in enumerate(everyone):
+            by_value.setdefault(arguments.get(option, "none"), []).append(r)
+        if len(by_value) > 1:
+            differences.append(f"{option} " + ", ".join(f"{v} on {ranks_text(rs)}" for v, rs in by_value.items()))
+    raise SynthError(f"the ranks were given different arguments ({'; '.join(differences)}); "
+                     "give every rank the same arguments")
+
+
+def check_outputs(request: BenchRequest) -> None:
+    """The files rank 0 writes (``--jsonl``, ``--out``) can be written."""
+    if request.jsonl:
+        check_writable(request.jsonl, "--jsonl")
+    if request.out:
+        check_writable(request.out, "--out")
+
+
+LIBRARY_TEMPORARY_BUFFERS = 1  # e.g. OpenMPI's recursive-doubling and Rabenseifner all-reduce: one of the message
+
+
+def memory_bytes(setup: Setup, sizes: Sequence[int], dtype: np.dtype, rank: int, on_host: bool = True) -> int:
+    """Bytes this rank of the benchmark holds at its peak, an upper bound.
+
+    Building a size's data (:func:`rank_data`) holds, besides the previous
+    size's input and expected result, at most five arrays of ``count`` index
+    integers while it sums, or three and the new input and expected result
+    while it converts them; measuring holds the input, the expected result, the
+    work buffer, :data:`LIBRARY_TEMPORARY_BUFFERS` message-sized temporaries of
+    the library and the scratch that the executors of a placement cache for
+    each size (:func:`~synth.runtime.scratch_elements`). With ``on_host`` False
+    (a device backend) only building the data is counted: that is the host's
+    part. ``scripts/bench_memory.py`` compares this with the peak memory of
+    real runs."""
+    largest = max(sizes)
+    count = largest // dtype.itemsize
+    index_bytes = 4 if count + 7 * setup.topology.num_devices + 1000 < 2**31 else 8  # rank_data's index type
+    building = max(5 * count * index_bytes, 3 * count * index_bytes + 2 * largest) + 2 * largest
+    if not on_host:
+        return building
+    scratch = max(
+        sum(scratch_elements(c.lowered, rank, size // dtype.itemsize) for c in group for size in sizes)
+        for group in _groups(setup.candidates).values()
+    ) * dtype.itemsize
+    return max(building, (3 + LIBRARY_TEMPORARY_BUFFERS) * largest) + scratch
+
+
+def _machine_memory() -> tuple[str, int | None]:
+    """This machine's identity (the kernel's boot id, which the network
+    namespaces of an emulated cluster share) and the memory available on it in
+    bytes (None if unknown)."""
+    try:
+        machine = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        machine = socket.gethostname()
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return machine, int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return machine, os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return machine, None
+
+
+def memory_problem(needs: Sequence[tuple[int, str, int | None]], largest_bytes: int) -> str | None:
+    """What is wrong, if anything, with every rank's ``(bytes needed, machine,
+    bytes available there)``: the ranks of a machine need more in all than the
+    least that any of them saw available."""
+    machines: dict[str, list[tuple[int, int | None]]] = {}
+    for need, machine, available in needs:
+        machines.setdefault(machine, []).append((need, available))
+    for ranks in machines.values():
+        known = [a for _, a in ranks if a is not None]
+        total = sum(n for n, _ in ranks)
+        if known and total > min(known):
+            per_rank = max(n for n, _ in ranks)
+            where = f"the {len(ranks)} ranks of one machine" if len(machines) > 1 else f"{len(ranks)} rank(s)"
+            return (f"--sizes {format_size(largest_bytes)}: the benchmark needs about {_gib(per_rank)} per rank "
+                    f"({per_rank / largest_bytes:.1f}x the largest size: data, work buffer, library and executor "
+                    f"scratch) and {_gib(total)} for {where}, but {_gib(min(known))} is available; use smaller "
+                    "--sizes or fewer ranks per machine")
+    return None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def check_memory(world: World, setup: Setup, sizes: Sequence[int], dtype: np.dtype) -> None:
+    """Collective: refuse, alike on every rank, a benchmark that does not fit
+    the memory of the machines it runs on (:func:`memory_bytes`)."""
+    need = memory_bytes(setup, sizes, dtype, world.rank, on_host=world.xp is np)
+    problem = memory_problem(world.allgather((need, *_machine_memory())), max(sizes))
+    if problem:
+        raise SynthError(problem)
+
+
 def _bench(request: BenchRequest, world: World, capture: Capture | None = None) -> int:
     sizes = request.sizes
 
     def setup_all() -> tuple[Setup, np.dtype]:
+        if world.rank == 0:
+            check_outputs(request)  # before the work, not after it
         if request.dtype not in world.dtypes:
             raise SynthError(f"--dtype {request.dtype}: the {world.name} backend supports "
                              f"{', '.join(sorted(world.dtypes))}")
@@ -425,22 +587,15 @@ def _bench(request: BenchRequest, world: World, capture: Capture | None = None) 
         if devices != world.size:
             raise SynthError(f"{'the plan' if request.plan_path else 'the topology'} has {devices} devices but "
                              f"{world.size} ranks were launched; run under {world.launcher.format(ranks=devices)}")
-        if request.jsonl and world.rank == 0:
-            try:
-                open(request.jsonl, "a").close()
-            except OSError as exc:
-                raise SynthError(f"--jsonl {request.jsonl}: cannot write ({exc.strerror})") from None
         return setup, dtype
 
     setup, dtype = _collectively(world, setup_all)
+    check_memory(world, setup, sizes, dtype)
     _print_header(setup, request, world)
     nccl_version = getattr(world, "nccl_version", None)  # None unless the world runs on NCCL
     read_log = capture is not None and world.rank == 0 and nccl_version is not None
     timings = []
-    groups: dict[tuple, list[Candidate]] = {}
-    for c in setup.candidates:
-        groups.setdefault(_group_key(c), []).append(c)
-    for candidates in groups.values():
+    for candidates in _groups(setup.candidates).values():
         _print_placement(candidates)
         executors = [Executor(c.lowered, world) for c in candidates]
         first = candidates[0].lowered

@@ -1,16 +1,76 @@
-"""Versioned JSON documents (plans, profiles) and JSON-lines files (measurement
-and step records): read, check and write them.
+"""User files: versioned JSON documents (plans, profiles), JSON-lines files
+(measurement and step records) and YAML files (topologies, models): read,
+check and write them.
 
 Every error names the file and says what is wrong, never a traceback.
+:func:`parse_json` is the one JSON parser of user files (plans, profiles,
+measurement records): a document nested deeper than :data:`MAX_DEPTH` is
+refused (Python's parser and the code that walks a document recurse).
+:func:`check_writable` lets a command check an output path before its work.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from functools import lru_cache
 from typing import Any, Iterator
 
 from .errors import SynthError
+
+MAX_DEPTH = 32  # nesting of lists and objects; a plan's deepest is its mesh: one level per axis, plus one
+
+
+def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON or YAML) nests lists and mappings more
+    than ``max_depth`` deep. Iterative, so any depth is safe to ask about, and
+    linear in the containers: one shared by YAML aliases is walked again only
+    when reached deeper (a cycle is too deep)."""
+    deepest: dict[int, int] = {}
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list)) or deepest.get(id(item), 0) >= depth:
+            continue
+        if depth > max_depth:
+            return True
+        deepest[id(item)] = depth
+        stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep"
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` for user files; every problem is a ValueError whose
+    message says what is wrong: malformed JSON, an integer of more digits than
+    Python converts, or nesting deeper than :data:`MAX_DEPTH`."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or int() of too many digits
+        raise ValueError(str(exc)) from None
+    except RecursionError:  # deeper than the parser recurses
+        raise ValueError(TOO_DEEP) from None
+    if too_deep(value):
+        raise ValueError(TOO_DEEP)
+    return value
+
+
+def check_writable(path: str | Path, option: str) -> None:
+    """SynthError unless a file can be written at ``path`` (its folder exists
+    and is writable; an existing file is a writable file). Creates nothing."""
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise SynthError(f"{option} {path}: is a folder; give a file name")
+    if not folder.is_dir():
+        raise SynthError(f"{option} {path}: the folder {folder} does not exist; create it or write elsewhere")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise SynthError(f"{option} {path}: the file is not writable")
+    if not target.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise SynthError(f"{option} {path}: the folder {folder} is not writable")
 
 
 def read_document(
@@ -24,12 +84,14 @@ def read_document(
     versions = (version,) if isinstance(version, int) else version
     source = str(path)
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = parse_json(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SynthError(f"{source}: no such {kind} file") from None
     except OSError as exc:
         raise SynthError(f"{source}: cannot read {kind} ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise SynthError(f"{source}: not a valid {kind}: not a text file (JSON must be UTF-8)") from None
+    except ValueError as exc:
         raise SynthError(f"{source}: not a valid {kind}: corrupted JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != schema:
         raise SynthError(f'{source}: not a synth-reduce {kind} (expected "schema": "{schema}")')
@@ -66,6 +128,53 @@ def json_lines(path: str | Path, kind: str) -> Iterator[tuple[str, int, Any]]:
             continue
         where = f"{source}:{number}"
         try:
-            yield where, number, json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None
+            value = parse_json(line)
+        except ValueError as exc:
+            raise SynthError(f"{where}: not valid JSON ({exc})") from None
+        yield where, number, value
+
+
+@lru_cache(maxsize=1)
+def _strict_yaml_loader() -> type:
+    """A yaml SafeLoader that rejects a key given twice in one mapping (yaml is
+    imported here, not at module import: executing a plan needs no yaml)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):  # PyYAML hook
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key '{key}' is given twice", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def read_yaml(path: str | Path, kind: str) -> Any:
+    """The value of a YAML file, safely loaded (no object construction, a key
+    given twice refused, nesting deeper than :data:`MAX_DEPTH` refused); errors
+    name the file, the line and column where known, and the problem. ``kind``
+    names the file in messages ("topology")."""
+    import yaml
+
+    try:
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_strict_yaml_loader())
+    except UnicodeDecodeError:
+        raise SynthError(f"{path}: not a text file (YAML must be UTF-8)") from None
+    except OSError as exc:
+        raise SynthError(f"{path}: cannot read {kind} ({exc.strerror})") from None
+    except RecursionError:  # deeper than the YAML composer recurses
+        raise SynthError(f"{path}: malformed YAML: {TOO_DEEP}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SynthError(f"{path}: malformed YAML{at}: {problem}") from None
+    if too_deep(data):
+        raise SynthError(f"{path}: malformed YAML: {TOO_DEEP}")
+    return data

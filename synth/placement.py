@@ -31,6 +31,7 @@ from .errors import SynthError
 from .topology import Topology
 
 Matrix = tuple[tuple[int, ...], ...]
+MATRIX_ROWS = " / "  # between the rows (axes) of a matrix in the one notation: dp:4,1 / mp:1,16
 
 
 @dataclass(frozen=True)
@@ -383,16 +384,14 @@ class Placement:
         return self.digits.transpose(order).reshape([a.size for a in self.axes])
 
     def matrix_text(self) -> str:
-        """The matrix in table form, rows = axes: ``dp:4,1 / mp:1,16``."""
-        return " / ".join(f"{a.name}:" + ",".join(str(v) for v in row) for a, row in zip(self.axes, self.matrix))
+        """The matrix in the project's one notation (output of every command and
+        ``--matrix`` input): one row per axis, ``AXIS:`` and its split at each
+        level, outermost first, rows separated by `` / ``: ``dp:4,1 / mp:1,16``."""
+        return MATRIX_ROWS.join(f"{a.name}:" + ",".join(str(v) for v in row) for a, row in zip(self.axes, self.matrix))
 
     def describe(self) -> str:
-        """Compact text, e.g. ``dp=[node:4 gpu:1] mp=[node:1 gpu:16]``."""
-        names = self.topology.level_names
-        return " ".join(
-            f"{axis.name}=[" + " ".join(f"{n}:{v}" for n, v in zip(names, row)) + "]"
-            for axis, row in zip(self.axes, self.matrix)
-        )
+        """The same as :meth:`matrix_text`."""
+        return self.matrix_text()
 
 
 def enumerate_placements(
@@ -411,14 +410,33 @@ def enumerate_placements(
 
 
 def parse_matrix(spec: str, axes: Sequence[Axis], topology: Topology) -> Matrix:
-    """Parse ``4,1;1,16`` (rows = axes, separated by ';') into a matrix."""
-    try:
-        rows = tuple(tuple(int(v) for v in row.split(",")) for row in spec.split(";"))
-    except ValueError:
-        raise SynthError(f"--matrix '{spec}': expected rows of integers like '4,1;1,16'") from None
-    if len(rows) != len(axes) or any(len(r) != len(topology.levels) for r in rows):
-        raise SynthError(
-            f"--matrix '{spec}': expected {len(axes)} rows (axes) of {len(topology.levels)} "
-            "entries (levels), rows separated by ';'"
-        )
-    return rows
+    """Parse a matrix in the notation of :meth:`Placement.matrix_text`
+    (``dp:4,1 / mp:1,16``; rows in any order, each axis once), or rows without
+    names in axis order, separated by ``/`` or ``;`` (``4,1;1,16``)."""
+    names = [a.name for a in axes]
+    example = MATRIX_ROWS.join(f"{a}:" + ",".join("N" * len(topology.levels)) for a in names)
+    expected = (f"--matrix '{spec}': expected one row per axis like '{example}' (the axis's split at each level "
+                f"{', '.join(topology.level_names)}, outermost first)")
+    rows: dict[str, tuple[int, ...]] = {}
+    texts = [row.strip() for row in re.split(r"[/;]", spec)]
+    named = [":" in row for row in texts]
+    if any(named) and not all(named):
+        raise SynthError(f"{expected}; name every row's axis or none")
+    for i, row in enumerate(texts):
+        name, _, values = row.rpartition(":") if named[i] else (names[i] if i < len(names) else "", "", row)
+        name = name.strip()
+        if name not in names:
+            raise SynthError(f"{expected}; '{name}' is not an axis" if named[i] else expected)
+        if name in rows:
+            raise SynthError(f"{expected}; axis {name} has two rows")
+        try:
+            rows[name] = tuple(int(v) for v in values.split(","))
+        except ValueError:
+            raise SynthError(f"{expected}; row '{row}' is not integers separated by ','") from None
+        if len(rows[name]) != len(topology.levels):
+            raise SynthError(f"{expected}; row '{row}' has {len(rows[name])} entries for "
+                             f"{len(topology.levels)} levels")
+    missing = [n for n in names if n not in rows]
+    if missing:
+        raise SynthError(f"{expected}; no row for {', '.join(missing)}")
+    return tuple(rows[n] for n in names)

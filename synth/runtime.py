@@ -30,6 +30,7 @@ disjoint groups; a communicator has ``allreduce(a)``, ``reduce_scatter(a, out)``
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -39,7 +40,7 @@ from .errors import SynthError
 from .execute import execute
 from .language import Collective
 from .lowering import LoweredProgram
-from .plan import Plan, PlannedProgram
+from .plan import Plan, PlannedProgram, as_plan
 from .semantics import Goal
 
 Group = tuple[int, ...]
@@ -166,6 +167,11 @@ class World:
             return f"the {self.name} backend takes {self.xp.__name__} arrays, not {type(buffer).__name__}"
         if buffer.ndim != 1 or not buffer.flags.c_contiguous:
             return "the buffer must be a 1-D contiguous array (use buffer.reshape(-1) on a contiguous tensor)"
+        if not getattr(buffer.flags, "writeable", True):  # numpy's flag; cupy arrays are always writable
+            return "the buffer is read-only; the program runs in place on it (pass a writable array, e.g. a copy)"
+        if not buffer.dtype.isnative:
+            return (f"the buffer's byte order ({buffer.dtype.str}) is not this machine's; convert it first, "
+                    "e.g. buffer.astype(buffer.dtype.newbyteorder('='))")
         if buffer.dtype.name not in self.dtypes:
             return (
                 f"dtype {buffer.dtype.name} is not supported by the {self.name} backend; "
@@ -175,8 +181,12 @@ class World:
 
     def agree(self, problem: str | None) -> None:
         """Collective: if any rank has a problem, raise the same SynthError on
-        every rank (naming the first rank unless all ranks report the same)."""
+        every rank (naming the first rank unless all ranks report the same);
+        likewise if some ranks reached another collective (:func:`steps_problem`)."""
         problems = self.allgather(problem)
+        mixed = steps_problem(problems)
+        if mixed:
+            raise SynthError(mixed)
         failed = [(r, p) for r, p in enumerate(problems) if p is not None]
         if not failed:
             return
@@ -209,6 +219,24 @@ def _fingerprint(programs: Sequence[LoweredProgram], ranges: Sequence[tuple[int,
 
 
 # ---------------------------------------------------------------- executor
+
+
+def scratch_elements(lowered: LoweredProgram, rank: int, length: int) -> int:
+    """Elements an executor allocates for ``rank`` besides the caller's buffer
+    of ``length`` elements (cached per length and dtype): the padded work buffer
+    when ``k`` does not divide ``length``, a packing buffer for each call whose
+    pieces are not consecutive, and the output of each ReduceScatter."""
+    k = lowered.num_chunks
+    q = piece_length(length, k)
+    if not q:
+        return 0
+    total = k * q if k * q != length else 0
+    for call in schedule(lowered, rank):
+        if len(element_ranges(call.pieces, q)) > 1:
+            total += len(call.pieces) * q
+        if call.collective is Collective.REDUCESCATTER:
+            total += len(call.own_pieces) * q
+    return total
 
 
 class _Op:
@@ -309,27 +337,37 @@ class Executor:
     ``executor(buffer)``, which runs the program for the buffer's size in place
     on this rank's 1-D contiguous ``buffer``.
 
-    ``plan`` is a :class:`~synth.plan.Plan` (with ``reduce`` and ``goal`` naming
-    one of its reductions when it holds several) or a single lowered program.
+    ``plan`` is the path of a plan file, a :class:`~synth.plan.Plan` (with
+    ``reduce`` and ``goal`` naming one of its reductions when it holds several)
+    or a single lowered program. A path is the way to run a plan under mpiexec
+    or torchrun: every rank loads it (:func:`~synth.plan.load_plan` checks
+    every stored field against the derivation of the program text) and the
+    ranks agree on the outcome, so a missing, corrupted or tampered copy on
+    any rank is the same one-line SynthError on every rank, never a hang.
     ``check=True`` (the default) first checks collectively that every rank passes
-    a supported dtype and the same length, and raises the same SynthError on
-    every rank otherwise; ``check=False`` skips that small collective in hot
+    a supported, writable, native byte-order buffer of the same length and
+    dtype, and raises the same SynthError on every rank otherwise, before any
+    rank's buffer changes; ``check=False`` skips that small collective in hot
     loops whose buffers were checked once (every rank must then pass the same
     length, or ranks may pick programs of different size ranges)."""
 
-    def __init__(self, plan: LoweredProgram | Plan, world: World, reduce: str | Sequence[str] | None = None,
-                 goal: Goal | str | None = None) -> None:
-        if isinstance(plan, Plan):
-            programs = plan.find(reduce, goal).programs
-        else:
-            programs = (PlannedProgram(plan),)
-        devices = programs[0].lowered.num_devices
+    def __init__(self, plan: LoweredProgram | Plan | str | os.PathLike, world: World,
+                 reduce: str | Sequence[str] | None = None, goal: Goal | str | None = None) -> None:
+        programs: tuple[PlannedProgram, ...] = ()
         problem = None
-        if world.size != devices:
-            problem = (
-                f"the plan is for {devices} ranks but {world.size} were launched; "
-                f"run it with {devices} ranks (e.g. {world.launcher.format(ranks=devices)})"
-            )
+        try:
+            if isinstance(plan, LoweredProgram):
+                programs = (PlannedProgram(plan),)
+            else:
+                programs = as_plan(plan).find(reduce, goal).programs
+            devices = programs[0].lowered.num_devices
+            if world.size != devices:
+                problem = (
+                    f"the plan is for {devices} ranks but {world.size} were launched; "
+                    f"run it with {devices} ranks (e.g. {world.launcher.format(ranks=devices)})"
+                )
+        except SynthError as exc:
+            problem = str(exc)
         world.agree(problem)
         fingerprint = _fingerprint([p.lowered for p in programs], [(p.min_bytes, p.max_bytes) for p in programs])
         fingerprints = world.allgather(fingerprint)
@@ -382,13 +420,37 @@ class Executor:
                 if info[2] is None:
                     values.setdefault(info[index], []).append(r)
             if len(values) > 1:
-                listed = "; ".join(f"{v} on {_ranks(rs)}" for v, rs in values.items())
+                listed = "; ".join(f"{v} on {ranks_text(rs)}" for v, rs in values.items())
                 problems.append(f"buffer {label} differ across ranks ({listed}); every rank must pass the same")
         if problems:
             raise SynthError("; ".join(problems))
 
 
-def _ranks(ranks: Sequence[int]) -> str:
+def _step(payload: Any) -> str:
+    """Which agreement a gathered payload belongs to: :meth:`World.agree`'s
+    (None or a message) or a tagged one, ``(TAG, ...)`` with a readable TAG."""
+    if payload is None or isinstance(payload, str):
+        return "a setup check"
+    if isinstance(payload, tuple) and payload and isinstance(payload[0], str):
+        return payload[0]
+    return "another collective"
+
+
+def steps_problem(payloads: Sequence[Any]) -> str | None:
+    """If the ranks' payloads of one allgather belong to different agreements
+    (ranks given different commands or arguments reach different collectives),
+    the message saying so: the same whichever rank computes it."""
+    steps: dict[str, list[int]] = {}
+    for rank, payload in enumerate(payloads):
+        steps.setdefault(_step(payload), []).append(rank)
+    if len(steps) == 1:
+        return None
+    at = "; ".join(f"{ranks_text(ranks)} at {step}" for step, ranks in steps.items())
+    return f"the ranks reached different collectives ({at}): give every rank the same command and arguments"
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3``, ``ranks 0,1,2`` or ``ranks 0..15 (16 ranks)``, for messages."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "ranks " + (",".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)} ranks)")

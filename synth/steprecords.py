@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .documents import json_lines
+from .documents import json_lines, parse_json
 from .errors import SynthError
 from .placement import Axis, Placement
 from .stepmodel import Configuration, Sharding, Training, configuration_problem
@@ -191,8 +191,8 @@ def first_schema(path: str | Path) -> str | None:
         with open(path) as f:
             for text in f:
                 if text.strip():
-                    rec = json.loads(text)
+                    rec = parse_json(text)
                     return rec.get("schema") if isinstance(rec, dict) else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, ValueError):
         return None
     return None

@@ -17,9 +17,9 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from functools import lru_cache
 from typing import Any, Mapping
 
+from .documents import read_yaml
 from .errors import SynthError
 from .resources import topologies_dir
 
@@ -147,27 +147,6 @@ _DEVICE_FIELDS: dict[str, tuple[type, bool, str]] = {
 }
 
 
-@lru_cache(maxsize=1)
-def _strict_loader() -> type:
-    """A yaml SafeLoader that rejects a key given twice in one mapping (yaml is
-    imported here, not at module import: executing a plan needs no yaml)."""
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):  # PyYAML hook
-            seen = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"key '{key}' is given twice", key_node.start_mark
-                    )
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    return StrictLoader
-
-
 def _check_type(where: str, key: str, value: Any, kind: type, example: str) -> Any:
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -278,20 +257,8 @@ def resolve_topology_path(spec: str) -> Path:
 
 def load_topology(spec: str) -> Topology:
     """Load and validate a topology file (path or shipped name)."""
-    import yaml
-
     path = resolve_topology_path(spec)
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_strict_loader())
-    except UnicodeDecodeError:
-        raise SynthError(f"{path}: not a text file (YAML must be UTF-8)") from None
-    except OSError as exc:
-        raise SynthError(f"{path}: cannot read topology ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SynthError(f"{path}: malformed YAML{at}: {problem}") from None
+    data = read_yaml(path, "topology")
     return topology_from_dict(data, str(path))
 
 

@@ -236,15 +236,35 @@ def _launch_hint(devices: int, per_node: int) -> str:
             f"(on one host: torchrun --nproc-per-node {devices})")
 
 
-def _checked_world(plan: Plan, problem: str | None = None) -> TorchWorld:
+def _checked_world(plan: Plan | None, problem: str | None = None) -> TorchWorld:
     """The world, after every rank agreed that this launch can run the plan
-    (world size, hosts) and that ``problem`` (this rank's) is None."""
+    (world size, hosts) and that ``problem`` (this rank's) is None. ``plan`` is
+    None where this rank could not load it (``problem`` says why); every rank
+    makes the same collectives either way."""
     w = world()
-    topology = plan.placement.topology
     hosts = w.allgather(socket.gethostname())
-    launch = launch_problem(topology, hosts, _launch_hint(topology.num_devices, devices_per_node(topology)))
+    launch = None
+    if plan is not None:
+        topology = plan.placement.topology
+        launch = launch_problem(topology, hosts, _launch_hint(topology.num_devices, devices_per_node(topology)))
     w.agree(launch or problem)
     return w
+
+
+def _loaded(plan: Plan | str | os.PathLike, check: Callable[[Plan], Any] = lambda plan: None
+            ) -> tuple[Plan | None, str | None]:
+    """This rank's plan (a path is loaded) after ``check``, or None and why not:
+    what :func:`_checked_world` then agrees on, so a missing or corrupted copy
+    on one rank is one error on every rank, never a hang. Not a plan at all is
+    an error at once (the caller's, the same on every rank)."""
+    if not isinstance(plan, (Plan, str, os.PathLike)):
+        as_plan(plan)  # raises
+    try:
+        loaded = as_plan(plan)
+        check(loaded)
+        return loaded, None
+    except SynthError as exc:
+        return None, str(exc)
 
 
 # ---------------------------------------------------------------- the API
@@ -258,13 +278,9 @@ def device_mesh(plan: Plan | str | os.PathLike, device_type: str = "cuda", hiera
     Collective."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    plan = as_plan(plan)
-    problem = None
-    try:
-        layout = mesh_layout(plan.placement, hierarchical)
-    except SynthError as exc:
-        problem = str(exc)
-    _checked_world(plan, problem)
+    loaded, problem = _loaded(plan, lambda p: mesh_layout(p.placement, hierarchical))
+    _checked_world(loaded, problem)
+    layout = mesh_layout(loaded.placement, hierarchical)
     return DeviceMesh(device_type, torch.as_tensor(layout.ids.copy()), mesh_dim_names=layout.names)
 
 
@@ -277,13 +293,8 @@ class Executor(runtime.Executor):
 
     def __init__(self, plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None = None,
                  goal: Goal | str | None = None) -> None:
-        plan = as_plan(plan)
-        problem = None
-        try:
-            plan.find(reduce, goal)
-        except SynthError as exc:
-            problem = str(exc)
-        super().__init__(plan, _checked_world(plan, problem), reduce, goal)
+        loaded, problem = _loaded(plan, lambda p: p.find(reduce, goal))
+        super().__init__(loaded, _checked_world(loaded, problem), reduce, goal)
 
 
 def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None = None) -> Callable[..., Any]:

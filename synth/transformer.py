@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .documents import read_yaml
 from .errors import SynthError
 from .resources import models_dir
 
@@ -310,8 +311,6 @@ def load_model(spec: str) -> Transformer:
     """A shipped model name (``gpt3-175b``), a YAML path, or inline fields."""
     if "=" in spec:
         return parse_inline_model(spec)
-    import yaml
-
     path = Path(spec)
     if not path.is_file():
         shipped = models_dir() / (spec if spec.endswith(".yaml") else spec + ".yaml")
@@ -320,10 +319,4 @@ def load_model(spec: str) -> Transformer:
             raise SynthError(f"--model '{spec}': not a file, a shipped model ({known}) or inline fields "
                              "like layers=30,hidden=3072,heads=32,seq=2048,vocab=51200")
         path = shipped
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SynthError(f"{path}: cannot read the model ({exc})") from None
-    except yaml.YAMLError as exc:
-        raise SynthError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
-    return model_from_dict(data, str(path))
+    return model_from_dict(read_yaml(path, "model"), str(path))

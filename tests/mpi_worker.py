@@ -6,8 +6,14 @@ rank's whole buffer must equal the numpy reference and the goal's part must
 equal the direct reduction. Rank 0 prints ``ok: ...`` or the failures; exit 1 on
 any failure.
 
-``bad-length`` / ``bad-dtype``: one rank passes a wrong buffer; every rank must
-raise the same SynthError, print it and exit 2.
+``bad-length`` / ``bad-dtype`` / ``read-only`` / ``byte-order``: one rank
+passes a wrong buffer; every rank must raise the same SynthError, print it and
+exit 2.
+
+``plan-path GOOD BAD WHO``: ``Executor(path, world)`` where the ranks in WHO
+(``all`` or ``3,5``) pass BAD and the others GOOD, then every rank runs the
+plan on integer data: a SynthError is printed and exit 2; a wrong element
+prints ``rank R: WRONG SUMS``; rank 0 prints ``ok: ...`` if every rank is exact.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 from synth.backends import MPIWorld
 from synth.bench import rank_data
 from synth.errors import SynthError
+from synth.language import format_program
 from synth.lowering import lower
 from synth.placement import enumerate_placements, parse_axes
 from synth.runtime import Executor, reference
@@ -75,20 +82,49 @@ def check_programs(world: MPIWorld) -> int:
 def bad_buffer(world: MPIWorld, mode: str) -> int:
     lowered = next(lowered for _, lowered in lowered_programs())
     executor = Executor(lowered, world)
-    length = 17 - (world.rank == 3 and mode == "bad-length")
+    length = 1024 - (world.rank == 3 and mode == "bad-length")
     dtype = "float16" if world.rank == 1 and mode == "bad-dtype" else "float32"
+    if world.rank == 5 and mode == "byte-order":
+        dtype = ">f4"
+    buffer = np.zeros(length, dtype=dtype)
+    if world.rank == 5 and mode == "read-only":
+        buffer.setflags(write=False)
     try:
-        executor(np.zeros(length, dtype=dtype))
+        executor(buffer)
     except SynthError as exc:
         print(f"synth-reduce: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def main(mode: str) -> int:
+def plan_path(world: MPIWorld, good: str, bad: str, who: str) -> int:
+    mine = bad if who == "all" or str(world.rank) in who.split(",") else good
+    try:
+        executor = Executor(mine, world)
+    except SynthError as exc:
+        print(f"synth-reduce: error: {exc}", file=sys.stderr)
+        return 2
+    lowered = executor.lowered
+    data = rank_data(lowered, world.rank, 3 * lowered.num_chunks + 1, np.dtype("int64"))
+    buffer = data.input.copy()
+    executor(buffer)
+    exact = np.array_equal(buffer[data.checked], data.expected[data.checked])
+    if not exact:
+        print(f"rank {world.rank}: WRONG SUMS", flush=True)
+    everyone = world.allgather(exact)
+    if world.rank == 0 and all(everyone):
+        print(f"ok: {format_program(lowered.program, ' ; ')} exact on {world.size} ranks")
+    return 0 if all(everyone) else 1
+
+
+def main(mode: str, *args: str) -> int:
     world = MPIWorld()
-    return check_programs(world) if mode == "programs" else bad_buffer(world, mode)
+    if mode == "programs":
+        return check_programs(world)
+    if mode == "plan-path":
+        return plan_path(world, *args)
+    return bad_buffer(world, mode)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:]))

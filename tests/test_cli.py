@@ -281,7 +281,7 @@ def test_out_then_verify(cli, plan_path, p2_json):
     code, out, err = cli("verify", plan_path)
     assert code == 0 and err == ""
     assert out.splitlines()[0] == (
-        f"{plan_path}: verified allreduce over dp on dp=[node:2 gpu:2] mp=[node:2 gpu:8]"
+        f"{plan_path}: verified allreduce over dp on dp:2,2 / mp:2,8"
     )
     assert "program: " + BLUECONNECT.replace("\n", " ; ") in out
     assert "z3: proved for all inputs" in out
@@ -299,10 +299,10 @@ def test_verify_json(cli, plan_path):
 def test_check_blueconnect_on_a_given_matrix(cli, tmp_path):
     program = tmp_path / "blueconnect.txt"
     program.write_text("# BlueConnect\n" + BLUECONNECT + "\n")
-    code, out, err = cli("check", program, *P2, "--matrix", "2,2;2,8")
+    code, out, err = cli("check", program, *P2, "--matrix", "dp:2,2 / mp:2,8")
     assert code == 0 and err == ""
     assert out.splitlines()[0] == f"{program}: " + BLUECONNECT.replace("\n", " ; ")
-    assert "dp=[node:2 gpu:2] mp=[node:2 gpu:8]: valid (numpy: " in out
+    assert "dp:2,2 / mp:2,8: valid (numpy: " in out
     assert "not valid" not in out
 
 
@@ -527,7 +527,7 @@ def test_check_program_that_is_not_an_allreduce(cli, tmp_path):
     msg = usage_error(cli, "check", program, *P2)
     assert msg.startswith(f"{program} does not implement allreduce over dp on any of 3 placements; first: ")
     msg = usage_error(cli, "check", program, *P2, "--matrix", "2,2;2,8")
-    assert msg.startswith(f"{program} does not implement allreduce over dp on dp=[node:2 gpu:2] mp=[node:2 gpu:8]: ")
+    assert msg.startswith(f"{program} does not implement allreduce over dp on dp:2,2 / mp:2,8: ")
     # ...but it is exactly a reduce-scatter
     code, _, _ = cli("check", program, *P2, "--collective", "reducescatter")
     assert code == 0
@@ -559,8 +559,13 @@ def test_check_missing_program_file(cli, tmp_path):
     "matrix, expected",
     [
         ("3,2;2,8", "matrix column 'node' multiplies to 6, expected the level count 4"),
-        ("2,2", "--matrix '2,2': expected 2 rows (axes) of 2 entries (levels)"),
-        ("a,b;c,d", "--matrix 'a,b;c,d': expected rows of integers"),
+        ("2,2", "--matrix '2,2': expected one row per axis like 'dp:N,N / mp:N,N' (the axis's split at each level "
+                "node, gpu, outermost first); no row for mp"),
+        ("a,b;c,d", "; row 'a,b' is not integers separated by ','"),
+        ("dp:2,2 / tp:2,8", "; 'tp' is not an axis"),
+        ("dp:2,2 / 2,8", "; name every row's axis or none"),
+        ("dp:2,2 / dp:2,8", "; axis dp has two rows"),
+        ("dp:2,2,1 / mp:2,8", "; row 'dp:2,2,1' has 3 entries for 2 levels"),
     ],
 )
 def test_check_bad_matrix(cli, tmp_path, matrix, expected):

@@ -17,4 +17,4 @@ def test_the_readme_check_example_proves_the_shipped_program(cli):
     args = re.findall(r'"[^"]*"|\S+', command[1])
     code, out, err = cli("check", *[str(REPO / a) if a.endswith(".txt") else a.strip('"') for a in args])
     assert code == 0, err
-    assert re.search(r"dp=\[node:2 gpu:2\] mp=\[node:2 gpu:8\]: valid \(numpy: \d+ elements exact; z3: proved", out)
+    assert re.search(r"dp:2,2 / mp:2,8: valid \(numpy: \d+ elements exact; z3: proved", out)

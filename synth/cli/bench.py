@@ -13,16 +13,19 @@ from .args import Parser, add_problem_arguments, problem_spec
 
 
 def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
+    usage = (f"{prog} --topology T --axes AXES --out PLAN.json [options]" if tune else
+             f"{prog} PLAN.json [options]\n       {prog} --topology T --axes AXES [options]")
     p = Parser(
         prog=prog,
+        usage=usage,
         description=(
             f"Run under mpiexec (backends mpi, nccl) or torchrun (backend torch: "
             f"torchrun --nproc-per-node N -m synth.cli {prog.split()[-1]} --backend torch ...). "
-            f"'{prog} PLAN.json' times the plan's program and the default; "
-            f"'{prog} --topology T --axes ...' synthesizes like the main command and times the default "
-            "and the --top K predicted programs of every placement."
-            + (" tune then writes to --out a plan for the placement of the measured winner at the largest size, "
-               "with the measured winner of each size for the sizes around it." if tune else "")
+            + ("" if tune else f"'{prog} PLAN.json' times the plan's programs and the default; ")
+            + f"'{prog} --topology T --axes ...' synthesizes like the main command and times the default "
+            "and the --top K predicted programs of every placement"
+            + (", then writes to --out a plan for the placement of the measured winner at the largest size, "
+               "with the measured winner of each size for the sizes around it." if tune else ".")
         ),
     )
     if plan_mode:

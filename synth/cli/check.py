@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from ..errors import SynthError
@@ -22,14 +23,19 @@ def run(argv: Sequence[str]) -> int:
     )
     p.add_argument("file", help="program text file ('-' for standard input)")
     add_problem_arguments(p)
-    p.add_argument("--matrix", help="check on this placement only, rows=axes separated by ';', e.g. '4,1;1,16'")
+    p.add_argument("--matrix", metavar="MATRIX",
+                   help="check on this placement only, one row per axis as the tables print it, e.g. "
+                        "'dp:4,1 / mp:1,16' (the axis's split at each level, outermost first)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = p.parse_args(argv)
     problem = problem_spec(args).build()
     try:
-        text = sys.stdin.read() if args.file == "-" else open(args.file).read()
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
     except OSError as exc:
         raise SynthError(f"{args.file}: cannot read program ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise SynthError(f"{args.file}: not a text file (a program is UTF-8 text, e.g. "
+                         "'ReduceScatter(node, inside)' on its first line)") from None
     program = parse_program(text, args.file)
     if args.matrix:
         placements = [Placement(problem.topology, problem.axes, parse_matrix(args.matrix, problem.axes, problem.topology))]
@@ -55,6 +61,7 @@ def run(argv: Sequence[str]) -> int:
     else:
         print(f"{args.file}: {format_program(program, ' ; ')}")
         print(problem.describe())
+        print(f"matrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)})")
         for row, placement in zip(rows, placements):
             status = (
                 f"valid (numpy: {row['numpy_elements']} elements exact; z3: proved, {row['z3']})"

@@ -14,8 +14,7 @@ from ..testbed.commands import plan_text
 from ..testbed.description import AUTO_CAP_GBPS, Cluster, describe_cluster, describe_text
 from ..testbed.names import Names
 from ..testbed.namespaces import RANKS_LOST_EXIT, RanksLost, cluster_up, down, find_mpiexec, launch, preflight
-from ..topology import load_topology
-from .args import Parser
+from .args import Parser, add_scale_argument, scaled_topology
 
 
 def _parser(prog: str, job: bool) -> argparse.ArgumentParser:
@@ -26,6 +25,7 @@ def _parser(prog: str, job: bool) -> argparse.ArgumentParser:
         "tc-shaped uplinks, " + ("then run COMMAND under mpiexec across it and tear everything down."
                                  if job else "and print what would be created and run.")))
     p.add_argument("--topology", required=True, help="YAML file or shipped name: [node, rank] or [rack, node, rank]")
+    add_scale_argument(p)
     p.add_argument("--ranks-per-node", type=int, metavar="N", help="MPI ranks per node (default: the rank level's count)")
     p.add_argument("--rate-scale", metavar="FACTOR", default="auto",
                    help="multiply the topology's uplink bandwidths by FACTOR (default auto: 1, or less so that "
@@ -44,7 +44,7 @@ def _describe_from(args: argparse.Namespace) -> Cluster:
             scale = float(args.rate_scale)
         except ValueError:
             raise SynthError(f"--rate-scale {args.rate_scale}: expected a number or 'auto'") from None
-    return describe_cluster(load_topology(args.topology), os.getpid(), args.ranks_per_node, scale,
+    return describe_cluster(scaled_topology(args), os.getpid(), args.ranks_per_node, scale,
                             args.node_rate_gbit)
 
 
@@ -65,7 +65,7 @@ def emulate_main(argv: list[str]) -> int:
         p = Parser(prog="synth-reduce emulate down",
                     description="Remove namespaces, links and work folders left by emulate runs that died.")
         p.add_argument("--all", action="store_true", help="also those of emulate processes still running")
-        p.add_argument("--verbose", action="store_true")
+        p.add_argument("--verbose", action="store_true", help="print every command that removes something")
         args = p.parse_args(argv[1:])
         preflight()
         removed, kept = down(args.all, _say if args.verbose else None)

@@ -11,24 +11,31 @@ from typing import Any, Sequence
 from .. import __version__
 from ..api import SizesSolution, Solution, WorkloadSolution, rank_problem_placements, solve_problem, solve_sizes
 from ..cost import default_program
+from ..documents import check_writable
 from ..errors import SynthError
 from ..language import format_program
 from ..placement import axes_have_sizes
 from ..plan import program_document, write_plan
 from ..units import format_seconds, format_size, parse_size
 from ..workload import parse_workload
+from . import commands_text
 from .args import Parser, add_model_arguments, add_problem_arguments, model_of, problem_spec
 
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="synth-reduce",
+        usage="synth-reduce --topology T --axes AXES [options]\n       synth-reduce COMMAND [options]  "
+              "(synth-reduce COMMAND --help)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Enumerate every placement of parallelism axes on a hierarchical cluster and every "
-            "verified program implementing a reduction over some axes, ranked by predicted time. "
-            "Subcommands: 'verify PLAN' re-proves a plan; 'check FILE' checks a hand-written "
-            "program; 'fit' and 'validate' learn and score the cost model from measurements."
+            "Enumerate every placement of parallelism axes on a hierarchical cluster and every\n"
+            "verified program implementing a reduction over some axes, ranked by predicted time;\n"
+            "with --workload, rank placements for a whole training step."
         ),
+        epilog=f"commands:\n{commands_text()}\n\n"
+               "A placement (parallelism matrix) is written one row per axis, AXIS: and the axis's split at\n"
+               "each level, outermost first, rows separated by ' / ': dp:2,2 / mp:2,8 on levels node, gpu.",
     )
     add_problem_arguments(p)
     add_model_arguments(p)
@@ -40,14 +47,18 @@ def parser() -> argparse.ArgumentParser:
         "(replaces --reduce, --collective and --size)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
-    p.add_argument("--out", metavar="PLAN.json", help="write a plan (one placement and one program)")
+    p.add_argument("--out", metavar="PLAN.json",
+                   help="write a plan: one placement and its program (with --workload: the best program of each "
+                        "workload item)")
     p.add_argument("--placement", type=int, metavar="I",
                    help="placement (its # column) for --out (default: the best predicted)")
-    p.add_argument("--program", type=int, default=0, metavar="J",
-                   help="program rank within the placement for --out (default 0, the fastest predicted)")
+    p.add_argument("--program", type=int, metavar="J",
+                   help="program rank within the placement for --out (default 0, the fastest predicted; "
+                        "not with --workload)")
     p.add_argument(
         "--top", "--show", dest="top", type=int, metavar="K",
-        help="programs listed per placement, fastest first (default: 3 in the table, all in --json)",
+        help="programs listed per placement, fastest first (default: 3 in the table, all in --json; "
+             "not with --workload, which lists the best program of each item)",
     )
     p.add_argument("--no-verify", action="store_true", help="skip the numpy and z3 verification of the listed programs")
     p.add_argument("--version", action="version", version=f"synth-reduce {__version__}")
@@ -65,6 +76,8 @@ def run(argv: Sequence[str]) -> int:
         raise SynthError(f"--top {args.top}: must be >= 0")
     if not axes_have_sizes(args.axes):
         return _run_sizes(args)
+    if args.out:
+        check_writable(args.out, "--out")  # before the work, not after it
     if args.workload:
         return _run_workload(args)
     problem = problem_spec(args).build()
@@ -73,15 +86,16 @@ def run(argv: Sequence[str]) -> int:
     top = args.top if args.top is not None else (None if args.json else 3)
     solution = solve_problem(problem, model, size_bytes, verify=not args.no_verify, top=top, progress=_progress)
     _progress("")
+    program = 0 if args.program is None else args.program
     if args.out:
         written = solution.best.index if args.placement is None else args.placement
-        write_plan(args.out, solution.plan(written, args.program))
+        write_plan(args.out, solution.plan(written, program))
     if args.json:
         print(json.dumps(solution_document(solution), indent=1))
     else:
         print_table(solution)
         if args.out:
-            print(f"\nwrote plan: placement {written}, program {args.program} -> {args.out}")
+            print(f"\nwrote plan: placement {written}, program {program} -> {args.out}")
     return 0
 
 
@@ -147,6 +161,15 @@ def _model_line(solution: Solution) -> str:
     return f"predicted for {format_size(solution.size_bytes)} per device, {solution.model.describe()}"
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" + ("" if n == 1 else "s")
+
+
+def _width(header: str, values: Sequence[str], least: int = 22) -> int:
+    """A column wide enough for its header and every value (at least ``least``)."""
+    return max([least, len(header)] + [len(v) for v in values])
+
+
 def print_table(solution: Solution) -> None:
     problem = solution.problem
     placements = solution.by_speed
@@ -154,27 +177,31 @@ def print_table(solution: Solution) -> None:
     print(problem.describe())
     print(_model_line(solution))
     print(
-        f"{len(placements)} placement(s), {total} program(s) of at most {problem.max_steps} steps; "
+        f"{len(placements)} placement(s), {total} program(s) of at most {_steps(problem.max_steps)}; "
         f"synthesized in {solution.synthesis_s * 1e3:.0f} ms, predicted in {solution.prediction_s * 1e3:.0f} ms"
         + ("; listed programs verified (numpy reference + z3)" if solution.verified else "")
     )
+    default = default_program(problem.goal).instructions[0].collective.value
     print(f"\nmatrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)}); "
-          "default = one AllReduce over each whole reduction group")
-    header = (f"{'rank':>4} {'#':>3}  {'matrix':<22} {'reduction crosses':<22} {'progs':>5} "
+          f"default = one {default} over each whole reduction group")
+    matrices = [p.placement.matrix_text() for p in placements]
+    crosses = [p.hierarchy.describe() if p.hierarchy.names else "(nothing: k=1)" for p in placements]
+    mw, cw = _width("matrix", matrices), _width("reduction crosses", crosses)
+    header = (f"{'rank':>4} {'#':>3}  {'matrix':<{mw}} {'reduction crosses':<{cw}} {'progs':>5} "
               f"{'default':>11} {'best':>11} {'speedup':>7}  programs, fastest first")
     print(header)
     print("-" * len(header))
     for n, p in enumerate(placements):
-        crosses = p.hierarchy.describe() if p.hierarchy.names else "(nothing: k=1)"
         first = p.programs[0] if p.programs else None
+        listed = (format_program(first.program, " ; ") if first
+                  else "(none within the step limit)" if not p.num_programs else "")
         print(
-            f"{n + 1:>4} {p.index:>3}  {p.placement.matrix_text():<22} {crosses:<22} "
+            f"{n + 1:>4} {p.index:>3}  {matrices[n]:<{mw}} {crosses[n]:<{cw}} "
             f"{p.num_programs:>5} {format_seconds(p.default_s):>11} "
-            f"{format_seconds(p.best_s) if p.num_programs else '-':>11} {p.speedup:>6.2f}x  "
-            + (format_program(first.program, " ; ") if first else "(none within the step limit)")
+            f"{format_seconds(p.best_s) if p.num_programs else '-':>11} {p.speedup:>6.2f}x  {listed}".rstrip()
         )
         for r in p.programs[1:]:
-            print(f"{'':>4} {'':>3}  {'':<22} {'':<22} {'':>5} {'':>11} {format_seconds(r.predicted_s):>11} "
+            print(f"{'':>4} {'':>3}  {'':<{mw}} {'':<{cw}} {'':>5} {'':>11} {format_seconds(r.predicted_s):>11} "
                   f"{'':>7}  {format_program(r.program, ' ; ')}")
 
 
@@ -256,15 +283,26 @@ def print_sizes_table(solution: SizesSolution) -> None:
 def _run_workload(args: argparse.Namespace) -> int:
     if args.reduce is not None or args.collective is not None or args.size is not None:
         raise SynthError("--workload replaces --reduce, --collective and --size; give one or the other")
+    for option, value in (("--top", args.top), ("--program", args.program)):
+        if value is not None:
+            raise SynthError(f"{option} lists or picks programs of one reduction; with --workload every item uses "
+                             "its best predicted program (leave out --workload to list the programs of one)")
     problem = problem_spec(args).build()
     workload = parse_workload(args.workload, problem.axes)
     model = model_of(args)
     solution = rank_problem_placements(problem, workload, model, verify=not args.no_verify, progress=_progress)
     _progress("")
+    if args.out:
+        plan = solution.plan(args.placement)
+        write_plan(args.out, plan)
     if args.json:
         print(json.dumps(workload_document(solution), indent=1))
     else:
         print_workload_table(solution)
+        if args.out:
+            programs = sum(len(r.programs) for r in plan.reductions)
+            print(f"\nwrote plan: placement {plan.placement.matrix_text()}, {len(plan.reductions)} reduction(s), "
+                  f"{programs} program(s) -> {args.out}")
     return 0
 
 
@@ -307,12 +345,14 @@ def print_workload_table(solution: WorkloadSolution) -> None:
           "uses its best predicted program" + ("; those programs verified (numpy reference + z3)"
                                                if solution.verified else ""))
     print()
-    header = (f"{'rank':>4} {'#':>3}  {'matrix':<22} {'total':>11} {'with default':>13}  "
+    matrices = [c.placement.matrix_text() for c in solution.placements]
+    mw = _width("matrix", matrices)
+    header = (f"{'rank':>4} {'#':>3}  {'matrix':<{mw}} {'total':>11} {'with default':>13}  "
               "best program per reduction")
     print(header)
     print("-" * len(header))
     for n, c in enumerate(solution.placements):
-        print(f"{n + 1:>4} {c.index:>3}  {c.placement.matrix_text():<22} "
+        print(f"{n + 1:>4} {c.index:>3}  {matrices[n]:<{mw}} "
               f"{format_seconds(c.total_s):>11} {format_seconds(c.default_total_s):>13}  "
               + " | ".join(
                   f"{'+'.join(r.item.reduce_axes)}: " + (format_program(r.best.program, ' ; ') if r.best else "-")
