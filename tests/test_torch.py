@@ -169,6 +169,12 @@ def test_executor_takes_a_plan_path_and_picks_the_program_by_size(checks):
 
 
 @pytest.mark.timeout(600)
+def test_a_job_plan_from_the_planner_runs_exactly_through_synth_torch(checks):
+    detail = assert_check(checks, "job_plan")
+    assert detail == "allreduce over tp, reducescatter over dp, allgather over dp: exact", detail
+
+
+@pytest.mark.timeout(600)
 def test_device_mesh_groups_are_the_plans_reduction_groups(checks):
     assert_check(checks, "device_mesh")
 

@@ -4,7 +4,8 @@
 lengths 1, 7, 4099 in float32 and float64 and on every reducescatter and
 allgather program of several placements, every rank's whole buffer against the
 numpy reference (``synth.runtime.reference``) and the goal's part against the
-direct reduction; a plan file with two size ranges; the DeviceMesh's groups;
+direct reduction; a plan file with two size ranges; a job plan from
+``synth-reduce plan --out`` (every reduction exact); the DeviceMesh's groups;
 DDP with the plan's hook against default DDP (dp only, and dp x mp with DDP on
 the dp sub-group); FSDP2's HSDP on the hierarchical mesh against default DDP.
 Rank 0 prints one JSON line per check: ``{"check", "ok", "detail"}``.
@@ -131,6 +132,34 @@ def check_plan_file_with_size_ranges(rank: int, directory: Path) -> str:
         if problem:
             raise AssertionError(problem)
     return "a path, two size ranges, each exact"
+
+
+def check_job_plan(rank: int, directory: Path) -> str:
+    """A job plan from ``synth-reduce plan --out`` (tp allreduce, dp
+    reducescatter and allgather under ZeRO-1) runs each of its reductions
+    exactly through synth.torch, loaded from its path."""
+    path = directory / "job.json"
+    if rank == 0:
+        code = cli_main(["plan", "--topology", "testbed-2x4", "--model", "layers=4,hidden=256,heads=8,seq=128,vocab=1000",
+                         "--global-batch", "16", "--axes", "tp=2,dp=4", "--device", "memory_GiB=16,peak_TFLOPs=1",
+                         "--sharding", "zero1", "--out", str(path)])
+        assert code == 0, f"plan exited {code}"
+    dist.barrier()
+    from synth.plan import load_plan
+
+    plan = load_plan(path)
+    done = []
+    for planned in plan.reductions:
+        reduction = planned.reduction
+        executor = synth.torch.Executor(str(path), reduce=reduction.axes, goal=reduction.goal)
+        for program in planned.programs:
+            length = max(7, (program.min_bytes // 4) + 7)
+            problem = exact(program.lowered, executor, rank, length, np.dtype("float32"))
+            if problem:
+                raise AssertionError(problem)
+        done.append(reduction.describe())
+    assert {"allreduce over tp", "reducescatter over dp", "allgather over dp"} <= set(done), done
+    return ", ".join(done) + ": exact"
 
 
 # ---------------------------------------------------------------- meshes
@@ -269,6 +298,7 @@ def run_checks(directory: Path) -> int:
     checks = [("allreduce_programs", lambda: check_allreduce_programs(rank)),
               ("shard_programs", lambda: check_shard_programs(rank)),
               ("plan_file_with_size_ranges", lambda: check_plan_file_with_size_ranges(rank, directory)),
+              ("job_plan", lambda: check_job_plan(rank, directory)),
               ("device_mesh", lambda: check_device_mesh(rank)),
               ("ddp_dp_only", lambda: check_ddp_dp_only(rank)),
               ("ddp_dp_mp", lambda: check_ddp_dp_mp(rank)),
