@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -263,11 +263,13 @@ class _Layout:
         self.base = slice(4 * L + 1, 4 * L + 1 + len(NCCL_KEYS))
         self.inv_bw = slice(4 * L + 1 + len(NCCL_KEYS), 5 * L + 1 + len(NCCL_KEYS))
         self.size = 5 * L + 1 + len(NCCL_KEYS)
-        # which parameters to keep at their prior first when they are collinear
+        # which parameters to keep at their prior first when they are collinear (the
+        # fit puts the efficiencies after the bandwidths: a level's bandwidth is a
+        # spec, its efficiencies what the library achieves on it)
         kind = np.zeros(self.size)
         kind[self.base], kind[self.proto_lat], kind[self.mpi_lat] = 0, 1, 2
         kind[self.overhead], kind[self.inv_bw] = 3, 4
-        self.fix_order = list(np.argsort(kind, kind="stable"))
+        self.fix_order = [int(i) for i in np.argsort(kind, kind="stable")]
 
     def vector(self, p: Profile) -> np.ndarray:
         return np.concatenate([p.latency_s, [p.call_overhead_us * 1e-6], p.protocol_latency_s.ravel(),
@@ -292,15 +294,12 @@ class _Layout:
         )
 
 
-def _identified_solve(a: np.ndarray, b: np.ndarray, prior: np.ndarray, names: Sequence[str],
-                      order: Sequence[int], floor: np.ndarray) -> tuple[np.ndarray, dict[str, str]]:
-    """Least squares for ``a x = b`` where every parameter the rows cannot
-    identify keeps its ``prior`` (see the module docstring); returns x and, per
-    parameter kept at its prior although exercised, the reason."""
-    used = np.abs(a).sum(axis=0) > 0
-    free = used.copy()
+def _separable(a: np.ndarray, names: Sequence[str], order: Sequence[int]) -> tuple[np.ndarray, dict[str, str]]:
+    """Which exercised columns of ``a`` the rows can separate: while the free
+    columns are rank-deficient, the first column in ``order`` that takes part in
+    a null direction is kept at its prior. Returns the free mask and the reasons."""
+    free = np.abs(a).sum(axis=0) > 0
     why: dict[str, str] = {}
-    # 1. collinear parameters: keep them at the prior in ``order`` until the rest have full rank
     while free.any():
         cols = np.flatnonzero(free)
         scaled = a[:, cols] / np.linalg.norm(a[:, cols], axis=0)
@@ -308,39 +307,62 @@ def _identified_solve(a: np.ndarray, b: np.ndarray, prior: np.ndarray, names: Se
         rank = int((s > 1e-9 * s[0]).sum()) if len(s) else 0
         if rank == len(cols):
             break
-        null = vt[rank:]
-        involved = {int(cols[i]) for i in np.flatnonzero(np.abs(null).max(axis=0) > 1e-6)}
+        involved = {int(cols[i]) for i in np.flatnonzero(np.abs(vt[rank:]).max(axis=0) > 1e-6)}
         fix = next(j for j in order if j in involved)
         partners = ", ".join(names[j] for j in sorted(involved - {fix})[:3])
         why[names[fix]] = f"not separable from {partners}" if partners else "not separable from the others"
         free[fix] = False
-    # 2. values at or below the floor, and values the records do not pin down
-    while True:
-        cols = np.flatnonzero(free)
-        x = prior.copy()
-        rhs = b - a[:, ~free] @ prior[~free]
+    return free, why
+
+
+def _levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac, model, steps: int = 200):
+    """Minimise the weighted squared error of ``model(x) -> (predicted, jacobian)``
+    over the ``free`` parameters, each kept in (``floor``, ``ceiling``):
+    Levenberg-Marquardt steps, damped until they lower the error, clipped to the
+    range. Returns x, its prediction and jacobian, and the free parameter (if
+    any) the undamped solution puts furthest out of range at the end: these
+    records do not place it."""
+    cols = np.flatnonzero(free)
+    lam = 1e-3
+    cost = float(((pred - measured) * weight) @ ((pred - measured) * weight))
+    inside_floor = np.where(floor > 0, floor * (1 + 1e-9), floor)
+    inside_ceiling = ceiling * (1 - 1e-9)
+    for _ in range(steps):
         if len(cols) == 0:
-            return x, why
-        sol, *_ = np.linalg.lstsq(a[:, cols], rhs, rcond=None)
-        x[cols] = sol
-        low = cols[sol <= floor[cols]]
-        if len(low):
-            worst = low[np.argmin(sol[np.isin(cols, low)] / np.maximum(np.abs(prior[low]), 1e-300))]
-            why[names[worst]] = "the records put it at or below zero"
-            free[worst] = False
-            continue
-        dof = a.shape[0] - len(cols)
-        if dof > 0:
-            residual = a[:, cols] @ sol - rhs
-            sigma2 = float(residual @ residual) / dof
-            cov = sigma2 * np.linalg.pinv(a[:, cols].T @ a[:, cols])
-            ratio = np.sqrt(np.maximum(np.diag(cov), 0.0)) / np.abs(sol)
-            if (ratio > 1.0).any():
-                worst = cols[int(np.argmax(ratio))]
-                why[names[worst]] = f"too uncertain (standard error {ratio.max():.0%} of the value)"
-                free[worst] = False
-                continue
-        return x, why
+            break
+        j = jac[:, cols] * weight[:, None]
+        r = (measured - pred) * weight
+        jtj, jtr = j.T @ j, j.T @ r
+        diag = np.maximum(np.diag(jtj), 1e-300)
+        improved = False
+        while lam < 1e12:
+            delta = np.linalg.solve(jtj + lam * np.diag(diag), jtr)
+            trial = x.copy()  # a step out of range stops at the range (just inside it)
+            trial[cols] = np.clip(x[cols] + delta, inside_floor[cols], inside_ceiling[cols])
+            t_pred, t_jac = model(trial)
+            t_cost = float(((t_pred - measured) * weight) @ ((t_pred - measured) * weight))
+            if t_cost <= cost:
+                improved = True
+                break
+            lam *= 10
+        if not improved:
+            break
+        settled = np.allclose(trial[cols], x[cols], rtol=1e-12, atol=0) or cost - t_cost <= 1e-14 * max(cost, 1e-300)
+        x, pred, jac, cost = trial, t_pred, t_jac, t_cost
+        lam = max(lam / 10, 1e-12)
+        if settled:
+            break
+    # where does the undamped step want to go from here?
+    out: list[int] = []
+    if len(cols):
+        j = jac[:, cols] * weight[:, None]
+        full, *_ = np.linalg.lstsq(j, (measured - pred) * weight, rcond=None)
+        target = x[cols] + full
+        beyond = np.maximum((floor[cols] - target) / np.maximum(np.abs(x[cols]), 1e-300),
+                            (target - ceiling[cols]) / np.maximum(np.abs(x[cols]), 1e-300))
+        if (beyond >= 0).any():
+            out = [int(cols[int(np.argmax(beyond))])]
+    return x, pred, jac, out
 
 
 @dataclass(frozen=True)
@@ -361,8 +383,14 @@ class FitReport:
         return out
 
 
+MIN_SHARE = 0.01  # a parameter is identified only by records where its term is at least this share of the time
+RANGE = 10.0  # a fitted bandwidth or efficiency stays within this factor of its prior, else it keeps the prior
+
+
 def _anchor(keys: Sequence[str], counts: dict[str, int]) -> str | None:
-    for k in ("ring.Simple", "AllReduce"):
+    """The efficiency that keeps its prior: ring Simple's (1, NCCL's own scale),
+    else another Simple protocol's, else AllReduce's (MPI), else the most measured."""
+    for k in ("ring.Simple", "tree.Simple", "nvls.Simple", "nvlstree.Simple", "pat.Simple", "AllReduce"):
         if k in keys:
             return k
     return max(keys, key=lambda k: counts[k]) if keys else None
@@ -373,50 +401,80 @@ def fit_profile(
 ) -> tuple[Profile, FitReport]:
     """Least-squares fit of the profile's parameters (see the module docstring);
     with ``efficiency`` also the MPI model's per-collective efficiencies."""
+    return _fit(measurements, prior, iterations, efficiency, {})
+
+
+def _fit(measurements: Sequence[Measurement], prior: Profile, iterations: int, efficiency: bool,
+         held: dict[str, str]) -> tuple[Profile, FitReport]:
+    """The fit with the parameters named in ``held`` at their prior.
+
+    Each round fixes the critical paths (features) and fits all parameters
+    jointly by Levenberg-Marquardt (the bandwidth terms are bilinear: inverse
+    bandwidth x inverse efficiency); one efficiency (the anchor) keeps its value.
+    A parameter the records put at or below zero is held at its prior and the
+    fit restarts."""
     layout = _Layout(prior)
-    prior_theta = layout.vector(prior)
-    floor = np.zeros(layout.size)
-    floor[layout.inv_bw] = 1e-15
     measured = np.array([m.median_s for m in measurements])
     weight = 1.0 / measured
     profile = prior
     eff = dict(prior.efficiency)
-    done, why, used = 0, {}, np.zeros(layout.size, dtype=bool)
-    eff_why: dict[str, str] = {}
+    done, why, feats = 0, dict(held), []
+    used = np.zeros(layout.size, dtype=bool)
+    L = len(layout.levels)
     for done in range(1, iterations + 1):
         predictors = _Predictors(profile)
         feats = [predictors.features(m) for m in measurements]
-        # 1. levels, latencies, overheads: efficiencies fixed
-        a = np.array([layout.row(f, eff) for f in feats])
-        used = np.abs(a).sum(axis=0) > 0
-        theta, why = _identified_solve(a * weight[:, None], measured * weight, prior_theta, layout.names,
-                                       layout.fix_order, floor)
-        # 2. efficiencies: unknown 1/efficiency per key, the rest fixed
-        inv_bw = theta[layout.inv_bw]
-        fixed_part = a[:, :layout.inv_bw.start] @ theta[:layout.inv_bw.start]
         counts = {k: sum(1 for f in feats if k in f.load) for k in EFFICIENCY_KEYS}
         keys = [k for k in EFFICIENCY_KEYS if counts[k] and (k in NCCL_KEYS or efficiency)]
-        new_eff = dict(eff)
         anchor = _anchor(keys, counts)
         fitted = [k for k in keys if k != anchor]
-        eff_why = {}
-        if fitted:
-            cols = np.array([[float(f.load.get(k, np.zeros(len(inv_bw))) @ inv_bw) for k in fitted] for f in feats])
-            rhs = measured - fixed_part
-            if anchor is not None:
-                rhs = rhs - np.array([float(f.load.get(anchor, np.zeros(len(inv_bw))) @ inv_bw) for f in feats]) / eff[anchor]
-            inv_eff, eff_why = _identified_solve(cols * weight[:, None], rhs * weight,
-                                                 np.array([1.0 / prior.efficiency_of(k) for k in fitted]),
-                                                 [f"{k} efficiency" for k in fitted], range(len(fitted)),
-                                                 np.full(len(fitted), 1e-3))
-            new_eff.update({k: 1.0 / v for k, v in zip(fitted, inv_eff)})
-        new = layout.profile(theta, prior, new_eff)
-        old = layout.vector(profile)
+        names = layout.names + [f"{k} efficiency" for k in fitted]
+        prior_x = np.concatenate([layout.vector(prior), [1.0 / prior.efficiency_of(k) for k in fitted]])
+        # latencies >= 0; inverse bandwidths and efficiencies within RANGE of their prior
+        floor = np.concatenate([np.zeros(layout.inv_bw.start), prior_x[layout.inv_bw] / RANGE,
+                                prior_x[layout.size:] / RANGE])
+        ceiling = np.concatenate([np.full(layout.inv_bw.start, np.inf), prior_x[layout.inv_bw] * RANGE,
+                                  prior_x[layout.size:] * RANGE])
+        order = layout.fix_order + list(range(layout.size, len(names)))
+        per_key = {k: np.array([f.load.get(k, np.zeros(L)) for f in feats]) for k in EFFICIENCY_KEYS if counts[k]}
+        fixed_rows = np.array([layout.row(replace(f, load={}), eff) for f in feats])[:, :layout.inv_bw.start]
+        x = np.concatenate([layout.vector(profile), [1.0 / eff[k] for k in fitted]])
+
+        def predicted_and_jacobian(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            u = x[layout.inv_bw]
+            inv_eff = {k: 1.0 / eff[k] for k in per_key} | dict(zip(fitted, x[layout.size:]))
+            j_u = sum((inv_eff[k] * per_key[k] for k in per_key), np.zeros((len(feats), L)))
+            j_v = np.stack([per_key[k] @ u for k in fitted], axis=1) if fitted else np.zeros((len(feats), 0))
+            return fixed_rows @ x[:layout.inv_bw.start] + j_u @ u, np.hstack([fixed_rows, j_u, j_v])
+
+        pred, jac = predicted_and_jacobian(x)
+        used = np.abs(jac[:, :layout.size]).sum(axis=0) > 0
+        # a parameter counts where its term is at least 1% of the predicted time (at the prior; a
+        # prior of 0, such as the call overhead's, says nothing about the term's size)
+        p_pred, p_jac = predicted_and_jacobian(prior_x)
+        share = np.abs(p_jac * prior_x[None, :]) / np.maximum(p_pred, 1e-300)[:, None]
+        negligible = (np.abs(jac).sum(axis=0) > 0) & (share.max(axis=0) < MIN_SHARE) & (prior_x > 0)
+        why.update({names[j]: f"its term is below {MIN_SHARE:.0%} of every predicted time"
+                    for j in np.flatnonzero(negligible)})
+        free, separable_why = _separable(jac * weight[:, None] * ~negligible[None, :], names, order)
+        free &= ~np.isin(names, list(held))
+        why.update(separable_why)
+        x[~free] = prior_x[~free]
+        pred, jac = predicted_and_jacobian(x)
+        x, pred, jac, out = _levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac,
+                                                 predicted_and_jacobian)
+        solve_why = {names[j]: ("the records put it at or below zero" if j < layout.inv_bw.start else
+                                f"the records put it beyond {RANGE:g}x or 1/{RANGE:g} of its prior") for j in out}
+        why.update(solve_why)
+        new_eff = {**eff, **{k: 1.0 / val for k, val in zip(fitted, x[layout.size:])}}
+        new = layout.profile(x[:layout.size], prior, new_eff)
         change = max(np.max(np.abs(np.log(np.maximum(layout.vector(new)[used], 1e-300)
-                                          / np.maximum(old[used], 1e-300))), initial=0.0),
+                                          / np.maximum(layout.vector(profile)[used], 1e-300))), initial=0.0),
                      max(abs(math.log(new_eff[k] / eff[k])) for k in eff))
         profile, eff = new, new_eff
-        if change < 1e-6:
+        if solve_why:  # fit again without what the records put out of range
+            return _fit(measurements, prior, iterations, efficiency, {**held, **solve_why})
+        if change < 1e-9:
             break
     predicted = predict_all(profile, measurements)
     rel = np.abs(predicted - measured) / measured
@@ -428,7 +486,7 @@ def fit_profile(
         mean_rel_error=float(rel.mean()),
         max_rel_error=float(rel.max()),
         rmse_s=float(np.sqrt(((predicted - measured) ** 2).mean())),
-        not_identified=tuple(sorted({**why, **eff_why}.items())),
+        not_identified=tuple(sorted(why.items())),
         not_exercised=tuple([n for n, u in zip(layout.names, used) if not u]
                             + [f"{k} efficiency" for k in EFFICIENCY_KEYS if k not in eff_used]),
     )

@@ -155,6 +155,7 @@ def node_level(topology: Topology) -> int | None:
     return max(nets) if nets else None
 
 
+@lru_cache(maxsize=8192)
 def comm_of(topology: Topology, members: tuple[int, ...], nvls_enabled: bool = True) -> Comm:
     """NCCL's view of a communicator over ``members`` (device ids) of ``topology``."""
     return _comm_of(topology, _shape(topology, members), nvls_enabled)
@@ -229,6 +230,7 @@ def _ring_capacity(comm: Comm, speed: float) -> int:
     return n
 
 
+@lru_cache(maxsize=4096)
 def ring_graph(comm: Comm) -> Graph:
     """The ring graph: pass 1 from the fastest speed the paths allow down while
     the next speed is above 0.49 of the best found; channels doubled (halving the
@@ -261,6 +263,7 @@ def ring_graph(comm: Comm) -> Graph:
     return Graph(n, bw, bw)
 
 
+@lru_cache(maxsize=4096)
 def tree_graph(comm: Comm, ring: Graph) -> Graph:
     """The tree graph: as many channels as the ring; pass 2 raises the intra-node
     speed (up to twice the inter-node one) while the GPUs' links carry it."""
@@ -273,6 +276,7 @@ def tree_graph(comm: Comm, ring: Graph) -> Graph:
     return Graph(n, intra, inter)
 
 
+@lru_cache(maxsize=4096)
 def nvls_graph(comm: Comm) -> Graph:
     """The NVLS graph: one channel per head GPU (every GPU of the node alone;
     GPUs with a NIC with a network), each head taking twice and every other GPU
@@ -410,6 +414,7 @@ def algo_time_us(comm: Comm, collective: Collective, algorithm: str, protocol: s
     return lat + nbytes / (1000 * bw)
 
 
+@lru_cache(maxsize=65536)
 def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str, ...] | None = None) -> Choice:
     """The (algorithm, protocol) of least estimated time, as ``topoGetAlgoInfo``
     picks it (table order on ties). ``allowed`` restricts the algorithms like

@@ -82,6 +82,15 @@ def _nccl_shape(
     return pattern, lanes, nccl_hops(links, ids, algorithm, collective, buckets)
 
 
+def clear_caches() -> None:
+    """Forget the memoised NCCL choices and group shapes (for timing cold predictions)."""
+    from . import nccl
+
+    for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph,
+                   nccl.cost_table, nccl.choose, _nccl_shape):
+        cached.cache_clear()
+
+
 def _mpi_step(links: Links, profile: Profile, collective: Collective, groups: np.ndarray,
               nbytes: np.ndarray) -> tuple[float, Features]:
     """A step of the MPI model: OpenMPI's algorithm for the group size and the
