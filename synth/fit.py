@@ -319,9 +319,10 @@ def _levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac, m
     """Minimise the weighted squared error of ``model(x) -> (predicted, jacobian)``
     over the ``free`` parameters, each kept in (``floor``, ``ceiling``):
     Levenberg-Marquardt steps, damped until they lower the error, clipped to the
-    range. Returns x, its prediction and jacobian, and the free parameter (if
-    any) the undamped solution puts furthest out of range at the end: these
-    records do not place it."""
+    range (a latency, whose floor is 0, may rest on it). Returns x, its
+    prediction and jacobian, and the free parameter (if any) with a positive
+    floor or a ceiling that the undamped solution puts furthest out of range at
+    the end: these records do not place it."""
     cols = np.flatnonzero(free)
     lam = 1e-3
     cost = float(((pred - measured) * weight) @ ((pred - measured) * weight))
@@ -360,6 +361,7 @@ def _levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac, m
         target = x[cols] + full
         beyond = np.maximum((floor[cols] - target) / np.maximum(np.abs(x[cols]), 1e-300),
                             (target - ceiling[cols]) / np.maximum(np.abs(x[cols]), 1e-300))
+        beyond[floor[cols] == 0] = -1.0  # a latency may rest at 0: the records show none
         if (beyond >= 0).any():
             out = [int(cols[int(np.argmax(beyond))])]
     return x, pred, jac, out
@@ -374,11 +376,13 @@ class FitReport:
     max_rel_error: float
     rmse_s: float
     not_identified: tuple[tuple[str, str], ...] = ()  # (parameter, why) kept at the prior
+    at_zero: tuple[str, ...] = ()  # latencies the records put at 0 (they show none)
     not_exercised: tuple[str, ...] = ()  # parameters no record uses (kept at the prior)
 
     def to_dict(self) -> dict[str, Any]:
         out = self.__dict__.copy()
         out["not_identified"] = dict(self.not_identified)
+        out["at_zero"] = list(self.at_zero)
         out["not_exercised"] = list(self.not_exercised)
         return out
 
@@ -463,8 +467,7 @@ def _fit(measurements: Sequence[Measurement], prior: Profile, iterations: int, e
         pred, jac = predicted_and_jacobian(x)
         x, pred, jac, out = _levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac,
                                                  predicted_and_jacobian)
-        solve_why = {names[j]: ("the records put it at or below zero" if j < layout.inv_bw.start else
-                                f"the records put it beyond {RANGE:g}x or 1/{RANGE:g} of its prior") for j in out}
+        solve_why = {names[j]: f"the records put it beyond {RANGE:g}x or 1/{RANGE:g} of its prior" for j in out}
         why.update(solve_why)
         new_eff = {**eff, **{k: 1.0 / val for k, val in zip(fitted, x[layout.size:])}}
         new = layout.profile(x[:layout.size], prior, new_eff)
@@ -487,6 +490,7 @@ def _fit(measurements: Sequence[Measurement], prior: Profile, iterations: int, e
         max_rel_error=float(rel.max()),
         rmse_s=float(np.sqrt(((predicted - measured) ** 2).mean())),
         not_identified=tuple(sorted(why.items())),
+        at_zero=tuple(n for n, v, f in zip(layout.names, layout.vector(profile), free[:layout.size]) if f and v == 0),
         not_exercised=tuple([n for n, u in zip(layout.names, used) if not u]
                             + [f"{k} efficiency" for k in EFFICIENCY_KEYS if k not in eff_used]),
     )

@@ -79,6 +79,8 @@ def run_fit(argv: Sequence[str]) -> int:
     if report.not_identified:
         print("kept at the prior, not identified by these measurements: "
               + "; ".join(f"{name} ({why})" for name, why in report.not_identified))
+    if report.at_zero:
+        print("fitted at 0 (these measurements show no such latency): " + ", ".join(report.at_zero))
     print(f"kept at the prior, exercised by no measurement: {len(report.not_exercised)} parameter(s) "
           f"(--json lists them)")
     return 0
