@@ -35,7 +35,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Mapping
 
 from .errors import SynthError
@@ -74,6 +74,13 @@ class Topology:
     name: str
     levels: tuple[Level, ...]
     description: str = ""
+
+    def __hash__(self) -> int:  # computed once: topologies key the cost model's caches
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.name, self.levels, self.description))
 
     @property
     def counts(self) -> tuple[int, ...]:

@@ -57,7 +57,7 @@ def step_cost(
     features = Features.zero(len(topology.levels))
     if groups.shape[1] < 2:
         return 0.0, features
-    members = tuple(int(d) for d in groups[0])
+    members = tuple(groups[0].tolist())
     choice = choose(comm_of(topology, members, nvls_enabled), collective, float(nbytes.max()), algorithm.forced)
     pattern, lanes, hops = _nccl_shape(topology, members, choice.algorithm, collective)
     total = _add_rounds(links, profile, choice.key, pattern, groups, nbytes, features, lanes, nccl=True)
