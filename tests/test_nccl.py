@@ -242,3 +242,17 @@ def test_nvls_disabled_falls_back_to_rings():
     same = step_cost(h200, prior, Algorithm.NCCL, AR, np.arange(8)[None], np.array([float(GiB)]), nvls_enabled=False)[1]
     assert set(with_nvls.base_count) == {"nvls.Simple"}
     assert set(without.base_count) == set(same.base_count) == {"ring.Simple"}
+
+
+# ================================================================ the accuracy report
+
+
+def test_the_accuracy_section_of_docs_simulator_is_what_the_script_generates():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "scripts" / "nccl_accuracy.py"), "--check"],
+                         capture_output=True, text=True, cwd=root)
+    assert run.returncode == 0, run.stderr
