@@ -49,7 +49,7 @@ from .cost import Algorithm, Features, Model, Predictor, Profile, lowered_loads,
 from .cost.nccl import NCCL_KEYS, PROTOCOLS
 from .cost.profile import EFFICIENCY_KEYS
 from .errors import SynthError
-from .language import Collective, Program
+from .language import Program
 from .lowering import lower
 from .records import Record, read_records
 from .reduction import Reduction

@@ -20,7 +20,6 @@ from synth.cost.nccl import NCCL_KEYS
 from synth.fit import accuracy, fit_profile, load_samples as load_measurements, split_cases
 from synth.language import Collective, format_program
 from synth.placement import enumerate_placements, parse_axes
-from synth.reduction import Reduction
 from synth.semantics import Goal
 from synth.topology import load_topology
 

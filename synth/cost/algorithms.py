@@ -58,7 +58,6 @@ def tree_rounds(buckets: tuple[int, ...]) -> tuple[Round, ...]:
     (its latency is counted by :func:`nccl_hops`)."""
     starts = [sum(buckets[:i]) for i in range(len(buckets))]
     chain = [(s + j + 1, s + j) for s, size in zip(starts, buckets) for j in range(size - 1)]
-    n = len(starts)
     tree = double_binary_tree(starts) if len(starts) > 1 else []
     up = chain + tree
     both = up + [(b, a) for a, b in up]  # the broadcast down overlaps the reduce up
