@@ -17,12 +17,12 @@ whose only number is a bandwidth printed as 0.00.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SynthError
 from .language import Collective
+from .records import json_lines
 
 COLLECTIVES = {
     "allreduce": Collective.ALLREDUCE, "reducescatter": Collective.REDUCESCATTER, "allgather": Collective.ALLGATHER,
@@ -107,22 +107,8 @@ def _seconds(doc: dict, collective: Collective, size: int, ranks: int, where: st
 
 def read_corpus(path: str | Path) -> tuple[list[CorpusCall], int]:
     """The calls of a corpus file and the number of lines skipped (not modelled)."""
-    source = str(path)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
-        raise SynthError(f"{source}: no such measurements file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SynthError(f"{source}: cannot read measurements ({exc})") from None
     calls, skipped = [], 0
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{source}:{number}"
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None
+    for where, _, doc in json_lines(path):
         if not is_corpus_line(doc):
             raise SynthError(f"{where}: not an NCCL corpus line (expected set, source, system, ...; "
                              f"see data/nccl/README.md); one format per file")

@@ -44,14 +44,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .corpus import CorpusCall, read_corpus
+from .corpus import CorpusCall, is_corpus_line, read_corpus
 from .cost import Algorithm, Features, Model, Predictor, Profile, lowered_loads, step_cost
 from .cost.nccl import NCCL_KEYS, PROTOCOLS
 from .cost.profile import EFFICIENCY_KEYS
 from .errors import SynthError
 from .language import Program
 from .lowering import lower
-from .records import Record, read_records
+from .records import Record, json_lines, read_records
 from .reduction import Reduction
 from .semantics import Loads
 from .topology import Topology
@@ -200,15 +200,12 @@ def load_measurements(paths: Sequence[str | Path], topology: Topology | None = N
 
 
 def _is_corpus_file(path: str | Path) -> bool:
-    import json
-
+    """Whether the first line of ``path`` is an NCCL corpus line (the file's
+    errors, if any, are reported by the reader that follows)."""
     try:
-        with open(path) as f:
-            first = next((line for line in f if line.strip()), "")
-        doc = json.loads(first)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False  # read_records reports it
-    return isinstance(doc, dict) and "set" in doc and "system" in doc and "schema" not in doc
+        return is_corpus_line(next(json_lines(path))[2])
+    except (SynthError, StopIteration):
+        return False
 
 
 # ---------------------------------------------------------------- predicting

@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from .errors import SynthError
 from .language import Program, format_program, read_program
@@ -167,9 +167,10 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
     )
 
 
-def read_records(path: str | Path) -> tuple[Topology, list[Record]]:
-    """Every record of a JSON-lines file (blank lines skipped), all of one
-    topology; errors name the file, line and field."""
+def json_lines(path: str | Path) -> Iterator[tuple[str, int, Any]]:
+    """``(file:line, line number, object)`` for every non-blank line of a
+    measurements file (bench records or NCCL corpus lines); errors name the file
+    and line."""
     source = str(path)
     try:
         lines = Path(path).read_text().splitlines()
@@ -177,16 +178,23 @@ def read_records(path: str | Path) -> tuple[Topology, list[Record]]:
         raise SynthError(f"{source}: no such measurements file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SynthError(f"{source}: cannot read measurements ({exc})") from None
-    topology: Topology | None = None
-    out: list[Record] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{source}:{number}"
         try:
-            rec = json.loads(line)
+            yield where, number, json.loads(line)
         except json.JSONDecodeError as exc:
             raise SynthError(f"{where}: not valid JSON ({exc.msg})") from None
+
+
+def read_records(path: str | Path) -> tuple[Topology, list[Record]]:
+    """Every record of a JSON-lines file (blank lines skipped), all of one
+    topology; errors name the file, line and field."""
+    source = str(path)
+    topology: Topology | None = None
+    out: list[Record] = []
+    for where, number, rec in json_lines(path):
         record = record_from_dict(rec, where, topology, number)
         topology = record.reduction.topology
         out.append(record)
