@@ -11,22 +11,23 @@ Two kinds of measurement:
   NCCL's choice or the algorithm the run forced.
 
 Fitting. With the critical flows and NCCL's choices fixed, a prediction is
-linear in the parameters (:class:`synth.cost.Features`): per level the MPI
-latency, the NCCL step latency per protocol and the inverse bandwidth, the MPI
-per-call overhead, the NCCL base latency per ``algorithm.protocol``, and one
-inverse efficiency per key in front of its bandwidth terms. ``fit_profile``
-alternates two least-squares solves on relative errors (rows divided by the
-measured time): the level and latency parameters with the efficiencies fixed,
-then the efficiencies with those fixed; it recomputes the critical flows and
-repeats until the parameters settle (at most 8 rounds).
+linear in the latencies (per level the MPI latency and the NCCL step latency per
+protocol, the MPI per-call overhead, the NCCL base latency per
+``algorithm.protocol``) and bilinear in the inverse bandwidths and the inverse
+efficiencies (see :class:`synth.cost.Features`). ``fit_profile`` fits them all
+jointly by Levenberg-Marquardt on relative errors (rows divided by the measured
+time, since times span orders of magnitude), recomputes the critical flows with
+the new parameters and repeats until they settle (at most 8 rounds).
 
 Identification. A parameter keeps its prior, and is reported, when the records
-cannot identify it: no record exercises it; it is not separable from others
-(the design matrix is rank-deficient: the first of the collinear parameters in
-the order base latencies, NCCL step latencies, MPI latencies, call overhead,
-bandwidths is kept at its prior until the rest are separable); the solve puts it
-at or below zero; or, with residual degrees of freedom, its standard error
-exceeds its value. Efficiencies are relative: one measured key (``ring.Simple``,
+cannot identify it: no record exercises it; it is not separable from others (the
+design matrix is rank-deficient: of the collinear parameters the first in the
+order base latencies, NCCL step latencies, MPI latencies, call overhead,
+bandwidths, efficiencies keeps its prior until the rest are separable); its term
+is below 1% of every predicted time it enters; or the records push a bandwidth
+or an efficiency beyond 10x or 1/10 of its prior (the fit restarts without it).
+A latency the records put below zero rests at 0 (reported too). Efficiencies
+are relative: one measured key (``ring.Simple``, else another Simple protocol's,
 else ``AllReduce``, else the most measured) keeps its prior and the bandwidths
 absorb the scale. NCCL ``algorithm.protocol`` efficiencies are always fitted;
 the MPI model's per-collective ones only on request (``efficiency=True``, ``fit

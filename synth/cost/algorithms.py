@@ -4,7 +4,7 @@ A collective over ``m`` members (in device-id order) is a sequence of rounds;
 in a round every member sends its flows (:class:`Round`). ``S`` = bytes the
 group's step moves:
 
-* ``ring`` (NCCL ring): AllReduce ``2(m-1)`` rounds of ``S/m`` to the next member
+* ``ring`` (NCCL's ring): AllReduce ``2(m-1)`` rounds of ``S/m`` to the next member
   on the ring; ReduceScatter and AllGather ``m-1`` such rounds; Reduce and
   Broadcast a pipelined chain: one round of ``S`` along the chain.
 * NCCL's ``tree`` (AllReduce: a chain inside each node, double binary trees over
