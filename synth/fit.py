@@ -275,7 +275,7 @@ class _Layout:
 
     def row(self, f: Features, eff: dict[str, float]) -> np.ndarray:
         load = sum((x / eff[k] for k, x in f.load.items()), np.zeros(len(self.levels)))
-        return np.concatenate([f.latency_count, [f.calls], f.protocol_count.ravel(),
+        return np.concatenate([f.latency_count, [f.calls], f.steps.ravel(),
                                [f.base_count.get(k, 0.0) for k in NCCL_KEYS], load])
 
     def profile(self, theta: np.ndarray, like: Profile, efficiency: dict[str, float]) -> Profile:

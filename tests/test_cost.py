@@ -247,7 +247,7 @@ def test_ring_allreduce_of_four_gpus_inside_a_node(p2):
     for size, proto, eff in ((1000.0, LL, 0.5), (12345.0, LL, 0.5), (float(S), SIMPLE, 1.0)):
         seconds, f = step_cost(p2, prior, Algorithm.RING, AR, [[0, 1, 2, 3]], [size])
         assert close(seconds, 2 * 3 / 4 * size / (270e9 * eff) + (RING_BASE[proto] + 6 * NVL_STEP[proto]) * US)
-        assert f.protocol_count[:, proto].tolist() == [0, 6] and f.protocol_count.sum() == 6
+        assert f.steps[:, proto].tolist() == [0, 6] and f.steps.sum() == 6
         key = f"ring.{('LL', 'LL128', 'Simple')[proto]}"
         assert f.base_count == {key: 1.0}
         assert np.allclose(f.load[key], [0, 6 * size / 4])
@@ -271,7 +271,7 @@ def test_sixteen_flows_share_one_nic(p2):
     groups = [[g, 16 + g] for g in range(16)]  # every GPU of node 0 talks to node 1
     seconds, f = step_cost(p2, prior, Algorithm.RING, AR, groups, [S] * 16)
     assert close(seconds, 2 * S / 2 / 0.5e9 + TWO_NODE_RING)  # 8 GB/s / 16 = 0.5 GB/s each
-    assert f.protocol_count[:, SIMPLE].tolist() == [2, 0]
+    assert f.steps[:, SIMPLE].tolist() == [2, 0]
     assert np.allclose(f.load["ring.Simple"], [2 * (S / 2) * 16, 0])
     # eight of them: 1 GB/s each
     seconds8, _ = step_cost(p2, prior, Algorithm.RING, AR, groups[:8], [S] * 8)
@@ -314,7 +314,7 @@ def test_a_ring_over_whole_dgx_nodes_spreads_over_their_rails():
     # 16 hops (14 NVLink, 2 network): 2 * 16 - 2 = 30 steps, 2 * 2 - 2 of them network steps
     latency = (RING_BASE[SIMPLE] + 28 * NVL_STEP[SIMPLE] + 2 * NET_STEP[SIMPLE]) * US
     assert close(seconds, 30 * S / 16 / 192e9 + latency)
-    assert f.protocol_count[:, SIMPLE].tolist() == [2, 28]
+    assert f.steps[:, SIMPLE].tolist() == [2, 28]
     # two GPUs per node: their two rails, 48 GB/s
     pair, _ = step_cost(dgx, prior, Algorithm.RING, AR, [[0, 1, 8, 9]], [S])
     assert close(pair, 6 * S / 4 / 48e9 + (RING_BASE[SIMPLE] + 4 * NVL_STEP[SIMPLE] + 2 * NET_STEP[SIMPLE]) * US)
@@ -383,7 +383,7 @@ def test_ring_reducescatter_and_allgather_take_m_minus_1_rounds(p2, collective):
         m = len(members)
         seconds, f = step_cost(p2, prior, Algorithm.RING, collective, [members], [S])
         assert close(seconds, (m - 1) * S / m / 270e9 + (RING_BASE[SIMPLE] + (m - 1) * NVL_STEP[SIMPLE]) * US)
-        assert f.protocol_count[:, SIMPLE].tolist() == [0, m - 1]
+        assert f.steps[:, SIMPLE].tolist() == [0, m - 1]
     across, _ = step_cost(p2, prior, Algorithm.RING, collective, [[0, 16, 32, 48]], [S])
     assert close(across, 3 * S / 4 / 8e9 + (RING_BASE[SIMPLE] + 3 * NET_STEP[SIMPLE]) * US)
 
@@ -393,7 +393,7 @@ def test_ring_reduce_and_broadcast_are_a_pipelined_chain(p2, collective):
     prior = Profile.prior(p2)
     seconds, f = step_cost(p2, prior, Algorithm.RING, collective, [[0, 1, 2, 3]], [S])
     assert close(seconds, S / 270e9 + (RING_BASE[SIMPLE] + 3 * NVL_STEP[SIMPLE]) * US)
-    assert f.protocol_count[:, SIMPLE].tolist() == [0, 3]
+    assert f.steps[:, SIMPLE].tolist() == [0, 3]
 
 
 @pytest.mark.parametrize("collective", [RS, AG, RED, BC])
@@ -414,7 +414,7 @@ def test_tree_allreduce_hand_computed(p2):
     # their one port, S at 135 GB/s each; tree efficiency 0.92; 2 x 3 chain steps
     seconds, f = step_cost(p2, prior, Algorithm.TREE, AR, [[0, 1, 2, 3]], [S])
     assert close(seconds, S / 135e9 / 0.92 + tree(6, 0))
-    assert f.protocol_count[:, SIMPLE].tolist() == [0, 6] and f.base_count == {"tree.Simple": 1.0}
+    assert f.steps[:, SIMPLE].tolist() == [0, 6] and f.base_count == {"tree.Simple": 1.0}
     ring, _ = step_cost(p2, prior, Algorithm.RING, AR, [[0, 1, 2, 3]], [S])
     assert seconds > ring
     # one GPU on each of 4 nodes: trees 16->0 32->0 48->16 and (rotated by one)
@@ -425,7 +425,7 @@ def test_tree_allreduce_hand_computed(p2):
                                             + net_steps * NET_STEP[LL128]) * US
     across, f = step_cost(p2, prior, Algorithm.TREE, AR, [[0, 16, 32, 48]], [S])
     assert close(across, (S / 2) / (8e9 / 4) / TREE_LL128 + ll128(0, 4))
-    assert f.protocol_count[:, LL128].tolist() == [4, 0]
+    assert f.steps[:, LL128].tolist() == [4, 0]
     # 2 nodes x 2 gpus: chains 1->0 and 17->16 (S) with the leaders' trees 16->0 and
     # 0->16 (S/2), both ways at once: 2 flows each way on each NIC, 4 GB/s each;
     # 2 chain steps and 2 network steps

@@ -202,7 +202,7 @@ def test_nvls_allreduce_moves_s_times_m_plus_1_over_m_per_gpu():
     # each GPU sends its data up and its reduced shard, receives the shards: 9/8 S at 450 GB/s,
     # NVLS efficiency 5/6 (NCCL's bus-to-algorithm ratio); latency 25 us, no steps
     assert close(seconds, 9 / 8 * GiB / 450e9 / (5 / 6) + 25 * US)
-    assert f.base_count == {"nvls.Simple": 1.0} and f.protocol_count.sum() == 0
+    assert f.base_count == {"nvls.Simple": 1.0} and f.steps.sum() == 0
     rs, _ = step_cost(h200, prior, Algorithm.NVLS, RS, np.arange(8)[None], np.array([float(GiB)]))
     assert close(rs, GiB / 450e9 / (5 / 6) + 25 * US)
 
@@ -218,7 +218,7 @@ def test_nvls_tree_across_two_dgx_h100_nodes():
     network = GiB / 16 / 23.5e9
     assert network > 9 / 8 * GiB / 450e9
     assert close(seconds, network / (5 / 6) + (25 + 2 * 14.0) * US)
-    assert f.protocol_count[:, 2].tolist() == [2, 0]
+    assert f.steps[:, 2].tolist() == [2, 0]
 
 
 def test_pat_allgather_recursive_doubling_one_rail_per_node():

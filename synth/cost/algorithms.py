@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -42,6 +42,11 @@ class Round:
     fraction: tuple[float, ...]
     repeat: int = 1
     extra: int = 0
+
+    @cached_property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``src``, ``dst`` and ``fraction`` as arrays (indexing groups with them)."""
+        return np.asarray(self.src, dtype=int), np.asarray(self.dst, dtype=int), np.asarray(self.fraction)
 
 
 def uniform(src: tuple[int, ...], dst: tuple[int, ...], fraction: float, repeat: int = 1, extra: int = 0) -> Round:

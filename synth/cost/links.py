@@ -37,6 +37,7 @@ class Links:
     counts: tuple[int, ...]
     net: np.ndarray  # (levels,) bool: the level's link is a network (NIC)
     nvlink: np.ndarray  # (levels,) bool: the level's link is NVLink
+    rdma: bool  # both: flows that leave through a NIC bypass the NVLink levels (GPUDirect RDMA)
 
 
 @lru_cache(maxsize=64)
@@ -44,13 +45,16 @@ def links_of(topology: Topology) -> Links:
     counts = topology.counts
     devices = np.arange(topology.num_devices)
     ancestors = tuple(devices // math.prod(counts[l + 1 :]) for l in range(len(counts)))
+    net = np.array([topology.link(i) == "net" for i in range(len(counts))])
+    nvlink = np.array([topology.link(i) == "nvlink" for i in range(len(counts))])
     return Links(
         ancestors,
         tuple(lv.ports for lv in topology.levels),
         tuple(lv.fabric == "ring" for lv in topology.levels),
         counts,
-        np.array([topology.link(i) == "net" for i in range(len(counts))]),
-        np.array([topology.link(i) == "nvlink" for i in range(len(counts))]),
+        net,
+        nvlink,
+        bool(net.any() and nvlink.any()),
     )
 
 
@@ -81,19 +85,14 @@ def round_cost(
         return 0.0, Features.zero(levels)
     eff = profile.efficiency_of(key)
     lat, bw = profile.latency_s, profile.bandwidth_Bps
-    lanes = np.ones(levels) if lanes is None else lanes
-    crossing = np.zeros((levels, len(src)), dtype=bool)
     share = np.ones((levels, len(src)))
-    leaves = np.zeros(len(src), dtype=bool)
-    if rdma:
-        for l in np.flatnonzero(links.net):
-            leaves |= links.ancestors[l][src] != links.ancestors[l][dst]
+    a_srcs = [links.ancestors[l][src] for l in range(levels)]
+    a_dsts = [links.ancestors[l][dst] for l in range(levels)]
+    crossing = np.array([a != b for a, b in zip(a_srcs, a_dsts)])
+    if rdma and links.rdma:
+        crossing[links.nvlink] &= ~crossing[links.net].any(axis=0)
     for l in range(levels):
-        a_src, a_dst = links.ancestors[l][src], links.ancestors[l][dst]
-        cross = a_src != a_dst
-        if rdma and links.nvlink[l]:
-            cross = cross & ~leaves
-        crossing[l] = cross
+        a_src, a_dst, cross = a_srcs[l], a_dsts[l], crossing[l]
         if not cross.any():
             continue
         siblings = cross & (links.ancestors[l - 1][src] == links.ancestors[l - 1][dst]) if l else cross
@@ -106,8 +105,9 @@ def round_cost(
         if outward.any():
             up = np.bincount(a_src[outward], minlength=int(links.ancestors[l].max()) + 1)
             down = np.bincount(a_dst[outward], minlength=int(links.ancestors[l].max()) + 1)
-            busiest = np.maximum(up[a_src], down[a_dst]) * lanes[l]
-            share[l] = np.where(outward, lanes[l] * np.minimum(1.0, links.ports[l] / np.maximum(busiest, 1)), share[l])
+            lane = 1.0 if lanes is None else lanes[l]
+            busiest = np.maximum(up[a_src], down[a_dst]) * lane
+            share[l] = np.where(outward, lane * np.minimum(1.0, links.ports[l] / np.maximum(busiest, 1)), share[l])
     # bottleneck level of each flow: smallest bandwidth x share among crossed levels
     rate = np.where(crossing, bw[:, None] * share, np.inf)
     bottleneck = rate.argmin(axis=0)

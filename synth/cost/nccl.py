@@ -37,10 +37,9 @@ images that install one (AWS's ``NCCL_TUNER_PLUGIN=ofi``) may choose otherwise.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
-
-import numpy as np
 
 from ..language import Collective
 from ..topology import Topology
@@ -165,12 +164,10 @@ def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
     """What :func:`comm_of` depends on: per level, the number of distinct elements
     of that level among the members and the most members in one of them."""
     counts = topology.counts
-    ids = np.asarray(members)
     shape = []
     for l in range(len(counts)):
-        element = ids // math.prod(counts[l + 1:])
-        _, per = np.unique(element, return_counts=True)
-        shape.append((len(per), int(per.max())))
+        per = Counter(d // math.prod(counts[l + 1:]) for d in members)
+        shape.append((len(per), max(per.values())))
     return (len(members), tuple(shape))
 
 

@@ -17,6 +17,7 @@ A program's cost is the sum of its steps'.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
@@ -57,15 +58,33 @@ def step_cost(
     features = Features.zero(len(topology.levels))
     if groups.shape[1] < 2:
         return 0.0, features
-    members = tuple(groups[0].tolist())
-    choice = choose(comm_of(topology, members, nvls_enabled), collective, float(nbytes.max()), algorithm.forced)
-    pattern, lanes, hops = _nccl_shape(topology, members, choice.algorithm, collective)
-    total = _add_rounds(links, profile, choice.key, pattern, groups, nbytes, features, lanes, nccl=True)
-    p = PROTOCOLS.index(choice.protocol)
-    features.protocol_count[:, p] = hops
-    features.base_count[choice.key] = 1.0
-    total += float(profile.protocol_latency_s[:, p] @ hops) + profile.base_us(choice.key) * 1e-6
+    plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), algorithm.forced,
+                      nvls_enabled)
+    total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True)
+    features.steps[:, plan.protocol] = plan.hops
+    features.base_count[plan.key] = 1.0
+    total += float(profile.protocol_latency_s[:, plan.protocol] @ plan.hops) + profile.base_us(plan.key) * 1e-6
     return total, features
+
+
+@dataclass(frozen=True)
+class _NcclPlan:
+    """What NCCL runs for one group and size: the ``algorithm.protocol`` key, the
+    protocol's index, the rounds, the lanes per level and the latency steps per level."""
+
+    key: str
+    protocol: int
+    pattern: tuple[Round, ...]
+    lanes: np.ndarray
+    hops: np.ndarray
+
+
+@lru_cache(maxsize=16384)
+def _nccl_plan(topology: Topology, members: tuple[int, ...], collective: Collective, nbytes: float,
+               forced: tuple[str, ...] | None, nvls_enabled: bool) -> _NcclPlan:
+    choice = choose(comm_of(topology, members, nvls_enabled), collective, nbytes, forced)
+    pattern, lanes, hops = _nccl_shape(topology, members, choice.algorithm, collective)
+    return _NcclPlan(choice.key, PROTOCOLS.index(choice.protocol), pattern, lanes, hops)
 
 
 @lru_cache(maxsize=4096)
@@ -87,7 +106,7 @@ def clear_caches() -> None:
     from . import nccl
 
     for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph,
-                   nccl.cost_table, nccl.choose, _nccl_shape):
+                   nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan):
         cached.cache_clear()
 
 
@@ -112,9 +131,10 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
     for rnd in pattern:
         if not rnd.src:
             continue
-        src = groups[:, list(rnd.src)].ravel()
-        dst = groups[:, list(rnd.dst)].ravel()
-        flow_bytes = (nbytes[:, None] * np.asarray(rnd.fraction)[None, :]).ravel()
+        src_i, dst_i, fraction = rnd.arrays
+        src = groups[:, src_i].ravel()
+        dst = groups[:, dst_i].ravel()
+        flow_bytes = (nbytes[:, None] * fraction[None, :]).ravel()
         seconds, f = round_cost(links, profile, key, src, dst, flow_bytes, lanes, latency=not nccl, rdma=nccl)
         total += rnd.repeat * seconds
         features.add(f, rnd.repeat)

@@ -21,7 +21,8 @@ class Features:
                          + sum_k (load[k] / bandwidth_Bps).sum() / efficiency[k]
 
     ``latency_count`` counts the MPI model's level crossings, ``protocol_count``
-    the NCCL models' steps per (level, protocol), ``base_count`` their calls per
+    the NCCL models' steps per (level, protocol) (None: none; :attr:`steps`
+    creates it), ``base_count`` their calls per
     ``algorithm.protocol``; ``load[k]`` is bytes / (lanes x share) at the
     bottleneck levels of the transfers of efficiency key ``k``."""
 
@@ -31,17 +32,21 @@ class Features:
     protocol_count: np.ndarray | None = None  # (levels, 3): LL, LL128, Simple
     base_count: dict[str, float] = field(default_factory=dict)  # algorithm.protocol -> calls
 
-    def __post_init__(self) -> None:
-        if self.protocol_count is None:
-            self.protocol_count = np.zeros((len(self.latency_count), 3))
-
     @classmethod
     def zero(cls, levels: int) -> "Features":
         return cls(np.zeros(levels))
 
+    @property
+    def steps(self) -> np.ndarray:
+        """``protocol_count``, created on first use (most rounds have none)."""
+        if self.protocol_count is None:
+            self.protocol_count = np.zeros((len(self.latency_count), 3))
+        return self.protocol_count
+
     def add(self, other: "Features", times: float = 1.0) -> None:
         self.latency_count += times * other.latency_count
-        self.protocol_count += times * other.protocol_count
+        if other.protocol_count is not None:
+            self.steps[...] += times * other.protocol_count
         self.calls += times * other.calls
         for k, x in other.load.items():
             self.load[k] = self.load.get(k, 0) + times * x
@@ -50,7 +55,8 @@ class Features:
 
     def seconds(self, profile: Profile) -> float:
         total = float(profile.latency_s @ self.latency_count) + self.calls * profile.call_overhead_us * 1e-6
-        total += float((profile.protocol_latency_s * self.protocol_count).sum())
+        if self.protocol_count is not None:
+            total += float((profile.protocol_latency_s * self.protocol_count).sum())
         total += sum(n * profile.base_us(k) for k, n in self.base_count.items()) * 1e-6
         for k, x in self.load.items():
             total += float((x / profile.bandwidth_Bps).sum()) / profile.efficiency_of(k)
