@@ -359,6 +359,9 @@ def _levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac, m
         target = x[cols] + full
         beyond = np.maximum((floor[cols] - target) / np.maximum(np.abs(x[cols]), 1e-300),
                             (target - ceiling[cols]) / np.maximum(np.abs(x[cols]), 1e-300))
+        # resting on the edge of the range is being pushed out of it
+        edge = (x[cols] <= inside_floor[cols] * (1 + 1e-6)) | (x[cols] >= inside_ceiling[cols] * (1 - 1e-6))
+        beyond = np.where(edge, np.maximum(beyond, 0.0), beyond)
         beyond[floor[cols] == 0] = -1.0  # a latency may rest at 0: the records show none
         if (beyond >= 0).any():
             out = [int(cols[int(np.argmax(beyond))])]
