@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -273,10 +273,10 @@ class _Layout:
         return np.concatenate([p.latency_s, [p.call_overhead_us * 1e-6], p.protocol_latency_s.ravel(),
                                [p.base_us(k) * 1e-6 for k in NCCL_KEYS], 1.0 / p.bandwidth_Bps])
 
-    def row(self, f: Features, eff: dict[str, float]) -> np.ndarray:
-        load = sum((x / eff[k] for k, x in f.load.items()), np.zeros(len(self.levels)))
-        return np.concatenate([f.latency_count, [f.calls], f.steps.ravel(),
-                               [f.base_count.get(k, 0.0) for k in NCCL_KEYS], load])
+    def latency_row(self, f: Features) -> np.ndarray:
+        """The terms of ``f`` that multiply the latency parameters (all but the
+        inverse bandwidths), in vector order."""
+        return np.concatenate([f.latency_count, [f.calls], f.steps.ravel(), [f.base_count.get(k, 0.0) for k in NCCL_KEYS]])
 
     def profile(self, theta: np.ndarray, like: Profile, efficiency: dict[str, float]) -> Profile:
         L = len(self.levels)
@@ -442,7 +442,7 @@ def _fit(measurements: Sequence[Measurement], prior: Profile, iterations: int, e
                                   prior_x[layout.size:] * RANGE])
         order = layout.fix_order + list(range(layout.size, len(names)))
         per_key = {k: np.array([f.load.get(k, np.zeros(L)) for f in feats]) for k in EFFICIENCY_KEYS if counts[k]}
-        fixed_rows = np.array([layout.row(replace(f, load={}), eff) for f in feats])[:, :layout.inv_bw.start]
+        fixed_rows = np.array([layout.latency_row(f) for f in feats])
         x = np.concatenate([layout.vector(profile), [1.0 / eff[k] for k in fitted]])
 
         def predicted_and_jacobian(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
