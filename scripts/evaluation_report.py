@@ -354,7 +354,7 @@ def report(data: Path, out_md: Path) -> str:
         levels = "; ".join(f"{n}: {b:.3g}, {l:.3g}" for n, b, l in zip(f.level_names, f.bandwidth_GBps, f.latency_us))
         w(f"| {p.records[0].cluster} | {levels} | {f.call_overhead_us:.3g} |")
     w("")
-    w("(Values of 1e-09 are the fit's floor: no measurable term.)")
+    w("(Latencies of 0: the measurements put them at zero, no measurable term.)")
     w("")
     w("## 4. Noise")
     w("")

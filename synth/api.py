@@ -206,8 +206,8 @@ def solve(
     path; ``axes``: ``{"dp": 16, "mp": 8}`` (or ``"dp=16,mp=8"``), sizes
     multiplying to the device count; ``reduce``: the reduction axes (default:
     the first axis); ``goal``: ``allreduce``, ``reducescatter`` or ``allgather``;
-    ``model``: a :class:`~synth.cost.Model` or an algorithm name (default: NCCL
-    ring, the topology's numbers); ``constraints``: e.g. ``["mp@node=1"]``;
+    ``model``: a :class:`~synth.cost.Model` or an algorithm name (default: what
+    NCCL chooses, the topology's numbers); ``constraints``: e.g. ``["mp@node=1"]``;
     ``size``: bytes per device the predictions are for; ``top``: programs kept
     per placement, fastest first (default: all). With ``verify`` every kept
     program is proved (numpy reference + z3). ``progress`` receives short

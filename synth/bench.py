@@ -581,7 +581,7 @@ def _bench(request: BenchRequest, world: World, capture: Capture | None = None) 
         for size in sizes:
             if size % dtype.itemsize:
                 raise SynthError(f"--sizes {size}: not a multiple of the {request.dtype} element size ({dtype.itemsize} B)")
-        model = Model(Algorithm.MPI if world.name == "mpi" else Algorithm.RING)
+        model = Model(Algorithm.MPI if world.name == "mpi" else Algorithm.NCCL)
         setup = _from_plan(request.plan_path) if request.plan_path else _from_synthesis(request, max(sizes), model)
         devices = setup.topology.num_devices
         if devices != world.size:

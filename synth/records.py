@@ -61,8 +61,9 @@ class Record:
     @property
     def algorithm(self) -> str:
         """The library algorithm to model this run with: ``algo`` when the
-        record names it, else ``mpi`` for the MPI backend, else ``ring``."""
-        return self.algo or ("mpi" if self.backend == "mpi" else "ring")
+        record names it, else ``mpi`` for the MPI backend, else ``nccl``
+        (NCCL's own choice)."""
+        return self.algo or ("mpi" if self.backend == "mpi" else "nccl")
 
     @property
     def case(self) -> tuple:

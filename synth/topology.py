@@ -5,6 +5,29 @@ level counts, the outermost level most significant. Each level also describes th
 uplink from one element of that level to its parent's switch (the NIC of a node,
 the NVLink port of a GPU). Units are in key names; GB = 1e9 bytes as in nccl-tests.
 
+Required level keys: ``name``, ``count``, ``bandwidth_GBps`` (per direction and
+port), ``latency_us``. Optional: ``ports`` (1), ``fabric`` (``switch`` or
+``ring``), and what the NCCL model (:mod:`synth.cost.nccl`) needs to know about
+the hardware the way NCCL's topology detection sees it:
+
+* ``link``: the technology of the uplink, ``net`` (a NIC: an element of the
+  innermost ``net`` level is what NCCL calls a node; ``ports`` = its NICs,
+  ``bandwidth_GBps`` = per NIC), ``nvlink`` or ``pcie``. Default: ``net`` for every
+  level but the innermost, ``nvlink`` for the innermost (:meth:`Topology.link`).
+* ``nvlinks``: NVLinks per element (GPU), which NCCL multiplies by its per-link
+  bandwidth for the GPU architecture; without it NCCL's view is ``bandwidth_GBps``.
+  Only on an ``nvlink`` level.
+* ``nvls``: ``true`` when the parent switch is an NVSwitch with NVLink SHARP
+  (multicast and in-switch reduction: NCCL's NVLS algorithms). Only on an
+  ``nvlink`` level with ``fabric: switch``. Default ``false``.
+* ``compute_capability``: the devices' CUDA compute capability (8.0 A100, 9.0
+  H100/H200, 10.0 B200/GB200), which selects NCCL's per-architecture tables.
+  Only on the innermost level (the devices). Default 8.0.
+
+:attr:`Topology.structure` is everything about a topology except the link
+numbers (``bandwidth_GBps``, ``latency_us``), which a fitted profile replaces: a
+profile is used only on a topology of the same structure.
+
 An optional top-level ``device`` mapping describes one device (a leaf): its
 ``name``, usable ``memory_GiB`` (GiB = 2^30 bytes) and dense 16-bit tensor-core
 ``peak_TFLOPs``, with the ``source`` of the numbers. The job planner
@@ -16,6 +39,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,6 +48,8 @@ from .errors import SynthError
 from .resources import topologies_dir
 
 FABRICS = ("switch", "ring")
+LINKS = ("net", "nvlink", "pcie")
+DEFAULT_COMPUTE_CAPABILITY = 8.0
 RESERVED_NAMES = ("root", "inside", "parallel", "master")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -43,6 +69,10 @@ class Level:
     latency_us: float
     ports: int = 1
     fabric: str = "switch"
+    link: str | None = None  # net, nvlink, pcie; None: the default for its position (Topology.link)
+    nvlinks: int | None = None  # NVLinks per element, on an nvlink level
+    nvls: bool = False  # the parent switch is an NVSwitch with NVLink SHARP
+    compute_capability: float | None = None  # of the devices; innermost level only
 
 
 @dataclass(frozen=True)
@@ -77,6 +107,13 @@ class Topology:
     description: str = ""
     device: Device | None = None
 
+    def __hash__(self) -> int:  # computed once: topologies key the cost model's caches
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.name, self.levels, self.description))
+
     @property
     def counts(self) -> tuple[int, ...]:
         return tuple(level.count for level in self.levels)
@@ -88,6 +125,33 @@ class Topology:
     @property
     def num_devices(self) -> int:
         return math.prod(self.counts)
+
+    def link(self, level: int) -> str:
+        """The uplink technology of ``level`` (its ``link``, else ``net`` above the
+        innermost level and ``nvlink`` for the innermost)."""
+        given = self.levels[level].link
+        if given is not None:
+            return given
+        return "nvlink" if level == len(self.levels) - 1 else "net"
+
+    @property
+    def compute_capability(self) -> float:
+        """The devices' CUDA compute capability (default 8.0)."""
+        given = self.levels[-1].compute_capability
+        return DEFAULT_COMPUTE_CAPABILITY if given is None else given
+
+    @property
+    def structure(self) -> tuple:
+        """Everything but the link numbers: per level its name, count, ports,
+        fabric, link, nvlinks, nvls, and the devices' compute capability. A fitted
+        profile applies only to a topology of the same structure."""
+        return tuple(
+            (lv.name, lv.count, lv.ports, lv.fabric, self.link(i), lv.nvlinks, lv.nvls) for i, lv in enumerate(self.levels)
+        ) + (("compute_capability", self.compute_capability),)
+
+    def describe_structure(self) -> str:
+        """The structure in words (:func:`describe_structure`)."""
+        return describe_structure(self.structure)
 
     def level_index(self, name: str) -> int:
         try:
@@ -109,24 +173,44 @@ class Topology:
         return replace(self, levels=tuple(levels))
 
     def to_dict(self) -> dict[str, Any]:
+        """The topology as its file states it (optional NCCL keys only when given)."""
         doc = {
             "name": self.name,
             "description": self.description,
-            "levels": [
-                {
-                    "name": lv.name,
-                    "count": lv.count,
-                    "bandwidth_GBps": lv.bandwidth_GBps,
-                    "latency_us": lv.latency_us,
-                    "ports": lv.ports,
-                    "fabric": lv.fabric,
-                }
-                for lv in self.levels
-            ],
+            "levels": [_level_dict(lv) for lv in self.levels],
         }
         if self.device is not None:
             doc["device"] = self.device.to_dict()
         return doc
+
+
+def describe_structure(structure: tuple) -> str:
+    """A :attr:`Topology.structure` in words: ``node x2 (net) > rank x4 (nvlink),
+    compute capability 8``, with ports, fabric, nvlinks and nvls where they matter."""
+    parts = []
+    for name, count, ports, fabric, link, nvlinks, nvls in structure[:-1]:
+        extra = [f"ports {ports}"] if ports != 1 else []
+        extra += [] if fabric == "switch" else [fabric]
+        extra += [link] + ([f"{nvlinks} nvlinks"] if nvlinks else []) + (["nvls"] if nvls else [])
+        parts.append(f"{name} x{count} ({', '.join(extra)})")
+    return " > ".join(parts) + f", compute capability {structure[-1][1]:g}"
+
+
+def _level_dict(lv: Level) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": lv.name,
+        "count": lv.count,
+        "bandwidth_GBps": lv.bandwidth_GBps,
+        "latency_us": lv.latency_us,
+        "ports": lv.ports,
+        "fabric": lv.fabric,
+    }
+    for key in ("link", "nvlinks", "compute_capability"):
+        if getattr(lv, key) is not None:
+            out[key] = getattr(lv, key)
+    if lv.nvls:
+        out["nvls"] = True
+    return out
 
 
 _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
@@ -137,6 +221,10 @@ _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
     "latency_us": (float, True, "latency_us: 5.0"),
     "ports": (int, False, "ports: 1"),
     "fabric": (str, False, "fabric: switch"),
+    "link": (str, False, "link: nvlink"),
+    "nvlinks": (int, False, "nvlinks: 18"),
+    "nvls": (bool, False, "nvls: true"),
+    "compute_capability": (float, False, "compute_capability: 9.0"),
 }
 _TOP_FIELDS = ("name", "description", "levels", "device")
 _DEVICE_FIELDS: dict[str, tuple[type, bool, str]] = {
@@ -148,14 +236,12 @@ _DEVICE_FIELDS: dict[str, tuple[type, bool, str]] = {
 
 
 def _check_type(where: str, key: str, value: Any, kind: type, example: str) -> Any:
-    ok = isinstance(value, kind) and not isinstance(value, bool)
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         ok, value = True, float(value)
     if not ok:
-        raise SynthError(
-            f"{where}: field '{key}' must be {'a number' if kind is float else 'an integer' if kind is int else 'a string'}, "
-            f"got {value!r}; write e.g. '{example}'"
-        )
+        what = {float: "a number", int: "an integer", bool: "true or false"}.get(kind, "a string")
+        raise SynthError(f"{where}: field '{key}' must be {what}, got {value!r}; write e.g. '{example}'")
     return value
 
 
@@ -210,6 +296,7 @@ def topology_from_dict(data: Any, source: str) -> Topology:
             raise SynthError(
                 f"{where}: 'fabric' must be one of {', '.join(FABRICS)}, got {fields['fabric']!r}"
             )
+        _check_nccl_keys(where, fields, innermost=i == len(raw_levels) - 1)
         levels.append(Level(**fields))
     names = [lv.name for lv in levels]
     for name in names:
@@ -241,6 +328,23 @@ def _device_from_dict(raw: Any, where: str) -> Device:
         if not (math.isfinite(fields[key]) and fields[key] > 0):
             raise SynthError(f"{where}: '{key}' must be a positive number, got {fields[key]}")
     return Device(**fields)
+
+
+def _check_nccl_keys(where: str, fields: dict[str, Any], innermost: bool) -> None:
+    """The optional keys of the NCCL model: values and where they may appear."""
+    link = fields.get("link", "nvlink" if innermost else "net")
+    if link not in LINKS:
+        raise SynthError(f"{where}: 'link' must be one of {', '.join(LINKS)}, got {link!r}")
+    if "nvlinks" in fields and (link != "nvlink" or fields["nvlinks"] < 1):
+        raise SynthError(f"{where}: 'nvlinks' must be >= 1 and only on a level with link: nvlink")
+    if fields.get("nvls") and (link != "nvlink" or fields.get("fabric", "switch") != "switch"):
+        raise SynthError(f"{where}: 'nvls: true' needs link: nvlink and fabric: switch (an NVSwitch with NVLink SHARP)")
+    if "compute_capability" in fields:
+        cc = fields["compute_capability"]
+        if not innermost:
+            raise SynthError(f"{where}: 'compute_capability' describes the devices: give it on the innermost level")
+        if not (math.isfinite(cc) and 1.0 <= cc < 100.0):
+            raise SynthError(f"{where}: 'compute_capability' must be a CUDA compute capability such as 9.0, got {cc}")
 
 
 def resolve_topology_path(spec: str) -> Path:

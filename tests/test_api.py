@@ -77,7 +77,7 @@ def test_solve_takes_a_topology_value_axes_text_a_model_and_constraints():
     (dict(axes={"dp": 4, "mp": 8}), "--axes: the axis sizes multiply to 32"),
     (dict(axes={"dp": 4, "mp": 16}, reduce="tp"), "--reduce: unknown axis 'tp'"),
     (dict(axes={"dp": 4, "mp": 16}, goal="allfrobnicate"), "goal 'allfrobnicate': use one of allreduce"),
-    (dict(axes={"dp": 4, "mp": 16}, model="bogus"), "--algo bogus: choose one of ring, tree, mpi"),
+    (dict(axes={"dp": 4, "mp": 16}, model="bogus"), "--algo bogus: choose one of nccl, ring, tree, nvls, nvlstree, pat, mpi"),
     (dict(axes={"dp": 4, "mp": 16}, size="lots"), "--size 'lots': expected a positive size"),
     (dict(axes={"dp": 4, "mp": 16}, max_steps=0), "--max-steps 0: must be >= 1"),
     (dict(axes={"dp": 4, "mp": 16}, constraints=["dp@rack=1"]), "unknown level 'rack'"),
@@ -164,7 +164,7 @@ def test_semantics_does_not_import_placement():
 
 def test_model_names_its_algorithm_and_profile(tmp_path):
     p2 = load_topology("p2-a100")
-    assert Model().describe() == "NCCL ring model, topology's numbers as priors"
+    assert Model().describe() == "NCCL 2.27.7 model, topology's numbers as priors"
     assert Model().profile_for(p2) == Profile.prior(p2)
     path = tmp_path / "p.json"
     from synth.cost import save_profile

@@ -11,6 +11,8 @@ import pytest
 
 from synth.errors import SynthError
 from synth.resources import topologies_dir
+from dataclasses import replace
+
 from synth.topology import (
     RESERVED_NAMES,
     Level,
@@ -34,6 +36,28 @@ SHIPPED = {
     "testbed-2x4": [("node", 2), ("rank", 4)],
     "testbed-4x4": [("node", 4), ("rank", 4)],
     "testbed-2x2x2": [("rack", 2), ("node", 2), ("rank", 2)],
+    # the measured systems of the NCCL calibration corpus (data/nccl/)
+    "a3-high": [("node", 2), ("gpu", 8)],
+    "a3-mega": [("node", 2), ("gpu", 8)],
+    "gb200-nvl72": [("gpu", 72)],
+    "gcp-a4": [("node", 2), ("gpu", 8)],
+    "hgx-h200": [("gpu", 8)],
+    "p4de": [("node", 2), ("gpu", 8)],
+    "p5": [("node", 2), ("gpu", 8)],
+    "p6-b200": [("node", 4), ("gpu", 8)],
+}
+# name -> (NICs per node, GB/s per NIC, NVLinks per GPU, NVLS, compute capability), as each file's comments source them
+NCCL_FACTS = {
+    "dgx-a100": (8, 24.0, 12, False, 8.0),
+    "dgx-h100": (8, 47.0, 18, True, 9.0),
+    "p5": (8, 50.0, 18, True, 9.0),
+    "a3-mega": (8, 28.125, 18, True, 9.0),
+    "a3-high": (4, 31.25, 18, True, 9.0),
+    "p6-b200": (8, 50.0, 18, True, 10.0),
+    "gcp-a4": (8, 50.0, 18, True, 10.0),
+    "p4de": (1, 50.0, 12, False, 8.0),
+    "hgx-h200": (None, None, 18, True, 9.0),
+    "gb200-nvl72": (None, None, 18, True, 10.0),
 }
 
 
@@ -72,6 +96,42 @@ def test_dgx_nodes_have_one_nic_per_gpu_rail():
     h100 = load_topology("dgx-h100").levels[0]
     assert (a100.ports, a100.bandwidth_GBps) == (8, 24.0)
     assert h100.ports == 8 and 46.0 <= h100.bandwidth_GBps <= 49.0
+
+
+@pytest.mark.parametrize("name", sorted(NCCL_FACTS))
+def test_measured_systems_state_what_the_nccl_model_needs(name):
+    topo = load_topology(name)
+    nics, nic_GBps, nvlinks, nvls, cc = NCCL_FACTS[name]
+    gpu = topo.levels[-1]
+    assert topo.link(len(topo.levels) - 1) == "nvlink" and gpu.fabric == "switch"
+    assert (gpu.nvlinks, gpu.nvls, topo.compute_capability) == (nvlinks, nvls, cc)
+    if nics is None:
+        assert len(topo.levels) == 1  # one node whose network the sources do not state
+    else:
+        node = topo.levels[0]
+        assert topo.link(0) == "net" and (node.ports, node.bandwidth_GBps) == (nics, nic_GBps)
+    # NVLink 3: 300 GB/s per direction, NVLink 4: 450, NVLink 5: 900 (stas00's NVLink table)
+    assert gpu.bandwidth_GBps == {8.0: 300.0, 9.0: 450.0, 10.0: 900.0}[cc] or name == "dgx-a100"
+
+
+def test_links_of_the_p2_and_rack_topologies():
+    p2 = load_topology("p2-a100")
+    assert [p2.link(i) for i in range(2)] == ["net", "nvlink"] and p2.compute_capability == 8.0
+    rack = load_topology("rack")
+    assert [rack.link(i) for i in range(4)] == ["net", "net", "pcie", "pcie"]
+    testbed = load_topology("testbed-2x4")  # the defaults: net outside, nvlink innermost, compute capability 8.0
+    assert [testbed.link(i) for i in range(2)] == ["net", "nvlink"] and testbed.compute_capability == 8.0
+
+
+def test_structure_is_everything_but_the_link_numbers():
+    base = load_topology("dgx-h100")
+    faster = replace(base, levels=(replace(base.levels[0], bandwidth_GBps=99.0, latency_us=0.5), base.levels[1]))
+    assert faster.structure == base.structure
+    assert base.scaled({"node": 2}).structure != base.structure
+    no_nvls = replace(base, levels=(base.levels[0], replace(base.levels[1], nvls=False)))
+    assert no_nvls.structure != base.structure
+    assert base.describe_structure() == ("node x16 (ports 8, net) > gpu x8 (nvlink, 18 nvlinks, nvls), "
+                                         "compute capability 9")
 
 
 def test_rack_has_four_levels_and_64_devices():
@@ -203,7 +263,8 @@ def test_unknown_top_level_key(tmp_path):
 def test_unknown_key_in_a_level(tmp_path):
     msg = _load(tmp_path, "name: t\nlevels:\n" + GOOD_LEVEL + "    colour: red\n")
     assert "levels[0] (node): unknown key 'colour'" in msg
-    assert "allowed keys are name, count, bandwidth_GBps, latency_us, ports, fabric" in msg
+    assert "allowed keys are name, count, bandwidth_GBps, latency_us, ports, fabric, link, nvlinks, nvls, " \
+           "compute_capability" in msg
 
 
 @pytest.mark.parametrize(
@@ -279,6 +340,40 @@ def test_ports_and_fabric_validated(tmp_path):
     assert "'fabric' must be one of switch, ring, got 'mesh'" in msg
 
 
+GPU_LEVEL = "  - name: gpu\n    count: 8\n    bandwidth_GBps: 450\n    latency_us: 1\n"
+
+
+@pytest.mark.parametrize(
+    "outer, inner, expected",
+    [
+        ("    link: wire\n", "", "levels[0] (node): 'link' must be one of net, nvlink, pcie, got 'wire'"),
+        ("", "    link: pcie\n    nvlinks: 18\n", "levels[1] (gpu): 'nvlinks' must be >= 1 and only on a level with link: nvlink"),
+        ("", "    nvlinks: 0\n", "levels[1] (gpu): 'nvlinks' must be >= 1"),
+        ("", "    nvls: yes please\n", "levels[1] (gpu): field 'nvls' must be true or false, got 'yes please'"),
+        ("", "    nvls: true\n    fabric: ring\n", "levels[1] (gpu): 'nvls: true' needs link: nvlink and fabric: switch"),
+        ("", "    link: pcie\n    nvls: true\n", "levels[1] (gpu): 'nvls: true' needs link: nvlink and fabric: switch"),
+        ("    compute_capability: 9.0\n", "", "levels[0] (node): 'compute_capability' describes the devices: "
+                                            "give it on the innermost level"),
+        ("", "    compute_capability: 0\n", "levels[1] (gpu): 'compute_capability' must be a CUDA compute capability"),
+        ("", "    compute_capability: H100\n", "levels[1] (gpu): field 'compute_capability' must be a number"),
+    ],
+)
+def test_nccl_keys_validated(tmp_path, outer, inner, expected):
+    assert expected in _load(tmp_path, "levels:\n" + GOOD_LEVEL + outer + GPU_LEVEL + inner)
+
+
+def test_nccl_keys_load_and_round_trip(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("levels:\n" + GOOD_LEVEL + "    ports: 8\n" + GPU_LEVEL
+                    + "    nvlinks: 18\n    nvls: true\n    compute_capability: 9\n")
+    topo = load_topology(str(path))
+    gpu = topo.levels[1]
+    assert (gpu.link, gpu.nvlinks, gpu.nvls, gpu.compute_capability) == (None, 18, True, 9.0)
+    assert topo.link(1) == "nvlink" and topo.link(0) == "net"  # the defaults by position
+    assert topology_from_dict(topo.to_dict(), "x") == topo
+    assert "link" not in topo.to_dict()["levels"][0]  # only the keys the file gave
+
+
 def test_duplicate_level_name(tmp_path):
     msg = _load(tmp_path, "levels:\n" + GOOD_LEVEL + GOOD_LEVEL)
     assert "duplicate level name 'node'; level names must be unique" in msg
@@ -348,7 +443,7 @@ def test_duplicate_key_in_a_level_rejected(tmp_path):
 
 # ---------------------------------------------------------------- device (job planner)
 
-GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100")
+GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de")
 
 
 def _gpus() -> dict:
@@ -361,12 +456,14 @@ def _gpus() -> dict:
 def test_shipped_devices_come_from_the_gpu_table(name):
     """Every GPU topology's device is an entry of data/gpus.yaml (its own GPU, or
     the smallest-memory candidate where the memory size is not confirmed); the
-    others (illustrative or CPU testbeds) have none."""
+    others have none: illustrative or CPU testbeds, and GPUs whose usable memory
+    the table does not state (H200, B200, GB200)."""
     data = _gpus()
     entry = data["topologies"][name]
     device = load_topology(name).device
     if name not in GPU_TOPOLOGIES:
-        assert device is None and entry["gpu"] is None and "candidates" not in entry
+        assert device is None and "candidates" not in entry
+        assert entry["gpu"] is None or "memory_GiB" not in data["gpus"][entry["gpu"]]
         return
     key = entry["gpu"] or min(entry["candidates"], key=lambda c: data["gpus"][c]["memory_GB"])
     gpu = data["gpus"][key]

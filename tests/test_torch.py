@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import synth
+
 from synth.cli import main
 from synth.errors import SynthError
 from synth.meshes import host_level, launch_problem, mesh_layout, node_of_device
@@ -228,7 +230,10 @@ def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
     rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+/\d+\s+\d+\s+\d+\s", line)]
     assert rows and all(row[-1] == "0" for row in rows), done.stdout
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert len(records) == 3 * 2  # the default and 2 predicted programs x 2 sizes
+    # the 2 best predicted at the largest size (the NCCL model, as bench ranks them) and the default, x 2 sizes
+    best = synth.solve("testbed-2x4", {"dp": 8}, model="nccl", size=4096, top=2, verify=False).placements[0]
+    expected = {r.text for r in best.programs} | {"AllReduce(root, inside)"}
+    assert {r["program"] for r in records} == expected and len(records) == 2 * len(expected)
     assert {r["backend"] for r in records} == {"torch-gloo"} and all(r["wrong"] == 0 for r in records)
     assert not any("nccl_version" in r or "nccl_choices" in r for r in records)  # gloo: nothing from NCCL
     assert re.search(r"winner at 4 KiB: .*\n# winner at 64 KiB: ", done.stdout)

@@ -150,7 +150,7 @@ def test_workload_table(cli, p2_placements):
     lines = out.splitlines()
     assert lines[0] == "topology p2-a100 (64 devices); axes dp=4 mp=16"
     assert lines[1] == "workload per step: dp allreduce 1 GiB, mp allreduce 64 MiB x48"
-    assert lines[2] == "NCCL ring model, topology's numbers as priors"
+    assert lines[2] == "NCCL 2.27.7 model, topology's numbers as priors"
     assert lines[3].startswith("3 placement(s) ranked in ")
     header = lines[5].split()
     assert header[:5] == ["rank", "#", "matrix", "total", "with"]

@@ -66,8 +66,10 @@ def problem_spec(args: argparse.Namespace) -> ProblemSpec:
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algo", default="ring", choices=ALGORITHMS,
-                   help="collective algorithm to model: NCCL ring or tree, or the MPI testbed's (default: ring)")
+    p.add_argument("--algo", default="nccl", choices=ALGORITHMS,
+                   help="collective library to model: nccl (NCCL's own choice of algorithm and protocol), an "
+                        "algorithm forced like NCCL_ALGO (ring, tree, nvls, nvlstree, pat), or mpi (the CPU "
+                        "testbed's OpenMPI) (default: nccl)")
     p.add_argument("--profile", metavar="PROFILE.json",
                    help="fitted parameters (synth-reduce fit); default: the topology's numbers")
 

@@ -1,10 +1,12 @@
 """``synth-reduce fit`` and ``synth-reduce validate``: learn the cost model's
-parameters from measurements and score its accuracy."""
+parameters from measurements (bench records or NCCL corpus lines) and score its
+accuracy."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Sequence
 
 import numpy as np
@@ -12,56 +14,85 @@ import numpy as np
 from ..compute import compute_profile_document, save_compute_profile
 from ..cost import Model, Profile, load_profile, profile_document, save_profile
 from ..errors import SynthError
-from ..fit import accuracy, fit_profile, load_samples, split_cases
+from ..fit import MIN_CASES, accuracy, fit_profile, load_measurements, split_cases
 from ..stepfit import RecordCosts, fit_compute, predicted_step_s
 from ..steprecords import SCHEMA as STEP_SCHEMA
 from ..steprecords import first_schema, read_step_records
-from ..topology import Topology
+from ..topology import Topology, load_topology
 from ..units import format_seconds
 from .args import Parser
 
 
 def _start(path: str | None, topology: Topology) -> Profile:
     """The profile to start from: ``path`` (checked against the topology) or the prior."""
-    return Model.load("ring", path).profile_for(topology)
+    return Model.load("nccl", path).profile_for(topology)
 
 
-def _add_efficiency_flag(p: argparse.ArgumentParser) -> None:
+def _add_input_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("measurements", nargs="+",
+                   help="JSON-lines files: 'synth-reduce bench --jsonl' records, or NCCL corpus lines "
+                        "(data/nccl/*.jsonl, with --topology)")
+    p.add_argument("--topology", help="the measured system for NCCL corpus lines (YAML file or shipped name); "
+                                      "each line is a call over its first 'ranks' devices")
     p.add_argument("--efficiency", action="store_true",
-                   help="also fit one efficiency per collective (lower error, but on the emulated cluster a worse "
-                        "ranking: docs/results.md); default: keep the starting profile's")
+                   help="also fit the MPI model's efficiency per collective (lower error, but on the emulated "
+                        "cluster a worse ranking: docs/results.md); NCCL (algorithm, protocol) efficiencies are "
+                        "always fitted")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+
+
+def _load(args: argparse.Namespace):
+    return load_measurements(args.measurements, load_topology(args.topology) if args.topology else None)
 
 
 def run_fit(argv: Sequence[str]) -> int:
-    p = Parser(prog="synth-reduce fit", description="Fit per-level bandwidth and latency and the per-call "
-                "overhead (with --efficiency also per-collective efficiencies) to measurements (JSON lines from "
-                "'synth-reduce bench --jsonl'); or, given step-time records (schema synth-reduce/step), the job "
-                "planner's compute-efficiency curve.")
-    p.add_argument("measurements", help="JSON-lines file of measurements or of step-time records")
+    p = Parser(prog="synth-reduce fit", description="Fit the cost model's parameters (per level bandwidth and "
+                "latency, NCCL step latency per protocol and base latency per algorithm and protocol, NCCL "
+                "efficiencies; with --efficiency per-collective efficiencies) to measurements. Parameters the "
+                "measurements cannot identify keep their prior and are listed. Given step-time records (schema "
+                "synth-reduce/step), fit the job planner's compute-efficiency curve instead.")
+    _add_input_arguments(p)
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     p.add_argument("--profile", metavar="PROFILE.json", help="start from this profile instead of the topology's "
                    "numbers (step records: the communication profile to predict their collectives with)")
-    _add_efficiency_flag(p)
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = p.parse_args(argv)
-    if first_schema(args.measurements) == STEP_SCHEMA:
+    if first_schema(args.measurements[0]) == STEP_SCHEMA:
         return _fit_steps(args)
-    topology, measurements = load_samples(args.measurements)
+    topology, measurements, skipped = _load(args)
     prior = _start(args.profile, topology)
     profile, report = fit_profile(measurements, prior, efficiency=args.efficiency)
     save_profile(args.output, profile, report.to_dict())
     if args.json:
         print(json.dumps(profile_document(profile, report.to_dict()), indent=1))
         return 0
-    print(f"fitted {report.records} measurements of topology {topology.name} in {report.iterations} iteration(s) -> {args.output}")
-    print(f"{'level':<10} {'bandwidth_GBps':>15} {'(prior)':>10} {'latency_us':>11} {'(prior)':>9}")
-    for name, bw, lat, bw0, lat0 in zip(profile.level_names, profile.bandwidth_GBps, profile.latency_us,
-                                        prior.bandwidth_GBps, prior.latency_us):
-        print(f"{name:<10} {bw:>15.4g} {bw0:>10.4g} {lat:>11.4g} {lat0:>9.4g}")
-    print("efficiency: " + ", ".join(f"{c} {e:.3g}" for c, e in profile.efficiency))
+    extra = f"; {skipped} corpus line(s) skipped (not a collective the model has)" if skipped else ""
+    print(f"fitted {report.records} measurements of topology {topology.name} in {report.iterations} "
+          f"iteration(s) -> {args.output}{extra}")
+    print(f"{'level':<10} {'bandwidth_GBps':>15} {'(prior)':>10} {'latency_us':>11} {'(prior)':>9}  "
+          f"NCCL step latency_us LL / LL128 / Simple (prior)")
+    for i, name in enumerate(profile.level_names):
+        steps = " / ".join(f"{v:.3g}" for v in profile.protocol_latency_us[i])
+        steps0 = " / ".join(f"{v:.3g}" for v in prior.protocol_latency_us[i])
+        print(f"{name:<10} {profile.bandwidth_GBps[i]:>15.4g} {prior.bandwidth_GBps[i]:>10.4g} "
+              f"{profile.latency_us[i]:>11.4g} {prior.latency_us[i]:>9.4g}  {steps} ({steps0})")
+    changed = [(k, e, prior.efficiency_of(k)) for k, e in profile.efficiency
+               if not math.isclose(e, prior.efficiency_of(k), rel_tol=1e-9)]
+    if changed:
+        print("efficiency: " + ", ".join(f"{k} {e:.3g} ({e0:.3g})" for k, e, e0 in changed))
+    base = [(k, v, prior.base_us(k)) for k, v in profile.base_latency_us
+            if not math.isclose(v, prior.base_us(k), rel_tol=1e-9)]
+    if base:
+        print("NCCL base latency_us: " + ", ".join(f"{k} {v:.3g} ({v0:.3g})" for k, v, v0 in base))
     print(f"call overhead: {profile.call_overhead_us:.3g} us per collective call (prior {prior.call_overhead_us:.3g})")
     print(f"residuals: median {report.median_rel_error:.1%}, mean {report.mean_rel_error:.1%}, "
           f"max {report.max_rel_error:.1%} relative; RMSE {format_seconds(report.rmse_s)}")
+    if report.not_identified:
+        print("kept at the prior, not identified by these measurements: "
+              + "; ".join(f"{name} ({why})" for name, why in report.not_identified))
+    if report.at_zero:
+        print("fitted at 0 (these measurements show no such latency): " + ", ".join(report.at_zero))
+    print(f"kept at the prior, exercised by no measurement: {len(report.not_exercised)} parameter(s) "
+          f"(--json lists them)")
     return 0
 
 
@@ -70,10 +101,13 @@ def _fit_steps(args: argparse.Namespace) -> int:
     if args.efficiency:
         raise SynthError("--efficiency fits collective efficiencies from measurements; step records fit the "
                          "compute curve only")
-    records = read_step_records(args.measurements)
+    if len(args.measurements) != 1 or args.topology:
+        raise SynthError("step records are fitted from one file, without --topology (each record names its own)")
+    path = args.measurements[0]
+    records = read_step_records(path)
     profile = load_profile(args.profile) if args.profile else None
     costs = RecordCosts(profile, args.profile)
-    fit, points = fit_compute(records, costs, source=f"synth-reduce fit {args.measurements}")
+    fit, points = fit_compute(records, costs, source=f"synth-reduce fit {path}")
     predicted = [predicted_step_s(p.record, fit.profile, costs) for p in points]
     rel = [abs(q - p.record.step_s) / p.record.step_s for q, p in zip(predicted, points)]
     report = {"records": len(records), "step_median_rel_error": float(np.median(rel)),
@@ -97,16 +131,15 @@ def _fit_steps(args: argparse.Namespace) -> int:
 
 def run_validate(argv: Sequence[str]) -> int:
     p = Parser(prog="synth-reduce validate", description="Score the cost model on measurements: top-k accuracy "
-                "(is the measured fastest program among the k predicted fastest?), Spearman correlation, relative error.")
-    p.add_argument("measurements", help="JSON-lines file of measurements")
+                "(is the measured fastest program among the k predicted fastest?) with 95% confidence intervals, "
+                f"from at least {MIN_CASES} cases; Spearman correlation; relative error.")
+    _add_input_arguments(p)
     p.add_argument("--profile", metavar="PROFILE.json", help="parameters to score (default: the topology's numbers)")
     p.add_argument("--holdout", type=float, metavar="FRACTION",
                    help="fit on the other cases (from --profile or the prior) and score this held-out fraction")
     p.add_argument("--seed", type=int, default=0, help="seed of the --holdout split (default 0)")
-    _add_efficiency_flag(p)
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = p.parse_args(argv)
-    topology, measurements = load_samples(args.measurements)
+    topology, measurements, _ = _load(args)
     profile = _start(args.profile, topology)
     scored, fitted_on = measurements, 0
     if args.efficiency and args.holdout is None:
@@ -116,9 +149,10 @@ def run_validate(argv: Sequence[str]) -> int:
         profile, _ = fit_profile(train, profile, efficiency=args.efficiency)
         fitted_on = len(train)
     acc = accuracy(profile, scored)
-    ranked = acc.cases > 0  # top-k and Spearman need a case with two programs
-    doc = {"cases": acc.cases, "records": acc.records, "fitted_on_records": fitted_on,
+    ranked = acc.enough_cases
+    doc = {"cases": acc.cases, "records": acc.records, "fitted_on_records": fitted_on, "min_cases": MIN_CASES,
            "top_k": {str(k): v for k, v in acc.top_k.items()} if ranked else None,
+           "top_k_ci95": {str(k): list(v) for k, v in acc.top_k_ci.items()} if ranked else None,
            "spearman_mean": acc.spearman_mean if ranked else None,
            "median_rel_error": acc.median_rel_error}
     if args.json:
@@ -128,9 +162,11 @@ def run_validate(argv: Sequence[str]) -> int:
              else f"{acc.records} measurements")
     print(f"scored {scope}: {acc.cases} case(s) (placement x reduction x size x algorithm) with >= 2 programs")
     if ranked:
-        print("top-k accuracy: " + "  ".join(f"top-{k} {v:.0%}" for k, v in acc.top_k.items()))
+        print("top-k accuracy (95% interval): " + "  ".join(
+            f"top-{k} {v:.0%} ({lo:.0%}-{hi:.0%})" for (k, v), (lo, hi) in zip(acc.top_k.items(), acc.top_k_ci.values())))
         print(f"Spearman correlation per case (mean): {acc.spearman_mean:.3f}")
     else:
-        print("top-k accuracy and Spearman: n/a (no case has two programs measured)")
+        print(f"top-k accuracy and Spearman: n/a ({acc.cases} case(s) with two or more programs measured; "
+              f"at least {MIN_CASES} are needed)")
     print(f"median relative error of predicted times: {acc.median_rel_error:.1%}")
     return 0

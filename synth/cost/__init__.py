@@ -2,29 +2,33 @@
 
 The package, one concern per module:
 
+* :mod:`~synth.cost.nccl`: what NCCL 2.27.7 runs for a call (its choice of
+  algorithm, protocol and channels, from its own cost table);
 * :mod:`~synth.cost.profile`: the parameters (:class:`Profile`: per level
-  bandwidth and latency, per collective efficiency, per call overhead) and their
-  JSON document;
-* :mod:`~synth.cost.model`: :class:`Model` = an :class:`Algorithm` (NCCL ring or
-  tree, OpenMPI's tuned decisions) + a profile;
+  bandwidth, MPI latency and NCCL step latency per protocol, efficiencies, NCCL
+  base latencies, the MPI call overhead) and their JSON document;
+* :mod:`~synth.cost.model`: :class:`Model` = an :class:`Algorithm` (NCCL's
+  choice, an NCCL algorithm forced, OpenMPI's tuned decisions) + a profile;
 * :mod:`~synth.cost.links`: the links and their contention, the time of one
   round of concurrent flows;
-* :mod:`~synth.cost.algorithms`: the library's algorithms as round patterns;
+* :mod:`~synth.cost.algorithms`: the library's algorithms as round patterns,
+  and NCCL's latency steps;
 * :mod:`~synth.cost.terms`: the linear form of a prediction (:class:`Features`);
 * :mod:`~synth.cost.predict`: step and program predictions (:class:`Predictor`);
 * :mod:`~synth.cost.ranking`: programs of a reduction sorted by prediction.
 
 Steps and rounds. A step runs all its groups at once. A collective is a
 sequence of rounds; in a round every member sends its flows, and the round takes
-as long as its slowest flow: ``latency + bytes / (bandwidth x share x
-efficiency[collective])``, shares counted over the flows of ALL groups of the
-step (this is where 16 GPUs sharing one NIC show up).
+as long as its slowest flow, ``bytes / (bandwidth x share x efficiency)``, shares
+counted over the flows of ALL groups of the step (this is where 16 GPUs sharing
+one NIC show up). Latency: per level crossed and round in the MPI model; per
+NCCL step (a base latency per algorithm and protocol, plus steps per level x the
+level's latency for the protocol) in the NCCL models.
 
-Linear form. Given the critical (slowest) flow of every round, a prediction is
-``sum_l latency_us[l] * L[l] + call_overhead_us * calls + sum_c sum_l X[c][l] /
-(bandwidth_GBps[l] * efficiency[c])`` (``calls``: the program's steps):
-:class:`Features` records ``L``, ``calls`` and ``X`` so that :mod:`synth.fit`
-can fit the parameters by least squares.
+Linear form. Given the critical (slowest) flow of every round and NCCL's
+choices, a prediction is linear in the latencies and in the inverse bandwidths
+once the efficiencies are fixed: :class:`Features` records the terms so that
+:mod:`synth.fit` can fit the parameters.
 """
 
 from .model import ALGORITHMS, Algorithm, Model

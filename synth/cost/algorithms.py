@@ -4,17 +4,12 @@ A collective over ``m`` members (in device-id order) is a sequence of rounds;
 in a round every member sends its flows (:class:`Round`). ``S`` = bytes the
 group's step moves:
 
-* ``ring`` (NCCL ring): AllReduce ``2(m-1)`` rounds of ``S/m`` to the next member
+* ``ring`` (NCCL's ring): AllReduce ``2(m-1)`` rounds of ``S/m`` to the next member
   on the ring; ReduceScatter and AllGather ``m-1`` such rounds; Reduce and
-  Broadcast a pipelined chain: one round of ``S`` along the chain plus ``m-2``
-  extra latencies.
-* ``tree`` (NCCL tree, AllReduce only; other collectives use ``ring`` as NCCL
-  does): members are bucketed by their element at the outermost level where
-  they differ (their nodes); a chain inside each bucket carries ``S`` to its
-  first member, and a double binary tree over those first members (the second
-  tree over them rotated by one) carries ``S/2`` per tree; the reduce up and the
-  broadcast down are pipelined on opposite link directions: one round plus
-  ``2 depth - 1`` extra latencies.
+  Broadcast a pipelined chain: one round of ``S`` along the chain.
+* NCCL's ``tree`` (AllReduce: a chain inside each node, double binary trees over
+  the nodes), ``nvls``, ``nvlstree`` and ``pat``: :func:`nccl_rounds`; the NCCL
+  models count latency per step (:func:`nccl_hops`), not per round.
 * ``mpi`` (OpenMPI 5.0's ``coll/tuned`` decisions, :func:`mpi_algorithm`, see
   docs/simulator.md): per collective, group size and bytes one of recursive
   doubling (``ceil(log2 m)`` rounds of ``S``; AllGather: doubling pieces),
@@ -28,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -48,6 +43,11 @@ class Round:
     repeat: int = 1
     extra: int = 0
 
+    @cached_property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``src``, ``dst`` and ``fraction`` as arrays (indexing groups with them)."""
+        return np.asarray(self.src, dtype=int), np.asarray(self.dst, dtype=int), np.asarray(self.fraction)
+
 
 def uniform(src: tuple[int, ...], dst: tuple[int, ...], fraction: float, repeat: int = 1, extra: int = 0) -> Round:
     return Round(src, dst, (fraction,) * len(src), repeat, extra)
@@ -60,18 +60,21 @@ def tree_rounds(buckets: tuple[int, ...]) -> tuple[Round, ...]:
     double binary tree over the buckets' first members (the second tree over them
     rotated by one), ``S/2`` per tree. Pipelined: the broadcast down runs while the
     reduce goes up, on the other direction of each link, so both are one round
-    plus ``2 x depth - 1`` latencies."""
+    (its latency is counted by :func:`nccl_hops`)."""
     starts = [sum(buckets[:i]) for i in range(len(buckets))]
     chain = [(s + j + 1, s + j) for s, size in zip(starts, buckets) for j in range(size - 1)]
-    n = len(starts)
-    tree = [
-        (starts[(i + shift) % n], starts[((i - 1) // 2 + shift) % n]) for shift in (0, 1) for i in range(1, n)
-    ] if n > 1 else []
+    tree = double_binary_tree(starts) if len(starts) > 1 else []
     up = chain + tree
     both = up + [(b, a) for a, b in up]  # the broadcast down overlaps the reduce up
     fractions = ((1.0,) * len(chain) + (0.5,) * len(tree)) * 2
-    depth = max(buckets) - 1 + (max(1, math.ceil(math.log2(n + 1)) - 1) if n > 1 else 0)
-    return (Round(tuple(a for a, _ in both), tuple(b for _, b in both), fractions, 1, max(0, 2 * depth - 1)),)
+    return (Round(tuple(a for a, _ in both), tuple(b for _, b in both), fractions),)
+
+
+def double_binary_tree(members: list[int]) -> list[tuple[int, int]]:
+    """(child, parent) edges of two binary trees over ``members``: the heap-ordered
+    tree and the same tree over the members rotated by one."""
+    n = len(members)
+    return [(members[(i + shift) % n], members[((i - 1) // 2 + shift) % n]) for shift in (0, 1) for i in range(1, n)]
 
 
 def mpi_algorithm(collective: Collective, m: int, nbytes: float) -> str:
@@ -114,13 +117,10 @@ def mpi_algorithm(collective: Collective, m: int, nbytes: float) -> str:
 @lru_cache(maxsize=1024)
 def rounds_of(name: str, collective: Collective, m: int) -> tuple[Round, ...]:
     """The rounds of ``collective`` over ``m`` members by algorithm ``name``
-    (see the module docstring). The tree AllReduce depends on the node
-    structure: see :func:`tree_rounds`."""
+    (see the module docstring; NCCL's tree and NVLS: :func:`nccl_rounds`)."""
     ring = tuple(range(m))
     nxt = tuple((i + 1) % m for i in range(m))
     steps = range(math.ceil(math.log2(m)))
-    if name == "tree":
-        name = "ring"  # NCCL runs all but AllReduce as rings
     if name == "linear":  # everyone <-> member 0 at once
         others = ring[1:]
         if collective is Collective.REDUCE:
@@ -155,13 +155,116 @@ def rounds_of(name: str, collective: Collective, m: int) -> tuple[Round, ...]:
     return tuple(rounds)
 
 
-def node_buckets(links: Links, members: np.ndarray) -> tuple[int, ...]:
-    """Sizes of the runs of consecutive (sorted) members that share their element
-    at the outermost level where the members differ; one bucket if they differ
-    only at the leaf level (a group inside one node is a single chain)."""
-    for l in range(len(links.counts) - 1):
-        ancestors = links.ancestors[l][members]
-        if (ancestors != ancestors[0]).any():
-            cuts = np.flatnonzero(np.diff(ancestors)) + 1
-            return tuple(np.diff(np.concatenate([[0], cuts, [len(members)]])).tolist())
-    return (len(members),)
+# ---------------------------------------------------------------- NCCL's algorithms (synth.cost.nccl)
+
+
+@lru_cache(maxsize=1024)
+def nccl_rounds(algorithm: str, collective: Collective, m: int, buckets: tuple[int, ...]) -> tuple[Round, ...]:
+    """The transfers of NCCL's ``algorithm`` (:mod:`synth.cost.nccl`) for
+    ``collective`` over ``m`` members grouped in consecutive ``buckets`` (their
+    NCCL nodes). All are pipelined, so each is one round (or a ring's rounds)
+    whose time is its slowest flow's bytes over its rate; the latency is counted
+    per step by :func:`nccl_hops`.
+
+    * ``ring``: :func:`rounds_of` ``ring``; ``tree``: :func:`tree_rounds`
+      (AllReduce; other collectives as ``ring``);
+    * ``nvls`` (one node; the NVSwitch reduces and multicasts): every GPU sends
+      and receives ``S (m+1)/m`` for an AllReduce (its data up, the reduced shard
+      down; the shard up, everyone's shards down), ``S`` for ReduceScatter and
+      AllGather; as a flow to the next member;
+    * ``nvlstree``: NVLS inside each node plus, for every local index, a double
+      binary tree over the nodes' GPUs of that index carrying ``S/(2b)`` per tree
+      (``b`` GPUs per node, each with its own NIC), reduce up and broadcast down;
+    * ``pat`` (one GPU per node): recursive doubling for AllGather (pieces
+      ``S d/m`` at distance ``d``), its mirror image for ReduceScatter."""
+    if algorithm == "tree" and collective is Collective.ALLREDUCE:
+        return tree_rounds(buckets)
+    if algorithm == "nvls":
+        ring = tuple(range(m))
+        fraction = (m + 1) / m if collective is Collective.ALLREDUCE else 1.0
+        return (uniform(ring, tuple((i + 1) % m for i in range(m)), fraction),)
+    if algorithm == "nvlstree":
+        b = min(buckets)
+        starts = [sum(buckets[:i]) for i in range(len(buckets))]
+        intra = [(s + j, s + (j + 1) % b) for s in starts for j in range(b)] if b > 1 else []
+        up = [edge for j in range(b) for edge in double_binary_tree([s + j for s in starts])]
+        inter = up + [(c, a) for a, c in up]
+        fractions = ((b + 1) / b,) * len(intra) + (1 / (2 * b),) * len(inter)
+        flows = intra + inter
+        return (Round(tuple(a for a, _ in flows), tuple(c for _, c in flows), fractions),)
+    if algorithm == "pat":
+        doubling = rounds_of("recursive_doubling", Collective.ALLGATHER, m)
+        return doubling if collective is Collective.ALLGATHER else tuple(reversed(doubling))
+    return rounds_of("ring", collective, m)
+
+
+def hop_levels(links: Links, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per pair, the outermost level where devices ``a`` and ``b`` differ (the
+    level whose link a step between them crosses last and slowest)."""
+    out = np.full(len(a), len(links.counts) - 1)
+    for l in range(len(links.counts) - 1, -1, -1):
+        out = np.where(links.ancestors[l][a] != links.ancestors[l][b], l, out)
+    return out
+
+
+def nccl_hops(links: Links, members: np.ndarray, algorithm: str, collective: Collective,
+              buckets: tuple[int, ...]) -> np.ndarray:
+    """Per level, the steps of NCCL's ``algorithm`` whose latency a call pays,
+    counted the way NCCL's tuning counts them: a ring AllReduce ``2(m-1)`` steps
+    along the ring (ReduceScatter, AllGather ``m-1``), the two it does not take
+    being network steps (NCCL: ``2(nodes-1)`` of them cross nodes); a chain
+    (Reduce, Broadcast) its ``m-1`` hops; a tree twice its node chain plus twice
+    ``log2(nodes)`` network steps; NVLS none beyond its base latency; NVLS Tree
+    twice ``log2(nodes)`` network steps; PAT ``ceil(log2 m)`` steps."""
+    levels = len(links.counts)
+    m = len(members)
+    counts = np.zeros(levels)
+    if m < 2:
+        return counts
+    outermost = int(hop_levels(links, members[:1], members[1:]).min())
+    if algorithm == "ring" or (algorithm == "tree" and collective is not Collective.ALLREDUCE):
+        if collective in (Collective.REDUCE, Collective.BROADCAST):
+            np.add.at(counts, hop_levels(links, members[:-1], members[1:]), 1)
+            return counts
+        np.add.at(counts, hop_levels(links, members, np.roll(members, -1)), 1)
+        skip = 1
+        if collective is Collective.ALLREDUCE:
+            counts, skip = 2 * counts, 2
+        counts[outermost] -= skip
+        return counts
+    nodes = len(buckets)
+    if algorithm == "tree":
+        largest = int(np.argmax(buckets))
+        start = sum(buckets[:largest])
+        chain = members[start:start + buckets[largest]]
+        if len(chain) > 1:
+            np.add.at(counts, hop_levels(links, chain[:-1], chain[1:]), 2)
+    if algorithm in ("tree", "nvlstree") and nodes > 1:
+        counts[outermost] += 2 * (nodes.bit_length() - 1)
+    if algorithm == "pat":
+        counts[outermost] += math.ceil(math.log2(m))
+    return counts
+
+
+def buckets_at(links: Links, members: np.ndarray, level: int | None) -> tuple[int, ...]:
+    """Sizes of the runs of consecutive (sorted) members in the same element of
+    ``level`` (one bucket when ``level`` is None)."""
+    if level is None:
+        return (len(members),)
+    ancestors = links.ancestors[level][members]
+    cuts = np.flatnonzero(np.diff(ancestors)) + 1
+    return tuple(np.diff(np.concatenate([[0], cuts, [len(members)]])).tolist())
+
+
+def rail_lanes(links: Links, members: np.ndarray) -> np.ndarray:
+    """Per level, the ports of an element that one flow of this group spreads over:
+    ``ceil(k x ports / devices)`` for ``k`` members in the element (the NICs of
+    their rails), between 1 and ``ports``."""
+    lanes = np.ones(len(links.counts))
+    devices = len(links.ancestors[0])
+    for l, ports in enumerate(links.ports):
+        if ports > 1:
+            per_element = devices // int(links.ancestors[l].max() + 1)
+            k = int(np.unique(links.ancestors[l][members], return_counts=True)[1].max())
+            lanes[l] = min(ports, max(1, math.ceil(k * ports / per_element)))
+    return lanes

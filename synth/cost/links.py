@@ -7,9 +7,11 @@ and back. Each uplink carries ``bandwidth_GBps x ports`` per direction, one flow
 at most ``bandwidth_GBps`` (one port); flows crossing it at the same time share
 it equally. A ``ring`` fabric level connects siblings in a ring: a flow between
 siblings at ring distance ``h`` loads the ``h`` ring links on its shortest way,
-and the busiest of them decides its share. Latency: the sum of ``latency_us`` of
-the levels a flow crosses. A round takes as long as its slowest flow:
-``latency + bytes / (bandwidth x share x efficiency[collective])``.
+and the busiest of them decides its share. A flow may spread over several
+ports of an element (``lanes``: NCCL's channels through the NICs of the group's
+GPUs), counting once per lane against them. Latency: the sum of ``latency_us``
+of the levels a flow crosses. A round takes as long as its slowest flow:
+``latency + bytes / (bandwidth x share x efficiency)``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..language import Collective
 from ..topology import Topology
 from .profile import Profile
 from .terms import Features
@@ -34,6 +35,9 @@ class Links:
     ports: tuple[int, ...]
     ring: tuple[bool, ...]
     counts: tuple[int, ...]
+    net: np.ndarray  # (levels,) bool: the level's link is a network (NIC)
+    nvlink: np.ndarray  # (levels,) bool: the level's link is NVLink
+    rdma: bool  # both: flows that leave through a NIC bypass the NVLink levels (GPUDirect RDMA)
 
 
 @lru_cache(maxsize=64)
@@ -41,29 +45,54 @@ def links_of(topology: Topology) -> Links:
     counts = topology.counts
     devices = np.arange(topology.num_devices)
     ancestors = tuple(devices // math.prod(counts[l + 1 :]) for l in range(len(counts)))
+    net = np.array([topology.link(i) == "net" for i in range(len(counts))])
+    nvlink = np.array([topology.link(i) == "nvlink" for i in range(len(counts))])
     return Links(
         ancestors,
         tuple(lv.ports for lv in topology.levels),
         tuple(lv.fabric == "ring" for lv in topology.levels),
         counts,
+        net,
+        nvlink,
+        bool(net.any() and nvlink.any()),
     )
 
 
 def round_cost(
-    links: Links, profile: Profile, collective: Collective, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+    links: Links,
+    profile: Profile,
+    key: str,
+    src: np.ndarray,
+    dst: np.ndarray,
+    nbytes: np.ndarray,
+    lanes: np.ndarray | None = None,
+    latency: bool = True,
+    rdma: bool = False,
 ) -> tuple[float, Features]:
-    """Time of one round of concurrent flows and the features of its slowest flow."""
+    """Time of one round of concurrent flows and the features of its slowest flow.
+
+    ``key`` is the efficiency key of the transfers (a collective's name, or
+    ``algorithm.protocol``). ``lanes[l]`` (default 1) is how many of a level-``l``
+    element's ports one flow spreads over (NCCL's channels through the rail NICs
+    of the group's GPUs): the flow counts ``lanes`` times against the ports and
+    gets ``lanes x bandwidth x share``. Without ``latency`` the round is its
+    transfer time only (the NCCL models count their latency per step instead).
+    With ``rdma`` (NCCL: GPUDirect RDMA) a flow that leaves through a network
+    level goes from the GPU to its NIC over PCIe, not over the GPU's NVLink: it
+    does not load the ``nvlink`` levels."""
     levels = len(links.counts)
     if len(src) == 0:
         return 0.0, Features.zero(levels)
-    eff = profile.efficiency_of(collective)
+    eff = profile.efficiency_of(key)
     lat, bw = profile.latency_s, profile.bandwidth_Bps
-    crossing = np.zeros((levels, len(src)), dtype=bool)
     share = np.ones((levels, len(src)))
+    a_srcs = [links.ancestors[l][src] for l in range(levels)]
+    a_dsts = [links.ancestors[l][dst] for l in range(levels)]
+    crossing = np.array([a != b for a, b in zip(a_srcs, a_dsts)])
+    if rdma and links.rdma:
+        crossing[links.nvlink] &= ~crossing[links.net].any(axis=0)
     for l in range(levels):
-        a_src, a_dst = links.ancestors[l][src], links.ancestors[l][dst]
-        cross = a_src != a_dst
-        crossing[l] = cross
+        a_src, a_dst, cross = a_srcs[l], a_dsts[l], crossing[l]
         if not cross.any():
             continue
         siblings = cross & (links.ancestors[l - 1][src] == links.ancestors[l - 1][dst]) if l else cross
@@ -76,19 +105,22 @@ def round_cost(
         if outward.any():
             up = np.bincount(a_src[outward], minlength=int(links.ancestors[l].max()) + 1)
             down = np.bincount(a_dst[outward], minlength=int(links.ancestors[l].max()) + 1)
-            busiest = np.maximum(up[a_src], down[a_dst])
-            share[l] = np.where(outward, np.minimum(1.0, links.ports[l] / np.maximum(busiest, 1)), share[l])
-    latency = lat @ crossing
+            lane = 1.0 if lanes is None else lanes[l]
+            busiest = np.maximum(up[a_src], down[a_dst]) * lane
+            share[l] = np.where(outward, lane * np.minimum(1.0, links.ports[l] / np.maximum(busiest, 1)), share[l])
     # bottleneck level of each flow: smallest bandwidth x share among crossed levels
     rate = np.where(crossing, bw[:, None] * share, np.inf)
     bottleneck = rate.argmin(axis=0)
-    seconds = latency + nbytes / (rate.min(axis=0) * eff)
+    seconds = nbytes / (rate.min(axis=0) * eff)
+    if latency:
+        seconds = seconds + lat @ crossing
     worst = int(seconds.argmax())
     features = Features.zero(levels)
-    features.latency_count = crossing[:, worst].astype(float)
+    if latency:
+        features.latency_count = crossing[:, worst].astype(float)
     load = np.zeros(levels)
     load[bottleneck[worst]] = nbytes[worst] / share[bottleneck[worst], worst]
-    features.load[collective] = load
+    features.load[key] = load
     return float(seconds[worst]), features
 
 

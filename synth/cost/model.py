@@ -10,21 +10,36 @@ from pathlib import Path
 
 from ..errors import SynthError
 from ..topology import Topology
+from .nccl import NCCL_VERSION
 from .profile import Profile, load_profile
 
 
 class Algorithm(enum.Enum):
-    """How the library runs each collective (see :mod:`synth.cost.algorithms`)."""
+    """How the library runs each collective (see :mod:`synth.cost.nccl` and
+    :mod:`synth.cost.algorithms`)."""
 
-    RING = "ring"  # NCCL's ring (NCCL_ALGO=Ring)
-    TREE = "tree"  # NCCL's tree for AllReduce, rings otherwise (NCCL_ALGO=Tree)
+    NCCL = "nccl"  # NCCL's own choice of algorithm, protocol and channels (the default)
+    RING = "ring"  # NCCL forced to its ring (NCCL_ALGO=Ring), protocol by NCCL's tuning
+    TREE = "tree"  # NCCL forced to its tree (NCCL_ALGO=Tree): AllReduce; rings otherwise
+    NVLS = "nvls"  # NCCL_ALGO=NVLS where NCCL has it (one node with NVLink SHARP), rings otherwise
+    NVLS_TREE = "nvlstree"  # NCCL_ALGO=NVLSTree (AllReduce across nodes with NVLink SHARP), rings otherwise
+    PAT = "pat"  # NCCL_ALGO=PAT (ReduceScatter, AllGather with one GPU per node), rings otherwise
     MPI = "mpi"  # OpenMPI 5.0 coll/tuned's fixed decisions (the CPU testbed)
 
     __hash__ = object.__hash__
 
     @property
     def title(self) -> str:
-        return {"ring": "NCCL ring", "tree": "NCCL tree", "mpi": "MPI (OpenMPI tuned defaults)"}[self.value]
+        if self is Algorithm.MPI:
+            return "MPI (OpenMPI tuned defaults)"
+        if self is Algorithm.NCCL:
+            return f"NCCL {NCCL_VERSION}"
+        return f"NCCL {NCCL_VERSION} forced {self.value}"
+
+    @property
+    def forced(self) -> tuple[str, ...] | None:
+        """The NCCL algorithms allowed (``NCCL_ALGO``); None: NCCL chooses."""
+        return None if self in (Algorithm.NCCL, Algorithm.MPI) else (self.value,)
 
     @classmethod
     def from_text(cls, text: str) -> "Algorithm":
@@ -45,12 +60,12 @@ class Model:
     profile must match the topology it is used on. ``profile_path`` only says
     where the profile was read, for reports."""
 
-    algorithm: Algorithm = Algorithm.RING
+    algorithm: Algorithm = Algorithm.NCCL
     profile: Profile | None = None
     profile_path: str | None = None
 
     @classmethod
-    def load(cls, algorithm: str | Algorithm = Algorithm.RING, profile: str | Path | None = None) -> "Model":
+    def load(cls, algorithm: str | Algorithm = Algorithm.NCCL, profile: str | Path | None = None) -> "Model":
         """A model from names: ``algorithm`` as text or enum, ``profile`` a path
         to a profile written by ``synth-reduce fit`` (or None)."""
         if not isinstance(algorithm, Algorithm):
@@ -68,6 +83,6 @@ class Model:
         return self.profile
 
     def describe(self) -> str:
-        """``NCCL ring model, topology's numbers as priors``."""
+        """``NCCL 2.27.7 model, topology's numbers as priors``."""
         source = f"profile {self.profile_path or self.profile.topology}" if self.profile else "topology's numbers as priors"
         return f"{self.algorithm.title} model, {source}"

@@ -2,12 +2,23 @@
 
 A step runs all its groups at once, so a step's cost is the rounds of its
 collective's algorithm (:mod:`synth.cost.algorithms`) with every group's flows
-in each round contending for the links (:mod:`synth.cost.links`), plus the
-profile's per-call overhead. A program's cost is the sum of its steps'.
+in each round contending for the links (:mod:`synth.cost.links`), plus latency:
+
+* NCCL models: the algorithm and protocol NCCL picks for the group's shape and
+  the step's bytes (:mod:`synth.cost.nccl`); its transfers spread over the rail
+  NICs of the group's GPUs (lanes); latency = the base latency of the
+  (algorithm, protocol) + its steps per level x the level's latency for that
+  protocol (:func:`synth.cost.algorithms.nccl_hops`);
+* MPI model: OpenMPI's algorithm; each round pays the latency of the levels its
+  slowest flow crosses; plus the per-call overhead.
+
+A program's cost is the sum of its steps'.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -17,9 +28,10 @@ from ..lowering import LoweredProgram
 from ..reduction import Reduction
 from ..semantics import Goal, Loads, resolve
 from ..topology import Topology
-from .algorithms import mpi_algorithm, node_buckets, rounds_of, tree_rounds
-from .links import links_of, round_cost
+from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
+from .links import Links, links_of, round_cost
 from .model import Algorithm, Model
+from .nccl import PROTOCOLS, choose, comm_of, node_level
 from .profile import Profile
 from .terms import Features
 
@@ -31,35 +43,106 @@ def step_cost(
     collective: Collective,
     groups: np.ndarray,
     nbytes: np.ndarray,
+    nvls_enabled: bool = True,
 ) -> tuple[float, Features]:
     """Seconds of one step and its critical-path features. ``groups`` is an
     (n, m) array of device ids (n groups of m members, all at once) and
-    ``nbytes`` the bytes each group's collective moves."""
+    ``nbytes`` the bytes each group's collective moves. The NCCL models run what
+    :func:`synth.cost.nccl.choose` picks for group 0 at the largest ``nbytes``
+    (``nvls_enabled=False`` is ``NCCL_NVLS_ENABLE=0``)."""
     links = links_of(topology)
     groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
     nbytes = np.asarray(nbytes, dtype=float)
-    total, features = 0.0, Features.zero(len(topology.levels))
-    if algorithm is Algorithm.TREE and collective is Collective.ALLREDUCE:
-        pattern = tree_rounds(node_buckets(links, groups[0]))
-    else:
-        m = groups.shape[1]
-        name = mpi_algorithm(collective, m, float(nbytes.max())) if algorithm is Algorithm.MPI else algorithm.value
-        pattern = rounds_of(name, collective, m)
+    if algorithm is Algorithm.MPI:
+        return _mpi_step(links, profile, collective, groups, nbytes)
+    features = Features.zero(len(topology.levels))
+    if groups.shape[1] < 2:
+        return 0.0, features
+    plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), algorithm.forced,
+                      nvls_enabled)
+    total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True)
+    features.steps[:, plan.protocol] = plan.hops
+    features.base_count[plan.key] = 1.0
+    total += float(profile.protocol_latency_s[:, plan.protocol] @ plan.hops) + profile.base_us(plan.key) * 1e-6
+    return total, features
+
+
+@dataclass(frozen=True)
+class _NcclPlan:
+    """What NCCL runs for one group and size: the ``algorithm.protocol`` key, the
+    protocol's index, the rounds, the lanes per level and the latency steps per level."""
+
+    key: str
+    protocol: int
+    pattern: tuple[Round, ...]
+    lanes: np.ndarray
+    hops: np.ndarray
+
+
+@lru_cache(maxsize=16384)
+def _nccl_plan(topology: Topology, members: tuple[int, ...], collective: Collective, nbytes: float,
+               forced: tuple[str, ...] | None, nvls_enabled: bool) -> _NcclPlan:
+    choice = choose(comm_of(topology, members, nvls_enabled), collective, nbytes, forced)
+    pattern, lanes, hops = _nccl_shape(topology, members, choice.algorithm, collective)
+    return _NcclPlan(choice.key, PROTOCOLS.index(choice.protocol), pattern, lanes, hops)
+
+
+@lru_cache(maxsize=4096)
+def _nccl_shape(
+    topology: Topology, members: tuple[int, ...], algorithm: str, collective: Collective
+) -> tuple[tuple[Round, ...], np.ndarray, np.ndarray]:
+    """The rounds, the lanes per level and the latency steps per level of NCCL's
+    ``algorithm`` over one group (see :mod:`synth.cost.algorithms`)."""
+    links = links_of(topology)
+    ids = np.asarray(members)
+    buckets = buckets_at(links, ids, node_level(topology))
+    pattern = nccl_rounds(algorithm, collective, len(members), buckets)
+    lanes = np.ones(len(links.counts)) if algorithm in ("nvlstree", "pat") else rail_lanes(links, ids)
+    return pattern, lanes, nccl_hops(links, ids, algorithm, collective, buckets)
+
+
+def clear_caches() -> None:
+    """Forget the memoised NCCL choices and group shapes (for timing cold predictions)."""
+    from . import nccl
+
+    for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph,
+                   nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan):
+        cached.cache_clear()
+
+
+def _mpi_step(links: Links, profile: Profile, collective: Collective, groups: np.ndarray,
+              nbytes: np.ndarray) -> tuple[float, Features]:
+    """A step of the MPI model: OpenMPI's algorithm for the group size and the
+    largest message, latency per level crossed and round, a call overhead."""
+    features = Features.zero(len(links.counts))
+    m = groups.shape[1]
+    pattern = rounds_of(mpi_algorithm(collective, m, float(nbytes.max())), collective, m)
+    total = _add_rounds(links, profile, collective.value, pattern, groups, nbytes, features)
+    features.calls = 1.0
+    return total + profile.call_overhead_us * 1e-6, features
+
+
+def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, ...], groups: np.ndarray,
+                nbytes: np.ndarray, features: Features, lanes: np.ndarray | None = None,
+                nccl: bool = False) -> float:
+    """Seconds of ``pattern`` run by every group at once; adds its features.
+    ``nccl``: transfer times only (latency is counted per step), GPUDirect RDMA."""
+    total = 0.0
     for rnd in pattern:
         if not rnd.src:
             continue
-        src = groups[:, list(rnd.src)].ravel()
-        dst = groups[:, list(rnd.dst)].ravel()
-        flow_bytes = (nbytes[:, None] * np.asarray(rnd.fraction)[None, :]).ravel()
-        seconds, f = round_cost(links, profile, collective, src, dst, flow_bytes)
+        src_i, dst_i, fraction = rnd.arrays
+        src = groups[:, src_i].ravel()
+        dst = groups[:, dst_i].ravel()
+        flow_bytes = (nbytes[:, None] * fraction[None, :]).ravel()
+        seconds, f = round_cost(links, profile, key, src, dst, flow_bytes, lanes, latency=not nccl, rdma=nccl)
         total += rnd.repeat * seconds
         features.add(f, rnd.repeat)
-        if rnd.extra:
+        if rnd.extra and not nccl:
             hop = f.latency_count
             total += rnd.extra * float(profile.latency_s @ hop)
             features.latency_count = features.latency_count + rnd.extra * hop
-    features.calls = 1.0
-    return total + profile.call_overhead_us * 1e-6, features
+    return total
 
 
 def default_program(goal: Goal) -> Program:

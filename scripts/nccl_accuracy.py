@@ -1,0 +1,244 @@
+"""The NCCL model's accuracy on the calibration corpus (data/nccl/), as the
+Markdown section of docs/simulator.md between the ``nccl-accuracy`` markers.
+
+Every number comes from the committed data and the shipped topologies:
+
+* agreement: for every line whose source reports the algorithm NCCL chose (and
+  forced none), the algorithm :func:`synth.cost.nccl.choose` picks;
+* error: the median relative error |predicted - measured| / measured of the
+  time of each call, latency-bound (< 1 MiB) and bandwidth-bound (>= 64 MiB),
+  predicted with (a) the prior (the topology's numbers and NCCL's constants, no
+  fitting), (b) held out by size: two folds per topology, the sizes with an even
+  and with an odd log2, each fitted (``synth.fit.fit_profile``) on the other fold
+  of every set of that topology, and (c) held out by source: fitted on the other
+  sets of the same topology (where it has some).
+
+    python scripts/nccl_accuracy.py            # print the section
+    python scripts/nccl_accuracy.py --write    # replace it in docs/simulator.md
+    python scripts/nccl_accuracy.py --check    # exit 1 if docs/simulator.md differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import synth  # noqa: F401
+except ImportError:  # running from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from synth.corpus import read_corpus  # noqa: E402
+from synth.cost import Algorithm, Profile  # noqa: E402
+from synth.cost.nccl import NCCL_VERSION, choose, comm_of  # noqa: E402
+from synth.fit import CallSample, call_samples, fit_profile, predict_all  # noqa: E402
+from synth.topology import load_topology  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data" / "nccl"
+DOC = REPO / "docs" / "simulator.md"
+BEGIN, END = "<!-- nccl-accuracy:begin -->", "<!-- nccl-accuracy:end -->"
+MiB = 2**20
+SMALL, LARGE = MiB, 64 * MiB
+
+# set -> shipped topology of the measured system (the run's GPUs are its first devices)
+TOPOLOGY = {
+    "stas00-a100x8-nccltests-allreduce": "dgx-a100",  # one 8 x A100 NVLink 3 node: node 0 of dgx-a100
+    "aws-p4de-2x8-allreduce": "p4de",
+    "azure-ndh100v5-x8-nvls-inplace": "dgx-h100",  # one ND H100 v5 VM: node 0 of dgx-h100
+    "aws-p5-2x8-allreduce": "p5",
+    "aws-p5-2x8-allreduce-eks-nccl2.18.5": "p5",
+    "a3mega-2x8-allreduce": "a3-mega",
+    "dstack-gcp-a3mega-2x8-allgather": "a3-mega",
+    "dstack-gcp-a3high-2x8-allgather": "a3-high",
+    "stas00-h200x8-torch-allreduce-sweep": "hgx-h200",
+    "stas00-h200x8-torch-allreduce-16g-nvls-off": "hgx-h200",
+    "stas00-h200x8-nvls-ramp-8g": "hgx-h200",
+    "stas00-h200x8-collectives-16g": "hgx-h200",
+    "azure-ndh200v5-x8-nvls-inplace": "hgx-h200",
+    "dstack-gcp-a4-2x8-allreduce": "gcp-a4",
+    "stas00-p6b200-1v4nodes-torch": "p6-b200",
+    "stas00-p6b200-nvls-ramp-8g": "p6-b200",
+    "coreweave-gb200-nvl72-1rack": "gb200-nvl72",
+}
+NOT_EVALUATED = {
+    "dstack-lambda-b200-2x8-allreduce": "the source states neither the NICs nor their rate",
+    "coreweave-gb200-nvl72-20racks": "the source states neither the racks' NICs nor their rate",
+    "nccl1801-gb200-3partitions-ring-vs-tree": "the source states neither the partitions' NICs nor their rate",
+    "liplus-a100x8-sendrecv": "send/receive is not a collective the model has",
+}
+NOTES = {
+    "stas00-p6b200-nvls-ramp-8g": "NCCL's choice came from AWS's tuner plugin (NCCL_TUNER_PLUGIN=ofi)",
+}
+
+
+def load() -> dict[str, list[CallSample]]:
+    """The calls of every evaluated set, on its topology."""
+    sets: dict[str, list[CallSample]] = {}
+    for path in sorted(DATA.glob("*.jsonl")):
+        name = path.stem
+        if name in NOT_EVALUATED:
+            continue
+        if name not in TOPOLOGY:
+            raise SystemExit(f"{path}: no topology for this set in scripts/nccl_accuracy.py")
+        calls, _ = read_corpus(path)
+        sets[name] = call_samples(calls, load_topology(TOPOLOGY[name]))
+    return sets
+
+
+def median_error(predicted: np.ndarray, samples: list[CallSample], pick) -> tuple[float, int]:
+    idx = [i for i, s in enumerate(samples) if pick(s.size_bytes)]
+    if not idx:
+        return math.nan, 0
+    measured = np.array([samples[i].median_s for i in idx])
+    return float(np.median(np.abs(predicted[idx] - measured) / measured)), len(idx)
+
+
+def heldout_by_size(by_topology: dict[str, list[str]], sets: dict[str, list[CallSample]]) -> dict[str, np.ndarray]:
+    """Per set, predictions from a fit on the other size fold of its topology."""
+    out = {name: np.full(len(sets[name]), math.nan) for name in sets}
+    for topo, names in by_topology.items():
+        prior = Profile.prior(sets[names[0]][0].topology)
+        for fold in (0, 1):
+            train = [s for n in names for s in sets[n] if _fold(s) != fold]
+            if not train:
+                continue
+            profile, _ = fit_profile(train, prior)
+            for n in names:
+                idx = [i for i, s in enumerate(sets[n]) if _fold(s) == fold]
+                if idx:
+                    out[n][idx] = predict_all(profile, [sets[n][i] for i in idx])
+    return out
+
+
+def _fold(s: CallSample) -> int:
+    return int(math.log2(s.size_bytes)) % 2
+
+
+def heldout_by_source(by_topology: dict[str, list[str]], sets: dict[str, list[CallSample]]) -> dict[str, np.ndarray]:
+    """Per set, predictions from a fit on the other sets of its topology."""
+    out = {}
+    for names in by_topology.values():
+        for n in names:
+            train = [s for m in names if m != n for s in sets[m]]
+            if train:
+                profile, _ = fit_profile(train, Profile.prior(sets[n][0].topology))
+                out[n] = predict_all(profile, sets[n])
+    return out
+
+
+def agreement(samples: list[CallSample]) -> tuple[int, int, list[str]]:
+    agree, total, misses = 0, 0, []
+    for s in samples:
+        call = s.call
+        if call.algo_reported is None or call.algo is not None:
+            continue
+        comm = comm_of(s.topology, tuple(range(call.ranks)), call.nvls_enabled)
+        got = choose(comm, call.collective, call.size_bytes, Algorithm.NCCL.forced)
+        total += 1
+        if got.algorithm == call.algo_reported.lower():
+            agree += 1
+        else:
+            misses.append(f"{call.ranks} GPUs {_size(call.size_bytes)}: {call.algo_reported} reported, "
+                          f"{got.algorithm} predicted")
+    return agree, total, misses
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _pct(x: float) -> str:
+    return "" if math.isnan(x) else f"{x:.0%}"
+
+
+def report() -> str:
+    sets = load()
+    by_topology: dict[str, list[str]] = defaultdict(list)
+    for name in sets:
+        by_topology[TOPOLOGY[name]].append(name)
+    size_fold = heldout_by_size(by_topology, sets)
+    source_fold = heldout_by_source(by_topology, sets)
+    lines = [
+        BEGIN,
+        "",
+        f"Generated by `python scripts/nccl_accuracy.py --write` from `data/nccl/` and `topologies/` (NCCL "
+        f"{NCCL_VERSION} model). Median relative error of the predicted time of each call, latency-bound "
+        f"(< 1 MiB) and bandwidth-bound (>= 64 MiB): *prior* = the topology's numbers and NCCL's constants, "
+        f"no fitting; *held out by size* = fitted on the other size fold of the same topology (sizes with even "
+        f"and odd log2); *held out by source* = fitted on the other sets of the same topology. Blank: no such "
+        f"call, or no other set to fit on.",
+        "",
+        "| set | topology | calls (<1 MiB, >=64 MiB) | prior <1 MiB | prior >=64 MiB | by size <1 MiB | "
+        "by size >=64 MiB | by source <1 MiB | by source >=64 MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    pooled: dict[str, list[float]] = defaultdict(list)
+    choice_rows = []
+    for name in sorted(sets):
+        samples = sets[name]
+        prior = predict_all(Profile.prior(samples[0].topology), samples)
+        cells, counts = [], []
+        for label, predicted in (("prior", prior), ("size", size_fold[name]), ("source", source_fold.get(name))):
+            for regime, pick in (("small", lambda b: b < SMALL), ("large", lambda b: b >= LARGE)):
+                if predicted is None:
+                    cells.append("")
+                    continue
+                err, n = median_error(predicted, samples, pick)
+                cells.append(_pct(err))
+                if label == "prior":
+                    counts.append(n)
+                measured = np.array([s.median_s for s in samples])
+                pooled[f"{label} {regime}"] += [abs(p - m) / m for p, m, s in zip(predicted, measured, samples)
+                                                if pick(s.size_bytes) and not math.isnan(p)]
+        lines.append(f"| {name} | {TOPOLOGY[name]} | {len(samples)} ({counts[0]}, {counts[1]}) | " + " | ".join(cells) + " |")
+        agree, total, misses = agreement(samples)
+        if total:
+            note = f" ({NOTES[name]})" if name in NOTES else ""
+            choice_rows.append(f"| {name} | {agree} / {total}{note} | {'; '.join(misses)} |")
+    lines += ["", "Over all evaluated calls (median of the per-call relative errors):", "",
+              "| | < 1 MiB | >= 64 MiB |", "| --- | --- | --- |"]
+    for label, title in (("prior", "prior"), ("size", "held out by size"), ("source", "held out by source")):
+        small, large = pooled[f"{label} small"], pooled[f"{label} large"]
+        lines.append(f"| {title} | {_pct(float(np.median(small))) if small else ''} ({len(small)} calls) | "
+                     f"{_pct(float(np.median(large))) if large else ''} ({len(large)} calls) |")
+    lines += ["", "Agreement of the predicted algorithm with the one the source reports NCCL chose:", "",
+              "| set | agree | disagreements |", "| --- | --- | --- |", *choice_rows, "",
+              "Not evaluated: " + "; ".join(f"`{k}` ({v})" for k, v in sorted(NOT_EVALUATED.items())) + ".",
+              "", END]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--write", action="store_true", help="replace the section in docs/simulator.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if docs/simulator.md holds another section")
+    args = p.parse_args()
+    section = report()
+    if not (args.write or args.check):
+        print(section)
+        return 0
+    doc = DOC.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{DOC}: no {BEGIN} ... {END} markers")
+    current = doc[doc.index(BEGIN):doc.index(END) + len(END)]
+    if args.check:
+        if current != section:
+            print(f"{DOC}: the accuracy section differs from what scripts/nccl_accuracy.py generates; run it with --write",
+                  file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(doc.replace(current, section))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

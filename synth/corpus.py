@@ -1,0 +1,120 @@
+"""The NCCL calibration corpus: public measurements of single NCCL calls
+(``data/nccl/*.jsonl``, format in data/nccl/README.md) as measured calls on a
+topology, for :mod:`synth.fit`.
+
+A corpus line is one call of a collective over ``ranks`` GPUs. On a topology it
+is the call over the first ``ranks`` devices (device ids are node-major, so a
+run over ``n`` whole nodes is nodes ``0..n-1``, and a run on 5 of a node's 8
+GPUs is GPUs 0..4 of node 0). Its time is ``time_us`` where the source prints
+it, else ``size / algbw``, else ``size / (busbw / factor)`` with nccl-tests'
+bus-bandwidth factor (all-reduce ``2(n-1)/n``, reduce-scatter and all-gather
+``(n-1)/n``, others 1), each marked ``derived``. ``algo`` (``NCCL_ALGO``) forces
+the algorithm; ``NCCL_NVLS_ENABLE=0`` in ``env`` or ``"nvls": false`` in
+``system`` turns NVLS off. Send/receive and all-to-all are not collectives the
+model has, nor is CollNet; such lines are skipped and counted, as are lines
+whose only number is a bandwidth printed as 0.00.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SynthError
+from .language import Collective
+from .documents import json_lines
+
+COLLECTIVES = {
+    "allreduce": Collective.ALLREDUCE, "reducescatter": Collective.REDUCESCATTER, "allgather": Collective.ALLGATHER,
+    "broadcast": Collective.BROADCAST, "reduce": Collective.REDUCE,
+}
+FORCED = {"Ring": "ring", "Tree": "tree", "NVLS": "nvls", "NVLSTree": "nvlstree", "PAT": "pat"}
+REQUIRED = ("set", "source", "system", "collective", "size_bytes", "ranks")
+
+
+@dataclass(frozen=True)
+class CorpusCall:
+    """One measured call from the corpus (see the module docstring)."""
+
+    set: str
+    source: str
+    collective: Collective
+    size_bytes: int
+    time_s: float
+    derived: bool  # time computed from algbw or busbw
+    ranks: int
+    algo: str | None  # forced algorithm (synth.cost Algorithm value), None: NCCL's choice
+    algo_reported: str | None  # what the source says NCCL chose (NCCL's spelling)
+    nvls_enabled: bool
+    where: str  # file:line
+
+
+def is_corpus_line(doc: object) -> bool:
+    """A corpus line has ``set`` and ``system`` and no measurement ``schema``."""
+    return isinstance(doc, dict) and "set" in doc and "system" in doc and "schema" not in doc
+
+
+def bus_factor(collective: Collective, ranks: int) -> float:
+    """nccl-tests' busbw / algbw for a collective over ``ranks``."""
+    if collective is Collective.ALLREDUCE:
+        return 2 * (ranks - 1) / ranks
+    if collective in (Collective.REDUCESCATTER, Collective.ALLGATHER):
+        return (ranks - 1) / ranks
+    return 1.0
+
+
+def call_from_dict(doc: dict, where: str) -> CorpusCall | None:
+    """The call of one corpus line; None for a line the model does not cover
+    (send/receive, all-to-all, CollNet). Errors name ``where`` and the field."""
+    missing = [k for k in REQUIRED if k not in doc]
+    if missing:
+        raise SynthError(f"{where}: corpus line without field(s) {', '.join(missing)}")
+    collective = COLLECTIVES.get(doc["collective"])
+    forced = doc.get("algo")
+    if collective is None or (forced is not None and forced not in FORCED):
+        return None
+    size, ranks = doc["size_bytes"], doc["ranks"]
+    if not (isinstance(size, int) and size > 0 and isinstance(ranks, int) and ranks >= 1):
+        raise SynthError(f"{where}: 'size_bytes' and 'ranks' must be positive integers")
+    timed = _seconds(doc, collective, size, ranks, where)
+    if timed is None:
+        return None
+    seconds, derived = timed
+    env = doc.get("env") or {}
+    system = doc["system"] if isinstance(doc["system"], dict) else {}
+    nvls = not (str(env.get("NCCL_NVLS_ENABLE", "")) == "0" or system.get("nvls") is False)
+    return CorpusCall(str(doc["set"]), str(doc["source"]), collective, size, seconds, derived, ranks,
+                      FORCED[forced] if forced else None, doc.get("algo_reported"), nvls, where)
+
+
+def _seconds(doc: dict, collective: Collective, size: int, ranks: int, where: str) -> tuple[float, bool] | None:
+    """(seconds, derived) of a line; None when the only number is a bandwidth
+    printed as 0.00 (too small for its two decimals)."""
+    for key in ("time_us", "algbw_GBps", "busbw_GBps"):
+        value = doc.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise SynthError(f"{where}: '{key}' must be a non-negative number or null, got {value!r}")
+    if doc.get("time_us"):
+        return doc["time_us"] * 1e-6, False
+    if doc.get("algbw_GBps"):
+        return size / (doc["algbw_GBps"] * 1e9), True
+    if doc.get("busbw_GBps"):
+        return size / (doc["busbw_GBps"] / bus_factor(collective, ranks) * 1e9), True
+    if all(doc.get(k) is None for k in ("time_us", "algbw_GBps", "busbw_GBps")):
+        raise SynthError(f"{where}: no time_us, algbw_GBps or busbw_GBps: nothing measured")
+    return None
+
+
+def read_corpus(path: str | Path) -> tuple[list[CorpusCall], int]:
+    """The calls of a corpus file and the number of lines skipped (not modelled)."""
+    calls, skipped = [], 0
+    for where, _, doc in json_lines(path, "measurements"):
+        if not is_corpus_line(doc):
+            raise SynthError(f"{where}: not an NCCL corpus line (expected set, source, system, ...; "
+                             f"see data/nccl/README.md); one format per file")
+        call = call_from_dict(doc, where)
+        if call is None:
+            skipped += 1
+        else:
+            calls.append(call)
+    return calls, skipped

@@ -1,0 +1,464 @@
+"""What NCCL runs: its choice of algorithm, protocol and channels for one call.
+
+This follows NCCL 2.27.7 (tag ``v2.27.7-1`` of NVIDIA/nccl): the cost table of
+``src/graph/tuning.cc`` (``ncclTopoTuneModel``, ``ncclTopoGetAlgoTime``), the
+choice of ``src/enqueue.cc`` (``topoGetAlgoInfo``: the (algorithm, protocol) of
+least estimated time) and, in closed form, the channel counts and per-channel
+speeds that ``src/graph/search.cc`` (``ncclTopoCompute``) finds on the kinds of
+nodes a topology file describes. Every constant below is NCCL's, transcribed
+with the name it has there; nothing here is fitted: NCCL decides with its own
+model, whatever the link numbers of a fitted profile say.
+
+What a communicator looks like to NCCL (:class:`Comm`, from a topology and the
+members of a group, :func:`comm_of`): ``ranks``, ``nodes`` (distinct elements of
+the innermost ``link: net`` level; one when there is none), the GPU architecture
+(``compute_capability``), how GPUs inside a node are connected (NVLink through
+an NVSwitch, NVLink without a switch, PCIe), the per-GPU intra-node bandwidth
+NCCL assigns (``nvlinks`` x its per-link bandwidth for the architecture, from
+``src/graph/topo.h``, else the level's ``bandwidth_GBps``), NVLS (NVLink SHARP:
+``nvls: true`` on an NVSwitch level, compute capability >= 9.0, more than two
+GPUs of the node in the group, as ``ncclNvlsInit`` requires), and the NICs the
+group's GPUs use (rail-local: ``ceil(k x NICs / GPUs)`` of the node's NICs for
+``k`` member GPUs in it) with their rate (the net level's ``bandwidth_GBps``).
+
+Algorithms (``ncclAlgoStr``): ``ring``, ``tree``, ``nvls``, ``nvlstree``,
+``pat``; CollNet needs a SHARP network plugin and ``NCCL_COLLNET_ENABLE``, off by
+default, so it is not modelled. Protocols: ``LL``, ``LL128``, ``Simple``.
+
+Simplifications of the topology search (documented in docs/simulator.md): the
+search is reduced to channel capacities (how many channels of a given speed the
+GPUs' NVLink bandwidth and the NICs carry); GPU-to-NIC PCIe paths are assumed
+as fast as the NIC (GPUDirect RDMA through a PCIe switch); CPUs are assumed not
+to be AMD (Intel/ARM rows of the LL table, 1 us network overhead); ring graphs
+use the same channels on every node (``sameChannels``). No tuner plugin: cloud
+images that install one (AWS's ``NCCL_TUNER_PLUGIN=ofi``) may choose otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..language import Collective
+from ..topology import Topology
+
+NCCL_VERSION = "2.27.7"
+
+ALGORITHMS = ("tree", "ring", "nvls", "nvlstree", "pat")  # the ones modelled (CollNet is off by default)
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+# ---------------------------------------------------------------- NCCL's constants (v2.27.7)
+
+# src/graph/tuning.cc baseLat [algorithm][protocol], us
+BASE_LAT_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
+               "nvlstree": (0.0, 0.0, 0.0), "pat": (0.0, 0.0, 0.0)}
+# src/graph/tuning.cc hwLat [NVLINK, PCI, NET][algorithm][protocol], us (PAT has none: its latency is its own formula)
+HW_LAT_US = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0), "nvlstree": (0.0, 0.0, 25.0)},
+    "pcie": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0.0, 0.0, 0.0), "nvlstree": (0.0, 0.0, 0.0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0), "nvlstree": (0.0, 0.0, 14.0)},
+}
+# LL max bandwidth per row (Volta-N1/Intel-N2/Intel-N4, Ampere-N1/AMD-N2/AMD-N4, Hopper-N1, Blackwell-N1) and
+# per-channel caps [Volta, Ampere, Hopper, Blackwell][N1, N2, N4]
+LL_MAX_BWS = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (2 * 141.0, 2 * 45.0, 2 * 35.0))
+PER_CH_MAX_RING_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (2 * 36.7,) * 3)
+PER_CH_MAX_TREE_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0), (2 * 36.7, 2 * 36.7, 2 * 29.0))
+PER_CH_MAX_TREE_BWS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (2 * 38.7, 2 * 41.4, 2 * 36.0))
+# ncclTopoGetAlgoTime's treeCorrectionFactor [protocol][log2(bytes / 64)], 64 B to 256 MiB
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+)
+# src/graph/search.cc speed arrays (GB/s per channel), intra-node only and with a network
+SPEEDS = {
+    "intra": {70: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+              90: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+              100: (90.0, 80.0, 70.0, 60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)},
+    "inter": {70: (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24, 0.12),
+              90: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
+              100: (96.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24,
+                    0.12)},
+}
+# src/graph/topo.h per-link NVLink bandwidth (ncclTopoNVLinkBw), GB/s
+SM100_NVLINK_BW, SM90_NVLINK_BW, SM86_NVLINK_BW, SM80_NVLINK_BW, SM70_NVLINK_BW, SM60_NVLINK_BW = (
+    40.1, 20.6, 12.0, 20.0, 20.0, 18.0)
+MAX_CHANNELS = 32  # ring and tree graphs: MAXCHANNELS / 2 (src/init.cc)
+MAX_NVLS_ARITY = 32  # src/include/device.h
+NET_OVERHEAD_US = 1.0  # getNetOverhead: Intel x86 and non-x86 CPUs (AMD: 2.0)
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A communicator as NCCL's tuning sees it (see the module docstring)."""
+
+    ranks: int
+    nodes: int
+    sm: int  # compute capability x 10: 80, 90, 100
+    intra: str | None  # "nvlink" or "pcie" between GPUs of a node; None with one GPU per node
+    nvswitch: bool  # the node's GPUs meet in an NVSwitch
+    nvls: bool  # NVLS usable (hardware, enabled, > 2 local GPUs)
+    intra_GBps: float  # per-GPU intra-node bandwidth NCCL assigns
+    nics: int  # NICs per node the group's GPUs use (0 on one node)
+    nic_GBps: float
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One of NCCL's graphs: channels and per-channel speeds (GB/s)."""
+
+    channels: int
+    bw_intra: float
+    bw_inter: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    """NCCL's choice for one call: algorithm, protocol, channels of its graph,
+    and its own time estimate (us)."""
+
+    algorithm: str
+    protocol: str
+    channels: int
+    estimate_us: float
+
+    @property
+    def key(self) -> str:
+        """``ring.LL``: the efficiency and base-latency key of the pair."""
+        return f"{self.algorithm}.{self.protocol}"
+
+
+# ---------------------------------------------------------------- the communicator
+
+
+def nvlink_GBps(sm: int) -> float:
+    """NCCL's bandwidth of one NVLink for a compute capability (x10)."""
+    if sm >= 100:
+        return SM100_NVLINK_BW
+    if sm >= 90:
+        return SM90_NVLINK_BW
+    if sm == 86:
+        return SM86_NVLINK_BW
+    if sm >= 80:
+        return SM80_NVLINK_BW
+    if sm >= 70:
+        return SM70_NVLINK_BW
+    return SM60_NVLINK_BW if sm >= 60 else SM80_NVLINK_BW
+
+
+def node_level(topology: Topology) -> int | None:
+    """Index of the innermost ``net`` level (its elements are NCCL's nodes), or None."""
+    nets = [i for i in range(len(topology.levels)) if topology.link(i) == "net"]
+    return max(nets) if nets else None
+
+
+@lru_cache(maxsize=8192)
+def comm_of(topology: Topology, members: tuple[int, ...], nvls_enabled: bool = True) -> Comm:
+    """NCCL's view of a communicator over ``members`` (device ids) of ``topology``."""
+    return _comm_of(topology, _shape(topology, members), nvls_enabled)
+
+
+def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
+    """What :func:`comm_of` depends on: per level, the number of distinct elements
+    of that level among the members and the most members in one of them."""
+    counts = topology.counts
+    shape = []
+    for l in range(len(counts)):
+        per = Counter(d // math.prod(counts[l + 1:]) for d in members)
+        shape.append((len(per), max(per.values())))
+    return (len(members), tuple(shape))
+
+
+@lru_cache(maxsize=4096)
+def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool) -> Comm:
+    ranks, per_level = shape
+    net = node_level(topology)
+    nodes, per_node = per_level[net] if net is not None else (1, ranks)
+    sm = int(round(topology.compute_capability * 10))
+    inside = range(net + 1 if net is not None else 0, len(topology.levels))
+    # intra-node levels the group spans: an element of the level above holds several members' elements
+    spanned = [l for l in inside if (per_level[l][0] > (per_level[l - 1][0] if l else 1))]
+    intra = None
+    nvswitch = False
+    intra_GBps = math.inf
+    for l in spanned:
+        level = topology.levels[l]
+        link = topology.link(l)
+        intra = "pcie" if link == "pcie" or intra == "pcie" else "nvlink"
+        bw = level.nvlinks * nvlink_GBps(sm) if link == "nvlink" and level.nvlinks else level.bandwidth_GBps
+        intra_GBps = min(intra_GBps, bw)
+    if spanned:
+        last = topology.levels[spanned[-1]]
+        nvswitch = intra == "nvlink" and all(topology.levels[l].fabric == "switch" for l in spanned)
+        nvls = nvswitch and last.nvls and sm >= 90 and per_node > 2 and nvls_enabled
+    else:
+        nvls = False
+    nics, nic_GBps = 0, 0.0
+    if nodes > 1:
+        level = topology.levels[net]
+        gpus = math.prod(topology.counts[net + 1:])
+        nics = min(level.ports, max(1, math.ceil(per_node * level.ports / gpus)))
+        nic_GBps = level.bandwidth_GBps
+    return Comm(ranks, nodes, sm, intra, nvswitch, nvls, intra_GBps if spanned else 0.0, nics, nic_GBps)
+
+
+# ---------------------------------------------------------------- the graphs (ncclTopoCompute, in closed form)
+
+
+def _speeds(comm: Comm) -> tuple[float, ...]:
+    table = SPEEDS["inter" if comm.nodes > 1 else "intra"]
+    return table[100 if comm.sm >= 100 else 90 if comm.sm >= 90 else 70]
+
+
+def _fits(load: float, capacity: float) -> bool:
+    return load <= capacity + 1e-3  # search.cc rounds bandwidths to 1e-3 (SUB_ROUND)
+
+
+def _ring_capacity(comm: Comm, speed: float) -> int:
+    """Channels of ``speed`` the GPUs' links (and the NICs) carry: each ring
+    channel takes ``speed`` of every GPU's intra-node bandwidth and of one NIC."""
+    n = MAX_CHANNELS
+    if comm.intra is not None:
+        n = min(n, int((comm.intra_GBps + 1e-3) // speed))
+    if comm.nodes > 1:
+        n = min(n, comm.nics * int((comm.nic_GBps + 1e-3) // speed))
+    return n
+
+
+@lru_cache(maxsize=4096)
+def ring_graph(comm: Comm) -> Graph:
+    """The ring graph: pass 1 from the fastest speed the paths allow down while
+    the next speed is above 0.49 of the best found; channels doubled (halving the
+    speed) when the speed is >= 25 GB/s, except on sm > 80 below 50 GB/s with more
+    than 4 channels; pass 2 raises the speed while the channels still fit."""
+    speeds = _speeds(comm)
+    max_bw = comm.nic_GBps if comm.nodes > 1 else comm.intra_GBps
+    total = comm.intra_GBps if comm.intra is not None else comm.nic_GBps * comm.nics
+    i = next((j for j, s in enumerate(speeds) if s <= max_bw + 1e-3 and s <= total + 1e-3), len(speeds) - 1)
+    best: tuple[int, float] | None = None
+    while True:
+        n = _ring_capacity(comm, speeds[i])
+        if n >= 1 and (best is None or n * speeds[i] > best[0] * best[1]):
+            best = (n, speeds[i])
+        if best is not None and (best[0] * best[1] >= total - 1e-3 or best[0] == MAX_CHANNELS):
+            break
+        if i + 1 < len(speeds) and (best is None or speeds[i + 1] / best[1] > .49):
+            i += 1
+            continue
+        break
+    if best is None:
+        return Graph(1, 0.1, 0.1)  # NCCL falls back to a simple order at 0.1 GB/s
+    n, bw = best
+    if bw >= 25.0 and not (comm.sm > 80 and bw < 50.0 and n > 4):  # ncclTopoDupChannels
+        doubled = min(2 * n, MAX_CHANNELS)
+        bw, n = (bw / 2, doubled) if doubled > n else (bw, n)
+    for s in speeds:  # pass 2: a higher speed with at least as many channels
+        if s > bw and _ring_capacity(comm, s) >= n and _ring_capacity(comm, s) * s > n * bw:
+            n, bw = _ring_capacity(comm, s), s
+    return Graph(n, bw, bw)
+
+
+@lru_cache(maxsize=4096)
+def tree_graph(comm: Comm, ring: Graph) -> Graph:
+    """The tree graph: as many channels as the ring; pass 2 raises the intra-node
+    speed (up to twice the inter-node one) while the GPUs' links carry it."""
+    n, inter = ring.channels, ring.bw_inter
+    intra = inter
+    if comm.intra is not None:
+        for s in sorted(_speeds(comm)):
+            if inter < s < 2 * inter and _fits(n * s, comm.intra_GBps):
+                intra = s
+    return Graph(n, intra, inter)
+
+
+@lru_cache(maxsize=4096)
+def nvls_graph(comm: Comm) -> Graph:
+    """The NVLS graph: one channel per head GPU (every GPU of the node alone;
+    GPUs with a NIC with a network), each head taking twice and every other GPU
+    once the channel's speed of its NVLink bandwidth; with a network the
+    inter-node speed is raised up to twice the intra one within the NIC rate."""
+    if not comm.nvls:
+        return Graph(0, 0.0, 0.0)
+    local = comm.ranks // comm.nodes
+    heads = min(local, MAX_NVLS_ARITY) if comm.nodes == 1 else min(local, comm.nics)
+    cap = comm.nic_GBps if comm.nodes > 1 else math.inf
+    fitting = [s for s in _speeds(comm) if _fits((heads + 1) * s, comm.intra_GBps) and s <= cap + 1e-3]
+    if not fitting:
+        return Graph(0, 0.0, 0.0)
+    intra = fitting[0]
+    inter = max([s for s in _speeds(comm) if intra <= s < 2 * intra and s <= cap + 1e-3], default=intra)
+    return Graph(heads, intra, inter)
+
+
+# ---------------------------------------------------------------- the cost table (ncclTopoTuneModel)
+
+
+def _log2i(n: int) -> int:
+    return n.bit_length() - 1
+
+
+def _sm_index(sm: int) -> int:
+    return 3 if sm >= 100 else 2 if sm >= 90 else 1 if sm >= 80 else 0
+
+
+@lru_cache(maxsize=4096)
+def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tuple[float, float]]:
+    """(algorithm, protocol) -> (latency us, bandwidth GB/s) as NCCL computes them
+    for ``collective`` on ``comm``; pairs NCCL disables are left out."""
+    if comm.ranks <= 1:
+        return {}
+    graphs = {"ring": ring_graph(comm)}
+    graphs["tree"] = tree_graph(comm, graphs["ring"])
+    graphs["nvls"] = graphs["nvlstree"] = nvls_graph(comm)
+    graphs["pat"] = graphs["tree"]
+    nodes, ranks = comm.nodes, comm.ranks
+    ppn = ranks / nodes
+    index2 = nodes - 1 if nodes <= 2 else 2
+    sm_i = _sm_index(comm.sm)
+    ll_max = LL_MAX_BWS[sm_i if nodes == 1 else 0][index2]
+    nsteps = {Collective.ALLREDUCE: 2 * (ranks - 1), Collective.REDUCESCATTER: ranks - 1,
+              Collective.ALLGATHER: ranks - 1}.get(collective, ranks)
+    intra_hw = "pcie" if comm.intra == "pcie" else "nvlink"
+    pat = comm.sm >= 60 and nodes == ranks
+    ll128 = comm.sm >= 70 and comm.intra != "pcie"
+    out = {}
+    for a in ALGORITHMS:
+        if collective in (Collective.BROADCAST, Collective.REDUCE) and a != "ring":
+            continue
+        if collective in (Collective.REDUCESCATTER, Collective.ALLGATHER) and a not in ("pat", "ring", "nvls"):
+            continue
+        if collective is Collective.ALLREDUCE and a == "pat":
+            continue
+        if a in ("nvls", "nvlstree") and not comm.nvls:
+            continue
+        if a == "nvlstree" and nodes == 1:
+            continue  # NVLS Tree is disabled on a single node
+        if a == "nvls" and nodes > 1:
+            continue  # multi-node NVLS needs CollNet
+        if a == "pat" and not pat:
+            continue
+        g = graphs[a]
+        for pi, p in enumerate(PROTOCOLS):
+            if a in ("nvls", "nvlstree", "pat") and p != "Simple":
+                continue
+            if p == "LL128" and not ll128:
+                continue
+            bw = g.bw_intra if nodes <= 2 else g.bw_inter
+            if a == "nvls":
+                bw = min(g.bw_intra, g.bw_inter) if collective is Collective.ALLREDUCE else min(
+                    g.bw_intra * (ppn - 1) / ppn, g.bw_inter * 0.9)
+            if a == "nvlstree":
+                bw = min(g.bw_intra, g.bw_inter if nodes <= 2 else g.bw_inter / 2)
+            bus = g.channels * bw
+            if a == "ring" and p == "LL":
+                bus = min(ll_max, bus * .5)
+            if a == "ring" and p == "LL128":
+                bus = min(bus * .92, g.channels * PER_CH_MAX_RING_LL128_BWS[sm_i][index2])
+            if a == "tree" and collective is Collective.ALLREDUCE:
+                bus = min(bus * .92, g.channels * PER_CH_MAX_TREE_BWS[sm_i][index2])
+            if a == "tree" and p == "LL":
+                bus = min(bus / 3.8, ll_max)
+            if a == "tree" and p == "LL128":
+                bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
+                          g.channels * PER_CH_MAX_TREE_LL128_BWS[sm_i][index2])
+            if a == "pat":
+                bus *= .75
+            if not (a != "ring" and collective in (Collective.ALLGATHER, Collective.REDUCESCATTER)):
+                bus *= ranks / nsteps if a == "ring" else 5.0 / 6.0 if a in ("nvls", "nvlstree") else .5
+            if bus <= 0:
+                continue
+            out[(a, p)] = (_latency_us(comm, collective, a, pi, intra_hw, nsteps), bus)
+    return out
+
+
+def _latency_us(comm: Comm, collective: Collective, a: str, p: int, intra_hw: str, nsteps: int) -> float:
+    nodes, ranks = comm.nodes, comm.ranks
+    lat = BASE_LAT_US[a][p]
+    intra = HW_LAT_US[intra_hw].get(a, (0.0, 0.0, 0.0))[p]
+    inter = HW_LAT_US["net"]["tree" if ranks == nodes or a == "pat" else a][p]  # ppn 1: the tree's network latency
+    if a == "ring":
+        if collective in (Collective.REDUCE, Collective.BROADCAST):
+            return lat + HW_LAT_US["net" if nodes > 1 else intra_hw]["ring"][p]  # same channels on every node
+        overhead = NET_OVERHEAD_US * (3 if p == 2 else 1) if nodes > 1 else 0.0
+        intra = max(intra, overhead)
+        inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if collective is Collective.ALLREDUCE else nodes - 1
+        return lat + (nsteps - inter_steps) * intra + inter_steps * inter
+    if a == "tree":
+        return lat + 2 * ((ranks // nodes - 1) * intra + _log2i(nodes) * inter)
+    if a == "nvls":
+        return intra + (inter if nodes > 1 else 0.0)
+    if a == "nvlstree":
+        return lat + intra + 2 * _log2i(nodes) * inter
+    return 8 + _log2i(nodes) * (inter / 3.5) + ranks * 2.8  # pat
+
+
+def algo_time_us(comm: Comm, collective: Collective, algorithm: str, protocol: str, nbytes: float) -> float | None:
+    """NCCL's estimated time of one (algorithm, protocol) for ``nbytes`` (the
+    whole buffer; for ReduceScatter/AllGather the full one), None if unavailable."""
+    entry = cost_table(comm, collective).get((algorithm, protocol))
+    if entry is None:
+        return None
+    lat, bw = entry
+    log_size = _log2i(int(nbytes) >> 6)
+    if algorithm == "tree" and collective is Collective.ALLREDUCE and 0 <= log_size < 23:
+        bw *= TREE_CORRECTION[PROTOCOLS.index(protocol)][log_size]
+    channels = ring_graph(comm).channels
+    if (algorithm == "ring" and protocol == "Simple" and comm.nodes > 1 and collective is Collective.ALLREDUCE
+            and nbytes / (channels * comm.ranks) >= 64):
+        lat *= 1.4 if comm.sm >= 80 else 1.9  # plateau effect of the ring
+    return lat + nbytes / (1000 * bw)
+
+
+@lru_cache(maxsize=65536)
+def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str, ...] | None = None) -> Choice:
+    """The (algorithm, protocol) of least estimated time, as ``topoGetAlgoInfo``
+    picks it (table order on ties). ``allowed`` restricts the algorithms like
+    ``NCCL_ALGO``; if none of them exists for this collective and communicator,
+    the ring runs (a forced tree for ReduceScatter, NVLS on a PCIe node)."""
+    best: Choice | None = None
+    for (a, p) in cost_table(comm, collective):
+        if allowed is not None and a not in allowed:
+            continue
+        t = algo_time_us(comm, collective, a, p, nbytes)
+        if t is not None and t >= 0 and (best is None or t < best.estimate_us):
+            best = Choice(a, p, _graph_channels(comm, a), t)
+    if best is None:
+        if allowed is not None and allowed != ("ring",):
+            return choose(comm, collective, nbytes, ("ring",))
+        return Choice("ring", "Simple", 1, 0.0)  # one rank: nothing to do
+    return best
+
+
+def _graph_channels(comm: Comm, algorithm: str) -> int:
+    ring = ring_graph(comm)
+    if algorithm in ("nvls", "nvlstree"):
+        return nvls_graph(comm).channels
+    return ring.channels
+
+
+# ---------------------------------------------------------------- priors of the time model (synth.cost.profile)
+
+# Efficiency of each (algorithm, protocol) relative to the link rate, from the factors ncclTopoTuneModel applies to
+# a graph's bandwidth: LL carries 8 bytes of data per 16 (x .5), LL128 120 of 128 (ring x .92), the tree all-reduce
+# x .92 (LL a further / 3.8, LL128 x 120/128 between nodes), NVLS's bus-to-algorithm ratio 5/6, PAT x .75.
+EFFICIENCY_PRIOR = {
+    "ring.LL": .5, "ring.LL128": .92, "ring.Simple": 1.0,
+    "tree.LL": .92 / 3.8, "tree.LL128": .92 * 120.0 / 128.0, "tree.Simple": .92,
+    "nvls.Simple": 5.0 / 6.0, "nvlstree.Simple": 5.0 / 6.0, "pat.Simple": .75,
+}
+NCCL_KEYS = tuple(EFFICIENCY_PRIOR)
+# Latency per call of each (algorithm, protocol): baseLat; NVLS's whole latency is its NVLink hwLat (25 us, NCCL
+# sets latencies = intraLat), NVLS Tree adds it to its network hops, PAT's base time is 8 us.
+BASE_PRIOR_US = {
+    **{f"{a}.{p}": BASE_LAT_US[a][i] for a in ("ring", "tree") for i, p in enumerate(PROTOCOLS)},
+    "nvls.Simple": HW_LAT_US["nvlink"]["nvls"][2], "nvlstree.Simple": HW_LAT_US["nvlink"]["nvlstree"][2],
+    "pat.Simple": 8.0,
+}
+
+
+def hop_latency_prior_us(link: str) -> tuple[float, float, float]:
+    """(LL, LL128, Simple) latency of one step over a link of this kind: the ring
+    row of NCCL's hwLat for NVLink, PCI or the network."""
+    return HW_LAT_US[link]["ring"]
