@@ -81,7 +81,6 @@ def read_document(
 
     ``kind`` names the document in messages ("plan"); ``fix`` is appended to the
     version error (e.g. how to re-create the document)."""
-    versions = (version,) if isinstance(version, int) else version
     source = str(path)
     try:
         doc = parse_json(Path(path).read_text(encoding="utf-8"))
@@ -93,14 +92,28 @@ def read_document(
         raise SynthError(f"{source}: not a valid {kind}: not a text file (JSON must be UTF-8)") from None
     except ValueError as exc:
         raise SynthError(f"{source}: not a valid {kind}: corrupted JSON ({exc})") from None
+    return check_schema(doc, source, kind, schema, version, fix)
+
+
+def check_schema(
+    doc: Any, where: str, kind: str, schema: str, version: int | tuple[int, ...], fix: str = "",
+    required: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """``doc`` if it is an object of ``schema`` in ``version`` (or one of them)
+    holding every ``required`` field; else a SynthError naming ``where`` (a file,
+    or file:line) and what is wrong. ``fix`` is appended to the version error."""
+    versions = (version,) if isinstance(version, int) else version
     if not isinstance(doc, dict) or doc.get("schema") != schema:
-        raise SynthError(f'{source}: not a synth-reduce {kind} (expected "schema": "{schema}")')
+        raise SynthError(f'{where}: not a synth-reduce {kind} (expected "schema": "{schema}")')
     if doc.get("version") not in versions or isinstance(doc.get("version"), bool):
         readable = " and ".join(str(v) for v in versions)
         raise SynthError(
-            f"{source}: {kind} version {doc.get('version')!r} is not supported; this synth-reduce "
+            f"{where}: {kind} version {doc.get('version')!r} is not supported; this synth-reduce "
             f"reads version {readable}{f' ({fix})' if fix else ''}"
         )
+    missing = [k for k in required if k not in doc]
+    if missing:
+        raise SynthError(f"{where}: missing field(s) {', '.join(missing)}")
     return doc
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .documents import json_lines
+from .documents import check_schema, json_lines
 from .errors import SynthError
 from .language import Program, format_program, read_program
 from .nccl_log import Choice
@@ -126,14 +126,7 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
     ``topology``, the record's topology must equal it."""
     if not isinstance(rec, dict):
         raise SynthError(f"{where}: expected a JSON object")
-    if rec.get("schema") != SCHEMA:
-        raise SynthError(f'{where}: not a synth-reduce measurement (expected "schema": "{SCHEMA}")')
-    if rec.get("version") != VERSION:
-        raise SynthError(f"{where}: measurement version {rec.get('version')!r} is not supported; "
-                         f"this synth-reduce reads version {VERSION}")
-    missing = [k for k in REQUIRED if k not in rec]
-    if missing:
-        raise SynthError(f"{where}: missing field(s) {', '.join(missing)}")
+    check_schema(rec, where, "measurement", SCHEMA, VERSION, required=REQUIRED)
     this = topology_from_dict(rec["topology"], f"{where}: topology")
     if topology is not None and this != topology:
         raise SynthError(f"{where}: topology '{this.name}' differs from the file's first record "

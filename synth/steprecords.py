@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .documents import json_lines, parse_json
+from .documents import check_schema, json_lines, parse_json
 from .errors import SynthError
 from .placement import Axis, Placement
 from .stepmodel import Configuration, Sharding, Training, configuration_problem
@@ -131,14 +131,7 @@ def step_record_from_dict(rec: Any, where: str, line: int = 0) -> StepRecord:
     """One record; errors name ``where`` (file:line) and the field."""
     if not isinstance(rec, dict):
         raise SynthError(f"{where}: expected a JSON object")
-    if rec.get("schema") != SCHEMA:
-        raise SynthError(f'{where}: not a synth-reduce step record (expected "schema": "{SCHEMA}")')
-    if rec.get("version") != VERSION or isinstance(rec.get("version"), bool):
-        raise SynthError(f"{where}: step record version {rec.get('version')!r} is not supported; this synth-reduce "
-                         f"reads version {VERSION}")
-    missing = [k for k in REQUIRED if k not in rec]
-    if missing:
-        raise SynthError(f"{where}: missing field(s) {', '.join(missing)}")
+    check_schema(rec, where, "step record", SCHEMA, VERSION, required=REQUIRED)
     topology = topology_from_dict(rec["topology"], f"{where}: topology")
     if topology.device is None:
         raise SynthError(f"{where}: the topology has no 'device' (memory_GiB, peak_TFLOPs); a step record needs "
