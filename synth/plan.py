@@ -424,8 +424,8 @@ def _checked_program(r: _Reader, doc: Any, at: str, reduction: Reduction) -> Low
             raise SynthError(f"{source}: {where}.instruction is {step['instruction']!r} but instruction {number} "
                              f"of the program text is {str(want.instruction)!r}; {_FIX}")
         if r.get(step, "collective", str, where) != want.collective.value:
-            raise SynthError(f"{source}: {where}.collective is {step['collective']!r} but step {number} is a "
-                             f"{want.collective.value}; {_FIX}")
+            raise SynthError(f"{source}: {where}.collective is {step['collective']!r} but step {number} of the "
+                             f"program text is {want.instruction}; {_FIX}")
         groups = r.int_lists(r.get(step, "groups", list, where), f"{where}.groups")
         chunks_doc = r.get(step, "chunks", list, where)
         chunks = tuple(_chunk_list(r, c, f"{where}.chunks") for c in chunks_doc)

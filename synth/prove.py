@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import z3
 
 from .language import Collective
-from .lowering import LoweredProgram, verification_scope
+from .lowering import LoweredProgram, check_structure, verification_scope
 from .semantics import Goal
 
 #: (device, chunk) values z3 is given: the whole system if it fits, else
@@ -47,7 +47,24 @@ def _sum(terms: list[z3.ArithRef]) -> z3.ArithRef:
     return z3.ArithRef(z3.Z3_mk_add(ctx.ref(), len(terms), array), ctx)
 
 
+_CONSTANTS: dict[str, z3.ArithRef] = {}
+
+
+def _constant(name: str) -> z3.ArithRef:
+    """The z3 integer constant ``name``, created once per process: the same
+    names recur in every proof of a group of the same size, and creating
+    constants is most of a small proof's time."""
+    term = _CONSTANTS.get(name)
+    if term is None:
+        term = _CONSTANTS[name] = z3.Int(name)
+    return term
+
+
 def prove(lowered: LoweredProgram) -> Proof:
+    """Prove the program for all integer inputs on the scope that fits
+    :data:`LIMIT`; SynthError if it is malformed
+    (:func:`~synth.lowering.check_structure`)."""
+    check_structure(lowered)
     scoped = verification_scope(lowered, LIMIT)
     if scoped is None:
         k = lowered.num_chunks
@@ -60,9 +77,9 @@ def prove(lowered: LoweredProgram) -> Proof:
         for rank, d in enumerate(row):
             for c in range(k):
                 if lowered.goal is Goal.ALLGATHER and c != lowered.chunk_of_rank[rank]:
-                    value[d, c] = z3.Int(f"garbage_{d}_{c}")
+                    value[d, c] = _constant(f"garbage_{d}_{c}")
                 else:
-                    value[d, c] = z3.Int(f"in_{d}_{c}")
+                    value[d, c] = _constant(f"in_{d}_{c}")
     initial = dict(value)
     for step in lowered.steps:
         for group, chunks in zip(step.groups, step.chunks):
@@ -103,7 +120,9 @@ def prove(lowered: LoweredProgram) -> Proof:
     # 0 proves it for all inputs. The rest go to the solver, which either proves
     # them (unsat) or returns a counterexample model.
     pending, seen = [], set()
-    for claim in claims:
+    # the same term objects recur (a collective's sum is shared by its members):
+    # look at each pair of objects once, then at each pair of z3 terms once
+    for claim in {(id(c[2]), id(c[3])): c for c in claims}.values():
         key = (claim[2].get_id(), claim[3].get_id())
         if key in seen:
             continue

@@ -96,8 +96,8 @@ def test_solution_plan_is_the_clis_out(tmp_path):
     assert main(["--topology", "p2-a100", "--axes", "dp=4,mp=16", "--placement", "1", "--no-verify",
                  "--out", str(cli_path)]) == 0
     assert json.loads(api_path.read_text()) == json.loads(cli_path.read_text())
-    with pytest.raises(SynthError, match="--program 99: placement 1 has programs 0..92"):
-        solution.plan(placement=1, program=99)
+    with pytest.raises(SynthError, match="--program 100: placement 1 has programs 0..99"):
+        solution.plan(placement=1, program=100)
 
 
 def test_rank_placements_returns_what_the_cli_prints(capsys):

@@ -74,7 +74,8 @@ def _state(k, *devices):
         (AG, [[(0, 1, {0})], [(1, 2, {1})]], True),
         (AG, [[(0, 1, {0})], [(0, 1, {1})]], False),              # overlapping chunks
         (AG, [[(0, 1, {0})], [(1, 3, {1})]], False),              # unequal sizes
-        (AG, [[], []], False),                                    # nothing to gather
+        (AG, [[], []], True),                                     # nothing held: the union is nothing
+        (AG, [[], [(0, 1, {1})]], False),                         # unequal sizes (0 and 1)
         (RED, [[(0, 2, {0})], [(0, 2, {1})]], True),
         (RED, [[], [(0, 2, {1})]], False),
         (BC, [[(0, 2, {0, 1})], []], True),

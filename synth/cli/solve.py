@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence, TextIO
 
 from .. import __version__
 from ..api import Solution, WorkloadSolution, rank_problem_placements, solve_problem
@@ -53,9 +54,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _progress(message: str) -> None:
-    if sys.stderr.isatty():
-        print(f"\r{message}\033[K", end="", file=sys.stderr, flush=True)
+class ProgressLine:
+    """Progress messages on ``stream`` (stderr). On a terminal one status line,
+    rewritten in place; otherwise (CI jobs, batch logs) a plain line at most
+    every ``interval_s`` seconds, the first after ``interval_s``, so that long
+    work shows up in logs and short runs print nothing. ``clock`` (seconds,
+    monotonic) is a parameter for the tests. Call with ``""`` when done."""
+
+    def __init__(self, stream: TextIO | None = None, interval_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = self.stream.isatty()
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last = clock()
+
+    def __call__(self, message: str) -> None:
+        if self.tty:
+            print(f"\r{message}\033[K", end="", file=self.stream, flush=True)
+            return
+        now = self.clock()
+        if message and now - self._last >= self.interval_s:
+            print(message, file=self.stream, flush=True)
+            self._last = now
 
 
 def run(argv: Sequence[str]) -> int:
@@ -68,8 +89,9 @@ def run(argv: Sequence[str]) -> int:
     size_bytes = parse_size(args.size or "256MiB")
     model = model_of(args)
     top = args.top if args.top is not None else (None if args.json else 3)
-    solution = solve_problem(problem, model, size_bytes, verify=not args.no_verify, top=top, progress=_progress)
-    _progress("")
+    progress = ProgressLine()
+    solution = solve_problem(problem, model, size_bytes, verify=not args.no_verify, top=top, progress=progress)
+    progress("")
     if args.out:
         written = solution.best.index if args.placement is None else args.placement
         write_plan(args.out, solution.plan(written, args.program))
@@ -184,8 +206,9 @@ def _run_workload(args: argparse.Namespace) -> int:
     problem = problem_spec(args).build()
     workload = parse_workload(args.workload, problem.axes)
     model = model_of(args)
-    solution = rank_problem_placements(problem, workload, model, verify=not args.no_verify, progress=_progress)
-    _progress("")
+    progress = ProgressLine()
+    solution = rank_problem_placements(problem, workload, model, verify=not args.no_verify, progress=progress)
+    progress("")
     if args.json:
         print(json.dumps(workload_document(solution), indent=1))
     else:
