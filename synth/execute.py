@@ -37,7 +37,7 @@ from .semantics import Goal
 #: (device, chunk) slots one check executes at once (each holds ``ceil(length
 #: / k)`` elements, 3 by default): the whole system if it fits, else reduction
 #: group 0 alone, else a sample of that group's chunks (see :func:`numeric_scope`)
-LIMIT = 1 << 22
+LIMIT = 1 << 20
 
 #: elements per shard in an allgather check (shards are whole chunks: no padding)
 ALLGATHER_SHARD = 3
@@ -69,23 +69,33 @@ def execute(steps: Sequence[LoweredStep], buffers: np.ndarray) -> None:
 
 def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarray | None = None) -> None:
     """Run ``steps`` in place; with ``sample`` (sorted chunk ids), buffer column
-    ``j`` holds chunk ``sample[j]`` and only those chunks are computed."""
+    ``j`` holds chunk ``sample[j]`` and only those chunks are computed. The
+    groups of a step act at once (they are disjoint), so those with as many
+    members and columns are computed together."""
     for collective, groups in steps:
+        alike: dict[tuple[int, int], list[tuple[Sequence[int], np.ndarray, np.ndarray]]] = {}
         for members, runs in groups:
             cols, owner = _columns(runs, len(members), sample)
-            if not len(cols):
-                continue
-            g = np.asarray(members)
-            if collective is Collective.ALLREDUCE:
-                buffers[g[:, None], cols] = buffers[g[:, None], cols].sum(axis=0)
-            elif collective is Collective.REDUCESCATTER:
-                buffers[g[owner], cols] = buffers[g[:, None], cols].sum(axis=0)
+            if len(cols):
+                alike.setdefault((len(members), len(cols)), []).append((members, cols, owner))
+        for items in alike.values():
+            g = np.array([m for m, _, _ in items])  # (groups, members)
+            c = np.stack([c for _, c, _ in items])  # (groups, columns)
+            every = (g[:, :, None], c[:, None, :])  # every member x every column
+            if collective is Collective.BROADCAST:
+                buffers[every] = buffers[g[:, :1], c][:, None]
             elif collective is Collective.ALLGATHER:
-                buffers[g[:, None], cols] = buffers[g[owner], cols][None]
-            elif collective is Collective.REDUCE:
-                buffers[g[0], cols] = buffers[g[:, None], cols].sum(axis=0)
-            else:  # Broadcast
-                buffers[g[:, None], cols] = buffers[g[0], cols][None]
+                owner = np.stack([o for _, _, o in items])
+                buffers[every] = buffers[np.take_along_axis(g, owner, axis=1), c][:, None]
+            else:
+                total = buffers[every].sum(axis=1)  # (groups, columns, elements)
+                if collective is Collective.ALLREDUCE:
+                    buffers[every] = total[:, None]
+                elif collective is Collective.REDUCE:
+                    buffers[g[:, :1], c] = total
+                else:  # ReduceScatter: each column to the member whose part holds it
+                    owner = np.stack([o for _, _, o in items])
+                    buffers[np.take_along_axis(g, owner, axis=1), c] = total
 
 
 def _columns(runs: Runs, members: int, sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

@@ -9,11 +9,18 @@ reduction group's inputs (or the owner's shard)" is checked per output: z3
 normalises ``got - want`` to a sum of monomials, and 0 proves it for all
 integer inputs; any other output goes, negated, to the z3 solver, whose
 ``unsat`` is a proof and whose model is a counterexample.
+
+Cost. A proof of a program on one group of ``k = 32`` builds a few hundred sums;
+most of its time is the Python side of z3's API, so terms are built through
+its C functions directly (:class:`_Terms`), the integer constants of a group
+size are created once per process, and each distinct obligation is normalised
+once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import z3
 
@@ -38,53 +45,106 @@ class Proof:
         return self.scope.startswith("skipped")
 
 
-def _sum(terms: list[z3.ArithRef]) -> z3.ArithRef:
-    """``z3.Sum`` without its per-argument type coercion (all terms are Int)."""
-    if len(terms) == 1:
-        return terms[0]
-    array = (z3.Ast * len(terms))(*(t.as_ast() for t in terms))
-    ctx = terms[0].ctx
-    return z3.ArithRef(z3.Z3_mk_add(ctx.ref(), len(terms), array), ctx)
-
-
 _CONSTANTS: dict[str, z3.ArithRef] = {}
 
 
 def _constant(name: str) -> z3.ArithRef:
-    """The z3 integer constant ``name``, created once per process: the same
-    names recur in every proof of a group of the same size, and creating
-    constants is most of a small proof's time."""
+    """The z3 integer constant ``name``, created once per process (and kept
+    alive here): the same names recur in every proof of a group of the same
+    size, and creating constants was most of a small proof's time."""
     term = _CONSTANTS.get(name)
     if term is None:
         term = _CONSTANTS[name] = z3.Int(name)
     return term
 
 
+class _Terms:
+    """Integer terms of one proof as raw z3 ASTs, kept alive by one vector
+    (instead of a Python wrapper with its own reference count per term)."""
+
+    def __init__(self) -> None:
+        self.ctx = z3.main_ctx()
+        self.ref = self.ctx.ref()
+        self._keep = z3.AstVector(ctx=self.ctx)
+        self.zero = z3.IntVal(0, self.ctx)
+
+    def add(self, terms: list) -> object:
+        if len(terms) == 1:
+            return terms[0]
+        ast = z3.Z3_mk_add(self.ref, len(terms), (z3.Ast * len(terms))(*terms))
+        z3.Z3_ast_vector_push(self.ref, self._keep.vector, ast)
+        return ast
+
+    def same(self, got: object, want: object) -> bool:
+        """Whether z3 normalises ``got - want`` (a sum of monomials) to 0: then
+        they are equal for every input."""
+        difference = z3.Z3_mk_sub(self.ref, 2, (z3.Ast * 2)(got, want))
+        z3.Z3_ast_vector_push(self.ref, self._keep.vector, difference)
+        return self.expr(z3.Z3_simplify_ex(self.ref, difference, _sum_of_monomials().params)).eq(self.zero)
+
+    def expr(self, ast: object) -> z3.ArithRef:
+        return z3.ArithRef(ast, self.ctx)
+
+    def id(self, ast: object) -> int:
+        return z3.Z3_get_ast_id(self.ref, ast)
+
+
+@lru_cache(maxsize=1)
+def _sum_of_monomials() -> z3.ParamsRef:
+    params = z3.ParamsRef()
+    params.set("som", True)
+    return params
+
+
+@lru_cache(maxsize=64)
+def _inputs(rows: tuple[tuple[int, ...], ...], k: int, goal: Goal, chunk_of_rank: tuple[int, ...]):
+    """The initial value of every (device, chunk) and, per row, what each shard
+    must end as: the sum of the row's inputs (the owner's input for
+    allgather), as raw ASTs kept alive by this cache. The same for every proof
+    of a group of this size, goal and chunk placement."""
+    initial: dict[tuple[int, int], object] = {}
+    for row in rows:
+        for rank, d in enumerate(row):
+            for c in range(k):
+                garbage = goal is Goal.ALLGATHER and c != chunk_of_rank[rank]
+                initial[d, c] = _constant(f"{'garbage' if garbage else 'in'}_{d}_{c}").as_ast()
+    wants, keep = [], []
+    for row in rows:
+        if goal is Goal.ALLGATHER:
+            wants.append([initial[row[r], chunk_of_rank[r]] for r in range(k)])
+        else:
+            sums = [z3.Sum([z3.ArithRef(initial[e, chunk_of_rank[r]], z3.main_ctx()) for e in row]) for r in range(k)]
+            keep.append(sums)  # alive as long as this cache entry
+            wants.append([s.as_ast() for s in sums])
+    return initial, wants, keep
+
+
+def skipped(k: int) -> Proof | None:
+    """The skipped proof of a program on groups of ``k`` devices, if even one
+    group is over :data:`LIMIT`; else None."""
+    if k * k <= LIMIT:
+        return None
+    return Proof(False, f"skipped: one reduction group has {k}x{k} values (> {LIMIT})", 0)
+
+
 def prove(lowered: LoweredProgram) -> Proof:
     """Prove the program for all integer inputs on the scope that fits
     :data:`LIMIT`; SynthError if it is malformed
     (:func:`~synth.lowering.check_structure`)."""
+    too_large = skipped(lowered.num_chunks)
+    if too_large is not None:
+        return too_large
     check_structure(lowered)
-    scoped = verification_scope(lowered, LIMIT)
-    if scoped is None:
-        k = lowered.num_chunks
-        return Proof(False, f"skipped: one reduction group has {k}x{k} values (> {LIMIT})", 0)
-    lowered, scope = scoped
+    lowered, scope = verification_scope(lowered, LIMIT)
     k = lowered.num_chunks
     rows = lowered.reduction_groups
-    value: dict[tuple[int, int], z3.ArithRef] = {}
-    for row in rows:
-        for rank, d in enumerate(row):
-            for c in range(k):
-                if lowered.goal is Goal.ALLGATHER and c != lowered.chunk_of_rank[rank]:
-                    value[d, c] = _constant(f"garbage_{d}_{c}")
-                else:
-                    value[d, c] = _constant(f"in_{d}_{c}")
-    initial = dict(value)
+    terms = _Terms()
+    initial, wants_of_row, _ = _inputs(rows, k, lowered.goal, lowered.chunk_of_rank)
+    value = dict(initial)
     for step in lowered.steps:
+        kind = step.collective
         for group, chunks in zip(step.groups, step.chunks):
             size = len(chunks) // len(group)
-            kind = step.collective
             if kind is Collective.ALLGATHER:
                 updates = {
                     (m, c): value[owner, c]
@@ -95,7 +155,7 @@ def prove(lowered: LoweredProgram) -> Proof:
             elif kind is Collective.BROADCAST:
                 updates = {(m, c): value[group[0], c] for c in chunks for m in group[1:]}
             else:
-                sums = {c: _sum([value[m, c] for m in group]) for c in chunks}
+                sums = {c: terms.add([value[m, c] for m in group]) for c in chunks}
                 if kind is Collective.ALLREDUCE:
                     updates = {(m, c): sums[c] for c in chunks for m in group}
                 elif kind is Collective.REDUCE:
@@ -106,11 +166,7 @@ def prove(lowered: LoweredProgram) -> Proof:
                     }
             value.update(updates)
     claims = []
-    for row in rows:
-        if lowered.goal is Goal.ALLGATHER:
-            wants = [initial[row[r], lowered.chunk_of_rank[r]] for r in range(k)]
-        else:
-            wants = [_sum([initial[e, lowered.chunk_of_rank[r]] for e in row]) for r in range(k)]
+    for row, wants in zip(rows, wants_of_row):
         for rank, d in enumerate(row):
             for r in range(k):
                 if lowered.goal is Goal.REDUCESCATTER and r != rank:
@@ -118,18 +174,17 @@ def prove(lowered: LoweredProgram) -> Proof:
                 claims.append((d, r, value[d, lowered.chunk_of_rank[r]], wants[r]))
     # z3 normalises each distinct obligation got - want (as a sum of monomials);
     # 0 proves it for all inputs. The rest go to the solver, which either proves
-    # them (unsat) or returns a counterexample model.
+    # them (unsat) or returns a counterexample model. The same term objects recur
+    # (a collective's sum is shared by its members): each pair of objects is
+    # looked at once, then each pair of z3 terms once.
     pending, seen = [], set()
-    # the same term objects recur (a collective's sum is shared by its members):
-    # look at each pair of objects once, then at each pair of z3 terms once
     for claim in {(id(c[2]), id(c[3])): c for c in claims}.values():
-        key = (claim[2].get_id(), claim[3].get_id())
+        key = (terms.id(claim[2]), terms.id(claim[3]))
         if key in seen:
             continue
         seen.add(key)
-        difference = z3.simplify(claim[2] - claim[3], som=True)
-        if not (z3.is_int_value(difference) and difference.as_long() == 0):
-            pending.append(claim)
+        if not terms.same(claim[2], claim[3]):
+            pending.append((claim[0], claim[1], terms.expr(claim[2]), terms.expr(claim[3])))
     if not pending:
         return Proof(True, scope, len(claims))
     solver = z3.Solver()

@@ -177,10 +177,13 @@ def distinct_groupings(hierarchy: Hierarchy) -> tuple[Grouping, ...]:
 
 
 def _make(stops: Sequence[int], masks: Sequence[int]) -> DeviceState:
-    """Canonical device state from runs ending at ``stops`` (merging equal neighbours)."""
+    """Canonical device state from runs ending at ``stops`` (dropping empty runs,
+    merging equal neighbours)."""
     out_stops: list[int] = []
     out_masks: list[int] = []
     for stop, mask in zip(stops, masks):
+        if stop == (out_stops[-1] if out_stops else 0):
+            continue
         if out_masks and out_masks[-1] == mask:
             out_stops[-1] = stop
         else:

@@ -40,6 +40,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from . import execute
+from . import prove as prove_module
 from .errors import SynthError
 from .execute import check_numerically, check_runs, numeric_scope
 from .language import Program
@@ -102,6 +104,11 @@ def clear_cache() -> None:
     """Forget every memoised verification (for benchmarks that time cold runs)."""
     for memo in (_GROUP_PROGRAMS, _PROOFS, _NUMERIC, _TABLES):
         memo.clear()
+
+
+def _budgets() -> tuple[int, int]:
+    """The verifiers' budgets, part of every memo key (what fits decides the scope)."""
+    return execute.LIMIT, prove_module.LIMIT
 
 
 def _refuted(proof: Proof) -> None:
@@ -170,7 +177,7 @@ def verify_lowered(lowered: LoweredProgram) -> Verification:
     check_structure(lowered)
     programs = group_programs(lowered)
     groups, distinct = len(lowered.reduction_groups), len(programs)
-    results = [_GROUP_PROGRAMS.get(p, lambda p=p: _verify_group(p)) for p in programs]
+    results = [_GROUP_PROGRAMS.get((p, _budgets()), lambda p=p: _verify_group(p)) for p in programs]
     elements = sum(r[0] for r in results)
     proof = results[0][1]
     proof = Proof(proof.proved, _shared(proof.scope, groups, distinct), sum(r[1].obligations for r in results))
@@ -219,9 +226,13 @@ def verify_program(program: Program, reduction: Reduction) -> Verification:
     program is not valid or a check fails."""
     hierarchy, goal = reduction.hierarchy, reduction.goal
     structure = _structure(program, reduction)
-    key = (hierarchy.sizes, goal, structure)
+    key = (hierarchy.sizes, goal, structure, _budgets())
 
     def proof() -> Proof:
+        too_large = prove_module.skipped(hierarchy.k)
+        if too_large is not None:
+            trace(program, hierarchy, goal)  # still valid on the hierarchy (SynthError if not)
+            return too_large
         canonical = synthesis_program(trace(program, hierarchy, goal))
         check_structure(canonical)
         result = prove(canonical)

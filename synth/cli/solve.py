@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from json.encoder import encode_basestring_ascii
 from typing import Any, Callable, Sequence, TextIO
 
 from .. import __version__
@@ -96,7 +97,7 @@ def run(argv: Sequence[str]) -> int:
         written = solution.best.index if args.placement is None else args.placement
         write_plan(args.out, solution.plan(written, args.program))
     if args.json:
-        print(json.dumps(solution_document(solution), indent=1))
+        print(dumps(solution_document(solution)))
     else:
         print_table(solution)
         if args.out:
@@ -105,6 +106,43 @@ def run(argv: Sequence[str]) -> int:
 
 
 # ---------------------------------------------------------------- JSON
+
+
+def dumps(doc: Any) -> str:
+    """``json.dumps(doc, indent=1)``, the same text, several times faster on
+    documents made mostly of lists of integers (the lowered steps of every
+    program): the standard encoder formats indented output one item at a time
+    in Python."""
+    return _dumps(doc, "\n")
+
+
+def _dumps(value: Any, newline: str) -> str:
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if value is None or value is True or value is False:
+        return "null" if value is None else "true" if value else "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+        return float.__repr__(value)
+    inner = newline + " "
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        return "{" + inner + ("," + inner).join(
+            f"{_dumps(str(k) if not isinstance(k, str) else k, inner)}: {_dumps(v, inner)}" for k, v in value.items()
+        ) + newline + "}"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        if all(type(v) is int for v in value):
+            return "[" + inner + ("," + inner).join(map(int.__repr__, value)) + newline + "]"
+        return "[" + inner + ("," + inner).join(_dumps(v, inner) for v in value) + newline + "]"
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 
 
 def _program_document(result) -> dict[str, Any]:
