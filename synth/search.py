@@ -217,47 +217,43 @@ def _search(sizes: tuple[int, ...], goal: Goal, max_steps: int, progress: Callab
     states: list[tuple[int, ...]] = [space.start]
     goal_states: set[int] = {0} if space.is_goal(space.start) else set()
     layers: list[dict[int, tuple[Edge, ...]]] = [{0: ()}]
-    expanded: dict[int, list[tuple[int, int, Loads]]] = {}
+    expanded: dict[int, list[tuple[int, int, Loads]]] = {}  # state -> (instruction, next state, loads)
     transitions = 0
     shape = "x".join(map(str, sizes)) or "1"
 
-    def successors(node: int, last: bool) -> list[tuple[int, int, Loads]]:
-        nonlocal transitions
-        edges = []
-        for g, collective, nxt, loads in space.successors(states[node], finals if last else collectives):
-            transitions += 1
-            nid = ids.get(nxt)
-            if nid is None:
-                reached = space.is_goal(nxt)
-                if last and not reached:
-                    continue  # cannot end a program and is never needed again
-                nid = ids[nxt] = len(states)
-                states.append(nxt)
-                if reached:
-                    goal_states.add(nid)
-            edges.append((g * len(collectives) + collectives.index(collective), nid, loads))
-        if len(states) * space.k > STATE_BUDGET:
-            raise SynthError(
-                f"the search on the synthesis hierarchy {shape} holds {len(states)} states of {space.k} devices "
-                f"(about {len(states) * space.k * 8 / 2**30:.1f} GiB) after {len(expanded)} expansions at "
-                f"--max-steps {max_steps}; lower --max-steps")
-        return edges
-
     for depth in range(1, max_steps + 1):
         last = depth == max_steps
-        layer: dict[int, list[Edge]] = {}
-        for n, node in enumerate(layers[-1]):
-            if progress is not None and n % 512 == 511:
+        # the last step must reach the goal; the one before, a state that may finish
+        lookahead = "goal" if last else "finish" if depth == max_steps - 1 else None
+        todo = [n for n in layers[-1] if n not in expanded and (not last or space.may_finish(states[n]))]
+        found: dict[int, list[tuple[int, int, Loads]]] = {}
+        for count, node in enumerate(todo, 1):
+            edges = found[node] = []
+            for g, collective, child, loads in space.successors(states[node], finals if last else collectives,
+                                                                lookahead):
+                transitions += 1
+                nid = ids.get(child)
+                if nid is None:
+                    reached = space.is_goal(child)
+                    if last and not reached:
+                        continue  # cannot end a program and is never needed again
+                    nid = ids[child] = len(states)
+                    states.append(child)
+                    if reached:
+                        goal_states.add(nid)
+                edges.append((g * len(collectives) + collectives.index(collective), nid, loads))
+            if len(states) * space.k > STATE_BUDGET:
+                raise SynthError(
+                    f"the search on the synthesis hierarchy {shape} holds {len(states)} states of {space.k} "
+                    f"devices (about {len(states) * space.k * 8 / 2**30:.1f} GiB) at step {depth} of "
+                    f"--max-steps {max_steps}; lower --max-steps")
+            if progress is not None and count % 256 == 0:
                 progress(f"searching {shape}: step {depth} of {max_steps}, {len(states)} states")
-            if node in expanded:
-                edges = expanded[node]
-            elif last:
-                if not space.may_finish(states[node]):
-                    continue
-                edges = successors(node, last=True)
-            else:
-                edges = expanded[node] = successors(node, last=False)
-            for index, nid, loads in edges:
+        if not last:
+            expanded.update(found)
+        layer: dict[int, list[Edge]] = {}
+        for node in layers[-1]:
+            for index, nid, loads in expanded.get(node, found.get(node, ())):
                 if not last or nid in goal_states:
                     layer.setdefault(nid, []).append((node, index, loads))
         layers.append({s: tuple(e) for s, e in layer.items()})

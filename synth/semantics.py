@@ -48,8 +48,8 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from operator import itemgetter
+from functools import lru_cache, reduce
+from operator import and_, itemgetter
 from typing import Union
 
 import numpy as np
@@ -443,6 +443,26 @@ def _more_contributors(small: Profile, big: Profile) -> bool:
     return False
 
 
+def _profile_results(collective: Collective, members: Sequence[Profile], k: int) -> list[Profile]:
+    """The members' profiles after ``collective``, from their profiles alone
+    (for members that pass :func:`_profile_reason`): counts add where masks
+    are united, and everything else moves as the masks do."""
+    if collective is Collective.BROADCAST:
+        return [members[0]] * len(members)
+    if collective is Collective.ALLGATHER:
+        if not any(members[0][1]):
+            return list(members)
+        return [_from_runs(sorted(run for p in members for run in runs_of(p)), k)] * len(members)
+    stops = tuple(sorted(set().union(*(p[0] for p in members))))
+    counts = [0] * len(stops)
+    for p in members:
+        for i, count in enumerate(_refine(p, stops)):
+            counts[i] += count
+    result = _reduced(collective, _make(stops, counts), len(members))
+    assert not isinstance(result, str)  # the profile check passed: the counts divide
+    return result
+
+
 def apply_collective(collective: Collective, members: Sequence[DeviceState]) -> list[DeviceState] | str:
     """New states of a group's members (root = first), or why the step is invalid."""
     reason = _profile_reason(collective, [(profile_of(s), 1) for s in members], len(members))
@@ -705,6 +725,8 @@ class StateSpace:
         self._profile: list[int] = []  # device state id -> profile id
         self._held: list[int] = []  # profile id -> held_bits
         self._passing: dict[tuple[int, ...], int] = {}  # member profiles -> bit set of collectives that pass them
+        self._packed: list[int] = []  # per profile: holds all, complete, done, final, packed (see _delta)
+        self._deltas: list[dict[tuple[int, ...], int]] = [{} for _ in Collective]  # per collective (see _delta)
         self._memo: dict[tuple, Outcome] = {}
         self._invariants: dict[tuple[int, int], bool] = {}
         k, full = self.k, t.full
@@ -725,14 +747,45 @@ class StateSpace:
         if i is None:
             i = self._ids[s] = len(self.device_states)
             self.device_states.append(s)
-            profile = profile_of(s)
-            p = self._profile_ids.get(profile)
-            if p is None:
-                p = self._profile_ids[profile] = len(self._profiles)
-                self._profiles.append(profile)
-                self._held.append(held_bits(profile))
-            self._profile.append(p)
+            self._profile.append(self._intern_profile(profile_of(s)))
         return i
+
+    def _intern_profile(self, profile: Profile) -> int:
+        p = self._profile_ids.get(profile)
+        if p is None:
+            k = self.k
+            p = self._profile_ids[profile] = len(self._profiles)
+            self._profiles.append(profile)
+            self._held.append(held_bits(profile))
+            runs = runs_of(profile)
+            holds_all = self._held[p] == (1 << k) - 1
+            complete = all(count in (0, k) for count in profile[1])
+            done = profile == ((k,), (k,))
+            if self.goal is Goal.REDUCESCATTER:
+                final = len(runs) == 1 and runs[0][1] - runs[0][0] == 1 and runs[0][2] == k
+            else:
+                final = profile == ((k,), (1 if self.goal is Goal.ALLGATHER else k,))
+            self._packed.append(sum(int(flag) << (_FIELD * i)
+                                    for i, flag in enumerate((holds_all, complete, done, final))))
+        return p
+
+    # The lookahead counts, per state, the devices whose profile holds every
+    # chunk, is complete (counts 0 or k), is done, is final (:meth:`_intern_profile`):
+    # four counts packed in one integer (fields of _FIELD bits). A step changes
+    # them by the sum over its groups of what each group changes, which depends
+    # on the members' profiles only.
+
+    def _delta(self, collective: Collective, profiles: tuple[int, ...]) -> int:
+        """How one group changes the packed counts, plus _OFFSETS (keeps every
+        field non-negative); for members that pass the profile checks."""
+        deltas = self._deltas[_BIT[collective]]
+        out = deltas.get(profiles)
+        if out is None:
+            members = [self._profiles[p] for p in profiles]
+            after = [self._intern_profile(r) for r in _profile_results(collective, members, self.k)]
+            out = deltas[profiles] = (sum(self._packed[p] for p in after) - sum(self._packed[p] for p in profiles)
+                                      + _OFFSETS)
+        return out
 
     def absolute(self, state: tuple[int, ...]) -> State:
         """The absolute state (:func:`initial_state`'s representation) of ``state``."""
@@ -902,34 +955,62 @@ class StateSpace:
         return _reduced(collective, (s[0], tuple(masks)), size)
 
     def successors(
-        self, state: tuple[int, ...], collectives: Sequence[Collective]
+        self, state: tuple[int, ...], collectives: Sequence[Collective], lookahead: str | None = None
     ) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
         """Every valid step from ``state``: (grouping index, collective, next
         state, chunks moved per group), grouping-major, collectives in the given
-        order. Steps that change nothing are not valid."""
+        order. Steps that change nothing are not valid.
+
+        Per grouping the members' profiles are checked first (memoised per
+        group's profiles, stopping at the first group that fails), then each
+        passing collective's outcome per group (memoised per members' ids). With
+        ``lookahead`` (``"finish"``: the next state can pass :meth:`may_finish`;
+        ``"goal"``: it can be the goal), a step is first judged on the four
+        counts of :meth:`_delta`, from profiles alone."""
         out = []
         wanted = sum(1 << _BIT[c] for c in collectives)
         profiles = tuple(map(self._profile.__getitem__, state))
+        totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
         passing, passes = self._passing, self._passes
         for g, flat in enumerate(self._flat):
             m = self._size[g]
             members = flat(profiles)
-            ok = wanted
-            for j in range(0, len(members), m):
-                key = members[j:j + m]
-                bits = passing.get(key)
-                ok &= passes(key) if bits is None else bits
-                if not ok:
-                    break
+            keys = [members[j:j + m] for j in range(0, len(members), m)]
+            try:
+                ok = reduce(and_, map(passing.__getitem__, keys), wanted)
+            except KeyError:  # some group's profiles are new: check group by group
+                ok = wanted
+                for key in keys:
+                    bits = passing.get(key)
+                    ok &= passes(key) if bits is None else bits
+                    if not ok:
+                        break
             if not ok:
                 continue
             ids = flat(state)
             for c in collectives:
                 if ok >> _BIT[c] & 1:
+                    if lookahead is not None and not self._ahead(totals, c, keys, lookahead):
+                        continue
                     done = self._apply(state, g, c, ids)
                     if not isinstance(done, str):
                         out.append((g, c) + done)
         return out
+
+    def _ahead(self, totals: int, collective: Collective, keys: list[tuple[int, ...]], lookahead: str) -> bool:
+        """Whether the state after ``collective`` on groups with profile ids
+        ``keys`` can pass :meth:`may_finish` (``"finish"``) or be the goal
+        (``"goal"``): both depend on the four counts only."""
+        deltas = self._deltas[_BIT[collective]]
+        try:
+            change = sum(map(deltas.__getitem__, keys))
+        except KeyError:
+            change = sum(self._delta(collective, key) for key in keys)
+        after = totals + change - len(keys) * _OFFSETS
+        if lookahead == "goal":
+            return (after >> (_FIELD * 3)) & _MASK == self.k
+        return (self.goal is not Goal.ALLREDUCE or after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k
+                or (after >> (_FIELD * 2)) & _MASK > 0)
 
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
                ids: tuple[int, ...]) -> tuple[tuple[int, ...], Loads] | str:
@@ -956,6 +1037,11 @@ class StateSpace:
 
 _COLLECTIVES = tuple(Collective)
 _BIT = {c: i for i, c in enumerate(_COLLECTIVES)}
+_FIELD = 48
+_MASK = (1 << _FIELD) - 1
+#: added to each group's change of the packed counts: the sum over a step's
+#: groups (at most 2**15 of them) stays below 2**47 per field
+_OFFSETS = sum((1 << 32) << (_FIELD * i) for i in range(4))
 
 
 def _picker(groups: Sequence[Group], k: int):
