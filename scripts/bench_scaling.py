@@ -121,7 +121,7 @@ def run_point(tree: str, argv: list[str], timeout: float) -> dict:
 
 def _fmt_s(point: dict) -> str:
     if point["timed_out"]:
-        return f"> {point['wall_s']:.0f} s (killed)"
+        return f"> {point['cpu_s']:.0f} s (killed at {point['wall_s']:.0f} s wall)"
     text = f"{point['cpu_s']:.2f} s"
     return text if point["exit"] == 0 else f"{text}, exit {point['exit']}"
 
@@ -150,7 +150,7 @@ def compare(before: dict, after: dict) -> None:
         if b is None:
             continue
         ratio = ""
-        if not p["timed_out"] and p["exit"] == 0 and p["cpu_s"] > 0:
+        if not p["timed_out"] and p["exit"] == 0 and p["cpu_s"] > 0:  # a killed point's CPU time is a lower bound
             ratio = f"{'>' if b['timed_out'] else ''}{b['cpu_s'] / p['cpu_s']:.1f}x"
         note = f" ({b['error']})" if b["error"] else ""
         print(f"| {p['curve']} | {p['label']} | {_fmt_s(b)}{note} | {_fmt_mb(b)} | {_fmt_s(p)} | {_fmt_mb(p)} | "

@@ -82,6 +82,21 @@ class _Terms:
         z3.Z3_ast_vector_push(self.ref, self._keep.vector, difference)
         return self.expr(z3.Z3_simplify_ex(self.ref, difference, _sum_of_monomials().params)).eq(self.zero)
 
+    def all_same(self, pairs: list[tuple[object, object]]) -> bool:
+        """Whether every ``got - want`` normalises to 0, by normalising one
+        term: their sum weighted by distinct fresh variables."""
+        if len(pairs) == 1:
+            return self.same(*pairs[0])
+        weighted = []
+        for i, (got, want) in enumerate(pairs):
+            difference = z3.Z3_mk_sub(self.ref, 2, (z3.Ast * 2)(got, want))
+            z3.Z3_ast_vector_push(self.ref, self._keep.vector, difference)
+            product = z3.Z3_mk_mul(self.ref, 2, (z3.Ast * 2)(_constant(f"weight_{i}").as_ast(), difference))
+            z3.Z3_ast_vector_push(self.ref, self._keep.vector, product)
+            weighted.append(product)
+        total = self.add(weighted)
+        return self.expr(z3.Z3_simplify_ex(self.ref, total, _sum_of_monomials().params)).eq(self.zero)
+
     def expr(self, ast: object) -> z3.ArithRef:
         return z3.ArithRef(ast, self.ctx)
 
@@ -177,14 +192,17 @@ def prove(lowered: LoweredProgram) -> Proof:
     # them (unsat) or returns a counterexample model. The same term objects recur
     # (a collective's sum is shared by its members): each pair of objects is
     # looked at once, then each pair of z3 terms once.
-    pending, seen = [], set()
+    distinct, seen = [], set()
     for claim in {(id(c[2]), id(c[3])): c for c in claims}.values():
         key = (terms.id(claim[2]), terms.id(claim[3]))
-        if key in seen:
-            continue
-        seen.add(key)
-        if not terms.same(claim[2], claim[3]):
-            pending.append((claim[0], claim[1], terms.expr(claim[2]), terms.expr(claim[3])))
+        if key not in seen:
+            seen.add(key)
+            distinct.append(claim)
+    # all at once first: sum_i t_i (got_i - want_i), the t_i fresh variables, is
+    # 0 as a polynomial exactly when every got_i - want_i is
+    if terms.all_same([(c[2], c[3]) for c in distinct]):
+        return Proof(True, scope, len(claims))
+    pending = [(c[0], c[1], terms.expr(c[2]), terms.expr(c[3])) for c in distinct if not terms.same(c[2], c[3])]
     if not pending:
         return Proof(True, scope, len(claims))
     solver = z3.Solver()
