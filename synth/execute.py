@@ -31,7 +31,7 @@ import numpy as np
 
 from .errors import SynthError
 from .language import Collective
-from .lowering import LoweredProgram, LoweredStep, Runs, check_structure
+from .lowering import LoweredProgram, LoweredStep, Runs, as_runs, check_structure
 from .semantics import Goal
 
 #: (device, chunk) slots one check executes at once (each holds ``ceil(length
@@ -45,17 +45,6 @@ ALLGATHER_SHARD = 3
 #: a step as the core runs it: the collective and, per group, its members
 #: (device ids, root first) and ordered chunk list as runs
 RunStep = tuple[Collective, Sequence[tuple[Sequence[int], Runs]]]
-
-
-def as_runs(chunks: Sequence[int]) -> Runs:
-    """``(0, 1, 2, 5)`` -> ``((0, 3), (5, 6))``: the chunk list as ``[first, stop)`` runs."""
-    out: list[list[int]] = []
-    for c in chunks:
-        if out and out[-1][1] == c:
-            out[-1][1] = c + 1
-        else:
-            out.append([c, c + 1])
-    return tuple((a, b) for a, b in out)
 
 
 def run_steps(steps: Sequence[LoweredStep]) -> list[RunStep]:

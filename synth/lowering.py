@@ -50,6 +50,17 @@ def _ints(k: int) -> tuple[int, ...]:
     return tuple(range(k))
 
 
+def as_runs(chunks: Sequence[int]) -> Runs:
+    """``(0, 1, 2, 5)`` -> ``((0, 3), (5, 6))``: a chunk list as ``[first, stop)`` runs."""
+    out: list[list[int]] = []
+    for c in chunks:
+        if out and out[-1][1] == c:
+            out[-1][1] = c + 1
+        else:
+            out.append([c, c + 1])
+    return tuple((a, b) for a, b in out)
+
+
 def expand(runs: Runs, k: int | None = None) -> tuple[int, ...]:
     """The chunk list of ``runs`` (with ``k``, made of shared int objects)."""
     if k is None:

@@ -24,7 +24,7 @@ from . import __version__
 from .documents import read_document, write_document
 from .errors import SynthError
 from .language import Program, format_program, read_program
-from .lowering import LoweredProgram, lower
+from .lowering import LoweredProgram, as_runs, lower
 from .placement import Axis, Placement
 from .reduction import Reduction
 from .semantics import Goal
@@ -165,13 +165,7 @@ class Plan:
 
 def _runs(chunks: Sequence[int]) -> list[list[int]]:
     """``[0, 1, 2, 5]`` -> ``[[0, 3], [5, 6]]``: ``[first, stop)`` runs."""
-    out: list[list[int]] = []
-    for c in chunks:
-        if out and out[-1][1] == c:
-            out[-1][1] = c + 1
-        else:
-            out.append([c, c + 1])
-    return out
+    return [list(run) for run in as_runs(chunks)]
 
 
 def steps_document(lowered: LoweredProgram) -> list[dict[str, Any]]:

@@ -150,7 +150,7 @@ def _program_document(result) -> dict[str, Any]:
     doc["predicted_s"] = result.predicted_s
     if result.verification is not None:
         v = result.verification
-        doc["verified"] = {"numpy_elements": v.elements_checked, "z3": v.proof.scope}
+        doc["verified"] = {"numpy_elements": v.elements_checked, "numpy": v.numpy_scope, "z3": v.proof.scope}
     return doc
 
 
