@@ -87,6 +87,36 @@ def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarr
                     buffers[np.take_along_axis(g, owner, axis=1), c] = total
 
 
+#: buffers after each prefix of steps run so far, for small checks (the programs
+#: of a search share prefixes; the data is the same for the same seed): forgotten
+#: all at once past _PREFIX_BYTES
+_PREFIXES: dict[tuple, np.ndarray] = {}
+_PREFIX_BYTES = 64 << 20
+_SMALL_BYTES = 1 << 16
+
+
+def _run_from_prefix(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarray | None,
+                     base: tuple) -> np.ndarray:
+    """:func:`execute_runs` of ``steps`` on ``buffers`` (the initial data of
+    ``base``), starting from the longest prefix already run when the buffers
+    are small; returns the final buffers."""
+    if buffers.nbytes > _SMALL_BYTES:
+        execute_runs(steps, buffers, sample)
+        return buffers
+    if len(_PREFIXES) * buffers.nbytes > _PREFIX_BYTES:
+        _PREFIXES.clear()
+    keys = [base]
+    for collective, groups in steps:
+        keys.append((keys[-1], collective, tuple((tuple(members), runs) for members, runs in groups)))
+    done = next((i for i in range(len(steps), 0, -1) if keys[i] in _PREFIXES), 0)
+    if done:
+        buffers = _PREFIXES[keys[done]].copy()
+    for number in range(done, len(steps)):
+        execute_runs(steps[number:number + 1], buffers, sample)
+        _PREFIXES[keys[number + 1]] = buffers.copy()
+    return buffers
+
+
 def _columns(runs: Runs, members: int, sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """The buffer columns of a group's chunk list and, per column, the member
     whose part holds it (its position in the list divided by the part size)."""
@@ -175,7 +205,8 @@ def check_runs(goal: Goal, rows: np.ndarray, chunk_of_rank: Sequence[int], steps
         buffers = rng.integers(-1000, 1000, size=(n, len(cols), q), dtype=np.int32)  # sums fit: k < 2**21
         buffers[:, ~valid] = 0
         totals = np.stack([buffers[row].sum(axis=0, dtype=np.int64) for row in rows])  # (groups, columns, q)
-    execute_runs(steps, buffers, sample)
+    base = (goal, rows.tobytes(), rows.shape, tuple(chunk_of_rank), chunks, length, seed)
+    buffers = _run_from_prefix(steps, buffers, sample, base)
     checked = 0
     for g in range(groups_n):  # one reduction group at a time: memory stays one group's
         devices = rows[g]

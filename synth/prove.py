@@ -113,25 +113,87 @@ def _sum_of_monomials() -> z3.ParamsRef:
 
 @lru_cache(maxsize=64)
 def _inputs(rows: tuple[tuple[int, ...], ...], k: int, goal: Goal, chunk_of_rank: tuple[int, ...]):
-    """The initial value of every (device, chunk) and, per row, what each shard
-    must end as: the sum of the row's inputs (the owner's input for
-    allgather), as raw ASTs kept alive by this cache. The same for every proof
-    of a group of this size, goal and chunk placement."""
-    initial: dict[tuple[int, int], object] = {}
+    """The initial values as columns (``[c][d]``: chunk ``c`` of device ``d``)
+    and, per row, what each shard must end as: the sum of the row's inputs
+    (the owner's input for allgather), as raw ASTs kept alive by this cache.
+    The same for every proof of a group of this size, goal and chunk placement."""
+    devices = max(d for row in rows for d in row) + 1
+    columns: list[list] = [[None] * devices for _ in range(k)]
     for row in rows:
         for rank, d in enumerate(row):
             for c in range(k):
                 garbage = goal is Goal.ALLGATHER and c != chunk_of_rank[rank]
-                initial[d, c] = _constant(f"{'garbage' if garbage else 'in'}_{d}_{c}").as_ast()
+                columns[c][d] = _constant(f"{'garbage' if garbage else 'in'}_{d}_{c}").as_ast()
     wants, keep = [], []
     for row in rows:
         if goal is Goal.ALLGATHER:
-            wants.append([initial[row[r], chunk_of_rank[r]] for r in range(k)])
+            wants.append([columns[chunk_of_rank[r]][row[r]] for r in range(k)])
         else:
-            sums = [z3.Sum([z3.ArithRef(initial[e, chunk_of_rank[r]], z3.main_ctx()) for e in row]) for r in range(k)]
+            sums = [z3.Sum([z3.ArithRef(columns[chunk_of_rank[r]][e], z3.main_ctx()) for e in row])
+                    for r in range(k)]
             keep.append(sums)  # alive as long as this cache entry
             wants.append([s.as_ast() for s in sums])
-    return initial, wants, keep
+    return tuple(tuple(col) for col in columns), wants, keep
+
+
+#: the values after each program prefix proved so far (the programs of a search
+#: share prefixes), and the vector keeping their terms alive; forgotten all at
+#: once, between proofs, past _PREFIX_LIMIT
+_PREFIXES: dict[tuple, tuple[tuple, ...]] = {}
+_PREFIX_TERMS: list["_Terms"] = []
+_PREFIX_LIMIT = 20_000
+
+
+def _run(steps, start: tuple, base: tuple) -> list[list]:
+    """The values after ``steps`` from the initial columns ``start``, reusing
+    the longest prefix already computed."""
+    if len(_PREFIXES) > _PREFIX_LIMIT or not _PREFIX_TERMS:
+        _PREFIXES.clear()
+        _PREFIX_TERMS[:] = [_Terms()]
+    terms = _PREFIX_TERMS[0]
+    keys = [base]
+    for step in steps:
+        keys.append((keys[-1], step))
+    done = next((i for i in range(len(steps), 0, -1) if keys[i] in _PREFIXES), 0)
+    value = [list(col) for col in (_PREFIXES[keys[done]] if done else start)]
+    for number in range(done, len(steps)):
+        step = steps[number]
+        kind = step.collective
+        for group, chunks in zip(step.groups, step.chunks):
+            size = len(chunks) // len(group)
+            if kind is Collective.ALLGATHER:
+                for i, owner in enumerate(group):
+                    for c in chunks[i * size:(i + 1) * size]:
+                        col = value[c]
+                        got = col[owner]
+                        for m in group:
+                            col[m] = got
+            elif kind is Collective.BROADCAST:
+                root = group[0]
+                for c in chunks:
+                    col = value[c]
+                    got = col[root]
+                    for m in group:
+                        col[m] = got
+            else:
+                sums = {}
+                for c in chunks:
+                    col = value[c]
+                    sums[c] = terms.add([col[m] for m in group])
+                if kind is Collective.ALLREDUCE:
+                    for c in chunks:
+                        col, total = value[c], sums[c]
+                        for m in group:
+                            col[m] = total
+                elif kind is Collective.REDUCE:
+                    for c in chunks:
+                        value[c][group[0]] = sums[c]
+                else:  # ReduceScatter: member i keeps part i
+                    for i, m in enumerate(group):
+                        for c in chunks[i * size:(i + 1) * size]:
+                            value[c][m] = sums[c]
+        _PREFIXES[keys[number + 1]] = tuple(tuple(col) for col in value)
+    return value
 
 
 def skipped(k: int) -> Proof | None:
@@ -153,40 +215,15 @@ def prove(lowered: LoweredProgram) -> Proof:
     lowered, scope = verification_scope(lowered, LIMIT)
     k = lowered.num_chunks
     rows = lowered.reduction_groups
+    start, wants_of_row, _ = _inputs(rows, k, lowered.goal, lowered.chunk_of_rank)
+    value = _run(lowered.steps, start, (rows, k, lowered.goal, lowered.chunk_of_rank))
     terms = _Terms()
-    initial, wants_of_row, _ = _inputs(rows, k, lowered.goal, lowered.chunk_of_rank)
-    value = dict(initial)
-    for step in lowered.steps:
-        kind = step.collective
-        for group, chunks in zip(step.groups, step.chunks):
-            size = len(chunks) // len(group)
-            if kind is Collective.ALLGATHER:
-                updates = {
-                    (m, c): value[owner, c]
-                    for i, owner in enumerate(group)
-                    for c in chunks[i * size : (i + 1) * size]
-                    for m in group
-                }
-            elif kind is Collective.BROADCAST:
-                updates = {(m, c): value[group[0], c] for c in chunks for m in group[1:]}
-            else:
-                sums = {c: terms.add([value[m, c] for m in group]) for c in chunks}
-                if kind is Collective.ALLREDUCE:
-                    updates = {(m, c): sums[c] for c in chunks for m in group}
-                elif kind is Collective.REDUCE:
-                    updates = {(group[0], c): sums[c] for c in chunks}
-                else:  # ReduceScatter: member i keeps part i
-                    updates = {
-                        (m, c): sums[c] for i, m in enumerate(group) for c in chunks[i * size : (i + 1) * size]
-                    }
-            value.update(updates)
     claims = []
     for row, wants in zip(rows, wants_of_row):
-        for rank, d in enumerate(row):
-            for r in range(k):
-                if lowered.goal is Goal.REDUCESCATTER and r != rank:
-                    continue
-                claims.append((d, r, value[d, lowered.chunk_of_rank[r]], wants[r]))
+        for r in range(k):
+            col, want = value[lowered.chunk_of_rank[r]], wants[r]
+            devices = (row[r],) if lowered.goal is Goal.REDUCESCATTER else row
+            claims.extend((d, r, col[d], want) for d in devices)
     # z3 normalises each distinct obligation got - want (as a sum of monomials);
     # 0 proves it for all inputs. The rest go to the solver, which either proves
     # them (unsat) or returns a counterexample model. The same term objects recur
