@@ -156,7 +156,7 @@ def trace(program: Program, hierarchy: Hierarchy, goal: Goal) -> Trace:
             if nxt == NO_CHANGE:
                 raise SynthError(f"step {number} {instruction} is invalid: {nxt} (a step must change some device)")
             raise SynthError(f"step {number} {instruction} is invalid: {nxt}")
-        runs = tuple(space.outcome(state, g, instruction.collective, n)[2] for n in range(len(grouping.groups)))
+        runs = tuple(space.chunk_runs(state, g, instruction.collective, n) for n in range(len(grouping.groups)))
         steps.append(TracedStep(instruction, grouping.groups, runs))
         state = nxt
     if not space.is_goal(state):

@@ -402,13 +402,19 @@ def _profile_reason(collective: Collective, members: Sequence[tuple[Profile, int
     """Why the collective cannot run on a group of ``size`` members, judged on
     their profiles alone, or None. ``members`` are ``(profile, how many members
     have it)``, root first. First which chunks are held (:func:`_shape_reason`),
-    then how many contributors they carry: summing more than ``k`` on a chunk
-    is double counting, and a Broadcast member with more contributors on a
-    chunk than the root is not contained in it. :func:`apply_collective` checks
-    this before looking at any mask, so these are its reasons too."""
+    then how many contributors they carry (:func:`_count_reason`).
+    :func:`apply_collective` checks this before looking at any mask, so these
+    are its reasons too."""
     reason = _shape_reason(collective, [held_bits(p) for p, _ in members] if held is None else held, size)
-    if reason is not None or collective is Collective.ALLGATHER:
-        return reason
+    return reason if reason is not None else _count_reason(collective, members)
+
+
+def _count_reason(collective: Collective, members: Sequence[tuple[Profile, int]]) -> str | None:
+    """Summing more than ``k`` contributors on a chunk is double counting, and
+    a Broadcast member with more contributors on a chunk than the root is not
+    contained in it (for members that hold the right chunks)."""
+    if collective is Collective.ALLGATHER:
+        return None
     root = members[0][0]
     if collective is Collective.BROADCAST:
         if any(_more_contributors(p, root) for p, _ in members[1:]):
@@ -646,7 +652,7 @@ class Translations:
         return ((mask & low) << up) | ((mask >> (block - up)) & top)
 
 
-Outcome = Union[tuple[tuple[int, ...], int, tuple[tuple[int, int], ...]], str]
+Outcome = Union[tuple[tuple[int, ...], int], str]  # (members' new ids, chunks moved) or why not
 
 
 #: allreduce and reducescatter spaces of at least this many devices use the
@@ -728,6 +734,7 @@ class StateSpace:
         self._packed: list[int] = []  # per profile: holds all, complete, done, final, packed (see _delta)
         self._deltas: list[dict[tuple[int, ...], int]] = [{} for _ in Collective]  # per collective (see _delta)
         self._memo: dict[tuple, Outcome] = {}
+        self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
         k, full = self.k, t.full
         if goal is Goal.ALLGATHER:
@@ -832,12 +839,15 @@ class StateSpace:
 
     # ---- steps
 
-    def outcome(self, state: tuple[int, ...], grouping: int, collective: Collective, group: int) -> Outcome:
-        """The result of one group of ``grouping``: its members' new ids, the
-        chunks it moves and the runs ``(first, stop)`` of its ordered chunk list
-        (:func:`step_chunks`), or why the collective cannot run."""
+    def chunk_runs(self, state: tuple[int, ...], grouping: int, collective: Collective,
+                   group: int) -> tuple[tuple[int, int], ...]:
+        """The ordered chunk list of one group of a valid step, as ``(first,
+        stop)`` runs (:func:`step_chunks`; which chunks are held is the same in
+        every frame)."""
         m = self._size[grouping]
-        return self._outcome(grouping, collective, self._flat[grouping](state)[group * m:(group + 1) * m])
+        key = self._flat[grouping](state)[group * m:(group + 1) * m]
+        members = key if collective is Collective.ALLGATHER else key[:1]
+        return tuple((a, b) for i in members for a, b, _ in runs_of(self.device_states[i]))
 
     def _outcome(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
         memo_key = (collective, grouping if self._device_frame else None, key)
@@ -855,10 +865,17 @@ class StateSpace:
             counted = self._counted(profiles)
             members = [(self._profiles[p], n) for p, n in counted]
             held = [self._held[p] for p, _ in counted]
-            bits = 0
+            bits, summable = 0, None
             for i, c in enumerate(_COLLECTIVES):
-                if _profile_reason(c, members, len(profiles), held) is None:
-                    bits |= 1 << i
+                if _shape_reason(c, held, len(profiles)) is not None:
+                    continue
+                if c in _REDUCING:  # the same count check for the three summing collectives
+                    if summable is None:
+                        summable = _count_reason(c, members) is None
+                    passes = summable
+                else:
+                    passes = _count_reason(c, members) is None
+                bits |= passes << i
             self._passing[profiles] = bits
         return bits
 
@@ -877,7 +894,7 @@ class StateSpace:
         distinct = tuple(dict.fromkeys(key))
         members = [states[i] for i in key]
         if not self._device_frame:
-            result = _apply_counted(collective, members)
+            result = self._rule(collective, members, key)
         elif len(distinct) == 1:
             result = self._uniform(grouping, collective, members[0], len(key))
         else:
@@ -888,10 +905,10 @@ class StateSpace:
         ids = tuple(interned[id(s)] if id(s) in interned else interned.setdefault(id(s), self.intern(s))
                     for s in result)
         if collective is Collective.ALLGATHER:
-            runs = tuple((a, b) for s in members for a, b, _ in runs_of(s))
+            load = sum(self._held[self._profile[i]].bit_count() for i in key)
         else:
-            runs = tuple((a, b) for a, b, _ in runs_of(members[0]))
-        return ids, sum(b - a for a, b in runs), runs
+            load = self._held[self._profile[key[0]]].bit_count()
+        return ids, load
 
     def _general(self, grouping: int, collective: Collective, key: tuple[int, ...], distinct: tuple[int, ...],
                  members: list[DeviceState]):
@@ -909,7 +926,7 @@ class StateSpace:
             return [root] * len(key)  # distinct[1:] is non-empty: some member gains
         aligned = [s if self._invariant(grouping, i) else t.state(s, o)
                    for i, s, o in zip(key, members, self._offsets[grouping])]
-        result = _apply_counted(collective, aligned)
+        result = self._rule(collective, aligned, (grouping, key))
         if isinstance(result, str):
             return result
         varied = self._varied[grouping]
@@ -917,6 +934,16 @@ class StateSpace:
         if all(t.invariant(m, varied) for m in masks.values()):
             return result
         return [t.state(s, o) for s, o in zip(result, self._inverse_offsets[grouping])]
+
+    def _rule(self, collective: Collective, members: list[DeviceState], sum_key: tuple):
+        """:func:`_apply_counted`, with the sum of a group shared by AllReduce,
+        ReduceScatter and Reduce (memoised under ``sum_key``)."""
+        if collective not in _REDUCING:
+            return _apply_counted(collective, members)
+        total = self._sums.get(sum_key)
+        if total is None:
+            total = self._sums[sum_key] = _sum(members)
+        return total if isinstance(total, str) else _reduced(collective, total, len(members))
 
     def _invariant(self, grouping: int, i: int) -> bool:
         """Whether every mask of device state ``i`` is invariant under the
