@@ -15,6 +15,7 @@ prints (``synth-reduce ... --json``), which is a thin layer over these calls.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -22,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .cost import Model, Ranked, default_program, rank
+from .cost import Model, Predictor, Ranked, default_program, rank
 from .errors import SynthError
 from .language import Program, format_program
 from .lowering import LoweredProgram, LoweredStep, lower
@@ -31,15 +32,19 @@ from .placement import (Axis, AxisRange, Constraint, Placement, enumerate_placem
 from .plan import Plan, PlannedProgram, PlannedReduction
 from .problem import AxesSpec, Problem, TopologySpec, make_problem, resolve_topology
 from .reduction import Reduction
-from .search import synthesize_reduction
+from .search import ReductionPrograms, synthesize_reduction
 from .semantics import Goal, Hierarchy
 from .topology import Topology
 from .units import parse_size
-from .verify import Verification, verify_lowered
+from .verify import Verification, verify_program
 from .workload import PlacementCost, WorkloadItem, parse_workload, placement_costs
 
 DEFAULT_SIZE_BYTES = 256 * 2**20
 Progress = Callable[[str], None]
+
+#: programs a call may list in all (``top=None``, what ``--json`` does): listing
+#: more is refused before they are enumerated (the best ones are found without)
+LISTING_LIMIT = 200_000
 
 
 def _model(model: Model | str | None) -> Model:
@@ -88,11 +93,63 @@ class ProgramResult:
         return self.program == default_program(self.reduction.goal)
 
     def verified(self) -> "ProgramResult":
-        """This program, proved (numpy reference + z3); SynthError if it fails."""
+        """This program, proved (numpy reference + z3, shared with every
+        placement of the same synthesis hierarchy: :func:`synth.verify.verify_program`);
+        SynthError if it fails. Does not lower the program onto the whole system."""
         if self.verification is not None:
             return self
-        lowered = self.lowered
-        return ProgramResult(self.program, self.reduction, self.predicted_s, verify_lowered(lowered), lowered)
+        return ProgramResult(self.program, self.reduction, self.predicted_s,
+                             verify_program(self.program, self.reduction), self._lowered)
+
+
+@dataclass(frozen=True, eq=False)
+class Ranking:
+    """A reduction's programs by predicted time, fastest first (ties: the
+    search's order, shortest first): the first ``len(first)`` are known, the
+    others are found when asked for (:meth:`upto`), by k shortest paths over
+    the search's graph (:meth:`synth.search.ReductionPrograms.best`)."""
+
+    result: ReductionPrograms
+    count: int
+    default_s: float  # the library's one-call collective (0 when there is nothing to do)
+    first: tuple[tuple[float, Program], ...]
+    predictor: Predictor = field(repr=False)
+    size_bytes: int
+
+    @classmethod
+    def of(cls, result: ReductionPrograms, size_bytes: int, model: Model, top: int | None) -> "Ranking":
+        """Every program ranked (``top`` None, as :func:`synth.cost.rank` does),
+        or the ``top`` fastest only; the same order either way."""
+        predictor = Predictor(result.reduction, model)
+        if top is None:
+            ranked = rank(result, size_bytes, model)
+            first = tuple((t, result.programs[i]) for i, t in zip(ranked.order, ranked.predicted_s))
+            return cls(result, len(first), ranked.default_s, first, predictor, size_bytes)
+        default = default_program(result.reduction.goal)
+        loads = result.loads_of(default)
+        default_s = predictor.program(default, loads, size_bytes) if loads is not None else 0.0
+        ranking = cls(result, result.count, default_s, (), predictor, size_bytes)
+        return ranking.upto(max(top, 1))  # the fastest is the placement's best time, listed or not
+
+    def upto(self, n: int) -> "Ranking":
+        """This ranking with (at least) the ``n`` fastest programs known."""
+        if n <= len(self.first) or len(self.first) == self.count:
+            return self
+        step = self.predictor.step
+        found = self.result.best(lambda instruction, loads: step(instruction, loads, self.size_bytes)[0], n)
+        return Ranking(self.result, self.count, self.default_s, tuple((c, p) for c, p, _ in found), self.predictor,
+                       self.size_bytes)
+
+    @property
+    def best_s(self) -> float:
+        return self.first[0][0] if self.first else math.inf
+
+    @property
+    def speedup(self) -> float:
+        """Default time over best time; 1 when there is nothing to do (k = 1)."""
+        if not self.count:
+            return 0.0
+        return self.default_s / self.best_s if self.best_s > 0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -101,12 +158,12 @@ class PlacementResult:
     (``programs`` holds the listed ones; ``num_programs`` counts them all)."""
 
     index: int  # enumeration order: the command line's '#'
-    ranked: Ranked = field(repr=False)
+    ranking: Ranking = field(repr=False)
     programs: tuple[ProgramResult, ...]
 
     @property
     def reduction(self) -> Reduction:
-        return self.ranked.result.reduction
+        return self.ranking.result.reduction
 
     @property
     def placement(self) -> Placement:
@@ -126,20 +183,20 @@ class PlacementResult:
 
     @property
     def num_programs(self) -> int:
-        return len(self.ranked.order)
+        return self.ranking.count
 
     @property
     def default_s(self) -> float:
-        return self.ranked.default_s
+        return self.ranking.default_s
 
     @property
     def best_s(self) -> float:
         """Predicted seconds of the fastest program (inf if none within the step limit)."""
-        return self.ranked.best_s
+        return self.ranking.best_s
 
     @property
     def speedup(self) -> float:
-        return self.ranked.speedup
+        return self.ranking.speedup
 
     def program(self, position: int) -> ProgramResult:
         """The program of predicted rank ``position`` (0 = fastest), listed or not."""
@@ -147,8 +204,8 @@ class PlacementResult:
             raise SynthError(f"--program {position}: placement {self.index} has programs 0..{self.num_programs - 1}")
         if position < len(self.programs):
             return self.programs[position]
-        return ProgramResult(self.ranked.result.programs[self.ranked.order[position]], self.reduction,
-                             self.ranked.predicted_s[position])
+        seconds, program = self.ranking.upto(position + 1).first[position]
+        return ProgramResult(program, self.reduction, seconds)
 
 
 @dataclass(frozen=True)
@@ -230,23 +287,40 @@ def solve_problem(
         raise SynthError(f"--top {top}: must be >= 0")
     model.profile_for(problem.topology)  # a profile of another topology fails before any work
     started = time.perf_counter()
-    results = [synthesize_reduction(problem.reduction(p), problem.max_steps) for p in problem.placements()]
+    placements = problem.placements()
+    results = []
+    for n, placement in enumerate(placements):
+        if progress is not None:
+            progress(f"synthesizing placement {n + 1}/{len(placements)}")
+        results.append(synthesize_reduction(problem.reduction(placement), problem.max_steps, progress))
     synthesis_s = time.perf_counter() - started
+    if top is None:
+        _check_listing(results)
     started = time.perf_counter()
-    ranked = [rank(r, size_bytes, model) for r in results]
+    rankings = [Ranking.of(r, size_bytes, model, top) for r in results]
     prediction_s = time.perf_counter() - started
-    by_speed = sorted(range(len(ranked)), key=lambda i: (ranked[i].best_s, i))
+    by_speed = sorted(range(len(rankings)), key=lambda i: (rankings[i].best_s, i))
     listed: dict[int, tuple[ProgramResult, ...]] = {}
     for n, i in enumerate(by_speed):
         if progress is not None:
             progress(f"{'verifying' if verify else 'listing'} placement {n + 1}/{len(by_speed)}")
-        r = ranked[i]
-        count = len(r.order) if top is None else min(top, len(r.order))
-        programs = [ProgramResult(r.result.programs[j], r.result.reduction, t)
-                    for j, t in zip(r.order[:count], r.predicted_s)]
+        r = rankings[i]
+        programs = [ProgramResult(p, r.result.reduction, t) for t, p in r.first[:len(r.first) if top is None else top]]
         listed[i] = tuple(p.verified() for p in programs) if verify else tuple(programs)
-    placements = tuple(PlacementResult(i, r, listed[i]) for i, r in enumerate(ranked))
-    return Solution(problem, model, size_bytes, placements, synthesis_s, prediction_s, verify)
+    placements_out = tuple(PlacementResult(i, r, listed[i]) for i, r in enumerate(rankings))
+    return Solution(problem, model, size_bytes, placements_out, synthesis_s, prediction_s, verify)
+
+
+def _check_listing(results: Sequence[ReductionPrograms]) -> None:
+    """Refuse, before enumerating them, to list more than :data:`LISTING_LIMIT`
+    programs in all."""
+    total = sum(r.count for r in results)
+    if total > LISTING_LIMIT:
+        steps = max(r.search.max_steps for r in results)
+        raise SynthError(
+            f"listing every program means {total} programs of up to {steps} steps here (more than {LISTING_LIMIT}; "
+            f"each also lowered for --json); list the best ones with --top K (found without listing the others), "
+            f"or lower --max-steps")
 
 
 # ---------------------------------------------------------------- axes without sizes

@@ -15,17 +15,18 @@ The program is one z3 Int ``op[t]`` per step ``t < L``, an index into
 its length. ``op[0]`` is never ``STOP``, a ``STOP`` is followed by ``STOP`` and
 keeps the state, so a model is a program of length ``1..L`` and every program has
 exactly one model. For ``op[t] == i`` the step's precondition holds in every
-group of instruction ``i``, members take the collective's result and devices
-outside the groups keep their state. Rules, per group ``m_0..m_{s-1}``
-(root ``m_0``):
+group of instruction ``i``, members take the collective's result, devices
+outside the groups keep their state, and some device's state changes (a step
+that changes nothing is not a step of a program). Rules, per group
+``m_0..m_{s-1}`` (root ``m_0``):
 
 * AllReduce: members hold the same non-empty chunks and no contribution is in
   two members' copies of a chunk; all get the union.
 * ReduceScatter: the same precondition; with ``n`` held chunks (``s`` must divide
   ``n``) and ``pos(x)`` the number of held chunks below ``x``, member ``i`` keeps
   the union on the held chunks with ``i*n/s <= pos(x) < (i+1)*n/s``.
-* AllGather: members hold non-empty, pairwise disjoint chunk sets of equal
-  size; all get the union.
+* AllGather: members hold pairwise disjoint chunk sets of equal size (all
+  empty is allowed: the union is empty); all get the union.
 * Reduce: AllReduce's precondition; the root gets the union, the others nothing.
 * Broadcast: the root holds something, every member's ``has`` is contained in
   the root's and some member's differs; all get the root's state.
@@ -189,8 +190,7 @@ def effects(members: Sequence[DevState]) -> dict[Collective, tuple[z3.BoolRef, l
     divisible, keep = _scatter(root.held, size)
     parts = [_from_has([[z3.And(keep[i][x], union[x][e]) for e in range(k)] for x in range(k)]) for i in range(size)]
     gatherable = z3.And(
-        [_nonempty(m) for m in members]
-        + [_count(m.held) == _count(root.held) for m in members[1:]]
+        [_count(m.held) == _count(root.held) for m in members[1:]]
         + [z3.AtMost(*[m.held[x] for m in members], 1) for x in range(k)]
     )
     pairs = [(m.has[x][e], root.has[x][e]) for m in members[1:] for x in range(k) for e in range(k)]
@@ -240,6 +240,8 @@ def transitions(steps: Sequence[Step], op: z3.ArithRef, before: SymState, after:
     for d, by_value in enumerate(results):
         for s, ops in by_value.values():
             facts.append(z3.Implies(z3.Or([op == i for i in ops]), _equal(after[d], s)))
+    changed = z3.Or([z3.Not(_equal(a, b)) for a, b in zip(after, before)])
+    facts.append(z3.Implies(op != stop, changed))
     return facts
 
 

@@ -7,110 +7,238 @@ covers, and whatever else is in a buffer (stale partial sums, garbage) stays.
 If a program double counts or reads stale data, the sums come out wrong.
 
 Buffers have shape ``(devices, chunks, chunk_len)``. Per step and group, with
-``chunks`` its ordered chunk list and ``m`` members (root first):
+``chunks`` its ordered chunk list and ``m`` members (root first), the list is
+cut into ``m`` equal parts (part ``i`` belongs to member ``i``):
 
 * AllReduce: every member's ``chunks`` := the sum over members.
-* ReduceScatter: ``chunks`` is cut into ``m`` equal parts; member ``i``'s part
-  ``i`` := the sum over members of part ``i``.
+* ReduceScatter: member ``i``'s part ``i`` := the sum over members of part ``i``.
 * AllGather: member ``i``'s part ``i`` is copied to every member.
 * Reduce: the root's ``chunks`` := the sum; Broadcast: the root's ``chunks`` are
   copied to every member.
+
+Every rule reads and writes chunk ``c`` of the members only from chunk ``c``
+of the members: chunks never mix. So a run on some of the chunks (buffer
+columns for those chunks only) computes exactly what a run on all chunks
+computes for them; :func:`check_numerically` uses that to check a sample of
+the chunks of a reduction group too large to hold whole.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from .errors import SynthError
 from .language import Collective
-from .lowering import LoweredProgram, LoweredStep, verification_scope
+from .lowering import LoweredProgram, LoweredStep, Runs, as_runs, check_structure
 from .semantics import Goal
+
+#: (device, chunk) slots one check executes at once (each holds ``ceil(length
+#: / k)`` elements, 3 by default): the whole system if it fits, else reduction
+#: group 0 alone, else a sample of that group's chunks (see :func:`numeric_scope`)
+LIMIT = 1 << 20
+
+#: elements per shard in an allgather check (shards are whole chunks: no padding)
+ALLGATHER_SHARD = 3
+
+#: a step as the core runs it: the collective and, per group, its members
+#: (device ids, root first) and ordered chunk list as runs
+RunStep = tuple[Collective, Sequence[tuple[Sequence[int], Runs]]]
+
+
+def run_steps(steps: Sequence[LoweredStep]) -> list[RunStep]:
+    return [(s.collective, [(g, as_runs(c)) for g, c in zip(s.groups, s.chunks)]) for s in steps]
 
 
 def execute(steps: Sequence[LoweredStep], buffers: np.ndarray) -> None:
     """Run ``steps`` in place on ``buffers`` (devices x chunks x chunk_len)."""
-    for step in steps:
-        for group, chunks in zip(step.groups, step.chunks):
-            g = np.asarray(group)
-            c = np.asarray(chunks)
-            collective = step.collective
-            if collective is Collective.ALLREDUCE:
-                buffers[g[:, None], c] = buffers[g[:, None], c].sum(axis=0)
-            elif collective is Collective.REDUCESCATTER:
-                parts = c.reshape(len(g), -1)
-                total = buffers[g[:, None], c].sum(axis=0).reshape(len(g), parts.shape[1], -1)
-                buffers[g[:, None], parts] = total
+    execute_runs(run_steps(steps), buffers)
+
+
+def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarray | None = None) -> None:
+    """Run ``steps`` in place; with ``sample`` (sorted chunk ids), buffer column
+    ``j`` holds chunk ``sample[j]`` and only those chunks are computed. The
+    groups of a step act at once (they are disjoint), so those with as many
+    members and columns are computed together."""
+    for collective, groups in steps:
+        alike: dict[tuple[int, int], list[tuple[Sequence[int], np.ndarray, np.ndarray]]] = {}
+        for members, runs in groups:
+            cols, owner = _columns(runs, len(members), sample)
+            if len(cols):
+                alike.setdefault((len(members), len(cols)), []).append((members, cols, owner))
+        for items in alike.values():
+            g = np.array([m for m, _, _ in items])  # (groups, members)
+            c = np.stack([c for _, c, _ in items])  # (groups, columns)
+            every = (g[:, :, None], c[:, None, :])  # every member x every column
+            if collective is Collective.BROADCAST:
+                buffers[every] = buffers[g[:, :1], c][:, None]
             elif collective is Collective.ALLGATHER:
-                parts = c.reshape(len(g), -1)
-                own = buffers[g[:, None], parts]
-                buffers[g[:, None, None], parts[None, :, :]] = own[None]
-            elif collective is Collective.REDUCE:
-                buffers[g[0], c] = buffers[g[:, None], c].sum(axis=0)
-            else:  # Broadcast
-                buffers[g[:, None], c] = buffers[g[0], c][None]
+                owner = np.stack([o for _, _, o in items])
+                buffers[every] = buffers[np.take_along_axis(g, owner, axis=1), c][:, None]
+            else:
+                total = buffers[every].sum(axis=1)  # (groups, columns, elements)
+                if collective is Collective.ALLREDUCE:
+                    buffers[every] = total[:, None]
+                elif collective is Collective.REDUCE:
+                    buffers[g[:, :1], c] = total
+                else:  # ReduceScatter: each column to the member whose part holds it
+                    owner = np.stack([o for _, _, o in items])
+                    buffers[np.take_along_axis(g, owner, axis=1), c] = total
 
 
-#: (device, chunk) slots the reference executes at once: the whole system if it
-#: fits, else reduction group 0 alone (see ``verification_scope``)
-LIMIT = 1 << 24
+#: buffers after each prefix of steps run so far, for small checks (the programs
+#: of a search share prefixes; the data is the same for the same seed): forgotten
+#: all at once past _PREFIX_BYTES
+_PREFIXES: dict[tuple, np.ndarray] = {}
+_PREFIX_BYTES = 64 << 20
+_SMALL_BYTES = 1 << 16
+
+
+def _run_from_prefix(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarray | None,
+                     base: tuple) -> np.ndarray:
+    """:func:`execute_runs` of ``steps`` on ``buffers`` (the initial data of
+    ``base``), starting from the longest prefix already run when the buffers
+    are small; returns the final buffers."""
+    if buffers.nbytes > _SMALL_BYTES:
+        execute_runs(steps, buffers, sample)
+        return buffers
+    if len(_PREFIXES) * buffers.nbytes > _PREFIX_BYTES:
+        _PREFIXES.clear()
+    keys = [base]
+    for collective, groups in steps:
+        keys.append((keys[-1], collective, tuple((tuple(members), runs) for members, runs in groups)))
+    done = next((i for i in range(len(steps), 0, -1) if keys[i] in _PREFIXES), 0)
+    if done:
+        buffers = _PREFIXES[keys[done]].copy()
+    for number in range(done, len(steps)):
+        execute_runs(steps[number:number + 1], buffers, sample)
+        _PREFIXES[keys[number + 1]] = buffers.copy()
+    return buffers
+
+
+def _columns(runs: Runs, members: int, sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The buffer columns of a group's chunk list and, per column, the member
+    whose part holds it (its position in the list divided by the part size)."""
+    total = sum(b - a for a, b in runs)
+    part = max(total // members, 1)
+    cols, positions, offset = [], [], 0
+    for first, stop in runs:
+        if sample is None:
+            cols.append(np.arange(first, stop))
+            positions.append(np.arange(offset, offset + stop - first))
+        else:
+            lo, hi = np.searchsorted(sample, (first, stop))
+            cols.append(np.arange(lo, hi))
+            positions.append(offset + sample[lo:hi] - first)
+        offset += stop - first
+    if not cols:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(cols), np.concatenate(positions) // part
+
+
+def numeric_scope(num_devices: int, k: int, groups: int) -> tuple[str, int]:
+    """What a numeric check covers within :data:`LIMIT`, and how many chunks of
+    each covered group it runs: the whole system, reduction group 0, or a sample
+    of group 0's chunks."""
+    if num_devices * k <= LIMIT:
+        return "whole system", k
+    where = f"reduction group 0 of {groups}" if groups > 1 else "the reduction group"
+    if k * k <= LIMIT:
+        return where, k
+    sampled = max(LIMIT // k, 1)
+    return f"{where}, {sampled} of its {k} chunks (chunks never mix)", sampled
 
 
 def check_numerically(lowered: LoweredProgram, length: int | None = None, seed: int = 0) -> int:
     """Run the program on random integer data and compare every output element
-    with the direct reduction computed from the reduction groups alone.
+    in scope (:func:`numeric_scope`) with the direct reduction computed from
+    the reduction groups alone.
 
     ``length`` is the per-device buffer length (AllReduce, ReduceScatter) or
-    shard length (AllGather); the default ``2k+1`` is odd and, for ``k > 1``, not
-    a multiple of ``k``, so padding is exercised. Returns the number of elements
-    checked; raises SynthError on the first mismatch or if even one reduction
-    group is too large to execute.
+    shard length (AllGather); the default ``2k+1`` is odd and, for ``k > 1``,
+    not a multiple of ``k``, so padding is exercised (allgather:
+    :data:`ALLGATHER_SHARD`). Returns the number of elements checked; raises
+    SynthError on the first mismatch or if the program is malformed
+    (:func:`~synth.lowering.check_structure`).
     """
-    scoped = verification_scope(lowered, LIMIT)
-    if scoped is None:
-        raise SynthError(f"numpy reference: {lowered.num_chunks}^2 chunk slots exceed {LIMIT}")
-    lowered = scoped[0]
-    k, n = lowered.num_chunks, lowered.num_devices
+    check_structure(lowered)
+    k = lowered.num_chunks
+    scope, chunks = numeric_scope(lowered.num_devices, k, len(lowered.reduction_groups))
+    rows = np.asarray(lowered.reduction_groups, dtype=np.int64)
+    steps = run_steps(lowered.steps)
+    if scope != "whole system":
+        keep = set(lowered.reduction_groups[0])
+        renumber = {d: r for r, d in enumerate(lowered.reduction_groups[0])}
+        steps = [(c, [(tuple(renumber[d] for d in g), runs) for g, runs in groups if g[0] in keep])
+                 for c, groups in steps]
+        rows = np.arange(k)[None, :]
+    return check_runs(lowered.goal, rows, lowered.chunk_of_rank, steps, chunks, length, seed)
+
+
+def check_runs(goal: Goal, rows: np.ndarray, chunk_of_rank: Sequence[int], steps: Sequence[RunStep],
+               chunks: int | None = None, length: int | None = None, seed: int = 0) -> int:
+    """:func:`check_numerically` of steps on the devices of ``rows`` (one row
+    per reduction group, rank order; devices numbered ``0..rows.size-1``),
+    running ``chunks`` of the ``k`` chunks (a seeded sample) or all."""
+    groups_n, k = rows.shape
+    n = rows.size
     rng = np.random.default_rng(seed)
-    groups = np.asarray(lowered.reduction_groups)  # (G, k), rank order
-    where = np.asarray(lowered.chunk_of_rank)
-    group_of = np.empty(n, dtype=np.int64)
-    group_of[groups] = np.arange(len(groups))[:, None]
+    where = np.asarray(chunk_of_rank)  # rank -> chunk
+    sample = None if chunks is None or chunks >= k else np.sort(rng.choice(k, chunks, replace=False))
+    cols = np.arange(k) if sample is None else sample
+    rank_of_chunk = np.argsort(where)[cols]  # per column, the rank whose shard it holds
     rank_of = np.empty(n, dtype=np.int64)
-    rank_of[groups] = np.arange(k)[None, :]
-    length = 2 * k + 1 if length is None else length
-    if lowered.goal is Goal.ALLGATHER:
-        shards = rng.integers(-1000, 1000, size=(n, length), dtype=np.int32)
-        buffers = rng.integers(-10**6, 10**6, size=(n, k, length), dtype=np.int32)  # garbage
-        buffers[np.arange(n), where[rank_of]] = shards
-        execute(lowered.steps, buffers)
-        got = buffers[:, where]                       # (n, k ranks, length)
-        want = shards[groups[group_of]]               # owner of shard r in d's group
-        valid = np.ones(k * length, dtype=bool).reshape(k, length)
+    rank_of[rows] = np.arange(k)[None, :]
+    if goal is Goal.ALLGATHER:
+        q = ALLGATHER_SHARD if length is None else length
+        shards = rng.integers(-1000, 1000, size=(n, q), dtype=np.int32)
+        buffers = rng.integers(-10**6, 10**6, size=(n, len(cols), q), dtype=np.int32)  # garbage
+        own = np.searchsorted(cols, where[rank_of])  # column of each device's own shard, if sampled
+        held = (own < len(cols)) & (cols[np.minimum(own, len(cols) - 1)] == where[rank_of])
+        buffers[np.flatnonzero(held), own[held]] = shards[held]
+        valid = np.ones((len(cols), q), dtype=bool)
     else:
+        length = 2 * k + 1 if length is None else length
         q = -(-length // k)
-        data = rng.integers(-1000, 1000, size=(n, length), dtype=np.int32)  # sums fit: k < 2**21
-        padded = np.zeros((n, k * q), dtype=np.int32)
-        padded[:, :length] = data
-        buffers = np.empty((n, k, q), dtype=np.int32)
-        buffers[:, where] = padded.reshape(n, k, q)
-        execute(lowered.steps, buffers)
-        totals = padded[groups].sum(axis=1, dtype=np.int64).reshape(len(groups), k, q)
-        if lowered.goal is Goal.REDUCESCATTER:  # each device: its own shard only
-            got = buffers[np.arange(n), where[rank_of]][:, None]
-            want = totals[group_of, rank_of][:, None]
-            valid = (rank_of[:, None] * q + np.arange(q)[None, :] < length)[:, None, :]
+        valid = (rank_of_chunk[:, None] * q + np.arange(q)[None, :]) < length  # beyond length: padding
+        buffers = rng.integers(-1000, 1000, size=(n, len(cols), q), dtype=np.int32)  # sums fit: k < 2**21
+        buffers[:, ~valid] = 0
+        totals = np.stack([buffers[row].sum(axis=0, dtype=np.int64) for row in rows])  # (groups, columns, q)
+    base = (goal, rows.tobytes(), rows.shape, tuple(chunk_of_rank), chunks, length, seed)
+    buffers = _run_from_prefix(steps, buffers, sample, base)
+    checked = 0
+    for g in range(groups_n):  # one reduction group at a time: memory stays one group's
+        devices = rows[g]
+        if goal is Goal.ALLGATHER:
+            want = shards[devices[rank_of_chunk]][None]  # chunk j holds the shard of rank rank_of_chunk[j]
+            got = buffers[devices]
+            mask = np.broadcast_to(valid, got.shape)
         else:
-            got = buffers[:, where]
-            want = totals[group_of]
-            valid = np.arange(k * q).reshape(k, q) < length
-    wrong = (got != want) & valid
-    if wrong.any():
-        d, r, _ = np.argwhere(wrong)[0]
-        shard = int(r if lowered.goal is not Goal.REDUCESCATTER else rank_of[d])
-        raise SynthError(
-            f"numpy reference: device {d} holds a wrong result for shard {shard} "
-            f"(chunk {where[shard]}): expected {want[d, r][:3].tolist()}..., got {got[d, r][:3].tolist()}..."
-        )
-    return int(np.broadcast_to(valid, got.shape).sum())
+            total = totals[g]
+            if goal is Goal.REDUCESCATTER:  # each device: its own shard only, if sampled
+                mine = np.searchsorted(cols, where)  # rank r's chunk column
+                present = (mine < len(cols)) & (cols[np.minimum(mine, len(cols) - 1)] == where)
+                r = np.flatnonzero(present)
+                got = buffers[devices[r], mine[r]][:, None]
+                want = total[mine[r]][:, None]
+                mask = valid[mine[r]][:, None]
+            else:
+                got = buffers[devices]
+                want = total[None]
+                mask = np.broadcast_to(valid, got.shape)
+        wrong = (got != want) & mask
+        if wrong.any():
+            i, j, _ = np.argwhere(wrong)[0]
+            if goal is Goal.REDUCESCATTER:
+                d, shard = devices[r[i]], int(r[i])
+            else:
+                d, shard = devices[i], int(rank_of_chunk[j])
+            chunk = int(where[shard])
+            expected = np.broadcast_to(want, got.shape)[i, j]
+            raise SynthError(
+                f"numpy reference: device {d} holds a wrong result for shard {shard} "
+                f"(chunk {chunk}): expected {expected[:3].tolist()}..., got {got[i, j][:3].tolist()}..."
+            )
+        checked += int(mask.sum())
+    return checked

@@ -25,7 +25,7 @@ from . import __version__
 from .documents import read_document, write_document
 from .errors import SynthError
 from .language import Program, format_program, read_program
-from .lowering import LoweredProgram, lower
+from .lowering import LoweredProgram, as_runs, lower
 from .placement import Axis, Placement
 from .reduction import Reduction
 from .semantics import Goal
@@ -166,13 +166,7 @@ class Plan:
 
 def _runs(chunks: Sequence[int]) -> list[list[int]]:
     """``[0, 1, 2, 5]`` -> ``[[0, 3], [5, 6]]``: ``[first, stop)`` runs."""
-    out: list[list[int]] = []
-    for c in chunks:
-        if out and out[-1][1] == c:
-            out[-1][1] = c + 1
-        else:
-            out.append([c, c + 1])
-    return out
+    return [list(run) for run in as_runs(chunks)]
 
 
 def steps_document(lowered: LoweredProgram) -> list[dict[str, Any]]:
@@ -435,8 +429,8 @@ def _checked_program(r: _Reader, doc: Any, at: str, reduction: Reduction) -> Low
             raise SynthError(f"{source}: {where}.instruction is {step['instruction']!r} but instruction {number} "
                              f"of the program text is {str(want.instruction)!r}; {_FIX}")
         if r.get(step, "collective", str, where) != want.collective.value:
-            raise SynthError(f"{source}: {where}.collective is {step['collective']!r} but step {number} is a "
-                             f"{want.collective.value}; {_FIX}")
+            raise SynthError(f"{source}: {where}.collective is {step['collective']!r} but step {number} of the "
+                             f"program text is {want.instruction}; {_FIX}")
         groups = r.int_lists(r.get(step, "groups", list, where), f"{where}.groups")
         chunks_doc = r.get(step, "chunks", list, where)
         chunks = tuple(_chunk_list(r, c, f"{where}.chunks") for c in chunks_doc)

@@ -158,20 +158,14 @@ class CollectiveCosts:
 
 
 def _fastest(programs: ReductionPrograms, predictor: Predictor, size_bytes: int) -> BestProgram:
-    """The first of the fastest programs (as :func:`synth.cost.rank` orders them);
-    a program's steps stop being predicted once its partial sum exceeds the best
-    so far, which cannot change the minimum."""
-    best_s, best = math.inf, None
-    for program, loads in zip(programs.programs, programs.loads):
-        total = 0.0
-        for instruction, step_loads in zip(program.instructions, loads):
-            total += predictor.step(instruction, step_loads, size_bytes)[0]
-            if total > best_s:
-                break
-        else:
-            if total < best_s:
-                best_s, best = total, program
-    return BestProgram(best_s, best)
+    """The first of the fastest programs (as :func:`synth.cost.rank` orders them:
+    ties to the shorter program, then instruction order), found by a shortest
+    path over the search's graph without listing the programs."""
+    found = programs.best(lambda instruction, loads: predictor.step(instruction, loads, size_bytes)[0], 1)
+    if not found:
+        return BestProgram(math.inf, None)
+    seconds, program, _ = found[0]
+    return BestProgram(seconds, program)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ from .semantics import Goal
 from .topology import Topology, load_topology, parse_scale
 
 MAX_STEPS_DEFAULT = 5
+#: the longest programs searched: the state graph and the program count grow
+#: several times per step (rack: 720 374 programs at 8 steps)
+MAX_STEPS_LIMIT = 10
 
 TopologySpec = Union[str, Path, Topology]
 AxesSpec = Union[str, Mapping[str, int], Sequence[Axis]]
@@ -104,6 +107,8 @@ def make_problem(
         raise SynthError(f"--max-steps {max_steps!r}: must be an integer >= 1")
     if max_steps < 1:
         raise SynthError(f"--max-steps {max_steps}: must be >= 1")
+    if max_steps > MAX_STEPS_LIMIT:
+        raise SynthError(f"--max-steps {max_steps}: must be 1..{MAX_STEPS_LIMIT}")
     if reduce is not None and not isinstance(reduce, str):
         reduce = ",".join(reduce)
     checked = tuple(parse_constraint(str(c), axes, topology) for c in constraints)

@@ -95,7 +95,7 @@ def schedule(lowered: LoweredProgram, rank: int) -> tuple[Call, ...]:
     calls = []
     for number, step in enumerate(lowered.steps):
         for group, chunks in zip(step.groups, step.chunks):
-            if rank in group:
+            if rank in group and chunks:  # an empty chunk list moves nothing: the group is idle
                 pieces = tuple(int(piece_of_chunk[c]) for c in chunks)
                 calls.append(Call(number, step.collective, group, group.index(rank), pieces))
     return tuple(calls)

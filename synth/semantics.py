@@ -21,21 +21,36 @@ Rules (a step is valid only if every group's precondition holds):
   disjoint per chunk; all get the union.
 * ReduceScatter: the same precondition; the held chunks, in order, are split into
   ``|g|`` equal parts (else invalid); member ``i`` keeps part ``i`` of the union.
-* AllGather: members hold non-empty, pairwise disjoint chunk sets of equal size;
-  all get the union.
+* AllGather: members hold pairwise disjoint chunk sets of equal size; all get
+  the union. A group whose members all hold nothing satisfies this (the sets are
+  empty, hence disjoint and of equal size) and stays as it is.
 * Reduce: AllReduce's precondition; the root (first member) gets the union,
   the others hold nothing.
 * Broadcast: every member's state is contained in the root's (each held chunk is
   held by the root with a superset of contributors) and one is strictly smaller;
   all get the root's state.
+
+A step is valid only if every group's precondition holds and it changes the
+state of at least one device: a step that changes nothing (an AllGather all of
+whose groups hold nothing) would be a self-loop of the state graph and could be
+repeated anywhere in a program (docs/model.md, "No-op steps").
+
+The search does not use these functions on whole states directly but through a
+:class:`StateSpace`, which interns device states (a state is a tuple of small
+ids) and computes each group once per orbit (see its docstring); the functions
+here are the rules, and the tests check the space against them.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
+from functools import lru_cache, reduce
+from operator import and_, itemgetter
+from typing import Union
 
 import numpy as np
 
@@ -162,10 +177,13 @@ def distinct_groupings(hierarchy: Hierarchy) -> tuple[Grouping, ...]:
 
 
 def _make(stops: Sequence[int], masks: Sequence[int]) -> DeviceState:
-    """Canonical device state from runs ending at ``stops`` (merging equal neighbours)."""
+    """Canonical device state from runs ending at ``stops`` (dropping empty runs,
+    merging equal neighbours)."""
     out_stops: list[int] = []
     out_masks: list[int] = []
     for stop, mask in zip(stops, masks):
+        if stop == (out_stops[-1] if out_stops else 0):
+            continue
         if out_masks and out_masks[-1] == mask:
             out_stops[-1] = stop
         else:
@@ -182,7 +200,7 @@ def initial_state(goal: Goal, k: int) -> State:
     return tuple(((k,), (1 << d,)) for d in range(k))
 
 
-def goal_state(goal: Goal, k: int) -> Union[State, None]:
+def goal_state(goal: Goal, k: int) -> State | None:
     """The unique goal state, or None for ReduceScatter (any bijection of shards)."""
     full = (1 << k) - 1
     if goal is Goal.ALLREDUCE:
@@ -254,7 +272,7 @@ def _refine(s: DeviceState, stops: Sequence[int]) -> list[int]:
     return out
 
 
-def _sum(states: Sequence[DeviceState]) -> Union[DeviceState, str]:
+def _sum(states: Sequence[DeviceState]) -> DeviceState | str:
     """The union of states that hold the same chunks with pairwise disjoint
     contributors, or the reason they cannot be summed."""
     stops = states[0][0]
@@ -281,7 +299,7 @@ def _sum(states: Sequence[DeviceState]) -> Union[DeviceState, str]:
     return _make(stops, acc)
 
 
-def _split(s: DeviceState, parts: int) -> Union[list[DeviceState], str]:
+def _split(s: DeviceState, parts: int) -> list[DeviceState] | str:
     """The held chunks of ``s`` in order, cut into ``parts`` equal parts."""
     total = _count(s)
     if total % parts:
@@ -328,25 +346,145 @@ def _contains(big: DeviceState, small: DeviceState) -> bool:
 _REDUCING = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.REDUCE)
 
 
-def apply_collective(collective: Collective, members: Sequence[DeviceState]) -> Union[list[DeviceState], str]:
-    """New states of a group's members (root = first), or why the step is invalid."""
+def held_bits(s: DeviceState) -> int:
+    """The chunks ``s`` holds as a bitmask (bit ``c`` = chunk ``c``)."""
+    bits, first = 0, 0
+    for stop, mask in zip(*s):
+        if mask:
+            bits |= (1 << stop) - (1 << first)
+        first = stop
+    return bits
+
+
+def _shape_reason(collective: Collective, held: Sequence[int], size: int) -> str | None:
+    """Why the collective cannot run on a group of ``size`` members holding the
+    chunks ``held`` (:func:`held_bits`, root first; members that hold the same
+    state may be given once), judged without their contributors, or None.
+    :func:`apply_collective` checks this first, so these are its reasons too."""
+    root = held[0]
+    if collective is Collective.ALLGATHER:
+        count = root.bit_count()
+        if any(h.bit_count() != count for h in held):
+            return "members hold different numbers of chunks"
+        union = 0
+        for h in held:
+            union |= h
+        if union.bit_count() != count * size:  # a state given once for several members overlaps itself
+            return "members hold overlapping chunks"
+        return None
+    if collective is Collective.BROADCAST:
+        if not root:
+            return "the root holds no data"
+        if any(h & ~root for h in held):
+            return "a member holds data the root does not contain"
+        return None
+    if any(h != root for h in held):
+        return "members hold different chunks"
+    if not root:
+        return "a member holds no data"
+    if collective is Collective.REDUCESCATTER and root.bit_count() % size:
+        return f"{root.bit_count()} held chunks do not split evenly into {size} parts"
+    return None
+
+
+#: a device state with each contributor mask replaced by its size: which chunks
+#: are held and by how many contributors, the same in every frame of a
+#: :class:`StateSpace`
+Profile = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def profile_of(s: DeviceState) -> Profile:
+    return _make(s[0], [m.bit_count() for m in s[1]])
+
+
+def _profile_reason(collective: Collective, members: Sequence[tuple[Profile, int]], size: int,
+                    held: Sequence[int] | None = None) -> str | None:
+    """Why the collective cannot run on a group of ``size`` members, judged on
+    their profiles alone, or None. ``members`` are ``(profile, how many members
+    have it)``, root first. First which chunks are held (:func:`_shape_reason`),
+    then how many contributors they carry (:func:`_count_reason`).
+    :func:`apply_collective` checks this before looking at any mask, so these
+    are its reasons too."""
+    reason = _shape_reason(collective, [held_bits(p) for p, _ in members] if held is None else held, size)
+    return reason if reason is not None else _count_reason(collective, members)
+
+
+def _count_reason(collective: Collective, members: Sequence[tuple[Profile, int]]) -> str | None:
+    """Summing more than ``k`` contributors on a chunk is double counting, and
+    a Broadcast member with more contributors on a chunk than the root is not
+    contained in it (for members that hold the right chunks)."""
+    if collective is Collective.ALLGATHER:
+        return None
+    root = members[0][0]
+    if collective is Collective.BROADCAST:
+        if any(_more_contributors(p, root) for p, _ in members[1:]):
+            return "a member holds data the root does not contain"
+        return None
+    k, change = root[0][-1], {}
+    for (stops, counts), n in members:
+        first = 0
+        for stop, count in zip(stops, counts):
+            if count:
+                change[first] = change.get(first, 0) + n * count
+                change[stop] = change.get(stop, 0) - n * count
+            first = stop
+    total, at = 0, sorted(change)
+    for x, nxt in zip(at, at[1:]):
+        total += change[x]
+        if total > k:
+            return f"contributors overlap on chunks {x}..{nxt - 1} (double counting)"
+    return None
+
+
+def _more_contributors(small: Profile, big: Profile) -> bool:
+    """Whether ``small`` carries more contributors than ``big`` on some chunk."""
+    i = j = 0
+    (small_stops, small_counts), (big_stops, big_counts) = small, big
+    while i < len(small_stops):
+        if small_counts[i] > big_counts[j]:
+            return True
+        stop = min(small_stops[i], big_stops[j])
+        i += small_stops[i] == stop
+        j += big_stops[j] == stop
+    return False
+
+
+def _profile_results(collective: Collective, members: Sequence[Profile], k: int) -> list[Profile]:
+    """The members' profiles after ``collective``, from their profiles alone
+    (for members that pass :func:`_profile_reason`): counts add where masks
+    are united, and everything else moves as the masks do."""
+    if collective is Collective.BROADCAST:
+        return [members[0]] * len(members)
     if collective is Collective.ALLGATHER:
         if not any(members[0][1]):
-            return "a member holds no data"
-        if any(a == b for a, b in zip(members, members[1:])):
-            return "members hold overlapping chunks"  # equal non-empty states overlap
-        size = _count(members[0])
-        if any(_count(s) != size for s in members):
-            return "members hold different numbers of chunks"
+            return list(members)
+        return [_from_runs(sorted(run for p in members for run in runs_of(p)), k)] * len(members)
+    stops = tuple(sorted(set().union(*(p[0] for p in members))))
+    counts = [0] * len(stops)
+    for p in members:
+        for i, count in enumerate(_refine(p, stops)):
+            counts[i] += count
+    result = _reduced(collective, _make(stops, counts), len(members))
+    assert not isinstance(result, str)  # the profile check passed: the counts divide
+    return result
+
+
+def apply_collective(collective: Collective, members: Sequence[DeviceState]) -> list[DeviceState] | str:
+    """New states of a group's members (root = first), or why the step is invalid."""
+    reason = _profile_reason(collective, [(profile_of(s), 1) for s in members], len(members))
+    return reason if reason is not None else _apply_counted(collective, members)
+
+
+def _apply_counted(collective: Collective, members: Sequence[DeviceState]) -> list[DeviceState] | str:
+    """:func:`apply_collective` once :func:`_profile_reason` has passed: the
+    checks that need the masks, and the results."""
+    if collective is Collective.ALLGATHER:
+        if not any(members[0][1]):
+            return list(members)  # all hold nothing: the union is nothing
         runs = sorted(run for s in members for run in runs_of(s))
-        if any(runs[i][1] > runs[i + 1][0] for i in range(len(runs) - 1)):
-            return "members hold overlapping chunks"
-        union = _from_runs(runs, members[0][0][-1])
-        return [union] * len(members)
+        return [_from_runs(runs, members[0][0][-1])] * len(members)
     if collective is Collective.BROADCAST:
         root = members[0]
-        if not any(root[1]):
-            return "the root holds no data"
         if not all(s == root or _contains(root, s) for s in members[1:]):
             return "a member holds data the root does not contain"
         if all(s == root for s in members[1:]):
@@ -358,7 +496,7 @@ def apply_collective(collective: Collective, members: Sequence[DeviceState]) -> 
     return _reduced(collective, total, len(members))
 
 
-def _reduced(collective: Collective, total: DeviceState, size: int) -> Union[list[DeviceState], str]:
+def _reduced(collective: Collective, total: DeviceState, size: int) -> list[DeviceState] | str:
     if collective is Collective.ALLREDUCE:
         return [total] * size
     if collective is Collective.REDUCE:
@@ -384,44 +522,22 @@ def step_load(collective: Collective, members: Sequence[DeviceState]) -> int:
     return _count(members[0])
 
 
-def apply_step(state: State, collective: Collective, groups: Sequence[Group]) -> Union[State, str]:
-    """Apply one instruction to every group at once; devices outside stay as they are."""
-    return apply_grouping(state, groups, (collective,))[collective]
+NO_CHANGE = "the step changes no device's state"
 
 
-def apply_grouping(
-    state: State, groups: Sequence[Group], collectives: Sequence[Collective]
-) -> dict[Collective, Union[State, str]]:
-    """:func:`apply_step` for several collectives on one grouping, sharing the
-    group sums among AllReduce, ReduceScatter and Reduce."""
-    out: dict[Collective, Union[State, str]] = {}
-    reducing = [c for c in collectives if c in _REDUCING]
-    if reducing:
-        sums = []
-        for group in groups:
-            total = _sum([state[d] for d in group])
-            if isinstance(total, str):
-                for c in reducing:
-                    out[c] = f"group {list(group)}: {total}"
-                break
-            sums.append(total)
-        else:
-            for c in reducing:
-                out[c] = _assemble(state, groups, [_reduced(c, t, len(g)) for t, g in zip(sums, groups)])
-    for c in collectives:
-        if c not in _REDUCING:
-            out[c] = _assemble(state, groups, (apply_collective(c, [state[d] for d in g]) for g in groups))
-    return out
-
-
-def _assemble(state: State, groups: Sequence[Group], results) -> Union[State, str]:
+def apply_step(state: State, collective: Collective, groups: Sequence[Group]) -> State | str:
+    """Apply one instruction to every group at once; devices outside stay as they
+    are. The reference definition of a step (the search computes the same through
+    a :class:`StateSpace`)."""
     new = list(state)
-    for group, result in zip(groups, results):
+    for group in groups:
+        result = apply_collective(collective, [state[d] for d in group])
         if isinstance(result, str):
             return f"group {list(group)}: {result}"
         for d, s in zip(group, result):
             new[d] = s
-    return tuple(new)
+    out = tuple(new)
+    return NO_CHANGE if out == state else out
 
 
 def may_finish_in_one_step(state: State, goal: Goal) -> bool:
@@ -448,3 +564,523 @@ def final_collectives(goal: Goal) -> tuple[Collective, ...]:
         Goal.REDUCESCATTER: (Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.BROADCAST),
         Goal.ALLGATHER: (Collective.ALLGATHER, Collective.BROADCAST),
     }[goal]
+
+
+# ---------------------------------------------------------------- the search's state space
+
+
+def _repeat(pattern: int, width: int, times: int) -> int:
+    """``pattern`` (``width`` bits) repeated ``times`` times, lowest copy first."""
+    out, shift, copies, copies_width = 0, 0, pattern, width
+    while times:
+        if times & 1:
+            out |= copies << shift
+            shift += copies_width
+        copies |= copies << copies_width
+        copies_width *= 2
+        times >>= 1
+    return out
+
+
+class Translations:
+    """Digitwise translations of synthesis indices and the bit permutations they
+    induce on contributor masks.
+
+    A synthesis index is a mixed-radix number over the level sizes. The
+    translation by ``t`` (a digit tuple) maps ``d`` to ``d + t``, added digit by
+    digit modulo each level's size (no carries); these form an abelian group that
+    acts on devices and, bit by bit, on contributor masks. On a mask the
+    translation of one digit is a rotation inside blocks of ``size x stride``
+    bits, a handful of big-integer operations whatever ``k`` is."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = tuple(sizes)
+        self.k = math.prod(self.sizes)
+        self.full = (1 << self.k) - 1
+        self.strides = tuple(math.prod(self.sizes[l + 1:]) for l in range(len(self.sizes)))
+        self._patterns: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def digits(self, d: int) -> tuple[int, ...]:
+        return tuple((d // w) % s for s, w in zip(self.sizes, self.strides))
+
+    def index(self, digits: Sequence[int]) -> int:
+        return sum(x * w for x, w in zip(digits, self.strides))
+
+    def inverse(self, t: Sequence[int]) -> tuple[int, ...]:
+        return tuple(-x % s for x, s in zip(t, self.sizes))
+
+    def mask(self, mask: int, t: Sequence[int]) -> int:
+        """The mask ``{e + t : e in mask}``."""
+        for level, x in enumerate(t):
+            if x and mask:
+                mask = self._rotate(mask, level, x)
+        return mask
+
+    def state(self, s: DeviceState, t: Sequence[int]) -> DeviceState:
+        """A device state with every contributor mask translated by ``t``
+        (chunks stay; the runs stay canonical since the map is injective)."""
+        if not any(t):
+            return s
+        return (s[0], tuple(self.mask(m, t) for m in s[1]))
+
+    def saturate(self, mask: int, levels: Sequence[int]) -> int:
+        """The union of the mask's translations by every value of the digits of
+        ``levels`` (``ceil(log2 size)`` rotations per level)."""
+        for level in levels:
+            covered = 1
+            while covered < self.sizes[level] and mask:
+                mask |= self._rotate(mask, level, covered)
+                covered *= 2
+        return mask
+
+    def invariant(self, mask: int, levels: Sequence[int]) -> bool:
+        """Whether the mask is its own translation by every value of the digits
+        of ``levels`` (a shift by one generates them all)."""
+        return all(self._rotate(mask, level, 1) == mask for level in levels if mask and self.sizes[level] > 1)
+
+    def _rotate(self, mask: int, level: int, x: int) -> int:
+        size, stride = self.sizes[level], self.strides[level]
+        block, up = size * stride, x * stride
+        if block == self.k:
+            return ((mask << up) | (mask >> (block - up))) & self.full
+        key = (level, x)
+        if key not in self._patterns:
+            times = self.k // block
+            self._patterns[key] = (_repeat((1 << (block - up)) - 1, block, times),
+                                   _repeat((1 << up) - 1, block, times))
+        low, top = self._patterns[key]
+        return ((mask & low) << up) | ((mask >> (block - up)) & top)
+
+
+Outcome = Union[tuple[tuple[int, ...], int], str]  # (members' new ids, chunks moved) or why not
+
+
+#: allreduce and reducescatter spaces of at least this many devices use the
+#: device frame (:class:`StateSpace`); smaller ones are many-state searches in
+#: which translating costs more than the orbits save, and store absolute states
+DEVICE_FRAME_FROM = 512
+
+
+class StateSpace:
+    """The semantics as the search and the tracer use it, on one synthesis
+    hierarchy (its sizes) and goal.
+
+    **Interned states.** A device state is stored once and named by a small id; a
+    state is the tuple of its devices' ids, so looking it up hashes ``k`` small
+    integers, not ``k`` masks of ``k`` bits.
+
+    **Frames.** What is stored is a device state in a *frame* that makes states
+    of symmetric devices equal:
+
+    * for allreduce and reducescatter, relative to the device: device ``d``
+      stores its state with every mask translated by ``-d``
+      (:class:`Translations`). Initially every device stores "every chunk, from
+      device 0": one id for all ``k`` devices.
+    * for allgather, relative to the chunk: the mask of chunk ``x`` is
+      translated by ``-x``, so the goal ("chunk ``x`` from device ``x``", ``k``
+      different masks per device in absolute terms) is one run "from device 0".
+    * below :data:`DEVICE_FRAME_FROM` devices (allreduce, reducescatter), the
+      absolute state itself: such searches have many states and small groups,
+      where translating costs more than sharing saves.
+
+    Each is a bijection of the absolute states, so a tuple of ids names exactly
+    one absolute state (:meth:`absolute`). The rules (:func:`apply_collective`) compare and combine
+    masks chunk by chunk only, so they hold in the chunk frame as they are; in
+    the device frame the members of a group are first translated into the
+    root's frame by their offsets from the root.
+
+    **Orbits.** The groups of one grouping are translates of each other (by their
+    fixed digits), and the rules commute with translations. So the result of a
+    group depends only on the collective, the grouping and its members' stored
+    ids, and is computed once for all groups with the same ids (an orbit; in a
+    uniform state all groups of a grouping are one orbit) and memoised.
+    """
+
+    def __init__(self, sizes: Sequence[int], goal: Goal, frame: str | None = None) -> None:
+        self.sizes = tuple(sizes)
+        self.goal = goal
+        self.hierarchy = Hierarchy(tuple(f"l{i}" for i in range(len(self.sizes))), self.sizes)
+        self.k = self.hierarchy.k
+        self.groupings = distinct_groupings(self.hierarchy)
+        self.translations = Translations(self.sizes)
+        # the frame (see the class docstring); "absolute" (no translation) where
+        # few devices make orbits small and translating costs more than it saves
+        if frame is None:
+            frame = "chunk" if goal is Goal.ALLGATHER else "device" if self.k >= DEVICE_FRAME_FROM else "absolute"
+        if frame not in ("device", "chunk", "absolute") or (frame == "chunk") != (goal is Goal.ALLGATHER):
+            raise ValueError(f"frame {frame!r} for {goal.value}")
+        self.frame = frame
+        self._device_frame = self.frame == "device"
+        t = self.translations
+        # member offsets from the root, per grouping (the same in all its groups)
+        self._offsets = [tuple(t.digits(m) for m in g.groups[0]) for g in self.groupings]
+        self._inverse_offsets = [tuple(t.inverse(o) for o in offsets) for offsets in self._offsets]
+        self._varied = [tuple(l for l in range(len(self.sizes)) if any(o[l] for o in offsets))
+                        for offsets in self._offsets]
+        # per grouping: the members of all its groups in one tuple (group-major),
+        # the group size, and the picker that assembles the next state from
+        # (members' new ids + old state)
+        self._flat = [itemgetter(*(d for group in g.groups for d in group)) for g in self.groupings]
+        self._size = [len(g.groups[0]) for g in self.groupings]
+        self._pickers = [_picker(g.groups, self.k) for g in self.groupings]
+        self._ids: dict[DeviceState, int] = {}
+        self.device_states: list[DeviceState] = []
+        # profiles (profile_of) of the device states, interned
+        self._profile_ids: dict[Profile, int] = {}
+        self._profiles: list[Profile] = []
+        self._profile: list[int] = []  # device state id -> profile id
+        self._held: list[int] = []  # profile id -> held_bits
+        self._passing: dict[tuple[int, ...], int] = {}  # member profiles -> bit set of collectives that pass them
+        self._packed: list[int] = []  # per profile: holds all, complete, done, final, packed (see _delta)
+        self._deltas: list[dict[tuple[int, ...], int]] = [{} for _ in Collective]  # per collective (see _delta)
+        self._memo: dict[tuple, Outcome] = {}
+        self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
+        self._invariants: dict[tuple[int, int], bool] = {}
+        k, full = self.k, t.full
+        if goal is Goal.ALLGATHER:
+            self.start = tuple(self.intern(_make((d, d + 1, k), (0, 1, 0))) for d in range(k))
+            self._goal_id = self.intern(((k,), (1,)))
+        elif self._device_frame:
+            self.start = (self.intern(((k,), (1,))),) * k
+            self._goal_id = self.intern(((k,), (full,)))
+        else:
+            self.start = tuple(self.intern(((k,), (1 << d,))) for d in range(k))
+            self._goal_id = self.intern(((k,), (full,)))
+
+    # ---- device states
+
+    def intern(self, s: DeviceState) -> int:
+        i = self._ids.get(s)
+        if i is None:
+            i = self._ids[s] = len(self.device_states)
+            self.device_states.append(s)
+            self._profile.append(self._intern_profile(profile_of(s)))
+        return i
+
+    def _intern_profile(self, profile: Profile) -> int:
+        p = self._profile_ids.get(profile)
+        if p is None:
+            k = self.k
+            p = self._profile_ids[profile] = len(self._profiles)
+            self._profiles.append(profile)
+            self._held.append(held_bits(profile))
+            runs = runs_of(profile)
+            holds_all = self._held[p] == (1 << k) - 1
+            complete = all(count in (0, k) for count in profile[1])
+            done = profile == ((k,), (k,))
+            if self.goal is Goal.REDUCESCATTER:
+                final = len(runs) == 1 and runs[0][1] - runs[0][0] == 1 and runs[0][2] == k
+            else:
+                final = profile == ((k,), (1 if self.goal is Goal.ALLGATHER else k,))
+            self._packed.append(sum(int(flag) << (_FIELD * i)
+                                    for i, flag in enumerate((holds_all, complete, done, final))))
+        return p
+
+    # The lookahead counts, per state, the devices whose profile holds every
+    # chunk, is complete (counts 0 or k), is done, is final (:meth:`_intern_profile`):
+    # four counts packed in one integer (fields of _FIELD bits). A step changes
+    # them by the sum over its groups of what each group changes, which depends
+    # on the members' profiles only.
+
+    def _delta(self, collective: Collective, profiles: tuple[int, ...]) -> int:
+        """How one group changes the packed counts, plus _OFFSETS (keeps every
+        field non-negative); for members that pass the profile checks."""
+        deltas = self._deltas[_BIT[collective]]
+        out = deltas.get(profiles)
+        if out is None:
+            members = [self._profiles[p] for p in profiles]
+            after = [self._intern_profile(r) for r in _profile_results(collective, members, self.k)]
+            out = deltas[profiles] = (sum(self._packed[p] for p in after) - sum(self._packed[p] for p in profiles)
+                                      + _OFFSETS)
+        return out
+
+    def absolute(self, state: tuple[int, ...]) -> State:
+        """The absolute state (:func:`initial_state`'s representation) of ``state``."""
+        t = self.translations
+        out = []
+        for d, i in enumerate(state):
+            s = self.device_states[i]
+            if self.frame == "absolute":
+                out.append(s)
+            elif self._device_frame:
+                out.append(t.state(s, t.digits(d)))
+            else:
+                first, masks = 0, []
+                for stop, mask in zip(*s):  # runs of one mask span several chunks: split them
+                    masks.extend(t.mask(mask, t.digits(x)) for x in range(first, stop))
+                    first = stop
+                out.append(_make(range(1, self.k + 1), masks))
+        return tuple(out)
+
+    # ---- goal
+
+    def is_goal(self, state: tuple[int, ...]) -> bool:
+        """:func:`is_goal` of the absolute state (masks 0 and full, and chunk
+        positions, look the same in every frame)."""
+        if self.goal is not Goal.REDUCESCATTER:
+            return state.count(self._goal_id) == self.k
+        full, chunk = self.translations.full, {}
+        for i in set(state):
+            runs = runs_of(self.device_states[i])
+            if len(runs) != 1 or runs[0][1] - runs[0][0] != 1 or runs[0][2] != full:
+                return False
+            chunk[i] = runs[0][0]
+        return len({chunk[i] for i in state}) == self.k
+
+    def may_finish(self, state: tuple[int, ...]) -> bool:
+        """:func:`may_finish_in_one_step` (masks 0 and full look the same in every frame)."""
+        if self.goal is not Goal.ALLREDUCE:
+            return True
+        ids = set(state)
+        full = self.translations.full
+        masks = [self.device_states[i][1] for i in ids]
+        return (all(all(m) for m in masks) or all(x in (0, full) for m in masks for x in m)
+                or self._goal_id in ids)
+
+    # ---- steps
+
+    def chunk_runs(self, state: tuple[int, ...], grouping: int, collective: Collective,
+                   group: int) -> tuple[tuple[int, int], ...]:
+        """The ordered chunk list of one group of a valid step, as ``(first,
+        stop)`` runs (:func:`step_chunks`; which chunks are held is the same in
+        every frame)."""
+        m = self._size[grouping]
+        key = self._flat[grouping](state)[group * m:(group + 1) * m]
+        members = key if collective is Collective.ALLGATHER else key[:1]
+        return tuple((a, b) for i in members for a, b, _ in runs_of(self.device_states[i]))
+
+    def _outcome(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
+        memo_key = (collective, grouping if self._device_frame else None, key)
+        out = self._memo.get(memo_key)
+        if out is None:
+            out = self._memo[memo_key] = self._compute(grouping, collective, key)
+        return out
+
+    def _passes(self, profiles: tuple[int, ...]) -> int:
+        """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) whose
+        :func:`_profile_reason` passes members with these profile ids, memoised:
+        many groups differ in contributors only."""
+        bits = self._passing.get(profiles)
+        if bits is None:
+            counted = self._counted(profiles)
+            members = [(self._profiles[p], n) for p, n in counted]
+            held = [self._held[p] for p, _ in counted]
+            bits, summable = 0, None
+            for i, c in enumerate(_COLLECTIVES):
+                if _shape_reason(c, held, len(profiles)) is not None:
+                    continue
+                if c in _REDUCING:  # the same count check for the three summing collectives
+                    if summable is None:
+                        summable = _count_reason(c, members) is None
+                    passes = summable
+                else:
+                    passes = _count_reason(c, members) is None
+                bits |= passes << i
+            self._passing[profiles] = bits
+        return bits
+
+    def _counted(self, profiles: tuple[int, ...]) -> list[tuple[int, int]]:
+        """Distinct profile ids (first occurrence first) and how many members have each."""
+        counts = Counter(profiles) if len(profiles) > 16 else {p: profiles.count(p) for p in dict.fromkeys(profiles)}
+        return list(counts.items())
+
+    def _compute(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
+        profiles = tuple(map(self._profile.__getitem__, key))
+        if not self._passes(profiles) >> _BIT[collective] & 1:
+            members = self._counted(profiles)
+            return _profile_reason(collective, [(self._profiles[p], n) for p, n in members], len(profiles),
+                                   [self._held[p] for p, _ in members])
+        states = self.device_states
+        distinct = tuple(dict.fromkeys(key))
+        members = [states[i] for i in key]
+        if not self._device_frame:
+            result = self._rule(collective, members, key)
+        elif len(distinct) == 1:
+            result = self._uniform(grouping, collective, members[0], len(key))
+        else:
+            result = self._general(grouping, collective, key, distinct, members)
+        if isinstance(result, str):
+            return result
+        interned: dict[int, int] = {}  # results often repeat one object: hash it once
+        ids = tuple(interned[id(s)] if id(s) in interned else interned.setdefault(id(s), self.intern(s))
+                    for s in result)
+        if collective is Collective.ALLGATHER:
+            load = sum(self._held[self._profile[i]].bit_count() for i in key)
+        else:
+            load = self._held[self._profile[key[0]]].bit_count()
+        return ids, load
+
+    def _general(self, grouping: int, collective: Collective, key: tuple[int, ...], distinct: tuple[int, ...],
+                 members: list[DeviceState]):
+        """The rule (device frame) on the members brought into the root's frame,
+        and the results taken back into each member's frame. A state whose masks
+        are invariant under the group's translations (:meth:`_invariant`) is the
+        same in every member's frame and is not translated; in particular a
+        Broadcast from such a root is judged on the distinct states alone."""
+        t = self.translations
+        if collective is Collective.BROADCAST and self._invariant(grouping, key[0]):
+            root = members[0]
+            states = [self.device_states[i] for i in distinct[1:]]
+            if not all(_contains(root, s) for s in states):
+                return "a member holds data the root does not contain"
+            return [root] * len(key)  # distinct[1:] is non-empty: some member gains
+        aligned = [s if self._invariant(grouping, i) else t.state(s, o)
+                   for i, s, o in zip(key, members, self._offsets[grouping])]
+        result = self._rule(collective, aligned, (grouping, key))
+        if isinstance(result, str):
+            return result
+        varied = self._varied[grouping]
+        masks = {id(m): m for s in {id(s): s for s in result}.values() for m in s[1]}
+        if all(t.invariant(m, varied) for m in masks.values()):
+            return result
+        return [t.state(s, o) for s, o in zip(result, self._inverse_offsets[grouping])]
+
+    def _rule(self, collective: Collective, members: list[DeviceState], sum_key: tuple):
+        """:func:`_apply_counted`, with the sum of a group shared by AllReduce,
+        ReduceScatter and Reduce (memoised under ``sum_key``)."""
+        if collective not in _REDUCING:
+            return _apply_counted(collective, members)
+        total = self._sums.get(sum_key)
+        if total is None:
+            total = self._sums[sum_key] = _sum(members)
+        return total if isinstance(total, str) else _reduced(collective, total, len(members))
+
+    def _invariant(self, grouping: int, i: int) -> bool:
+        """Whether every mask of device state ``i`` is invariant under the
+        translations of ``grouping``'s varied digits."""
+        key = (grouping, i)
+        out = self._invariants.get(key)
+        if out is None:
+            varied = self._varied[grouping]
+            out = self._invariants[key] = all(self.translations.invariant(m, varied)
+                                              for m in self.device_states[i][1])
+        return out
+
+    def _uniform(self, grouping: int, collective: Collective, s: DeviceState, size: int):
+        """The rule for a group whose members all store ``s`` (device frame): in
+        the root's frame the members hold ``s`` translated by every value of the
+        varied digits, so their union is ``s`` saturated along those digits, and
+        they are pairwise disjoint exactly when that union is ``size`` times as
+        large. The results are saturated, hence the same in every member's frame.
+        Same outcomes (and reasons) as :func:`apply_collective`."""
+        t, varied = self.translations, self._varied[grouping]
+        if collective is Collective.ALLGATHER:
+            return [s] * size if not any(s[1]) else "members hold overlapping chunks"
+        if not any(s[1]):
+            return "the root holds no data" if collective is Collective.BROADCAST else "a member holds no data"
+        if collective is Collective.BROADCAST:
+            if all(t.invariant(m, varied) for m in s[1]):
+                return "no member gains information"
+            return "a member holds data the root does not contain"
+        masks, first = [], 0
+        for stop, mask in zip(*s):
+            union = t.saturate(mask, varied)
+            if mask and union.bit_count() != size * mask.bit_count():
+                return f"contributors overlap on chunks {first}..{stop - 1} (double counting)"
+            masks.append(union)
+            first = stop
+        return _reduced(collective, (s[0], tuple(masks)), size)
+
+    def successors(
+        self, state: tuple[int, ...], collectives: Sequence[Collective], lookahead: str | None = None
+    ) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
+        """Every valid step from ``state``: (grouping index, collective, next
+        state, chunks moved per group), grouping-major, collectives in the given
+        order. Steps that change nothing are not valid.
+
+        Per grouping the members' profiles are checked first (memoised per
+        group's profiles, stopping at the first group that fails), then each
+        passing collective's outcome per group (memoised per members' ids). With
+        ``lookahead`` (``"finish"``: the next state can pass :meth:`may_finish`;
+        ``"goal"``: it can be the goal), a step is first judged on the four
+        counts of :meth:`_delta`, from profiles alone."""
+        out = []
+        wanted = sum(1 << _BIT[c] for c in collectives)
+        profiles = tuple(map(self._profile.__getitem__, state))
+        totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
+        passing, passes = self._passing, self._passes
+        for g, flat in enumerate(self._flat):
+            m = self._size[g]
+            members = flat(profiles)
+            keys = [members[j:j + m] for j in range(0, len(members), m)]
+            try:
+                ok = reduce(and_, map(passing.__getitem__, keys), wanted)
+            except KeyError:  # some group's profiles are new: check group by group
+                ok = wanted
+                for key in keys:
+                    bits = passing.get(key)
+                    ok &= passes(key) if bits is None else bits
+                    if not ok:
+                        break
+            if not ok:
+                continue
+            ids = flat(state)
+            for c in collectives:
+                if ok >> _BIT[c] & 1:
+                    if lookahead is not None and not self._ahead(totals, c, keys, lookahead):
+                        continue
+                    done = self._apply(state, g, c, ids)
+                    if not isinstance(done, str):
+                        out.append((g, c) + done)
+        return out
+
+    def _ahead(self, totals: int, collective: Collective, keys: list[tuple[int, ...]], lookahead: str) -> bool:
+        """Whether the state after ``collective`` on groups with profile ids
+        ``keys`` can pass :meth:`may_finish` (``"finish"``) or be the goal
+        (``"goal"``): both depend on the four counts only."""
+        deltas = self._deltas[_BIT[collective]]
+        try:
+            change = sum(map(deltas.__getitem__, keys))
+        except KeyError:
+            change = sum(self._delta(collective, key) for key in keys)
+        after = totals + change - len(keys) * _OFFSETS
+        if lookahead == "goal":
+            return (after >> (_FIELD * 3)) & _MASK == self.k
+        return (self.goal is not Goal.ALLREDUCE or after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k
+                or (after >> (_FIELD * 2)) & _MASK > 0)
+
+    def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
+               ids: tuple[int, ...]) -> tuple[tuple[int, ...], Loads] | str:
+        """The next state and loads of one step on members ``ids`` (the flat
+        members of ``grouping``), or why it is invalid."""
+        m = self._size[grouping]
+        result: list[int] = []
+        loads = []
+        for j in range(0, len(ids), m):
+            outcome = self._outcome(grouping, collective, ids[j:j + m])
+            if isinstance(outcome, str):
+                return f"group {list(self.groupings[grouping].groups[j // m])}: {outcome}"
+            result += outcome[0]
+            loads.append(outcome[1])
+        nxt = self._pickers[grouping](tuple(result) + state)
+        return NO_CHANGE if nxt == state else (nxt, tuple(loads))
+
+    def step(self, state: tuple[int, ...], grouping: int, collective: Collective) -> tuple[int, ...] | str:
+        """The state after one instruction, or why it is invalid (group lists name
+        synthesis indices)."""
+        done = self._apply(state, grouping, collective, self._flat[grouping](state))
+        return done if isinstance(done, str) else done[0]
+
+
+_COLLECTIVES = tuple(Collective)
+_BIT = {c: i for i, c in enumerate(_COLLECTIVES)}
+_FIELD = 48
+_MASK = (1 << _FIELD) - 1
+#: added to each group's change of the packed counts: the sum over a step's
+#: groups (at most 2**15 of them) stays below 2**47 per field
+_OFFSETS = sum((1 << 32) << (_FIELD * i) for i in range(4))
+
+
+def _picker(groups: Sequence[Group], k: int):
+    """A callable taking ``(new ids of the members, group-major) + state`` to
+    the next state: members take their new ids, other devices keep theirs."""
+    flat = [d for group in groups for d in group]
+    where = {d: i for i, d in enumerate(flat)}
+    return itemgetter(*(where[d] if d in where else len(flat) + d for d in range(k)))
+
+
+@lru_cache(maxsize=32)
+def state_space(sizes: tuple[int, ...], goal: Goal) -> StateSpace:
+    """The (memoising) state space of a hierarchy's sizes and a goal, shared by
+    searches of any length and by the tracer."""
+    return StateSpace(sizes, goal)

@@ -96,8 +96,8 @@ def test_solution_plan_is_the_clis_out(tmp_path):
     assert main(["--topology", "p2-a100", "--axes", "dp=4,mp=16", "--placement", "1", "--no-verify",
                  "--out", str(cli_path)]) == 0
     assert json.loads(api_path.read_text()) == json.loads(cli_path.read_text())
-    with pytest.raises(SynthError, match="--program 99: placement 1 has programs 0..92"):
-        solution.plan(placement=1, program=99)
+    with pytest.raises(SynthError, match="--program 100: placement 1 has programs 0..99"):
+        solution.plan(placement=1, program=100)
 
 
 def test_rank_placements_returns_what_the_cli_prints(capsys):
@@ -322,3 +322,81 @@ def test_records_round_trip_and_refuse_other_schemas(tmp_path):
     topology, read = read_records(path)
     assert topology == placement.topology and read == records and [r.line for r in read] == [1, 2]
     assert [r.algorithm for r in read] == ["mpi", "tree"]
+
+
+# ================================================================ scale: top-K, limits, shared verification
+
+
+@pytest.mark.parametrize("topology, axes, reduce, goal", [
+    ("p2-a100", {"dp": 4, "mp": 16}, "dp", "allreduce"),
+    ("testbed-2x4", {"a": 2, "b": 2, "c": 2}, "a,c", "allreduce"),
+    ("p2-v100", {"dp": 8, "mp": 4}, "dp,mp", "reducescatter"),
+    ("rack", {"x": 16, "y": 4}, "x", "allreduce"),
+])
+def test_the_best_programs_are_the_prefix_of_the_full_ranking(topology, axes, reduce, goal):
+    """The table's top K (k shortest paths, nothing enumerated) is exactly the
+    first K of ranking every program (what --json lists)."""
+    full = synth.solve(topology, axes, reduce=reduce, goal=goal, verify=False)
+    for top in (1, 3):
+        best = synth.solve(topology, axes, reduce=reduce, goal=goal, verify=False, top=top)
+        for got, want in zip(best.placements, full.placements):
+            assert [(r.text, r.predicted_s) for r in got.programs] == \
+                [(r.text, r.predicted_s) for r in want.programs[:top]]
+            assert (got.num_programs, got.default_s, got.best_s, got.speedup) == \
+                (want.num_programs, want.default_s, want.best_s, want.speedup)
+            if want.num_programs > 5:  # beyond the listed ones, on demand
+                assert (got.program(5).text, got.program(5).predicted_s) == \
+                    (want.programs[5].text, want.programs[5].predicted_s)
+        assert [p.index for p in best.by_speed] == [p.index for p in full.by_speed]
+
+
+def test_listing_every_program_is_refused_before_enumerating_beyond_the_limit(monkeypatch):
+    import synth.api
+
+    monkeypatch.setattr(synth.api, "LISTING_LIMIT", 50)
+    with pytest.raises(SynthError) as exc:
+        synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp", verify=False)
+    assert str(exc.value) == (
+        "listing every program means 106 programs of up to 5 steps here (more than 50; each also lowered for "
+        "--json); list the best ones with --top K (found without listing the others), or lower --max-steps")
+    assert synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp", top=3).placements[1].num_programs == 100
+
+
+def test_lowering_that_would_not_fit_is_refused_before_building(monkeypatch):
+    import synth.lowering
+
+    solution = synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp", top=1)
+    best = solution.placements[1].programs[0]
+    assert best.verification.proof.proved  # verified without lowering
+    monkeypatch.setattr(synth.lowering, "LOWERED_LIMIT_BYTES", 1000)
+    with pytest.raises(SynthError) as exc:
+        best.lowered
+    assert str(exc.value).startswith(
+        f"the lowered steps of {best.text.replace(chr(10), ' ; ')} on 64 devices would take about ")
+    assert str(exc.value).endswith("the table (no --json or --out) lists and verifies programs without lowering them")
+
+
+def test_max_steps_has_an_upper_bound():
+    with pytest.raises(SynthError, match=r"--max-steps 11: must be 1\.\.10"):
+        synth.solve("p2-a100", {"dp": 4, "mp": 16}, max_steps=11)
+
+
+def test_each_program_is_proved_once_per_hierarchy_sizes(monkeypatch):
+    """Placements with the same synthesis-hierarchy sizes share the z3 proof of
+    a program; each placement's reduction group 0 is still checked numerically."""
+    import synth.verify
+
+    synth.verify.clear_cache()
+    proved, checked = [], []
+    real_prove, real_check = synth.verify.prove, synth.verify.check_runs
+    monkeypatch.setattr(synth.verify, "prove", lambda lowered: proved.append(lowered) or real_prove(lowered))
+    monkeypatch.setattr(synth.verify, "check_runs", lambda *a, **kw: checked.append(a) or real_check(*a, **kw))
+    solution = synth.solve("p2-a100", {"a": 4, "b": 2, "c": 8}, reduce="a,c")
+    listed = [(p.hierarchy.sizes, r.text, p.reduction.rank_to_synthesis_index)
+              for p in solution.placements for r in p.programs]
+    assert all(r.verification.proof.proved for p in solution.placements for r in p.programs)
+    assert len(proved) == len({(sizes, text) for sizes, text, _ in listed}) < len(listed)
+    assert len(checked) == len(set(listed))
+    scope = solution.placements[0].programs[0].verification.proof.scope
+    assert scope == "reduction group 0 of 2; the others run the same program (checked)"
+    synth.verify.clear_cache()

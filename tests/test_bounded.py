@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import z3
 
-from synth.bounded import DevState, bounded_programs, concrete, effects, is_valid
+from synth.bounded import DevState, bounded_programs, concrete, effects, instructions, is_valid, transitions
 from synth.language import Collective
 from synth.search import synthesize
 from synth.semantics import Goal, Hierarchy
@@ -67,6 +67,11 @@ BLUECONNECT = ["ReduceScatter(node, inside)", "AllReduce(node, parallel(root))",
         ((2, 3), Goal.REDUCESCATTER, ["ReduceScatter(node, inside)", "ReduceScatter(node, inside)"], False),  # shards differ
         ((2, 2), Goal.ALLGATHER, ["AllGather(node, inside)", "AllGather(node, parallel(root))"], True),
         ((2, 2), Goal.ALLGATHER, ["Broadcast(root, inside)"], False),  # members not in the root
+        # issue 12 item 15: the AllGather's second group holds nothing and stays idle
+        ((2, 2), Goal.ALLREDUCE, ["ReduceScatter(node, inside)", "Reduce(node, parallel(root))",
+                                  "AllGather(node, inside)", "Broadcast(node, parallel(root))"], True),
+        ((2, 2), Goal.ALLREDUCE, ["ReduceScatter(node, inside)", "Reduce(node, parallel(root))",
+                                  "AllGather(node, inside)"], False),  # the idle devices never get the sum
     ],
 )
 def test_paired_valid_and_invalid_programs(sizes, goal, program, valid):
@@ -123,6 +128,24 @@ def test_allgather_needs_disjoint_chunk_sets_of_equal_size():
     assert not apply(Collective.ALLGATHER, {0: {0}}, {0: {1}})[0]
     ok, out = apply(Collective.ALLGATHER, {0: {0}, 1: {0}}, {2: {2}, 3: {2}})
     assert ok and out == [{0: {0}, 1: {0}, 2: {2}, 3: {2}}] * 2
+    assert apply(Collective.ALLGATHER, {}, {}) == (True, [{}, {}])  # empty sets: disjoint, of equal size
+    assert not apply(Collective.ALLGATHER, {}, {1: {1}})[0]
+
+
+def test_a_step_that_changes_nothing_has_no_model():
+    """The no-change rule, encoded independently: from a state where both
+    devices hold nothing, an AllGather over both satisfies its precondition
+    but changes nothing, so it is not a step."""
+    h = hierarchy(2)
+    steps = instructions(h)
+    gather = next(i for i, s in enumerate(steps) if s.collective is Collective.ALLGATHER)
+    before = (concrete(2, {}), concrete(2, {}))
+    after = tuple(concrete(2, {}) for _ in range(2))
+    op = z3.Int("op")
+    solver = z3.Solver()
+    solver.add(transitions(steps, op, before, after))
+    assert solver.check(op == len(steps)) == z3.sat  # STOP keeps the state
+    assert solver.check(op == gather) == z3.unsat
 
 
 def test_broadcast_needs_containment_and_a_gain():

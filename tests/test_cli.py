@@ -125,7 +125,7 @@ def test_table_ranks_three_placements_by_predicted_time(cli):
     lines = out.splitlines()
     assert lines[0] == "topology p2-a100: node x4 > gpu x16 (64 devices); axes dp=4 mp=16; allreduce over dp"
     assert lines[1] == "predicted for 256 MiB per device, NCCL 2.27.7 model, topology's numbers as priors"
-    assert lines[2].startswith("3 placement(s), 99 program(s) of at most 5 steps; synthesized in ")
+    assert lines[2].startswith("3 placement(s), 106 program(s) of at most 5 steps; synthesized in ")
     assert lines[2].endswith("; listed programs verified (numpy reference + z3)")
     rows = [ln for ln in lines if ln[:4].strip().isdigit()]
     # rank, placement #, matrix: inside a node first, across all 4 nodes last
@@ -160,7 +160,7 @@ def test_json_document_shape(p2_json):
     assert isinstance(doc["placements"], list) and len(doc["placements"]) == 3
     assert [p["index"] for p in doc["placements"]] == [0, 1, 2]
     assert [p["matrix"] for p in doc["placements"]] == [[[1, 4], [4, 4]], [[2, 2], [2, 8]], [[4, 1], [1, 16]]]
-    assert [p["num_programs"] for p in doc["placements"]] == [3, 93, 3]
+    assert [p["num_programs"] for p in doc["placements"]] == [3, 100, 3]
     assert [p["crosses"] for p in doc["placements"]] == [["gpu"], ["node", "gpu"], ["node"]]
 
 

@@ -7,8 +7,10 @@ import pytest
 from synth.language import Collective, Form, format_program, parse_program
 from synth.search import instruction_set, synthesize
 from synth.semantics import (
+    NO_CHANGE,
     Goal,
     Hierarchy,
+    StateSpace,
     apply_collective,
     apply_step,
     distinct_groupings,
@@ -17,6 +19,7 @@ from synth.semantics import (
     is_goal,
     resolve,
     runs_of,
+    step_load,
 )
 
 AR, RS, AG, RED, BC = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER,
@@ -74,7 +77,8 @@ def _state(k, *devices):
         (AG, [[(0, 1, {0})], [(1, 2, {1})]], True),
         (AG, [[(0, 1, {0})], [(0, 1, {1})]], False),              # overlapping chunks
         (AG, [[(0, 1, {0})], [(1, 3, {1})]], False),              # unequal sizes
-        (AG, [[], []], False),                                    # nothing to gather
+        (AG, [[], []], True),                                     # nothing held: the union is nothing
+        (AG, [[], [(0, 1, {1})]], False),                         # unequal sizes (0 and 1)
         (RED, [[(0, 2, {0})], [(0, 2, {1})]], True),
         (RED, [[], [(0, 2, {1})]], False),
         (BC, [[(0, 2, {0, 1})], []], True),
@@ -179,3 +183,90 @@ def test_4096_devices_state_stays_compact():
         state = apply_step(state, instruction.collective, resolve(instruction, big).groups)
         assert not isinstance(state, str)
         assert max(len(s[0]) for s in state) <= 3
+
+
+# ---------------------------------------------------------------- no-op steps (docs/model.md)
+
+
+def test_an_allgather_of_empty_members_is_a_noop_group_but_not_a_step():
+    """DESIGN.md's AllGather rule (pairwise disjoint chunk sets of equal size)
+    holds for members that all hold nothing: that group stays as it is. A step
+    must still change some device."""
+    empty = ((2,), (0,))
+    assert apply_step((empty, empty), AG, ((0, 1),)) == NO_CHANGE
+    # one group gathers, the other holds nothing: a valid step, the idle group unchanged
+    k = 4
+    a, b, nothing = _state(k, [(0, 2, {0, 1})], [(2, 4, {0, 1})], [])
+    after = apply_step((a, b, nothing, nothing), AG, ((0, 1), (2, 3)))
+    assert [runs_of(s) for s in after] == [[(0, 4, 0b11)]] * 2 + [[]] * 2
+
+
+def test_device_0_never_empties_so_no_allgather_step_is_a_noop():
+    """Every grouping has a group holding device 0, and device 0 (the root of
+    every group it is in) always holds data: so the no-change rule never
+    removes a program today; it is stated so that no self-loop can appear."""
+    for sizes in [(2, 2), (2, 3), (2, 2, 2), (3, 2)]:
+        h = H(*sizes)
+        assert all(0 in g.groups[0] for g in distinct_groupings(h))
+        for goal in Goal:
+            space = StateSpace(sizes, goal)
+            frontier, seen = [space.start], {space.start}
+            for _ in range(3):
+                nxt = []
+                for state in frontier:
+                    assert runs_of(space.absolute(state)[0]), state
+                    for _, _, new, _ in space.successors(state, list(Collective)):
+                        if new not in seen:
+                            seen.add(new)
+                            nxt.append(new)
+                frontier = nxt
+
+
+def test_the_issue_example_uses_an_idle_allgather_group():
+    h = H(2, 2)
+    program = parse_program("ReduceScatter(a, inside) ; Reduce(a, parallel(root)) ; AllGather(a, inside) ; "
+                            "Broadcast(a, parallel(root))")
+    texts = {format_program(p) for p in synthesize(h, Goal.ALLREDUCE, 5)[0]}
+    assert format_program(program) in texts
+    state = initial_state(Goal.ALLREDUCE, 4)
+    for instruction in program.instructions[:2]:
+        state = apply_step(state, instruction.collective, resolve(instruction, h).groups)
+    assert [runs_of(s) for s in state][2:] == [[], []]  # the second subtree's devices hold nothing
+    assert not isinstance(apply_step(state, AG, resolve(program.instructions[2], h).groups), str)
+
+
+# ---------------------------------------------------------------- the state space against the rules
+
+
+@pytest.mark.parametrize("sizes", [(4,), (2, 2), (2, 3), (3, 2), (2, 2, 2)])
+@pytest.mark.parametrize("goal", list(Goal))
+def test_every_frame_of_the_state_space_follows_the_rules(sizes, goal):
+    """The interned, frame-relative state space computes exactly the reference
+    rules (apply_step on absolute states), in every frame it can use, on every
+    state reachable in 3 steps: the same valid steps, next states and loads."""
+    h = H(*sizes)
+    frames = ["chunk"] if goal is Goal.ALLGATHER else ["device", "absolute"]
+    for frame in frames:
+        space = StateSpace(sizes, goal, frame)
+        assert space.absolute(space.start) == initial_state(goal, h.k)
+        frontier, seen = [space.start], {space.start}
+        for _ in range(3):
+            nxt = []
+            for state in frontier:
+                absolute = space.absolute(state)
+                got = {(g, c): (space.absolute(new), loads)
+                       for g, c, new, loads in space.successors(state, list(Collective))}
+                want = {}
+                for g, grouping in enumerate(space.groupings):
+                    for c in Collective:
+                        new = apply_step(absolute, c, grouping.groups)
+                        if not isinstance(new, str):
+                            want[g, c] = (new, tuple(step_load(c, [absolute[d] for d in group])
+                                                     for group in grouping.groups))
+                assert got == want, (frame, absolute)
+                assert space.is_goal(state) == is_goal(absolute, goal)
+                for g, c, new, _ in space.successors(state, list(Collective)):
+                    if new not in seen:
+                        seen.add(new)
+                        nxt.append(new)
+            frontier = nxt

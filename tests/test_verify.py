@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from synth.errors import SynthError
-from synth.execute import check_numerically, execute
+from synth.execute import check_numerically, execute, numeric_scope
 from synth.language import Collective, parse_program
 from synth.lowering import lower
 from synth.placement import Placement, enumerate_placements, parse_axes
@@ -18,6 +18,7 @@ from synth.prove import prove
 from synth.reduction import Reduction
 from synth.semantics import Goal
 from synth.topology import load_topology
+from synth.verify import verify_lowered, verify_program
 
 from helpers import synthesize_all
 
@@ -49,7 +50,7 @@ def test_every_program_verifies_on_the_testbed(goal, spec, reduce_axes):
 
 def test_every_program_verifies_on_p2_a100_two_level_placement():
     topology = load_topology("p2-a100")
-    assert _sweep(topology, "dp=4,mp=16", ["dp"], Goal.ALLREDUCE, 5) == 3 + 93 + 3
+    assert _sweep(topology, "dp=4,mp=16", ["dp"], Goal.ALLREDUCE, 5) == 3 + 100 + 3
 
 
 def test_three_axes_reduction_over_two_of_them():
@@ -155,3 +156,85 @@ def test_verification_scope_shrinks_with_size():
     # a broken program is still refuted inside the scope
     broken = replace(lowered, steps=lowered.steps[:2])
     assert not prove(broken).proved
+
+
+# ---------------------------------------------------------------- malformed programs (issue 12, item 3)
+
+
+def _with_step(lowered, number, **change):
+    steps = list(lowered.steps)
+    steps[number] = replace(steps[number], **change)
+    return replace(lowered, steps=tuple(steps))
+
+
+@pytest.mark.parametrize("change, message", [
+    # the second ReduceScatter group shares device 0 with the first
+    (lambda lp: _with_step(lp, 0, groups=((0, 8), (0, 32)) + lp.steps[0].groups[2:]),
+     "step 1 (ReduceScatter(node, inside)): group [0, 32] shares devices with another group of the step; "
+     "the groups of a step must be disjoint"),
+    # three chunks do not divide into one part per member of a group of two
+    (lambda lp: _with_step(lp, 0, chunks=((0, 1, 2),) + lp.steps[0].chunks[1:]),
+     "step 1 (ReduceScatter(node, inside)): 3 chunks do not divide into one part per member of group [0, 8] "
+     "(2 members)"),
+    (lambda lp: _with_step(lp, 2, chunks=((0, 1, 2),) + lp.steps[2].chunks[1:]),
+     "step 3 (AllGather(node, inside)): 3 chunks do not divide into one part per member of group [0, 8] "
+     "(2 members)"),
+    (lambda lp: _with_step(lp, 1, groups=((0, 1),) + lp.steps[1].groups[1:]),
+     "step 2 (AllReduce(node, parallel(root))): group [0, 1] spans reduction groups"),
+    (lambda lp: _with_step(lp, 1, groups=((0, 0),) + lp.steps[1].groups[1:]),
+     "step 2 (AllReduce(node, parallel(root))): group [0, 0] must hold 2 or more distinct devices of 0..63"),
+    (lambda lp: _with_step(lp, 1, chunks=((0, 0),) + lp.steps[1].chunks[1:]),
+     "step 2 (AllReduce(node, parallel(root))): the chunk list of group [0, 32] must hold distinct chunks of 0..3"),
+    (lambda lp: replace(lp, chunk_of_rank=(0, 0, 1, 2)), "chunk_of_rank is not a permutation of chunks 0..3"),
+])
+def test_malformed_programs_are_a_clear_error_in_every_verifier(blueconnect, change, message):
+    broken = change(blueconnect)
+    for verifier in (check_numerically, prove, verify_lowered):
+        with pytest.raises(SynthError) as exc:
+            verifier(broken)
+        assert str(exc.value) == message, verifier
+
+
+def test_the_issue_example_with_an_idle_allgather_group_verifies():
+    """ReduceScatter ; Reduce ; AllGather ; Broadcast on node x2 > gpu x2: in the
+    AllGather the second node's devices hold nothing, so their group is idle
+    (an empty chunk list); both verifiers prove the program."""
+    placement = Placement(load_topology("p2-a100"), parse_axes("dp=4,mp=16"), ((2, 2), (2, 8)))
+    program = parse_program("ReduceScatter(node, inside)\nReduce(node, parallel(root))\n"
+                            "AllGather(node, inside)\nBroadcast(node, parallel(root))")
+    lowered = lower(program, Reduction.of(placement, ["dp"]))
+    gather = lowered.steps[2]
+    assert sorted(len(c) for c in gather.chunks) == [0] * 16 + [4] * 16
+    assert check_numerically(lowered) == 64 * (2 * 4 + 1)
+    assert prove(lowered).proved and verify_lowered(lowered).proof.proved
+    broken = replace(lowered, steps=lowered.steps[:3])  # the empty devices never receive the sum
+    with pytest.raises(SynthError, match="numpy reference: device 32 holds a wrong result"):
+        check_numerically(broken)
+    assert not prove(broken).proved
+
+
+def test_a_chunk_sample_is_checked_when_a_group_does_not_fit(monkeypatch, blueconnect):
+    """Chunks never mix, so running some chunks checks those exactly: with a
+    budget below one group, a sample is run, and a wrong program is still
+    caught when every chunk is wrong."""
+    import synth.execute
+
+    monkeypatch.setattr(synth.execute, "LIMIT", 8)
+    assert numeric_scope(64, 4, 16) == ("reduction group 0 of 16, 2 of its 4 chunks (chunks never mix)", 2)
+    assert 0 < check_numerically(blueconnect) < 4 * (2 * 4 + 1)  # a part of group 0's elements
+    assert "2 of its 4 chunks" in verify_lowered(blueconnect).numpy_scope
+    with pytest.raises(SynthError, match="numpy reference"):
+        check_numerically(replace(blueconnect, steps=blueconnect.steps[:2]))
+
+
+def test_verify_program_proves_once_what_verify_lowered_proves_per_placement(blueconnect):
+    reduction = Reduction.of(Placement(load_topology("p2-a100"), parse_axes("dp=4,mp=16"), ((2, 2), (2, 8))),
+                             ["dp"])
+    shared = verify_program(parse_program(BLUECONNECT), reduction)
+    whole = verify_lowered(blueconnect)
+    assert shared.proof.proved and whole.proof.proved
+    assert shared.proof.scope == whole.proof.scope == (
+        "reduction group 0 of 16; the others run the same program (checked)")
+    assert shared.elements_checked == whole.elements_checked == 4 * (2 * 4 + 1)
+    with pytest.raises(SynthError, match="the program does not implement allreduce"):
+        verify_program(parse_program("ReduceScatter(node, inside)\nAllReduce(node, parallel(root))"), reduction)

@@ -182,6 +182,8 @@ class Predictor:
             groups = self._global_groups(instruction)
             chunk_bytes = size_bytes / self.reduction.k
             nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, len(self.reduction.synthesis_groups))
+            if not nbytes.all():  # groups that move nothing (an AllGather of empty members) are idle
+                groups, nbytes = groups[nbytes > 0], nbytes[nbytes > 0]
             self._memo[key] = step_cost(
                 self.reduction.topology, self.profile, self.model.algorithm, instruction.collective, groups, nbytes
             )

@@ -1,0 +1,90 @@
+"""The search's graph: counting programs without listing them, the k cheapest
+programs by k shortest paths (against sorting every program), loads of a given
+program, the state budget and the progress hook."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import synth.search as search_module
+from synth.errors import SynthError
+from synth.search import clear_cache, search
+from synth.semantics import Goal
+
+
+@pytest.mark.parametrize("sizes, steps", [((2, 2), 5), ((2, 3), 4), ((2, 2, 2), 4), ((4,), 5), ((), 3)])
+@pytest.mark.parametrize("goal", list(Goal))
+def test_count_is_the_number_of_listed_programs(sizes, steps, goal):
+    found = search(sizes, goal, steps)
+    assert found.count == len(found.indices) == found.stats.programs
+    assert len(set(p for p, _ in found.indices)) == len(found.indices)
+    for program, loads in found.indices[:50]:
+        assert found.path_loads(program) == loads
+    assert found.path_loads((10**6,)) is None
+
+
+def _costs(kind: str):
+    """Step costs with many exact ties (kind 'ties'), with rounding that makes
+    sums depend on order ('rounding'), or spread ('spread')."""
+    if kind == "ties":
+        return lambda index, loads: float(index % 3)
+    if kind == "rounding":
+        return lambda index, loads: [1e16, 1.0, 0.1, 3.0, 1e-3][index % 5] * (1 + sum(loads) % 2)
+    return lambda index, loads: ((index * 7919 + sum(loads) * 104729) % 1000) / 997.0
+
+
+@pytest.mark.parametrize("sizes, steps, goal", [((2, 2), 5, Goal.ALLREDUCE), ((2, 3), 4, Goal.ALLREDUCE),
+                                                ((2, 2, 2), 4, Goal.REDUCESCATTER), ((2, 2), 4, Goal.ALLGATHER)])
+@pytest.mark.parametrize("kind", ["ties", "rounding", "spread"])
+def test_best_is_the_prefix_of_sorting_every_program(sizes, steps, goal, kind):
+    """k shortest paths give exactly the first k of every program sorted by
+    (cost summed in step order, length, instruction order), the order the
+    ranking uses, ties and rounding included."""
+    found = search(sizes, goal, steps)
+    cost = _costs(kind)
+    every = sorted(((sum(cost(i, l) for i, l in zip(p, loads)), len(p), p) for p, loads in found.indices))
+    for top in (1, 2, 3, 7, found.count, found.count + 5):
+        best = found.best(cost, top)
+        assert [(c, p) for c, p, _ in best] == [(c, p) for c, _, p in every[:top]]
+    assert found.best(cost, 0) == []
+
+
+def test_the_state_budget_stops_a_search_that_would_exhaust_memory(monkeypatch):
+    clear_cache()
+    monkeypatch.setattr(search_module, "STATE_BUDGET", 64 * 20)
+    with pytest.raises(SynthError) as exc:
+        search((2, 4, 2, 4), Goal.ALLREDUCE, 5)
+    assert str(exc.value).startswith("the search on the synthesis hierarchy 2x4x2x4 holds ")
+    assert str(exc.value).endswith("--max-steps 5; lower --max-steps")
+    clear_cache()
+
+
+def test_progress_reports_long_searches():
+    clear_cache()
+    lines: list[str] = []
+    search((2, 2, 2, 2), Goal.ALLREDUCE, 5, lines.append)
+    assert lines and all(line.startswith("searching 2x2x2x2: step ") for line in lines)
+    depths = [int(line.split()[3]) for line in lines]
+    assert depths == sorted(depths) and set(depths) <= set(range(1, 6))
+    lines.clear()
+    search((2, 2, 2, 2), Goal.ALLREDUCE, 5, lines.append)  # memoised: no work, no lines
+    assert lines == []
+
+
+def test_layers_hold_every_program_once():
+    found = search((2, 2), Goal.ALLREDUCE, 4)
+    paths = set()
+    for depth in range(1, 5):
+        for goal_state in found.goal_states:
+            stack = [(goal_state, depth, ())]
+            while stack:
+                node, d, suffix = stack.pop()
+                if d == 0:
+                    if node == 0:
+                        paths.add(suffix)
+                    continue
+                stack.extend((prev, d - 1, (i,) + suffix) for prev, i, _ in found.layers[d].get(node, ()))
+    assert paths == {p for p, _ in found.indices}
+    assert all(a <= b for a, b in itertools.pairwise(len(p) for p, _ in found.indices))
