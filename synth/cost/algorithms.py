@@ -201,10 +201,8 @@ def nccl_rounds(algorithm: str, collective: Collective, m: int, buckets: tuple[i
 def hop_levels(links: Links, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per pair, the outermost level where devices ``a`` and ``b`` differ (the
     level whose link a step between them crosses last and slowest)."""
-    out = np.full(len(a), len(links.counts) - 1)
-    for l in range(len(links.counts) - 1, -1, -1):
-        out = np.where(links.ancestors[l][a] != links.ancestors[l][b], l, out)
-    return out
+    differ = links.stacked[:, a] != links.stacked[:, b]  # (levels, pairs)
+    return np.where(differ.any(axis=0), differ.argmax(axis=0), len(links.counts) - 1)
 
 
 def nccl_hops(links: Links, members: np.ndarray, algorithm: str, collective: Collective,
@@ -264,7 +262,7 @@ def rail_lanes(links: Links, members: np.ndarray) -> np.ndarray:
     devices = len(links.ancestors[0])
     for l, ports in enumerate(links.ports):
         if ports > 1:
-            per_element = devices // int(links.ancestors[l].max() + 1)
+            per_element = devices // links.elements[l]
             k = int(np.unique(links.ancestors[l][members], return_counts=True)[1].max())
             lanes[l] = min(ports, max(1, math.ceil(k * ports / per_element)))
     return lanes

@@ -32,6 +32,8 @@ class Links:
     """Per level: the element id of each device's ancestor, and the level data."""
 
     ancestors: tuple[np.ndarray, ...]  # (levels,) arrays of (devices,)
+    stacked: np.ndarray  # (levels, devices): the same, one array (row l = ancestors[l])
+    elements: tuple[int, ...]  # per level, how many elements it has (1 + the largest ancestor id)
     ports: tuple[int, ...]
     ring: tuple[bool, ...]
     counts: tuple[int, ...]
@@ -47,8 +49,11 @@ def links_of(topology: Topology) -> Links:
     ancestors = tuple(devices // math.prod(counts[l + 1 :]) for l in range(len(counts)))
     net = np.array([topology.link(i) == "net" for i in range(len(counts))])
     nvlink = np.array([topology.link(i) == "nvlink" for i in range(len(counts))])
+    stacked = np.stack(ancestors)
     return Links(
         ancestors,
+        stacked,
+        tuple(math.prod(counts[: l + 1]) for l in range(len(counts))),
         tuple(lv.ports for lv in topology.levels),
         tuple(lv.fabric == "ring" for lv in topology.levels),
         counts,
@@ -86,16 +91,14 @@ def round_cost(
     eff = profile.efficiency_of(key)
     lat, bw = profile.latency_s, profile.bandwidth_Bps
     share = np.ones((levels, len(src)))
-    a_srcs = [links.ancestors[l][src] for l in range(levels)]
-    a_dsts = [links.ancestors[l][dst] for l in range(levels)]
-    crossing = np.array([a != b for a, b in zip(a_srcs, a_dsts)])
+    a_srcs = links.stacked[:, src]  # (levels, flows)
+    a_dsts = links.stacked[:, dst]
+    crossing = a_srcs != a_dsts
     if rdma and links.rdma:
         crossing[links.nvlink] &= ~crossing[links.net].any(axis=0)
-    for l in range(levels):
+    for l in np.flatnonzero(crossing.any(axis=1)).tolist():
         a_src, a_dst, cross = a_srcs[l], a_dsts[l], crossing[l]
-        if not cross.any():
-            continue
-        siblings = cross & (links.ancestors[l - 1][src] == links.ancestors[l - 1][dst]) if l else cross
+        siblings = cross & (a_srcs[l - 1] == a_dsts[l - 1]) if l else cross
         if links.ring[l]:
             load = _ring_load(a_src, a_dst, siblings, links.counts[l])
             share[l] = np.where(siblings, 1.0 / np.maximum(load, 1), share[l])
@@ -103,8 +106,8 @@ def round_cost(
         else:
             outward = cross
         if outward.any():
-            up = np.bincount(a_src[outward], minlength=int(links.ancestors[l].max()) + 1)
-            down = np.bincount(a_dst[outward], minlength=int(links.ancestors[l].max()) + 1)
+            up = np.bincount(a_src[outward], minlength=links.elements[l])
+            down = np.bincount(a_dst[outward], minlength=links.elements[l])
             lane = 1.0 if lanes is None else lanes[l]
             busiest = np.maximum(up[a_src], down[a_dst]) * lane
             share[l] = np.where(outward, lane * np.minimum(1.0, links.ports[l] / np.maximum(busiest, 1)), share[l])
