@@ -11,7 +11,7 @@ still a valid program of the language). Instructions that denote the same
 groups are merged (:func:`distinct_groupings`).
 
 The graph is small even when the programs are many (rack at 8 steps: about
-21 000 states for 720 000 programs), so what callers need is taken from it
+20 000 states for 870 000 programs), so what callers need is taken from it
 directly: the number of programs (:meth:`Search.count`, a sum over paths), all
 of them in order (:meth:`Search.indices`, only when asked), or the ``top``
 cheapest under an additive cost per step (:meth:`Search.best`, k shortest

@@ -116,6 +116,18 @@ def test_execute_is_exact_where_groups_of_a_step_cover_different_chunks():
         exact_everywhere(lowered, result.reduction, 2 * lowered.num_chunks + 1, np.dtype("float64"))
 
 
+def test_execute_is_exact_where_a_group_of_a_step_idles():
+    """An AllGather whose members hold nothing (issue 12 item 15) leaves that
+    group idle (an empty chunk list); the other groups of the step still run."""
+    placement = Placement(TESTBED, parse_axes("dp=4,mp=2"), ((2, 2), (1, 2)))  # dp over 2 nodes x 2 ranks
+    result = synthesize_reduction(Reduction.of(placement, ["dp"]), 5)
+    idle = [lowered for lowered in (lower(p, result.reduction) for p in result.programs)
+            if any(not chunks for step in lowered.steps for chunks in step.chunks)]
+    assert len(idle) == 7, [str(lowered.program) for lowered in idle]
+    for n, lowered in enumerate(idle):
+        exact_everywhere(lowered, result.reduction, 2 * lowered.num_chunks + 1, np.dtype(("float32", "int32")[n % 2]))
+
+
 def test_execute_picks_the_program_of_the_buffer_size_and_checks_its_input():
     reduction = Reduction.of(SKEWED, ["mp"])
     small, large = (lower(parse_program(t), reduction) for t in (BLUECONNECT, "AllReduce(root, inside)"))
