@@ -693,3 +693,20 @@ def test_empty_reduce_list_is_an_error(cli):
 
 def test_negative_top_is_an_error(cli):
     assert "--top -1: must be >= 0" in usage_error(cli, *P2, "--show", "-1", "--no-verify")
+
+
+def test_json_output_is_the_standard_encoders_text():
+    """--json prints through a faster encoder (synth.cli.solve.dumps): the
+    same text as json.dumps(doc, indent=1), on a whole solution document and
+    on the corner cases it formats itself."""
+    from synth.api import solve
+    from synth.cli.solve import dumps, solution_document
+
+    doc = solution_document(solve("testbed-2x4", {"dp": 4, "mp": 2}, reduce="dp", verify=True))
+    assert dumps(doc) == json.dumps(doc, indent=1)
+    corners = {"empty": [], "nested": [[], {}, [1, [2, 3]], {"a": None}], "mixed": [1, 2.5, True, "x"],
+               "text": "d\u00e9j\u00e0 \"q\" \\ \n", "floats": [0.1, 1e-300, 1e300, -0.0, 3.0],
+               "bools": [True, False, None], 7: "int key", "nan": float("nan"), "inf": [float("inf"), -float("inf")]}
+    assert dumps(corners) == json.dumps(corners, indent=1)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        dumps({"x": object()})

@@ -160,8 +160,6 @@ def _dumps(value: Any, newline: str) -> str:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-
-
 def _program_document(result) -> dict[str, Any]:
     doc = program_document(result.lowered)
     doc["predicted_s"] = result.predicted_s
