@@ -4,7 +4,6 @@ placements ranked for a whole workload (``--workload``), as a table or JSON."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from json.encoder import encode_basestring_ascii
@@ -356,7 +355,7 @@ def _run_workload(args: argparse.Namespace) -> int:
         plan = solution.plan(args.placement)
         write_plan(args.out, plan)
     if args.json:
-        print(json.dumps(workload_document(solution), indent=1))
+        print(dumps(workload_document(solution)))
     else:
         print_workload_table(solution)
         if args.out:
