@@ -338,9 +338,19 @@ def _from_runs(runs: Sequence[Run], k: int) -> DeviceState:
 
 
 def _contains(big: DeviceState, small: DeviceState) -> bool:
-    """Every chunk of ``small`` is in ``big`` with a superset of contributors."""
-    stops = tuple(sorted(set(big[0]) | set(small[0])))
-    return all(b & m == m for b, m in zip(_refine(big, stops), _refine(small, stops)))
+    """Every chunk of ``small`` is in ``big`` with a superset of contributors
+    (one walk over both run lists, comparing each pair of overlapping runs)."""
+    (big_stops, big_masks), (small_stops, small_masks) = big, small
+    i = j = 0
+    end = len(small_stops)
+    while j < end:
+        mask = small_masks[j]
+        if big_masks[i] & mask != mask:
+            return False
+        b, s = big_stops[i], small_stops[j]
+        i += b <= s
+        j += s <= b
+    return True
 
 
 _REDUCING = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.REDUCE)
@@ -485,9 +495,10 @@ def _apply_counted(collective: Collective, members: Sequence[DeviceState]) -> li
         return [_from_runs(runs, members[0][0][-1])] * len(members)
     if collective is Collective.BROADCAST:
         root = members[0]
-        if not all(s == root or _contains(root, s) for s in members[1:]):
+        others = {id(s): s for s in members[1:]}.values()  # members often share one state object
+        if not all(s == root or _contains(root, s) for s in others):
             return "a member holds data the root does not contain"
-        if all(s == root for s in members[1:]):
+        if all(s == root for s in others):
             return "no member gains information"
         return [root] * len(members)
     total = _sum(members)

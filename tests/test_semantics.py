@@ -270,3 +270,34 @@ def test_every_frame_of_the_state_space_follows_the_rules(sizes, goal):
                         seen.add(new)
                         nxt.append(new)
             frontier = nxt
+
+
+def test_containment_walk_agrees_with_a_chunk_by_chunk_check():
+    """The Broadcast precondition walks both run lists at once; it must say
+    what comparing every chunk's contributor masks says, on states with runs
+    that end at different places (random, seeded)."""
+    import random
+
+    from synth.semantics import _contains, _make
+
+    rng = random.Random(7)
+    k = 12
+
+    def random_state():
+        stops = sorted(rng.sample(range(1, k), rng.randint(0, 5))) + [k]
+        return _make(stops, [rng.choice((0, 0b1, 0b11, 0b110, 0b111, 0b1111)) for _ in stops])
+
+    def per_chunk(s):
+        out, first = [], 0
+        for stop, mask in zip(*s):
+            out += [mask] * (stop - first)
+            first = stop
+        return out
+
+    outcomes = set()
+    for _ in range(3000):
+        big, small = random_state(), random_state()
+        want = all(b & m == m for b, m in zip(per_chunk(big), per_chunk(small)))
+        assert _contains(big, small) == want, (big, small)
+        outcomes.add(want)
+    assert outcomes == {True, False}
