@@ -94,11 +94,10 @@ def _nccl_shape(
     """The rounds, the lanes per level and the latency steps per level of NCCL's
     ``algorithm`` over one group (see :mod:`synth.cost.algorithms`)."""
     links = links_of(topology)
-    ids = np.asarray(members)
-    buckets = buckets_at(links, ids, node_level(topology))
+    buckets = buckets_at(links, members, node_level(topology))
     pattern = nccl_rounds(algorithm, collective, len(members), buckets)
-    lanes = np.ones(len(links.counts)) if algorithm in ("nvlstree", "pat") else rail_lanes(links, ids)
-    return pattern, lanes, nccl_hops(links, ids, algorithm, collective, buckets)
+    lanes = np.ones(len(links.counts)) if algorithm in ("nvlstree", "pat") else rail_lanes(links, members)
+    return pattern, lanes, nccl_hops(links, members, algorithm, collective, buckets)
 
 
 def clear_caches() -> None:
