@@ -661,3 +661,76 @@ def test_reduction_over_an_axis_of_size_one_is_ranked(cli):
     code, out, err = cli("--topology", "testbed-2x4", "--axes", "dp=1,mp=8", "--no-verify")
     assert code == 0, err
     assert "(nothing: k=1)" in out
+
+
+# ---------------------------------------------------------------- NCCL's group shape in pure Python
+
+
+def _numpy_hops(links, members: np.ndarray, algorithm: str, collective: Collective, buckets) -> np.ndarray:
+    """The vectorised form of nccl_hops (its definition before it became pure Python)."""
+    def hop_levels(a, b):
+        differ = links.stacked[:, a] != links.stacked[:, b]
+        return np.where(differ.any(axis=0), differ.argmax(axis=0), len(links.counts) - 1)
+
+    counts = np.zeros(len(links.counts))
+    if len(members) < 2:
+        return counts
+    outermost = int(hop_levels(members[:1], members[1:]).min())
+    if algorithm == "ring" or (algorithm == "tree" and collective is not AR):
+        if collective in (RED, BC):
+            np.add.at(counts, hop_levels(members[:-1], members[1:]), 1)
+            return counts
+        np.add.at(counts, hop_levels(members, np.roll(members, -1)), 1)
+        skip = 1
+        if collective is AR:
+            counts, skip = 2 * counts, 2
+        counts[outermost] -= skip
+        return counts
+    if algorithm == "tree":
+        largest = int(np.argmax(buckets))
+        chain = members[sum(buckets[:largest]):sum(buckets[:largest + 1])]
+        if len(chain) > 1:
+            np.add.at(counts, hop_levels(chain[:-1], chain[1:]), 2)
+    if algorithm in ("tree", "nvlstree") and len(buckets) > 1:
+        counts[outermost] += 2 * (len(buckets).bit_length() - 1)
+    if algorithm == "pat":
+        counts[outermost] += math.ceil(math.log2(len(members)))
+    return counts
+
+
+@pytest.mark.parametrize("name", ["p2-a100", "dgx-a100", "rack", "testbed-2x2x2"])
+def test_nccl_group_shape_matches_its_vectorised_form(name):
+    """nccl_hops, buckets_at and rail_lanes over sorted device-id tuples give what
+    their numpy definitions gave (ancestor tables, np.add.at, np.diff, np.unique),
+    on random groups of every size and on whole elements."""
+    from synth.cost.algorithms import buckets_at, hop_level, nccl_hops, rail_lanes
+    from synth.cost.links import links_of
+    from synth.cost.nccl import node_level
+
+    t = load_topology(name)
+    links = links_of(t)
+    rng = random.Random(7)
+    n = t.num_devices
+    groups = [tuple(range(n)), tuple(range(0, n, 2)), (0, n - 1), (3 % n, 3 % n)]
+    groups += [tuple(sorted(rng.sample(range(n), rng.randint(2, min(n, 24))))) for _ in range(40)]
+    level = node_level(t) if node_level(t) is not None else 0
+    for members in groups:
+        ids = np.asarray(members)
+        cuts = np.flatnonzero(np.diff(links.ancestors[level][ids])) + 1
+        buckets = tuple(np.diff(np.concatenate([[0], cuts, [len(ids)]])).tolist())
+        assert buckets_at(links, members, level) == buckets
+        assert buckets_at(links, members, None) == (len(members),)
+        lanes = np.ones(len(links.counts))
+        for l, ports in enumerate(links.ports):
+            if ports > 1:
+                k = int(np.unique(links.ancestors[l][ids], return_counts=True)[1].max())
+                lanes[l] = min(ports, max(1, math.ceil(k * ports / (n // links.elements[l]))))
+        assert rail_lanes(links, members).tolist() == lanes.tolist()
+        for a, b in zip(members, members[1:] + members[:1]):
+            differ = [links.ancestors[l][a] != links.ancestors[l][b] for l in range(len(links.counts))]
+            assert hop_level(links, a, b) == (differ.index(True) if any(differ) else len(differ) - 1)
+        for algorithm in ("ring", "tree", "nvls", "nvlstree", "pat"):
+            for collective in (AR, RS, AG, RED, BC):
+                got = nccl_hops(links, members, algorithm, collective, buckets)
+                assert got.dtype == np.float64
+                assert got.tolist() == _numpy_hops(links, ids, algorithm, collective, buckets).tolist()

@@ -21,9 +21,12 @@ group's step moves:
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Sequence
 
 import numpy as np
 
@@ -198,14 +201,17 @@ def nccl_rounds(algorithm: str, collective: Collective, m: int, buckets: tuple[i
     return rounds_of("ring", collective, m)
 
 
-def hop_levels(links: Links, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per pair, the outermost level where devices ``a`` and ``b`` differ (the
-    level whose link a step between them crosses last and slowest)."""
-    differ = links.stacked[:, a] != links.stacked[:, b]  # (levels, pairs)
-    return np.where(differ.any(axis=0), differ.argmax(axis=0), len(links.counts) - 1)
+def hop_level(links: Links, a: int, b: int) -> int:
+    """The outermost level where devices ``a`` and ``b`` differ (the level whose
+    link a step between them crosses last and slowest); the innermost level when
+    ``a == b``. Pure Python: the groups NCCL's tuning looks at are small."""
+    for level, stride in enumerate(links.strides):
+        if a // stride != b // stride:
+            return level
+    return len(links.strides) - 1
 
 
-def nccl_hops(links: Links, members: np.ndarray, algorithm: str, collective: Collective,
+def nccl_hops(links: Links, members: Sequence[int], algorithm: str, collective: Collective,
               buckets: tuple[int, ...]) -> np.ndarray:
     """Per level, the steps of NCCL's ``algorithm`` whose latency a call pays,
     counted the way NCCL's tuning counts them: a ring AllReduce ``2(m-1)`` steps
@@ -213,56 +219,63 @@ def nccl_hops(links: Links, members: np.ndarray, algorithm: str, collective: Col
     being network steps (NCCL: ``2(nodes-1)`` of them cross nodes); a chain
     (Reduce, Broadcast) its ``m-1`` hops; a tree twice its node chain plus twice
     ``log2(nodes)`` network steps; NVLS none beyond its base latency; NVLS Tree
-    twice ``log2(nodes)`` network steps; PAT ``ceil(log2 m)`` steps."""
+    twice ``log2(nodes)`` network steps; PAT ``ceil(log2 m)`` steps.
+    ``members``: device ids in device-id order; the result is a new float array
+    (levels,) of whole numbers."""
     levels = len(links.counts)
     m = len(members)
-    counts = np.zeros(levels)
+    counts = [0] * levels
     if m < 2:
-        return counts
-    outermost = int(hop_levels(links, members[:1], members[1:]).min())
+        return np.zeros(levels)
+
+    def add_chain(chain: Sequence[int], times: int, closed: bool = False) -> None:
+        """Add ``times`` per hop between consecutive members (and last to first if ``closed``)."""
+        for a, b in zip(chain, chain[1:]):
+            counts[hop_level(links, a, b)] += times
+        if closed:
+            counts[hop_level(links, chain[-1], chain[0])] += times
+
+    outermost = min(hop_level(links, members[0], b) for b in members[1:])
     if algorithm == "ring" or (algorithm == "tree" and collective is not Collective.ALLREDUCE):
         if collective in (Collective.REDUCE, Collective.BROADCAST):
-            np.add.at(counts, hop_levels(links, members[:-1], members[1:]), 1)
-            return counts
-        np.add.at(counts, hop_levels(links, members, np.roll(members, -1)), 1)
+            add_chain(members, 1)
+            return np.array(counts, dtype=float)
+        add_chain(members, 1, closed=True)
         skip = 1
         if collective is Collective.ALLREDUCE:
-            counts, skip = 2 * counts, 2
+            counts, skip = [2 * c for c in counts], 2
         counts[outermost] -= skip
-        return counts
+        return np.array(counts, dtype=float)
     nodes = len(buckets)
     if algorithm == "tree":
-        largest = int(np.argmax(buckets))
+        largest = buckets.index(max(buckets))  # the first of the largest, like np.argmax
         start = sum(buckets[:largest])
-        chain = members[start:start + buckets[largest]]
-        if len(chain) > 1:
-            np.add.at(counts, hop_levels(links, chain[:-1], chain[1:]), 2)
+        add_chain(members[start:start + buckets[largest]], 2)
     if algorithm in ("tree", "nvlstree") and nodes > 1:
         counts[outermost] += 2 * (nodes.bit_length() - 1)
     if algorithm == "pat":
         counts[outermost] += math.ceil(math.log2(m))
-    return counts
+    return np.array(counts, dtype=float)
 
 
-def buckets_at(links: Links, members: np.ndarray, level: int | None) -> tuple[int, ...]:
+def buckets_at(links: Links, members: Sequence[int], level: int | None) -> tuple[int, ...]:
     """Sizes of the runs of consecutive (sorted) members in the same element of
     ``level`` (one bucket when ``level`` is None)."""
     if level is None:
         return (len(members),)
-    ancestors = links.ancestors[level][members]
-    cuts = np.flatnonzero(np.diff(ancestors)) + 1
-    return tuple(np.diff(np.concatenate([[0], cuts, [len(members)]])).tolist())
+    stride = links.strides[level]
+    return tuple(len(list(run)) for _, run in itertools.groupby(d // stride for d in members))
 
 
-def rail_lanes(links: Links, members: np.ndarray) -> np.ndarray:
+def rail_lanes(links: Links, members: Sequence[int]) -> np.ndarray:
     """Per level, the ports of an element that one flow of this group spreads over:
     ``ceil(k x ports / devices)`` for ``k`` members in the element (the NICs of
-    their rails), between 1 and ``ports``."""
+    their rails), between 1 and ``ports``. A new float array (levels,)."""
     lanes = np.ones(len(links.counts))
     devices = len(links.ancestors[0])
     for l, ports in enumerate(links.ports):
         if ports > 1:
             per_element = devices // links.elements[l]
-            k = int(np.unique(links.ancestors[l][members], return_counts=True)[1].max())
+            k = max(Counter(d // links.strides[l] for d in members).values())
             lanes[l] = min(ports, max(1, math.ceil(k * ports / per_element)))
     return lanes

@@ -40,13 +40,17 @@ class Links:
     net: np.ndarray  # (levels,) bool: the level's link is a network (NIC)
     nvlink: np.ndarray  # (levels,) bool: the level's link is NVLink
     rdma: bool  # both: flows that leave through a NIC bypass the NVLink levels (GPUDirect RDMA)
+    net_levels: list[int]  # the levels whose link is a network, and NVLink (index lists)
+    nvlink_levels: list[int]
+    strides: tuple[int, ...]  # per level, devices per element: device d's level-l element is d // strides[l]
 
 
 @lru_cache(maxsize=64)
 def links_of(topology: Topology) -> Links:
     counts = topology.counts
     devices = np.arange(topology.num_devices)
-    ancestors = tuple(devices // math.prod(counts[l + 1 :]) for l in range(len(counts)))
+    strides = tuple(math.prod(counts[l + 1 :]) for l in range(len(counts)))
+    ancestors = tuple(devices // stride for stride in strides)
     net = np.array([topology.link(i) == "net" for i in range(len(counts))])
     nvlink = np.array([topology.link(i) == "nvlink" for i in range(len(counts))])
     stacked = np.stack(ancestors)
@@ -60,6 +64,9 @@ def links_of(topology: Topology) -> Links:
         net,
         nvlink,
         bool(net.any() and nvlink.any()),
+        np.flatnonzero(net).tolist(),
+        np.flatnonzero(nvlink).tolist(),
+        strides,
     )
 
 
@@ -88,43 +95,64 @@ def round_cost(
     levels = len(links.counts)
     if len(src) == 0:
         return 0.0, Features.zero(levels)
-    eff = profile.efficiency_of(key)
-    lat, bw = profile.latency_s, profile.bandwidth_Bps
-    share = np.ones((levels, len(src)))
     a_srcs = links.stacked[:, src]  # (levels, flows)
     a_dsts = links.stacked[:, dst]
     crossing = a_srcs != a_dsts
     if rdma and links.rdma:
-        crossing[links.nvlink] &= ~crossing[links.net].any(axis=0)
+        through_nic = crossing[links.net_levels].any(axis=0)
+        for l in links.nvlink_levels:
+            crossing[l] &= ~through_nic
+    # per level, bandwidth x share of each flow that crosses it (inf elsewhere)
+    rate = np.full((levels, len(src)), np.inf)
+    share = np.ones((levels, len(src)))
+    bw = profile.bandwidth_Bps
     for l in np.flatnonzero(crossing.any(axis=1)).tolist():
-        a_src, a_dst, cross = a_srcs[l], a_dsts[l], crossing[l]
-        siblings = cross & (a_srcs[l - 1] == a_dsts[l - 1]) if l else cross
+        lane = 1.0 if lanes is None else lanes[l]
         if links.ring[l]:
-            load = _ring_load(a_src, a_dst, siblings, links.counts[l])
-            share[l] = np.where(siblings, 1.0 / np.maximum(load, 1), share[l])
-            outward = cross & ~siblings
-        else:
-            outward = cross
-        if outward.any():
-            up = np.bincount(a_src[outward], minlength=links.elements[l])
-            down = np.bincount(a_dst[outward], minlength=links.elements[l])
-            lane = 1.0 if lanes is None else lanes[l]
-            busiest = np.maximum(up[a_src], down[a_dst]) * lane
-            share[l] = np.where(outward, lane * np.minimum(1.0, links.ports[l] / np.maximum(busiest, 1)), share[l])
-    # bottleneck level of each flow: smallest bandwidth x share among crossed levels
-    rate = np.where(crossing, bw[:, None] * share, np.inf)
+            share[l] = _ring_share(links, l, a_srcs, a_dsts, crossing[l], lane)
+        else:  # every crossing flow goes out through the uplink and in through the downlink
+            share[l] = _port_share(links, l, a_srcs[l], a_dsts[l], crossing[l], lane)
+        rate[l] = np.where(crossing[l], bw[l] * share[l], np.inf)
     bottleneck = rate.argmin(axis=0)
-    seconds = nbytes / (rate.min(axis=0) * eff)
+    seconds = nbytes / (rate.min(axis=0) * profile.efficiency_of(key))
     if latency:
-        seconds = seconds + lat @ crossing
+        seconds = seconds + profile.latency_s @ crossing
     worst = int(seconds.argmax())
-    features = Features.zero(levels)
-    if latency:
-        features.latency_count = crossing[:, worst].astype(float)
+    level = int(bottleneck[worst])
     load = np.zeros(levels)
-    load[bottleneck[worst]] = nbytes[worst] / share[bottleneck[worst], worst]
-    features.load[key] = load
-    return float(seconds[worst]), features
+    # a flow that crosses no level (src == dst) has share 1 and no bottleneck: its load is counted at level 0
+    load[level] = nbytes[worst] / (share[level, worst] if crossing[level, worst] else 1.0)
+    latency_count = crossing[:, worst].astype(float) if latency else np.zeros(levels)
+    return float(seconds[worst]), Features(latency_count, {key: load})
+
+
+def _port_share(links: Links, level: int, a_src: np.ndarray, a_dst: np.ndarray, outward: np.ndarray,
+                lane: float) -> np.ndarray:
+    """Per flow, its share of a port of level ``level`` when the ``outward`` flows
+    leave through their source element's uplink and enter through their
+    destination element's downlink (``a_src``, ``a_dst``: the elements), each
+    spread over ``lane`` ports: ``lane x min(1, ports / (flows on the busier of
+    its two links x lane))``. Meaningful for ``outward`` flows only."""
+    up = np.bincount(a_src[outward], minlength=links.elements[level])
+    down = np.bincount(a_dst[outward], minlength=links.elements[level])
+    busiest = np.maximum(up[a_src], down[a_dst]) * lane
+    return lane * np.minimum(1.0, links.ports[level] / np.maximum(busiest, 1))
+
+
+def _ring_share(links: Links, level: int, a_srcs: np.ndarray, a_dsts: np.ndarray, cross: np.ndarray,
+                lane: float) -> np.ndarray:
+    """Per flow crossing ``level``, a ``ring`` fabric level, its share: siblings
+    (same parent element) share the busiest ring link of their shortest way, the
+    others the ports (:func:`_port_share`); 1 for flows that do not cross it."""
+    a_src, a_dst = a_srcs[level], a_dsts[level]
+    siblings = cross & (a_srcs[level - 1] == a_dsts[level - 1]) if level else cross
+    share = np.ones(len(a_src))
+    load = _ring_load(a_src, a_dst, siblings, links.counts[level])
+    share = np.where(siblings, 1.0 / np.maximum(load, 1), share)
+    outward = cross & ~siblings
+    if outward.any():
+        share = np.where(outward, _port_share(links, level, a_src, a_dst, outward, lane), share)
+    return share
 
 
 def _ring_load(a_src: np.ndarray, a_dst: np.ndarray, siblings: np.ndarray, count: int) -> np.ndarray:

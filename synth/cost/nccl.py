@@ -400,13 +400,19 @@ def algo_time_us(comm: Comm, collective: Collective, algorithm: str, protocol: s
     entry = cost_table(comm, collective).get((algorithm, protocol))
     if entry is None:
         return None
+    return _entry_time_us(comm, collective, algorithm, protocol, entry, ring_graph(comm).channels, nbytes)
+
+
+def _entry_time_us(comm: Comm, collective: Collective, algorithm: str, protocol: str, entry: tuple[float, float],
+                   ring_channels: int, nbytes: float) -> float:
+    """:func:`algo_time_us` given the pair's ``(latency us, bandwidth GB/s)``
+    entry of :func:`cost_table` and the ring graph's channels."""
     lat, bw = entry
     log_size = _log2i(int(nbytes) >> 6)
     if algorithm == "tree" and collective is Collective.ALLREDUCE and 0 <= log_size < 23:
         bw *= TREE_CORRECTION[PROTOCOLS.index(protocol)][log_size]
-    channels = ring_graph(comm).channels
     if (algorithm == "ring" and protocol == "Simple" and comm.nodes > 1 and collective is Collective.ALLREDUCE
-            and nbytes / (channels * comm.ranks) >= 64):
+            and nbytes / (ring_channels * comm.ranks) >= 64):
         lat *= 1.4 if comm.sm >= 80 else 1.9  # plateau effect of the ring
     return lat + nbytes / (1000 * bw)
 
@@ -418,11 +424,13 @@ def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str
     ``NCCL_ALGO``; if none of them exists for this collective and communicator,
     the ring runs (a forced tree for ReduceScatter, NVLS on a PCIe node)."""
     best: Choice | None = None
-    for (a, p) in cost_table(comm, collective):
+    table = cost_table(comm, collective)
+    ring_channels = ring_graph(comm).channels if table else 0
+    for (a, p), entry in table.items():
         if allowed is not None and a not in allowed:
             continue
-        t = algo_time_us(comm, collective, a, p, nbytes)
-        if t is not None and t >= 0 and (best is None or t < best.estimate_us):
+        t = _entry_time_us(comm, collective, a, p, entry, ring_channels, nbytes)
+        if t >= 0 and (best is None or t < best.estimate_us):
             best = Choice(a, p, _graph_channels(comm, a), t)
     if best is None:
         if allowed is not None and allowed != ("ring",):

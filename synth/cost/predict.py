@@ -26,7 +26,7 @@ import numpy as np
 from ..language import Collective, Form, Instruction, Program
 from ..lowering import LoweredProgram
 from ..reduction import Reduction
-from ..semantics import Goal, Loads, resolve
+from ..semantics import Goal, Hierarchy, Loads, resolve
 from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
 from .links import Links, links_of, round_cost
@@ -94,20 +94,21 @@ def _nccl_shape(
     """The rounds, the lanes per level and the latency steps per level of NCCL's
     ``algorithm`` over one group (see :mod:`synth.cost.algorithms`)."""
     links = links_of(topology)
-    ids = np.asarray(members)
-    buckets = buckets_at(links, ids, node_level(topology))
+    buckets = buckets_at(links, members, node_level(topology))
     pattern = nccl_rounds(algorithm, collective, len(members), buckets)
-    lanes = np.ones(len(links.counts)) if algorithm in ("nvlstree", "pat") else rail_lanes(links, ids)
-    return pattern, lanes, nccl_hops(links, ids, algorithm, collective, buckets)
+    lanes = np.ones(len(links.counts)) if algorithm in ("nvlstree", "pat") else rail_lanes(links, members)
+    return pattern, lanes, nccl_hops(links, members, algorithm, collective, buckets)
 
 
 def clear_caches() -> None:
-    """Forget the memoised NCCL choices and group shapes (for timing cold predictions)."""
+    """Forget the memoised NCCL choices, group shapes, synthesis groups and the
+    step costs shared between predictors (for timing cold predictions)."""
     from . import nccl
 
     for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph,
-                   nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan):
+                   nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan, _synthesis_groups):
         cached.cache_clear()
+    _SHARED_STEPS.clear()
 
 
 def _mpi_step(links: Links, profile: Profile, collective: Collective, groups: np.ndarray,
@@ -155,11 +156,44 @@ def default_program(goal: Goal) -> Program:
     return Program((Instruction(collective, "root", Form.INSIDE),))
 
 
+@lru_cache(maxsize=4096)
+def _synthesis_groups(instruction: Instruction, hierarchy: Hierarchy) -> np.ndarray:
+    """The (groups, members) synthesis indices of ``instruction`` on ``hierarchy``
+    (:func:`synth.semantics.resolve`), read-only: a pure function of the
+    hierarchy's sizes, shared by the predictors of every placement."""
+    groups = np.asarray(resolve(instruction, hierarchy).groups)
+    groups.setflags(write=False)
+    return groups
+
+
+# Step costs shared between predictors (the placements of one configuration often
+# run the same groups): (topology, profile, algorithm, collective, groups' dtype,
+# shape and bytes, nbytes' bytes) -> step_cost's result, whose Features nobody
+# mutates. Emptied when it reaches _SHARED_STEPS_LIMIT entries and by clear_caches.
+_SHARED_STEPS: dict[tuple, tuple[float, Features]] = {}
+_SHARED_STEPS_LIMIT = 1 << 16
+
+
+def _shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm, collective: Collective,
+                      groups: np.ndarray, nbytes: np.ndarray) -> tuple[float, Features]:
+    """:func:`step_cost` memoised on the values of its arguments in ``_SHARED_STEPS``."""
+    key = (topology, profile, algorithm, collective, groups.dtype.str, groups.shape, groups.tobytes(),
+           nbytes.dtype.str, nbytes.tobytes())
+    cost = _SHARED_STEPS.get(key)
+    if cost is None:
+        if len(_SHARED_STEPS) >= _SHARED_STEPS_LIMIT:
+            _SHARED_STEPS.clear()
+        cost = _SHARED_STEPS[key] = step_cost(topology, profile, algorithm, collective, groups, nbytes)
+    return cost
+
+
 class Predictor:
     """Predictions for the programs of one reduction under one model.
 
     Step costs are memoised on (instruction, loads, size), so predicting every
-    program of a search costs one evaluation per distinct step."""
+    program of a search costs one evaluation per distinct step (and predictors
+    of the same topology and model share steps over the same devices and bytes).
+    The returned :class:`Features` are shared: add them, do not mutate them."""
 
     def __init__(self, reduction: Reduction, model: Model | None = None) -> None:
         self.reduction = reduction
@@ -172,22 +206,23 @@ class Predictor:
         """(synthesis groups x reduction groups, members) global device ids."""
         if instruction not in self._groups:
             table = self.reduction.synthesis_groups
-            synthesis = np.asarray(resolve(instruction, self.reduction.hierarchy).groups)  # (s, m)
+            synthesis = _synthesis_groups(instruction, self.reduction.hierarchy)  # (s, m)
             self._groups[instruction] = table[:, synthesis].transpose(1, 0, 2).reshape(-1, synthesis.shape[1])
         return self._groups[instruction]
 
     def step(self, instruction: Instruction, loads: Loads, size_bytes: float) -> tuple[float, Features]:
         key = (instruction, loads, size_bytes)
-        if key not in self._memo:
+        cost = self._memo.get(key)
+        if cost is None:
             groups = self._global_groups(instruction)
             chunk_bytes = size_bytes / self.reduction.k
             nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, len(self.reduction.synthesis_groups))
             if not nbytes.all():  # groups that move nothing (an AllGather of empty members) are idle
                 groups, nbytes = groups[nbytes > 0], nbytes[nbytes > 0]
-            self._memo[key] = step_cost(
+            cost = self._memo[key] = _shared_step_cost(
                 self.reduction.topology, self.profile, self.model.algorithm, instruction.collective, groups, nbytes
             )
-        return self._memo[key]
+        return cost
 
     def program(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> float:
         """Predicted seconds of ``program`` whose steps move ``loads`` chunks."""
