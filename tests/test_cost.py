@@ -734,3 +734,26 @@ def test_nccl_group_shape_matches_its_vectorised_form(name):
                 got = nccl_hops(links, members, algorithm, collective, buckets)
                 assert got.dtype == np.float64
                 assert got.tolist() == _numpy_hops(links, ids, algorithm, collective, buckets).tolist()
+
+
+@pytest.mark.parametrize("algo", ["nccl", "mpi"])
+def test_shared_step_costs_and_round_geometries_do_not_change_a_prediction(algo):
+    """Predictors share step costs and round geometries (the same flows carry
+    other bytes in an AllReduce, a ReduceScatter and an AllGather of the same
+    groups): every program of every placement predicted with everything the
+    others left in those memos equals its prediction from empty memos."""
+    from synth.cost.predict import clear_caches
+    from synth.search import synthesize_reduction
+
+    topology = load_topology("p2-a100")
+    m = model(algo)
+    results = [synthesize_reduction(Reduction.of(p, ("a", "c"), Goal.ALLREDUCE), 5)
+               for p in enumerate_placements(topology, parse_axes("a=2,b=4,c=8"))]
+    clear_caches()
+    shared = [[Predictor(r.reduction, m).program(p, l, 3 << 20) for p, l in zip(r.programs, r.loads)]
+              for r in results]
+    for r, together in zip(results, shared):
+        for p, l, want in zip(r.programs[::7], r.loads[::7], together[::7]):
+            clear_caches()
+            assert Predictor(r.reduction, m).program(p, l, 3 << 20) == want, format_program(p)
+    assert sum(len(r.programs) for r in results) > 300

@@ -70,6 +70,55 @@ def links_of(topology: Topology) -> Links:
     )
 
 
+@dataclass(frozen=True)
+class RoundGeometry:
+    """Where the flows of a round go and how fast, whatever they carry: per flow
+    its ``rate`` (B/s: the smallest bandwidth x share over the levels it
+    crosses; inf if it crosses none), its ``bottleneck`` level, its ``share``
+    there (1 if it crosses nothing), and which levels it crosses (``crossing``,
+    (levels, flows))."""
+
+    rate: np.ndarray
+    bottleneck: np.ndarray
+    share: np.ndarray
+    crossing: np.ndarray
+
+
+def round_geometry(
+    links: Links,
+    bandwidth_Bps: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    lanes: np.ndarray | None = None,
+    rdma: bool = False,
+) -> RoundGeometry:
+    """The :class:`RoundGeometry` of flows ``src[i] -> dst[i]`` that run at once
+    (``lanes``, ``rdma``: as :func:`round_cost` says)."""
+    levels = len(links.counts)
+    a_srcs = links.stacked[:, src]  # (levels, flows)
+    a_dsts = links.stacked[:, dst]
+    crossing = a_srcs != a_dsts
+    if rdma and links.rdma:
+        through_nic = crossing[links.net_levels].any(axis=0)
+        for l in links.nvlink_levels:
+            crossing[l] &= ~through_nic
+    # per level, bandwidth x share of each flow that crosses it (inf elsewhere)
+    rate = np.full((levels, len(src)), np.inf)
+    share = np.ones((levels, len(src)))
+    for l in np.flatnonzero(crossing.any(axis=1)).tolist():
+        lane = 1.0 if lanes is None else lanes[l]
+        if links.ring[l]:
+            share[l] = _ring_share(links, l, a_srcs, a_dsts, crossing[l], lane)
+        else:  # every crossing flow goes out through the uplink and in through the downlink
+            share[l] = _port_share(links, l, a_srcs[l], a_dsts[l], crossing[l], lane)
+        rate[l] = np.where(crossing[l], bandwidth_Bps[l] * share[l], np.inf)
+    bottleneck = rate.argmin(axis=0)
+    flows = np.arange(len(src))
+    # a flow that crosses no level (src == dst) has share 1 and no bottleneck (level 0)
+    at_bottleneck = np.where(crossing[bottleneck, flows], share[bottleneck, flows], 1.0)
+    return RoundGeometry(rate.min(axis=0), bottleneck, at_bottleneck, crossing)
+
+
 def round_cost(
     links: Links,
     profile: Profile,
@@ -80,6 +129,7 @@ def round_cost(
     lanes: np.ndarray | None = None,
     latency: bool = True,
     rdma: bool = False,
+    geometry: RoundGeometry | None = None,
 ) -> tuple[float, Features]:
     """Time of one round of concurrent flows and the features of its slowest flow.
 
@@ -91,38 +141,20 @@ def round_cost(
     transfer time only (the NCCL models count their latency per step instead).
     With ``rdma`` (NCCL: GPUDirect RDMA) a flow that leaves through a network
     level goes from the GPU to its NIC over PCIe, not over the GPU's NVLink: it
-    does not load the ``nvlink`` levels."""
+    does not load the ``nvlink`` levels. ``geometry``: the flows'
+    :func:`round_geometry` (with ``profile``'s bandwidths), if known."""
     levels = len(links.counts)
     if len(src) == 0:
         return 0.0, Features.zero(levels)
-    a_srcs = links.stacked[:, src]  # (levels, flows)
-    a_dsts = links.stacked[:, dst]
-    crossing = a_srcs != a_dsts
-    if rdma and links.rdma:
-        through_nic = crossing[links.net_levels].any(axis=0)
-        for l in links.nvlink_levels:
-            crossing[l] &= ~through_nic
-    # per level, bandwidth x share of each flow that crosses it (inf elsewhere)
-    rate = np.full((levels, len(src)), np.inf)
-    share = np.ones((levels, len(src)))
-    bw = profile.bandwidth_Bps
-    for l in np.flatnonzero(crossing.any(axis=1)).tolist():
-        lane = 1.0 if lanes is None else lanes[l]
-        if links.ring[l]:
-            share[l] = _ring_share(links, l, a_srcs, a_dsts, crossing[l], lane)
-        else:  # every crossing flow goes out through the uplink and in through the downlink
-            share[l] = _port_share(links, l, a_srcs[l], a_dsts[l], crossing[l], lane)
-        rate[l] = np.where(crossing[l], bw[l] * share[l], np.inf)
-    bottleneck = rate.argmin(axis=0)
-    seconds = nbytes / (rate.min(axis=0) * profile.efficiency_of(key))
+    if geometry is None:
+        geometry = round_geometry(links, profile.bandwidth_Bps, src, dst, lanes, rdma)
+    seconds = nbytes / (geometry.rate * profile.efficiency_of(key))
     if latency:
-        seconds = seconds + profile.latency_s @ crossing
+        seconds = seconds + profile.latency_s @ geometry.crossing
     worst = int(seconds.argmax())
-    level = int(bottleneck[worst])
     load = np.zeros(levels)
-    # a flow that crosses no level (src == dst) has share 1 and no bottleneck: its load is counted at level 0
-    load[level] = nbytes[worst] / (share[level, worst] if crossing[level, worst] else 1.0)
-    latency_count = crossing[:, worst].astype(float) if latency else np.zeros(levels)
+    load[int(geometry.bottleneck[worst])] = nbytes[worst] / geometry.share[worst]
+    latency_count = geometry.crossing[:, worst].astype(float) if latency else np.zeros(levels)
     return float(seconds[worst]), Features(latency_count, {key: load})
 
 

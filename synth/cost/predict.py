@@ -29,7 +29,7 @@ from ..reduction import Reduction
 from ..semantics import Goal, Hierarchy, Loads, resolve
 from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
-from .links import Links, links_of, round_cost
+from .links import Links, RoundGeometry, links_of, round_cost, round_geometry
 from .model import Algorithm, Model
 from .nccl import PROTOCOLS, choose, comm_of, node_level
 from .profile import Profile
@@ -101,14 +101,16 @@ def _nccl_shape(
 
 
 def clear_caches() -> None:
-    """Forget the memoised NCCL choices, group shapes, synthesis groups and the
-    step costs shared between predictors (for timing cold predictions)."""
+    """Forget the memoised NCCL choices, group shapes, synthesis groups, round
+    geometries and the step costs shared between predictors (for timing cold
+    predictions)."""
     from . import nccl
 
     for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph,
                    nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan, _synthesis_groups):
         cached.cache_clear()
     _SHARED_STEPS.clear()
+    _GEOMETRIES.clear()
 
 
 def _mpi_step(links: Links, profile: Profile, collective: Collective, groups: np.ndarray,
@@ -136,7 +138,9 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
         src = groups[:, src_i].ravel()
         dst = groups[:, dst_i].ravel()
         flow_bytes = (nbytes[:, None] * fraction[None, :]).ravel()
-        seconds, f = round_cost(links, profile, key, src, dst, flow_bytes, lanes, latency=not nccl, rdma=nccl)
+        geometry = _geometry(links, profile, rnd, groups, src, dst, lanes, nccl)
+        seconds, f = round_cost(links, profile, key, src, dst, flow_bytes, lanes, latency=not nccl, rdma=nccl,
+                                geometry=geometry)
         total += rnd.repeat * seconds
         features.add(f, rnd.repeat)
         if rnd.extra and not nccl:
@@ -144,6 +148,29 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
             total += rnd.extra * float(profile.latency_s @ hop)
             features.latency_count = features.latency_count + rnd.extra * hop
     return total
+
+
+# Round geometries shared by the steps that send the same flows, whatever their
+# bytes (the ring of an AllReduce, a ReduceScatter and an AllGather over the same
+# groups; the same groups at other sizes): (links' identity, bandwidths, flows,
+# lanes, rdma) -> (links, geometry); emptied past _GEOMETRIES_LIMIT and by clear_caches
+_GEOMETRIES: dict[tuple, tuple[Links, RoundGeometry]] = {}
+_GEOMETRIES_LIMIT = 1 << 14
+
+
+def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, src: np.ndarray, dst: np.ndarray,
+              lanes: np.ndarray | None, rdma: bool) -> RoundGeometry:
+    """:func:`~synth.cost.links.round_geometry` of a round of ``groups``, memoised."""
+    key = (id(links), profile.bandwidth_GBps, groups.dtype.str, groups.shape, groups.tobytes(), rnd.src, rnd.dst,
+           None if lanes is None else lanes.tobytes(), rdma)
+    found = _GEOMETRIES.get(key)
+    if found is not None and found[0] is links:
+        return found[1]
+    if len(_GEOMETRIES) >= _GEOMETRIES_LIMIT:
+        _GEOMETRIES.clear()
+    geometry = round_geometry(links, profile.bandwidth_Bps, src, dst, lanes, rdma)
+    _GEOMETRIES[key] = (links, geometry)
+    return geometry
 
 
 def default_program(goal: Goal) -> Program:
