@@ -20,7 +20,6 @@ paths over the layers).
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Callable
@@ -150,11 +149,30 @@ class Search:
                 memo[key] = cost(index, loads)
             return memo[key]
 
-        first = self._best(edge, top, 0.0)
-        if len(first) < top:
-            return first  # every program is there
-        margin = (self.max_steps + 1) * math.ulp(first[-1][0])
+        costs = self._best_costs(edge, top)
+        if len(costs) < top:
+            return self._best(edge, top, 0.0)  # every program is there
+        margin = (self.max_steps + 1) * math.ulp(costs[-1])
         return self._best(edge, top, margin)
+
+    def _best_costs(self, edge, top: int) -> list[float]:
+        """The ``top`` smallest program costs (fewer if there are fewer
+        programs), ascending: per state the ``top`` smallest partial sums, which
+        are the same floats as :meth:`_best` adds (same order of additions)."""
+        done: list[float] = [0.0] if 0 in self.goal_states else []
+        partial: dict[int, list[float]] = {0: [0.0]}
+        for layer in self.layers[1:]:
+            nxt: dict[int, list[float]] = {}
+            for s, edges in layer.items():
+                candidates = [c + edge(index, loads) for prev, index, loads in edges for c in partial.get(prev, ())]
+                if candidates:
+                    candidates.sort()
+                    nxt[s] = candidates[:top]
+            partial = nxt
+            for s in self.goal_states:
+                done.extend(partial.get(s, ()))
+        done.sort()
+        return done[:top]
 
     def _best(self, edge, top: int, margin: float) -> list[tuple[float, Indices, tuple[Loads, ...]]]:
         Partial = tuple[float, Indices, tuple[Loads, ...]]
@@ -162,7 +180,7 @@ class Search:
         def keep(candidates: list[Partial]) -> list[Partial]:
             if len(candidates) <= top:
                 return candidates
-            cut = heapq.nsmallest(top, candidates, key=lambda c: (c[0], c[1]))[-1][0] + margin
+            cut = sorted([c[0] for c in candidates])[top - 1] + margin  # the top-th smallest cost
             return [c for c in candidates if c[0] <= cut]
 
         done: list[Partial] = []

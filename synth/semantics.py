@@ -744,7 +744,15 @@ class StateSpace:
         self._passing: dict[tuple[int, ...], int] = {}  # member profiles -> bit set of collectives that pass them
         self._packed: list[int] = []  # per profile: holds all, complete, done, final, packed (see _delta)
         self._deltas: list[dict[tuple[int, ...], int]] = [{} for _ in Collective]  # per collective (see _delta)
-        self._memo: dict[tuple, Outcome] = {}
+        # per collective and grouping: group members' ids -> outcome; in the
+        # device frame a group's outcome depends on its grouping (the members'
+        # offsets), elsewhere every grouping of a collective shares one memo
+        memos = [[{} for _ in self.groupings] if self._device_frame else [{}] * len(self.groupings)
+                 for _ in _COLLECTIVES]
+        self._memos: list[list[dict[tuple[int, ...], Outcome]]] = memos
+        self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
+        self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
+        self._shapes: dict[tuple[int, ...], int] = {}  # members' held chunks -> collectives passing _shape_reason
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
         k, full = self.k, t.full
@@ -799,10 +807,13 @@ class StateSpace:
         deltas = self._deltas[_BIT[collective]]
         out = deltas.get(profiles)
         if out is None:
-            members = [self._profiles[p] for p in profiles]
-            after = [self._intern_profile(r) for r in _profile_results(collective, members, self.k)]
-            out = deltas[profiles] = (sum(self._packed[p] for p in after) - sum(self._packed[p] for p in profiles)
-                                      + _OFFSETS)
+            packed = self._packed
+            if collective is Collective.BROADCAST:  # every member ends with the root's profile
+                gained = len(profiles) * packed[profiles[0]]
+            else:
+                members = [self._profiles[p] for p in profiles]
+                gained = sum(packed[self._intern_profile(r)] for r in _profile_results(collective, members, self.k))
+            out = deltas[profiles] = gained - sum(map(packed.__getitem__, profiles)) + _OFFSETS
         return out
 
     def absolute(self, state: tuple[int, ...]) -> State:
@@ -861,34 +872,44 @@ class StateSpace:
         return tuple((a, b) for i in members for a, b, _ in runs_of(self.device_states[i]))
 
     def _outcome(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
-        memo_key = (collective, grouping if self._device_frame else None, key)
-        out = self._memo.get(memo_key)
+        memo = self._memos[_BIT[collective]][grouping]
+        out = memo.get(key)
         if out is None:
-            out = self._memo[memo_key] = self._compute(grouping, collective, key)
+            out = memo[key] = self._compute(grouping, collective, key)
         return out
 
     def _passes(self, profiles: tuple[int, ...]) -> int:
         """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) whose
         :func:`_profile_reason` passes members with these profile ids, memoised:
-        many groups differ in contributors only."""
+        many groups differ in contributors only. The shape check (which chunks
+        are held) is memoised on the members' held chunks, and the contributor
+        counts are looked at only for the collectives that pass it."""
         bits = self._passing.get(profiles)
         if bits is None:
-            counted = self._counted(profiles)
-            members = [(self._profiles[p], n) for p, n in counted]
-            held = [self._held[p] for p, _ in counted]
-            bits, summable = 0, None
-            for i, c in enumerate(_COLLECTIVES):
-                if _shape_reason(c, held, len(profiles)) is not None:
-                    continue
-                if c in _REDUCING:  # the same count check for the three summing collectives
-                    if summable is None:
-                        summable = _count_reason(c, members) is None
-                    passes = summable
-                else:
-                    passes = _count_reason(c, members) is None
-                bits |= passes << i
+            held = tuple(map(self._held.__getitem__, profiles))
+            shape = self._shapes.get(held)
+            if shape is None:
+                distinct = list(dict.fromkeys(held))  # _shape_reason depends on the distinct values (root first)
+                shape = self._shapes[held] = sum(
+                    1 << i for i, c in enumerate(_COLLECTIVES) if _shape_reason(c, distinct, len(held)) is None)
+            bits = shape & _COUNT_FREE
+            if shape & _SUMMING:  # the same count check for the three summing collectives
+                members = [(self._profiles[p], n) for p, n in self._counted(profiles)]
+                if _count_reason(Collective.ALLREDUCE, members) is None:
+                    bits |= shape & _SUMMING
+            if shape & _BROADCASTING:  # _count_reason of Broadcast, one pair of profiles at a time
+                root, exceeds = profiles[0], self._exceeds
+                if not any(exceeds[p, root] if (p, root) in exceeds else self._exceeding(p, root)
+                           for p in set(profiles)):
+                    bits |= _BROADCASTING
             self._passing[profiles] = bits
         return bits
+
+    def _exceeding(self, p: int, root: int) -> bool:
+        """Whether profile ``p`` carries more contributors than profile ``root``
+        on some chunk (:func:`_more_contributors`), memoised in ``_exceeds``."""
+        out = self._exceeds[p, root] = _more_contributors(self._profiles[p], self._profiles[root])
+        return out
 
     def _counted(self, profiles: tuple[int, ...]) -> list[tuple[int, int]]:
         """Distinct profile ids (first occurrence first) and how many members have each."""
@@ -912,9 +933,13 @@ class StateSpace:
             result = self._general(grouping, collective, key, distinct, members)
         if isinstance(result, str):
             return result
-        interned: dict[int, int] = {}  # results often repeat one object: hash it once
-        ids = tuple(interned[id(s)] if id(s) in interned else interned.setdefault(id(s), self.intern(s))
-                    for s in result)
+        first = result[0]
+        if result.count(first) == len(result):  # often one object for every member (count compares identity first)
+            ids = (self.intern(first),) * len(result)
+        else:
+            interned: dict[int, int] = {}  # results often repeat one object: hash it once
+            ids = tuple(interned[id(s)] if id(s) in interned else interned.setdefault(id(s), self.intern(s))
+                        for s in result)
         if collective is Collective.ALLGATHER:
             load = sum(self._held[self._profile[i]].bit_count() for i in key)
         else:
@@ -1009,11 +1034,12 @@ class StateSpace:
         wanted = sum(1 << _BIT[c] for c in collectives)
         profiles = tuple(map(self._profile.__getitem__, state))
         totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
-        passing, passes = self._passing, self._passes
+        passing, passes, k = self._passing, self._passes, self.k
+        chosen = self._chosen.get(tuple(collectives), {})
         for g, flat in enumerate(self._flat):
             m = self._size[g]
             members = flat(profiles)
-            keys = [members[j:j + m] for j in range(0, len(members), m)]
+            keys = list(zip(*[iter(members)] * m)) if m < k else [members]
             try:
                 ok = reduce(and_, map(passing.__getitem__, keys), wanted)
             except KeyError:  # some group's profiles are new: check group by group
@@ -1026,13 +1052,18 @@ class StateSpace:
             if not ok:
                 continue
             ids = flat(state)
-            for c in collectives:
-                if ok >> _BIT[c] & 1:
-                    if lookahead is not None and not self._ahead(totals, c, keys, lookahead):
-                        continue
-                    done = self._apply(state, g, c, ids)
-                    if not isinstance(done, str):
-                        out.append((g, c) + done)
+            for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
+                if lookahead is not None and not self._ahead(totals, c, keys, lookahead):
+                    continue
+                done = self._apply(state, g, c, ids)
+                if done.__class__ is not str:
+                    out.append((g, c) + done)
+        return out
+
+    def _choose(self, collectives: Sequence[Collective], ok: int) -> tuple[Collective, ...]:
+        """The ``collectives`` (in their order) whose bits are set in ``ok``,
+        memoised per ``collectives`` (:meth:`successors`)."""
+        out = self._chosen.setdefault(tuple(collectives), {})[ok] = tuple(c for c in collectives if ok >> _BIT[c] & 1)
         return out
 
     def _ahead(self, totals: int, collective: Collective, keys: list[tuple[int, ...]], lookahead: str) -> bool:
@@ -1051,16 +1082,20 @@ class StateSpace:
                 or (after >> (_FIELD * 2)) & _MASK > 0)
 
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
-               ids: tuple[int, ...]) -> tuple[tuple[int, ...], Loads] | str:
+               ids: tuple[int, ...], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
         """The next state and loads of one step on members ``ids`` (the flat
-        members of ``grouping``), or why it is invalid."""
+        members of ``grouping``), or why it is invalid (naming the failing
+        group only with ``explain``: the search drops the reason)."""
         m = self._size[grouping]
+        memo = self._memos[_BIT[collective]][grouping]
         result: list[int] = []
         loads = []
-        for j in range(0, len(ids), m):
-            outcome = self._outcome(grouping, collective, ids[j:j + m])
-            if isinstance(outcome, str):
-                return f"group {list(self.groupings[grouping].groups[j // m])}: {outcome}"
+        for j, key in enumerate(zip(*[iter(ids)] * m) if m < self.k else (ids,)):
+            outcome = memo.get(key)
+            if outcome is None:
+                outcome = memo[key] = self._compute(grouping, collective, key)
+            if outcome.__class__ is str:
+                return f"group {list(self.groupings[grouping].groups[j])}: {outcome}" if explain else outcome
             result += outcome[0]
             loads.append(outcome[1])
         nxt = self._pickers[grouping](tuple(result) + state)
@@ -1069,12 +1104,17 @@ class StateSpace:
     def step(self, state: tuple[int, ...], grouping: int, collective: Collective) -> tuple[int, ...] | str:
         """The state after one instruction, or why it is invalid (group lists name
         synthesis indices)."""
-        done = self._apply(state, grouping, collective, self._flat[grouping](state))
+        done = self._apply(state, grouping, collective, self._flat[grouping](state), explain=True)
         return done if isinstance(done, str) else done[0]
 
 
 _COLLECTIVES = tuple(Collective)
 _BIT = {c: i for i, c in enumerate(_COLLECTIVES)}
+#: collectives whose profile check is the shape check alone (AllGather), the
+#: summing ones (one count check for the three), and Broadcast
+_COUNT_FREE = 1 << _BIT[Collective.ALLGATHER]
+_SUMMING = sum(1 << _BIT[c] for c in _REDUCING)
+_BROADCASTING = 1 << _BIT[Collective.BROADCAST]
 _FIELD = 48
 _MASK = (1 << _FIELD) - 1
 #: added to each group's change of the packed counts: the sum over a step's

@@ -301,3 +301,29 @@ def test_containment_walk_agrees_with_a_chunk_by_chunk_check():
         assert _contains(big, small) == want, (big, small)
         outcomes.add(want)
     assert outcomes == {True, False}
+
+
+@pytest.mark.parametrize("sizes, frame", [((2, 2, 2), "absolute"), ((2, 2, 2), "device"), ((2, 3, 2), "absolute"),
+                                          ((4, 2), "device")])
+def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the_goal(sizes, frame):
+    """The search's lookahead judges a step on packed profile counts (memoised
+    per group, Broadcast taking the root's profile without the rules): it must
+    keep exactly the valid steps whose next state may finish in one step
+    ("finish") or is the goal ("goal"), on every state reachable in 3 steps."""
+    space = StateSpace(sizes, Goal.ALLREDUCE, frame)
+    frontier, seen, kept = [space.start], {space.start}, 0
+    for _ in range(3):
+        nxt = []
+        for state in frontier:
+            every = space.successors(state, list(Collective))
+            finish = [s for s in every if space.may_finish(s[2])]
+            goal = [s for s in every if space.is_goal(s[2])]
+            assert space.successors(state, list(Collective), "finish") == finish
+            assert space.successors(state, list(Collective), "goal") == goal
+            kept += len(finish) + len(goal)
+            for _, _, new, _ in every:
+                if new not in seen:
+                    seen.add(new)
+                    nxt.append(new)
+        frontier = nxt
+    assert kept > 0 and len(seen) > 30
