@@ -750,6 +750,7 @@ class StateSpace:
         memos = [[{} for _ in self.groupings] if self._device_frame else [{}] * len(self.groupings)
                  for _ in _COLLECTIVES]
         self._memos: list[list[dict[tuple[int, ...], Outcome]]] = memos
+        self._contained: dict[tuple[int, int], bool] = {}  # (root id, member id) -> _contains, see _broadcast
         self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
         self._shapes: dict[tuple[int, ...], int] = {}  # members' held chunks -> collectives passing _shape_reason
@@ -871,13 +872,6 @@ class StateSpace:
         members = key if collective is Collective.ALLGATHER else key[:1]
         return tuple((a, b) for i in members for a, b, _ in runs_of(self.device_states[i]))
 
-    def _outcome(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
-        memo = self._memos[_BIT[collective]][grouping]
-        out = memo.get(key)
-        if out is None:
-            out = memo[key] = self._compute(grouping, collective, key)
-        return out
-
     def _passes(self, profiles: tuple[int, ...]) -> int:
         """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) whose
         :func:`_profile_reason` passes members with these profile ids, memoised:
@@ -916,21 +910,28 @@ class StateSpace:
         counts = Counter(profiles) if len(profiles) > 16 else {p: profiles.count(p) for p in dict.fromkeys(profiles)}
         return list(counts.items())
 
-    def _compute(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
-        profiles = tuple(map(self._profile.__getitem__, key))
-        if not self._passes(profiles) >> _BIT[collective] & 1:
-            members = self._counted(profiles)
-            return _profile_reason(collective, [(self._profiles[p], n) for p, n in members], len(profiles),
-                                   [self._held[p] for p, _ in members])
+    def _compute(self, grouping: int, collective: Collective, key: tuple[int, ...], checked: bool = False) -> Outcome:
+        """The outcome of ``collective`` on one group of ``grouping`` whose
+        members store ``key``; ``checked``: the members are known to pass the
+        profile checks (:meth:`_passes`)."""
+        if not checked:
+            profiles = tuple(map(self._profile.__getitem__, key))
+            if not self._passes(profiles) >> _BIT[collective] & 1:
+                members = self._counted(profiles)
+                return _profile_reason(collective, [(self._profiles[p], n) for p, n in members], len(profiles),
+                                       [self._held[p] for p, _ in members])
+        if collective is Collective.BROADCAST and not self._device_frame:
+            return self._broadcast(key)
         states = self.device_states
-        distinct = tuple(dict.fromkeys(key))
         members = [states[i] for i in key]
         if not self._device_frame:
             result = self._rule(collective, members, key)
-        elif len(distinct) == 1:
-            result = self._uniform(grouping, collective, members[0], len(key))
         else:
-            result = self._general(grouping, collective, key, distinct, members)
+            distinct = tuple(dict.fromkeys(key))
+            if len(distinct) == 1:
+                result = self._uniform(grouping, collective, members[0], len(key))
+            else:
+                result = self._general(grouping, collective, key, distinct, members)
         if isinstance(result, str):
             return result
         first = result[0]
@@ -945,6 +946,24 @@ class StateSpace:
         else:
             load = self._held[self._profile[key[0]]].bit_count()
         return ids, load
+
+    def _broadcast(self, key: tuple[int, ...]) -> Outcome:
+        """A Broadcast's outcome (chunk and absolute frames, where a state's
+        masks are compared as they are) from which stored states contain which
+        (:func:`_contains`, memoised per pair of ids): the reasons and results of
+        :func:`_apply_counted`."""
+        root, contains = key[0], self._contained
+        others = set(key)
+        others.discard(root)
+        for i in others:
+            inside = contains.get((root, i))
+            if inside is None:
+                inside = contains[root, i] = _contains(self.device_states[root], self.device_states[i])
+            if not inside:
+                return "a member holds data the root does not contain"
+        if not others:
+            return "no member gains information"
+        return (root,) * len(key), self._held[self._profile[root]].bit_count()
 
     def _general(self, grouping: int, collective: Collective, key: tuple[int, ...], distinct: tuple[int, ...],
                  members: list[DeviceState]):
@@ -1084,8 +1103,9 @@ class StateSpace:
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
                ids: tuple[int, ...], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
         """The next state and loads of one step on members ``ids`` (the flat
-        members of ``grouping``), or why it is invalid (naming the failing
-        group only with ``explain``: the search drops the reason)."""
+        members of ``grouping``), or why it is invalid. Without ``explain`` (the
+        search) every group is known to pass the profile checks, and the reason
+        does not name the failing group (the search drops it)."""
         m = self._size[grouping]
         memo = self._memos[_BIT[collective]][grouping]
         result: list[int] = []
@@ -1093,7 +1113,7 @@ class StateSpace:
         for j, key in enumerate(zip(*[iter(ids)] * m) if m < self.k else (ids,)):
             outcome = memo.get(key)
             if outcome is None:
-                outcome = memo[key] = self._compute(grouping, collective, key)
+                outcome = memo[key] = self._compute(grouping, collective, key, not explain)
             if outcome.__class__ is str:
                 return f"group {list(self.groupings[grouping].groups[j])}: {outcome}" if explain else outcome
             result += outcome[0]
