@@ -366,6 +366,12 @@ def held_bits(s: DeviceState) -> int:
     return bits
 
 
+def _shape_bits(held: Sequence[int], size: int) -> int:
+    """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) that
+    pass :func:`_shape_reason` on ``held`` and ``size``."""
+    return sum(1 << i for i, c in enumerate(Collective) if _shape_reason(c, held, size) is None)
+
+
 def _shape_reason(collective: Collective, held: Sequence[int], size: int) -> str | None:
     """Why the collective cannot run on a group of ``size`` members holding the
     chunks ``held`` (:func:`held_bits`, root first; members that hold the same
@@ -753,7 +759,7 @@ class StateSpace:
         self._contained: dict[tuple[int, int], bool] = {}  # (root id, member id) -> _contains, see _broadcast
         self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
-        self._shapes: dict[tuple[int, ...], int] = {}  # members' held chunks -> collectives passing _shape_reason
+        self._shapes: dict[tuple[tuple[int, ...], int], int] = {}  # (held chunks of the distinct profiles, size) -> _shape_bits
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
         k, full = self.k, t.full
@@ -880,21 +886,22 @@ class StateSpace:
         counts are looked at only for the collectives that pass it."""
         bits = self._passing.get(profiles)
         if bits is None:
-            held = tuple(map(self._held.__getitem__, profiles))
-            shape = self._shapes.get(held)
-            if shape is None:
-                distinct = list(dict.fromkeys(held))  # _shape_reason depends on the distinct values (root first)
-                shape = self._shapes[held] = sum(
-                    1 << i for i, c in enumerate(_COLLECTIVES) if _shape_reason(c, distinct, len(held)) is None)
+            counted = self._counted(profiles)
+            held = [self._held[p] for p, _ in counted]
+            if len(held) > 16:  # rare and large: hashing would cost more than checking
+                shape = _shape_bits(held, len(profiles))
+            else:
+                shape_key = (tuple(held), len(profiles))
+                shape = self._shapes.get(shape_key)
+                if shape is None:
+                    shape = self._shapes[shape_key] = _shape_bits(held, len(profiles))
             bits = shape & _COUNT_FREE
             if shape & _SUMMING:  # the same count check for the three summing collectives
-                members = [(self._profiles[p], n) for p, n in self._counted(profiles)]
-                if _count_reason(Collective.ALLREDUCE, members) is None:
+                if _count_reason(Collective.ALLREDUCE, [(self._profiles[p], n) for p, n in counted]) is None:
                     bits |= shape & _SUMMING
             if shape & _BROADCASTING:  # _count_reason of Broadcast, one pair of profiles at a time
                 root, exceeds = profiles[0], self._exceeds
-                if not any(exceeds[p, root] if (p, root) in exceeds else self._exceeding(p, root)
-                           for p in set(profiles)):
+                if not any(exceeds[p, root] if (p, root) in exceeds else self._exceeding(p, root) for p, _ in counted):
                     bits |= _BROADCASTING
             self._passing[profiles] = bits
         return bits
