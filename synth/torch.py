@@ -24,6 +24,7 @@ tensors). See ``docs/trainers.md``.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
@@ -198,6 +199,11 @@ class TorchWorld(World):
 
 
 _world_cache: list[TorchWorld] = []
+# Dropped before the interpreter tears modules down: a world holds its process
+# groups, and a gloo group destroyed during that teardown (after the trainer's
+# destroy_process_group) can abort the process ("terminate called without an
+# active exception"), seen under torchrun on a loaded machine.
+atexit.register(_world_cache.clear)
 
 
 def world() -> TorchWorld:
