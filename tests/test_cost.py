@@ -757,3 +757,76 @@ def test_shared_step_costs_and_round_geometries_do_not_change_a_prediction(algo)
             clear_caches()
             assert Predictor(r.reduction, m).program(p, l, 3 << 20) == want, format_program(p)
     assert sum(len(r.programs) for r in results) > 300
+
+
+def _random_symmetry(links, rng: random.Random):
+    """A random symmetry of the topology's tree as a device map: the children of
+    every element of a switch level permuted at random (ring levels kept)."""
+    n = len(links.ancestors[0])
+    perms = [[list(range(c)) if ring else rng.sample(range(c), c) for _ in range(n // (links.strides[l] * c))]
+             for l, (c, ring) in enumerate(zip(links.counts, links.ring))]
+
+    def image(d: int) -> int:
+        parent = 0
+        for l, (stride, count) in enumerate(zip(links.strides, links.counts)):
+            parent = parent * count + perms[l][parent][(d // stride) % count]
+        return parent
+
+    return np.array([image(d) for d in range(n)])
+
+
+def _same_step(a, b) -> bool:
+    (sa, fa), (sb, fb) = a, b
+    return (sa == sb and fa.latency_count.tolist() == fb.latency_count.tolist() and fa.calls == fb.calls
+            and {k: v.tolist() for k, v in fa.load.items()} == {k: v.tolist() for k, v in fb.load.items()}
+            and (fa.protocol_count is None) == (fb.protocol_count is None)
+            and (fa.protocol_count is None or fa.protocol_count.tolist() == fb.protocol_count.tolist())
+            and fa.base_count == fb.base_count)
+
+
+@pytest.mark.parametrize("name", ["p2-a100", "dgx-a100", "dgx-h100", "rack", "p2-v100", "testbed-2x2x2",
+                                  "gb200-nvl72"])
+def test_canonical_groups_are_a_symmetric_image_with_the_same_step_cost(name):
+    """Predictors key shared step costs, NCCL plans and round geometries on the
+    canonical image of their (sorted) groups (``canonical_devices``): on random
+    groups (not contiguous, several per step, some sharing a node's NIC or rails),
+    the image keeps which positions share an element of every level and the
+    ring positions, a random symmetry of the groups has the same image, and the
+    step cost of the image, computed from empty memos, equals that of the
+    groups themselves to the bit, for every algorithm and collective."""
+    from synth.cost.links import canonical_devices, links_of
+    from synth.cost.predict import _ordered_step_cost, clear_caches
+
+    t = load_topology(name)
+    links = links_of(t)
+    prior = Profile.prior(t)
+    rng = random.Random(11)
+    n = t.num_devices
+    cases = [np.arange(n).reshape(-1, 4) if n % 4 == 0 else np.arange(n)[None]]
+    for _ in range(14):
+        m = rng.choice([k for k in (2, 3, 4, 5, 8, 16) if k <= n])
+        rows = rng.randint(1, max(1, min(8, n // m)))
+        cases.append(np.array(rng.sample(range(n), rows * m)).reshape(rows, m))
+    algorithms = [Algorithm.MPI] if name.startswith("testbed") else list(Algorithm)
+    for groups in cases:
+        ordered = np.sort(groups, axis=1)
+        image = canonical_devices(links, ordered)
+        assert image.shape == ordered.shape and image.dtype == np.int64
+        assert 0 <= image.min() and image.max() < n
+        for l, stride in enumerate(links.strides):  # the same elements shared, the same ring positions
+            a, b = ordered.ravel() // stride, image.ravel() // stride
+            assert (a[:, None] == a[None, :]).tolist() == (b[:, None] == b[None, :]).tolist()
+            if links.ring[l]:
+                assert (a % links.counts[l]).tolist() == (b % links.counts[l]).tolist()
+        moved = _random_symmetry(links, rng)[ordered]
+        assert canonical_devices(links, moved).tolist() == image.tolist()
+        nbytes = np.array([float(rng.choice([4096, 3 << 20, S])) for _ in range(len(groups))])
+        for algorithm in algorithms:
+            for collective in (AR, RS, AG, RED, BC):
+                clear_caches()
+                want = step_cost(t, prior, algorithm, collective, groups, nbytes)
+                clear_caches()
+                assert _same_step(_ordered_step_cost(t, prior, algorithm, collective, image, nbytes), want), \
+                    (name, groups.tolist(), algorithm, collective)
+                clear_caches()
+                assert _same_step(_ordered_step_cost(t, prior, algorithm, collective, moved, nbytes), want)

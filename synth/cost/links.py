@@ -70,6 +70,34 @@ def links_of(topology: Topology) -> Links:
     )
 
 
+def canonical_devices(links: Links, devices: np.ndarray) -> np.ndarray:
+    """``devices`` (an integer array of device ids, any shape) mapped by a
+    symmetry of the topology chosen from the array alone: a new int64 array of
+    the same shape. The symmetry permutes the children of elements at every
+    level whose fabric is a switch (every element of a level has the same
+    children, ports and links) and keeps the positions on ``ring`` levels: an
+    element's children get the ranks 0, 1, ... in the order they first appear
+    in ``devices`` (row-major). So two arrays with equal images are images of
+    each other, position by position, under a symmetry: they agree on which
+    positions share an element of each level and on the ring positions, which is
+    all that contention (:func:`round_geometry`), crossings, latency steps,
+    lanes and NCCL's view of a group read, and everything computed from them
+    is the same, to the bit, for both."""
+    flat = np.asarray(devices, dtype=np.int64).ravel()
+    positions = np.arange(len(flat))
+    image = np.zeros(len(flat), dtype=np.int64)  # canonical element of the level above (the root: 0)
+    for level, (stride, count) in enumerate(zip(links.strides, links.counts)):
+        element = flat // stride
+        if links.ring[level]:
+            rank = element % count
+        else:  # siblings are the elements of one row (parent): rank them by first appearance
+            first_seen = np.full(links.elements[level], len(flat))
+            np.minimum.at(first_seen, element, positions)
+            rank = first_seen.reshape(-1, count).argsort(axis=1).argsort(axis=1).ravel()[element]
+        image = image * count + rank
+    return image.reshape(np.shape(devices))
+
+
 @dataclass(frozen=True)
 class RoundGeometry:
     """Where the flows of a round go and how fast, whatever they carry: per flow

@@ -29,7 +29,7 @@ from ..reduction import Reduction
 from ..semantics import Goal, Hierarchy, Loads, resolve
 from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
-from .links import Links, RoundGeometry, links_of, round_cost, round_geometry
+from .links import Links, RoundGeometry, canonical_devices, links_of, round_cost, round_geometry
 from .model import Algorithm, Model
 from .nccl import PROTOCOLS, choose, comm_of, node_level
 from .profile import Profile
@@ -50,8 +50,24 @@ def step_cost(
     ``nbytes`` the bytes each group's collective moves. The NCCL models run what
     :func:`synth.cost.nccl.choose` picks for group 0 at the largest ``nbytes``
     (``nvls_enabled=False`` is ``NCCL_NVLS_ENABLE=0``)."""
-    links = links_of(topology)
     groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
+    return _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes, nvls_enabled)
+
+
+def _ordered_step_cost(
+    topology: Topology,
+    profile: Profile,
+    algorithm: Algorithm,
+    collective: Collective,
+    groups: np.ndarray,
+    nbytes: np.ndarray,
+    nvls_enabled: bool = True,
+) -> tuple[float, Features]:
+    """:func:`step_cost` of ``groups`` whose rows are already in ring and tree
+    order: sorted by device id, or the image of sorted rows under a symmetry of
+    the topology (:func:`~synth.cost.links.canonical_devices`; the cost is the
+    same, to the bit, as that of the sorted rows)."""
+    links = links_of(topology)
     nbytes = np.asarray(nbytes, dtype=float)
     if algorithm is Algorithm.MPI:
         return _mpi_step(links, profile, collective, groups, nbytes)
@@ -194,23 +210,27 @@ def _synthesis_groups(instruction: Instruction, hierarchy: Hierarchy) -> np.ndar
 
 
 # Step costs shared between predictors (the placements of one configuration often
-# run the same groups): (topology, profile, algorithm, collective, groups' dtype,
-# shape and bytes, nbytes' bytes) -> step_cost's result, whose Features nobody
-# mutates. Emptied when it reaches _SHARED_STEPS_LIMIT entries and by clear_caches.
+# run the same groups, or groups placed alike on other devices): (topology,
+# profile, algorithm, collective, canonical groups' dtype, shape and bytes,
+# nbytes' bytes) -> step_cost's result, whose Features nobody mutates. Emptied
+# when it reaches _SHARED_STEPS_LIMIT entries and by clear_caches.
 _SHARED_STEPS: dict[tuple, tuple[float, Features]] = {}
 _SHARED_STEPS_LIMIT = 1 << 16
 
 
 def _shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm, collective: Collective,
                       groups: np.ndarray, nbytes: np.ndarray) -> tuple[float, Features]:
-    """:func:`step_cost` memoised on the values of its arguments in ``_SHARED_STEPS``."""
+    """:func:`_ordered_step_cost` (rows in ring and tree order) memoised on the
+    values of its arguments in ``_SHARED_STEPS``. Callers pass the canonical image
+    of their groups (:func:`~synth.cost.links.canonical_devices`), so that steps
+    over groups placed alike on other devices share one entry."""
     key = (topology, profile, algorithm, collective, groups.dtype.str, groups.shape, groups.tobytes(),
            nbytes.dtype.str, nbytes.tobytes())
     cost = _SHARED_STEPS.get(key)
     if cost is None:
         if len(_SHARED_STEPS) >= _SHARED_STEPS_LIMIT:
             _SHARED_STEPS.clear()
-        cost = _SHARED_STEPS[key] = step_cost(topology, profile, algorithm, collective, groups, nbytes)
+        cost = _SHARED_STEPS[key] = _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes)
     return cost
 
 
@@ -228,14 +248,26 @@ class Predictor:
         self.profile = self.model.profile_for(reduction.topology)
         self._memo: dict[tuple[Instruction, Loads, float], tuple[float, Features]] = {}
         self._groups: dict[Instruction, np.ndarray] = {}
+        self._encoded_table: np.ndarray | None = None  # device id x devices + its canonical image
+        self._links = links_of(reduction.topology)
 
     def _global_groups(self, instruction: Instruction) -> np.ndarray:
-        """(synthesis groups x reduction groups, members) global device ids."""
-        if instruction not in self._groups:
-            table = self.reduction.synthesis_groups
+        """(synthesis groups x reduction groups, members): the global device ids
+        of each group sorted (ring and tree order), mapped by the symmetry
+        :func:`~synth.cost.links.canonical_devices` picks for the reduction's
+        whole table (so every step of this predictor uses one symmetry, and a
+        step's cost is that of the sorted device ids)."""
+        groups = self._groups.get(instruction)
+        if groups is None:
+            devices = len(self._links.ancestors[0])
+            if self._encoded_table is None:
+                table = self.reduction.synthesis_groups.astype(np.int64)
+                self._encoded_table = table * devices + canonical_devices(self._links, table)
             synthesis = _synthesis_groups(instruction, self.reduction.hierarchy)  # (s, m)
-            self._groups[instruction] = table[:, synthesis].transpose(1, 0, 2).reshape(-1, synthesis.shape[1])
-        return self._groups[instruction]
+            encoded = self._encoded_table[:, synthesis].transpose(1, 0, 2).reshape(-1, synthesis.shape[1])
+            # sorting the encoded ids sorts by device id (distinct in a group); the remainder is the image
+            groups = self._groups[instruction] = np.sort(encoded, axis=1) % devices
+        return groups
 
     def step(self, instruction: Instruction, loads: Loads, size_bytes: float) -> tuple[float, Features]:
         key = (instruction, loads, size_bytes)
@@ -252,8 +284,11 @@ class Predictor:
         return cost
 
     def program(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> float:
-        """Predicted seconds of ``program`` whose steps move ``loads`` chunks."""
-        return sum(self.step(i, l, size_bytes)[0] for i, l in zip(program.instructions, loads))
+        """Predicted seconds of ``program`` whose steps move ``loads`` chunks: the
+        ``sum`` of its steps' seconds in program order."""
+        memo = self._memo
+        return sum([(memo.get((i, l, size_bytes)) or self.step(i, l, size_bytes))[0]
+                    for i, l in zip(program.instructions, loads)])
 
     def features(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> Features:
         total = Features.zero(len(self.reduction.topology.levels))

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from ..search import ReductionPrograms
+from ..semantics import Loads
 from .model import Model
 from .predict import Predictor, default_program
 
@@ -36,7 +37,18 @@ def rank(result: ReductionPrograms, size_bytes: float, model: Model | None = Non
     """Predict every program of a reduction and sort them, fastest first (ties
     keep the search's order)."""
     predictor = Predictor(result.reduction, model)
-    times = [predictor.program(p, l, size_bytes) for p, l in zip(result.programs, result.loads)]
+    instructions = result.instructions
+    # a step's seconds per (instruction index, loads): Predictor.program's sum, over keys that hash in C
+    step_s: dict[tuple[int, Loads], float] = {}
+    times = []
+    for indices, loads in result.search.indices:
+        seconds = []
+        for key in zip(indices, loads):
+            s = step_s.get(key)
+            if s is None:
+                s = step_s[key] = predictor.step(instructions[key[0]], key[1], size_bytes)[0]
+            seconds.append(s)
+        times.append(sum(seconds))  # as Predictor.program: the sum in program order
     order = tuple(sorted(range(len(times)), key=lambda i: (times[i], i)))
     default = default_program(result.reduction.goal)
     default_index = next((i for i, p in enumerate(result.programs) if p == default), None)
