@@ -286,9 +286,7 @@ class Predictor:
     def program(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> float:
         """Predicted seconds of ``program`` whose steps move ``loads`` chunks: the
         ``sum`` of its steps' seconds in program order."""
-        memo = self._memo
-        return sum([(memo.get((i, l, size_bytes)) or self.step(i, l, size_bytes))[0]
-                    for i, l in zip(program.instructions, loads)])
+        return sum(self.step(i, l, size_bytes)[0] for i, l in zip(program.instructions, loads))
 
     def features(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> Features:
         total = Features.zero(len(self.reduction.topology.levels))
