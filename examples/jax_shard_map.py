@@ -22,8 +22,8 @@ from jax.sharding import PartitionSpec as P
 
 import synth
 import synth.jax
-from synth.language import format_program
-from synth.meshes import mesh_layout
+from synth.runtime.meshes import mesh_layout
+from synth.synthesis.language import format_program
 
 
 def main() -> int:

@@ -39,13 +39,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth.backends import MPIWorld  # noqa: E402
-from synth.language import parse_program  # noqa: E402
-from synth.lowering import lower  # noqa: E402
-from synth.placement import Placement, parse_axes  # noqa: E402
-from synth.reduction import Reduction  # noqa: E402
-from synth.runtime import Executor  # noqa: E402
-from synth.semantics import Goal  # noqa: E402
+from synth.runtime.backends import MPIWorld  # noqa: E402
+from synth.runtime.executor import Executor  # noqa: E402
+from synth.synthesis.language import parse_program  # noqa: E402
+from synth.synthesis.lowering import lower  # noqa: E402
+from synth.synthesis.placement import Placement, parse_axes  # noqa: E402
+from synth.synthesis.reduction import Reduction  # noqa: E402
+from synth.synthesis.semantics import Goal  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 from synth.units import parse_size  # noqa: E402
 

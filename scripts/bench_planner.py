@@ -3,7 +3,7 @@
 Runs ``synth.plan_job`` (what ``synth-reduce plan`` does, without proving the
 listed programs) on the cases below, each ``--repeat`` times in this process:
 the first run of a case starts from a cold synthesis cache
-(``synth.search.clear_cache()``), the others are warm (the synthesis cache
+(``synth.synthesis.search.clear_cache()``), the others are warm (the synthesis cache
 survives; collective costs are per run). It reports the configurations
 (size assignments x micro-batches x placements) ranked, wall and CPU seconds
 (``time.process_time``), configurations per CPU second, and the target of
@@ -28,12 +28,12 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth.placement import parse_axis_ranges  # noqa: E402
-from synth.planner import JobRequest, plan_job  # noqa: E402
-from synth.search import clear_cache  # noqa: E402
-from synth.stepmodel import Training  # noqa: E402
+from synth.planner.search import JobRequest, plan_job  # noqa: E402
+from synth.planner.stepmodel import Training  # noqa: E402
+from synth.planner.transformer import Recompute, load_model  # noqa: E402
+from synth.synthesis.placement import parse_axis_ranges  # noqa: E402
+from synth.synthesis.search import clear_cache  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
-from synth.transformer import Recompute, load_model  # noqa: E402
 
 TARGET_S = 10.0
 TARGET_CONFIGURATIONS = 1000

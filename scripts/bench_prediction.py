@@ -35,10 +35,10 @@ except ImportError:  # running from a checkout without installing
 
 from synth.cost import Model, rank  # noqa: E402
 from synth.cost.predict import clear_caches  # noqa: E402
-from synth.placement import Axis, enumerate_placements  # noqa: E402
-from synth.reduction import Reduction  # noqa: E402
-from synth.search import synthesize_reduction  # noqa: E402
-from synth.semantics import Goal  # noqa: E402
+from synth.synthesis.placement import Axis, enumerate_placements  # noqa: E402
+from synth.synthesis.reduction import Reduction  # noqa: E402
+from synth.synthesis.search import synthesize_reduction  # noqa: E402
+from synth.synthesis.semantics import Goal  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 
 TARGET_S = 0.020

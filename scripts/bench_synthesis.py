@@ -57,10 +57,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("synth") is None:  # not installed: use the repository checkout
     sys.path.insert(0, str(REPO_ROOT))
 
-from synth.placement import Axis, enumerate_placements  # noqa: E402
-from synth.reduction import Reduction  # noqa: E402
-from synth.search import clear_cache, synthesize_reduction  # noqa: E402
-from synth.semantics import Goal  # noqa: E402
+from synth.synthesis.placement import Axis, enumerate_placements  # noqa: E402
+from synth.synthesis.reduction import Reduction  # noqa: E402
+from synth.synthesis.search import clear_cache, synthesize_reduction  # noqa: E402
+from synth.synthesis.semantics import Goal  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 
 MAX_STEPS = 5

@@ -9,7 +9,7 @@ by hand except P2's published figures, which are marked as such. Needs matplotli
 (``pip install '.[plots]'``).
 
 The measures and their definitions (also stated in the report) are in
-synth/evaluation.py; this script turns them into text and plots.
+synth/testbed/evaluation.py; this script turns them into text and plots.
 """
 
 from __future__ import annotations
@@ -25,11 +25,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from synth.evaluation import (  # noqa: E402
-    case_results, data_files, default_ratios, distribution, group, noise, placement_spreads, predictions,
-    program_time, rankings, repeats, top_k)
-from synth.fit import samples_of  # noqa: E402
-from synth.records import read_records  # noqa: E402
+from synth.cost.fit import samples_of  # noqa: E402
+from synth.cost.records import read_records  # noqa: E402
+from synth.testbed.evaluation import (  # noqa: E402
+    case_results,
+    data_files,
+    default_ratios,
+    distribution,
+    group,
+    noise,
+    placement_spreads,
+    predictions,
+    program_time,
+    rankings,
+    repeats,
+    top_k,
+)
 from synth.units import format_size  # noqa: E402
 
 P2 = {"share_above_1": 0.69, "mean": 1.27, "max": 2.04, "top": {1: 0.52, 3: 0.72, 10: 0.92}}
@@ -301,7 +312,7 @@ def report(data: Path, out_md: Path) -> str:
     w(f"![predicted vs measured]({rel(plots['predicted'])})")
     w("")
     w("Held-out: per cluster, two-fold cross-validation over whole cases (a case goes to one half),")
-    w("`synth.fit.fit_profile` on one half predicts the other. The fit learns per-level bandwidth and")
+    w("`synth.cost.fit.fit_profile` on one half predicts the other. The fit learns per-level bandwidth and")
     w("latency and a per-call overhead; fitting one efficiency per collective as well (`fit --efficiency`)")
     w("lowers the error but ranks worse, which is why it is not the default (last rows; this choice was")
     w("made on these measurements).")

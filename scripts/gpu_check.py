@@ -7,7 +7,7 @@ the libraries, and a summary line; exit 1 if a check failed.
     torchrun --nproc-per-node N scripts/gpu_check.py --executor   # one of its checks
 
 Single-rank checks run on any GPU: every collective of the CuPy NCCL backend
-(``synth.backends``) and of the torch backend (``synth.torch``) on one-member
+(``synth.runtime.backends``) and of the torch backend (``synth.torch``) on one-member
 communicators, whose sum, scatter, gather and broadcast must leave the GPU
 buffer as it was, in every dtype the backends claim. With two GPUs or more, one
 rank per GPU: the torch executor on every allreduce program of a placement and
@@ -40,7 +40,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
 def host_data(name: str) -> np.ndarray:
     """Small integers, exact in every dtype (bfloat16 through ml_dtypes)."""
-    from synth.bench import numpy_dtype
+    from synth.runtime.bench import numpy_dtype
 
     return (np.arange(24) % 7 - 3).astype(numpy_dtype(name))
 
@@ -67,9 +67,9 @@ def identity_checks(comm, to_device, to_host, empty) -> list[str]:
 
 
 def check_cupy() -> tuple[str, str]:
-    from synth.backends import _import_cupy_nccl, _NCCLComm
+    from synth.cost.nccl_log import version_text
     from synth.errors import SynthError
-    from synth.nccl_log import version_text
+    from synth.runtime.backends import _import_cupy_nccl, _NCCLComm
 
     try:
         cupy, nccl = _import_cupy_nccl()
@@ -148,14 +148,14 @@ def executor_worker() -> int:
     import torch.distributed as dist
 
     import synth.torch
-    from synth.bench import numpy_dtype, rank_data
-    from synth.lowering import lower
-    from synth.placement import enumerate_placements, parse_axes
     from synth.plan import Plan
-    from synth.reduction import Reduction
-    from synth.runtime import reference
-    from synth.search import synthesize_reduction
-    from synth.semantics import Goal
+    from synth.runtime.bench import numpy_dtype, rank_data
+    from synth.runtime.executor import reference
+    from synth.synthesis.lowering import lower
+    from synth.synthesis.placement import enumerate_placements, parse_axes
+    from synth.synthesis.reduction import Reduction
+    from synth.synthesis.search import synthesize_reduction
+    from synth.synthesis.semantics import Goal
     from synth.topology import load_topology, parse_scale
 
     world = synth.torch.init_process_group()

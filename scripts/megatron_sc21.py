@@ -36,14 +36,14 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from synth.compute import ComputeProfile  # noqa: E402
-from synth.placement import Axis, AxisRange, Placement  # noqa: E402
-from synth.planner import JobRequest, plan_job  # noqa: E402
-from synth.stepfit import RecordCosts, fit_compute, predicted_step_s  # noqa: E402
-from synth.stepmodel import Configuration, Sharding, Training  # noqa: E402
-from synth.steprecords import StepRecord, read_step_records, write_step_records  # noqa: E402
+from synth.planner.compute import ComputeProfile  # noqa: E402
+from synth.planner.search import JobRequest, plan_job  # noqa: E402
+from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s  # noqa: E402
+from synth.planner.stepmodel import Configuration, Sharding, Training  # noqa: E402
+from synth.planner.steprecords import StepRecord, read_step_records, write_step_records  # noqa: E402
+from synth.planner.transformer import Recompute, load_model  # noqa: E402
+from synth.synthesis.placement import Axis, AxisRange, Placement  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
-from synth.transformer import Recompute, load_model  # noqa: E402
 
 TABLE = ROOT / "data" / "megatron_sc21.jsonl"
 RECORDS = ROOT / "data" / "megatron_sc21_steps.jsonl"
@@ -160,7 +160,7 @@ def _rank_of(solution, config: Configuration) -> str:
 
 
 def _megatron_breakdown(record: StepRecord, compute: ComputeProfile, costs: RecordCosts) -> dict:
-    from synth.stepmodel import compute_seconds, step_shape, step_time
+    from synth.planner.stepmodel import compute_seconds, step_shape, step_time
 
     shape = step_shape(record.model, record.training, record.config)
     micro_batch_s, efficiency = compute_seconds(shape, record.device, compute)

@@ -9,7 +9,7 @@ Every number comes from the committed data and the shipped topologies:
   time of each call, latency-bound (< 1 MiB) and bandwidth-bound (>= 64 MiB),
   predicted with (a) the prior (the topology's numbers and NCCL's constants, no
   fitting), (b) held out by size: two folds per topology, the sizes with an even
-  and with an odd log2, each fitted (``synth.fit.fit_profile``) on the other fold
+  and with an odd log2, each fitted (``synth.cost.fit.fit_profile``) on the other fold
   of every set of that topology, and (c) held out by source: fitted on the other
   sets of the same topology (where it has some).
 
@@ -33,10 +33,10 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth.corpus import read_corpus  # noqa: E402
 from synth.cost import Algorithm, Profile  # noqa: E402
+from synth.cost.corpus import read_corpus  # noqa: E402
+from synth.cost.fit import CallSample, call_samples, fit_profile, predict_all  # noqa: E402
 from synth.cost.nccl import NCCL_VERSION, choose, comm_of  # noqa: E402
-from synth.fit import CallSample, call_samples, fit_profile, predict_all  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -44,7 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "results" / "data"
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from synth.evaluation import CLUSTERS, cases  # noqa: E402
+from synth.testbed.evaluation import CLUSTERS, cases  # noqa: E402
+
+
 @dataclass(frozen=True)
 class Baseline:
     """How OpenMPI runs the default all-reduce (and every step) in one set of runs."""
@@ -66,11 +68,11 @@ BASELINES = {
 
 def worker(args: argparse.Namespace) -> int:
     """Runs on every rank under mpiexec: bench every case in one MPI job."""
+    from mpi4py import MPI
+
     from synth.cli.bench import run_bench
     from synth.errors import SynthError
     from synth.topology import load_topology
-
-    from mpi4py import MPI
 
     rank = MPI.COMM_WORLD.Get_rank()
     todo = cases(load_topology(args.cluster).num_devices, args.quick)

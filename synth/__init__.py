@@ -1,11 +1,23 @@
 """synth-reduce: placements and verified hierarchical reduction programs.
 
-The pipeline, one module per concept: ``topology`` -> ``placement`` ->
-``language`` -> ``semantics`` -> ``reduction`` -> ``search`` -> ``lowering`` ->
-``execute`` (numpy reference) / ``prove`` (z3) / ``verify`` -> ``cost`` ->
-``plan`` -> ``runtime`` (``backends``, ``bench``) -> ``cli``. The job planner:
-``transformer`` -> ``compute`` -> ``stepmodel`` -> ``planner`` (``steprecords``,
-``stepfit`` learn its compute curve).
+The package shows the pipeline, one stage per subpackage, each importing only
+the stages below it (``tests/test_layout.py`` checks this):
+
+* top level, shared by every stage: ``errors``, ``units``, ``resources``,
+  ``documents`` (versioned JSON), ``topology``; ``plan`` (the plan document:
+  built from and re-derived with the synthesis stage, read by every stage
+  above it); ``api`` (the public API) and the adapters ``torch`` and ``jax``;
+* ``synthesis``: placements, the reduction language and its semantics, the
+  search, lowering, and the two verifiers (numpy reference, z3);
+* ``cost``: the contention-aware cost model (what NCCL or MPI runs, and how
+  long it takes), its measurement records, the NCCL corpus and the fit;
+* ``planner``: the job planner (model shapes, compute, step model, the search
+  over sizes, micro-batches and placements) and whole-job workloads;
+* ``runtime``: the executor of plans, its backends (numpy, MPI, NCCL, torch)
+  and ``bench``/``tune``;
+* ``export``: files other stacks load (NCCL, trainers);
+* ``testbed``: the emulated cluster and the evaluation measured on it;
+* ``cli``: the ``synth-reduce`` command, one module per command.
 
 The public API, importable from the package top level::
 
@@ -14,10 +26,10 @@ The public API, importable from the package top level::
     synth.write_plan("plan.json", solution.plan())
     plan = synth.load_plan("plan.json")          # light: numpy only
     synth.verify_plan(plan)                      # numpy reference + z3
-    synth.Executor(plan, world)(buffer)          # run it (see synth.runtime)
+    synth.Executor(plan, world)(buffer)          # run it (see synth.runtime.executor)
 
-Names are loaded on first use, so ``import synth.runtime`` (a trainer executing
-a plan) does not load the synthesizer (z3, lark, yaml).
+Names are loaded on first use, so ``import synth.runtime.executor`` (a trainer
+executing a plan) does not load the synthesizer (z3, lark, yaml).
 """
 
 from __future__ import annotations
@@ -30,12 +42,13 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "solve": "api", "solve_problem": "api", "solve_sizes": "api", "rank_placements": "api", "Solution": "api",
-    "SizesSolution": "api", "plan_job": "planner", "JobRequest": "planner", "JobSolution": "planner",
-    "PlacementResult": "api", "ProgramResult": "api", "WorkloadSolution": "api",
+    "SizesSolution": "api", "PlacementResult": "api", "ProgramResult": "api", "WorkloadSolution": "api",
+    "plan_job": "planner.search", "JobRequest": "planner.search", "JobSolution": "planner.search",
     "load_plan": "plan", "write_plan": "plan", "Plan": "plan",
-    "verify_plan": "verify", "Executor": "runtime",
+    "verify_plan": "synthesis.verify", "Executor": "runtime.executor",
     "Model": "cost", "Algorithm": "cost", "Profile": "cost",
-    "Reduction": "reduction", "Goal": "semantics", "Topology": "topology", "load_topology": "topology",
+    "Reduction": "synthesis.reduction", "Goal": "synthesis.semantics",
+    "Topology": "topology", "load_topology": "topology",
     "SynthError": "errors",
 }
 _SUBMODULES = ("torch", "jax")
@@ -50,17 +63,26 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from typing import Any
 
-    from .api import (PlacementResult, ProgramResult, SizesSolution, Solution, WorkloadSolution, rank_placements,
-                      solve, solve_problem, solve_sizes)
+    from .api import (
+        PlacementResult,
+        ProgramResult,
+        SizesSolution,
+        Solution,
+        WorkloadSolution,
+        rank_placements,
+        solve,
+        solve_problem,
+        solve_sizes,
+    )
     from .cost import Algorithm, Model, Profile
     from .errors import SynthError
     from .plan import Plan, load_plan, write_plan
-    from .planner import JobRequest, JobSolution, plan_job
-    from .reduction import Reduction
-    from .runtime import Executor
-    from .semantics import Goal
+    from .planner.search import JobRequest, JobSolution, plan_job
+    from .runtime.executor import Executor
+    from .synthesis.reduction import Reduction
+    from .synthesis.semantics import Goal
+    from .synthesis.verify import verify_plan
     from .topology import Topology, load_topology
-    from .verify import verify_plan
 
 
 def __getattr__(name: str) -> Any:

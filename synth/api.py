@@ -25,19 +25,26 @@ import numpy as np
 
 from .cost import Model, Predictor, Ranked, default_program, rank
 from .errors import SynthError
-from .language import Program, format_program
-from .lowering import LoweredProgram, LoweredStep, lower
-from .placement import (Axis, AxisRange, Constraint, Placement, enumerate_placements, parse_axis_ranges,
-                        size_assignments)
 from .plan import Plan, PlannedProgram, PlannedReduction
-from .problem import AxesSpec, Problem, TopologySpec, make_problem, resolve_topology
-from .reduction import Reduction
-from .search import ReductionPrograms, synthesize_reduction
-from .semantics import Goal, Hierarchy
+from .planner.workload import PlacementCost, WorkloadItem, parse_workload, placement_costs
+from .synthesis.language import Program, format_program
+from .synthesis.lowering import LoweredProgram, LoweredStep, lower
+from .synthesis.placement import (
+    Axis,
+    AxisRange,
+    Constraint,
+    Placement,
+    enumerate_placements,
+    parse_axis_ranges,
+    size_assignments,
+)
+from .synthesis.problem import AxesSpec, Problem, TopologySpec, make_problem, resolve_topology
+from .synthesis.reduction import Reduction
+from .synthesis.search import ReductionPrograms, synthesize_reduction
+from .synthesis.semantics import Goal, Hierarchy
+from .synthesis.verify import Verification, verify_program
 from .topology import Topology
 from .units import parse_size
-from .verify import Verification, verify_program
-from .workload import PlacementCost, WorkloadItem, parse_workload, placement_costs
 
 DEFAULT_SIZE_BYTES = 256 * 2**20
 Progress = Callable[[str], None]
@@ -94,7 +101,7 @@ class ProgramResult:
 
     def verified(self) -> "ProgramResult":
         """This program, proved (numpy reference + z3, shared with every
-        placement of the same synthesis hierarchy: :func:`synth.verify.verify_program`);
+        placement of the same synthesis hierarchy: :func:`synth.synthesis.verify.verify_program`);
         SynthError if it fails. Does not lower the program onto the whole system."""
         if self.verification is not None:
             return self
@@ -107,7 +114,7 @@ class Ranking:
     """A reduction's programs by predicted time, fastest first (ties: the
     search's order, shortest first): the first ``len(first)`` are known, the
     others are found when asked for (:meth:`upto`), by k shortest paths over
-    the search's graph (:meth:`synth.search.ReductionPrograms.best`)."""
+    the search's graph (:meth:`synth.synthesis.search.ReductionPrograms.best`)."""
 
     result: ReductionPrograms
     count: int
@@ -282,7 +289,7 @@ def solve_problem(
     top: int | None = None,
     progress: Progress | None = None,
 ) -> Solution:
-    """:func:`solve` on a checked :class:`~synth.problem.Problem`."""
+    """:func:`solve` on a checked :class:`~synth.synthesis.problem.Problem`."""
     if top is not None and top < 0:
         raise SynthError(f"--top {top}: must be >= 0")
     model.profile_for(problem.topology)  # a profile of another topology fails before any work

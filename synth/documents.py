@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import SynthError

@@ -42,18 +42,18 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from .errors import SynthError
-from .language import Collective
-from .lowering import LoweredProgram
-from .meshes import MeshLayout, mesh_layout
 from .plan import Plan, PlannedReduction, as_plan
-from .runtime import piece_length, schedule
-from .semantics import Goal
+from .runtime.executor import piece_length, schedule
+from .runtime.meshes import MeshLayout, mesh_layout
+from .synthesis.language import Collective
+from .synthesis.lowering import LoweredProgram
+from .synthesis.semantics import Goal
 
 
 def mesh(plan: Plan | str | os.PathLike, hierarchical: bool = False, devices: Sequence[Any] | None = None) -> Mesh:
     """A ``jax.sharding.Mesh`` holding ``devices[d]`` (default ``jax.devices()``)
     at the plan's mesh position of device ``d``, with the plan's axis names, or
-    one sub-axis per level each axis spans (:mod:`synth.meshes`)."""
+    one sub-axis per level each axis spans (:mod:`synth.runtime.meshes`)."""
     layout = mesh_layout(as_plan(plan).placement, hierarchical)
     return _mesh(layout, devices)
 

@@ -8,10 +8,10 @@ command; several for ``tune`` or the job planner).
 
 :func:`load_plan` is the path to execution and stays light (numpy only: no z3,
 lark or yaml): it rebuilds the placement, re-derives every program's lowering
-from its text with the semantics (:func:`synth.lowering.lower`) and refuses a
+from its text with the semantics (:func:`synth.synthesis.lowering.lower`) and refuses a
 file whose stored values differ in any field from that derivation. Proving the
 programs (numpy reference and z3) is a separate, explicit step:
-:func:`synth.verify.verify_plan` or ``synth-reduce verify``.
+:func:`synth.synthesis.verify.verify_plan` or ``synth-reduce verify``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any, Sequence
 from . import __version__
 from .documents import read_document, write_document
 from .errors import SynthError
-from .language import Program, format_program, read_program
-from .lowering import LoweredProgram, as_runs, lower
-from .placement import Axis, Placement
-from .reduction import Reduction
-from .semantics import Goal
+from .synthesis.language import Program, format_program, read_program
+from .synthesis.lowering import LoweredProgram, as_runs, lower
+from .synthesis.placement import Axis, Placement
+from .synthesis.reduction import Reduction
+from .synthesis.semantics import Goal
 from .topology import topology_from_dict
 
 SCHEMA = "synth-reduce/plan"

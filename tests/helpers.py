@@ -20,9 +20,9 @@ def usage_error(cli, *argv) -> str:
 def synthesize_all(placements, reduce, goal=None, max_steps=5):
     """Every placement's programs for a reduction over ``reduce`` (names) toward
     ``goal`` (default allreduce), in placement order."""
-    from synth.reduction import Reduction
-    from synth.search import synthesize_reduction
-    from synth.semantics import Goal
+    from synth.synthesis.reduction import Reduction
+    from synth.synthesis.search import synthesize_reduction
+    from synth.synthesis.semantics import Goal
 
     goal = Goal.ALLREDUCE if goal is None else goal
     return [synthesize_reduction(Reduction.of(p, reduce, goal), max_steps) for p in placements]

@@ -22,16 +22,16 @@ import sys
 
 import numpy as np
 
-from synth.backends import MPIWorld
-from synth.bench import rank_data
 from synth.errors import SynthError
-from synth.language import format_program
-from synth.lowering import lower
-from synth.placement import enumerate_placements, parse_axes
-from synth.runtime import Executor, reference
-from synth.reduction import Reduction
-from synth.search import synthesize_reduction
-from synth.semantics import Goal
+from synth.runtime.backends import MPIWorld
+from synth.runtime.bench import rank_data
+from synth.runtime.executor import Executor, reference
+from synth.synthesis.language import format_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import enumerate_placements, parse_axes
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.search import synthesize_reduction
+from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
 
 PROBLEMS = (("dp=8", "dp"), ("dp=4,mp=2", "dp"), ("dp=2,mp=4", "dp,mp"), ("dp=2,mp=4", "dp"))
@@ -69,6 +69,8 @@ def check_programs(world: MPIWorld) -> int:
                 buffer[mine.checked], mine.expected[mine.checked]
             ):
                 failures.append(f"rank {world.rank}: {where}: {lowered.program} length {length} {dtype}")
+        if world.rank == 0 and programs % 20 == 0:  # progress: the test's watchdog bounds the silence, not the run
+            print(f"progress: {programs} programs", file=sys.stderr, flush=True)
     everyone = world.allgather(failures)
     if world.rank == 0:
         wrong = [f for fs in everyone for f in fs]

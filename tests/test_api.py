@@ -13,20 +13,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import limit_s
 
 import synth
-from synth.backends import run_local
 from synth.cli import main
 from synth.cost import Algorithm, Model, Profile, default_program
+from synth.cost.records import Record, append_records, read_records
 from synth.errors import SynthError
-from synth.language import format_program, parse_program
-from synth.lowering import lower
-from synth.placement import Placement, enumerate_placements, parse_axes
 from synth.plan import Plan, PlannedProgram, PlannedReduction, load_plan, plan_document, write_plan
-from synth.records import Record, append_records, read_records
-from synth.reduction import Reduction
-from synth.runtime import Executor, reference
-from synth.semantics import Goal
+from synth.runtime.backends import run_local
+from synth.runtime.executor import Executor, reference
+from synth.synthesis.language import format_program, parse_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import Placement, enumerate_placements, parse_axes
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,7 +155,7 @@ def test_reduction_rejects_unknown_repeated_or_unordered_axes():
 
 
 def test_semantics_does_not_import_placement():
-    source = (REPO / "synth" / "semantics.py").read_text()
+    source = (REPO / "synth" / "synthesis" / "semantics.py").read_text()
     assert "placement" not in [line.split()[1].lstrip(".") for line in source.splitlines()
                                if line.startswith(("from .", "import "))]
 
@@ -285,17 +286,17 @@ def test_the_runtime_loads_and_runs_a_plan_without_the_synthesizer(tmp_path):
     write_plan(path, _two_reduction_plan())
     code = (
         "import sys, numpy as np\n"
-        "import synth.runtime\n"
+        "import synth.runtime.executor\n"
         "heavy = lambda: sorted({'z3', 'lark', 'yaml'} & {m.split('.')[0] for m in sys.modules})\n"
         "print(heavy())\n"
         "import synth\n"
         f"plan = synth.load_plan({str(path)!r})\n"
-        "from synth.backends import run_local\n"
+        "from synth.runtime.backends import run_local\n"
         "out = np.arange(8 * 5, dtype=np.float64).reshape(8, 5)\n"
         "run_local(8, lambda w: synth.Executor(plan, w, reduce='mp', goal='reducescatter')(out[w.rank]))\n"
         "print(heavy())\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit_s(120), cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[]", "[]"]
 
@@ -363,12 +364,12 @@ def test_listing_every_program_is_refused_before_enumerating_beyond_the_limit(mo
 
 
 def test_lowering_that_would_not_fit_is_refused_before_building(monkeypatch):
-    import synth.lowering
+    import synth.synthesis.lowering
 
     solution = synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp", top=1)
     best = solution.placements[1].programs[0]
     assert best.verification.proof.proved  # verified without lowering
-    monkeypatch.setattr(synth.lowering, "LOWERED_LIMIT_BYTES", 1000)
+    monkeypatch.setattr(synth.synthesis.lowering, "LOWERED_LIMIT_BYTES", 1000)
     with pytest.raises(SynthError) as exc:
         best.lowered
     assert str(exc.value).startswith(
@@ -384,13 +385,13 @@ def test_max_steps_has_an_upper_bound():
 def test_each_program_is_proved_once_per_hierarchy_sizes(monkeypatch):
     """Placements with the same synthesis-hierarchy sizes share the z3 proof of
     a program; each placement's reduction group 0 is still checked numerically."""
-    import synth.verify
+    import synth.synthesis.verify
 
-    synth.verify.clear_cache()
+    synth.synthesis.verify.clear_cache()
     proved, checked = [], []
-    real_prove, real_check = synth.verify.prove, synth.verify.check_runs
-    monkeypatch.setattr(synth.verify, "prove", lambda lowered: proved.append(lowered) or real_prove(lowered))
-    monkeypatch.setattr(synth.verify, "check_runs", lambda *a, **kw: checked.append(a) or real_check(*a, **kw))
+    real_prove, real_check = synth.synthesis.verify.prove, synth.synthesis.verify.check_runs
+    monkeypatch.setattr(synth.synthesis.verify, "prove", lambda lowered: proved.append(lowered) or real_prove(lowered))
+    monkeypatch.setattr(synth.synthesis.verify, "check_runs", lambda *a, **kw: checked.append(a) or real_check(*a, **kw))
     solution = synth.solve("p2-a100", {"a": 4, "b": 2, "c": 8}, reduce="a,c")
     listed = [(p.hierarchy.sizes, r.text, p.reduction.rank_to_synthesis_index)
               for p in solution.placements for r in p.programs]
@@ -399,4 +400,4 @@ def test_each_program_is_proved_once_per_hierarchy_sizes(monkeypatch):
     assert len(checked) == len(set(listed))
     scope = solution.placements[0].programs[0].verification.proof.scope
     assert scope == "reduction group 0 of 2; the others run the same program (checked)"
-    synth.verify.clear_cache()
+    synth.synthesis.verify.clear_cache()

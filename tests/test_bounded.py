@@ -1,5 +1,5 @@
-"""The enumerator (synth.search) against an independent z3 bounded search
-(synth.bounded): same valid programs up to the step limit on small hierarchies,
+"""The enumerator (synth.synthesis.search) against an independent z3 bounded search
+(synth.synthesis.bounded): same valid programs up to the step limit on small hierarchies,
 plus paired valid/invalid programs and unit checks of the z3 rules."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import z3
 
-from synth.bounded import DevState, bounded_programs, concrete, effects, instructions, is_valid, transitions
-from synth.language import Collective
-from synth.search import synthesize
-from synth.semantics import Goal, Hierarchy
+from synth.synthesis.bounded import DevState, bounded_programs, concrete, effects, instructions, is_valid, transitions
+from synth.synthesis.language import Collective
+from synth.synthesis.search import synthesize
+from synth.synthesis.semantics import Goal, Hierarchy
 
 NAMES = {1: ("gpu",), 2: ("node", "gpu"), 3: ("rack", "node", "gpu")}
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import limit_s
+from helpers import usage_error
 
 from synth.cli import main
-
-from helpers import usage_error
 
 REPO = Path(__file__).resolve().parents[1]
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp")
@@ -656,7 +656,7 @@ def test_subprocess_exit_code_2_without_traceback(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(
         [sys.executable, "-m", "synth.cli", "--topology", "p2-a100", "--axes", "dp=4,mp=8"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=limit_s(120),
     )
     assert proc.returncode == 2
     assert proc.stdout == ""

@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from processes import limit_s
 from helpers import usage_error
-from synth.cli import COMMANDS, SUMMARIES, main
+
+from synth.cli import main
 from synth.cli.args import Parser
 from synth.cli.bench import request_of
+from synth.cli.commands import COMMANDS, SUMMARIES
 
 REPO = Path(__file__).resolve().parent.parent
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16")
@@ -242,7 +244,7 @@ sys.exit(main(sys.argv[2:]))
 def test_ctrl_c_during_start_up_is_one_line(module):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", INTERRUPT_AT_IMPORT, module, "--topology", "testbed-2x4",
-                           "--axes", "dp=8"], env=env, capture_output=True, text=True, timeout=120)
+                           "--axes", "dp=8"], env=env, capture_output=True, text=True, timeout=limit_s(120))
     assert (done.returncode, done.stderr, done.stdout) == (130, "synth-reduce: interrupted\n", "")
 
 

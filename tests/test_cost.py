@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import model, synthesize_all
 
-from synth.cost.algorithms import mpi_algorithm
 from synth.cost import (
     Algorithm,
-    Model,
     Features,
+    Model,
     Predictor,
     Profile,
     default_program,
@@ -27,15 +27,14 @@ from synth.cost import (
     rank,
     step_cost,
 )
+from synth.cost.algorithms import mpi_algorithm
 from synth.errors import SynthError
-from synth.language import Collective, format_program, parse_program
-from synth.lowering import lower
-from synth.placement import Placement, enumerate_placements, parse_axes
-from synth.reduction import Reduction
-from synth.semantics import Goal
+from synth.synthesis.language import Collective, format_program, parse_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import Placement, enumerate_placements, parse_axes
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
-
-from helpers import model, synthesize_all
 
 AR, RS, AG, RED, BC = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER,
                        Collective.REDUCE, Collective.BROADCAST)
@@ -743,7 +742,7 @@ def test_shared_step_costs_and_round_geometries_do_not_change_a_prediction(algo)
     groups): every program of every placement predicted with everything the
     others left in those memos equals its prediction from empty memos."""
     from synth.cost.predict import clear_caches
-    from synth.search import synthesize_reduction
+    from synth.synthesis.search import synthesize_reduction
 
     topology = load_topology("p2-a100")
     m = model(algo)

@@ -1,4 +1,4 @@
-"""The measured evaluation (synth.evaluation, scripts/evaluation_report.py): the
+"""The measured evaluation (synth.testbed.evaluation, scripts/evaluation_report.py): the
 case list and the measures docs/results.md reports, on hand-made records, and the
 report script run on measurements of a known model."""
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import limit_s
 
-from synth import evaluation as rep
-from synth.problem import ProblemSpec
+from synth.testbed import evaluation as rep
+from synth.synthesis.problem import ProblemSpec
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 run = rep  # the case list lives beside the measures
@@ -102,8 +103,8 @@ def test_report_on_measurements_of_a_known_model(tmp_path):
     simulator exact (top-1 100%, no error) and the speedups of the data."""
     pytest.importorskip("matplotlib")
     from synth.cost import Algorithm, Model, rank
-    from synth.language import format_program
-    from synth.search import synthesize_reduction
+    from synth.synthesis.language import format_program
+    from synth.synthesis.search import synthesize_reduction
     from synth.topology import load_topology
 
     topology = load_topology("testbed-2x4")
@@ -131,7 +132,7 @@ def test_report_on_measurements_of_a_known_model(tmp_path):
     (data / "testbed-2x4-flat.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "results.md"
     subprocess.run([sys.executable, str(SCRIPTS / "evaluation_report.py"), "--data", str(data), "--out", str(out)],
-                   check=True, timeout=300)
+                   check=True, timeout=limit_s(300))
     text = out.read_text()
     parsed = [json.loads(x) for x in lines]
     cases = len({(repr(d["matrix"]), d["reduce"][0], d["size_bytes"]) for d in parsed})
@@ -159,6 +160,6 @@ def test_repeats_compare_one_program_on_the_same_ranks_across_cases(tmp_path):
         line([{"name": "dp", "size": 4}, {"name": "mp", "size": 2}], [[2, 2], [1, 2]], ["dp", "mp"], 3.0),
         line([{"name": "dp", "size": 4}, {"name": "mp", "size": 2}], [[2, 2], [1, 2]], ["dp"], 5.0),
     ]) + "\n")
-    from synth.fit import load_samples
+    from synth.cost.fit import load_samples
 
     assert rep.repeats(load_samples(path)[1]) == [1.5]

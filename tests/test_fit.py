@@ -1,4 +1,4 @@
-"""Learning the cost model (synth.fit, ``synth-reduce fit`` and ``validate``) on
+"""Learning the cost model (synth.cost.fit, ``synth-reduce fit`` and ``validate``) on
 synthetic measurement files generated from a known "true" profile: the fit must
 recover the parameters, validate must score a perfect model as perfect, and bad
 files and profiles must give a one-line error with exit code 2."""
@@ -13,17 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import model, synthesize_all, usage_error
 
 from synth.cost import Algorithm, Predictor, Profile, default_program, load_profile, save_profile, step_cost
-from synth.cost.profile import PROFILE_SCHEMA
+from synth.cost.fit import accuracy, fit_profile, split_cases
+from synth.cost.fit import load_samples as load_measurements
 from synth.cost.nccl import NCCL_KEYS
-from synth.fit import accuracy, fit_profile, load_samples as load_measurements, split_cases
-from synth.language import Collective, format_program
-from synth.placement import enumerate_placements, parse_axes
-from synth.semantics import Goal
+from synth.cost.profile import PROFILE_SCHEMA
+from synth.synthesis.language import Collective, format_program
+from synth.synthesis.placement import enumerate_placements, parse_axes
+from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
-
-from helpers import model, synthesize_all, usage_error
 
 TESTBED_CONFIGS = [("dp=8", ("dp",)), ("dp=4,mp=2", ("dp",)), ("dp=2,mp=4", ("dp",)), ("dp=2,mp=4", ("mp",))]
 TESTBED_SIZES = [4096, 2**20, 16 * 2**20]
@@ -537,7 +537,7 @@ def test_validate_reports_no_top_k_from_fewer_than_ten_cases(cli, tmp_path, clea
 
 
 def test_wilson_interval():
-    from synth.fit import wilson_interval
+    from synth.cost.fit import wilson_interval
 
     assert wilson_interval(9, 10) == pytest.approx((0.5958, 0.9821), abs=1e-4)  # the textbook 9 of 10
     assert wilson_interval(0, 20) == pytest.approx((0.0, 0.1611), abs=1e-4)

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from processes import limit_s
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -20,7 +21,7 @@ def run(*argv: str, path_prefix: Path | None = None) -> subprocess.CompletedProc
     env = dict(os.environ)
     if path_prefix is not None:
         env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
-    return subprocess.run(["bash", str(SCRIPT), *argv], capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(["bash", str(SCRIPT), *argv], capture_output=True, text=True, timeout=limit_s(60), env=env)
 
 
 def stand_in(directory: Path, name: str, body: str) -> Path:
@@ -92,4 +93,4 @@ def test_the_single_rank_checks_pass_on_a_cpu_world(monkeypatch):
         assert gpu_check.identity_checks(comm, *checks) == [f"bcast {name}" for name in gpu_check.DTYPES]
     finally:
         dist.destroy_process_group()
-        synth.torch._world_cache.clear()
+        synth.runtime.torch_world._world_cache.clear()

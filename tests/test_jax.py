@@ -19,23 +19,25 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from processes import limit_s  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
 import synth.jax  # noqa: E402
-from synth.bench import rank_data  # noqa: E402
 from synth.cli import main  # noqa: E402
 from synth.errors import SynthError  # noqa: E402
-from synth.language import parse_program  # noqa: E402
-from synth.lowering import lower  # noqa: E402
-from synth.placement import Placement, enumerate_placements, parse_axes  # noqa: E402
 from synth.plan import Plan, PlannedProgram, PlannedReduction  # noqa: E402
-from synth.reduction import Reduction  # noqa: E402
-from synth.runtime import reference  # noqa: E402
-from synth.search import synthesize_reduction  # noqa: E402
-from synth.semantics import Goal  # noqa: E402
+from synth.runtime.bench import rank_data  # noqa: E402
+from synth.runtime.executor import reference  # noqa: E402
+from synth.synthesis.language import parse_program  # noqa: E402
+from synth.synthesis.lowering import lower  # noqa: E402
+from synth.synthesis.placement import Placement, enumerate_placements, parse_axes  # noqa: E402
+from synth.synthesis.reduction import Reduction  # noqa: E402
+from synth.synthesis.search import synthesize_reduction  # noqa: E402
+from synth.synthesis.semantics import Goal  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+TRAINERS_DOC = REPO / "docs" / "trainers.md"
 TESTBED = load_topology("testbed-2x4")
 BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
 # a placement whose mesh is not row-major: [[0, 1, 4, 5], [2, 3, 6, 7]]
@@ -112,6 +114,9 @@ def test_execute_is_exact_where_groups_of_a_step_cover_different_chunks():
     result = synthesize_reduction(Reduction.of(placement, ["dp"]), 5)
     picked = [lowered for lowered in (lower(p, result.reduction) for p in result.programs) if uneven(lowered)]
     assert len(picked) >= 3
+    # docs/trainers.md counts them: it says what this search finds
+    counts = re.search(r"in (\d+) of the (\d+) allreduce programs of\s+testbed-2x2x2 `dp=8`", TRAINERS_DOC.read_text())
+    assert counts and (int(counts[1]), int(counts[2])) == (len(picked), len(result.programs))
     for lowered in picked[::max(1, len(picked) // 3)][:3]:
         exact_everywhere(lowered, result.reduction, 2 * lowered.num_chunks + 1, np.dtype("float64"))
 
@@ -204,6 +209,6 @@ def test_the_jax_example_matches_pmean(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "examples/jax_shard_map.py", "--plan", str(plan)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=limit_s(180))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "equal within float32 rounding" in done.stdout

@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from synth.errors import SynthError
-from synth.language import Collective, Form, Instruction, Program, format_program, parse_program
+from synth.synthesis.language import Collective, Form, Instruction, Program, format_program, parse_program
 
 
 def test_parse_blueconnect_with_comments_and_separators():

@@ -10,10 +10,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from processes import limit_s
 
 from synth.cost import Algorithm, Profile, step_cost
 from synth.cost.nccl import Comm, Graph, algo_time_us, choose, comm_of, nvls_graph, ring_graph, tree_graph
-from synth.language import Collective
+from synth.synthesis.language import Collective
 from synth.topology import load_topology, topology_from_dict
 
 AR, RS, AG = Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER
@@ -254,5 +255,5 @@ def test_the_accuracy_section_of_docs_simulator_is_what_the_script_generates():
 
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, str(root / "scripts" / "nccl_accuracy.py"), "--check"],
-                         capture_output=True, text=True, cwd=root)
+                         capture_output=True, text=True, cwd=root, timeout=limit_s(300))
     assert run.returncode == 0, run.stderr

@@ -13,17 +13,17 @@ import threading
 import numpy as np
 import pytest
 
-from synth.backends import LocalWorld, _LocalComm, _LocalShared
-from synth.bench import _bench
 from synth.cli.bench import request_of
 from synth.cost import default_program
+from synth.cost.nccl_log import Capture, Choice, logged_version, parse, parse_line, summarize, version_text
+from synth.cost.records import Record, append_records, read_records
 from synth.errors import SynthError
-from synth.language import parse_program
-from synth.nccl_log import Capture, Choice, logged_version, parse, parse_line, summarize, version_text
-from synth.placement import Placement, parse_axes
-from synth.records import Record, append_records, read_records
-from synth.reduction import Reduction
-from synth.semantics import Goal
+from synth.runtime.backends import LocalWorld, _LocalComm, _LocalShared
+from synth.runtime.bench import _bench
+from synth.synthesis.language import parse_program
+from synth.synthesis.placement import Placement, parse_axes
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
 
 HEAD = "gpu1:13135:13922 [0] NCCL INFO "
@@ -154,16 +154,16 @@ class LoggingWorld(LocalWorld):
 
 
 def test_bench_records_what_nccl_logged_for_each_program_and_size(tmp_path, monkeypatch):
-    import synth.placement
+    import synth.synthesis.placement
 
     lock = threading.Lock()
-    enumerate_matrices = synth.placement.enumerate_matrices
+    enumerate_matrices = synth.synthesis.placement.enumerate_matrices
 
     def one_at_a_time(*args, **kwargs):  # z3 is not thread-safe; every thread rank enumerates placements
         with lock:
             return enumerate_matrices(*args, **kwargs)
 
-    monkeypatch.setattr(synth.placement, "enumerate_matrices", one_at_a_time)
+    monkeypatch.setattr(synth.synthesis.placement, "enumerate_matrices", one_at_a_time)
     jsonl = tmp_path / "m.jsonl"
     request = request_of(["--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "64,4K", "--top", "1",
                           "--iters", "2", "--warmup", "1", "--backend", "nccl", "--jsonl", str(jsonl)], tune=False)

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from synth.errors import SynthError
-from synth.placement import (
+from synth.synthesis.placement import (
     Placement,
     enumerate_matrices,
     enumerate_matrices_plain,
@@ -14,7 +14,7 @@ from synth.placement import (
     parse_constraint,
     parse_reduce,
 )
-from synth.reduction import Reduction
+from synth.synthesis.reduction import Reduction
 from synth.topology import load_topology
 
 

@@ -12,11 +12,11 @@ import pytest
 
 from synth.cli import main
 from synth.errors import SynthError
-from synth.language import parse_program
-from synth.lowering import lower
-from synth.placement import Placement, parse_axes
 from synth.plan import Plan, load_plan, write_plan
-from synth.reduction import Reduction
+from synth.synthesis.language import parse_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import Placement, parse_axes
+from synth.synthesis.reduction import Reduction
 from synth.topology import load_topology
 
 BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"

@@ -13,23 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import usage_error
 
 import synth
-from helpers import usage_error
-from synth.backends import run_local
 from synth.cli import main
-from synth.compute import DEFAULT_COMPUTE, ComputeProfile, fit_curve, load_compute_profile
 from synth.cost import Model, rank
 from synth.errors import SynthError
-from synth.placement import Axis, AxisRange, enumerate_placements, parse_axes, parse_axis_ranges
 from synth.plan import load_plan
-from synth.planner import CollectiveCosts, JobRequest, plan_job
-from synth.reduction import Reduction
-from synth.runtime import Executor
-from synth.search import synthesize_reduction
-from synth.semantics import Goal
-from synth.stepfit import RecordCosts, fit_compute, predicted_step_s
-from synth.stepmodel import (
+from synth.planner.compute import DEFAULT_COMPUTE, ComputeProfile, fit_curve, load_compute_profile
+from synth.planner.search import CollectiveCosts, JobRequest, plan_job
+from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s
+from synth.planner.stepmodel import (
     BUCKET_GRID_BYTES,
     Configuration,
     Sharding,
@@ -38,9 +32,15 @@ from synth.stepmodel import (
     overlapped_s,
     step_time,
 )
-from synth.steprecords import StepRecord, read_step_records, write_step_records
+from synth.planner.steprecords import StepRecord, read_step_records, write_step_records
+from synth.planner.transformer import Recompute, load_model, parse_inline_model
+from synth.runtime.backends import run_local
+from synth.runtime.executor import Executor
+from synth.synthesis.placement import Axis, AxisRange, enumerate_placements, parse_axes, parse_axis_ranges
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.search import synthesize_reduction
+from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
-from synth.transformer import Recompute, load_model, parse_inline_model
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = "layers=4,hidden=256,heads=8,seq=128,vocab=1000"
@@ -452,7 +452,7 @@ def test_fit_curve_keeps_efficiency_below_peak_and_never_rising_as_gemms_shrink(
 
 def test_default_compute_is_the_fit_of_the_megatron_records():
     """Stale when the default communication model changes: regenerate with
-    python scripts/megatron_sc21.py fit, then update synth/compute.py."""
+    python scripts/megatron_sc21.py fit, then update synth/planner/compute.py."""
     fit, _ = fit_compute(read_step_records(REPO / "data" / "megatron_sc21_steps.jsonl"))
     assert fit.profile.efficiency_max == pytest.approx(DEFAULT_COMPUTE.efficiency_max, rel=1e-9)
     assert fit.profile.half_flops == pytest.approx(DEFAULT_COMPUTE.half_flops, abs=1.0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 
 from synth.cli.solve import ProgressLine
-from synth.search import clear_cache
+from synth.synthesis.search import clear_cache
 
 
 class Clock:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import limit_s
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "readme_examples.py"
@@ -40,5 +41,5 @@ def test_durations_are_the_only_thing_ignored():
 
 @pytest.mark.timeout(300)
 def test_readme_outputs_are_current():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=limit_s(300))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

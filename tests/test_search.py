@@ -8,10 +8,10 @@ import itertools
 
 import pytest
 
-import synth.search as search_module
+import synth.synthesis.search as search_module
 from synth.errors import SynthError
-from synth.search import clear_cache, search
-from synth.semantics import Goal
+from synth.synthesis.search import clear_cache, search
+from synth.synthesis.semantics import Goal
 
 
 @pytest.mark.parametrize("sizes, steps", [((2, 2), 5), ((2, 3), 4), ((2, 2, 2), 4), ((4,), 5), ((), 3)])

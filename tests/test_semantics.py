@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from synth.language import Collective, Form, format_program, parse_program
-from synth.search import instruction_set, synthesize
-from synth.semantics import (
+from synth.synthesis.language import Collective, Form, format_program, parse_program
+from synth.synthesis.search import instruction_set, synthesize
+from synth.synthesis.semantics import (
     NO_CHANGE,
     Goal,
     Hierarchy,
@@ -62,7 +62,7 @@ def test_resolve_rejects_bad_levels():
 
 def _state(k, *devices):
     """Device states from lists of (first, stop, set of contributors)."""
-    from synth.semantics import _from_runs
+    from synth.synthesis.semantics import _from_runs
     return [_from_runs([(a, b, sum(1 << d for d in ds)) for a, b, ds in runs], k) for runs in devices]
 
 
@@ -278,7 +278,7 @@ def test_containment_walk_agrees_with_a_chunk_by_chunk_check():
     that end at different places (random, seeded)."""
     import random
 
-    from synth.semantics import _contains, _make
+    from synth.synthesis.semantics import _contains, _make
 
     rng = random.Random(7)
     k = 12

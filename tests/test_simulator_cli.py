@@ -8,13 +8,12 @@ import json
 import math
 
 import pytest
+from helpers import usage_error
 
 from synth.cost import Profile, save_profile
 from synth.errors import SynthError
 from synth.topology import load_topology
 from synth.units import format_seconds, format_size, parse_size
-
-from helpers import usage_error
 
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp", "--no-verify")
 INSIDE, SPLIT, ACROSS = [[1, 4], [4, 4]], [[2, 2], [2, 8]], [[4, 1], [1, 16]]

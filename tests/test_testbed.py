@@ -18,12 +18,13 @@ import warnings
 from pathlib import Path
 
 import pytest
+from processes import limit_s
+from helpers import usage_error
 
 import synth.testbed
-from helpers import usage_error
+from synth.cli.emulate import emulate_main
 from synth.errors import SynthError
 from synth.testbed import commands, description, namespaces
-from synth.cli.emulate import emulate_main
 from synth.testbed.commands import RANK_GUARD, agent_script, build_commands, hostfile_text, mpiexec_command
 from synth.testbed.description import SUBNET, describe_cluster
 from synth.testbed.names import Names, link_owner, namespace_owner, workdir_owner
@@ -156,14 +157,14 @@ def test_the_agent_runs_the_command_in_the_hosts_node(tmp_path):
     (tmp_path / "ip").chmod(0o755)
     env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     done = subprocess.run(["sh", str(tmp_path / "agent"), "-x", "10.213.0.3", "prted --x 1"],
-                          capture_output=True, text=True, env=env, timeout=10)
+                          capture_output=True, text=True, env=env, timeout=limit_s(10))
     assert done.returncode == 0, done.stderr
     words = [w[1:-1] for w in done.stdout.split("\n") if w]
     assert words[:3] == ["netns", "exec", "sr-42-n1"]
     assert words[-5:] == ["sr-42-n1", str(c.nodes[1].tmpdir), "sh", "-c", "prted --x 1"]
     assert "unshare" in words and "--uts" in words and "--mount" in words
     unknown = subprocess.run(["sh", str(tmp_path / "agent"), "10.213.0.9", "true"], capture_output=True,
-                             text=True, env=env, timeout=10)
+                             text=True, env=env, timeout=limit_s(10))
     assert unknown.returncode == 255 and "no node 10.213.0.9" in unknown.stderr
 
 
@@ -181,7 +182,7 @@ def test_mpiexec_runs_in_the_switch_namespace_with_the_testbed_flags():
 
 def test_the_rank_guard_keeps_the_exit_status():
     done = subprocess.run(["sh", "-c", RANK_GUARD, "sh", "-c", "echo $0 $1; exit 3", "a b", "c"],
-                          capture_output=True, text=True, timeout=10)
+                          capture_output=True, text=True, timeout=limit_s(10))
     assert (done.returncode, done.stdout) == (3, "a b c\n")
 
 
@@ -289,7 +290,7 @@ def unavailable() -> str | None:
     for tool in ("ip", "tc", "unshare"):
         if shutil.which(tool) is None:
             return f"'{tool}' is not installed (iproute2 / util-linux)"
-    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True, timeout=10)
+    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True, timeout=limit_s(10))
     if probe.returncode != 0:
         return f"cannot create network namespaces here: {probe.stderr.strip()}"
     try:
@@ -327,12 +328,13 @@ def emulate(tmp_path):
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str, str]:
     """Wait for ``proc``; a hang fails the test (after SIGTERM, which tears down)."""
+    limit = limit_s(timeout_s)
     try:
-        out, err = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         proc.terminate()
-        out, err = proc.communicate(timeout=30)
-        pytest.fail(f"emulate did not finish in {timeout_s} s\n{out}\n{err}")
+        out, err = proc.communicate(timeout=limit_s(30))
+        pytest.fail(f"emulate did not finish in {limit:.0f} s\n{out}\n{err}")
     return proc.returncode, out, err
 
 
@@ -387,7 +389,7 @@ def test_a_failing_command_or_sigterm_still_tears_down(emulate, tmp_path):
 def node_processes(namespace: str) -> list[tuple[int, list[str], dict[str, str]]]:
     """(pid, argv, environment) of each process in ``namespace``, read independently of the package."""
     found = []
-    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10).stdout
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=limit_s(10)).stdout
     for pid in map(int, pids.split()):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]

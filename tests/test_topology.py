@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from synth.errors import SynthError
 from synth.resources import topologies_dir
-from dataclasses import replace
-
 from synth.topology import (
     RESERVED_NAMES,
     Level,

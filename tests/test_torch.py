@@ -1,4 +1,4 @@
-"""PyTorch consumes plans (synth.torch) and the meshes it builds on (synth.meshes):
+"""PyTorch consumes plans (synth.torch) and the meshes it builds on (synth.runtime.meshes):
 mesh layouts and launch checks in-process; under one ``torchrun`` launch of 8
 gloo ranks the executor on every program of a placement, the DeviceMesh's
 groups, DDP with the plan's hook and FSDP2's HSDP against default DDP
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import limit_s
 
 import synth
-
 from synth.cli import main
 from synth.errors import SynthError
-from synth.meshes import host_level, launch_problem, mesh_layout, node_of_device
-from synth.placement import Placement, enumerate_placements, parse_axes
 from synth.plan import load_plan
+from synth.runtime.meshes import host_level, launch_problem, mesh_layout, node_of_device
+from synth.synthesis.placement import Placement, enumerate_placements, parse_axes
 from synth.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ TESTBED = load_topology("testbed-2x4")
 
 def axis_coordinates(placement: Placement, device: int) -> tuple[int, ...]:
     """Each axis' rank of ``device``, from the digit convention of
-    synth.placement directly: the level coordinates of the device id, each split
+    synth.synthesis.placement directly: the level coordinates of the device id, each split
     into the axes' digits (last axis fastest), then each axis' digits as a
     number over the levels (outer level most significant)."""
     counts = placement.topology.counts
@@ -102,14 +102,14 @@ def test_launch_problems_name_the_ranks_hosts_and_the_fix():
 def test_synth_torch_and_synth_jax_do_not_load_the_synthesizer():
     code = ("import sys, synth.torch, synth.jax\n"
             "print(sorted({'z3', 'lark'} & {m.split('.')[0] for m in sys.modules}))\n"
-            "import synth.meshes, synth.runtime\n"
+            "import synth.runtime.meshes, synth.runtime.executor\n"
             "print(sorted({'torch', 'jax'} & {m.split('.')[0] for m in sys.modules}))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit_s(120), cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[]", "['jax', 'torch']"]
-    core = ("import sys, synth, synth.api, synth.runtime, synth.bench, synth.backends, synth.cli\n"
+    core = ("import sys, synth, synth.api, synth.runtime.executor, synth.runtime.bench, synth.runtime.backends, synth.cli\n"
             "print(sorted({'torch', 'jax'} & {m.split('.')[0] for m in sys.modules}))\n")
-    done = subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, timeout=limit_s(120), cwd=REPO)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
@@ -132,7 +132,7 @@ def torchrun(n: int, *argv: str, timeout_s: float, wrap: list[str] | None = None
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
     command = [*launcher, "--no-python", *wrap, *argv] if wrap else [*launcher, *argv]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit_s(timeout_s))
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,15 @@ import math
 
 import pytest
 
-from synth.bench import Candidate, Timing, size_winners, tuned_ranges
 from synth.errors import SynthError
-from synth.language import parse_program
-from synth.lowering import lower
-from synth.placement import Placement, parse_axes
 from synth.plan import Plan, PlannedReduction, load_plan, write_plan
-from synth.reduction import Reduction
+from synth.runtime.bench import Candidate, Timing, size_winners, tuned_ranges
+from synth.synthesis.language import parse_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import Placement, parse_axes
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.verify import verify_plan
 from synth.topology import load_topology
-from synth.verify import verify_plan
 
 TOPOLOGY = load_topology("testbed-2x4")
 DEFAULT = "AllReduce(root, inside)"

@@ -8,19 +8,18 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import synthesize_all
 
 from synth.errors import SynthError
-from synth.execute import check_numerically, execute, numeric_scope
-from synth.language import Collective, parse_program
-from synth.lowering import lower
-from synth.placement import Placement, enumerate_placements, parse_axes
-from synth.prove import prove
-from synth.reduction import Reduction
-from synth.semantics import Goal
+from synth.synthesis.execute import check_numerically, execute, numeric_scope
+from synth.synthesis.language import Collective, parse_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import Placement, enumerate_placements, parse_axes
+from synth.synthesis.prove import prove
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.semantics import Goal
+from synth.synthesis.verify import verify_lowered, verify_program
 from synth.topology import load_topology
-from synth.verify import verify_lowered, verify_program
-
-from helpers import synthesize_all
 
 BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
 
@@ -128,8 +127,8 @@ def test_double_counting_is_caught():
 
 
 def test_execute_allgather_and_broadcast_in_place():
-    from synth.lowering import LoweredStep
-    from synth.language import Form, Instruction
+    from synth.synthesis.language import Form, Instruction
+    from synth.synthesis.lowering import LoweredStep
     buf = np.arange(4 * 4).reshape(4, 4, 1)
     ag = LoweredStep(Instruction(Collective.ALLGATHER, "root", Form.INSIDE), ((0, 1, 2, 3),), ((0, 1, 2, 3),))
     execute([ag], buf)
@@ -217,9 +216,9 @@ def test_a_chunk_sample_is_checked_when_a_group_does_not_fit(monkeypatch, blueco
     """Chunks never mix, so running some chunks checks those exactly: with a
     budget below one group, a sample is run, and a wrong program is still
     caught when every chunk is wrong."""
-    import synth.execute
+    import synth.synthesis.execute
 
-    monkeypatch.setattr(synth.execute, "LIMIT", 8)
+    monkeypatch.setattr(synth.synthesis.execute, "LIMIT", 8)
     assert numeric_scope(64, 4, 16) == ("reduction group 0 of 16, 2 of its 4 chunks (chunks never mix)", 2)
     assert 0 < check_numerically(blueconnect) < 4 * (2 * 4 + 1)  # a part of group 0's elements
     assert "2 of its 4 chunks" in verify_lowered(blueconnect).numpy_scope

@@ -1,4 +1,4 @@
-"""Whole-job placement (synth.workload and ``--workload``): parsing job specs,
+"""Whole-job placement (synth.planner.workload and ``--workload``): parsing job specs,
 ranking placements by the total predicted time, and the CLI's table and JSON."""
 
 from __future__ import annotations
@@ -7,17 +7,14 @@ import json
 import math
 
 import pytest
+from helpers import model, synthesize_all, usage_error
 
 from synth.cost import Profile, rank
 from synth.errors import SynthError
-from synth.placement import enumerate_placements, parse_axes
-from synth.semantics import Goal
+from synth.planner.workload import WorkloadItem, parse_workload, placement_costs
+from synth.synthesis.placement import enumerate_placements, parse_axes
+from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
-from synth.workload import WorkloadItem, parse_workload, placement_costs
-
-from helpers import model, synthesize_all
-
-from helpers import usage_error
 
 AXES = parse_axes("dp=4,mp=16")
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16")

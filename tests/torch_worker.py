@@ -3,7 +3,7 @@
 ``checks`` (8 ranks): the executor on every allreduce program of a placement at
 lengths 1, 7, 4099 in float32 and float64 and on every reducescatter and
 allgather program of several placements, every rank's whole buffer against the
-numpy reference (``synth.runtime.reference``) and the goal's part against the
+numpy reference (``synth.runtime.executor.reference``) and the goal's part against the
 direct reduction; a plan file with two size ranges; a job plan from
 ``synth-reduce plan --out`` (every reduction exact); the DeviceMesh's groups;
 DDP with the plan's hook against default DDP (dp only, and dp x mp with DDP on
@@ -34,17 +34,17 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import synth.torch
-from synth.bench import rank_data
 from synth.cli import main as cli_main
 from synth.errors import SynthError
-from synth.language import format_program, parse_program
-from synth.lowering import lower
-from synth.placement import Placement, enumerate_placements, parse_axes
 from synth.plan import Plan, PlannedProgram, PlannedReduction, write_plan
-from synth.reduction import Reduction
-from synth.runtime import reference
-from synth.search import synthesize_reduction
-from synth.semantics import Goal
+from synth.runtime.bench import rank_data
+from synth.runtime.executor import reference
+from synth.synthesis.language import format_program, parse_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import Placement, enumerate_placements, parse_axes
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.search import synthesize_reduction
+from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
 
 TESTBED = load_topology("testbed-2x4")

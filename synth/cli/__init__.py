@@ -5,10 +5,16 @@ API (:mod:`synth.api`) and the runtime.
     synth-reduce --topology T --axes ... --workload SPEC              whole-job placement (solve)
     synth-reduce COMMAND ...                                          the commands of COMMANDS
 
-``synth-reduce --help`` lists every command of :data:`COMMANDS` with its line
-of :data:`SUMMARIES`. Shared argument groups are in :mod:`synth.cli.args`. Bad
-input gives a one-line error on stderr and exit code 2, never a traceback; an
-interrupt (Ctrl-C), also during start-up, gives one line and exit code 130.
+``synth-reduce --help`` lists every command of
+:data:`~synth.cli.commands.COMMANDS` with its line of
+:data:`~synth.cli.commands.SUMMARIES`. Shared argument groups are in
+:mod:`synth.cli.args`. Bad input gives a one-line error on stderr and exit code
+2, never a traceback; an interrupt (Ctrl-C), also during start-up, gives one
+line and exit code 130.
+
+Imports: any stage (the command line is the top of the pipeline), each
+command's module only when that command runs, so the main command never loads
+the runtime's backends or the testbed.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import importlib
 import sys
 
 from ..errors import SynthError
+from .commands import COMMANDS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: less start-up outside main's error handling
@@ -24,39 +31,6 @@ if TYPE_CHECKING:  # typing is not imported at run time: less start-up outside m
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-# command -> (module, function); modules are imported on use, so the main
-# command never loads the runtime's backends or the testbed
-COMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("plan", "run"),
-    "fit": ("fit", "run_fit"),
-    "validate": ("fit", "run_validate"),
-    "verify": ("verify", "run"),
-    "check": ("check", "run"),
-    "bench": ("bench", "run_bench"),
-    "tune": ("bench", "run_tune"),
-    "emulate": ("emulate", "run"),
-}
-
-# command -> what it does, one line for 'synth-reduce --help' (a test checks
-# that every command of COMMANDS has one)
-SUMMARIES: dict[str, str] = {
-    "plan": "plan a training job: tp/dp/pp sizes, placement and programs of the fastest step that fits",
-    "verify": "re-prove a plan file (numpy reference and z3)",
-    "check": "check a hand-written program on one placement (--matrix) or on each",
-    "fit": "learn the cost model's parameters from measurements",
-    "validate": "score the cost model's accuracy on measurements",
-    "bench": "time a plan's or the predicted best programs against the default (under mpiexec)",
-    "tune": "time the predicted best programs and write the plan of the measured winner (under mpiexec)",
-    "emulate": "run a command on an emulated cluster of network namespaces on this machine (root)",
-}
-
-
-def commands_text() -> str:
-    """The commands, one per line with its summary (for the main command's help)."""
-    width = max(len(name) for name in COMMANDS)
-    return "\n".join(f"  {name:<{width}}  {SUMMARIES.get(name, '')}".rstrip() for name in COMMANDS)
-
 
 def _command(name: str) -> Callable[[Sequence[str]], int]:
     module, function = COMMANDS[name]

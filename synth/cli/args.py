@@ -6,8 +6,8 @@ import argparse
 
 from ..cost import ALGORITHMS, Model
 from ..errors import SynthError
-from ..problem import MAX_STEPS_DEFAULT, ProblemSpec
-from ..semantics import Goal
+from ..synthesis.problem import MAX_STEPS_DEFAULT, ProblemSpec
+from ..synthesis.semantics import Goal
 from ..topology import Topology, load_topology, parse_scale
 
 

@@ -1,14 +1,14 @@
 """``synth-reduce bench`` and ``synth-reduce tune`` (run under mpiexec, or
 torchrun for ``--backend torch``): their arguments; the work is
-:func:`synth.bench.run`."""
+:func:`synth.runtime.bench.run`."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Sequence
 
-from ..backends import BACKENDS
-from ..bench import BenchRequest, parse_sizes, run
+from ..runtime.backends import BACKENDS
+from ..runtime.bench import BenchRequest, parse_sizes, run
 from .args import Parser, add_problem_arguments, problem_spec
 
 

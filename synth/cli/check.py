@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import SynthError
-from ..language import format_program, parse_program
-from ..lowering import lower
-from ..placement import Placement, parse_matrix
-from ..verify import verify_lowered
+from ..synthesis.language import format_program, parse_program
+from ..synthesis.lowering import lower
+from ..synthesis.placement import Placement, parse_matrix
+from ..synthesis.verify import verify_lowered
 from .args import Parser, add_problem_arguments, problem_spec
 
 

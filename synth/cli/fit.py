@@ -11,13 +11,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ..compute import compute_profile_document, save_compute_profile
 from ..cost import Model, Profile, load_profile, profile_document, save_profile
+from ..cost.fit import MIN_CASES, accuracy, fit_profile, load_measurements, split_cases
 from ..errors import SynthError
-from ..fit import MIN_CASES, accuracy, fit_profile, load_measurements, split_cases
-from ..stepfit import RecordCosts, fit_compute, predicted_step_s
-from ..steprecords import SCHEMA as STEP_SCHEMA
-from ..steprecords import first_schema, read_step_records
+from ..planner.compute import compute_profile_document, save_compute_profile
+from ..planner.stepfit import RecordCosts, fit_compute, predicted_step_s
+from ..planner.steprecords import SCHEMA as STEP_SCHEMA
+from ..planner.steprecords import first_schema, read_step_records
 from ..topology import Topology, load_topology
 from ..units import format_seconds
 from .args import Parser
@@ -97,7 +97,7 @@ def run_fit(argv: Sequence[str]) -> int:
 
 
 def _fit_steps(args: argparse.Namespace) -> int:
-    """``fit`` on step-time records: the compute-efficiency curve (synth.stepfit)."""
+    """``fit`` on step-time records: the compute-efficiency curve (synth.planner.stepfit)."""
     if args.efficiency:
         raise SynthError("--efficiency fits collective efficiencies from measurements; step records fit the "
                          "compute curve only")

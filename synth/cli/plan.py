@@ -10,15 +10,15 @@ import sys
 import time
 from typing import Any, Sequence
 
-from ..compute import DEFAULT_COMPUTE, load_compute_profile
 from ..errors import SynthError
-from ..planner import Candidate, JobRequest, JobSolution, plan_job
 from ..plan import write_plan
-from ..placement import parse_axis_ranges
-from ..problem import MAX_STEPS_DEFAULT
-from ..stepmodel import Sharding, Training
+from ..planner.compute import DEFAULT_COMPUTE, load_compute_profile
+from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
+from ..planner.stepmodel import Sharding, Training
+from ..planner.transformer import Recompute, load_model
+from ..synthesis.placement import parse_axis_ranges
+from ..synthesis.problem import MAX_STEPS_DEFAULT
 from ..topology import load_topology, parse_device, parse_scale
-from ..transformer import Recompute, load_model
 from ..units import format_seconds, format_size
 from .args import Parser, add_model_arguments, model_of
 

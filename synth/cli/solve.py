@@ -14,13 +14,13 @@ from ..api import SizesSolution, Solution, WorkloadSolution, rank_problem_placem
 from ..cost import default_program
 from ..documents import check_writable
 from ..errors import SynthError
-from ..language import format_program
-from ..placement import axes_have_sizes
 from ..plan import program_document, write_plan
+from ..planner.workload import parse_workload
+from ..synthesis.language import format_program
+from ..synthesis.placement import axes_have_sizes
 from ..units import format_seconds, format_size, parse_size
-from ..workload import parse_workload
-from . import commands_text
 from .args import Parser, add_model_arguments, add_problem_arguments, model_of, problem_spec
+from .commands import commands_text
 
 
 def parser() -> argparse.ArgumentParser:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from ..language import format_program
 from ..plan import load_plan
-from ..verify import verify_plan
+from ..synthesis.language import format_program
+from ..synthesis.verify import verify_plan
 from .args import Parser
 
 

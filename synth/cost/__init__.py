@@ -15,7 +15,17 @@ The package, one concern per module:
   and NCCL's latency steps;
 * :mod:`~synth.cost.terms`: the linear form of a prediction (:class:`Features`);
 * :mod:`~synth.cost.predict`: step and program predictions (:class:`Predictor`);
-* :mod:`~synth.cost.ranking`: programs of a reduction sorted by prediction.
+* :mod:`~synth.cost.ranking`: programs of a reduction sorted by prediction;
+* :mod:`~synth.cost.records`: measurement records (what ``bench`` writes and
+  ``fit`` reads), with :mod:`~synth.cost.nccl_log` (what NCCL's tuning log says
+  it chose) and :mod:`~synth.cost.corpus` (the public NCCL measurements of
+  ``data/nccl/``);
+* :mod:`~synth.cost.fit`: the parameters learned from records by least
+  squares, and the accuracy report (``fit``, ``validate``).
+
+Imports: the shared top-level values and ``synthesis``; nothing of ``plan``,
+``planner``, ``runtime``, ``export``, ``testbed`` or ``cli``. This ``__init__``
+imports the model and prediction modules only (not the fit, records or corpus).
 
 Steps and rounds. A step runs all its groups at once. A collective is a
 sequence of rounds; in a round every member sends its flows, and the round takes
@@ -28,7 +38,7 @@ level's latency for the protocol) in the NCCL models.
 Linear form. Given the critical (slowest) flow of every round and NCCL's
 choices, a prediction is linear in the latencies and in the inverse bandwidths
 once the efficiencies are fixed: :class:`Features` records the terms so that
-:mod:`synth.fit` can fit the parameters.
+:mod:`synth.cost.fit` can fit the parameters.
 """
 
 from .model import ALGORITHMS, Algorithm, Model

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..language import Collective
+from ..synthesis.language import Collective
 from .links import Links
 
 

@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..language import Collective
+from ..synthesis.language import Collective
 from ..topology import Topology
 
 NCCL_VERSION = "2.27.7"

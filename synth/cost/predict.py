@@ -23,10 +23,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..language import Collective, Form, Instruction, Program
-from ..lowering import LoweredProgram
-from ..reduction import Reduction
-from ..semantics import Goal, Hierarchy, Loads, resolve
+from ..synthesis.language import Collective, Form, Instruction, Program
+from ..synthesis.lowering import LoweredProgram
+from ..synthesis.reduction import Reduction
+from ..synthesis.semantics import Goal, Hierarchy, Loads, resolve
 from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
 from .links import Links, RoundGeometry, canonical_devices, links_of, round_cost, round_geometry
@@ -202,7 +202,7 @@ def default_program(goal: Goal) -> Program:
 @lru_cache(maxsize=4096)
 def _synthesis_groups(instruction: Instruction, hierarchy: Hierarchy) -> np.ndarray:
     """The (groups, members) synthesis indices of ``instruction`` on ``hierarchy``
-    (:func:`synth.semantics.resolve`), read-only: a pure function of the
+    (:func:`synth.synthesis.semantics.resolve`), read-only: a pure function of the
     hierarchy's sizes, shared by the predictors of every placement."""
     groups = np.asarray(resolve(instruction, hierarchy).groups)
     groups.setflags(write=False)

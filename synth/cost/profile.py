@@ -28,7 +28,7 @@ import numpy as np
 
 from ..documents import read_document, write_document
 from ..errors import SynthError
-from ..language import Collective
+from ..synthesis.language import Collective
 from ..topology import Topology, describe_structure
 from .nccl import BASE_PRIOR_US, EFFICIENCY_PRIOR, NCCL_KEYS, PROTOCOLS, hop_latency_prior_us
 

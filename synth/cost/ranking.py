@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..search import ReductionPrograms
-from ..semantics import Loads
+from ..synthesis.search import ReductionPrograms
+from ..synthesis.semantics import Loads
 from .model import Model
 from .predict import Predictor, default_program
 

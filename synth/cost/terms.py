@@ -1,5 +1,5 @@
 """The linear form of a prediction (see :mod:`synth.cost`): the terms that
-multiply each parameter on the critical path, which :mod:`synth.fit` regresses
+multiply each parameter on the critical path, which :mod:`synth.cost.fit` regresses
 on."""
 
 from __future__ import annotations

@@ -34,7 +34,16 @@ Layers, one module each, every one importing only those above it:
   (which stops a job that lost ranks), ``teardown``, ``cluster_up`` (which always
   tears down), ``scan``, ``down``.
 
-The command line, ``synth-reduce emulate``, is :mod:`synth.cli.emulate`.
+- ``evaluation``: the measured evaluation of docs/results.md (the cases
+  ``scripts/run_evaluation.py`` measures on emulated clusters, and the report
+  ``scripts/evaluation_report.py`` makes of them). It imports the cost model
+  (``cost``: records, fit); this ``__init__`` does not import it, so the
+  emulator alone never loads the cost model.
+
+Imports: the shared top-level values (``errors``, ``topology``) and, in
+``evaluation`` only, ``synthesis`` and ``cost``; nothing of ``planner``,
+``runtime``, ``export`` or ``cli``. The command line, ``synth-reduce
+emulate``, is :mod:`synth.cli.emulate`.
 
 Guide: docs/testbed.md.
 """

@@ -11,6 +11,7 @@ from typing import Sequence
 
 from .description import SUBNET, Cluster, Shaping, describe_text
 
+
 def _ip(namespace: str, *args: str) -> tuple[str, ...]:
     return ("ip", "-n", namespace, *args)
 

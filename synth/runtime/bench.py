@@ -16,7 +16,7 @@ iteration starts from the same integer-valued input and its result is compared
 with the reduction computed from the reduction groups alone (``#wrong`` counts
 wrong elements, summed over ranks and iterations). On NCCL, rank 0 reads
 NCCL's tuning log after each (program, size) and records the version and the
-algorithms NCCL chose (:mod:`synth.nccl_log`). ``tune`` writes a plan with one
+algorithms NCCL chose (:mod:`synth.cost.nccl_log`). ``tune`` writes a plan with one
 program per measured size (:func:`size_winners`, :func:`tuned_ranges`).
 """
 
@@ -37,24 +37,24 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
+from ..cost import Algorithm, Model, default_program, rank
+from ..cost.nccl_log import Capture, Choice, parse, summarize
+from ..cost.records import Record, append_records
+from ..documents import check_writable
+from ..errors import SynthError
+from ..plan import Plan, PlannedProgram, PlannedReduction, load_plan, write_plan
+from ..synthesis.language import format_program
+from ..synthesis.lowering import LoweredProgram, lower
+from ..synthesis.placement import Axis
+from ..synthesis.problem import ProblemSpec
+from ..synthesis.reduction import Reduction
+from ..synthesis.search import ReductionPrograms, synthesize_reduction
+from ..synthesis.semantics import Goal
+from ..synthesis.verify import verify_lowered, verify_plan
+from ..topology import Topology
+from ..units import format_seconds, format_size, parse_size
 from .backends import make_world
-from .cost import Algorithm, Model, default_program, rank
-from .documents import check_writable
-from .errors import SynthError
-from .language import format_program
-from .lowering import LoweredProgram, lower
-from .nccl_log import Capture, Choice, parse, summarize
-from .placement import Axis
-from .plan import Plan, PlannedProgram, PlannedReduction, load_plan, write_plan
-from .problem import ProblemSpec
-from .records import Record, append_records
-from .reduction import Reduction
-from .runtime import Executor, World, piece_length, ranks_text, scratch_elements, steps_problem
-from .search import ReductionPrograms, synthesize_reduction
-from .semantics import Goal
-from .topology import Topology
-from .units import format_seconds, format_size, parse_size
-from .verify import verify_lowered, verify_plan
+from .executor import Executor, World, piece_length, ranks_text, scratch_elements, steps_problem
 
 T = TypeVar("T")
 
@@ -427,7 +427,7 @@ def run(request: BenchRequest) -> int:
 # ---------------------------------------------------------------- checks before the work
 
 
-_REQUEST_TAG = "the bench/tune argument check"  # see synth.runtime.steps_problem
+_REQUEST_TAG = "the bench/tune argument check"  # see synth.runtime.executor.steps_problem
 _OPTIONS = {"plan_path": "PLAN.json", "goal": "--collective", "constraints": "--constrain", "tune": "command"}
 
 
@@ -498,7 +498,7 @@ def memory_bytes(setup: Setup, sizes: Sequence[int], dtype: np.dtype, rank: int,
     while it converts them; measuring holds the input, the expected result, the
     work buffer, :data:`LIBRARY_TEMPORARY_BUFFERS` message-sized temporaries of
     the library and the scratch that the executors of a placement cache for
-    each size (:func:`~synth.runtime.scratch_elements`). With ``on_host`` False
+    each size (:func:`~synth.runtime.executor.scratch_elements`). With ``on_host`` False
     (a device backend) only building the data is counted: that is the host's
     part. ``scripts/bench_memory.py`` compares this with the peak memory of
     real runs."""

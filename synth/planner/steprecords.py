@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .documents import check_schema, json_lines, parse_json
-from .errors import SynthError
-from .placement import Axis, Placement
+from ..documents import check_schema, json_lines, parse_json
+from ..errors import SynthError
+from ..synthesis.placement import Axis, Placement
+from ..topology import Device, Topology, topology_from_dict
 from .stepmodel import Configuration, Sharding, Training, configuration_problem
-from .topology import Device, Topology, topology_from_dict
 from .transformer import Recompute, Transformer, model_from_dict
 
 SCHEMA = "synth-reduce/step"

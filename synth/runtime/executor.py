@@ -5,7 +5,7 @@ which chunks each group covers (``docs/plan-schema.md``). :func:`schedule` turns
 that into one rank's list of :class:`Call` (collective, group, pieces);
 :class:`Executor` maps pieces to element ranges of the caller's buffer, creates
 one sub-communicator per distinct group once (cached on the world), and calls
-the backend's collectives. Backends live in :mod:`synth.backends`.
+the backend's collectives. Backends live in :mod:`synth.runtime.backends`.
 
 Buffer layout. A buffer of ``n`` elements is cut into ``k`` pieces (``k`` = the
 reduction group size) of ``q = ceil(n / k)`` elements: piece ``r`` is elements
@@ -16,7 +16,7 @@ back: no element is lost or duplicated. Otherwise it works in the caller's
 buffer; only a call whose pieces are not consecutive packs them into a scratch
 buffer and unpacks the result.
 
-Collective semantics are those of the numpy reference (:mod:`synth.execute`),
+Collective semantics are those of the numpy reference (:mod:`synth.synthesis.execute`),
 exactly, including what stays in place: a ReduceScatter member ``i`` overwrites
 only part ``i`` of the covered pieces, a Reduce changes only the root's buffer.
 
@@ -36,12 +36,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import SynthError
-from .execute import execute
-from .language import Collective
-from .lowering import LoweredProgram
-from .plan import Plan, PlannedProgram, as_plan
-from .semantics import Goal
+from ..errors import SynthError
+from ..plan import Plan, PlannedProgram, as_plan
+from ..synthesis.execute import execute
+from ..synthesis.language import Collective
+from ..synthesis.lowering import LoweredProgram
+from ..synthesis.semantics import Goal
 
 Group = tuple[int, ...]
 Range = tuple[int, int]
@@ -118,6 +118,11 @@ def reference(lowered: LoweredProgram, buffers: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- worlds
 
+# dtype names a backend's collectives sum: MPI on host buffers, and CUDA
+# libraries (NCCL; torch.distributed, whose gloo sums all six on CPU too)
+HOST_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
+GPU_DTYPES = HOST_DTYPES | {"float16", "bfloat16"}
+
 
 class World:
     """One rank's view of all ranks; backends subclass it.
@@ -128,7 +133,7 @@ class World:
     (collective over the world: the communicator of this rank's group among the
     disjoint ``groups``, or None), ``barrier()``, ``synchronize()`` (wait for
     queued device work) and ``wtime()`` (seconds). A world whose buffers are not
-    numpy-like (torch tensors: :class:`synth.torch.TorchWorld`) overrides
+    numpy-like (torch tensors: :class:`synth.runtime.torch_world.TorchWorld`) overrides
     ``buffer_problem`` and ``dtype_name``; ``launcher`` says how to start N ranks."""
 
     name = "abstract"

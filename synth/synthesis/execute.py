@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import SynthError
+from ..errors import SynthError
 from .language import Collective
 from .lowering import LoweredProgram, LoweredStep, Runs, as_runs, check_structure
 from .semantics import Goal
@@ -160,7 +160,7 @@ def check_numerically(lowered: LoweredProgram, length: int | None = None, seed: 
     not a multiple of ``k``, so padding is exercised (allgather:
     :data:`ALLGATHER_SHARD`). Returns the number of elements checked; raises
     SynthError on the first mismatch or if the program is malformed
-    (:func:`~synth.lowering.check_structure`).
+    (:func:`~synth.synthesis.lowering.check_structure`).
     """
     check_structure(lowered)
     k = lowered.num_chunks

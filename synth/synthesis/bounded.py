@@ -1,8 +1,8 @@
 """An independent z3 bounded search over the reduction language (a cross-check of
-:mod:`synth.search`).
+:mod:`synth.synthesis.search`).
 
 It shares only the language with the rest of the package (which instructions
-exist and their groups: :func:`synth.semantics.distinct_groupings`); the
+exist and their groups: :func:`synth.synthesis.semantics.distinct_groupings`); the
 semantics of docs/model.md is encoded here from scratch, P2-style, as
 Boolean tensors over ``k`` devices and ``k`` chunks:
 
@@ -73,7 +73,7 @@ class Step:
 
 def instructions(hierarchy: Hierarchy) -> tuple[Step, ...]:
     """Every distinct instruction: for each grouping of :func:`distinct_groupings`,
-    each collective in enum order (the order of ``synth.search.instruction_set``)."""
+    each collective in enum order (the order of ``synth.synthesis.search.instruction_set``)."""
     return tuple(
         Step(grouping.instruction(c, hierarchy), c, grouping.groups)
         for grouping in distinct_groupings(hierarchy)

@@ -27,8 +27,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import SynthError
-from .topology import Topology
+from ..errors import SynthError
+from ..topology import Topology
 
 Matrix = tuple[tuple[int, ...], ...]
 MATRIX_ROWS = " / "  # between the rows (axes) of a matrix in the one notation: dp:4,1 / mp:1,16

@@ -2,7 +2,7 @@
 
 ``parse_program(format_program(p)) == p`` for every program ``p``. Level names are
 those of the synthesis hierarchy (from the topology) plus ``root`` for the top;
-they are resolved against a hierarchy by :mod:`synth.semantics`.
+they are resolved against a hierarchy by :mod:`synth.synthesis.semantics`.
 
 lark is imported only when text that is not in the printer's canonical form is
 parsed: :func:`read_program` reads what :func:`format_program` prints with a
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from .errors import SynthError
-from .resources import grammar_path
+from ..errors import SynthError
+from ..resources import grammar_path
 
 if TYPE_CHECKING:
     import lark

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
-from .errors import SynthError
+from ..errors import SynthError
+from ..topology import Topology, load_topology, parse_scale
 from .placement import (
     Axis,
     Constraint,
@@ -25,7 +26,6 @@ from .placement import (
 )
 from .reduction import Reduction
 from .semantics import Goal
-from .topology import Topology, load_topology, parse_scale
 
 MAX_STEPS_DEFAULT = 5
 #: the longest programs searched: the state graph and the program count grow

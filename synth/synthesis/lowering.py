@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import SynthError
+from ..errors import SynthError
 from .language import Collective, Instruction, Program, format_program
 from .reduction import Reduction
 from .semantics import (

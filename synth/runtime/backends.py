@@ -1,4 +1,4 @@
-"""Backends of the runtime: worlds and their communicators (see synth.runtime).
+"""Backends of the runtime: worlds and their communicators (see synth.runtime.executor).
 
 * ``numpy``: every rank is a thread of one process (:func:`run_local`), numpy
   buffers, collectives computed in member order; the in-process reference of the
@@ -9,7 +9,7 @@
   group travels on an MPI sub-communicator). Untested on a GPU so far
   (``scripts/gpu_check.sh`` runs the checks that need one).
 * ``torch``: one process per rank under ``torchrun``, torch.distributed process
-  groups (NCCL on GPUs, gloo on CPUs): :class:`synth.torch.TorchWorld`.
+  groups (NCCL on GPUs, gloo on CPUs): :class:`synth.runtime.torch_world.TorchWorld`.
 
 mpi4py, CuPy and torch are imported only when their backend is chosen; a
 missing one is a SynthError that says what to install.
@@ -25,12 +25,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import SynthError
-from .nccl_log import version_text
-from .runtime import Group, World
+from ..cost.nccl_log import version_text
+from ..errors import SynthError
+from .executor import GPU_DTYPES, HOST_DTYPES, Group, World
 
-HOST_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
-GPU_DTYPES = HOST_DTYPES | {"float16", "bfloat16"}
 BACKENDS = ("mpi", "nccl", "torch")  # mpi and nccl under mpiexec, torch under torchrun
 
 
@@ -43,10 +41,10 @@ def make_world(name: str) -> World:
         return NCCLWorld()
     if name == "torch":
         try:
-            from .torch import init_process_group
+            from .torch_world import init_process_group
         except ImportError as exc:
             raise SynthError(f"the torch backend needs PyTorch ({exc}); install it with "
-                             "pip install 'synth-reduce[torch]'") from None
+                             "pip install '.[torch]' torch==2.13.0 (in a checkout)") from None
         return init_process_group()
     raise SynthError(f"unknown backend '{name}'; use one of {', '.join(BACKENDS)}")
 
@@ -187,7 +185,7 @@ def _import_mpi() -> Any:
     except ImportError as exc:
         raise SynthError(
             f"the mpi backend needs mpi4py and an MPI library ({exc}); "
-            "install them with pip install 'synth-reduce[mpi]'"
+            "install them with pip install '.[mpi]' (in a checkout)"
         ) from None
     return MPI
 

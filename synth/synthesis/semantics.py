@@ -54,7 +54,7 @@ from typing import Union
 
 import numpy as np
 
-from .errors import SynthError
+from ..errors import SynthError
 from .language import ROOT, Collective, Form, Instruction
 
 Run = tuple[int, int, int]  # (first chunk, stop chunk, contributor bitmask)

@@ -2,11 +2,11 @@
 
 Two kinds of measurement:
 
-* programs (:class:`Sample`): the records of :mod:`synth.records` (JSON lines
+* programs (:class:`Sample`): the records of :mod:`synth.cost.records` (JSON lines
   written by ``synth-reduce bench --jsonl``), each modelled with the algorithm it
   names (``Record.algorithm``); a record whose result was wrong (``wrong`` > 0)
   is refused: its time measures a broken run;
-* single calls (:class:`CallSample`): the NCCL corpus (:mod:`synth.corpus`), a
+* single calls (:class:`CallSample`): the NCCL corpus (:mod:`synth.cost.corpus`), a
   collective over a group of a topology given on the command line, modelled by
   NCCL's choice or the algorithm the run forced.
 
@@ -45,19 +45,18 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..documents import json_lines
+from ..errors import SynthError
+from ..synthesis.language import Program
+from ..synthesis.lowering import lower
+from ..synthesis.reduction import Reduction
+from ..synthesis.semantics import Loads
+from ..topology import Topology
+from . import Algorithm, Features, Model, Predictor, Profile, lowered_loads, step_cost
 from .corpus import CorpusCall, is_corpus_line, read_corpus
-from .cost import Algorithm, Features, Model, Predictor, Profile, lowered_loads, step_cost
-from .cost.nccl import NCCL_KEYS, PROTOCOLS
-from .cost.profile import EFFICIENCY_KEYS
-from .errors import SynthError
-from .language import Program
-from .lowering import lower
-from .documents import json_lines
+from .nccl import NCCL_KEYS, PROTOCOLS
+from .profile import EFFICIENCY_KEYS
 from .records import Record, read_records
-from .reduction import Reduction
-from .semantics import Loads
-from .topology import Topology
-
 
 # ---------------------------------------------------------------- samples
 
@@ -99,7 +98,7 @@ class Sample:
 @dataclass(frozen=True)
 class CallSample:
     """One collective call on the first ``call.ranks`` devices of ``topology``
-    (a corpus line, :mod:`synth.corpus`)."""
+    (a corpus line, :mod:`synth.cost.corpus`)."""
 
     call: CorpusCall
     topology: Topology
@@ -156,7 +155,7 @@ def samples_of(records: Sequence[Record], source: str = "measurements") -> list[
 
 
 def load_samples(path: str | Path) -> tuple[Topology, list[Sample]]:
-    """Read a measurements file (:func:`synth.records.read_records`) into samples."""
+    """Read a measurements file (:func:`synth.cost.records.read_records`) into samples."""
     topology, records = read_records(path)
     return topology, samples_of(records, str(path))
 

@@ -8,14 +8,14 @@ rank = the device's index in its node, device id = torch rank, and JAX's
 into one dimension per level it spans (``X[a][l] > 1``), named ``{axis}_{level}``
 (``dp_node``, ``dp_gpu``), outer level first, in the axis' place; an axis of
 size 1 spans no level and keeps one dimension of size 1 named after the axis.
-Both follow from the digit convention of :mod:`synth.placement` (an axis rank is
+Both follow from the digit convention of :mod:`synth.synthesis.placement` (an axis rank is
 the mixed-radix number of its digits over the levels, outer level most
 significant), so the hierarchical array is a reshape of the flat one.
 
 :func:`node_of_device` says which host each device needs to share with the
 others of its node: the topology level named ``node`` if there is one, else the
 level above the innermost; a one-level topology is one host. Devices of one
-node are consecutive ids. numpy only, like :mod:`synth.runtime`.
+node are consecutive ids. numpy only, like :mod:`synth.runtime.executor`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import SynthError
-from .placement import Placement
-from .topology import Topology
+from ..errors import SynthError
+from ..synthesis.placement import Placement
+from ..topology import Topology
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ every later stage needs:
 * :attr:`synthesis_groups`: the same rows, columns ordered by synthesis index
   (the mixed-radix number of the reduction axes' digits level by level, outermost
   level most significant, within a level the axes in declared order, last
-  fastest): what :mod:`synth.semantics` numbers devices by.
+  fastest): what :mod:`synth.synthesis.semantics` numbers devices by.
 * :attr:`rank_to_synthesis_index`: ``sigma[r]``, the synthesis index of the
   device with reduction rank ``r``, the same in every reduction group.
 
@@ -32,10 +32,10 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import SynthError
+from ..errors import SynthError
+from ..topology import Topology
 from .placement import Placement
 from .semantics import Goal, Hierarchy
-from .topology import Topology
 
 
 @dataclass(frozen=True)

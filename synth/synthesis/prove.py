@@ -2,7 +2,7 @@
 
 Independent of the search's semantics: each device's buffer is a vector of ``k``
 symbolic chunk values (z3 integer terms) that collectives overwrite in place,
-the model of :mod:`synth.execute` written again symbolically. Initial values are
+the model of :mod:`synth.synthesis.execute` written again symbolically. Initial values are
 free variables: the device's own data, or, for chunks an AllGather device does
 not own, garbage. The claim "every output the goal names equals the sum of its
 reduction group's inputs (or the owner's shard)" is checked per output: z3
@@ -207,7 +207,7 @@ def skipped(k: int) -> Proof | None:
 def prove(lowered: LoweredProgram) -> Proof:
     """Prove the program for all integer inputs on the scope that fits
     :data:`LIMIT`; SynthError if it is malformed
-    (:func:`~synth.lowering.check_structure`)."""
+    (:func:`~synth.synthesis.lowering.check_structure`)."""
     too_large = skipped(lowered.num_chunks)
     if too_large is not None:
         return too_large

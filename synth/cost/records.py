@@ -1,6 +1,6 @@
 """Measurement records: one JSON line per timed (placement, reduction, program,
 size), written by ``synth-reduce bench``/``tune`` and read by ``fit``,
-``validate`` and the evaluation (:mod:`synth.evaluation`).
+``validate`` and the evaluation (:mod:`synth.testbed.evaluation`).
 
 Format (``"schema": "synth-reduce/measurement"``, ``"version": 1``): ``topology``
 (the plan's topology object), ``axes`` (``{name, size}`` list), ``matrix``,
@@ -11,7 +11,7 @@ Format (``"schema": "synth-reduce/measurement"``, ``"version": 1``): ``topology`
 optional; so are, for runs on NCCL, ``nccl_version`` (``"2.21.5"``) and
 ``nccl_choices`` (what NCCL's tuning log said it ran: a list of ``{collective,
 size_bytes, algorithm, protocol, channels, calls}``, see
-:mod:`synth.nccl_log`), written only when known. A reader refuses a line of
+:mod:`synth.cost.nccl_log`), written only when known. A reader refuses a line of
 another schema or version, naming the file and line.
 """
 
@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .documents import check_schema, json_lines
-from .errors import SynthError
-from .language import Program, format_program, read_program
+from ..documents import check_schema, json_lines
+from ..errors import SynthError
+from ..synthesis.language import Program, format_program, read_program
+from ..synthesis.placement import Axis, Placement
+from ..synthesis.reduction import Reduction
+from ..synthesis.semantics import Goal
+from ..topology import Topology, topology_from_dict
 from .nccl_log import Choice
-from .placement import Axis, Placement
-from .reduction import Reduction
-from .semantics import Goal
-from .topology import Topology, topology_from_dict
 
 SCHEMA = "synth-reduce/measurement"
 VERSION = 1

@@ -8,9 +8,9 @@ L layers, L_s = L / pp layers per stage, v virtual stages per device (1: plain
 sources):
 
 * compute: ``m t_mb`` with ``t_mb = F_mb / (peak x efficiency(x))``, F_mb the
-  training FLOPs of one micro-batch per device (the model's, :mod:`synth.transformer`,
+  training FLOPs of one micro-batch per device (the model's, :mod:`synth.planner.transformer`,
   divided by tp pp: stages are taken as balanced), ``x = F_mb / L_s`` and the
-  efficiency curve of :mod:`synth.compute`;
+  efficiency curve of :mod:`synth.planner.compute`;
 * tensor parallelism (Megatron-LM without sequence parallelism): per micro-batch
   and layer two all-reduces of ``b s h w`` bytes forward and two backward, two
   more for the recomputed forward under full recomputation; on the critical path;
@@ -37,10 +37,10 @@ Adam's fp32 master weights, momentum and variance ``12 P`` (``8 P`` in fp32
 training, no master copy), with ``P`` = the stage's parameters / tp (ZeRO-1
 divides the optimizer states by dp, ZeRO-3 all three and adds the gathered
 weights and gradients of the layers in flight), plus activations
-(:meth:`~synth.transformer.Transformer.activation_bytes_per_layer`).
+(:meth:`~synth.planner.transformer.Transformer.activation_bytes_per_layer`).
 
 Communication is given as a :class:`Collectives` (seconds for a size in bytes),
-which :mod:`synth.planner` computes with the project's cost model on the
+which :mod:`synth.planner.search` computes with the project's cost model on the
 configuration's placement.
 """
 
@@ -51,10 +51,10 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..errors import SynthError
+from ..synthesis.semantics import Goal
+from ..topology import Device
 from .compute import ComputeProfile
-from .errors import SynthError
-from .semantics import Goal
-from .topology import Device
 from .transformer import Recompute, Transformer
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

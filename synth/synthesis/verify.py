@@ -1,12 +1,12 @@
 """Prove lowered programs and plans: two independent checks, shared.
 
-* the numpy reference (:func:`synth.execute.check_numerically`): run the program
+* the numpy reference (:func:`synth.synthesis.execute.check_numerically`): run the program
   on random integer data and compare every output with the direct reduction;
-* z3 (:func:`synth.prove.prove`): the outputs equal the reduction for all
+* z3 (:func:`synth.synthesis.prove.prove`): the outputs equal the reduction for all
   integer inputs.
 
 Reduction groups never exchange data (every group of a step lies inside one
-of them, checked by :func:`~synth.lowering.check_structure`), so a lowered
+of them, checked by :func:`~synth.synthesis.lowering.check_structure`), so a lowered
 program is correct exactly when the program each reduction group runs, in its
 own rank coordinates, is. Those programs are normally one and the same, so
 each distinct one is verified once, and the results are memoised:
@@ -16,11 +16,11 @@ each distinct one is verified once, and the results are memoised:
   program;
 * :func:`verify_program` (what :func:`synth.solve` uses for the programs it
   lists): the z3 proof once per (synthesis hierarchy sizes, goal, program) on
-  the synthesis-level program (:func:`~synth.lowering.synthesis_program`),
+  the synthesis-level program (:func:`~synth.synthesis.lowering.synthesis_program`),
   shared by every placement, workload item and planner configuration with that
   hierarchy; per placement, the structure of its group tables (the relabelling
   that lowering applies: :func:`check_tables`) and the numpy check of its
-  reduction group 0 (:func:`~synth.lowering.group_runs`).
+  reduction group 0 (:func:`~synth.synthesis.lowering.group_runs`).
 
 Where a check does not fit its budget the scope it covered is reported (a
 sample of the chunks for numpy, skipped for z3 beyond ``k = 128``), never an
@@ -36,13 +36,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from ..errors import SynthError
 from . import execute
 from . import prove as prove_module
-from .errors import SynthError
 from .execute import check_numerically, check_runs, numeric_scope
 from .language import Program
 from .lowering import (
@@ -53,9 +53,11 @@ from .lowering import (
     synthesis_program,
     trace,
 )
-from .plan import Plan
 from .prove import Proof, prove
 from .reduction import Reduction
+
+if TYPE_CHECKING:  # the plan module imports this stage; a plan is only read here
+    from ..plan import Plan
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def _refuted(proof: Proof) -> None:
 
 def _shared(scope: str, groups: int, distinct: int = 1) -> str:
     """The scope of a check made on a reduction group's program (``scope`` as
-    :func:`~synth.prove.prove` or :func:`~synth.execute.numeric_scope` gives it
+    :func:`~synth.synthesis.prove.prove` or :func:`~synth.synthesis.execute.numeric_scope` gives it
     for that one group), for a program on ``groups`` groups running
     ``distinct`` different programs."""
     if groups == 1 or scope.startswith("skipped"):
@@ -137,7 +139,7 @@ def _shared(scope: str, groups: int, distinct: int = 1) -> str:
 def group_programs(lowered: LoweredProgram) -> dict[LoweredProgram, list[int]]:
     """The program each reduction group runs, its devices renumbered by rank
     (device ``r`` = the member of rank ``r``), mapped to the reduction groups
-    that run it. Needs :func:`~synth.lowering.check_structure` to have passed."""
+    that run it. Needs :func:`~synth.synthesis.lowering.check_structure` to have passed."""
     k = lowered.num_chunks
     rows = np.asarray(lowered.reduction_groups, dtype=np.int64).reshape(-1, k)
     group_of = np.empty(lowered.num_devices, dtype=np.int64)
@@ -188,7 +190,7 @@ def verify_lowered(lowered: LoweredProgram) -> Verification:
 
 
 def check_tables(reduction: Reduction) -> None:
-    """SynthError unless the tables that :func:`~synth.lowering.lower` relabels
+    """SynthError unless the tables that :func:`~synth.synthesis.lowering.lower` relabels
     through are consistent: ``synthesis_groups`` and ``reduction_groups`` hold
     every device once, row ``g`` of both holds the same devices, and
     ``synthesis_groups[:, sigma[r]] == reduction_groups[:, r]``. Then the

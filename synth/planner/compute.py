@@ -12,7 +12,7 @@ curve of ``x``, the FLOPs one device spends on one layer for one micro-batch
 so that a micro-batch's compute time is ``flops / (peak * efficiency(x))`` =
 ``flops / (peak * efficiency_max) + layers * half_flops / (peak *
 efficiency_max)``: a peak-bound part and a fixed cost per layer and micro-batch.
-Both parameters are learned (:mod:`synth.stepfit`, ``synth-reduce fit`` on
+Both parameters are learned (:mod:`synth.planner.stepfit`, ``synth-reduce fit`` on
 step-time records) by least squares on ``1 / efficiency = 1 / efficiency_max +
 (half_flops / efficiency_max) / x``, which is linear in the two unknowns.
 
@@ -30,8 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .documents import read_document, write_document
-from .errors import SynthError
+from ..documents import read_document, write_document
+from ..errors import SynthError
 
 SCHEMA = "synth-reduce/compute-profile"
 VERSION = 1

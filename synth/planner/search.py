@@ -5,7 +5,7 @@ training step of a transformer, ranked by predicted step time.
 pp (within the user's bounds, product = the device count) that can split the
 model, every micro-batch that divides the batch, and every placement of the
 axes on the hierarchy; it predicts each with the step model
-(:mod:`synth.stepmodel`) and keeps, per (sizes, micro-batch), the placement
+(:mod:`synth.planner.stepmodel`) and keeps, per (sizes, micro-batch), the placement
 with the shortest predicted step. Memory decides feasibility; configurations
 that do not fit stay in the result, marked with the reason.
 
@@ -38,12 +38,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .compute import DEFAULT_COMPUTE, ComputeProfile
-from .cost import Model, Predictor, step_cost
-from .errors import SynthError
-from .language import Collective, Program, format_program
-from .lowering import LoweredProgram, lower
-from .placement import (
+from ..cost import Model, Predictor, step_cost
+from ..errors import SynthError
+from ..plan import Plan, PlannedProgram, PlannedReduction
+from ..synthesis.language import Collective, Program, format_program
+from ..synthesis.lowering import LoweredProgram, lower
+from ..synthesis.placement import (
     Axis,
     AxisRange,
     Placement,
@@ -51,10 +51,12 @@ from .placement import (
     parse_constraint,
     size_assignments,
 )
-from .plan import Plan, PlannedProgram, PlannedReduction
-from .reduction import Reduction
-from .search import ReductionPrograms, synthesize_reduction
-from .semantics import Goal
+from ..synthesis.reduction import Reduction
+from ..synthesis.search import ReductionPrograms, synthesize_reduction
+from ..synthesis.semantics import Goal
+from ..synthesis.verify import verify_lowered
+from ..topology import Device, Topology
+from .compute import DEFAULT_COMPUTE, ComputeProfile
 from .stepmodel import (
     Configuration,
     Memory,
@@ -67,9 +69,7 @@ from .stepmodel import (
     step_shape,
     step_time,
 )
-from .topology import Device, Topology
 from .transformer import Transformer
-from .verify import verify_lowered
 
 PLANNER_AXES = ("tp", "dp", "pp")
 Progress = Callable[[str], None]
@@ -170,7 +170,7 @@ def _fastest(programs: ReductionPrograms, predictor: Predictor, size_bytes: int)
 
 @dataclass(frozen=True)
 class PlacementCollectives:
-    """:class:`~synth.stepmodel.Collectives` of one placement."""
+    """:class:`~synth.planner.stepmodel.Collectives` of one placement."""
 
     costs: CollectiveCosts
     placement: Placement

@@ -2,7 +2,7 @@
 
 Many prefixes reach the same state, so the search is a breadth-first walk of
 the state graph (each distinct state is expanded once, through a
-:class:`~synth.semantics.StateSpace`) that records, per depth, the edges
+:class:`~synth.synthesis.semantics.StateSpace`) that records, per depth, the edges
 reaching each state: a layered graph. The programs are the paths of length
 ``<= max_steps`` from the initial state to the goal state in it. A program is
 valid when each of its steps is valid in the state it meets and the last state
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-from .errors import SynthError
+from ..errors import SynthError
 from .language import Collective, Instruction, Program
 from .placement import Placement
 from .reduction import Reduction

@@ -14,13 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from .cost import Model, Ranked, rank
-from .errors import SynthError
-from .placement import Axis, Placement
-from .reduction import Reduction
-from .search import synthesize_reduction
-from .semantics import Goal
-from .units import parse_size
+from ..cost import Model, Ranked, rank
+from ..errors import SynthError
+from ..synthesis.placement import Axis, Placement
+from ..synthesis.reduction import Reduction
+from ..synthesis.search import synthesize_reduction
+from ..synthesis.semantics import Goal
+from ..units import parse_size
 
 
 @dataclass(frozen=True)

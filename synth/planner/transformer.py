@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .documents import read_yaml
-from .errors import SynthError
-from .resources import models_dir
+from ..documents import read_yaml
+from ..errors import SynthError
+from ..resources import models_dir
 
 
 class Recompute(enum.Enum):

@@ -12,8 +12,8 @@ Definitions:
 - a case is *cross-node* when its reduction group spans more than one node;
 - *speedup* of a case: the default's time over the fastest synthesized program's;
 - *held-out* predictions: two-fold cross-validation per cluster, whole cases
-  on one side (:func:`synth.fit.split_cases`), a profile fitted on one half
-  (:func:`synth.fit.fit_profile`) predicts the other half.
+  on one side (:func:`synth.cost.fit.split_cases`), a profile fitted on one half
+  (:func:`synth.cost.fit.fit_profile`) predicts the other half.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .cost import Profile
-from .fit import Sample, fit_profile, measured_best_position, predict_all, split_cases
-from .language import format_program
-from .records import Record
+from ..cost import Profile
+from ..cost.fit import Sample, fit_profile, measured_best_position, predict_all, split_cases
+from ..cost.records import Record
+from ..synthesis.language import format_program
 
 CLUSTERS = ("testbed-2x4", "testbed-4x4", "testbed-2x2x2")
 AXIS_NAMES = ("dp", "mp", "pp")
@@ -210,7 +210,7 @@ class Predicted:
     heldout_s: np.ndarray  # fitted on the other half of the cases
     fitted: Profile  # fitted on all cases (reported, not used for scores)
     heldout_efficiency_s: np.ndarray | None = None  # the same, fitting per-collective efficiencies too
-    samples: tuple[Sample, ...] = ()  # as synth.fit read them, in file order
+    samples: tuple[Sample, ...] = ()  # as synth.cost.fit read them, in file order
 
 
 def predictions(samples: Sequence[Sample], baseline: str, seed: int = 0) -> Predicted:

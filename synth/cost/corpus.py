@@ -1,6 +1,6 @@
 """The NCCL calibration corpus: public measurements of single NCCL calls
 (``data/nccl/*.jsonl``, format in data/nccl/README.md) as measured calls on a
-topology, for :mod:`synth.fit`.
+topology, for :mod:`synth.cost.fit`.
 
 A corpus line is one call of a collective over ``ranks`` GPUs. On a topology it
 is the call over the first ``ranks`` devices (device ids are node-major, so a
@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SynthError
-from .language import Collective
-from .documents import json_lines
+from ..documents import json_lines
+from ..errors import SynthError
+from ..synthesis.language import Collective
 
 COLLECTIVES = {
     "allreduce": Collective.ALLREDUCE, "reducescatter": Collective.REDUCESCATTER, "allgather": Collective.ALLGATHER,

@@ -1,11 +1,11 @@
 """Learn the job planner's compute-efficiency curve from step-time records.
 
-For each record (:mod:`synth.steprecords`) the step model (:mod:`synth.stepmodel`)
+For each record (:mod:`synth.planner.steprecords`) the step model (:mod:`synth.planner.stepmodel`)
 is inverted: with the record's communication predicted by the cost model on its
 placement (each collective with its best program, as the planner does), the
 compute time of one micro-batch that makes the predicted step equal the
 measured one gives the efficiency the run implies, ``F_mb / (peak x t_mb)``, at
-its per-layer work ``x``. :func:`synth.compute.fit_curve` then fits
+its per-layer work ``x``. :func:`synth.planner.compute.fit_curve` then fits
 ``efficiency(x)`` to those points. The fit is as good as the communication
 model: a fitted communication profile (``--profile``) makes it better.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..cost import Model, Profile
 from .compute import ComputeProfile, CurveFit, fit_curve
-from .cost import Model, Profile
-from .planner import CollectiveCosts
+from .search import CollectiveCosts
 from .stepmodel import compute_seconds, micro_batch_seconds_for, step_shape, step_time
 from .steprecords import StepRecord
 
@@ -32,7 +32,7 @@ class Implied:
 
 
 class RecordCosts:
-    """:class:`~synth.planner.CollectiveCosts` per (topology, algorithm), shared by
+    """:class:`~synth.planner.search.CollectiveCosts` per (topology, algorithm), shared by
     the records that ran there."""
 
     def __init__(self, profile: Profile | None = None, profile_path: str | None = None) -> None:

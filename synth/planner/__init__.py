@@ -1,0 +1,17 @@
+"""The job planner: which tp/dp/pp sizes, micro-batch, placement and programs
+give the fastest training step that fits in memory (``synth-reduce plan``).
+
+* :mod:`~synth.planner.transformer`: a model's shapes, parameters, FLOPs and
+  activations (shipped models in ``models/``);
+* :mod:`~synth.planner.compute`: the compute-efficiency curve and its document;
+* :mod:`~synth.planner.stepmodel`: time and memory of one training step;
+* :mod:`~synth.planner.workload`: whole-job workloads (``--workload``): the
+  reductions of a step, ranked per placement;
+* :mod:`~synth.planner.search`: the search over sizes, micro-batches and
+  placements, collective costs with the best synthesized programs, job plans;
+* :mod:`~synth.planner.steprecords` and :mod:`~synth.planner.stepfit`: step-time
+  records of real runs and the compute-curve fit learned from them.
+
+Imports: the shared top-level values (including ``plan``), ``synthesis`` and
+``cost``; nothing of ``runtime``, ``export``, ``testbed`` or ``cli``.
+"""

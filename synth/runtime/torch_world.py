@@ -1,0 +1,212 @@
+"""The torch backend's world: this rank of torch.distributed's default process
+group, with one process group per distinct group of a plan (NCCL on CUDA
+tensors, gloo on CPU tensors).
+
+Imported only when the torch backend is chosen (``make_world("torch")``) or by
+the adapter :mod:`synth.torch`; it imports torch at once. :func:`world` is the
+world of the current default process group, made once and shared by every
+executor; :func:`init_process_group` initializes torch.distributed from
+torchrun's environment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..errors import SynthError
+from .executor import GPU_DTYPES, Group, World
+
+# torch 2.13 renamed the single-tensor collectives; older versions have the old names only
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _Tensors:
+    """What :mod:`synth.runtime.executor` and :mod:`synth.runtime.bench` use of an array module,
+    for torch tensors on one device."""
+
+    __name__ = "torch"
+    ndarray = torch.Tensor
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def empty(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(n, dtype=dtype, device=self.device)
+
+    def zeros(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(n, dtype=dtype, device=self.device)
+
+    def empty_like(self, a: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(a)
+
+    def asarray(self, a: np.ndarray) -> torch.Tensor:
+        """A copy of a numpy array (bfloat16 from ml_dtypes too) on the device,
+        as ``cupy.asarray`` copies to the GPU: the two never share memory."""
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.astype(np.float32)).to(self.device, torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, copy=True)
+
+
+class _TorchComm:
+    """The five collectives of :mod:`synth.runtime.executor` on one process group whose
+    rank ``i`` is ``group[i]`` (root = member 0), in place, sum."""
+
+    def __init__(self, group: Group, pg: Any, member: int) -> None:
+        self.group, self.pg, self.member = group, pg, member
+        self.root = group[0]
+
+    def allreduce(self, a: torch.Tensor) -> None:
+        dist.all_reduce(a, group=self.pg)
+
+    def reduce_scatter(self, a: torch.Tensor, out: torch.Tensor) -> None:
+        _reduce_scatter(out, a, group=self.pg)
+
+    def allgather(self, a: torch.Tensor) -> None:
+        n = a.shape[0] // len(self.group)
+        _all_gather(a, a[self.member * n:(self.member + 1) * n], group=self.pg)
+
+    def reduce(self, a: torch.Tensor) -> None:
+        # gloo's reduce overwrites the input of non-root members; the language's
+        # Reduce leaves it as it was, so they send a copy
+        dist.reduce(a if self.member == 0 else a.clone(), dst=self.root, group=self.pg)
+
+    def bcast(self, a: torch.Tensor) -> None:
+        dist.broadcast(a, src=self.root, group=self.pg)
+
+
+def _new_group(ranks: Group) -> Any:
+    """A process group whose rank ``i`` is ``ranks[i]`` (``new_group`` sorts
+    ranks unless told not to; plans list groups in ascending order anyway)."""
+    if list(ranks) == sorted(ranks):
+        return dist.new_group(list(ranks))
+    return dist.new_group(list(ranks), sort_ranks=False)
+
+
+class TorchWorld(World):
+    """This process's rank of torch.distributed's default process group. Its
+    collectives run on CUDA tensors of the current device when the group has
+    NCCL and CUDA is available, else on CPU tensors (gloo)."""
+
+    name = "torch"
+    launcher = "torchrun --nproc-per-node {ranks}"
+    dtypes = GPU_DTYPES  # gloo sums all six on CPU tensors too (tests/test_gpu_check.py)
+
+    def __init__(self, owns_group: bool = False) -> None:
+        super().__init__()
+        self.owns_group = owns_group  # created by init_process_group(): close() destroys it
+        if not (dist.is_available() and dist.is_initialized()):
+            raise SynthError("torch.distributed is not initialized: call torch.distributed.init_process_group() "
+                             "(or synth.torch.init_process_group()) first, in a process started by torchrun")
+        self.pg = dist.group.WORLD
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        backend = str(dist.get_backend()).lower()
+        self.library = "nccl" if "nccl" in backend and torch.cuda.is_available() else backend.split(":")[-1]
+        if self.library == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self.xp = _Tensors(self.device)
+
+    @property
+    def nccl_version(self) -> str | None:
+        """The version of the NCCL that torch loaded, when the world uses NCCL."""
+        if self.library != "nccl":
+            return None
+        version = torch.cuda.nccl.version()
+        return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def split(self, groups: Sequence[Group]) -> _TorchComm | None:
+        mine = None
+        for group in groups:  # every rank creates every group, in the same order
+            pg = _new_group(group)
+            if self.rank in group:
+                mine = _TorchComm(group, pg, group.index(self.rank))
+        return mine
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def wtime(self) -> float:
+        return time.perf_counter()
+
+    def dtype_name(self, buffer: Any) -> str:
+        return str(buffer.dtype).removeprefix("torch.")
+
+    def buffer_problem(self, buffer: Any) -> str | None:
+        if not isinstance(buffer, torch.Tensor):
+            return f"the torch backend takes torch tensors, not {type(buffer).__name__}"
+        if buffer.dim() != 1 or not buffer.is_contiguous():
+            return "the buffer must be a 1-D contiguous tensor (use tensor.reshape(-1) on a contiguous tensor)"
+        if buffer.device.type != self.device.type:
+            return (f"the buffer is on {buffer.device} but this world's {self.library} collectives take "
+                    f"{self.device.type} tensors; move it with tensor.to({str(self.device)!r})")
+        name = self.dtype_name(buffer)
+        if name not in self.dtypes:
+            return f"dtype {name} is not supported by the torch backend; use one of {', '.join(sorted(self.dtypes))}"
+        return None
+
+    def close(self) -> None:
+        """Destroy the default process group if :func:`init_process_group` made it."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        _world_cache.clear()
+
+    def abort(self, code: int = 1) -> None:
+        """End this process at once; torchrun then stops every other rank."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+_world_cache: list[TorchWorld] = []
+# Dropped before the interpreter tears modules down: a world holds its process
+# groups, and a gloo group destroyed during that teardown (after the trainer's
+# destroy_process_group) can abort the process ("terminate called without an
+# active exception"), seen under torchrun on a loaded machine.
+atexit.register(_world_cache.clear)
+
+
+def world() -> TorchWorld:
+    """The world of the current default process group, created once, so that
+    executors share their process groups."""
+    if not _world_cache or _world_cache[0].pg is not dist.group.WORLD:
+        _world_cache[:] = [TorchWorld()]
+    return _world_cache[0]
+
+
+def init_process_group() -> TorchWorld:
+    """Initialize torch.distributed from torchrun's environment unless it is
+    already: NCCL on CUDA tensors when GPUs are visible (rank on GPU ``LOCAL_RANK``
+    modulo their count) with gloo for CPU objects, else gloo. A world made here
+    destroys the process group on ``close()``."""
+    if dist.is_initialized():
+        return world()
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise SynthError(f"the torch backend runs under torchrun ({', '.join(missing)} not set); e.g. "
+                         "torchrun --nproc-per-node 8 -m synth.cli bench --backend torch ...")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        dist.init_process_group("gloo")
+    _world_cache[:] = [TorchWorld(owns_group=True)]
+    return _world_cache[0]

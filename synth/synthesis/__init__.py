@@ -1,0 +1,31 @@
+"""Synthesis: placements, the reduction language, its semantics, the search
+for programs, their lowering onto the whole system, and their proofs.
+
+The stage, one concept per module, each importing only those before it:
+
+* :mod:`~synth.synthesis.placement`: parallelism matrices (placements of the
+  axes on the hierarchy) and their enumeration with z3;
+* :mod:`~synth.synthesis.language`: instructions and programs, their text form
+  (lark grammar ``grammars/program.lark``);
+* :mod:`~synth.synthesis.semantics`: states, the rules of every collective,
+  goals, synthesis hierarchies and the interned state space;
+* :mod:`~synth.synthesis.reduction`: a placement + reduction axes + goal, with
+  its synthesis hierarchy and group tables;
+* :mod:`~synth.synthesis.problem`: the question a command asks (topology, axes,
+  reduction, constraints), resolved into placements and reductions;
+* :mod:`~synth.synthesis.search`: every valid program up to a length, over
+  states, with counts and k-best paths; :mod:`~synth.synthesis.bounded`: the
+  independent z3 bounded search that cross-checks it in the tests;
+* :mod:`~synth.synthesis.lowering`: a program's steps as groups of global
+  device ids and chunk runs;
+* :mod:`~synth.synthesis.execute` (numpy reference executor, the first
+  verifier), :mod:`~synth.synthesis.prove` (z3, the second) and
+  :mod:`~synth.synthesis.verify` (both, memoised; also of a plan's programs).
+
+Imports: the shared top-level values only (``errors``, ``units``,
+``resources``, ``documents``, ``topology``); nothing of ``cost``, ``planner``,
+``runtime``, ``export``, ``testbed`` or ``cli``. :func:`~synth.synthesis.verify.verify_plan`
+takes a :class:`synth.plan.Plan` but only reads it (the plan module imports
+this stage, not the other way round). This ``__init__`` imports nothing, so
+``import synth.synthesis.lowering`` does not load z3 or lark.
+"""
