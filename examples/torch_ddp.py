@@ -6,9 +6,10 @@ program instead of one all-reduce.
 
 Runs on gloo with CPU tensors, or on NCCL with one GPU per rank when CUDA is
 available. On a cluster, launch one torchrun per plan node with ``--node-rank``
-= the plan's node index so that torch rank = the plan's device id. The plan must
-hold an allreduce over one axis (DDP's process group is that axis' group);
-several reductions are fine as long as one is an allreduce.
+= the plan's node index so that torch rank = the plan's device id. DDP runs over
+the plan's ``dp`` allreduce when it has one (a job plan from ``synth-reduce plan
+--sharding none``), else over its only allreduce of one axis (DDP's process
+group is that axis' group).
 """
 
 from __future__ import annotations
@@ -26,6 +27,20 @@ import synth
 import synth.torch
 
 
+def ddp_axes(plan: synth.Plan) -> tuple[str, ...]:
+    """The axis DDP averages over: the plan's dp allreduce, else its only allreduce."""
+    allreduces = [r.reduction.axes for r in plan.reductions if r.reduction.goal is synth.Goal.ALLREDUCE]
+    if ("dp",) in allreduces:
+        return ("dp",)
+    if "dp" in plan.placement.axis_names and plan.placement.axes[plan.placement.axis_names.index("dp")].size > 1:
+        raise synth.SynthError("the plan's dp gradients are not all-reduced (sharded optimizer: reduce-scatter and "
+                               "all-gather); DDP needs a plan written with synth-reduce plan --sharding none")
+    axes = plan.find(goal="allreduce").reduction.axes
+    if len(axes) != 1:
+        raise synth.SynthError(f"this example runs DDP over one axis; the plan reduces over {','.join(axes)}")
+    return axes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", required=True, help="a plan written by synth-reduce --out or tune")
@@ -40,9 +55,7 @@ def main() -> int:
     rank = dist.get_rank()
     try:
         plan = synth.load_plan(args.plan)
-        axes = plan.find(goal="allreduce").reduction.axes
-        if len(axes) != 1:
-            raise synth.SynthError(f"this example runs DDP over one axis; the plan reduces over {','.join(axes)}")
+        axes = ddp_axes(plan)
 
         torch.manual_seed(0)  # the same initial model everywhere (DDP also broadcasts it)
         net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
@@ -50,7 +63,7 @@ def main() -> int:
         # the three lines: the plan's mesh, DDP on the axis' group, the plan's hook
         mesh = synth.torch.device_mesh(plan, device.type)
         model = DDP(net, process_group=mesh.get_group(axes[0]), bucket_cap_mb=0.01)
-        model.register_comm_hook(None, synth.torch.comm_hook(plan))
+        model.register_comm_hook(model.process_group, synth.torch.comm_hook(plan, axes))
 
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         generator = torch.Generator().manual_seed(rank)  # each rank its own data

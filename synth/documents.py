@@ -11,8 +11,10 @@ refused (Python's parser and the code that walks a document recurse).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -118,10 +120,31 @@ def check_schema(
 
 
 def write_document(path: str | Path, kind: str, document: dict[str, Any]) -> None:
+    write_text(path, kind, json.dumps(document, indent=1) + "\n")
+
+
+def write_text(path: str | Path, kind: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file in
+    the same folder, then renamed into place (a symlink at ``path`` is
+    replaced, its target never written). SynthError naming ``kind`` if it
+    cannot be written; no temporary file is left behind."""
+    target = Path(path)
+    temporary = None
     try:
-        Path(path).write_text(json.dumps(document, indent=1) + "\n")
+        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, target)
+        temporary = None
     except OSError as exc:
-        raise SynthError(f"{path}: cannot write {kind} ({exc.strerror})") from None
+        raise SynthError(f"{path}: cannot write {kind} ({exc.strerror or exc})") from None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 def json_lines(path: str | Path, kind: str) -> Iterator[tuple[str, int, Any]]:

@@ -5,7 +5,7 @@ package never imports torch).
     import synth.torch
     mesh = synth.torch.device_mesh("plan.json")                 # dims named after the plan's axes
     ddp = DDP(model, process_group=mesh.get_group("dp"))
-    ddp.register_comm_hook(None, synth.torch.comm_hook("plan.json"))
+    ddp.register_comm_hook(ddp.process_group, synth.torch.comm_hook("plan.json"))
 
 Launch with ``torchrun`` so that torch rank = the plan's device id: node rank =
 the plan's node index, local rank = the device's index in its node (on one host
@@ -25,22 +25,44 @@ tensors). See ``docs/trainers.md``.
 from __future__ import annotations
 
 import os
+import queue
 import socket
+import threading
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
 from .errors import SynthError
+from .export.rank_map import launch_environment, rank_map
 from .plan import Plan, as_plan
 from .runtime import executor as runtime
 from .runtime.meshes import devices_per_node, launch_problem, mesh_layout
 from .runtime.torch_world import TorchWorld, init_process_group, world
 from .synthesis.semantics import Goal
 
-__all__ = ["Executor", "TorchWorld", "comm_hook", "device_mesh", "init_process_group", "world"]
+__all__ = ["Executor", "TorchWorld", "comm_hook", "device_mesh", "init_process_group", "launch_rank", "world"]
 
 
 # ---------------------------------------------------------------- the launch
+
+
+def launch_rank(plan: Plan | str | os.PathLike, order: Sequence[str] | None = None) -> int:
+    """Renumber this process's torch rank by the plan's rank map
+    (:mod:`synth.export.rank_map`) before ``init_process_group``: under
+    torchrun, the process on device ``d`` takes ``RANK = rank_of_device[d]``
+    (``LOCAL_RANK``, its GPU, is kept), so that groups formed from rank order
+    in ``order`` (default: Megatron's ``tp-cp-ep-dp-pp``, first fastest) are
+    the plan's. Returns the new rank. Call it once per process, before any
+    process group exists; a second call maps the same device again. Not
+    collective; ``synth-reduce launch`` does the same for a script it runs."""
+    if dist.is_available() and dist.is_initialized():
+        raise SynthError("launch_rank() must run before init_process_group(): the rank is fixed once the "
+                         "process group exists")
+    loaded = as_plan(plan)
+    updates = launch_environment(rank_map(loaded.placement, order), os.environ)
+    os.environ.update(updates)
+    return int(updates["RANK"])
 
 
 def _launch_hint(devices: int, per_node: int) -> str:
@@ -112,25 +134,94 @@ class Executor(runtime.Executor):
         super().__init__(loaded, _checked_world(loaded, problem), reduce, goal)
 
 
-def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None = None) -> Callable[..., Any]:
+class _BucketQueue:
+    """Runs an executor on buckets one after the other in a thread of its own,
+    in the order they were submitted (the same on every rank, since DDP hands
+    every rank its buckets in the same order), so that the hook returns at once
+    and backward goes on. Each bucket's future completes with the bucket once
+    the program's last step has run on it (or with the step's exception)."""
+
+    def __init__(self, executor: "Executor") -> None:
+        self.executor = executor
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._work, name="synth-comm-hook", daemon=True)
+        self.thread.start()
+
+    def submit(self, tensor: torch.Tensor) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        self.queue.put((tensor, future))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            tensor, future = self.queue.get()
+            try:
+                self.executor(tensor, check=False)  # DDP gives every rank of a group the same buckets
+            except BaseException as exc:  # noqa: BLE001 - handed to the future, raised where DDP waits
+                future.set_exception(exc)
+            else:
+                future.set_result(tensor)
+
+
+def _group_problem(state: Any, group: Sequence[int]) -> str | None:
+    """Why DDP's process group ``state`` (what the hook was registered with)
+    is not the plan's reduction group ``group`` of this rank, or None."""
+    if state is None:
+        return ("the hook needs DDP's process group as its state, to check that it spans the plan's reduction "
+                "group: ddp.register_comm_hook(ddp.process_group, synth.torch.comm_hook(plan))")
+    try:
+        ranks = sorted(dist.get_process_group_ranks(state))
+    except (TypeError, ValueError, RuntimeError, AttributeError):
+        return f"the hook's state is {type(state).__name__}, not a process group; register it with " \
+               "ddp.register_comm_hook(ddp.process_group, hook)"
+    if ranks != sorted(group):
+        return (f"DDP's process group spans ranks {ranks} but the plan reduces over {sorted(group)} here; "
+                "give DDP the plan's group (synth.torch.device_mesh(plan).get_group(axis)), else replicas "
+                "would silently diverge")
+    return None
+
+
+def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None = None,
+              process_group: Any = None) -> Callable[..., Any]:
     """A DDP communication hook that runs the plan's allreduce over ``reduce``
     (default: the plan's only allreduce) on each gradient bucket, averaging like
     DDP's default hook (divide by the reduction group size, then sum). The
-    program is picked by bucket size when the plan has several size ranges. Use
-    it with DDP on the plan's reduction groups (``device_mesh(plan).get_group(axis)``
-    for one axis): ``ddp.register_comm_hook(None, comm_hook(plan))``. Building it
-    is collective; so is every bucket (as with any DDP hook)."""
+    program is picked by bucket size when the plan has several size ranges.
+
+    Register it with DDP's process group as its state, which must span this
+    rank's reduction group of the plan (else one SynthError, never silently
+    different replicas): ``ddp.register_comm_hook(ddp.process_group,
+    comm_hook(plan))``; given ``process_group`` here too, the check is made at
+    once, collectively. The hook does not stall backward: on CPU tensors (gloo)
+    the program runs in a thread of its own, bucket after bucket, and the hook
+    returns a future that completes with the bucket after the last step; on
+    CUDA tensors (NCCL) the steps are enqueued on the GPU's streams and the CPU
+    goes on at once. Building it is collective; so is every bucket (as with any
+    DDP hook)."""
     executor = Executor(plan, reduce, Goal.ALLREDUCE)
-    group_size = executor.programs[0].lowered.num_chunks
+    lowered = executor.programs[0].lowered
+    group_size = lowered.num_chunks
     w = executor.world
+    mine = next(tuple(g) for g in lowered.reduction_groups if w.rank in g)
+    if process_group is not None:
+        w.agree(_group_problem(process_group, mine))
+    checked: set[int] = set()
+    threaded = _BucketQueue(executor) if w.device.type == "cpu" else None
 
     def hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket and Future[Tensor]
+        if id(state) not in checked:
+            problem = _group_problem(state, mine)
+            if problem is not None:
+                raise SynthError(problem)
+            checked.add(id(state))
         tensor = bucket.buffer()
         problem = w.buffer_problem(tensor)
         if problem is not None:
             raise SynthError(problem)
         tensor.div_(group_size)
-        executor(tensor, check=False)  # DDP gives every rank of a group the same buckets
+        if threaded is not None:
+            return threaded.submit(tensor)
+        executor(tensor, check=False)
         future = torch.futures.Future()
         future.set_result(tensor)
         return future

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import limit_s
 from helpers import usage_error
+from processes import limit_s
 
 from synth.cli import main
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from processes import limit_s
 from helpers import usage_error
+from processes import limit_s
 
 from synth.cli import main
 from synth.cli.args import Parser

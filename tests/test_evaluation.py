@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from processes import limit_s
 
-from synth.testbed import evaluation as rep
 from synth.synthesis.problem import ProblemSpec
+from synth.testbed import evaluation as rep
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 run = rep  # the case list lives beside the measures

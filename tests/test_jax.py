@@ -19,8 +19,8 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from processes import limit_s  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
+from processes import limit_s  # noqa: E402
 
 import synth.jax  # noqa: E402
 from synth.cli import main  # noqa: E402

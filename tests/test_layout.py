@@ -27,9 +27,9 @@ ALLOWED = {
     "cost": {"shared", "synthesis", "cost"},
     "planner": {"shared", "synthesis", "plan", "cost", "planner"},
     "runtime": {"shared", "synthesis", "plan", "cost", "runtime"},
-    "export": {"shared", "synthesis", "plan", "cost", "planner", "export"},
+    "export": {"shared", "synthesis", "plan", "cost", "planner", "runtime", "export"},
     "testbed": {"shared", "synthesis", "cost", "testbed"},
-    "adapter": {"shared", "synthesis", "plan", "cost", "runtime"},
+    "adapter": {"shared", "synthesis", "plan", "cost", "runtime", "export"},
     "api": {"shared", "synthesis", "plan", "cost", "planner", "api"},
     "cli": {"shared", "synthesis", "plan", "cost", "planner", "runtime", "export", "testbed", "api", "cli"},
 }

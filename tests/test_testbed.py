@@ -18,8 +18,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from processes import limit_s
 from helpers import usage_error
+from processes import limit_s
 
 import synth.testbed
 from synth.cli.emulate import emulate_main

@@ -197,6 +197,41 @@ def test_hsdp_on_the_hierarchical_mesh_runs_the_blueconnect_program(checks):
     assert_check(checks, "hsdp")
 
 
+@pytest.mark.timeout(600)
+def test_the_hook_refuses_a_process_group_other_than_the_plans(checks):
+    detail = assert_check(checks, "hook_group")
+    assert "else replicas would silently diverge" in detail
+
+
+def test_the_hook_queue_returns_at_once_and_completes_in_order():
+    """The hook's bucket queue (CPU tensors): submit returns a pending future;
+    buckets run one after the other in submission order; a failing step
+    reaches the future, not the backward pass."""
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from synth.torch import _BucketQueue
+
+    gate, order = threading.Event(), []
+
+    def executor(tensor, check):
+        assert check is False
+        gate.wait(timeout=60)
+        if tensor[0] < 0:
+            raise SynthError("step failed")
+        order.append(int(tensor[0]))
+        tensor.add_(100)
+
+    buckets = _BucketQueue(executor)
+    futures = [buckets.submit(torch.tensor([float(i)])) for i in (1, 2, -1, 3)]
+    assert not any(f.done() for f in futures)  # the work waits on the gate: nothing ran yet
+    gate.set()
+    assert [float(f.wait()[0]) for f in (futures[0], futures[1], futures[3])] == [101.0, 102.0, 103.0]
+    with pytest.raises(Exception, match="step failed"):
+        futures[2].wait()
+    assert order == [1, 2, 3]
+
+
 def _can_unshare() -> bool:
     unshare = shutil.which("unshare")
     return bool(unshare) and subprocess.run([unshare, "--uts", "true"], capture_output=True).returncode == 0
@@ -248,8 +283,13 @@ def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
 
 @pytest.mark.timeout(300)
 def test_the_ddp_example_trains_with_a_plans_hook(tmp_path):
-    plan = tmp_path / "plan.json"
-    assert main(["--topology", "testbed-2x4", "--scale", "rank=2", "--axes", "dp=4", "--out", str(plan)]) == 0
+    """A job plan (tp and dp reductions; the example trains DDP over dp)."""
+    plan = tmp_path / "job.json"
+    assert main(["plan", "--topology", "testbed-2x4", "--scale", "rank=2", "--model",
+                 "layers=2,hidden=64,heads=4,seq=32,vocab=100", "--global-batch", "8", "--axes", "tp=2,dp=2",
+                 "--device", "memory_GiB=16,peak_TFLOPs=1", "--sharding", "none", "--top", "1",
+                 "--out", str(plan)]) == 0
+    assert len(load_plan(plan).reductions) == 2
     done = torchrun(4, "examples/torch_ddp.py", "--plan", str(plan), "--steps", "3", timeout_s=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"step 3 loss \d+\.\d+", done.stdout), done.stdout

@@ -233,7 +233,7 @@ def ddp_against_default(rank: int, plan: Plan, group, seed: int) -> tuple[float,
         used.add(format_program(executor.program_for(bucket.buffer().nbytes).program, " ; "))
         return hook(state, bucket)
 
-    hooked.register_comm_hook(None, counting)
+    hooked.register_comm_hook(hooked.process_group, counting)
     per_step = []
     optimizer = torch.optim.SGD(hooked.parameters(), lr=0.1)
     for step in range(4):
@@ -272,6 +272,30 @@ def check_ddp_dp_mp(rank: int) -> str:
     return f"max |difference| {difference:.1e}; hook calls per step {per_step}"
 
 
+def check_hook_group(rank: int) -> str:
+    """The hook refuses, with one message, a DDP process group other than the
+    plan's reduction group (the world, here) and a missing one (state None):
+    at build when given, else at the first bucket."""
+    p = placement("dp=4,mp=2", ((2, 2), (1, 2)))
+    plan = single(BLUECONNECT, Reduction.of(p, ["dp"]))
+    seen = []
+    try:
+        synth.torch.comm_hook(plan, process_group=dist.group.WORLD)
+    except SynthError as exc:
+        seen.append(str(exc))
+    hook = synth.torch.comm_hook(plan, process_group=synth.torch.device_mesh(plan, "cpu").get_group("dp"))
+    for state in (None, dist.group.WORLD):
+        try:
+            hook(state, None)
+        except SynthError as exc:
+            seen.append(str(exc))
+    assert len(seen) == 3, seen
+    assert "DDP's process group spans ranks [0, 1, 2, 3, 4, 5, 6, 7] but the plan reduces over" in seen[0], seen
+    assert seen[1].startswith("the hook needs DDP's process group as its state"), seen
+    assert seen[2].startswith("DDP's process group spans ranks [0, 1, 2, 3, 4, 5, 6, 7]"), seen
+    return seen[2]
+
+
 def check_hsdp(rank: int) -> str:
     """FSDP2's HSDP on the hierarchical mesh: its reduce-scatter groups are the
     plan's ReduceScatter(node, inside) groups, its all-reduce groups those of
@@ -307,7 +331,8 @@ def run_checks(directory: Path) -> int:
               ("device_mesh", lambda: check_device_mesh(rank)),
               ("ddp_dp_only", lambda: check_ddp_dp_only(rank)),
               ("ddp_dp_mp", lambda: check_ddp_dp_mp(rank)),
-              ("hsdp", lambda: check_hsdp(rank))]
+              ("hsdp", lambda: check_hsdp(rank)),
+              ("hook_group", lambda: check_hook_group(rank))]
     failed = False
     for name, check in checks:
         try:
@@ -357,6 +382,56 @@ def run_bench(directory: Path) -> int:
     return code
 
 
+def run_renumbered(plan_path: Path) -> int:
+    """Under ``synth-reduce launch``: this process's rank is the rank map's
+    for its device (``SYNTH_DEVICE``). Groups formed from rank order as
+    megatron-core forms them (its RankGenerator; without it, the rank map's own
+    grouping) gather each member's device: every group must be the plan's
+    group of that axis, member order included."""
+    import os
+
+    from synth.plan import load_plan
+
+    dist.init_process_group("gloo")
+    rank, device = dist.get_rank(), int(os.environ["SYNTH_DEVICE"])
+    plan = load_plan(plan_path)
+    sizes = {a.name: a.size for a in plan.placement.axes}
+    try:
+        from megatron.core.parallel_state import RankGenerator
+
+        generator = RankGenerator(tp=sizes.get("tp", 1), ep=1, dp=sizes.get("dp", 1), pp=sizes.get("pp", 1),
+                                  cp=1, order="tp-cp-ep-dp-pp")
+        groups_of = generator.get_ranks
+    except ImportError:
+        from synth.export.rank_map import rank_map
+
+        groups_of = rank_map(plan.placement).groups
+    problems = []
+    for axis in ("tp", "dp"):
+        mine = None
+        for group in groups_of(axis):  # every rank creates every group, in the same order
+            pg = dist.new_group(list(group))
+            if rank in group:
+                mine = (list(group), pg)
+        members, pg = mine
+        gathered = [torch.zeros(1, dtype=torch.int64) for _ in members]
+        dist.all_gather(gathered, torch.tensor([device], dtype=torch.int64), group=pg)
+        got = [int(t) for t in gathered]
+        want = next(list(map(int, row)) for row in Reduction.of(plan.placement, (axis,)).reduction_groups
+                    if device in row)
+        if got != want:
+            problems.append(f"rank {rank} (device {device}): {axis} group holds devices {got}, the plan's {want}")
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, problems)
+    if rank == 0:
+        wrong = [p for ps in everyone for p in ps]
+        print("; ".join(wrong) if wrong else f"renumbered: tp, dp groups are the plan's on {len(everyone)} ranks",
+              flush=True)
+    dist.destroy_process_group()
+    return 1 if any(everyone) else 0
+
+
 if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
-    sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench}[mode](where))
+    sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench,
+              "renumbered": run_renumbered}[mode](where))

@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "run_bench"),
     "tune": ("bench", "run_tune"),
     "emulate": ("emulate", "run"),
+    "export": ("export", "run"),
+    "launch": ("launch", "run"),
 }
 
 # command -> what it does, one line for 'synth-reduce --help' (a test checks
@@ -29,6 +31,8 @@ SUMMARIES: dict[str, str] = {
     "bench": "time a plan's or the predicted best programs against the default (under mpiexec)",
     "tune": "time the predicted best programs and write the plan of the measured winner (under mpiexec)",
     "emulate": "run a command on an emulated cluster of network namespaces on this machine (root)",
+    "export": "write what trainers take from a plan: rank map, Megatron-LM arguments, torchtitan settings, JAX mesh",
+    "launch": "run a training script under torchrun with its rank renumbered to the plan's (rank map)",
 }
 
 

@@ -1,12 +1,22 @@
-"""Exports: files that other stacks load unchanged, written from a plan.
+"""Exports: what other stacks take from a plan, unchanged.
 
-This stage turns proved plans into what NCCL-based stacks and trainers consume:
-MSCCL algorithm XML and NCCL tuner rules (NCCL), the rank map, Megatron-LM
-arguments, a torchtitan ``[parallelism]`` table and a JAX device array
-(trainers); ``synth-reduce export`` is its command. It is empty so far: the
-exports land here (``../shared/DESIGN.md`` sections 11 and 12).
+* :mod:`~synth.export.rank_map`: the rank map (trainer rank -> device) that
+  makes groups formed from rank order the plan's groups, and the environment a
+  torchrun process takes to be renumbered (``synth-reduce launch``,
+  :func:`synth.torch.launch_rank`);
+* :mod:`~synth.export.trainer`: a plan's axes under trainer names, a job
+  plan's job;
+* :mod:`~synth.export.megatron`: Megatron-LM arguments;
+* :mod:`~synth.export.torchtitan`: torchtitan's ``[parallelism]`` settings;
+* :mod:`~synth.export.jax_mesh`: the device array of a JAX mesh.
+
+``synth-reduce export`` is the command. Every group an export implies is
+checked against the plan before it is returned; the plan itself was checked
+against the derivation of its programs when it was loaded. The NCCL programs
+(MSCCL XML, tuner rules; ``../shared/DESIGN.md`` section 11) land here too.
 
 Imports: the shared top-level values (including ``plan``), ``synthesis``,
-``cost`` and ``planner``; nothing of ``runtime``, ``testbed`` or ``cli``. Every
-file it emits comes from a plan whose programs are proved.
+``cost``, ``planner`` and ``runtime`` (its mesh layouts; nothing that runs);
+nothing of ``testbed`` or ``cli``. No module here imports torch, jax, z3 or
+lark.
 """

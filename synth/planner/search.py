@@ -463,6 +463,7 @@ def job_document(solution: JobSolution, candidate: Candidate) -> dict[str, Any]:
         "micro_batch": config.micro_batch,
         "micro_batches": config.micro_batches(request.training),
         "schedule": "1F1B" if config.virtual_stages == 1 else f"interleaved 1F1B, {config.virtual_stages} stages",
+        "virtual_stages": config.virtual_stages,
         "pipeline_axis": "pp" if config.pp > 1 else None,
         "bucket_bytes": candidate.step.bucket_bytes,
         "predicted_step_s": candidate.predicted_step_s,

@@ -1,0 +1,127 @@
+"""Megatron-LM arguments from a plan, and the renumbering that makes
+Megatron's own groups the plan's.
+
+Megatron-LM forms its groups from rank order (``parallel_state``'s
+``RankGenerator``, order ``tp-cp-ep-dp-pp``, first fastest). Launched with the
+rank map of :mod:`synth.export.rank_map` (rank ``r`` on device
+``device_of_rank[r]``), its tensor, data and pipeline groups are the plan's,
+whatever the placement. Arguments (Megatron-LM's spelling):
+
+* parallel sizes: ``--tensor-model-parallel-size``,
+  ``--pipeline-model-parallel-size``, and ``--context-parallel-size`` /
+  ``--expert-model-parallel-size`` where the plan has those axes;
+* from a job plan: the model's shape (``--num-layers``, ``--hidden-size``,
+  ``--ffn-hidden-size``, ``--num-attention-heads``, ``--group-query-attention``
+  with ``--num-query-groups``, ``--swiglu``, ``--seq-length``,
+  ``--max-position-embeddings``, ``--untie-embeddings-and-output-weights``),
+  ``--micro-batch-size``, ``--global-batch-size``, ``--bf16``/``--fp16``, the
+  recomputation (``--recompute-granularity selective``, or ``full`` with
+  ``--recompute-method uniform --recompute-num-layers 1``), interleaving
+  (``--num-layers-per-virtual-pipeline-stage``), the optimizer sharding
+  (``--use-distributed-optimizer`` for ZeRO-1, ``--use-torch-fsdp2`` for
+  ZeRO-3), ``--overlap-grad-reduce`` and the DP bucket
+  (``--ddp-bucket-size``, in gradient elements: the planner's bucket bytes over
+  the bytes of the training dtype).
+
+The planner does not model sequence parallelism yet, so no
+``--sequence-parallel`` is written (a plan that says it would get it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SynthError
+from ..plan import Plan
+from .rank_map import MEGATRON_ORDER, RankMap, rank_map
+from .trainer import TrainerJob, renamed, trainer_job
+
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class MegatronExport:
+    """Megatron-LM's arguments and the rank map to launch them with."""
+
+    arguments: tuple[str, ...]
+    ranks: RankMap
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "megatron", "arguments": list(self.arguments), "order": self.ranks.order_text,
+                "renumbering_needed": not self.ranks.is_identity, "rank_map": self.ranks.to_dict()}
+
+
+def _sizes(ranks: RankMap) -> list[str]:
+    args = ["--tensor-model-parallel-size", str(ranks.size("tp")),
+            "--pipeline-model-parallel-size", str(ranks.size("pp"))]
+    if "cp" in ranks.order:
+        args += ["--context-parallel-size", str(ranks.size("cp"))]
+    if "ep" in ranks.order:
+        args += ["--expert-model-parallel-size", str(ranks.size("ep"))]
+    return args
+
+
+def _job(job: TrainerJob, pp: int) -> list[str]:
+    model = job.model
+    layers, hidden, heads = model["layers"], model["hidden"], model["heads"]
+    args = ["--num-layers", str(layers), "--hidden-size", str(hidden), "--num-attention-heads", str(heads),
+            "--seq-length", str(model["seq"]), "--max-position-embeddings", str(model["seq"])]
+    if isinstance(model.get("ffn"), int):
+        args += ["--ffn-hidden-size", str(model["ffn"])]
+    kv = model.get("kv_heads")
+    if isinstance(kv, int) and kv != heads:
+        args += ["--group-query-attention", "--num-query-groups", str(kv)]
+    if model.get("gated_mlp"):
+        args += ["--swiglu"]
+    if model.get("tied_embeddings") is False:
+        args += ["--untie-embeddings-and-output-weights"]
+    args += ["--micro-batch-size", str(job.micro_batch), "--global-batch-size", str(job.global_batch)]
+    if job.dtype in ("bf16", "fp16"):
+        args += [f"--{job.dtype}"]
+    if job.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif job.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if job.virtual_stages > 1:
+        if layers % (pp * job.virtual_stages):
+            raise SynthError(f"plan: {layers} layers do not split into {pp} stages x {job.virtual_stages} "
+                             "virtual stages")
+        args += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * job.virtual_stages))]
+    if job.sharding == "zero1":
+        args += ["--use-distributed-optimizer"]
+    elif job.sharding == "zero3":
+        args += ["--use-torch-fsdp2"]
+    if job.overlap_dp:
+        args += ["--overlap-grad-reduce"]
+    if job.bucket_bytes is not None:
+        args += ["--ddp-bucket-size", str(job.bucket_bytes // _DTYPE_BYTES.get(job.dtype, 2))]
+    return args
+
+
+def megatron_export(plan: Plan, axis_names: dict[str, str] | None = None) -> MegatronExport:
+    """Megatron-LM's arguments for ``plan`` and its rank map in Megatron's
+    order (``tp-cp-ep-dp-pp``)."""
+    placement = renamed(plan.placement, axis_names or {})
+    order = tuple(a for a in MEGATRON_ORDER if a in [x.name for x in placement.axes])
+    ranks = rank_map(placement, order)
+    args = _sizes(ranks)
+    job = trainer_job(plan)
+    if job is not None:
+        args += _job(job, ranks.size("pp"))
+    return MegatronExport(tuple(args), ranks)
+
+
+def megatron_text(export: MegatronExport, plan_path: str) -> str:
+    """The arguments as a shell line, and how to launch them on the plan's devices."""
+    ranks = export.ranks
+    lines = ["# Megatron-LM arguments from " + plan_path, " ".join(export.arguments), ""]
+    if ranks.is_identity:
+        lines.append(f"# rank order {ranks.order_text}: torchrun's ranks already form the plan's groups "
+                     "(no renumbering)")
+    else:
+        lines += [f"# rank order {ranks.order_text}: Megatron's groups are the plan's when rank r runs on device "
+                  "device_of_rank[r]; launch through the renumbering launcher:",
+                  f"#   torchrun ... -m synth.cli launch {plan_path} -- pretrain_gpt.py <the arguments above>",
+                  f"# device_of_rank {list(ranks.device_of_rank)}"]
+    return "\n".join(lines) + "\n"

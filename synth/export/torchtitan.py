@@ -1,0 +1,129 @@
+"""torchtitan's parallelism settings from a plan.
+
+torchtitan builds a row-major ``DeviceMesh`` over ``pp, dp_replicate,
+dp_shard, cp, tp`` (``tp`` fastest) from the world's ranks: the numbering of
+Megatron's order ``tp-cp-dp-pp`` with the data-parallel coordinate split as
+``dp_replicate`` (outer) x ``dp_shard`` (inner). Launched with the plan's rank
+map (:mod:`synth.export.rank_map`) its ``tp``, ``cp``, ``pp`` and
+``dp_replicate x dp_shard`` groups are the plan's.
+
+The data-parallel split follows the job's sharding: none or ZeRO-1 (torchtitan
+has no ZeRO-1: plain replication) is ``dp_replicate = dp``, ``dp_shard = 1``
+(DDP); ZeRO-3 / FSDP, and a placement plan, shard inside the innermost
+hierarchy level dp spans and replicate across the rest (HSDP: ``dp_shard`` =
+the dp axis' split at that level), so the shard groups stay inside a node when
+the placement allows. Every group is checked against the plan's mesh before
+anything is written.
+
+Output: the TOML ``[parallelism]`` (and ``[activation_checkpoint]``) tables of
+torchtitan's job files, and the same settings as the command-line overrides
+torchtitan 0.3 takes (``--parallelism.tensor_parallel_degree 4`` ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import SynthError
+from ..plan import Plan
+from .rank_map import MEGATRON_ORDER, RankMap, rank_map
+from .trainer import renamed, trainer_job
+
+
+@dataclass(frozen=True)
+class TorchtitanExport:
+    """torchtitan's degrees (``parallelism``), activation checkpointing (None:
+    not a job plan) and the rank map to launch them with."""
+
+    parallelism: dict[str, int]
+    activation_checkpoint: str | None
+    ranks: RankMap
+
+    def overrides(self) -> list[str]:
+        """The settings as torchtitan 0.3's command-line overrides."""
+        args = []
+        for key, value in self.parallelism.items():
+            args += [f"--parallelism.{key}", str(value)]
+        if self.activation_checkpoint is not None:
+            args += ["--activation_checkpoint.mode", self.activation_checkpoint]
+        return args
+
+    def toml(self) -> str:
+        lines = ["[parallelism]"] + [f"{key} = {value}" for key, value in self.parallelism.items()]
+        if self.activation_checkpoint is not None:
+            lines += ["", "[activation_checkpoint]", f'mode = "{self.activation_checkpoint}"']
+            if self.activation_checkpoint == "selective":
+                lines.append('selective_ac_option = "op"')
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "torchtitan", "parallelism": dict(self.parallelism),
+                "activation_checkpoint": self.activation_checkpoint, "overrides": self.overrides(),
+                "renumbering_needed": not self.ranks.is_identity, "rank_map": self.ranks.to_dict()}
+
+
+def _dp_shard(plan: Plan, placement, sharded: bool) -> int:
+    """The dp_shard degree: 1 unless ``sharded``; then the dp axis' split at
+    the innermost level it spans (all of dp where it spans one level)."""
+    names = [a.name for a in placement.axes]
+    if "dp" not in names or not sharded:
+        return 1
+    row = placement.matrix[names.index("dp")]
+    spanned = [split for split in row if split > 1]
+    return spanned[-1] if spanned else 1
+
+
+def check_torchtitan_groups(placement, ranks: RankMap, replicate: int, shard: int) -> None:
+    """SynthError unless the ``dp_shard`` groups of torchtitan's row-major mesh,
+    mapped through the rank map, hold devices that agree on every axis but dp
+    and on dp's digits outside its innermost ``shard`` part (consecutive dp
+    ranks in blocks of ``shard``, as the plan's hierarchical mesh has them)."""
+    n = len(ranks.device_of_rank)
+    shape = [ranks.size("pp"), replicate, shard, ranks.size("cp"), ranks.size("tp")]
+    mesh = np.arange(n).reshape(shape)
+    names = [a.name for a in placement.axes]
+    coords = np.argwhere(np.ones(placement.mesh.shape, bool))
+    where = {int(placement.mesh[tuple(c)]): tuple(int(x) for x in c) for c in coords}
+    for group in np.moveaxis(mesh, 2, -1).reshape(-1, shard):
+        devices = [ranks.device_of_rank[int(r)] for r in group]
+        points = [list(where[d]) for d in devices]
+        dp = names.index("dp") if "dp" in names else None
+        keys = {tuple(p[i] for i in range(len(p)) if i != dp) + ((p[dp] // shard,) if dp is not None else ())
+                for p in points}
+        ranks_in_dp = [p[dp] % shard for p in points] if dp is not None else [0]
+        if len(keys) != 1 or ranks_in_dp != list(range(len(ranks_in_dp))):
+            raise SynthError("torchtitan export: a dp_shard group is not a block of the plan's dp groups")
+
+
+def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> TorchtitanExport:
+    placement = renamed(plan.placement, axis_names or {})
+    names = [a.name for a in placement.axes]
+    if "ep" in names:
+        raise SynthError("torchtitan export: plans with an expert axis are not exported yet")
+    ranks = rank_map(placement, tuple(a for a in MEGATRON_ORDER if a in names))
+    job = trainer_job(plan)
+    sharded = job is None or job.sharding == "zero3"
+    dp = ranks.size("dp")
+    shard = _dp_shard(plan, placement, sharded)
+    check_torchtitan_groups(placement, ranks, dp // shard, shard)
+    parallelism = {"data_parallel_replicate_degree": dp // shard, "data_parallel_shard_degree": shard,
+                   "tensor_parallel_degree": ranks.size("tp"), "context_parallel_degree": ranks.size("cp"),
+                   "pipeline_parallel_degree": ranks.size("pp")}
+    checkpoint = None if job is None else job.recompute
+    return TorchtitanExport(parallelism, checkpoint, ranks)
+
+
+def torchtitan_text(export: TorchtitanExport, plan_path: str) -> str:
+    ranks = export.ranks
+    lines = [f"# torchtitan settings from {plan_path} (job file tables; torchtitan 0.3 takes the same as "
+             "command-line overrides:", "#   " + " ".join(export.overrides()) + ")", export.toml().rstrip()]
+    if ranks.is_identity:
+        lines.append("# torchrun's ranks already form the plan's groups (no renumbering)")
+    else:
+        lines += ["# the mesh's groups are the plan's when rank r runs on device device_of_rank[r]; launch through "
+                  f"the renumbering launcher: torchrun ... -m synth.cli launch {plan_path} -- <train script> ...",
+                  f"# device_of_rank {list(ranks.device_of_rank)}"]
+    return "\n".join(lines) + "\n"

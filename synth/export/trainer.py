@@ -1,0 +1,103 @@
+"""What a trainer export needs of a plan: its parallel sizes under the names
+trainers use, and, for a job plan, the job (model, batch, schedule, memory
+choices) the planner chose.
+
+Trainers know the axes ``tp`` (tensor), ``cp`` (context), ``ep`` (expert),
+``dp`` (data) and ``pp`` (pipeline). A plan from ``synth-reduce plan`` uses
+those names; a placement plan may name its axes freely (``mp``), and a trainer
+export then asks for ``--axis-names mp=tp``. :func:`trainer_job` reads the
+plan's informative ``job`` object (written by the planner, not verified) and
+names any field it misses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from ..errors import SynthError
+from ..plan import Plan
+from ..synthesis.placement import Placement
+
+TRAINER_AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+def parse_axis_names(text: str | None) -> dict[str, str]:
+    """``mp=tp,data=dp``: the plan's axis -> the trainer's axis."""
+    if not text:
+        return {}
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        plan_axis, sep, trainer_axis = part.partition("=")
+        plan_axis, trainer_axis = plan_axis.strip(), trainer_axis.strip()
+        if not sep or not plan_axis or trainer_axis not in TRAINER_AXES:
+            raise SynthError(f"--axis-names {part!r}: expected PLAN_AXIS=TRAINER_AXIS with TRAINER_AXIS one of "
+                             f"{', '.join(TRAINER_AXES)}, e.g. --axis-names mp=tp")
+        out[plan_axis] = trainer_axis
+    return out
+
+
+def renamed(placement: Placement, names: Mapping[str, str]) -> Placement:
+    """``placement`` with its axes renamed to the trainer's names; SynthError
+    naming an axis that has no trainer name, or a name given twice."""
+    unknown = [n for n in names if n not in [a.name for a in placement.axes]]
+    if unknown:
+        raise SynthError(f"--axis-names: the plan has no axis {', '.join(unknown)} "
+                         f"(its axes: {', '.join(a.name for a in placement.axes)})")
+    new = [names.get(a.name, a.name) for a in placement.axes]
+    missing = [a.name for a, n in zip(placement.axes, new) if n not in TRAINER_AXES]
+    if missing:
+        raise SynthError(f"axis {', '.join(missing)} has no trainer name (trainers know {', '.join(TRAINER_AXES)}); "
+                         f"map it with --axis-names, e.g. --axis-names {missing[0]}=tp")
+    if len(set(new)) != len(new):
+        raise SynthError(f"--axis-names maps two axes to one trainer axis ({', '.join(new)})")
+    if new == [a.name for a in placement.axes]:
+        return placement
+    axes = tuple(replace(a, name=n) for a, n in zip(placement.axes, new))
+    return Placement(placement.topology, axes, placement.matrix)
+
+
+@dataclass(frozen=True)
+class TrainerJob:
+    """The job a planner chose (a job plan's ``job`` object): the model shape,
+    batch, dtype, sharding, recomputation, schedule and DP bucket."""
+
+    model: Mapping[str, Any]
+    global_batch: int
+    micro_batch: int
+    dtype: str
+    sharding: str
+    recompute: str
+    overlap_dp: bool
+    virtual_stages: int
+    bucket_bytes: int | None
+
+
+def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = doc.get(key) if isinstance(doc, Mapping) else None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise SynthError(f"plan: job.{where}{key} is missing or not a {getattr(kind, '__name__', 'value')}; "
+                         "write the plan again with synth-reduce plan --out")
+    return value
+
+
+def trainer_job(plan: Plan) -> TrainerJob | None:
+    """The job of a job plan, None for a placement plan."""
+    job = plan.job
+    if job is None:
+        return None
+    training = _field(job, "training", dict, "")
+    model = _field(job, "model", dict, "")
+    for key in ("layers", "hidden", "heads", "seq"):
+        _field(model, key, int, "model.")
+    bucket = job.get("bucket_bytes")
+    if bucket is not None and (not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 1):
+        raise SynthError("plan: job.bucket_bytes must be a positive integer or null")
+    virtual = job.get("virtual_stages", 1)
+    if not isinstance(virtual, int) or isinstance(virtual, bool) or virtual < 1:
+        raise SynthError("plan: job.virtual_stages must be an integer >= 1")
+    return TrainerJob(model=model, global_batch=_field(training, "global_batch", int, "training."),
+                      micro_batch=_field(job, "micro_batch", int, ""), dtype=_field(training, "dtype", str, "training."),
+                      sharding=_field(training, "sharding", str, "training."),
+                      recompute=_field(training, "recompute", str, "training."),
+                      overlap_dp=bool(training.get("overlap_dp", True)), virtual_stages=virtual, bucket_bytes=bucket)

@@ -1,0 +1,297 @@
+"""Exports (synth.export, ``synth-reduce export`` and ``launch``): the rank map
+reproduces the plan's groups when a trainer forms its groups from rank order,
+checked against megatron-core's own RankGenerator and against a plain
+reference, on every placement (interleaved ones included); Megatron-LM,
+torchtitan and JAX outputs; the renumbering under torchrun (gloo, 8 ranks)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import usage_error
+from processes import run
+
+import synth
+from synth.errors import SynthError
+from synth.export.jax_mesh import jax_export
+from synth.export.megatron import megatron_export
+from synth.export.rank_map import RankMap, check_rank_map, default_order, launch_environment, parse_order, rank_map
+from synth.export.torchtitan import torchtitan_export
+from synth.plan import Plan, load_plan
+from synth.synthesis.language import parse_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import enumerate_placements, parse_axes
+from synth.synthesis.reduction import Reduction
+from synth.topology import load_topology
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = "layers=4,hidden=256,heads=8,seq=128,vocab=1000"
+DEVICE = "memory_GiB=16,peak_TFLOPs=1"
+
+# (topology, scale, axes): every placement of each is checked
+PROBLEMS = [("testbed-2x4", {}, "dp=4,mp=2"), ("testbed-2x4", {}, "tp=2,dp=4"),
+            ("testbed-2x2x2", {}, "tp=2,dp=2,pp=2"), ("p2-a100", {}, "dp=4,mp=16"),
+            ("dgx-a100", {"node": 4}, "tp=4,dp=4,pp=2"), ("rack", {}, "pp=2,tp=4,dp=8")]
+
+
+def placements():
+    for topology, scale, axes in PROBLEMS:
+        topo = load_topology(topology).scaled(scale) if scale else load_topology(topology)
+        for placement in enumerate_placements(topo, parse_axes(axes)):
+            yield pytest.param(placement, id=f"{topology}-{axes}-{placement.describe()}")
+
+
+def reference_groups(order, sizes, axis) -> list[tuple[int, ...]]:
+    """Megatron's grouping written out plainly: rank r's coordinate on axis i
+    is (r // prod(sizes[:i])) % sizes[i]; a group is the ranks agreeing on all
+    other coordinates, increasing."""
+    n = int(np.prod(sizes))
+    strides = [int(np.prod(sizes[:i])) for i in range(len(sizes))]
+    a = order.index(axis)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r in range(n):
+        coords = tuple((r // strides[i]) % sizes[i] for i in range(len(sizes)))
+        groups.setdefault(coords[:a] + coords[a + 1:], []).append(r)
+    return sorted(tuple(g) for g in groups.values())
+
+
+def plan_groups(placement, axis) -> list[tuple[int, ...]]:
+    """The plan's groups of ``axis``: the reduction tables of synthesis, member
+    order = reduction rank."""
+    return sorted(tuple(int(d) for d in row) for row in Reduction.of(placement, (axis,)).reduction_groups)
+
+
+@pytest.mark.parametrize("placement", list(placements()))
+def test_rank_map_groups_are_the_plans_on_every_placement(placement):
+    ranks = rank_map(placement)
+    assert sorted(ranks.device_of_rank) == list(range(placement.topology.num_devices))
+    for axis in ranks.order:
+        want = plan_groups(placement, axis)
+        got = sorted(tuple(ranks.device_of_rank[r] for r in g)
+                     for g in reference_groups(ranks.order, ranks.sizes, axis))
+        assert got == want, axis
+
+
+def test_some_placements_need_renumbering_and_the_identity_is_recognised():
+    """The README's interleaved placements are not the identity; a placement
+    laid out in Megatron's own order is."""
+    p2 = enumerate_placements(load_topology("p2-a100"), parse_axes("dp=4,mp=16"))
+    assert [rank_map(p).is_identity for p in p2].count(False) >= 2
+    rows = enumerate_placements(load_topology("testbed-2x2x2"), parse_axes("tp=2,dp=2,pp=2"))
+    # pp outermost, then dp, tp innermost: Megatron's tp-cp-ep-dp-pp numbering is the device id
+    identity = [p for p in rows if p.matrix == ((1, 1, 2), (1, 2, 1), (2, 1, 1))]
+    assert identity and rank_map(identity[0]).is_identity
+
+
+
+
+@pytest.fixture(scope="module")
+def rank_generator():
+    module = pytest.importorskip("megatron.core.parallel_state",
+                                 reason="megatron-core is not installed: pip install '.[test]' installs it")
+    return module.RankGenerator
+
+
+@pytest.mark.parametrize("placement", [p for p in placements() if set(
+    a.name for a in p.values[0].axes) <= {"tp", "dp", "pp"}])
+def test_megatron_cores_own_groups_are_the_plans(rank_generator, placement):
+    """megatron-core's RankGenerator, given the sizes and order of the export,
+    forms exactly the plan's tp, dp and pp groups once ranks run on
+    ``device_of_rank``."""
+    export = megatron_export(Plan(placement, (_any_reduction(placement),)))
+    ranks = export.ranks
+    generator = rank_generator(tp=ranks.size("tp"), ep=1, dp=ranks.size("dp"), pp=ranks.size("pp"),
+                               cp=ranks.size("cp"), order="tp-cp-ep-dp-pp")
+    for axis in ("tp", "dp", "pp"):
+        got = sorted(tuple(ranks.device_of_rank[r] for r in g) for g in generator.get_ranks(axis))
+        if ranks.size(axis) == 1:
+            assert all(len(g) == 1 for g in got)
+        else:
+            assert got == plan_groups(placement, axis), axis
+
+
+def _any_reduction(placement):
+    """A plan needs one proved reduction: the default all-reduce over the first axis."""
+    from synth.synthesis.verify import verify_lowered
+
+    reduction = Reduction.of(placement, (placement.axes[0].name,))
+    lowered = lower(parse_program("AllReduce(root, inside)"), reduction)
+    verify_lowered(lowered)
+    return Plan.single(lowered, reduction).reductions[0]
+
+
+def test_a_wrong_rank_map_is_refused():
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("dp=4,mp=2"))[0]
+    good = rank_map(placement)
+    swapped = list(good.device_of_rank)
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    inverse = [0] * 8
+    for r, d in enumerate(swapped):
+        inverse[d] = r
+    with pytest.raises(SynthError, match="the groups of axis .* are not the plan's"):
+        check_rank_map(placement, RankMap(good.order, good.sizes, tuple(swapped), tuple(inverse)))
+    with pytest.raises(SynthError, match="not the inverse"):
+        check_rank_map(placement, RankMap(good.order, good.sizes, good.device_of_rank, tuple(range(8))[::-1]))
+
+
+def test_orders():
+    assert default_order(["pp", "dp", "tp"]) == ("tp", "dp", "pp")
+    assert default_order(["dp", "mp"]) == ("mp", "dp")  # not Megatron's names: the plan's last axis fastest
+    assert parse_order("dp-mp", ["dp", "mp"]) == ("dp", "mp")
+    with pytest.raises(SynthError, match="--order dp: name every axis of the plan once"):
+        parse_order("dp", ["dp", "mp"])
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("dp=4,mp=2"))[0]
+    for order in itertools.permutations(["dp", "mp"]):
+        ranks = rank_map(placement, order)  # checked inside; every order reproduces the groups
+        assert ranks.order == order
+
+
+# ---------------------------------------------------------------- launching
+
+
+def test_launch_environment_renumbers_once():
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))[0]
+    ranks = rank_map(placement)
+    assert not ranks.is_identity
+    for device in range(8):
+        env = {"RANK": str(device), "WORLD_SIZE": "8", "LOCAL_RANK": str(device % 4), "TORCHELASTIC_RUN_ID": "r1"}
+        first = launch_environment(ranks, env)
+        new = ranks.rank_of_device[device]
+        assert first == {"RANK": str(new), "SYNTH_DEVICE": str(device), "SYNTH_RENUMBERED": f"r1:{device}:{new}"}
+        assert launch_environment(ranks, {**env, **first}) == first  # a second call maps the same device
+        # a marker inherited from another run is ignored: torchrun's RANK is the device
+        stale = {**env, "SYNTH_RENUMBERED": f"r0:{(device + 1) % 8}:{device}"}
+        assert launch_environment(ranks, stale) == first
+    with pytest.raises(SynthError, match="the plan is for 8 ranks but WORLD_SIZE is 4; launch 8 processes"):
+        launch_environment(ranks, {"RANK": "0", "WORLD_SIZE": "4"})
+    with pytest.raises(SynthError, match="RANK, WORLD_SIZE not set: run under torchrun"):
+        launch_environment(ranks, {})
+
+
+def test_launch_rank_sets_the_rank_before_the_process_group(monkeypatch, tmp_path):
+    torch_module = pytest.importorskip("synth.torch")
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))[0]
+    path = tmp_path / "plan.json"
+    synth.write_plan(path, Plan(placement, (_any_reduction(placement),)))
+    ranks = rank_map(placement)
+    for name, value in (("RANK", "5"), ("WORLD_SIZE", "8"), ("SYNTH_DEVICE", ""), ("SYNTH_RENUMBERED", "")):
+        monkeypatch.setenv(name, value)  # restored (or removed) after the test, whatever launch_rank sets
+    assert torch_module.launch_rank(path) == ranks.rank_of_device[5]
+    assert os.environ["RANK"] == str(ranks.rank_of_device[5]) and os.environ["SYNTH_DEVICE"] == "5"
+    assert torch_module.launch_rank(path) == ranks.rank_of_device[5]
+
+
+@pytest.mark.timeout(300)
+def test_launch_under_torchrun_gives_megatrons_groups_the_plans_devices(tmp_path):
+    """8 gloo ranks launched through ``synth-reduce launch`` on an interleaved
+    plan: megatron-core's groups (or the plain reference without it) summed
+    over gloo hold exactly the plan's devices, in member order."""
+    pytest.importorskip("torch")
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))[0]
+    assert not rank_map(placement).is_identity
+    path = tmp_path / "plan.json"
+    synth.write_plan(path, Plan(placement, (_any_reduction(placement),)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SYNTH_DEVICE", "SYNTH_RENUMBERED")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
+                "-m", "synth.cli", "launch", str(path), "--", "tests/torch_worker.py", "renumbered", str(path)],
+               quiet_s=180, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "renumbered: tp, dp groups are the plan's on 8 ranks" in done.stdout
+
+
+# ---------------------------------------------------------------- formats and the command
+
+
+@pytest.fixture(scope="module")
+def job_plan(tmp_path_factory):
+    from synth.cli import main
+
+    path = tmp_path_factory.mktemp("job") / "job.json"
+    code = main(["plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "16",
+                 "--axes", "tp=2,dp=2,pp=2", "--device", DEVICE, "--sharding", "zero1", "--recompute", "selective",
+                 "--out", str(path)])
+    assert code == 0
+    return path
+
+
+def test_megatron_arguments_of_a_job_plan(job_plan):
+    plan = load_plan(job_plan)
+    args = list(megatron_export(plan).arguments)
+
+    def value(flag):
+        return args[args.index(flag) + 1]
+
+    job = plan.job
+    assert value("--tensor-model-parallel-size") == "2" and value("--pipeline-model-parallel-size") == "2"
+    assert value("--micro-batch-size") == str(job["micro_batch"]) and value("--global-batch-size") == "16"
+    assert value("--num-layers") == "4" and value("--hidden-size") == "256" and value("--num-attention-heads") == "8"
+    assert value("--recompute-granularity") == "selective" and "--use-distributed-optimizer" in args
+    assert value("--ddp-bucket-size") == str(job["bucket_bytes"] // 2)  # bf16 gradient elements
+    assert "--bf16" in args and "--context-parallel-size" not in args and "--sequence-parallel" not in args
+
+
+def test_torchtitan_degrees(job_plan, tmp_path):
+    export = torchtitan_export(load_plan(job_plan))
+    assert export.parallelism == {"data_parallel_replicate_degree": 2, "data_parallel_shard_degree": 1,
+                                  "tensor_parallel_degree": 2, "context_parallel_degree": 1,
+                                  "pipeline_parallel_degree": 2}  # ZeRO-1: replicated (torchtitan has no ZeRO-1)
+    assert export.activation_checkpoint == "selective"
+    assert "[parallelism]\ndata_parallel_replicate_degree = 2\n" in export.toml()
+    # a placement plan of dp over 2 nodes x 2 ranks: HSDP, shard inside the node
+    placement = next(p for p in enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))
+                     if p.matrix == ((1, 2), (2, 2)))
+    hsdp = torchtitan_export(Plan(placement, (_any_reduction(placement),)))
+    assert (hsdp.parallelism["data_parallel_replicate_degree"], hsdp.parallelism["data_parallel_shard_degree"]) \
+        == (2, 2)
+
+
+def test_jax_device_array_is_the_mesh():
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("dp=4,mp=2"))[0]
+    plan = Plan(placement, (_any_reduction(placement),))
+    flat, hier = jax_export(plan), jax_export(plan, hierarchical=True)
+    assert flat.axis_names == ("dp", "mp") and np.array_equal(np.array(flat.device_ids), placement.mesh)
+    assert np.array_equal(np.array(hier.device_ids).reshape(placement.mesh.shape), placement.mesh)
+
+
+def test_export_command(cli, job_plan, tmp_path):
+    code, out, err = cli("export", job_plan, "--format", "rank-map", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["format"] == "rank-map" and doc["order"] == ["tp", "dp", "pp"]
+    assert doc["sizes"] == {"tp": 2, "dp": 2, "pp": 2} and sorted(doc["device_of_rank"]) == list(range(8))
+    code, out, err = cli("export", job_plan, "--format", "megatron")
+    assert code == 0 and "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2" in out
+    target = tmp_path / "titan.toml"
+    code, out, err = cli("export", job_plan, "--format", "torchtitan", "--out", target)
+    assert code == 0 and target.read_text().count("[parallelism]") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["titan.toml"]  # no temporary file left
+    code, out, err = cli("export", job_plan, "--format", "jax", "--hierarchical", "--json")
+    assert code == 0 and json.loads(out)["format"] == "jax"
+
+
+def test_export_errors(cli, tmp_path):
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("dp=4,mp=2"))[0]
+    path = tmp_path / "plan.json"
+    synth.write_plan(path, Plan(placement, (_any_reduction(placement),)))
+    assert usage_error(cli, "export", path, "--format", "megatron") == (
+        "axis mp has no trainer name (trainers know tp, cp, ep, dp, pp); map it with --axis-names, "
+        "e.g. --axis-names mp=tp")
+    code, out, _ = cli("export", path, "--format", "megatron", "--axis-names", "mp=tp")
+    assert code == 0 and "--tensor-model-parallel-size 2" in out
+    assert usage_error(cli, "export", path, "--format", "jax", "--order", "dp-mp") == (
+        "--order applies to --format rank-map only (see 'synth-reduce export --help')")
+    assert usage_error(cli, "export", path, "--format", "megatron", "--axis-names", "mp=model").startswith(
+        "--axis-names 'mp=model': expected PLAN_AXIS=TRAINER_AXIS")
+    assert usage_error(cli, "export", path, "--format", "rank-map", "--out", tmp_path / "no" / "x.txt") == (
+        f"--out {tmp_path / 'no' / 'x.txt'}: the folder {tmp_path / 'no'} does not exist; create it or write "
+        "elsewhere")
+    assert usage_error(cli, "launch", path) == (
+        "give the script after --, e.g. synth-reduce launch plan.json -- train.py --steps 10 "
+        "(see 'synth-reduce launch --help')")
