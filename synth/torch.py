@@ -35,13 +35,15 @@ import torch.distributed as dist
 
 from .errors import SynthError
 from .export.rank_map import launch_environment, rank_map
+from .export.trainer import TRAINER_MESH_DIMS, renamed, trainer_mesh_ids
 from .plan import Plan, as_plan
 from .runtime import executor as runtime
 from .runtime.meshes import devices_per_node, launch_problem, mesh_layout
 from .runtime.torch_world import TorchWorld, init_process_group, world
 from .synthesis.semantics import Goal
 
-__all__ = ["Executor", "TorchWorld", "comm_hook", "device_mesh", "init_process_group", "launch_rank", "world"]
+__all__ = ["Executor", "TorchWorld", "comm_hook", "device_mesh", "init_process_group", "launch_rank",
+           "trainer_mesh", "world"]
 
 
 # ---------------------------------------------------------------- the launch
@@ -119,6 +121,29 @@ def device_mesh(plan: Plan | str | os.PathLike, device_type: str = "cuda", hiera
     _checked_world(loaded, problem)
     layout = mesh_layout(loaded.placement, hierarchical)
     return DeviceMesh(device_type, torch.as_tensor(layout.ids.copy()), mesh_dim_names=layout.names)
+
+
+def trainer_mesh(plan: Plan | str | os.PathLike, device_type: str = "cuda",
+                 axis_names: dict[str, str] | None = None) -> Any:
+    """A ``DeviceMesh`` with the same dimension names whatever the placement:
+    ``pp, dp_replicate, dp_shard, cp, tp`` (torchtitan's; size 1 where the plan
+    has no such axis), plus the flattened ``dp`` (``dp_replicate x dp_shard``),
+    so that trainer code says ``mesh["tp"]`` or ``fully_shard(model,
+    mesh=mesh["dp_replicate", "dp_shard"])`` (HSDP: shard inside the innermost
+    level dp spans, replicate across) for any plan. Device id = torch rank, as
+    for :func:`device_mesh`; ``axis_names`` renames the plan's axes
+    (``{"mp": "tp"}``). Collective."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    def check(p: Plan) -> None:
+        trainer_mesh_ids(renamed(p.placement, axis_names or {}))
+
+    loaded, problem = _loaded(plan, check)
+    _checked_world(loaded, problem)
+    ids = trainer_mesh_ids(renamed(loaded.placement, axis_names or {}))
+    mesh = DeviceMesh(device_type, torch.as_tensor(ids.copy()), mesh_dim_names=TRAINER_MESH_DIMS)
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    return mesh
 
 
 class Executor(runtime.Executor):

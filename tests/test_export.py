@@ -99,12 +99,17 @@ def rank_generator():
 
 
 @pytest.mark.parametrize("placement", [p for p in placements() if set(
-    a.name for a in p.values[0].axes) <= {"tp", "dp", "pp"}])
-def test_megatron_cores_own_groups_are_the_plans(rank_generator, placement):
+    a.name for a in p.values[0].axes) <= {"tp", "dp", "pp"}] + ["job plan"])
+def test_megatron_cores_own_groups_are_the_plans(rank_generator, placement, request):
     """megatron-core's RankGenerator, given the sizes and order of the export,
     forms exactly the plan's tp, dp and pp groups once ranks run on
-    ``device_of_rank``."""
-    export = megatron_export(Plan(placement, (_any_reduction(placement),)))
+    ``device_of_rank``: every placement plan of the problems, and a job plan."""
+    if placement == "job plan":
+        plan = load_plan(request.getfixturevalue("job_plan"))
+        placement = plan.placement
+    else:
+        plan = Plan(placement, (_any_reduction(placement),))
+    export = megatron_export(plan)
     ranks = export.ranks
     generator = rank_generator(tp=ranks.size("tp"), ep=1, dp=ranks.size("dp"), pp=ranks.size("pp"),
                                cp=ranks.size("cp"), order="tp-cp-ep-dp-pp")
@@ -204,6 +209,42 @@ def test_launch_under_torchrun_gives_megatrons_groups_the_plans_devices(tmp_path
                quiet_s=180, cwd=REPO, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "renumbered: tp, dp groups are the plan's on 8 ranks" in done.stdout
+
+
+def _torchtitan_plans(directory: Path) -> list[tuple[Path, str]]:
+    """An interleaved HSDP placement plan (dp over 2 nodes x 2 ranks, mesh
+    [[0, 1, 4, 5], [2, 3, 6, 7]]) and a ZeRO-3 job plan over tp, dp and pp,
+    with the groups each must show."""
+    from synth.cli import main
+
+    placement = next(p for p in enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))
+                     if p.matrix == ((1, 2), (2, 2)))
+    hsdp = directory / "hsdp.json"
+    synth.write_plan(hsdp, Plan(placement, (_any_reduction(placement),)))
+    job = directory / "job3.json"
+    assert main(["plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "16", "--axes",
+                 "tp=2,dp=2,pp=2", "--device", DEVICE, "--sharding", "zero3", "--out", str(job)]) == 0
+    return [(hsdp, "tp, batch, dp_shard, dp_replicate"), (job, "tp, pp, batch, dp_shard")]
+
+
+@pytest.mark.timeout(600)
+def test_torchtitans_own_mesh_holds_the_plans_groups(tmp_path):
+    """torchtitan's ParallelDims (installed by .ci/run's own step: its package
+    pulls datasets, tensorboard and wandb, so it is not in the test extra),
+    given the exported degrees and launched through ``synth-reduce launch``,
+    forms the plan's groups on 8 gloo ranks, for a placement plan and a job
+    plan."""
+    pytest.importorskip("torchtitan.distributed.parallel_dims",
+                        reason="torchtitan is not installed (.ci/run installs it: see the README's test section)")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SYNTH_DEVICE", "SYNTH_RENUMBERED")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    for path, groups in _torchtitan_plans(tmp_path):
+        assert not rank_map(load_plan(path).placement).is_identity or "job" in path.name
+        done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
+                    "-m", "synth.cli", "launch", str(path), "--", "tests/torch_worker.py", "torchtitan", str(path)],
+                   quiet_s=180, cwd=REPO, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert f"torchtitan: {groups} groups are the plan's" in done.stdout, done.stdout[-2000:]
 
 
 # ---------------------------------------------------------------- formats and the command

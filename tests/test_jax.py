@@ -212,3 +212,23 @@ def test_the_jax_example_matches_pmean(tmp_path):
                           capture_output=True, text=True, timeout=limit_s(180))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "equal within float32 rounding" in done.stdout
+
+
+@pytest.mark.parametrize("text", [BLUECONNECT, "Reduce(root, inside)\nBroadcast(root, inside)"])
+def test_the_reducer_runs_under_shard_map_with_check_vma(text):
+    """shard_map's varying-manual-axes check (check_vma=True) accepts the
+    reducer on the hierarchical mesh, with the same result as without it."""
+    placement = Placement(TESTBED, parse_axes("dp=4,mp=2"), ((2, 2), (1, 2)))
+    reduction = Reduction.of(placement, ["dp"])
+    plan = Plan.single(lower(parse_program(text), reduction), reduction)
+    mesh = synth.jax.mesh(plan, hierarchical=True)
+    spec = PartitionSpec(*mesh.axis_names)
+    data = np.random.default_rng(0).integers(-50, 50, (*mesh.devices.shape, 12)).astype(np.float32)
+    checked = jax.jit(jax.shard_map(synth.jax.reducer(plan), mesh=mesh, in_specs=spec, out_specs=spec,
+                                    check_vma=True))(data)
+    unchecked = jax.jit(jax.shard_map(synth.jax.reducer(plan), mesh=mesh, in_specs=spec, out_specs=spec,
+                                      check_vma=False))(data)
+    assert np.array_equal(np.asarray(checked), np.asarray(unchecked))
+    assert mesh.axis_names == ("dp_node", "dp_rank", "mp_rank")
+    total = data.sum(axis=(0, 1))  # every device holds the sum over its dp group (dp_node x dp_rank)
+    assert np.array_equal(np.asarray(checked), np.broadcast_to(total, data.shape))

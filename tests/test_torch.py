@@ -203,6 +203,11 @@ def test_the_hook_refuses_a_process_group_other_than_the_plans(checks):
     assert "else replicas would silently diverge" in detail
 
 
+@pytest.mark.timeout(600)
+def test_the_trainer_mesh_has_stable_names_and_the_plans_groups(checks):
+    assert assert_check(checks, "trainer_mesh").startswith("tp [")
+
+
 def test_the_hook_queue_returns_at_once_and_completes_in_order():
     """The hook's bucket queue (CPU tensors): submit returns a pending future;
     buckets run one after the other in submission order; a failing step

@@ -212,6 +212,22 @@ def train(module: nn.Module, rank: int, steps: int = 4) -> None:
         optimizer.step()
 
 
+def train_single_process(module: nn.Module, ranks: int, steps: int = 4) -> None:
+    """What ``train`` on ``ranks`` data-parallel replicas computes, in one
+    process: per step, the mean over the ranks' losses (each rank's own data),
+    one SGD step. No collective."""
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    for step in range(steps):
+        losses = []
+        for rank in range(ranks):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+            losses.append(((module(x) - y) ** 2).mean())
+        optimizer.zero_grad()
+        torch.stack(losses).mean().backward()
+        optimizer.step()
+
+
 def max_difference(a: nn.Module, b_params) -> float:
     return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b_params))
 
@@ -272,6 +288,28 @@ def check_ddp_dp_mp(rank: int) -> str:
     return f"max |difference| {difference:.1e}; hook calls per step {per_step}"
 
 
+def check_trainer_mesh(rank: int) -> str:
+    """The trainer mesh's dims have fixed names whatever the placement; on an
+    interleaved placement (dp over 2 nodes x 2 ranks, tp inside the node) each
+    dim's group is the plan's: tp and the flattened dp the plan's groups,
+    dp_shard the dp members inside this rank's node, dp_replicate the others."""
+    p = placement("tp=2,dp=4", ((1, 2), (2, 2)))  # mesh [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert not np.array_equal(p.mesh.ravel(), np.arange(8))
+    plan = single(DEFAULT, Reduction.of(p, ["dp"]))
+    mesh = synth.torch.trainer_mesh(plan, "cpu")
+    assert mesh.mesh_dim_names == ("pp", "dp_replicate", "dp_shard", "cp", "tp"), mesh.mesh_dim_names
+    groups = {}
+    for name in ("tp", "dp", "dp_shard", "dp_replicate", "pp", "cp"):
+        groups[name] = dist.get_process_group_ranks(mesh[name].get_group())
+    for axis in ("tp", "dp"):
+        want = next(list(map(int, row)) for row in Reduction.of(p, (axis,)).reduction_groups if rank in row)
+        assert groups[axis] == want, (axis, groups[axis], want)
+    assert groups["dp_shard"] == [d for d in groups["dp"] if d // 4 == rank // 4], groups
+    assert len(groups["dp_replicate"]) == 2 and {d // 4 for d in groups["dp_replicate"]} == {0, 1}, groups
+    assert groups["pp"] == [rank] and groups["cp"] == [rank]
+    return f"tp {groups['tp']}, dp {groups['dp']}, dp_shard {groups['dp_shard']}"
+
+
 def check_hook_group(rank: int) -> str:
     """The hook refuses, with one message, a DDP process group other than the
     plan's reduction group (the world, here) and a missing one (state None):
@@ -315,7 +353,19 @@ def check_hsdp(rank: int) -> str:
     train(sharded, rank)
     difference = max_difference(reference_ddp.module, [p.full_tensor() for p in sharded.parameters()])
     assert difference <= 1e-6, difference
-    return f"max |difference| {difference:.1e}"
+    # the same HSDP through the trainer mesh's stable names, against one process training on all ranks' data
+    trainer = synth.torch.trainer_mesh(plan, "cpu")
+    for stable, level in (("dp_replicate", "dp_node"), ("dp_shard", "dp_rank")):
+        assert dist.get_process_group_ranks(trainer[stable].get_group()) == \
+            dist.get_process_group_ranks(mesh.get_group(level)), stable
+    titan = model(0)
+    fully_shard(titan, mesh=trainer["dp_replicate", "dp_shard"])
+    train(titan, rank)
+    one_process = model(0)
+    train_single_process(one_process, 8)
+    from_one = max_difference(one_process, [p.full_tensor() for p in titan.parameters()])
+    assert from_one <= 1e-5, from_one
+    return f"max |difference| {difference:.1e}; trainer mesh HSDP vs one process {from_one:.1e}"
 
 
 # ---------------------------------------------------------------- modes
@@ -332,7 +382,8 @@ def run_checks(directory: Path) -> int:
               ("ddp_dp_only", lambda: check_ddp_dp_only(rank)),
               ("ddp_dp_mp", lambda: check_ddp_dp_mp(rank)),
               ("hsdp", lambda: check_hsdp(rank)),
-              ("hook_group", lambda: check_hook_group(rank))]
+              ("hook_group", lambda: check_hook_group(rank)),
+              ("trainer_mesh", lambda: check_trainer_mesh(rank))]
     failed = False
     for name, check in checks:
         try:
@@ -431,7 +482,65 @@ def run_renumbered(plan_path: Path) -> int:
     return 1 if any(everyone) else 0
 
 
+def run_torchtitan(plan_path: Path) -> int:
+    """Under ``synth-reduce launch``: torchtitan's own ParallelDims, given the
+    degrees of ``export --format torchtitan``, builds its mesh from rank order
+    (on CPU: its device type forced to cpu); each of its groups of degree > 1,
+    as devices, must be the plan's: ``tp`` and ``pp`` the plan's, ``batch``
+    (dp_replicate x dp_shard) the plan's dp group, ``dp_shard`` this device's
+    block of consecutive dp ranks, ``dp_replicate`` the dp members at its
+    place in the other blocks."""
+    import os
+
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend torchtitan
+    import torchtitan.distributed.parallel_dims as titan  # gives its degree-1 and batch dimensions
+
+    from synth.export.torchtitan import torchtitan_export
+    from synth.plan import load_plan
+
+    dist.init_process_group("gloo")
+    rank, device = dist.get_rank(), int(os.environ["SYNTH_DEVICE"])
+    plan = load_plan(plan_path)
+    degrees = torchtitan_export(plan).parallelism
+    titan.device_type = "cpu"
+    shard = degrees["data_parallel_shard_degree"]
+    dims = titan.ParallelDims(dp_replicate=degrees["data_parallel_replicate_degree"], dp_shard=shard,
+                              cp=degrees["context_parallel_degree"], tp=degrees["tensor_parallel_degree"],
+                              pp=degrees["pipeline_parallel_degree"], ep=1, world_size=dist.get_world_size())
+    dims.build_mesh()
+    sizes = {a.name: a.size for a in plan.placement.axes}
+    want = {axis: next(list(map(int, row)) for row in Reduction.of(plan.placement, (axis,)).reduction_groups
+                       if device in row) for axis in sizes if sizes[axis] > 1}
+    dp = want.get("dp", [device])
+    place = dp.index(device)
+    want["batch"] = dp
+    want["dp_shard"] = dp[place // shard * shard:(place // shard + 1) * shard]
+    want["dp_replicate"] = dp[place % shard::shard]
+    degree = {"tp": degrees["tensor_parallel_degree"], "pp": degrees["pipeline_parallel_degree"],
+              "batch": len(dp), "dp_shard": shard, "dp_replicate": degrees["data_parallel_replicate_degree"]}
+    problems, checked = [], []
+    for name in ("tp", "pp", "batch", "dp_shard", "dp_replicate"):
+        if degree[name] == 1:
+            continue
+        pg = dims.get_mesh(name).get_group()
+        members = dist.get_process_group_ranks(pg)
+        gathered = [torch.zeros(1, dtype=torch.int64) for _ in members]
+        dist.all_gather(gathered, torch.tensor([device], dtype=torch.int64), group=pg)
+        got = [int(x) for x in gathered]
+        checked.append(name)
+        if got != want[name]:
+            problems.append(f"device {device}: torchtitan's {name} group holds {got}, the plan's {want[name]}")
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, problems)
+    if rank == 0:
+        wrong = [p for ps in everyone for p in ps]
+        print("; ".join(wrong) if wrong else f"torchtitan: {', '.join(checked)} groups are the plan's ({degrees})",
+              flush=True)
+    dist.destroy_process_group()
+    return 1 if any(everyone) else 0
+
+
 if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench,
-              "renumbered": run_renumbered}[mode](where))
+              "renumbered": run_renumbered, "torchtitan": run_torchtitan}[mode](where))

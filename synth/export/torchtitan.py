@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import SynthError
 from ..plan import Plan
 from .rank_map import MEGATRON_ORDER, RankMap, rank_map
-from .trainer import renamed, trainer_job
+from .trainer import dp_split, renamed, trainer_job
 
 
 @dataclass(frozen=True)
@@ -65,17 +65,6 @@ class TorchtitanExport:
                 "renumbering_needed": not self.ranks.is_identity, "rank_map": self.ranks.to_dict()}
 
 
-def _dp_shard(plan: Plan, placement, sharded: bool) -> int:
-    """The dp_shard degree: 1 unless ``sharded``; then the dp axis' split at
-    the innermost level it spans (all of dp where it spans one level)."""
-    names = [a.name for a in placement.axes]
-    if "dp" not in names or not sharded:
-        return 1
-    row = placement.matrix[names.index("dp")]
-    spanned = [split for split in row if split > 1]
-    return spanned[-1] if spanned else 1
-
-
 def check_torchtitan_groups(placement, ranks: RankMap, replicate: int, shard: int) -> None:
     """SynthError unless the ``dp_shard`` groups of torchtitan's row-major mesh,
     mapped through the rank map, hold devices that agree on every axis but dp
@@ -107,7 +96,7 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
     job = trainer_job(plan)
     sharded = job is None or job.sharding == "zero3"
     dp = ranks.size("dp")
-    shard = _dp_shard(plan, placement, sharded)
+    shard = dp_split(placement)[1] if sharded else 1
     check_torchtitan_groups(placement, ranks, dp // shard, shard)
     parallelism = {"data_parallel_replicate_degree": dp // shard, "data_parallel_shard_degree": shard,
                    "tensor_parallel_degree": ranks.size("tp"), "context_parallel_degree": ranks.size("cp"),

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+import numpy as np
+
 from ..errors import SynthError
 from ..plan import Plan
 from ..synthesis.placement import Placement
@@ -55,6 +57,46 @@ def renamed(placement: Placement, names: Mapping[str, str]) -> Placement:
         return placement
     axes = tuple(replace(a, name=n) for a, n in zip(placement.axes, new))
     return Placement(placement.topology, axes, placement.matrix)
+
+
+# the dimensions of a trainer mesh, slowest first (torchtitan's order; tp fastest)
+TRAINER_MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def dp_split(placement: Placement) -> tuple[int, int]:
+    """``(replicate, shard)`` of the plan's dp axis for HSDP: shard inside the
+    innermost hierarchy level dp spans (its split there), replicate across the
+    rest; ``(1, 1)`` without a dp axis. The dp coordinate is ``replicate_index
+    x shard + shard_index`` (the innermost level's digit is dp's fastest)."""
+    names = [a.name for a in placement.axes]
+    if "dp" not in names:
+        return 1, 1
+    row = placement.matrix[names.index("dp")]
+    spanned = [split for split in row if split > 1]
+    shard = spanned[-1] if spanned else 1
+    return placement.axes[names.index("dp")].size // shard, shard
+
+
+def trainer_mesh_ids(placement: Placement) -> np.ndarray:
+    """Device ids in an array over :data:`TRAINER_MESH_DIMS` (``pp,
+    dp_replicate, dp_shard, cp, tp``), each of the plan's size (1 where the
+    plan has no such axis), whatever the placement: the plan's mesh with its
+    axes in that order and dp split by :func:`dp_split`. The axes must have
+    trainer names (:func:`renamed`); an expert axis is refused."""
+    names = [a.name for a in placement.axes]
+    if "ep" in names:
+        raise SynthError("a trainer mesh of a plan with an expert axis (ep) is not supported yet")
+    unknown = [n for n in names if n not in ("pp", "dp", "cp", "tp")]
+    if unknown:
+        raise SynthError(f"axis {', '.join(unknown)} has no trainer name (pp, dp, cp, tp); name the plan's axes so")
+    ids = placement.mesh
+    for axis in ("pp", "dp", "cp", "tp"):
+        if axis not in names:
+            ids = ids[..., None]
+            names = [*names, axis]
+    ids = ids.transpose([names.index(a) for a in ("pp", "dp", "cp", "tp")])
+    replicate, shard = dp_split(placement)
+    return ids.reshape(ids.shape[0], replicate, shard, *ids.shape[2:])
 
 
 @dataclass(frozen=True)
