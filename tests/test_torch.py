@@ -209,9 +209,9 @@ def test_the_trainer_mesh_has_stable_names_and_the_plans_groups(checks):
 
 
 def test_the_hook_queue_returns_at_once_and_completes_in_order():
-    """The hook's bucket queue (CPU tensors): submit returns a pending future;
-    buckets run one after the other in submission order; a failing step
-    reaches the future, not the backward pass."""
+    """The hooks' bucket queue (CPU tensors): submit returns a pending future;
+    buckets run one after the other in submission order, whichever hook
+    submitted them; a failing step reaches the future, not the backward pass."""
     torch = pytest.importorskip("torch")
     import threading
 
@@ -219,22 +219,25 @@ def test_the_hook_queue_returns_at_once_and_completes_in_order():
 
     gate, order = threading.Event(), []
 
-    def executor(tensor, check):
-        assert check is False
-        gate.wait(timeout=60)
-        if tensor[0] < 0:
-            raise SynthError("step failed")
-        order.append(int(tensor[0]))
-        tensor.add_(100)
+    def program(name):
+        def run(tensor):
+            gate.wait(timeout=60)
+            if tensor[0] < 0:
+                raise SynthError("step failed")
+            order.append((name, int(tensor[0])))
+            tensor.add_(100)
+        return run
 
-    buckets = _BucketQueue(executor)
-    futures = [buckets.submit(torch.tensor([float(i)])) for i in (1, 2, -1, 3)]
+    buckets = _BucketQueue()
+    first, second = program("first hook"), program("second hook")
+    futures = [buckets.submit(run, torch.tensor([float(i)]))
+               for run, i in ((first, 1), (second, 2), (first, -1), (second, 3))]
     assert not any(f.done() for f in futures)  # the work waits on the gate: nothing ran yet
     gate.set()
     assert [float(f.wait()[0]) for f in (futures[0], futures[1], futures[3])] == [101.0, 102.0, 103.0]
     with pytest.raises(Exception, match="step failed"):
         futures[2].wait()
-    assert order == [1, 2, 3]
+    assert order == [("first hook", 1), ("second hook", 2), ("second hook", 3)]
 
 
 def _can_unshare() -> bool:
