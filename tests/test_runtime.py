@@ -458,6 +458,18 @@ def test_bad_cli_input_fails_on_every_rank_without_hanging(plan8, n, argv, expec
     assert len(errors) == n and all(expected in line for line in errors), done.stderr
 
 
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc (Linux)")
+def test_a_failed_measurement_write_fails_every_rank_without_hanging(plan8):
+    """/proc passes the early writability check (an existing folder), but no
+    file can be created in it: rank 0's first append fails, and every rank
+    must stop with the same error instead of waiting for rank 0."""
+    done = mpirun(8, "-m", "synth.cli", "bench", str(plan8), "--sizes", "4K", "--iters", "1", "--warmup", "0",
+                  "--jsonl", "/proc/nope.jsonl", timeout_s=60)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
+    assert len(errors) == 8 and all("/proc/nope.jsonl: cannot write measurements" in e for e in errors), done.stderr
+
+
 @pytest.mark.parametrize("mode, expected", [("bad-length", "buffer lengths differ"), ("bad-dtype", "rank 1: dtype float16")])
 def test_a_bad_buffer_on_one_rank_fails_every_rank_under_mpi(mode, expected):
     done = mpirun(8, "tests/mpi_worker.py", mode, timeout_s=60)

@@ -610,9 +610,10 @@ def _bench(request: BenchRequest, world: World, capture: Capture | None = None) 
                 m = Timing(c, size, count, times, wrong, summarize(parse(lines)))
                 timings.append(m)
                 _print_row(m, request.dtype, factor)
-                if request.jsonl and world.rank == 0:
-                    append_records(request.jsonl, [m.record(backend_label(world), request.dtype, world.size,
-                                                            nccl_version)])
+                if request.jsonl:  # collectively: a failed write (full disk, /proc) fails every rank alike
+                    record = m.record(backend_label(world), request.dtype, world.size, nccl_version)
+                    _collectively(world, lambda: append_records(request.jsonl, [record]) if world.rank == 0
+                                  else None)
     _print_speedups(timings, sizes)
     if request.tune:
         _write_tuned(request, world, timings, sizes)
