@@ -415,6 +415,10 @@ def run(request: BenchRequest) -> int:
                 return _bench(request, world, capture)
             except SynthError:
                 raise
+            except KeyboardInterrupt:  # Ctrl-C or SIGINT to one rank: end the job, never leave the others waiting
+                print("synth-reduce: interrupted", file=sys.stderr, flush=True)
+                world.abort(130)
+                raise
             except Exception:  # a bug or a library failure on some ranks: stop all, never hang
                 traceback.print_exc()
                 sys.stderr.flush()
