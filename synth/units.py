@@ -31,13 +31,14 @@ def bounded_int(text: str, option: str, high: int, low: int = 1) -> int:
     """The whole number ``text`` (decimal digits), ``low <= n <= high``;
     SynthError naming ``option`` and the bound otherwise."""
     digits = str(text).strip()
+    at = "" if option.endswith("=") else " "  # "--scale node=5" but "--global-batch 5"
     if not digits.isdigit():
-        raise SynthError(f"{option} {text!r}: expected a whole number >= {low}")
+        raise SynthError(f"{option}{at}{text!r}: expected a whole number >= {low}")
     if len(digits.lstrip("0")) > _MAX_DIGITS or int(digits) > high:
-        raise SynthError(f"{option} {shown_number(digits)}: at most {high:,}")
+        raise SynthError(f"{option}{at}{shown_number(digits)}: at most {high:,}")
     value = int(digits)
     if value < low:
-        raise SynthError(f"{option} {value}: must be >= {low}")
+        raise SynthError(f"{option}{at}{value}: must be >= {low}")
     return value
 
 _FACTORS = {

@@ -100,11 +100,12 @@ def parse_axis_ranges(spec: str) -> tuple[AxisRange, ...]:
         low_text, name, op, value_text = m.groups()
         if any(a.name == name for a in out):
             raise SynthError(f"--axes: axis '{name}' is declared twice")
-        low, high = bounded_int(low_text or "1", f"--axes '{item}': the bound", MAX_COUNT, low=0), None
+        shown = item if len(item) <= 40 else f"{item[:30]}..."
+        low, high = bounded_int(low_text or "1", f"--axes '{shown}': the bound", MAX_COUNT, low=0), None
         if op is not None:
             if value_text.startswith("-") or not value_text.lstrip("0"):
                 raise SynthError(f"--axes '{item}': an axis size must be >= 1")
-            value = bounded_int(value_text, f"--axes '{item}': the size", MAX_COUNT)
+            value = bounded_int(value_text, f"--axes '{shown}': the size", MAX_COUNT)
             if value < 1:
                 raise SynthError(f"--axes '{item}': an axis size must be >= 1")
             if op == "=" and low_text is None:
