@@ -75,6 +75,32 @@ def check_writable(path: str | Path, option: str) -> None:
         raise SynthError(f"{option} {path}: the folder {folder} is not writable")
 
 
+# the largest input files read: far above any real one (the largest plan shipped or written in the tests is a
+# few MB; a topology or model file a few KB), so that a wrong path (/dev/zero, a data set) is one error line
+MAX_DOCUMENT_BYTES = 256 * 2**20  # plans, profiles, measurements, step records
+MAX_YAML_BYTES = 2**20  # topologies, models
+MAX_PROGRAM_BYTES = 2**20  # program text files (check)
+
+
+def read_limited(path: str | Path, kind: str, limit_bytes: int) -> str:
+    """The UTF-8 text of ``path`` (``-``: standard input), refused with one
+    SynthError when longer than ``limit_bytes`` (read no further: a device such
+    as /dev/zero ends too); errors name the file and ``kind``. Raises
+    FileNotFoundError and UnicodeDecodeError for the caller to word."""
+    if str(path) == "-":
+        import sys
+
+        stream = getattr(sys.stdin, "buffer", None)  # a replaced stdin (tests) may have text only
+        data = stream.read(limit_bytes + 1) if stream is not None else sys.stdin.read(limit_bytes + 1).encode()
+    else:
+        with open(path, "rb") as f:
+            data = f.read(limit_bytes + 1)
+    if len(data) > limit_bytes:
+        raise SynthError(f"{path}: larger than {limit_bytes:,} bytes, the most a {kind} file may hold; is it the "
+                         f"right file?")
+    return data.decode("utf-8")
+
+
 def read_document(
     path: str | Path, kind: str, schema: str, version: int | tuple[int, ...], fix: str = ""
 ) -> dict[str, Any]:
@@ -85,7 +111,7 @@ def read_document(
     version error (e.g. how to re-create the document)."""
     source = str(path)
     try:
-        doc = parse_json(Path(path).read_text(encoding="utf-8"))
+        doc = parse_json(read_limited(path, kind, MAX_DOCUMENT_BYTES))
     except FileNotFoundError:
         raise SynthError(f"{source}: no such {kind} file") from None
     except OSError as exc:
@@ -154,7 +180,7 @@ def json_lines(path: str | Path, kind: str) -> Iterator[tuple[str, int, Any]]:
     ("measurements")."""
     source = str(path)
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = read_limited(path, kind, MAX_DOCUMENT_BYTES).splitlines()
     except FileNotFoundError:
         raise SynthError(f"{source}: no such {kind} file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -199,13 +225,17 @@ def read_yaml(path: str | Path, kind: str) -> Any:
     import yaml
 
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_strict_yaml_loader())
+        data = yaml.load(read_limited(path, kind, MAX_YAML_BYTES), Loader=_strict_yaml_loader())
+    except FileNotFoundError:
+        raise SynthError(f"{path}: no such {kind} file") from None
     except UnicodeDecodeError:
         raise SynthError(f"{path}: not a text file (YAML must be UTF-8)") from None
     except OSError as exc:
         raise SynthError(f"{path}: cannot read {kind} ({exc.strerror})") from None
     except RecursionError:  # deeper than the YAML composer recurses
         raise SynthError(f"{path}: malformed YAML: {TOO_DEEP}") from None
+    except ValueError as exc:  # a number beyond what int() converts (thousands of digits)
+        raise SynthError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

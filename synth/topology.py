@@ -46,6 +46,11 @@ from typing import Any, Mapping
 from .documents import read_yaml
 from .errors import SynthError
 from .resources import topologies_dir
+from .units import MAX_COUNT, bounded_int, shown_number
+
+# the most devices a topology may have: twice the 131,072 GPUs the project is measured at (docs/performance.md);
+# larger ones are refused at once with their count instead of running for minutes
+MAX_DEVICES = 2**18
 
 FABRICS = ("switch", "ring")
 LINKS = ("net", "nvlink", "pcie")
@@ -170,7 +175,9 @@ class Topology:
             if count < 1:
                 raise SynthError(f"--scale {name}={count}: a level count must be >= 1")
             levels[i] = replace(levels[i], count=count)
-        return replace(self, levels=tuple(levels))
+        scaled = replace(self, levels=tuple(levels))
+        check_device_count(scaled, "--scale")
+        return scaled
 
     def to_dict(self) -> dict[str, Any]:
         """The topology as its file states it (optional NCCL keys only when given)."""
@@ -283,6 +290,8 @@ def topology_from_dict(data: Any, source: str) -> Topology:
             )
         if fields["count"] < 1:
             raise SynthError(f"{where}: 'count' must be >= 1, got {fields['count']}")
+        if fields["count"] > MAX_COUNT:
+            raise SynthError(f"{where}: 'count' must be at most {MAX_COUNT:,}, got {shown_number(str(fields['count']))}")
         for key in ("bandwidth_GBps", "latency_us"):
             if not math.isfinite(fields[key]):
                 raise SynthError(f"{where}: '{key}' must be a finite number, got {fields[key]}")
@@ -309,7 +318,16 @@ def topology_from_dict(data: Any, source: str) -> Topology:
     if not isinstance(description, str):
         raise SynthError(f"{source}: 'description' must be a string")
     device = _device_from_dict(data["device"], f"{source}: device") if "device" in data else None
-    return Topology(name=name, levels=tuple(levels), description=description, device=device)
+    topology = Topology(name=name, levels=tuple(levels), description=description, device=device)
+    check_device_count(topology, source)
+    return topology
+
+
+def check_device_count(topology: Topology, where: str) -> None:
+    """SynthError unless ``topology`` has at most :data:`MAX_DEVICES` devices."""
+    if topology.num_devices > MAX_DEVICES:
+        raise SynthError(f"{where}: topology '{topology.name}' would have {topology.num_devices:,} devices "
+                         f"({' x '.join(map(str, topology.counts))}); at most {MAX_DEVICES:,} are supported")
 
 
 def _device_from_dict(raw: Any, where: str) -> Device:
@@ -395,5 +413,7 @@ def parse_scale(spec: str) -> dict[str, int]:
         name, sep, value = item.partition("=")
         if not sep or not value.strip().lstrip("-").isdigit():
             raise SynthError(f"--scale '{item}': expected LEVEL=COUNT, e.g. --scale node=2")
-        out[name.strip()] = int(value)
+        if value.strip().startswith("-"):
+            raise SynthError(f"--scale {item}: a level count must be >= 1")
+        out[name.strip()] = bounded_int(value, f"--scale {name.strip()}=", MAX_COUNT, low=0)
     return out

@@ -142,7 +142,9 @@ def trainer_mesh(plan: Plan | str | os.PathLike, device_type: str = "cuda",
     _checked_world(loaded, problem)
     ids = trainer_mesh_ids(renamed(loaded.placement, axis_names or {}))
     mesh = DeviceMesh(device_type, torch.as_tensor(ids.copy()), mesh_dim_names=TRAINER_MESH_DIMS)
-    mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    flatten = getattr(mesh["dp_replicate", "dp_shard"], "_flatten", None)  # torch >= 2.4
+    if flatten is not None:
+        flatten("dp")
     return mesh
 
 
@@ -160,32 +162,46 @@ class Executor(runtime.Executor):
 
 
 class _BucketQueue:
-    """Runs an executor on buckets one after the other in a thread of its own,
-    in the order they were submitted (the same on every rank, since DDP hands
-    every rank its buckets in the same order), so that the hook returns at once
-    and backward goes on. Each bucket's future completes with the bucket once
-    the program's last step has run on it (or with the step's exception)."""
+    """Runs programs on buckets one after the other in a thread of its own, in
+    the order they were submitted, so that a hook returns at once and backward
+    goes on. One queue per world (:func:`_queue_of`), shared by every hook of
+    the process: hooks share the world's process groups, and one thread
+    issuing all their collectives in submission order (the same on every rank,
+    since DDP hands every rank its buckets in the same order) keeps the
+    collectives of each group in the same order on every rank. Each bucket's
+    future completes with the bucket once the program's last step has run on
+    it, or with the step's exception."""
 
-    def __init__(self, executor: "Executor") -> None:
-        self.executor = executor
+    def __init__(self) -> None:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._work, name="synth-comm-hook", daemon=True)
         self.thread.start()
 
-    def submit(self, tensor: torch.Tensor) -> torch.futures.Future:
+    def submit(self, run: Callable[[torch.Tensor], None], tensor: torch.Tensor) -> torch.futures.Future:
         future: torch.futures.Future = torch.futures.Future()
-        self.queue.put((tensor, future))
+        self.queue.put((run, tensor, future))
         return future
 
     def _work(self) -> None:
         while True:
-            tensor, future = self.queue.get()
+            run, tensor, future = self.queue.get()
             try:
-                self.executor(tensor, check=False)  # DDP gives every rank of a group the same buckets
+                run(tensor)
             except BaseException as exc:  # noqa: BLE001 - handed to the future, raised where DDP waits
                 future.set_exception(exc)
             else:
                 future.set_result(tensor)
+
+
+_queues: dict[int, tuple[TorchWorld, _BucketQueue]] = {}
+
+
+def _queue_of(w: TorchWorld) -> _BucketQueue:
+    """The bucket queue of world ``w`` (made on first use)."""
+    entry = _queues.get(id(w))
+    if entry is None or entry[0] is not w:
+        entry = _queues[id(w)] = (w, _BucketQueue())
+    return entry[1]
 
 
 def _group_problem(state: Any, group: Sequence[int]) -> str | None:
@@ -218,8 +234,9 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
     different replicas): ``ddp.register_comm_hook(ddp.process_group,
     comm_hook(plan))``; given ``process_group`` here too, the check is made at
     once, collectively. The hook does not stall backward: on CPU tensors (gloo)
-    the program runs in a thread of its own, bucket after bucket, and the hook
-    returns a future that completes with the bucket after the last step; on
+    the program runs in one thread per process shared by every hook, bucket
+    after bucket, and the hook returns a future that completes with the
+    bucket after the last step; on
     CUDA tensors (NCCL) the steps are enqueued on the GPU's streams and the CPU
     goes on at once. Building it is collective; so is every bucket (as with any
     DDP hook)."""
@@ -231,7 +248,10 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
     if process_group is not None:
         w.agree(_group_problem(process_group, mine))
     checked: set[int] = set()
-    threaded = _BucketQueue(executor) if w.device.type == "cpu" else None
+    threaded = _queue_of(w) if w.device.type == "cpu" else None
+
+    def run(tensor: torch.Tensor) -> None:
+        executor(tensor, check=False)  # DDP gives every rank of a group the same buckets
 
     def hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket and Future[Tensor]
         if id(state) not in checked:
@@ -245,8 +265,8 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
             raise SynthError(problem)
         tensor.div_(group_size)
         if threaded is not None:
-            return threaded.submit(tensor)
-        executor(tensor, check=False)
+            return threaded.submit(run, tensor)
+        run(tensor)
         future = torch.futures.Future()
         future.set_result(tensor)
         return future

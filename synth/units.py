@@ -1,15 +1,45 @@
-"""Sizes and durations as users write and read them.
+"""Sizes, counts and durations as users write and read them.
 
 ``parse_size``: a byte count with an optional suffix. ``K``/``M``/``G`` (and
 ``KiB``/``MiB``/``GiB``) are powers of 2, as in nccl-tests' ``-b 1M``;
 ``KB``/``MB``/``GB`` are powers of 10. A bare number is bytes.
+
+Every number a user gives is bounded (:func:`bounded_int`, the ``MAX_*``
+values): far above any real job, so that a typo of hundreds of digits is one
+error line naming the limit, never a traceback or hours of work.
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from .errors import SynthError
+
+MAX_COUNT = 2**24  # an axis size, a level count, a constraint value: 16,777,216
+MAX_SIZE_BYTES = 2**50  # bytes per device of one reduction: 1 PiB
+MAX_REPEATS = 10**6  # repetitions of one workload item per step
+_MAX_DIGITS = 16  # more digits than any bound above: refused before converting
+
+
+def shown_number(digits: str) -> str:
+    """A number as an error message shows it: whole, or its length when long."""
+    return digits if len(digits) <= 20 else f"{digits[:8]}... ({len(digits)} digits)"
+
+
+def bounded_int(text: str, option: str, high: int, low: int = 1) -> int:
+    """The whole number ``text`` (decimal digits), ``low <= n <= high``;
+    SynthError naming ``option`` and the bound otherwise."""
+    digits = str(text).strip()
+    at = "" if option.endswith("=") else " "  # "--scale node=5" but "--global-batch 5"
+    if not digits.isdigit():
+        raise SynthError(f"{option}{at}{text!r}: expected a whole number >= {low}")
+    if len(digits.lstrip("0")) > _MAX_DIGITS or int(digits) > high:
+        raise SynthError(f"{option}{at}{shown_number(digits)}: at most {high:,}")
+    value = int(digits)
+    if value < low:
+        raise SynthError(f"{option}{at}{value}: must be >= {low}")
+    return value
 
 _FACTORS = {
     "": 1, "B": 1,
@@ -25,8 +55,13 @@ def parse_size(text: str, option: str = "--size") -> int:
         raise SynthError(
             f"{option} '{text}': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"
         )
-    value = float(m.group(1)) * _FACTORS[m.group(2).upper()]
-    if value < 1 or value != int(value):
+    number = m.group(1)
+    if len(number.split(".")[0].lstrip("0")) > _MAX_DIGITS:
+        raise SynthError(f"{option} {shown_number(number)}: at most {MAX_SIZE_BYTES:,} bytes (1 PiB)")
+    value = Fraction(number) * _FACTORS[m.group(2).upper()]
+    if value > MAX_SIZE_BYTES:
+        raise SynthError(f"{option} '{text.strip()}': at most {MAX_SIZE_BYTES:,} bytes (1 PiB)")
+    if value < 1 or value.denominator != 1:
         raise SynthError(f"{option} '{text}': the size must be a whole number of bytes >= 1")
     return int(value)
 

@@ -797,7 +797,8 @@ def test_profile_file_that_is_not_json_or_missing(cli, tmp_path, clean_file):
 
 def test_fit_output_that_cannot_be_written(cli, tmp_path, clean_file):
     target = tmp_path / "no" / "such" / "dir" / "p.json"
-    assert usage_error(cli, "fit", clean_file, "-o", target) == f"{target}: cannot write profile (No such file or directory)"
+    assert usage_error(cli, "fit", clean_file, "-o", target) == (  # checked before the fit
+        f"--output {target}: the folder {target.parent} does not exist; create it or write elsewhere")
 
 
 def test_fit_requires_an_output(cli, clean_file):

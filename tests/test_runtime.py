@@ -458,6 +458,61 @@ def test_bad_cli_input_fails_on_every_rank_without_hanging(plan8, n, argv, expec
     assert len(errors) == n and all(expected in line for line in errors), done.stderr
 
 
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc (Linux)")
+def test_a_failed_measurement_write_fails_every_rank_without_hanging(plan8):
+    """/proc passes the early writability check (an existing folder), but no
+    file can be created in it: rank 0's first append fails, and every rank
+    must stop with the same error instead of waiting for rank 0."""
+    done = mpirun(8, "-m", "synth.cli", "bench", str(plan8), "--sizes", "4K", "--iters", "1", "--warmup", "0",
+                  "--jsonl", "/proc/nope.jsonl", timeout_s=60)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
+    assert len(errors) == 8 and all("/proc/nope.jsonl: cannot write measurements" in e for e in errors), done.stderr
+
+
+def _rank_pids(marker: str) -> list[int]:
+    """PIDs of the python processes whose command line holds ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline and b"python" in cmdline[0] and marker.encode() in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc (Linux)")
+def test_sigint_to_one_rank_ends_the_whole_job(plan8, tmp_path):
+    """SIGINT to one rank (not to mpiexec) in the middle of a long bench: that
+    rank says 'interrupted' and aborts the job; no rank is left waiting."""
+    import signal
+    import time
+
+    marker = str(tmp_path / "marker.jsonl")
+    proc = subprocess.Popen(mpiexec_command(8, "-m", "synth.cli", "bench", str(plan8), "--sizes", "4K",
+                                            "--iters", "100000", "--warmup", "0", "--jsonl", marker),
+                            cwd=REPO, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + limit_s(60)
+        while len(_rank_pids(marker)) < 8 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        pids = sorted(_rank_pids(marker))
+        assert len(pids) == 8, pids
+        time.sleep(min(2.0, limit_s(2.0)))  # inside the timed loop (or still setting up: either must end)
+        os.kill(pids[3], signal.SIGINT)
+        _, err = proc.communicate(timeout=limit_s(60))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    assert "synth-reduce: interrupted" in err, err[-2000:]
+    assert not _rank_pids(marker)
+
+
 @pytest.mark.parametrize("mode, expected", [("bad-length", "buffer lengths differ"), ("bad-dtype", "rank 1: dtype float16")])
 def test_a_bad_buffer_on_one_rank_fails_every_rank_under_mpi(mode, expected):
     done = mpirun(8, "tests/mpi_worker.py", mode, timeout_s=60)

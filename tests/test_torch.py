@@ -209,9 +209,9 @@ def test_the_trainer_mesh_has_stable_names_and_the_plans_groups(checks):
 
 
 def test_the_hook_queue_returns_at_once_and_completes_in_order():
-    """The hook's bucket queue (CPU tensors): submit returns a pending future;
-    buckets run one after the other in submission order; a failing step
-    reaches the future, not the backward pass."""
+    """The hooks' bucket queue (CPU tensors): submit returns a pending future;
+    buckets run one after the other in submission order, whichever hook
+    submitted them; a failing step reaches the future, not the backward pass."""
     torch = pytest.importorskip("torch")
     import threading
 
@@ -219,22 +219,25 @@ def test_the_hook_queue_returns_at_once_and_completes_in_order():
 
     gate, order = threading.Event(), []
 
-    def executor(tensor, check):
-        assert check is False
-        gate.wait(timeout=60)
-        if tensor[0] < 0:
-            raise SynthError("step failed")
-        order.append(int(tensor[0]))
-        tensor.add_(100)
+    def program(name):
+        def run(tensor):
+            gate.wait(timeout=60)
+            if tensor[0] < 0:
+                raise SynthError("step failed")
+            order.append((name, int(tensor[0])))
+            tensor.add_(100)
+        return run
 
-    buckets = _BucketQueue(executor)
-    futures = [buckets.submit(torch.tensor([float(i)])) for i in (1, 2, -1, 3)]
+    buckets = _BucketQueue()
+    first, second = program("first hook"), program("second hook")
+    futures = [buckets.submit(run, torch.tensor([float(i)]))
+               for run, i in ((first, 1), (second, 2), (first, -1), (second, 3))]
     assert not any(f.done() for f in futures)  # the work waits on the gate: nothing ran yet
     gate.set()
     assert [float(f.wait()[0]) for f in (futures[0], futures[1], futures[3])] == [101.0, 102.0, 103.0]
     with pytest.raises(Exception, match="step failed"):
         futures[2].wait()
-    assert order == [1, 2, 3]
+    assert order == [("first hook", 1), ("second hook", 2), ("second hook", 3)]
 
 
 def _can_unshare() -> bool:
@@ -299,3 +302,48 @@ def test_the_ddp_example_trains_with_a_plans_hook(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"step 3 loss \d+\.\d+", done.stdout), done.stdout
     assert "parameters equal on every rank" in done.stdout
+
+
+# ---------------------------------------------------------------- parity with the mpiexec failure cases
+
+
+@pytest.fixture(scope="module")
+def parity_plans(tmp_path_factory):
+    from test_runtime import tampered_plans
+
+    directory = tmp_path_factory.mktemp("parity")
+    plan8 = directory / "plan8.json"
+    assert main(["--topology", "testbed-2x4", "--axes", "dp=8", "--program", "5", "--out", str(plan8)]) == 0
+    tampered_plans(plan8, directory)  # swapped.json beside it
+    return directory
+
+
+@pytest.mark.timeout(600)
+def test_the_mpiexec_failure_cases_fail_alike_under_torchrun(parity_plans):
+    """The tampered-plan, buffer-mismatch and argument-mismatch cases of
+    tests/test_runtime.py, under torchrun on gloo: every rank gets the same
+    one-line error, the one the MPI runs give (dtype names aside)."""
+    done = torchrun(8, "tests/torch_worker.py", "parity", str(parity_plans), timeout_s=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cases = {r["case"]: r["errors"] for r in map(json.loads, (l for l in done.stdout.splitlines() if l.startswith("{")))}
+    assert set(cases) == {"tampered-5", "tampered-all", "bad-length", "bad-dtype", "arguments"}, done.stdout
+    for name, errors in cases.items():
+        assert len(errors) == 8 and len(set(errors)) == 1 and errors[0], (name, errors)
+    bad = parity_plans / "swapped.json"
+    first = load_plan(parity_plans / "plan8.json").lowered.steps[0].instruction
+    tampered = (f"{bad}: step 1 ({first}) stores groups or chunks that differ from the lowering of the program on "
+                "this placement; re-create the plan with synth-reduce --out")
+    assert cases["tampered-all"][0] == tampered and cases["tampered-5"][0] == f"rank 5: {tampered}"
+    assert "buffer lengths differ across ranks" in cases["bad-length"][0]
+    assert cases["bad-dtype"][0].startswith("rank 1: dtype int8 is not supported by the torch backend")
+    assert cases["arguments"][0] == ("the ranks were given different arguments (--iters 3 on ranks 0,1,2,3, 6 on "
+                                     "ranks 4,5,6,7); give every rank the same arguments")
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_that_dies_ends_the_torchrun_job(parity_plans):
+    """Rank 6 exits mid-run while the others are in collectives: the launch
+    ends with a failure naming it, never hangs (bounded by the time limit)."""
+    done = torchrun(8, "tests/torch_worker.py", "kill", str(parity_plans), timeout_s=180)
+    assert done.returncode != 0
+    assert "exitcode  : 9" in done.stderr or "exitcode: 9" in done.stderr, done.stderr[-3000:]

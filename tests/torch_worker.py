@@ -540,7 +540,72 @@ def run_torchtitan(plan_path: Path) -> int:
     return 1 if any(everyone) else 0
 
 
+def run_parity(directory: Path) -> int:
+    """The failure cases the suite runs under mpiexec, under torchrun (8 gloo
+    ranks, one launch): a tampered plan file on one rank and on all, a buffer
+    of another length on one rank, an unsupported dtype on one rank, and ranks
+    given different bench arguments. Each case's error on every rank is
+    gathered; rank 0 prints one JSON line per case: ``{"case", "errors"}``
+    (one message per rank, None where a rank raised nothing)."""
+    import contextlib
+    import io
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    plan8, bad = directory / "plan8.json", directory / "swapped.json"
+
+    def executor_of(path):
+        return synth.torch.Executor(str(path))
+
+    def buffer_case(length: int, dtype) -> None:
+        executor = executor_of(plan8)
+        executor(torch.zeros(length, dtype=dtype))
+
+    def arguments() -> None:
+        common = ["bench", "--backend", "torch", "--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "4K",
+                  "--warmup", "0", "--iters", "3" if rank < 4 else "6"]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli_main(common)
+        if code:
+            raise SynthError(err.getvalue().strip().removeprefix("synth-reduce: error: "))
+
+    cases = [("tampered-5", lambda: executor_of(bad if rank == 5 else plan8)),
+             ("tampered-all", lambda: executor_of(bad)),
+             ("bad-length", lambda: buffer_case(1024 - (rank == 3), torch.float32)),
+             ("bad-dtype", lambda: buffer_case(1024, torch.int8 if rank == 1 else torch.float32)),
+             ("arguments", arguments)]
+    for name, case in cases:
+        try:
+            case()
+            message = None
+        except SynthError as exc:
+            message = str(exc)
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, message)
+        if rank == 0:
+            print(json.dumps({"case": name, "errors": everyone}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def run_kill(directory: Path) -> int:
+    """Rank 6 dies (os._exit) between two runs of a program; the others are
+    inside or entering a collective: torchrun must end the job, not hang."""
+    import os
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    executor = synth.torch.Executor(str(directory / "plan8.json"))
+    for step in range(1000):
+        if rank == 6 and step == 3:
+            os._exit(9)
+        executor(torch.ones(4096), check=False)
+    return 0
+
+
 if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench,
-              "renumbered": run_renumbered, "torchtitan": run_torchtitan}[mode](where))
+              "renumbered": run_renumbered, "torchtitan": run_torchtitan, "parity": run_parity,
+              "kill": run_kill}[mode](where))

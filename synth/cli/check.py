@@ -4,16 +4,17 @@ implements the reduction on one placement (``--matrix``) or on each."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Sequence
 
+from ..documents import MAX_PROGRAM_BYTES, read_limited
 from ..errors import SynthError
 from ..synthesis.language import format_program, parse_program
 from ..synthesis.lowering import lower
 from ..synthesis.placement import Placement, parse_matrix
 from ..synthesis.verify import verify_lowered
 from .args import Parser, add_problem_arguments, problem_spec
+
+MAX_PROGRAM_LINES = 1000  # instructions of a hand-written program (the search goes to 10)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -30,12 +31,16 @@ def run(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     problem = problem_spec(args).build()
     try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+        text = read_limited(args.file, "program", MAX_PROGRAM_BYTES)
     except OSError as exc:
         raise SynthError(f"{args.file}: cannot read program ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise SynthError(f"{args.file}: not a text file (a program is UTF-8 text, e.g. "
                          "'ReduceScatter(node, inside)' on its first line)") from None
+    lines = sum(1 for line in text.splitlines() if line.strip())
+    if lines > MAX_PROGRAM_LINES:
+        raise SynthError(f"{args.file}: {lines:,} instructions; a program checked here has at most "
+                         f"{MAX_PROGRAM_LINES:,} (synthesized ones have at most 10)")
     program = parse_program(text, args.file)
     if args.matrix:
         placements = [Placement(problem.topology, problem.axes, parse_matrix(args.matrix, problem.axes, problem.topology))]

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..cost import Model, Profile, load_profile, profile_document, save_profile
 from ..cost.fit import MIN_CASES, accuracy, fit_profile, load_measurements, split_cases
+from ..documents import check_writable
 from ..errors import SynthError
 from ..planner.compute import compute_profile_document, save_compute_profile
 from ..planner.stepfit import RecordCosts, fit_compute, predicted_step_s
@@ -56,6 +57,7 @@ def run_fit(argv: Sequence[str]) -> int:
     p.add_argument("--profile", metavar="PROFILE.json", help="start from this profile instead of the topology's "
                    "numbers (step records: the communication profile to predict their collectives with)")
     args = p.parse_args(argv)
+    check_writable(args.output, "--output")  # before the fit, not after it
     if first_schema(args.measurements[0]) == STEP_SCHEMA:
         return _fit_steps(args)
     topology, measurements, skipped = _load(args)

@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from ..documents import check_writable
 from ..errors import SynthError
 from ..plan import write_plan
 from ..planner.compute import DEFAULT_COMPUTE, load_compute_profile
@@ -19,7 +20,7 @@ from ..planner.transformer import Recompute, load_model
 from ..synthesis.placement import parse_axis_ranges
 from ..synthesis.problem import MAX_STEPS_DEFAULT
 from ..topology import load_topology, parse_device, parse_scale
-from ..units import format_seconds, format_size
+from ..units import MAX_COUNT, bounded_int, format_seconds, format_size
 from .args import Parser, add_model_arguments, model_of
 
 
@@ -33,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True,
                    help="a shipped model (e.g. gpt3-175b, llama2-70b), a YAML file, or inline fields "
                         "layers=30,hidden=3072,heads=32,seq=2048,vocab=51200 (ffn defaults to 4 x hidden)")
-    p.add_argument("--global-batch", type=int, required=True, metavar="B", help="sequences per training step")
+    p.add_argument("--global-batch", type=lambda text: bounded_int(text, "--global-batch", MAX_COUNT), required=True,
+                   metavar="B", help="sequences per training step")
     p.add_argument("--micro-batch", metavar="B1,B2,...",
                    help="micro-batch sizes to try (default: the powers of two that divide the batch per replica)")
     p.add_argument("--axes", default="tp,dp,pp",
@@ -118,6 +120,8 @@ def run(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv)
     if args.top < 0:
         raise SynthError(f"--top {args.top}: must be >= 0")
+    if args.out:
+        check_writable(args.out, "--out")  # before the planning, not after it
     request = request_of(args)
     progress = _Progress()
     solution = plan_job(request, progress=progress)

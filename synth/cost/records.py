@@ -159,6 +159,10 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
     for key in ("backend", "algo", "dtype", "nccl_version"):
         if rec.get(key) is not None and not isinstance(rec[key], str):
             raise SynthError(f"{where}: '{key}' must be a string or null")
+    low, high = _number(rec, "min_s", where), _number(rec, "max_s", where)
+    if (low is not None and median_s < low) or (high is not None and median_s > high):
+        raise SynthError(f"{where}: median_s {median_s} lies outside min_s..max_s ({low}..{high}); the record is "
+                         "inconsistent")
     return Record(
         reduction, program, size_bytes, median_s,
         is_default=bool(rec.get("is_default", False)),

@@ -54,6 +54,7 @@ from typing import Protocol
 from ..errors import SynthError
 from ..synthesis.semantics import Goal
 from ..topology import Device
+from ..units import MAX_COUNT, shown_number
 from .compute import ComputeProfile
 from .transformer import Recompute, Transformer
 
@@ -96,6 +97,8 @@ class Training:
             raise SynthError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPE_BYTES)}")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
             raise SynthError(f"--global-batch {self.global_batch!r}: must be an integer >= 1")
+        if self.global_batch > MAX_COUNT:
+            raise SynthError(f"--global-batch {shown_number(str(self.global_batch))}: at most {MAX_COUNT:,} sequences")
 
     @property
     def value_bytes(self) -> int:

@@ -263,6 +263,9 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         if key in data and not isinstance(data[key], str):
             raise SynthError(f"{source}: model field '{key}' must be text, got {data[key]!r}")
     heads, hidden = data["heads"], data["hidden"]
+    if hidden % heads and "head_dim" not in data:
+        raise SynthError(f"{source}: model field 'heads' ({heads}) must divide hidden ({hidden}): every head has "
+                         "hidden / heads dimensions (or give head_dim, as a source prints it)")
     kv_heads = data.get("kv_heads", heads)
     if heads % kv_heads:
         raise SynthError(f"{source}: model field 'kv_heads' ({kv_heads}) must divide heads ({heads})")

@@ -415,6 +415,10 @@ def run(request: BenchRequest) -> int:
                 return _bench(request, world, capture)
             except SynthError:
                 raise
+            except KeyboardInterrupt:  # Ctrl-C or SIGINT to one rank: end the job, never leave the others waiting
+                print("synth-reduce: interrupted", file=sys.stderr, flush=True)
+                world.abort(130)
+                raise
             except Exception:  # a bug or a library failure on some ranks: stop all, never hang
                 traceback.print_exc()
                 sys.stderr.flush()
@@ -610,9 +614,10 @@ def _bench(request: BenchRequest, world: World, capture: Capture | None = None) 
                 m = Timing(c, size, count, times, wrong, summarize(parse(lines)))
                 timings.append(m)
                 _print_row(m, request.dtype, factor)
-                if request.jsonl and world.rank == 0:
-                    append_records(request.jsonl, [m.record(backend_label(world), request.dtype, world.size,
-                                                            nccl_version)])
+                if request.jsonl:  # collectively: a failed write (full disk, /proc) fails every rank alike
+                    record = m.record(backend_label(world), request.dtype, world.size, nccl_version)
+                    _collectively(world, lambda: append_records(request.jsonl, [record]) if world.rank == 0
+                                  else None)
     _print_speedups(timings, sizes)
     if request.tune:
         _write_tuned(request, world, timings, sizes)

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import SynthError
 from ..topology import Topology
+from ..units import MAX_COUNT, bounded_int
 
 Matrix = tuple[tuple[int, ...], ...]
 MATRIX_ROWS = " / "  # between the rows (axes) of a matrix in the one notation: dp:4,1 / mp:1,16
@@ -47,9 +48,10 @@ def parse_axes(spec: str) -> tuple[Axis, ...]:
         m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(-?\d+)", item)
         if not m:
             raise SynthError(f"--axes '{item}': expected NAME=SIZE, e.g. --axes dp=16,mp=8")
-        name, size = m.group(1), int(m.group(2))
-        if size < 1:
-            raise SynthError(f"--axes {name}={size}: an axis size must be >= 1")
+        name = m.group(1)
+        if m.group(2).startswith("-") or not m.group(2).lstrip("0"):
+            raise SynthError(f"--axes {name}={m.group(2)}: an axis size must be >= 1")
+        size = bounded_int(m.group(2), f"--axes {name}=", MAX_COUNT)
         if any(a.name == name for a in axes):
             raise SynthError(f"--axes: axis '{name}' is declared twice")
         axes.append(Axis(name, size))
@@ -98,9 +100,12 @@ def parse_axis_ranges(spec: str) -> tuple[AxisRange, ...]:
         low_text, name, op, value_text = m.groups()
         if any(a.name == name for a in out):
             raise SynthError(f"--axes: axis '{name}' is declared twice")
-        low, high = int(low_text or 1), None
+        shown = item if len(item) <= 40 else f"{item[:30]}..."
+        low, high = bounded_int(low_text or "1", f"--axes '{shown}': the bound", MAX_COUNT, low=0), None
         if op is not None:
-            value = int(value_text)
+            if value_text.startswith("-") or not value_text.lstrip("0"):
+                raise SynthError(f"--axes '{item}': an axis size must be >= 1")
+            value = bounded_int(value_text, f"--axes '{shown}': the size", MAX_COUNT)
             if value < 1:
                 raise SynthError(f"--axes '{item}': an axis size must be >= 1")
             if op == "=" and low_text is None:
@@ -126,13 +131,20 @@ def axes_have_sizes(spec: str) -> bool:
                    for item in spec.split(","))
 
 
+MAX_ASSIGNMENTS = 1000  # size assignments solved for axes without sizes (each is a whole placement search)
+
+
 def size_assignments(ranges: Sequence[AxisRange], devices: int) -> list[tuple[Axis, ...]]:
     """Every assignment of sizes within the ranges whose product is ``devices``
-    (sizes in lexicographic order); SynthError naming ``--axes`` if none."""
+    (sizes in lexicographic order); SynthError naming ``--axes`` if none, or
+    if there are more than :data:`MAX_ASSIGNMENTS` (found out early: the
+    enumeration stops there)."""
     out: list[tuple[int, ...]] = []
 
     def extend(prefix: tuple[int, ...], remaining: int) -> None:
         a = len(prefix)
+        if len(out) > MAX_ASSIGNMENTS:
+            return
         if a == len(ranges) - 1:
             if ranges[a].allows(remaining):
                 out.append(prefix + (remaining,))
@@ -143,6 +155,11 @@ def size_assignments(ranges: Sequence[AxisRange], devices: int) -> list[tuple[Ax
 
     if ranges:
         extend((), devices)
+    if len(out) > MAX_ASSIGNMENTS:
+        given = ",".join(str(r) for r in ranges)
+        raise SynthError(f"--axes '{given[:80]}{'...' if len(given) > 80 else ''}': more than "
+                         f"{MAX_ASSIGNMENTS:,} assignments of sizes to {len(ranges)} axes over {devices} devices; "
+                         "give sizes or bounds (e.g. tp<=8) to fewer axes")
     if not out:
         given = ",".join(str(r) for r in ranges)
         raise SynthError(f"--axes '{given}': no sizes within the bounds multiply to the {devices} devices; "
@@ -205,7 +222,8 @@ def parse_constraint(spec: str, axes: Sequence[Axis], topology: Topology) -> Con
             f"--constrain '{spec}': expected AXIS@LEVEL=N, AXIS@LEVEL>=N or AXIS@LEVEL<=N, "
             "e.g. --constrain mp@node=1"
         )
-    axis, level, op, value = m.group(1), m.group(2), m.group(3), int(m.group(4))
+    axis, level, op = m.group(1), m.group(2), m.group(3)
+    value = bounded_int(m.group(4), f"--constrain {axis}@{level}{op}", MAX_COUNT, low=0)
     if axis not in [a.name for a in axes]:
         raise SynthError(
             f"--constrain '{spec}': unknown axis '{axis}'; declared axes are "
