@@ -433,6 +433,26 @@ def run_bench(directory: Path) -> int:
     return code
 
 
+def devices_of_group(pg, device: int) -> list[int]:
+    """The device (``SYNTH_DEVICE``) of every member of process group ``pg``,
+    in group rank order, gathered over ``pg``."""
+    gathered = [torch.zeros(1, dtype=torch.int64) for _ in dist.get_process_group_ranks(pg)]
+    dist.all_gather(gathered, torch.tensor([device], dtype=torch.int64), group=pg)
+    return [int(x) for x in gathered]
+
+
+def report(problems: list[str], ok: str) -> int:
+    """Gather every rank's problems; rank 0 prints them, or ``ok``. Ends the
+    process group; the exit code says whether any rank had a problem."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, problems)
+    if dist.get_rank() == 0:
+        wrong = [p for ps in everyone for p in ps]
+        print("; ".join(wrong) if wrong else ok, flush=True)
+    dist.destroy_process_group()
+    return 1 if any(everyone) else 0
+
+
 def run_renumbered(plan_path: Path) -> int:
     """Under ``synth-reduce launch``: this process's rank is the rank map's
     for its device (``SYNTH_DEVICE``). Groups formed from rank order as
@@ -464,22 +484,12 @@ def run_renumbered(plan_path: Path) -> int:
             pg = dist.new_group(list(group))
             if rank in group:
                 mine = (list(group), pg)
-        members, pg = mine
-        gathered = [torch.zeros(1, dtype=torch.int64) for _ in members]
-        dist.all_gather(gathered, torch.tensor([device], dtype=torch.int64), group=pg)
-        got = [int(t) for t in gathered]
+        got = devices_of_group(mine[1], device)
         want = next(list(map(int, row)) for row in Reduction.of(plan.placement, (axis,)).reduction_groups
                     if device in row)
         if got != want:
             problems.append(f"rank {rank} (device {device}): {axis} group holds devices {got}, the plan's {want}")
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, problems)
-    if rank == 0:
-        wrong = [p for ps in everyone for p in ps]
-        print("; ".join(wrong) if wrong else f"renumbered: tp, dp groups are the plan's on {len(everyone)} ranks",
-              flush=True)
-    dist.destroy_process_group()
-    return 1 if any(everyone) else 0
+    return report(problems, f"renumbered: tp, dp groups are the plan's on {dist.get_world_size()} ranks")
 
 
 def run_torchtitan(plan_path: Path) -> int:
@@ -499,7 +509,7 @@ def run_torchtitan(plan_path: Path) -> int:
     from synth.plan import load_plan
 
     dist.init_process_group("gloo")
-    rank, device = dist.get_rank(), int(os.environ["SYNTH_DEVICE"])
+    device = int(os.environ["SYNTH_DEVICE"])
     plan = load_plan(plan_path)
     degrees = torchtitan_export(plan).parallelism
     titan.device_type = "cpu"
@@ -522,22 +532,11 @@ def run_torchtitan(plan_path: Path) -> int:
     for name in ("tp", "pp", "batch", "dp_shard", "dp_replicate"):
         if degree[name] == 1:
             continue
-        pg = dims.get_mesh(name).get_group()
-        members = dist.get_process_group_ranks(pg)
-        gathered = [torch.zeros(1, dtype=torch.int64) for _ in members]
-        dist.all_gather(gathered, torch.tensor([device], dtype=torch.int64), group=pg)
-        got = [int(x) for x in gathered]
+        got = devices_of_group(dims.get_mesh(name).get_group(), device)
         checked.append(name)
         if got != want[name]:
             problems.append(f"device {device}: torchtitan's {name} group holds {got}, the plan's {want[name]}")
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, problems)
-    if rank == 0:
-        wrong = [p for ps in everyone for p in ps]
-        print("; ".join(wrong) if wrong else f"torchtitan: {', '.join(checked)} groups are the plan's ({degrees})",
-              flush=True)
-    dist.destroy_process_group()
-    return 1 if any(everyone) else 0
+    return report(problems, f"torchtitan: {', '.join(checked)} groups are the plan's ({degrees})")
 
 
 def run_parity(directory: Path) -> int:
