@@ -19,19 +19,19 @@ from typing import Sequence
 from ..documents import check_writable, write_text
 from ..export.jax_mesh import jax_export, jax_text
 from ..export.megatron import megatron_export, megatron_text
-from ..export.rank_map import parse_order, rank_map
+from ..export.rank_map import RankMap, launch_command, parse_order, rank_map
 from ..export.torchtitan import torchtitan_export, torchtitan_text
 from ..export.trainer import parse_axis_names
 from ..plan import load_plan
 from ..runtime.meshes import devices_per_node
+from ..topology import Topology
 from .args import Parser
 
 FORMATS = ("rank-map", "megatron", "torchtitan", "jax")
 
 
-def rank_map_text(ranks, plan_path: str, topology) -> str:
+def rank_map_text(ranks: RankMap, plan_path: str, topology: Topology, launch: str) -> str:
     per_node = devices_per_node(topology)
-    nodes = topology.num_devices // per_node
     lines = [f"# rank map of {plan_path}: order {ranks.order_text} (first fastest), sizes "
              + " ".join(f"{a}={s}" for a, s in zip(ranks.order, ranks.sizes)),
              "# rank r runs on device device_of_rank[r]; device d is node d // "
@@ -42,9 +42,7 @@ def rank_map_text(ranks, plan_path: str, topology) -> str:
     if ranks.is_identity:
         lines.append("# the identity: torchrun's ranks already form the plan's groups")
     else:
-        node = "--node-rank <this node's index>" if nodes > 1 else ""
-        lines.append(f"# launch: torchrun --nnodes {nodes} --nproc-per-node {per_node} {node} -m synth.cli launch "
-                     f"{plan_path} -- <script> <args>".replace("  ", " "))
+        lines.append(f"# launch: {launch}")
     return "\n".join(lines) + "\n"
 
 
@@ -73,16 +71,20 @@ def run(argv: Sequence[str]) -> int:
         p.error("--hierarchical applies to --format jax only")
     names = parse_axis_names(args.axis_names)
     plan = load_plan(args.plan)
+    topology = plan.placement.topology
     if args.format == "rank-map":
         axes = [a.name for a in plan.placement.axes]
         ranks = rank_map(plan.placement, parse_order(args.order, axes) if args.order else None)
-        doc, text = {"format": "rank-map", **ranks.to_dict()}, rank_map_text(ranks, args.plan, plan.placement.topology)
+        launch = launch_command(topology, args.plan, "<script> <args>")
+        doc, text = {"format": "rank-map", **ranks.to_dict()}, rank_map_text(ranks, args.plan, topology, launch)
     elif args.format == "megatron":
         export = megatron_export(plan, names)
-        doc, text = export.to_dict(), megatron_text(export, args.plan)
+        launch = launch_command(topology, args.plan, "pretrain_gpt.py <the arguments above>")
+        doc, text = export.to_dict(), megatron_text(export, args.plan, launch)
     elif args.format == "torchtitan":
         export = torchtitan_export(plan, names)
-        doc, text = export.to_dict(), torchtitan_text(export, args.plan)
+        launch = launch_command(topology, args.plan, "<train script> <args>")
+        doc, text = export.to_dict(), torchtitan_text(export, args.plan, launch)
     else:
         export = jax_export(plan, args.hierarchical)
         doc, text = export.to_dict(), jax_text(export, args.plan)

@@ -112,8 +112,9 @@ def megatron_export(plan: Plan, axis_names: dict[str, str] | None = None) -> Meg
     return MegatronExport(tuple(args), ranks)
 
 
-def megatron_text(export: MegatronExport, plan_path: str) -> str:
-    """The arguments as a shell line, and how to launch them on the plan's devices."""
+def megatron_text(export: MegatronExport, plan_path: str, launch: str) -> str:
+    """The arguments as a shell line, and how to launch them on the plan's
+    devices (``launch``: :func:`~synth.export.rank_map.launch_command`)."""
     ranks = export.ranks
     lines = ["# Megatron-LM arguments from " + plan_path, " ".join(export.arguments), ""]
     if ranks.is_identity:
@@ -121,7 +122,6 @@ def megatron_text(export: MegatronExport, plan_path: str) -> str:
                      "(no renumbering)")
     else:
         lines += [f"# rank order {ranks.order_text}: Megatron's groups are the plan's when rank r runs on device "
-                  "device_of_rank[r]; launch through the renumbering launcher:",
-                  f"#   torchrun ... -m synth.cli launch {plan_path} -- pretrain_gpt.py <the arguments above>",
+                  "device_of_rank[r]; launch through the renumbering launcher:", f"#   {launch}",
                   f"# device_of_rank {list(ranks.device_of_rank)}"]
     return "\n".join(lines) + "\n"

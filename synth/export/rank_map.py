@@ -30,8 +30,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import SynthError
+from ..runtime.meshes import devices_per_node
 from ..synthesis.placement import Placement
 from ..synthesis.reduction import Reduction
+from ..topology import Topology
 
 # Megatron-LM's default order of parallel_state.initialize_model_parallel (first fastest)
 MEGATRON_ORDER = ("tp", "cp", "ep", "dp", "pp")
@@ -172,3 +174,14 @@ def launch_environment(ranks: RankMap, environ: Mapping[str, str]) -> dict[str, 
         raise SynthError(f"RANK {device} is outside the plan's {n} devices")
     new = ranks.rank_of_device[device]
     return {"RANK": str(new), "SYNTH_DEVICE": str(device), "SYNTH_RENUMBERED": f"{run}:{device}:{new}"}
+
+
+def launch_command(topology: Topology, plan_path: str, script: str) -> str:
+    """The torchrun line that runs ``script`` renumbered by the plan's rank map
+    (``synth-reduce launch``): one torchrun per plan node, node rank = the
+    plan's node index."""
+    per_node = devices_per_node(topology)
+    nodes = topology.num_devices // per_node
+    node = " --node-rank <this node's index>" if nodes > 1 else ""
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{node} -m synth.cli launch {plan_path} -- "
+            f"{script}")

@@ -105,7 +105,9 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
     return TorchtitanExport(parallelism, checkpoint, ranks)
 
 
-def torchtitan_text(export: TorchtitanExport, plan_path: str) -> str:
+def torchtitan_text(export: TorchtitanExport, plan_path: str, launch: str) -> str:
+    """The TOML tables, their command-line form and how to launch
+    (``launch``: :func:`~synth.export.rank_map.launch_command`)."""
     ranks = export.ranks
     lines = [f"# torchtitan settings from {plan_path} (job file tables; torchtitan 0.3 takes the same as "
              "command-line overrides:", "#   " + " ".join(export.overrides()) + ")", export.toml().rstrip()]
@@ -113,6 +115,5 @@ def torchtitan_text(export: TorchtitanExport, plan_path: str) -> str:
         lines.append("# torchrun's ranks already form the plan's groups (no renumbering)")
     else:
         lines += ["# the mesh's groups are the plan's when rank r runs on device device_of_rank[r]; launch through "
-                  f"the renumbering launcher: torchrun ... -m synth.cli launch {plan_path} -- <train script> ...",
-                  f"# device_of_rank {list(ranks.device_of_rank)}"]
+                  "the renumbering launcher:", f"#   {launch}", f"# device_of_rank {list(ranks.device_of_rank)}"]
     return "\n".join(lines) + "\n"
