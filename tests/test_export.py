@@ -293,6 +293,20 @@ def test_torchtitan_degrees(job_plan, tmp_path):
         == (2, 2)
 
 
+def test_the_torchtitan_check_refuses_a_mesh_that_is_not_the_plans():
+    from synth.export.torchtitan import check_torchtitan_groups
+
+    placement = next(p for p in enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))
+                     if p.matrix == ((1, 2), (2, 2)))
+    good = rank_map(placement)
+    for shard in (1, 2, 4):
+        check_torchtitan_groups(placement, good, shard)  # any split of dp: the same numbering
+    swapped = list(good.device_of_rank)
+    swapped[2], swapped[4] = swapped[4], swapped[2]
+    with pytest.raises(SynthError, match="torchtitan's mesh under the rank map is not the plan's"):
+        check_torchtitan_groups(placement, RankMap(good.order, good.sizes, tuple(swapped), good.rank_of_device), 2)
+
+
 def test_jax_device_array_is_the_mesh():
     placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("dp=4,mp=2"))[0]
     plan = Plan(placement, (_any_reduction(placement),))

@@ -34,10 +34,9 @@ from typing import Any
 
 from ..errors import SynthError
 from ..plan import Plan
+from ..planner.stepmodel import DTYPE_BYTES
 from .rank_map import MEGATRON_ORDER, RankMap, rank_map
 from .trainer import TrainerJob, renamed, trainer_job
-
-_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
     if job.overlap_dp:
         args += ["--overlap-grad-reduce"]
     if job.bucket_bytes is not None:
-        args += ["--ddp-bucket-size", str(job.bucket_bytes // _DTYPE_BYTES.get(job.dtype, 2))]
+        args += ["--ddp-bucket-size", str(job.bucket_bytes // DTYPE_BYTES.get(job.dtype, 2))]
     return args
 
 

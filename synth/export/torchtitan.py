@@ -29,8 +29,9 @@ import numpy as np
 
 from ..errors import SynthError
 from ..plan import Plan
+from ..synthesis.placement import Placement
 from .rank_map import MEGATRON_ORDER, RankMap, rank_map
-from .trainer import dp_split, renamed, trainer_job
+from .trainer import dp_split, renamed, trainer_job, trainer_mesh_ids
 
 
 @dataclass(frozen=True)
@@ -65,26 +66,14 @@ class TorchtitanExport:
                 "renumbering_needed": not self.ranks.is_identity, "rank_map": self.ranks.to_dict()}
 
 
-def check_torchtitan_groups(placement, ranks: RankMap, replicate: int, shard: int) -> None:
-    """SynthError unless the ``dp_shard`` groups of torchtitan's row-major mesh,
-    mapped through the rank map, hold devices that agree on every axis but dp
-    and on dp's digits outside its innermost ``shard`` part (consecutive dp
-    ranks in blocks of ``shard``, as the plan's hierarchical mesh has them)."""
-    n = len(ranks.device_of_rank)
-    shape = [ranks.size("pp"), replicate, shard, ranks.size("cp"), ranks.size("tp")]
-    mesh = np.arange(n).reshape(shape)
-    names = [a.name for a in placement.axes]
-    coords = np.argwhere(np.ones(placement.mesh.shape, bool))
-    where = {int(placement.mesh[tuple(c)]): tuple(int(x) for x in c) for c in coords}
-    for group in np.moveaxis(mesh, 2, -1).reshape(-1, shard):
-        devices = [ranks.device_of_rank[int(r)] for r in group]
-        points = [list(where[d]) for d in devices]
-        dp = names.index("dp") if "dp" in names else None
-        keys = {tuple(p[i] for i in range(len(p)) if i != dp) + ((p[dp] // shard,) if dp is not None else ())
-                for p in points}
-        ranks_in_dp = [p[dp] % shard for p in points] if dp is not None else [0]
-        if len(keys) != 1 or ranks_in_dp != list(range(len(ranks_in_dp))):
-            raise SynthError("torchtitan export: a dp_shard group is not a block of the plan's dp groups")
+def check_torchtitan_groups(placement: Placement, ranks: RankMap, shard: int) -> None:
+    """SynthError unless torchtitan's row-major mesh over ``pp, dp_replicate,
+    dp_shard, cp, tp``, its ranks mapped through the rank map, is the plan's
+    trainer mesh (:func:`~synth.export.trainer.trainer_mesh_ids`) with dp split
+    in blocks of ``shard``: then every group torchtitan forms is the plan's."""
+    want = trainer_mesh_ids(placement, shard)
+    if not np.array_equal(np.asarray(ranks.device_of_rank).reshape(want.shape), want):
+        raise SynthError("torchtitan export: torchtitan's mesh under the rank map is not the plan's")
 
 
 def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> TorchtitanExport:
@@ -97,7 +86,7 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
     sharded = job is None or job.sharding == "zero3"
     dp = ranks.size("dp")
     shard = dp_split(placement)[1] if sharded else 1
-    check_torchtitan_groups(placement, ranks, dp // shard, shard)
+    check_torchtitan_groups(placement, ranks, shard)
     parallelism = {"data_parallel_replicate_degree": dp // shard, "data_parallel_shard_degree": shard,
                    "tensor_parallel_degree": ranks.size("tp"), "context_parallel_degree": ranks.size("cp"),
                    "pipeline_parallel_degree": ranks.size("pp")}

@@ -77,12 +77,13 @@ def dp_split(placement: Placement) -> tuple[int, int]:
     return placement.axes[names.index("dp")].size // shard, shard
 
 
-def trainer_mesh_ids(placement: Placement) -> np.ndarray:
+def trainer_mesh_ids(placement: Placement, shard: int | None = None) -> np.ndarray:
     """Device ids in an array over :data:`TRAINER_MESH_DIMS` (``pp,
     dp_replicate, dp_shard, cp, tp``), each of the plan's size (1 where the
     plan has no such axis), whatever the placement: the plan's mesh with its
-    axes in that order and dp split by :func:`dp_split`. The axes must have
-    trainer names (:func:`renamed`); an expert axis is refused."""
+    axes in that order and dp split into ``dp / shard`` x ``shard`` (default:
+    :func:`dp_split`, HSDP). The axes must have trainer names
+    (:func:`renamed`); an expert axis is refused."""
     names = [a.name for a in placement.axes]
     if "ep" in names:
         raise SynthError("a trainer mesh of a plan with an expert axis (ep) is not supported yet")
@@ -95,8 +96,8 @@ def trainer_mesh_ids(placement: Placement) -> np.ndarray:
             ids = ids[..., None]
             names = [*names, axis]
     ids = ids.transpose([names.index(a) for a in ("pp", "dp", "cp", "tp")])
-    replicate, shard = dp_split(placement)
-    return ids.reshape(ids.shape[0], replicate, shard, *ids.shape[2:])
+    shard = dp_split(placement)[1] if shard is None else shard
+    return ids.reshape(ids.shape[0], ids.shape[1] // shard, shard, *ids.shape[2:])
 
 
 @dataclass(frozen=True)
