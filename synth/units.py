@@ -27,6 +27,12 @@ def shown_number(digits: str) -> str:
     return digits if len(digits) <= 20 else f"{digits[:8]}... ({len(digits)} digits)"
 
 
+def shortened(text: str, width: int = 40) -> str:
+    """``text`` as an error message quotes it: whole, or its first characters
+    and ``...`` when longer than ``width``."""
+    return text if len(text) <= width else f"{text[:width - 10]}..."
+
+
 def bounded_int(text: str, option: str, high: int, low: int = 1) -> int:
     """The whole number ``text`` (decimal digits), ``low <= n <= high``;
     SynthError naming ``option`` and the bound otherwise."""

@@ -20,7 +20,7 @@ from ..synthesis.placement import Axis, Placement
 from ..synthesis.reduction import Reduction
 from ..synthesis.search import synthesize_reduction
 from ..synthesis.semantics import Goal
-from ..units import MAX_REPEATS, bounded_int, parse_size
+from ..units import MAX_REPEATS, bounded_int, parse_size, shortened
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,6 @@ class WorkloadItem:
     def on(self, placement: Placement) -> Reduction:
         """This item's reduction on ``placement``."""
         return Reduction(placement, self.reduce_axes, self.goal)
-
-
-def _short(item: str) -> str:
-    return item if len(item) <= 60 else item[:40] + "..."
 
 
 def parse_workload(spec: str, axes: Sequence[Axis]) -> tuple[WorkloadItem, ...]:
@@ -65,7 +61,7 @@ def parse_workload(spec: str, axes: Sequence[Axis]) -> tuple[WorkloadItem, ...]:
             ) from None
         if m.group(4) is not None and not m.group(4).lstrip("0"):
             raise SynthError(f"--workload '{item}': repetitions must be >= 1")
-        reps = bounded_int(m.group(4) or "1", f"--workload '{_short(item)}': repetitions", MAX_REPEATS)
+        reps = bounded_int(m.group(4) or "1", f"--workload '{shortened(item, 50)}': repetitions", MAX_REPEATS)
         items.append(WorkloadItem(tuple(a for a in declared if a in names), goal, parse_size(m.group(3), "--workload"), reps))
     return tuple(items)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import SynthError
 from ..topology import Topology
-from ..units import MAX_COUNT, bounded_int
+from ..units import MAX_COUNT, bounded_int, shortened
 
 Matrix = tuple[tuple[int, ...], ...]
 MATRIX_ROWS = " / "  # between the rows (axes) of a matrix in the one notation: dp:4,1 / mp:1,16
@@ -100,7 +100,7 @@ def parse_axis_ranges(spec: str) -> tuple[AxisRange, ...]:
         low_text, name, op, value_text = m.groups()
         if any(a.name == name for a in out):
             raise SynthError(f"--axes: axis '{name}' is declared twice")
-        shown = item if len(item) <= 40 else f"{item[:30]}..."
+        shown = shortened(item)
         low, high = bounded_int(low_text or "1", f"--axes '{shown}': the bound", MAX_COUNT, low=0), None
         if op is not None:
             if value_text.startswith("-") or not value_text.lstrip("0"):
