@@ -15,7 +15,10 @@ curves (the scale issue's):
   verified);
 * ``depth``: one axis over every device of an L-level hierarchy of 2s or 4s
   (generated topologies), 5 steps;
-* ``steps``: rack (2x4x2x4), one axis over its 64 devices, ``--max-steps`` 5..8.
+* ``steps``: rack (2x4x2x4), one axis over its 64 devices, ``--max-steps`` 5..8;
+* ``targets``: the points of the reliability-and-scale issue (dgx-h100 scaled to
+  16,384 nodes with ``dp=16384,mp=8`` and with ``dp=131072``; five and six
+  levels of 4, one axis).
 
 ``--baseline DIR`` runs every point also on another checkout (e.g. a ``git
 worktree`` of an older commit), the two commands one after the other, point by
@@ -81,6 +84,16 @@ def points(workdir: Path) -> list[tuple[str, str, list[str]]]:
             topology = _topology(workdir, f"levels-{base}x{depth}", sizes)
             out.append(("depth", f"{depth} levels of {base} ({n} devices), one axis, 5 steps",
                         ["--topology", topology, "--axes", f"x={n}"]))
+    # the reliability-and-scale issue's targets (CPU seconds): 131,072 GPUs in 5 s, one axis over them in
+    # 10 s, five levels of 4 in 5 s, six levels of 4 in 20 s
+    out.append(("targets", "dgx-h100 node=16384 dp=16384,mp=8 (131072 GPUs; target 5 s)",
+                ["--topology", "dgx-h100", "--scale", "node=16384", "--axes", "dp=16384,mp=8"]))
+    out.append(("targets", "dgx-h100 node=16384 dp=131072 (target 10 s)",
+                ["--topology", "dgx-h100", "--scale", "node=16384", "--axes", "dp=131072"]))
+    for depth, target in ((5, 5), (6, 20)):
+        topology = _topology(workdir, f"levels-4x{depth}", [4] * depth)
+        out.append(("targets", f"{depth} levels of 4 ({4**depth} devices), one axis (target {target} s)",
+                    ["--topology", topology, "--axes", f"x={4**depth}"]))
     for steps in (5, 6, 7, 8):
         out.append(("steps", f"rack 2x4x2x4 x=64 --max-steps {steps}",
                     ["--topology", "rack", "--axes", "x=64", "--max-steps", str(steps)]))
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default=None, help="name of this run (default: the tree's commit)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds before a point is killed (default 150)")
-    p.add_argument("--only", default="", help="comma-separated curves to run (axes, devices, depth, steps)")
+    p.add_argument("--only", default="", help="comma-separated curves to run (axes, devices, depth, steps, targets)")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="print the side-by-side table")
     args = p.parse_args(argv)
     if args.compare:

@@ -238,38 +238,111 @@ def test_the_issue_example_uses_an_idle_allgather_group():
 # ---------------------------------------------------------------- the state space against the rules
 
 
+def _check_space_against_rules(space: StateSpace, steps: int) -> int:
+    """Assert that ``space`` computes exactly the reference rules (apply_step
+    on absolute states) on every state reachable in ``steps`` steps: the same
+    valid steps, next states and loads; returns how many states it checked."""
+    h = space.hierarchy
+    assert space.absolute(space.start) == initial_state(space.goal, h.k)
+    frontier, seen, checked = [space.start], {space.start}, 0
+    for _ in range(steps):
+        nxt = []
+        for state in frontier:
+            absolute = space.absolute(state)
+            got = {(g, c): (space.absolute(new), loads)
+                   for g, c, new, loads in space.successors(state, list(Collective))}
+            want = {}
+            for g, grouping in enumerate(space.groupings):
+                for c in Collective:
+                    new = apply_step(absolute, c, grouping.groups)
+                    if not isinstance(new, str):
+                        want[g, c] = (new, tuple(step_load(c, [absolute[d] for d in group])
+                                                 for group in grouping.groups))
+            assert got == want, (space.frame, absolute)
+            assert space.is_goal(state) == is_goal(absolute, space.goal)
+            checked += 1
+            for g, c, new, _ in space.successors(state, list(Collective)):
+                if new not in seen:
+                    seen.add(new)
+                    nxt.append(new)
+        frontier = nxt
+    return checked
+
+
 @pytest.mark.parametrize("sizes", [(4,), (2, 2), (2, 3), (3, 2), (2, 2, 2)])
 @pytest.mark.parametrize("goal", list(Goal))
 def test_every_frame_of_the_state_space_follows_the_rules(sizes, goal):
     """The interned, frame-relative state space computes exactly the reference
-    rules (apply_step on absolute states), in every frame it can use, on every
-    state reachable in 3 steps: the same valid steps, next states and loads."""
-    h = H(*sizes)
+    rules, in every frame it can use, on every state reachable in 3 steps."""
     frames = ["chunk"] if goal is Goal.ALLGATHER else ["device", "absolute"]
     for frame in frames:
-        space = StateSpace(sizes, goal, frame)
-        assert space.absolute(space.start) == initial_state(goal, h.k)
-        frontier, seen = [space.start], {space.start}
-        for _ in range(3):
-            nxt = []
-            for state in frontier:
-                absolute = space.absolute(state)
-                got = {(g, c): (space.absolute(new), loads)
-                       for g, c, new, loads in space.successors(state, list(Collective))}
-                want = {}
-                for g, grouping in enumerate(space.groupings):
-                    for c in Collective:
-                        new = apply_step(absolute, c, grouping.groups)
-                        if not isinstance(new, str):
-                            want[g, c] = (new, tuple(step_load(c, [absolute[d] for d in group])
-                                                     for group in grouping.groups))
-                assert got == want, (frame, absolute)
-                assert space.is_goal(state) == is_goal(absolute, goal)
-                for g, c, new, _ in space.successors(state, list(Collective)):
-                    if new not in seen:
-                        seen.add(new)
-                        nxt.append(new)
-            frontier = nxt
+        _check_space_against_rules(StateSpace(sizes, goal, frame), 3)
+
+
+@pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((2, 4), 4), ((4, 2), 4), ((2, 3, 2), 3)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_groups_that_are_chunk_shifts_of_one_another_share_one_computation(sizes, steps, goal):
+    """In the device frame a group whose members hold nothing below some chunk
+    is computed once moved down to chunk 0 and shared with every group that is
+    a shift of it (after a ReduceScatter every device holds other chunks). The
+    space still follows the rules exactly, one step deeper than above, and the
+    sharing happens: fewer groups are computed than the groups looked up."""
+    space = StateSpace(sizes, goal, "device")
+    computed = []
+    compute_here = space._compute_here
+    space._compute_here = lambda g, c, key: computed.append(key) or compute_here(g, c, key)
+    assert _check_space_against_rules(space, steps) > 20
+    looked_up = sum(len(memo) for memos in space._memos for memo in memos)
+    shifted = sum(len(memo) for memos in space._shifted_memos for memo in memos)
+    assert shifted > 0 and space._placed
+    assert len(computed) < looked_up
+
+
+def test_a_chunk_shift_moves_every_held_run_and_keeps_states_canonical():
+    """_shifted moves held runs by x chunks (there and back gives the state
+    back, chunk by chunk the masks move) and _first_held finds the first held
+    chunk; random states, seeded."""
+    import random
+
+    from synth.synthesis.semantics import _first_held, _make, _shifted
+
+    rng = random.Random(11)
+    k = 16
+    for _ in range(2000):
+        stops = sorted(rng.sample(range(1, k), rng.randint(0, 6))) + [k]
+        s = _make(stops, [rng.choice((0, 0, 0b1, 0b110, 0b1011)) for _ in stops])
+        per_chunk = [0] * k
+        for first, stop, mask in runs_of(s):
+            per_chunk[first:stop] = [mask] * (stop - first)
+        held = [c for c in range(k) if per_chunk[c]]
+        assert _first_held(s) == (held[0] if held else -1)
+        if not held:
+            continue
+        room = k - 1 - held[-1]
+        for x in {-held[0], 0, room}:
+            moved = _shifted(s, x, k)
+            want = [0] * k
+            for c in held:
+                want[c + x] = per_chunk[c]
+            got = [0] * k
+            for first, stop, mask in runs_of(moved):
+                got[first:stop] = [mask] * (stop - first)
+            assert got == want
+            assert moved == _make(*zip(*[(c + 1, m) for c, m in enumerate(want)]))  # canonical runs
+            assert _shifted(moved, -x, k) == s
+
+
+def test_interning_does_not_depend_on_which_mask_objects_a_state_holds():
+    """Device states are interned by value; masks are looked up by identity
+    first, so two equal states built from different int objects get one id."""
+    space = StateSpace((2, 4), Goal.ALLREDUCE, "device")
+    k = space.k
+    big_a = ((4, k), ((1 << 70) - 1, 0))
+    big_b = ((4, k), (int("1" * 70, 2), 0))
+    assert big_a[1][0] is not big_b[1][0] and big_a == big_b
+    assert space.intern(big_a) == space.intern(big_b)
+    assert space.device_states[space.intern(big_b)] == big_a
+    assert space.intern(((4, k), ((1 << 69) - 1, 0))) != space.intern(big_a)
 
 
 def test_containment_walk_agrees_with_a_chunk_by_chunk_check():

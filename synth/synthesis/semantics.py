@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache, reduce
+from itertools import chain
 from operator import and_, itemgetter
 from typing import Union
 
@@ -335,6 +336,22 @@ def _from_runs(runs: Sequence[Run], k: int) -> DeviceState:
         stops.append(k)
         masks.append(0)
     return _make(stops, masks)
+
+
+def _first_held(s: DeviceState) -> int:
+    """The first chunk ``s`` holds, or -1 if it holds none (runs are merged,
+    so only the first two runs need looking at). Works on profiles too."""
+    if s[1][0]:
+        return 0
+    return s[0][0] if len(s[0]) > 1 else -1
+
+
+def _shifted(s: DeviceState, x: int, k: int) -> DeviceState:
+    """``s`` with every held chunk ``c`` moved to ``c + x`` (the caller keeps
+    them inside ``0..k-1``). Works on profiles too. The rules commute with such
+    a move applied to every member of a group: they compare and combine
+    contributors chunk by chunk and split the held chunks in order."""
+    return _from_runs([(a + x, b + x, v) for a, b, v in runs_of(s)], k)
 
 
 def _contains(big: DeviceState, small: DeviceState) -> bool:
@@ -628,6 +645,8 @@ class Translations:
 
     def mask(self, mask: int, t: Sequence[int]) -> int:
         """The mask ``{e + t : e in mask}``."""
+        if mask == self.full:
+            return mask
         for level, x in enumerate(t):
             if x and mask:
                 mask = self._rotate(mask, level, x)
@@ -653,6 +672,8 @@ class Translations:
     def invariant(self, mask: int, levels: Sequence[int]) -> bool:
         """Whether the mask is its own translation by every value of the digits
         of ``levels`` (a shift by one generates them all)."""
+        if mask == self.full:  # every device: a common mask, and no rotation needed to see it
+            return True
         return all(self._rotate(mask, level, 1) == mask for level in levels if mask and self.sizes[level] > 1)
 
     def _rotate(self, mask: int, level: int, x: int) -> int:
@@ -740,13 +761,19 @@ class StateSpace:
         self._flat = [itemgetter(*(d for group in g.groups for d in group)) for g in self.groupings]
         self._size = [len(g.groups[0]) for g in self.groupings]
         self._pickers = [_picker(g.groups, self.k) for g in self.groupings]
-        self._ids: dict[DeviceState, int] = {}
+        # device state ids by (stops, mask ids); mask ids by value, and by the
+        # identity of mask objects held in stored states (see intern)
+        self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        self._mask_values: dict[int, int] = {}
+        self._mask_ids: dict[int, tuple[int, int]] = {}
+        self._mask_counts: list[int] = []  # per mask id: its number of contributors
         self.device_states: list[DeviceState] = []
         # profiles (profile_of) of the device states, interned
         self._profile_ids: dict[Profile, int] = {}
         self._profiles: list[Profile] = []
         self._profile: list[int] = []  # device state id -> profile id
         self._held: list[int] = []  # profile id -> held_bits
+        self._held_count: list[int] = []  # profile id -> number of held chunks
         self._passing: dict[tuple[int, ...], int] = {}  # member profiles -> bit set of collectives that pass them
         self._packed: list[int] = []  # per profile: holds all, complete, done, final, packed (see _delta)
         self._deltas: list[dict[tuple[int, ...], int]] = [{} for _ in Collective]  # per collective (see _delta)
@@ -762,6 +789,17 @@ class StateSpace:
         self._shapes: dict[tuple[tuple[int, ...], int], int] = {}  # (held chunks of the distinct profiles, size) -> _shape_bits
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
+        self._moved: dict[tuple[int, int], DeviceState] = {}  # see _move
+        # chunk shifts (see _compute_shifted): per state and profile id the first
+        # held chunk; the id moved to start at chunk 0; (id, shift) -> moved id
+        self._first: list[int] = []
+        self._profile_first: list[int] = []
+        self._canonical: dict[int, int] = {}
+        self._placed: dict[tuple[int, int], int] = {}
+        self._profile_canonical: dict[int, int] = {}
+        self._shifted_memos: list[list[dict[tuple, Outcome]]] = [[{} for _ in self.groupings] for _ in _COLLECTIVES]
+        self._shifted_passing: dict[tuple, int] = {}
+        self._done_profile = ((self.k,), (self.k,))  # every chunk from every device
         k, full = self.k, t.full
         if goal is Goal.ALLGATHER:
             self.start = tuple(self.intern(_make((d, d + 1, k), (0, 1, 0))) for d in range(k))
@@ -776,12 +814,27 @@ class StateSpace:
     # ---- device states
 
     def intern(self, s: DeviceState) -> int:
-        i = self._ids.get(s)
-        if i is None:
-            i = self._ids[s] = len(self.device_states)
+        masks = self._mask_ids
+        mask_ids = tuple(masks[id(m)][1] if id(m) in masks and masks[id(m)][0] is m else self._mask_id(m)
+                         for m in s[1])
+        i = self._ids.setdefault((s[0], mask_ids), len(self.device_states))
+        if i == len(self.device_states):
             self.device_states.append(s)
-            self._profile.append(self._intern_profile(profile_of(s)))
+            for m, mask_id in zip(s[1], mask_ids):  # stored for good: later states sharing these objects skip hashing
+                masks[id(m)] = (m, mask_id)
+            self._first.append(_first_held(s))
+            counts = self._mask_counts
+            self._profile.append(self._intern_profile(_make(s[0], [counts[m] for m in mask_ids])))
         return i
+
+    def _mask_id(self, mask: int) -> int:
+        """A small id per distinct mask value (hashing a mask of ``k`` bits
+        reads all of them; :meth:`intern` looks stored mask objects up by
+        identity first), and its number of contributors."""
+        out = self._mask_values.setdefault(mask, len(self._mask_values))
+        if out == len(self._mask_counts):
+            self._mask_counts.append(mask.bit_count())
+        return out
 
     def _intern_profile(self, profile: Profile) -> int:
         p = self._profile_ids.get(profile)
@@ -789,7 +842,9 @@ class StateSpace:
             k = self.k
             p = self._profile_ids[profile] = len(self._profiles)
             self._profiles.append(profile)
+            self._profile_first.append(_first_held(profile))
             self._held.append(held_bits(profile))
+            self._held_count.append(_count(profile))
             runs = runs_of(profile)
             holds_all = self._held[p] == (1 << k) - 1
             complete = all(count in (0, k) for count in profile[1])
@@ -873,9 +928,9 @@ class StateSpace:
         """The ordered chunk list of one group of a valid step, as ``(first,
         stop)`` runs (:func:`step_chunks`; which chunks are held is the same in
         every frame)."""
-        m = self._size[grouping]
-        key = self._flat[grouping](state)[group * m:(group + 1) * m]
-        members = key if collective is Collective.ALLGATHER else key[:1]
+        group_members = self.groupings[grouping].groups[group]
+        members = group_members if collective is Collective.ALLGATHER else group_members[:1]
+        members = tuple(state[d] for d in members)
         return tuple((a, b) for i in members for a, b, _ in runs_of(self.device_states[i]))
 
     def _passes(self, profiles: tuple[int, ...]) -> int:
@@ -886,24 +941,57 @@ class StateSpace:
         counts are looked at only for the collectives that pass it."""
         bits = self._passing.get(profiles)
         if bits is None:
-            counted = self._counted(profiles)
-            held = [self._held[p] for p, _ in counted]
-            if len(held) > 16:  # rare and large: hashing would cost more than checking
-                shape = _shape_bits(held, len(profiles))
-            else:
-                shape_key = (tuple(held), len(profiles))
-                shape = self._shapes.get(shape_key)
-                if shape is None:
-                    shape = self._shapes[shape_key] = _shape_bits(held, len(profiles))
-            bits = shape & _COUNT_FREE
-            if shape & _SUMMING:  # the same count check for the three summing collectives
-                if _count_reason(Collective.ALLREDUCE, [(self._profiles[p], n) for p, n in counted]) is None:
-                    bits |= shape & _SUMMING
-            if shape & _BROADCASTING:  # _count_reason of Broadcast, one pair of profiles at a time
-                root, exceeds = profiles[0], self._exceeds
-                if not any(exceeds[p, root] if (p, root) in exceeds else self._exceeding(p, root) for p, _ in counted):
-                    bits |= _BROADCASTING
-            self._passing[profiles] = bits
+            bits = self._passing[profiles] = self._passes_shifted(profiles)
+        return bits
+
+    def _passes_shifted(self, profiles: tuple[int, ...]) -> int:
+        """:meth:`_check_profiles`, shared by groups whose members' profiles are
+        the same up to one chunk shift (device frame; see :meth:`_compute_shifted`).
+        A root that is done (every chunk from every device) passes Broadcast
+        alone: it contains every member, and no other collective can run with it."""
+        if self._profiles[profiles[0]] == self._done_profile:
+            return _BROADCASTING
+        if not self._device_frame:
+            return self._check_profiles(profiles)
+        firsts = [self._profile_first[p] for p in profiles]
+        base = min((f for f in firsts if f >= 0), default=0)
+        if base <= 0:
+            return self._check_profiles(profiles)
+        canonical = tuple(self._canonical_profile(p) for p in profiles)
+        key = (canonical, tuple(f - base if f >= 0 else -1 for f in firsts))
+        bits = self._shifted_passing.get(key)
+        if bits is None:
+            bits = self._shifted_passing[key] = self._check_profiles(profiles)
+        return bits
+
+    def _canonical_profile(self, p: int) -> int:
+        """Profile ``p`` moved to start at chunk 0."""
+        out = self._profile_canonical.get(p)
+        if out is None:
+            first = self._profile_first[p]
+            out = p if first <= 0 else self._intern_profile(_shifted(self._profiles[p], -first, self.k))
+            self._profile_canonical[p] = out
+        return out
+
+    def _check_profiles(self, profiles: tuple[int, ...]) -> int:
+        """See :meth:`_passes` (not memoised)."""
+        counted = self._counted(profiles)
+        held = [self._held[p] for p, _ in counted]
+        if len(held) > 16:  # rare and large: hashing would cost more than checking
+            shape = _shape_bits(held, len(profiles))
+        else:
+            shape_key = (tuple(held), len(profiles))
+            shape = self._shapes.get(shape_key)
+            if shape is None:
+                shape = self._shapes[shape_key] = _shape_bits(held, len(profiles))
+        bits = shape & _COUNT_FREE
+        if shape & _SUMMING:  # the same count check for the three summing collectives
+            if _count_reason(Collective.ALLREDUCE, [(self._profiles[p], n) for p, n in counted]) is None:
+                bits |= shape & _SUMMING
+        if shape & _BROADCASTING:  # _count_reason of Broadcast, one pair of profiles at a time
+            root, exceeds = profiles[0], self._exceeds
+            if not any(exceeds[p, root] if (p, root) in exceeds else self._exceeding(p, root) for p, _ in counted):
+                bits |= _BROADCASTING
         return bits
 
     def _exceeding(self, p: int, root: int) -> bool:
@@ -927,6 +1015,65 @@ class StateSpace:
                 members = self._counted(profiles)
                 return _profile_reason(collective, [(self._profiles[p], n) for p, n in members], len(profiles),
                                        [self._held[p] for p, _ in members])
+        if collective is Collective.BROADCAST and key[0] == self._goal_id and self.goal is not Goal.ALLGATHER:
+            # the root holds every chunk from every device: it contains every member
+            if key.count(key[0]) == len(key):
+                return "no member gains information"
+            return (key[0],) * len(key), self.k
+        if collective is Collective.BROADCAST and not self._device_frame:
+            return self._broadcast(key)
+        if self._device_frame and checked:
+            return self._compute_shifted(grouping, collective, key)
+        return self._compute_here(grouping, collective, key)
+
+    def _compute_shifted(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
+        """:meth:`_compute_here`, shared by groups whose members are the same up
+        to one chunk shift: a group whose members hold nothing below chunk
+        ``base`` is computed once with every member moved down by ``base``
+        (memoised per the members' states moved to start at chunk 0 and their
+        shifts relative to ``base``), and the results are moved back up. After a
+        ReduceScatter over many devices each device holds other chunks, so every
+        group's ids differ while the groups are shifts of one another.
+
+        A step that fails is computed again unshifted: its reason names chunks."""
+        firsts = self._first
+        shifts = [firsts[i] for i in key]
+        base = min((f for f in shifts if f >= 0), default=0)
+        if base <= 0:
+            return self._compute_here(grouping, collective, key)
+        canonical = tuple(map(self._canonical_state, key))
+        moved = tuple(f - base if f >= 0 else -1 for f in shifts)
+        memo = self._shifted_memos[_BIT[collective]][grouping]
+        out = memo.get((canonical, moved))
+        if out is None:
+            down = tuple(c if f < 0 else self._place(c, f) for c, f in zip(canonical, moved))
+            out = memo[canonical, moved] = self._compute_here(grouping, collective, down)
+        if out.__class__ is str:
+            return self._compute_here(grouping, collective, key)
+        ids, load = out
+        up = tuple(r if firsts[r] < 0 else self._place(self._canonical_state(r), firsts[r] + base) for r in ids)
+        return up, load
+
+    def _canonical_state(self, i: int) -> int:
+        """Device state ``i`` moved to start at chunk 0."""
+        out = self._canonical.get(i)
+        if out is None:
+            first = self._first[i]
+            out = i if first <= 0 else self.intern(_shifted(self.device_states[i], -first, self.k))
+            self._canonical[i] = out
+        return out
+
+    def _place(self, c: int, x: int) -> int:
+        """Device state ``c`` (starting at chunk 0) moved up by ``x`` chunks."""
+        if x == 0:
+            return c
+        out = self._placed.get((c, x))
+        if out is None:
+            out = self._placed[c, x] = self.intern(_shifted(self.device_states[c], x, self.k))
+        return out
+
+    def _compute_here(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
+        """:meth:`_compute` once the profile checks have passed."""
         if collective is Collective.BROADCAST and not self._device_frame:
             return self._broadcast(key)
         states = self.device_states
@@ -949,9 +1096,9 @@ class StateSpace:
             ids = tuple(interned[id(s)] if id(s) in interned else interned.setdefault(id(s), self.intern(s))
                         for s in result)
         if collective is Collective.ALLGATHER:
-            load = sum(self._held[self._profile[i]].bit_count() for i in key)
+            load = sum(self._held_count[self._profile[i]] for i in key)
         else:
-            load = self._held[self._profile[key[0]]].bit_count()
+            load = self._held_count[self._profile[key[0]]]
         return ids, load
 
     def _broadcast(self, key: tuple[int, ...]) -> Outcome:
@@ -970,7 +1117,7 @@ class StateSpace:
                 return "a member holds data the root does not contain"
         if not others:
             return "no member gains information"
-        return (root,) * len(key), self._held[self._profile[root]].bit_count()
+        return (root,) * len(key), self._held_count[self._profile[root]]
 
     def _general(self, grouping: int, collective: Collective, key: tuple[int, ...], distinct: tuple[int, ...],
                  members: list[DeviceState]):
@@ -986,8 +1133,25 @@ class StateSpace:
             if not all(_contains(root, s) for s in states):
                 return "a member holds data the root does not contain"
             return [root] * len(key)  # distinct[1:] is non-empty: some member gains
-        aligned = [s if self._invariant(grouping, i) else t.state(s, o)
-                   for i, s, o in zip(key, members, self._offsets[grouping])]
+        if collective is Collective.BROADCAST:
+            # members one at a time, so that the first one the root does not
+            # contain ends the walk (big groups: most such Broadcasts fail early)
+            root, gains = members[0], False
+            for i, s, d in zip(key, members, self.groupings[grouping].groups[0]):
+                aligned = s if self._invariant(grouping, i) else self._moved.get((i, d)) or self._move(i, d)
+                if aligned != root:
+                    if not _contains(root, aligned):
+                        return "a member holds data the root does not contain"
+                    gains = True
+            if not gains:
+                return "no member gains information"
+            return [t.state(root, o) for o in self._inverse_offsets[grouping]]
+        if collective in _REDUCING and (grouping, key) in self._sums:
+            aligned = members  # the sum is memoised: the members are not looked at again
+        else:
+            moved, invariant = self._moved, self._invariant
+            aligned = [s if invariant(grouping, i) else moved[i, d] if (i, d) in moved else self._move(i, d)
+                       for i, s, d in zip(key, members, self.groupings[grouping].groups[0])]
         result = self._rule(collective, aligned, (grouping, key))
         if isinstance(result, str):
             return result
@@ -996,6 +1160,13 @@ class StateSpace:
         if all(t.invariant(m, varied) for m in masks.values()):
             return result
         return [t.state(s, o) for s, o in zip(result, self._inverse_offsets[grouping])]
+
+    def _move(self, i: int, d: int) -> DeviceState:
+        """Device state ``i`` with its masks translated by the digits of device
+        ``d`` (a member's offset from its group's root), memoised in ``_moved``:
+        the same stored states meet the same offsets in many groups and steps."""
+        out = self._moved[i, d] = self.translations.state(self.device_states[i], self.translations.digits(d))
+        return out
 
     def _rule(self, collective: Collective, members: list[DeviceState], sum_key: tuple):
         """:func:`_apply_counted`, with the sum of a group shared by AllReduce,
@@ -1060,31 +1231,36 @@ class StateSpace:
         wanted = sum(1 << _BIT[c] for c in collectives)
         profiles = tuple(map(self._profile.__getitem__, state))
         totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
-        passing, passes, k = self._passing, self._passes, self.k
+        passing, passes = self._passing, self._passes
         chosen = self._chosen.get(tuple(collectives), {})
         for g, flat in enumerate(self._flat):
-            m = self._size[g]
-            members = flat(profiles)
-            keys = list(zip(*[iter(members)] * m)) if m < k else [members]
+            # the groups' profiles, each distinct one once with how many groups have it
+            counted = Counter(self._keys(g, flat(profiles)))
             try:
-                ok = reduce(and_, map(passing.__getitem__, keys), wanted)
+                ok = reduce(and_, map(passing.__getitem__, counted), wanted)
             except KeyError:  # some group's profiles are new: check group by group
                 ok = wanted
-                for key in keys:
+                for key in counted:
                     bits = passing.get(key)
                     ok &= passes(key) if bits is None else bits
                     if not ok:
                         break
             if not ok:
                 continue
-            ids = flat(state)
+            keys = self._keys(g, flat(state))
             for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
-                if lookahead is not None and not self._ahead(totals, c, keys, lookahead):
+                if lookahead is not None and not self._ahead(totals, c, counted, lookahead):
                     continue
-                done = self._apply(state, g, c, ids)
+                done = self._apply(state, g, c, keys)
                 if done.__class__ is not str:
                     out.append((g, c) + done)
         return out
+
+    def _keys(self, grouping: int, flat: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """``flat`` (a value per member of every group of ``grouping``,
+        group-major) cut into one tuple per group."""
+        m = self._size[grouping]
+        return list(zip(*[iter(flat)] * m)) if m < self.k else [flat]
 
     def _choose(self, collectives: Sequence[Collective], ok: int) -> tuple[Collective, ...]:
         """The ``collectives`` (in their order) whose bits are set in ``ok``,
@@ -1092,46 +1268,54 @@ class StateSpace:
         out = self._chosen.setdefault(tuple(collectives), {})[ok] = tuple(c for c in collectives if ok >> _BIT[c] & 1)
         return out
 
-    def _ahead(self, totals: int, collective: Collective, keys: list[tuple[int, ...]], lookahead: str) -> bool:
+    def _ahead(self, totals: int, collective: Collective, counted: Counter, lookahead: str) -> bool:
         """Whether the state after ``collective`` on groups with profile ids
-        ``keys`` can pass :meth:`may_finish` (``"finish"``) or be the goal
+        ``counted`` (each distinct group's profiles, with how many groups have
+        them) can pass :meth:`may_finish` (``"finish"``) or be the goal
         (``"goal"``): both depend on the four counts only."""
         deltas = self._deltas[_BIT[collective]]
-        try:
-            change = sum(map(deltas.__getitem__, keys))
-        except KeyError:
-            change = sum(self._delta(collective, key) for key in keys)
-        after = totals + change - len(keys) * _OFFSETS
+        change = 0
+        for key, n in counted.items():
+            delta = deltas.get(key)
+            change += n * (self._delta(collective, key) if delta is None else delta)
+        after = totals + change - counted.total() * _OFFSETS
         if lookahead == "goal":
             return (after >> (_FIELD * 3)) & _MASK == self.k
         return (self.goal is not Goal.ALLREDUCE or after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k
                 or (after >> (_FIELD * 2)) & _MASK > 0)
 
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
-               ids: tuple[int, ...], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
-        """The next state and loads of one step on members ``ids`` (the flat
-        members of ``grouping``), or why it is invalid. Without ``explain`` (the
-        search) every group is known to pass the profile checks, and the reason
-        does not name the failing group (the search drops it)."""
-        m = self._size[grouping]
+               keys: list[tuple[int, ...]], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
+        """The next state and loads of one step whose groups' members store
+        ``keys`` (:meth:`_keys`), or why it is invalid. Each distinct key is
+        computed once (groups storing the same ids have the same outcome).
+        Without ``explain`` (the search) every group is known to pass the
+        profile checks, and the reason does not name the failing group (the
+        search drops it)."""
         memo = self._memos[_BIT[collective]][grouping]
-        result: list[int] = []
-        loads = []
-        for j, key in enumerate(zip(*[iter(ids)] * m) if m < self.k else (ids,)):
+        outcomes: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
+        for key in dict.fromkeys(keys):  # distinct keys, in group order
             outcome = memo.get(key)
             if outcome is None:
                 outcome = memo[key] = self._compute(grouping, collective, key, not explain)
             if outcome.__class__ is str:
-                return f"group {list(self.groupings[grouping].groups[j])}: {outcome}" if explain else outcome
-            result += outcome[0]
-            loads.append(outcome[1])
-        nxt = self._pickers[grouping](tuple(result) + state)
-        return NO_CHANGE if nxt == state else (nxt, tuple(loads))
+                if explain:
+                    return f"group {list(self.groupings[grouping].groups[keys.index(key)])}: {outcome}"
+                return outcome
+            outcomes[key] = outcome
+        if len(outcomes) == 1:
+            ((new, load),) = outcomes.values()
+            result, loads = new * len(keys), (load,) * len(keys)
+        else:
+            result = tuple(chain.from_iterable(outcomes[key][0] for key in keys))
+            loads = tuple(outcomes[key][1] for key in keys)
+        nxt = self._pickers[grouping](result + state)
+        return NO_CHANGE if nxt == state else (nxt, loads)
 
     def step(self, state: tuple[int, ...], grouping: int, collective: Collective) -> tuple[int, ...] | str:
         """The state after one instruction, or why it is invalid (group lists name
         synthesis indices)."""
-        done = self._apply(state, grouping, collective, self._flat[grouping](state), explain=True)
+        done = self._apply(state, grouping, collective, self._keys(grouping, self._flat[grouping](state)), explain=True)
         return done if isinstance(done, str) else done[0]
 
 
