@@ -400,3 +400,36 @@ def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the
                     nxt.append(new)
         frontier = nxt
     assert kept > 0 and len(seen) > 30
+
+
+def test_held_chunk_runs_agree_with_chunk_sets():
+    """The shape checks work on merged runs of held chunks (a bitmask per
+    member would cost k bits each): containment, union size and counts must
+    say what the chunk sets say; random states, seeded."""
+    import random
+
+    from synth.synthesis.semantics import _held_count, _make, _union_count, _within, held_runs
+
+    rng = random.Random(5)
+    k = 14
+
+    def random_state():
+        stops = sorted(rng.sample(range(1, k), rng.randint(0, 6))) + [k]
+        return _make(stops, [rng.choice((0, 0, 0b1, 0b10, 0b11)) for _ in stops])
+
+    def chunks(s):
+        return {c for first, stop, _ in runs_of(s) for c in range(first, stop)}
+
+    outcomes = set()
+    for _ in range(3000):
+        states = [random_state() for _ in range(rng.randint(1, 4))]
+        runs = [held_runs(s) for s in states]
+        sets = [chunks(s) for s in states]
+        for r, c in zip(runs, sets):
+            assert _held_count(r) == len(c)
+            assert {x for a, b in r for x in range(a, b)} == c
+            assert all(b1 < a2 for (_, b1), (a2, _) in zip(r, r[1:]))  # merged: no touching runs
+        assert _union_count(runs) == len(set().union(*sets))
+        assert _within(runs[-1], runs[0]) == (sets[-1] <= sets[0])
+        outcomes.add(sets[-1] <= sets[0])
+    assert outcomes == {True, False}

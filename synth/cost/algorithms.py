@@ -64,7 +64,7 @@ def tree_rounds(buckets: tuple[int, ...]) -> tuple[Round, ...]:
     rotated by one), ``S/2`` per tree. Pipelined: the broadcast down runs while the
     reduce goes up, on the other direction of each link, so both are one round
     (its latency is counted by :func:`nccl_hops`)."""
-    starts = [sum(buckets[:i]) for i in range(len(buckets))]
+    starts = list(itertools.accumulate(buckets, initial=0))[:-1]  # each bucket's first member
     chain = [(s + j + 1, s + j) for s, size in zip(starts, buckets) for j in range(size - 1)]
     tree = double_binary_tree(starts) if len(starts) > 1 else []
     up = chain + tree
@@ -188,7 +188,7 @@ def nccl_rounds(algorithm: str, collective: Collective, m: int, buckets: tuple[i
         return (uniform(ring, tuple((i + 1) % m for i in range(m)), fraction),)
     if algorithm == "nvlstree":
         b = min(buckets)
-        starts = [sum(buckets[:i]) for i in range(len(buckets))]
+        starts = list(itertools.accumulate(buckets, initial=0))[:-1]  # each bucket's first member
         intra = [(s + j, s + (j + 1) % b) for s in starts for j in range(b)] if b > 1 else []
         up = [edge for j in range(b) for edge in double_binary_tree([s + j for s in starts])]
         inter = up + [(c, a) for a, c in up]

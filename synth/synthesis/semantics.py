@@ -373,50 +373,84 @@ def _contains(big: DeviceState, small: DeviceState) -> bool:
 _REDUCING = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.REDUCE)
 
 
-def held_bits(s: DeviceState) -> int:
-    """The chunks ``s`` holds as a bitmask (bit ``c`` = chunk ``c``)."""
-    bits, first = 0, 0
+HeldRuns = tuple[tuple[int, int], ...]  # the chunks a state holds: sorted, disjoint, non-adjacent (first, stop) runs
+
+
+def held_runs(s: DeviceState) -> HeldRuns:
+    """The chunks ``s`` holds, as merged runs (neighbouring held runs with
+    different contributors are one run here)."""
+    out: list[tuple[int, int]] = []
+    first = 0
     for stop, mask in zip(*s):
         if mask:
-            bits |= (1 << stop) - (1 << first)
+            if out and out[-1][1] == first:
+                out[-1] = (out[-1][0], stop)
+            else:
+                out.append((first, stop))
         first = stop
-    return bits
+    return tuple(out)
 
 
-def _shape_bits(held: Sequence[int], size: int) -> int:
+def _held_count(held: HeldRuns) -> int:
+    return sum(b - a for a, b in held)
+
+
+def _within(small: HeldRuns, big: HeldRuns) -> bool:
+    """Every chunk of ``small`` is in ``big`` (runs are merged, so each run of
+    ``small`` lies inside one run of ``big``)."""
+    j = 0
+    for a, b in small:
+        while j < len(big) and big[j][1] <= a:
+            j += 1
+        if j == len(big) or big[j][0] > a or big[j][1] < b:
+            return False
+    return True
+
+
+def _union_count(helds: Sequence[HeldRuns]) -> int:
+    """How many chunks the union of ``helds`` holds."""
+    total, reach = 0, 0
+    for a, b in sorted(run for held in helds for run in held):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def _shape_bits(held: Sequence[HeldRuns], size: int) -> int:
     """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) that
     pass :func:`_shape_reason` on ``held`` and ``size``."""
     return sum(1 << i for i, c in enumerate(Collective) if _shape_reason(c, held, size) is None)
 
 
-def _shape_reason(collective: Collective, held: Sequence[int], size: int) -> str | None:
+def _shape_reason(collective: Collective, held: Sequence[HeldRuns], size: int) -> str | None:
     """Why the collective cannot run on a group of ``size`` members holding the
-    chunks ``held`` (:func:`held_bits`, root first; members that hold the same
+    chunks ``held`` (:func:`held_runs`, root first; members that hold the same
     state may be given once), judged without their contributors, or None.
-    :func:`apply_collective` checks this first, so these are its reasons too."""
+    :func:`apply_collective` checks this first, so these are its reasons too.
+    Chunk sets are runs, not bitmasks: with ``k`` chunks a bitmask per member
+    is ``k`` bits, and groups of ``k`` members would cost ``k**2``."""
     root = held[0]
     if collective is Collective.ALLGATHER:
-        count = root.bit_count()
-        if any(h.bit_count() != count for h in held):
+        count = _held_count(root)
+        if any(_held_count(h) != count for h in held):
             return "members hold different numbers of chunks"
-        union = 0
-        for h in held:
-            union |= h
-        if union.bit_count() != count * size:  # a state given once for several members overlaps itself
+        if _union_count(held) != count * size:  # a state given once for several members overlaps itself
             return "members hold overlapping chunks"
         return None
     if collective is Collective.BROADCAST:
         if not root:
             return "the root holds no data"
-        if any(h & ~root for h in held):
+        if not all(_within(h, root) for h in held):
             return "a member holds data the root does not contain"
         return None
     if any(h != root for h in held):
         return "members hold different chunks"
     if not root:
         return "a member holds no data"
-    if collective is Collective.REDUCESCATTER and root.bit_count() % size:
-        return f"{root.bit_count()} held chunks do not split evenly into {size} parts"
+    count = _held_count(root)
+    if collective is Collective.REDUCESCATTER and count % size:
+        return f"{count} held chunks do not split evenly into {size} parts"
     return None
 
 
@@ -431,14 +465,14 @@ def profile_of(s: DeviceState) -> Profile:
 
 
 def _profile_reason(collective: Collective, members: Sequence[tuple[Profile, int]], size: int,
-                    held: Sequence[int] | None = None) -> str | None:
+                    held: Sequence[HeldRuns] | None = None) -> str | None:
     """Why the collective cannot run on a group of ``size`` members, judged on
     their profiles alone, or None. ``members`` are ``(profile, how many members
     have it)``, root first. First which chunks are held (:func:`_shape_reason`),
     then how many contributors they carry (:func:`_count_reason`).
     :func:`apply_collective` checks this before looking at any mask, so these
     are its reasons too."""
-    reason = _shape_reason(collective, [held_bits(p) for p, _ in members] if held is None else held, size)
+    reason = _shape_reason(collective, [held_runs(p) for p, _ in members] if held is None else held, size)
     return reason if reason is not None else _count_reason(collective, members)
 
 
@@ -699,6 +733,12 @@ Outcome = Union[tuple[tuple[int, ...], int], str]  # (members' new ids, chunks m
 DEVICE_FRAME_FROM = 512
 
 
+#: groups of at most this many members are shared across chunk shifts
+#: (:meth:`StateSpace._compute_shifted`): larger groups are few per step, and
+#: normalising them costs more than sharing saves
+SHIFTED_GROUPS_UPTO = 64
+
+
 class StateSpace:
     """The semantics as the search and the tracer use it, on one synthesis
     hierarchy (its sizes) and goal.
@@ -772,7 +812,7 @@ class StateSpace:
         self._profile_ids: dict[Profile, int] = {}
         self._profiles: list[Profile] = []
         self._profile: list[int] = []  # device state id -> profile id
-        self._held: list[int] = []  # profile id -> held_bits
+        self._held: list[HeldRuns] = []  # profile id -> held_runs
         self._held_count: list[int] = []  # profile id -> number of held chunks
         self._passing: dict[tuple[int, ...], int] = {}  # member profiles -> bit set of collectives that pass them
         self._packed: list[int] = []  # per profile: holds all, complete, done, final, packed (see _delta)
@@ -843,10 +883,10 @@ class StateSpace:
             p = self._profile_ids[profile] = len(self._profiles)
             self._profiles.append(profile)
             self._profile_first.append(_first_held(profile))
-            self._held.append(held_bits(profile))
+            self._held.append(held_runs(profile))
             self._held_count.append(_count(profile))
             runs = runs_of(profile)
-            holds_all = self._held[p] == (1 << k) - 1
+            holds_all = self._held[p] == ((0, k),)
             complete = all(count in (0, k) for count in profile[1])
             done = profile == ((k,), (k,))
             if self.goal is Goal.REDUCESCATTER:
@@ -951,7 +991,7 @@ class StateSpace:
         alone: it contains every member, and no other collective can run with it."""
         if self._profiles[profiles[0]] == self._done_profile:
             return _BROADCASTING
-        if not self._device_frame:
+        if not self._device_frame or len(profiles) > SHIFTED_GROUPS_UPTO:
             return self._check_profiles(profiles)
         firsts = [self._profile_first[p] for p in profiles]
         base = min((f for f in firsts if f >= 0), default=0)
@@ -1022,7 +1062,7 @@ class StateSpace:
             return (key[0],) * len(key), self.k
         if collective is Collective.BROADCAST and not self._device_frame:
             return self._broadcast(key)
-        if self._device_frame and checked:
+        if self._device_frame and checked and len(key) <= SHIFTED_GROUPS_UPTO:
             return self._compute_shifted(grouping, collective, key)
         return self._compute_here(grouping, collective, key)
 
@@ -1234,13 +1274,12 @@ class StateSpace:
         passing, passes = self._passing, self._passes
         chosen = self._chosen.get(tuple(collectives), {})
         for g, flat in enumerate(self._flat):
-            # the groups' profiles, each distinct one once with how many groups have it
-            counted = Counter(self._keys(g, flat(profiles)))
+            counted = self._keys(g, flat(profiles))  # each group's members' profiles
             try:
                 ok = reduce(and_, map(passing.__getitem__, counted), wanted)
-            except KeyError:  # some group's profiles are new: check group by group
+            except KeyError:  # some group's profiles are new: check each distinct group
                 ok = wanted
-                for key in counted:
+                for key in dict.fromkeys(counted):
                     bits = passing.get(key)
                     ok &= passes(key) if bits is None else bits
                     if not ok:
@@ -1268,17 +1307,16 @@ class StateSpace:
         out = self._chosen.setdefault(tuple(collectives), {})[ok] = tuple(c for c in collectives if ok >> _BIT[c] & 1)
         return out
 
-    def _ahead(self, totals: int, collective: Collective, counted: Counter, lookahead: str) -> bool:
+    def _ahead(self, totals: int, collective: Collective, keys: list[tuple[int, ...]], lookahead: str) -> bool:
         """Whether the state after ``collective`` on groups with profile ids
-        ``counted`` (each distinct group's profiles, with how many groups have
-        them) can pass :meth:`may_finish` (``"finish"``) or be the goal
+        ``keys`` can pass :meth:`may_finish` (``"finish"``) or be the goal
         (``"goal"``): both depend on the four counts only."""
         deltas = self._deltas[_BIT[collective]]
-        change = 0
-        for key, n in counted.items():
-            delta = deltas.get(key)
-            change += n * (self._delta(collective, key) if delta is None else delta)
-        after = totals + change - counted.total() * _OFFSETS
+        try:
+            change = sum(map(deltas.__getitem__, keys))
+        except KeyError:
+            change = sum(self._delta(collective, key) for key in keys)
+        after = totals + change - len(keys) * _OFFSETS
         if lookahead == "goal":
             return (after >> (_FIELD * 3)) & _MASK == self.k
         return (self.goal is not Goal.ALLREDUCE or after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k
@@ -1326,10 +1364,10 @@ _BIT = {c: i for i, c in enumerate(_COLLECTIVES)}
 _COUNT_FREE = 1 << _BIT[Collective.ALLGATHER]
 _SUMMING = sum(1 << _BIT[c] for c in _REDUCING)
 _BROADCASTING = 1 << _BIT[Collective.BROADCAST]
-_FIELD = 48
+_FIELD = 64
 _MASK = (1 << _FIELD) - 1
 #: added to each group's change of the packed counts: the sum over a step's
-#: groups (at most 2**15 of them) stays below 2**47 per field
+#: groups (fewer than 2**18 of them: topology.MAX_DEVICES) stays below 2**51 per field
 _OFFSETS = sum((1 << 32) << (_FIELD * i) for i in range(4))
 
 
