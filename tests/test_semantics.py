@@ -408,7 +408,15 @@ def test_held_chunk_runs_agree_with_chunk_sets():
     say what the chunk sets say; random states, seeded."""
     import random
 
-    from synth.synthesis.semantics import _held_count, _make, _union_count, _within, held_runs
+    from synth.synthesis.semantics import (
+        _held_count,
+        _make,
+        _shape_bits,
+        _shape_reason,
+        _union_count,
+        _within,
+        held_runs,
+    )
 
     rng = random.Random(5)
     k = 14
@@ -420,7 +428,7 @@ def test_held_chunk_runs_agree_with_chunk_sets():
     def chunks(s):
         return {c for first, stop, _ in runs_of(s) for c in range(first, stop)}
 
-    outcomes = set()
+    outcomes, passing = set(), set()
     for _ in range(3000):
         states = [random_state() for _ in range(rng.randint(1, 4))]
         runs = [held_runs(s) for s in states]
@@ -432,4 +440,9 @@ def test_held_chunk_runs_agree_with_chunk_sets():
         assert _union_count(runs) == len(set().union(*sets))
         assert _within(runs[-1], runs[0]) == (sets[-1] <= sets[0])
         outcomes.add(sets[-1] <= sets[0])
+        size = len(runs) + rng.randint(0, 1)  # a state given once for two members, sometimes
+        want = sum(1 << i for i, c in enumerate(Collective) if _shape_reason(c, runs, size) is None)
+        assert _shape_bits(runs, size) == want, (runs, size)
+        passing.add(want)
     assert outcomes == {True, False}
+    assert len(passing) >= 4  # several different combinations of passing collectives were met

@@ -373,6 +373,7 @@ def _contains(big: DeviceState, small: DeviceState) -> bool:
 _REDUCING = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.REDUCE)
 
 
+_BITS_OF = {c: 1 << i for i, c in enumerate(Collective)}
 HeldRuns = tuple[tuple[int, int], ...]  # the chunks a state holds: sorted, disjoint, non-adjacent (first, stop) runs
 
 
@@ -419,8 +420,20 @@ def _union_count(helds: Sequence[HeldRuns]) -> int:
 
 def _shape_bits(held: Sequence[HeldRuns], size: int) -> int:
     """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) that
-    pass :func:`_shape_reason` on ``held`` and ``size``."""
-    return sum(1 << i for i, c in enumerate(Collective) if _shape_reason(c, held, size) is None)
+    pass :func:`_shape_reason` on ``held`` and ``size``: the same checks, each
+    quantity computed once for the five."""
+    root = held[0]
+    bits = 0
+    if root and all(h == root for h in held):
+        bits |= _BITS_OF[Collective.ALLREDUCE] | _BITS_OF[Collective.REDUCE]
+        if _held_count(root) % size == 0:
+            bits |= _BITS_OF[Collective.REDUCESCATTER]
+    if root and all(_within(h, root) for h in held):
+        bits |= _BITS_OF[Collective.BROADCAST]
+    count = _held_count(root)
+    if all(_held_count(h) == count for h in held) and _union_count(held) == count * size:
+        bits |= _BITS_OF[Collective.ALLGATHER]
+    return bits
 
 
 def _shape_reason(collective: Collective, held: Sequence[HeldRuns], size: int) -> str | None:
@@ -839,7 +852,7 @@ class StateSpace:
         self._profile_canonical: dict[int, int] = {}
         self._shifted_memos: list[list[dict[tuple, Outcome]]] = [[{} for _ in self.groupings] for _ in _COLLECTIVES]
         self._shifted_passing: dict[tuple, int] = {}
-        self._done_profile = ((self.k,), (self.k,))  # every chunk from every device
+        self._done_profile = self._intern_profile(((self.k,), (self.k,)))  # every chunk from every device
         k, full = self.k, t.full
         if goal is Goal.ALLGATHER:
             self.start = tuple(self.intern(_make((d, d + 1, k), (0, 1, 0))) for d in range(k))
@@ -981,18 +994,21 @@ class StateSpace:
         counts are looked at only for the collectives that pass it."""
         bits = self._passing.get(profiles)
         if bits is None:
-            bits = self._passing[profiles] = self._passes_shifted(profiles)
+            if profiles[0] == self._done_profile:  # see _passes_shifted
+                bits = _BROADCASTING
+            elif self._device_frame and len(profiles) <= SHIFTED_GROUPS_UPTO:
+                bits = self._passes_shifted(profiles)
+            else:
+                bits = self._check_profiles(profiles)
+            self._passing[profiles] = bits
         return bits
 
     def _passes_shifted(self, profiles: tuple[int, ...]) -> int:
         """:meth:`_check_profiles`, shared by groups whose members' profiles are
         the same up to one chunk shift (device frame; see :meth:`_compute_shifted`).
-        A root that is done (every chunk from every device) passes Broadcast
-        alone: it contains every member, and no other collective can run with it."""
-        if self._profiles[profiles[0]] == self._done_profile:
-            return _BROADCASTING
-        if not self._device_frame or len(profiles) > SHIFTED_GROUPS_UPTO:
-            return self._check_profiles(profiles)
+        (:meth:`_passes` first lets a root that is done, every chunk from every
+        device, pass Broadcast alone: it contains every member, and no other
+        collective can run with it.)"""
         firsts = [self._profile_first[p] for p in profiles]
         base = min((f for f in firsts if f >= 0), default=0)
         if base <= 0:
@@ -1273,8 +1289,11 @@ class StateSpace:
         totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
         passing, passes = self._passing, self._passes
         chosen = self._chosen.get(tuple(collectives), {})
+        k = self.k
         for g, flat in enumerate(self._flat):
-            counted = self._keys(g, flat(profiles))  # each group's members' profiles
+            m = self._size[g]
+            members = flat(profiles)
+            counted = list(zip(*[iter(members)] * m)) if m < k else [members]  # each group's members' profiles
             try:
                 ok = reduce(and_, map(passing.__getitem__, counted), wanted)
             except KeyError:  # some group's profiles are new: check each distinct group
@@ -1286,7 +1305,8 @@ class StateSpace:
                         break
             if not ok:
                 continue
-            keys = self._keys(g, flat(state))
+            ids = flat(state)
+            keys = list(zip(*[iter(ids)] * m)) if m < k else [ids]
             for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
                 if lookahead is not None and not self._ahead(totals, c, counted, lookahead):
                     continue
@@ -1325,28 +1345,29 @@ class StateSpace:
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
                keys: list[tuple[int, ...]], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
         """The next state and loads of one step whose groups' members store
-        ``keys`` (:meth:`_keys`), or why it is invalid. Each distinct key is
-        computed once (groups storing the same ids have the same outcome).
-        Without ``explain`` (the search) every group is known to pass the
+        ``keys`` (:meth:`_keys`), or why it is invalid. Outcomes are memoised
+        per key; when every group stores the same ids (a uniform state) one
+        lookup serves them all. Without ``explain`` (the search) every group is known to pass the
         profile checks, and the reason does not name the failing group (the
         search drops it)."""
         memo = self._memos[_BIT[collective]][grouping]
-        outcomes: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
-        for key in dict.fromkeys(keys):  # distinct keys, in group order
+        if len(keys) == 1 or keys.count(keys[0]) == len(keys):  # every group stores the same ids
+            uniform: list[tuple[int, ...]] = keys[:1]
+        else:
+            uniform = []
+        result: list[int] = []
+        loads = []
+        for j, key in enumerate(uniform or keys):
             outcome = memo.get(key)
             if outcome is None:
                 outcome = memo[key] = self._compute(grouping, collective, key, not explain)
             if outcome.__class__ is str:
-                if explain:
-                    return f"group {list(self.groupings[grouping].groups[keys.index(key)])}: {outcome}"
-                return outcome
-            outcomes[key] = outcome
-        if len(outcomes) == 1:
-            ((new, load),) = outcomes.values()
-            result, loads = new * len(keys), (load,) * len(keys)
-        else:
-            result = tuple(chain.from_iterable(outcomes[key][0] for key in keys))
-            loads = tuple(outcomes[key][1] for key in keys)
+                return f"group {list(self.groupings[grouping].groups[j])}: {outcome}" if explain else outcome
+            result += outcome[0]
+            loads.append(outcome[1])
+        if uniform:
+            result, loads = result * len(keys), loads * len(keys)
+        result, loads = tuple(result), tuple(loads)
         nxt = self._pickers[grouping](result + state)
         return NO_CHANGE if nxt == state else (nxt, loads)
 
