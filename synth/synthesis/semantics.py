@@ -785,6 +785,22 @@ class StateSpace:
     group depends only on the collective, the grouping and its members' stored
     ids, and is computed once for all groups with the same ids (an orbit; in a
     uniform state all groups of a grouping are one orbit) and memoised.
+
+    **Chunk shifts.** The rules also commute with moving every held chunk of a
+    group's members by the same amount (they compare contributors chunk by
+    chunk and split the held chunks in order). After a ReduceScatter over many
+    devices every device holds other chunks, so every group's ids differ; in
+    the device frame a group of at most :data:`SHIFTED_GROUPS_UPTO` members
+    that holds nothing below some chunk is computed once, moved down to chunk
+    0, for every group that is a shift of it (:meth:`_compute_shifted`, and
+    :meth:`_passes_shifted` for the profile checks).
+
+    **Masks.** A contributor mask has ``k`` bits, so anything done per member
+    of a group of ``k`` members costs ``k**2``: held chunks are runs, not
+    bitmasks (:func:`held_runs`); device states are interned by mask ids, each
+    mask object of a stored state looked up by identity (hashing a mask reads
+    all its bits), with its contributor count; translations are memoised per
+    (state, offset) and a Broadcast's members are compared one at a time.
     """
 
     def __init__(self, sizes: Sequence[int], goal: Goal, frame: str | None = None) -> None:
@@ -814,9 +830,11 @@ class StateSpace:
         self._flat = [itemgetter(*(d for group in g.groups for d in group)) for g in self.groupings]
         self._size = [len(g.groups[0]) for g in self.groupings]
         self._pickers = [_picker(g.groups, self.k) for g in self.groupings]
-        # device state ids by (stops, mask ids); mask ids by value, and by the
-        # identity of mask objects held in stored states (see intern)
-        self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        # device state ids by (stops, mask ids), or by value (_by_value); mask
+        # ids by value, and by the identity of mask objects held in stored states
+        self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]] | DeviceState, int] = {}
+        # below DEVICE_FRAME_FROM devices masks are short and hash quickly: states are keyed by value
+        self._by_value = self.k < DEVICE_FRAME_FROM
         self._mask_values: dict[int, int] = {}
         self._mask_ids: dict[int, tuple[int, int]] = {}
         self._mask_counts: list[int] = []  # per mask id: its number of contributors
@@ -867,6 +885,14 @@ class StateSpace:
     # ---- device states
 
     def intern(self, s: DeviceState) -> int:
+        if self._by_value:
+            i = self._ids.get(s)
+            if i is None:
+                i = self._ids[s] = len(self.device_states)
+                self.device_states.append(s)
+                self._first.append(_first_held(s))
+                self._profile.append(self._intern_profile(profile_of(s)))
+            return i
         masks = self._mask_ids
         mask_ids = tuple(masks[id(m)][1] if id(m) in masks and masks[id(m)][0] is m else self._mask_id(m)
                          for m in s[1])
@@ -1305,11 +1331,13 @@ class StateSpace:
                         break
             if not ok:
                 continue
-            ids = flat(state)
-            keys = list(zip(*[iter(ids)] * m)) if m < k else [ids]
+            keys = None  # the groups' members' ids, once a step gets past the lookahead
             for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
                 if lookahead is not None and not self._ahead(totals, c, counted, lookahead):
                     continue
+                if keys is None:
+                    ids = flat(state)
+                    keys = list(zip(*[iter(ids)] * m)) if m < k else [ids]
                 done = self._apply(state, g, c, keys)
                 if done.__class__ is not str:
                     out.append((g, c) + done)
