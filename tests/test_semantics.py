@@ -281,13 +281,15 @@ def test_every_frame_of_the_state_space_follows_the_rules(sizes, goal):
 
 @pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((2, 4), 4), ((4, 2), 4), ((2, 3, 2), 3)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-def test_groups_that_are_chunk_shifts_of_one_another_share_one_computation(sizes, steps, goal):
+@pytest.mark.parametrize("by_value", [True, False])
+def test_groups_that_are_chunk_shifts_of_one_another_share_one_computation(sizes, steps, goal, by_value):
     """In the device frame a group whose members hold nothing below some chunk
     is computed once moved down to chunk 0 and shared with every group that is
     a shift of it (after a ReduceScatter every device holds other chunks). The
     space still follows the rules exactly, one step deeper than above, and the
-    sharing happens: fewer groups are computed than the groups looked up."""
-    space = StateSpace(sizes, goal, "device")
+    sharing happens: fewer groups are computed than the groups looked up.
+    States interned by value and by mask ids (what large spaces use) alike."""
+    space = StateSpace(sizes, goal, "device", by_value)
     computed = []
     compute_here = space._compute_here
     space._compute_here = lambda g, c, key: computed.append(key) or compute_here(g, c, key)
@@ -333,9 +335,14 @@ def test_a_chunk_shift_moves_every_held_run_and_keeps_states_canonical():
 
 
 def test_interning_does_not_depend_on_which_mask_objects_a_state_holds():
-    """Device states are interned by value; masks are looked up by identity
-    first, so two equal states built from different int objects get one id."""
-    space = StateSpace((2, 4), Goal.ALLREDUCE, "device")
+    """Device states are interned by value; in large spaces masks are looked up
+    by identity first, so two equal states built from different int objects
+    must still get one id."""
+    for sizes in [(2, 4), (2, 256)]:  # states keyed by value below DEVICE_FRAME_FROM devices, by mask ids from it
+        _check_interning(StateSpace(sizes, Goal.ALLREDUCE, "device"))
+
+
+def _check_interning(space: StateSpace) -> None:
     k = space.k
     big_a = ((4, k), ((1 << 70) - 1, 0))
     big_b = ((4, k), (int("1" * 70, 2), 0))

@@ -46,10 +46,9 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, reduce
-from itertools import chain
 from operator import and_, itemgetter
 from typing import Union
 
@@ -352,6 +351,18 @@ def _shifted(s: DeviceState, x: int, k: int) -> DeviceState:
     a move applied to every member of a group: they compare and combine
     contributors chunk by chunk and split the held chunks in order."""
     return _from_runs([(a + x, b + x, v) for a, b, v in runs_of(s)], k)
+
+
+def _moved_down(i: int, memo: dict[int, int], firsts: Sequence[int], values: Sequence[DeviceState],
+                intern: Callable[[DeviceState], int], k: int) -> int:
+    """The id of ``values[i]`` (a device state or a profile) moved to start at
+    chunk 0, interned with ``intern`` and memoised in ``memo``; ``firsts``
+    gives each id's first held chunk (-1: none, nothing to move)."""
+    out = memo.get(i)
+    if out is None:
+        first = firsts[i]
+        out = memo[i] = i if first <= 0 else intern(_shifted(values[i], -first, k))
+    return out
 
 
 def _contains(big: DeviceState, small: DeviceState) -> bool:
@@ -803,7 +814,8 @@ class StateSpace:
     (state, offset) and a Broadcast's members are compared one at a time.
     """
 
-    def __init__(self, sizes: Sequence[int], goal: Goal, frame: str | None = None) -> None:
+    def __init__(self, sizes: Sequence[int], goal: Goal, frame: str | None = None,
+                 by_value: bool | None = None) -> None:
         self.sizes = tuple(sizes)
         self.goal = goal
         self.hierarchy = Hierarchy(tuple(f"l{i}" for i in range(len(self.sizes))), self.sizes)
@@ -833,8 +845,9 @@ class StateSpace:
         # device state ids by (stops, mask ids), or by value (_by_value); mask
         # ids by value, and by the identity of mask objects held in stored states
         self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]] | DeviceState, int] = {}
-        # below DEVICE_FRAME_FROM devices masks are short and hash quickly: states are keyed by value
-        self._by_value = self.k < DEVICE_FRAME_FROM
+        # below DEVICE_FRAME_FROM devices masks are short and hash quickly: states
+        # are keyed by value (``by_value`` chooses, for tests)
+        self._by_value = self.k < DEVICE_FRAME_FROM if by_value is None else by_value
         self._mask_values: dict[int, int] = {}
         self._mask_ids: dict[int, tuple[int, int]] = {}
         self._mask_counts: list[int] = []  # per mask id: its number of contributors
@@ -1048,12 +1061,7 @@ class StateSpace:
 
     def _canonical_profile(self, p: int) -> int:
         """Profile ``p`` moved to start at chunk 0."""
-        out = self._profile_canonical.get(p)
-        if out is None:
-            first = self._profile_first[p]
-            out = p if first <= 0 else self._intern_profile(_shifted(self._profiles[p], -first, self.k))
-            self._profile_canonical[p] = out
-        return out
+        return _moved_down(p, self._profile_canonical, self._profile_first, self._profiles, self._intern_profile, self.k)
 
     def _check_profiles(self, profiles: tuple[int, ...]) -> int:
         """See :meth:`_passes` (not memoised)."""
@@ -1138,12 +1146,7 @@ class StateSpace:
 
     def _canonical_state(self, i: int) -> int:
         """Device state ``i`` moved to start at chunk 0."""
-        out = self._canonical.get(i)
-        if out is None:
-            first = self._first[i]
-            out = i if first <= 0 else self.intern(_shifted(self.device_states[i], -first, self.k))
-            self._canonical[i] = out
-        return out
+        return _moved_down(i, self._canonical, self._first, self.device_states, self.intern, self.k)
 
     def _place(self, c: int, x: int) -> int:
         """Device state ``c`` (starting at chunk 0) moved up by ``x`` chunks."""
