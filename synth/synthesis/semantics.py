@@ -384,7 +384,6 @@ def _contains(big: DeviceState, small: DeviceState) -> bool:
 _REDUCING = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.REDUCE)
 
 
-_BITS_OF = {c: 1 << i for i, c in enumerate(Collective)}
 HeldRuns = tuple[tuple[int, int], ...]  # the chunks a state holds: sorted, disjoint, non-adjacent (first, stop) runs
 
 
@@ -434,16 +433,14 @@ def _shape_bits(held: Sequence[HeldRuns], size: int) -> int:
     pass :func:`_shape_reason` on ``held`` and ``size``: the same checks, each
     quantity computed once for the five."""
     root = held[0]
+    count = _held_count(root)
     bits = 0
     if root and all(h == root for h in held):
-        bits |= _BITS_OF[Collective.ALLREDUCE] | _BITS_OF[Collective.REDUCE]
-        if _held_count(root) % size == 0:
-            bits |= _BITS_OF[Collective.REDUCESCATTER]
+        bits |= _SUMMING if count % size == 0 else _SUMMING & ~(1 << _BIT[Collective.REDUCESCATTER])
     if root and all(_within(h, root) for h in held):
-        bits |= _BITS_OF[Collective.BROADCAST]
-    count = _held_count(root)
+        bits |= _BROADCASTING
     if all(_held_count(h) == count for h in held) and _union_count(held) == count * size:
-        bits |= _BITS_OF[Collective.ALLGATHER]
+        bits |= _COUNT_FREE  # AllGather
     return bits
 
 
@@ -808,9 +805,10 @@ class StateSpace:
 
     **Masks.** A contributor mask has ``k`` bits, so anything done per member
     of a group of ``k`` members costs ``k**2``: held chunks are runs, not
-    bitmasks (:func:`held_runs`); device states are interned by mask ids, each
-    mask object of a stored state looked up by identity (hashing a mask reads
-    all its bits), with its contributor count; translations are memoised per
+    bitmasks (:func:`held_runs`); from :data:`DEVICE_FRAME_FROM` devices, device
+    states are interned by mask ids, each mask object of a stored state looked
+    up by identity (hashing a mask reads all its bits), with its contributor
+    count; translations are memoised per
     (state, offset) and a Broadcast's members are compared one at a time.
     """
 
@@ -1020,10 +1018,9 @@ class StateSpace:
         """The ordered chunk list of one group of a valid step, as ``(first,
         stop)`` runs (:func:`step_chunks`; which chunks are held is the same in
         every frame)."""
-        group_members = self.groupings[grouping].groups[group]
-        members = group_members if collective is Collective.ALLGATHER else group_members[:1]
-        members = tuple(state[d] for d in members)
-        return tuple((a, b) for i in members for a, b, _ in runs_of(self.device_states[i]))
+        members = self.groupings[grouping].groups[group]
+        listed = members if collective is Collective.ALLGATHER else members[:1]
+        return tuple((a, b) for d in listed for a, b, _ in runs_of(self.device_states[state[d]]))
 
     def _passes(self, profiles: tuple[int, ...]) -> int:
         """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) whose
@@ -1378,9 +1375,9 @@ class StateSpace:
         """The next state and loads of one step whose groups' members store
         ``keys`` (:meth:`_keys`), or why it is invalid. Outcomes are memoised
         per key; when every group stores the same ids (a uniform state) one
-        lookup serves them all. Without ``explain`` (the search) every group is known to pass the
-        profile checks, and the reason does not name the failing group (the
-        search drops it)."""
+        lookup serves them all. Without ``explain`` (the search) every group is
+        known to pass the profile checks, and the reason does not name the
+        failing group (the search drops it)."""
         memo = self._memos[_BIT[collective]][grouping]
         if len(keys) == 1 or keys.count(keys[0]) == len(keys):  # every group stores the same ids
             uniform: list[tuple[int, ...]] = keys[:1]
