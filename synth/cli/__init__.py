@@ -23,6 +23,7 @@ import importlib
 import sys
 
 from ..errors import SynthError
+from ..interrupts import holding_interrupts
 from .commands import COMMANDS
 
 TYPE_CHECKING = False
@@ -51,24 +52,11 @@ def _load(argv: Sequence[str]) -> tuple[Callable[[Sequence[str]], int], list[str
 
 def _load_holding_interrupts(argv: Sequence[str]) -> tuple[Callable[[Sequence[str]], int], list[str]]:
     """:func:`_load` with Ctrl-C held until the imports are done, then raised
-    as KeyboardInterrupt: C extensions such as numpy's turn an interrupt during
-    their import into an ImportError with a traceback. Where SIGINT is not
-    Python's default handler (ignored, or set by an embedding program), or off
-    the main thread, it is left alone."""
-    import signal
-
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return _load(argv)
-    held: list[int] = []
-    try:
-        signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    except ValueError:  # not the main thread
-        return _load(argv)
-    try:
-        loaded = _load(argv)
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if held:
+    as KeyboardInterrupt (:func:`~synth.interrupts.holding_interrupts`): C
+    extensions such as numpy's turn an interrupt during their import into an
+    ImportError with a traceback."""
+    loaded, interrupted = holding_interrupts(lambda: _load(argv))
+    if interrupted:
         raise KeyboardInterrupt
     return loaded
 

@@ -42,6 +42,7 @@ from ..cost.nccl_log import Capture, Choice, parse, summarize
 from ..cost.records import Record, append_records
 from ..documents import check_writable
 from ..errors import SynthError
+from ..interrupts import holding_interrupts
 from ..plan import Plan, PlannedProgram, PlannedReduction, load_plan, write_plan
 from ..synthesis.language import format_program
 from ..synthesis.lowering import LoweredProgram, lower
@@ -407,9 +408,18 @@ def run(request: BenchRequest) -> int:
     checks it). Only rank 0 prints."""
     nccl_log = request.nccl_log and request.backend in ("nccl", "torch")
     with Capture() if nccl_log else contextlib.nullcontext() as capture:
-        world = make_world(request.backend)
+        # under mpiexec an interrupt inside MPI_Init is held until the world
+        # exists, so that it ends the job (world.abort) instead of leaving this
+        # rank in MPI_Finalize at exit while the others wait for it (torchrun
+        # ends a job whose rank exits; its rendezvous stays interruptible)
+        if request.backend in ("mpi", "nccl"):
+            world, interrupted = holding_interrupts(lambda: make_world(request.backend))
+        else:
+            world, interrupted = make_world(request.backend), False
         with _rank0_prints(world):
             try:
+                if interrupted:
+                    raise KeyboardInterrupt
                 agree_on_request(world, request)
                 check_request(request)
                 return _bench(request, world, capture)
