@@ -365,6 +365,20 @@ def _moved_down(i: int, memo: dict[int, int], firsts: Sequence[int], values: Seq
     return out
 
 
+def _shift_key(ids: tuple[int, ...], firsts: Sequence[int],
+               canonical: Callable[[int], int]) -> tuple[int, tuple[tuple[int, ...], tuple[int, ...]] | None]:
+    """For group members ``ids`` (state or profile ids): ``base``, the first
+    chunk any of them holds, and the key shared by every group that is a shift
+    of this one: the members moved to start at chunk 0 (``canonical``) and
+    their first chunks relative to ``base`` (-1: holds nothing). The key is
+    None where ``base`` is 0 (nothing to move)."""
+    shifts = [firsts[i] for i in ids]
+    base = min((f for f in shifts if f >= 0), default=0)
+    if base <= 0:
+        return base, None
+    return base, (tuple(map(canonical, ids)), tuple(f - base if f >= 0 else -1 for f in shifts))
+
+
 def _contains(big: DeviceState, small: DeviceState) -> bool:
     """Every chunk of ``small`` is in ``big`` with a superset of contributors
     (one walk over both run lists, comparing each pair of overlapping runs)."""
@@ -1027,10 +1041,12 @@ class StateSpace:
         :func:`_profile_reason` passes members with these profile ids, memoised:
         many groups differ in contributors only. The shape check (which chunks
         are held) is memoised on the members' held chunks, and the contributor
-        counts are looked at only for the collectives that pass it."""
+        counts are looked at only for the collectives that pass it. A root that
+        is done (every chunk from every device) passes Broadcast alone: it
+        contains every member, and no other collective can run with it."""
         bits = self._passing.get(profiles)
         if bits is None:
-            if profiles[0] == self._done_profile:  # see _passes_shifted
+            if profiles[0] == self._done_profile:
                 bits = _BROADCASTING
             elif self._device_frame and len(profiles) <= SHIFTED_GROUPS_UPTO:
                 bits = self._passes_shifted(profiles)
@@ -1041,16 +1057,10 @@ class StateSpace:
 
     def _passes_shifted(self, profiles: tuple[int, ...]) -> int:
         """:meth:`_check_profiles`, shared by groups whose members' profiles are
-        the same up to one chunk shift (device frame; see :meth:`_compute_shifted`).
-        (:meth:`_passes` first lets a root that is done, every chunk from every
-        device, pass Broadcast alone: it contains every member, and no other
-        collective can run with it.)"""
-        firsts = [self._profile_first[p] for p in profiles]
-        base = min((f for f in firsts if f >= 0), default=0)
-        if base <= 0:
+        the same up to one chunk shift (device frame; see :meth:`_compute_shifted`)."""
+        _, key = _shift_key(profiles, self._profile_first, self._canonical_profile)
+        if key is None:
             return self._check_profiles(profiles)
-        canonical = tuple(self._canonical_profile(p) for p in profiles)
-        key = (canonical, tuple(f - base if f >= 0 else -1 for f in firsts))
         bits = self._shifted_passing.get(key)
         if bits is None:
             bits = self._shifted_passing[key] = self._check_profiles(profiles)
@@ -1123,21 +1133,18 @@ class StateSpace:
         group's ids differ while the groups are shifts of one another.
 
         A step that fails is computed again unshifted: its reason names chunks."""
-        firsts = self._first
-        shifts = [firsts[i] for i in key]
-        base = min((f for f in shifts if f >= 0), default=0)
-        if base <= 0:
+        base, shifted = _shift_key(key, self._first, self._canonical_state)
+        if shifted is None:
             return self._compute_here(grouping, collective, key)
-        canonical = tuple(map(self._canonical_state, key))
-        moved = tuple(f - base if f >= 0 else -1 for f in shifts)
         memo = self._shifted_memos[_BIT[collective]][grouping]
-        out = memo.get((canonical, moved))
+        out = memo.get(shifted)
         if out is None:
-            down = tuple(c if f < 0 else self._place(c, f) for c, f in zip(canonical, moved))
-            out = memo[canonical, moved] = self._compute_here(grouping, collective, down)
+            down = tuple(c if f < 0 else self._place(c, f) for c, f in zip(*shifted))
+            out = memo[shifted] = self._compute_here(grouping, collective, down)
         if out.__class__ is str:
             return self._compute_here(grouping, collective, key)
         ids, load = out
+        firsts = self._first
         up = tuple(r if firsts[r] < 0 else self._place(self._canonical_state(r), firsts[r] + base) for r in ids)
         return up, load
 
