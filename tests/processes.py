@@ -88,3 +88,11 @@ def run_watched(argv: Sequence[str], stall_s: float, **kwargs) -> subprocess.Com
         for reader in readers:
             reader.join(timeout=10)
     return subprocess.CompletedProcess(list(argv), proc.returncode, "".join(chunks["out"]), "".join(chunks["err"]))
+
+
+def launch_output(done: subprocess.CompletedProcess) -> str:
+    """What a failed multi-process launch printed, for an assertion message:
+    the tail of stdout, the head of stderr (where a rank's own error comes,
+    before the launcher's summary) and the tail of stderr (the summary)."""
+    err = done.stderr if len(done.stderr) <= 6000 else done.stderr[:4500] + "\n[...]\n" + done.stderr[-1500:]
+    return done.stdout[-3000:] + err

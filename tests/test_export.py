@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import usage_error
-from processes import run
+from processes import launch_output, run
 
 import synth
 from synth.errors import SynthError
@@ -207,7 +207,7 @@ def test_launch_under_torchrun_gives_megatrons_groups_the_plans_devices(tmp_path
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
                 "-m", "synth.cli", "launch", str(path), "--", "tests/torch_worker.py", "renumbered", str(path)],
                quiet_s=180, cwd=REPO, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, launch_output(done)
     assert "renumbered: tp, dp groups are the plan's on 8 ranks" in done.stdout
 
 
@@ -243,7 +243,7 @@ def test_torchtitans_own_mesh_holds_the_plans_groups(tmp_path):
         done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
                     "-m", "synth.cli", "launch", str(path), "--", "tests/torch_worker.py", "torchtitan", str(path)],
                    quiet_s=180, cwd=REPO, env=env)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.returncode == 0, launch_output(done)
         assert f"torchtitan: {groups} groups are the plan's" in done.stdout, done.stdout[-2000:]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import limit_s
+from processes import launch_output, limit_s
 
 import synth
 from synth.cli import main
@@ -149,7 +149,7 @@ def checks(tmp_path_factory):
 
 def assert_check(checks, name: str) -> str:
     results, done = checks
-    assert name in results, done.stdout[-3000:] + done.stderr[-3000:]
+    assert name in results, launch_output(done)
     assert results[name]["ok"], results[name]["detail"]
     return results[name]["detail"]
 
@@ -270,7 +270,7 @@ def test_bad_launches_fail_on_every_rank_with_one_message(tmp_path):
 @pytest.mark.timeout(300)
 def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
     done = torchrun(8, "tests/torch_worker.py", "bench", str(tmp_path), timeout_s=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, launch_output(done)
     assert "backend torch-gloo, 8 ranks" in done.stdout and "gloo implements reduce-scatter through all-reduce" \
         in done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+/\d+\s+\d+\s+\d+\s", line)]
@@ -299,7 +299,7 @@ def test_the_ddp_example_trains_with_a_plans_hook(tmp_path):
                  "--out", str(plan)]) == 0
     assert len(load_plan(plan).reductions) == 2
     done = torchrun(4, "examples/torch_ddp.py", "--plan", str(plan), "--steps", "3", timeout_s=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, launch_output(done)
     assert re.search(r"step 3 loss \d+\.\d+", done.stdout), done.stdout
     assert "parameters equal on every rank" in done.stdout
 
@@ -324,7 +324,7 @@ def test_the_mpiexec_failure_cases_fail_alike_under_torchrun(parity_plans):
     tests/test_runtime.py, under torchrun on gloo: every rank gets the same
     one-line error, the one the MPI runs give (dtype names aside)."""
     done = torchrun(8, "tests/torch_worker.py", "parity", str(parity_plans), timeout_s=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, launch_output(done)
     cases = {r["case"]: r["errors"] for r in map(json.loads, (l for l in done.stdout.splitlines() if l.startswith("{")))}
     assert set(cases) == {"tampered-5", "tampered-all", "bad-length", "bad-dtype", "arguments"}, done.stdout
     for name, errors in cases.items():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -395,7 +396,7 @@ def run_checks(directory: Path) -> int:
             bad = [d for o, d in everyone if not o]
             print(json.dumps({"check": name, "ok": not bad, "detail": bad[0] if bad else detail}), flush=True)
         failed |= not all(o for o, _ in everyone)
-    dist.destroy_process_group()
+    end_process_group()
     return 1 if failed else 0
 
 
@@ -420,7 +421,7 @@ def run_launch(directory: Path) -> int:
             sys.stderr.flush()
     code = cli_main(["bench", str(plan8), "--backend", "torch"])
     print(f"rank {rank}: bench exit {code}", flush=True)
-    dist.destroy_process_group()
+    end_process_group()
     return 0
 
 
@@ -429,7 +430,7 @@ def run_bench(directory: Path) -> int:
     common = ["--backend", "torch", "--topology", "testbed-2x4", "--axes", "dp=8", "--iters", "2", "--warmup", "0"]
     code = cli_main(["bench", *common, "--sizes", "52,4K", "--top", "2", "--jsonl", str(directory / "m.jsonl")])
     code |= cli_main(["tune", *common, "--sizes", "4K,64K", "--top", "3", "--out", str(directory / "tuned.json")])
-    dist.destroy_process_group()
+    end_process_group()
     return code
 
 
@@ -449,8 +450,24 @@ def report(problems: list[str], ok: str) -> int:
     if dist.get_rank() == 0:
         wrong = [p for ps in everyone for p in ps]
         print("; ".join(wrong) if wrong else ok, flush=True)
-    dist.destroy_process_group()
+    end_process_group()
     return 1 if any(everyone) else 0
+
+
+def end_process_group() -> None:
+    """Destroy the process group once every rank is done with gloo: ranks wait
+    for each other on the launcher's key-value store (no gloo traffic), so no
+    rank closes its gloo connections while a peer still has an operation on
+    them (gloo's transport thread can abort the process when a connection
+    closes under it: a torchtitan mesh run died of SIGABRT after its verdict)."""
+    from torch.distributed import distributed_c10d
+
+    store, size = distributed_c10d._get_default_store(), dist.get_world_size()
+    store.add("synth/ended", 1)
+    deadline = time.monotonic() + 300  # a rank that died is the launcher's to report, not a reason to hang
+    while int(store.add("synth/ended", 0)) < size and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dist.destroy_process_group()
 
 
 def run_renumbered(plan_path: Path) -> int:
@@ -584,7 +601,7 @@ def run_parity(directory: Path) -> int:
         dist.all_gather_object(everyone, message)
         if rank == 0:
             print(json.dumps({"case": name, "errors": everyone}), flush=True)
-    dist.destroy_process_group()
+    end_process_group()
     return 0
 
 
