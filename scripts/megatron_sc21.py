@@ -160,12 +160,12 @@ def _rank_of(solution, config: Configuration) -> str:
 
 
 def _megatron_breakdown(record: StepRecord, compute: ComputeProfile, costs: RecordCosts) -> dict:
-    from synth.planner.stepmodel import compute_seconds, step_shape, step_time
+    from synth.planner.stepmodel import compute_estimate, step_shape, step_time
 
     shape = step_shape(record.model, record.training, record.config)
-    micro_batch_s, efficiency = compute_seconds(shape, record.device, compute)
+    estimate = compute_estimate(record.model, record.training, record.config, record.device, compute, shape)
     return step_time(record.model, record.training, record.config, costs.of(record).on(record.placement),
-                     micro_batch_s, efficiency, shape).breakdown()
+                     estimate.micro_batch_s, estimate.efficiency, shape, estimate.optimizer_s).breakdown()
 
 
 def cmd_compare(args: argparse.Namespace) -> None:

@@ -1,9 +1,10 @@
-"""Locate the grammars, topologies and transformer models shipped with the package.
+"""Locate the grammars, topologies, transformer models and compute profiles
+shipped with the package.
 
-Installed, they are the folders ``synth/grammars``, ``synth/topologies`` and
-``synth/models`` (the packages ``synth.grammars``, ``synth.topologies`` and
-``synth.models`` of pyproject.toml); in a source checkout they are the top-level
-folders ``grammars/``, ``topologies/`` and ``models/``.
+Installed, they are the folders ``synth/grammars``, ``synth/topologies``,
+``synth/models`` and ``synth/profiles`` (the packages of pyproject.toml); in a
+source checkout they are the top-level folders ``grammars/``, ``topologies/``,
+``models/`` and ``profiles/``.
 """
 
 from __future__ import annotations
@@ -31,3 +32,8 @@ def topologies_dir() -> Path:
 def models_dir() -> Path:
     """Folder holding the shipped transformer model YAML files (job planner)."""
     return _folder("models")
+
+
+def profiles_dir() -> Path:
+    """Folder holding the shipped compute profiles (``*.compute.json``)."""
+    return _folder("profiles")

@@ -9,6 +9,8 @@ from __future__ import annotations
 # command never loads the runtime's backends or the testbed
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "run"),
+    "compute": ("compute", "run"),
+    "calibrate": ("calibrate", "run"),
     "fit": ("fit", "run_fit"),
     "validate": ("fit", "run_validate"),
     "verify": ("verify", "run"),
@@ -26,6 +28,8 @@ SUMMARIES: dict[str, str] = {
     "plan": "plan a training job: tp/dp/pp sizes, placement and programs of the fastest step that fits",
     "verify": "re-prove a plan file (numpy reference and z3)",
     "check": "check a hand-written program on one placement (--matrix) or on each",
+    "compute": "one layer's forward and backward time on one device, operation by operation",
+    "calibrate": "measure this GPU's operations with PyTorch and fit a per-operation compute profile",
     "fit": "learn the cost model's parameters from measurements",
     "validate": "score the cost model's accuracy on measurements",
     "bench": "time a plan's or the predicted best programs against the default (under mpiexec)",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -15,8 +16,15 @@ from ..cost import Model, Profile, load_profile, profile_document, save_profile
 from ..cost.fit import MIN_CASES, accuracy, fit_profile, load_measurements, split_cases
 from ..documents import check_writable
 from ..errors import SynthError
-from ..planner.compute import compute_profile_document, save_compute_profile
-from ..planner.stepfit import RecordCosts, fit_compute, predicted_step_s
+from ..planner.compute import (
+    compute_profile_document,
+    load_compute_profile,
+    operation_profile_document,
+    save_compute_profile,
+    save_operation_profile,
+)
+from ..planner.operations import OperationProfile
+from ..planner.stepfit import RecordCosts, fit_compute, fit_micro_batch_cost, predicted_step_s
 from ..planner.steprecords import SCHEMA as STEP_SCHEMA
 from ..planner.steprecords import first_schema, read_step_records
 from ..topology import Topology, load_topology
@@ -56,10 +64,16 @@ def run_fit(argv: Sequence[str]) -> int:
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     p.add_argument("--profile", metavar="PROFILE.json", help="start from this profile instead of the topology's "
                    "numbers (step records: the communication profile to predict their collectives with)")
+    p.add_argument("--compute-profile", metavar="COMPUTE.json",
+                   help="step records only: a per-operation compute profile (synth-reduce calibrate) whose fixed "
+                        "cost per micro-batch the records fit, instead of fitting the efficiency curve")
     args = p.parse_args(argv)
     check_writable(args.output, "--output")  # before the fit, not after it
     if first_schema(args.measurements[0]) == STEP_SCHEMA:
         return _fit_steps(args)
+    if args.compute_profile:
+        raise SynthError("--compute-profile goes with step-time records (schema synth-reduce/step); these are "
+                         "collective measurements")
     topology, measurements, skipped = _load(args)
     prior = _start(args.profile, topology)
     profile, report = fit_profile(measurements, prior, efficiency=args.efficiency)
@@ -109,6 +123,8 @@ def _fit_steps(args: argparse.Namespace) -> int:
     records = read_step_records(path)
     profile = load_profile(args.profile) if args.profile else None
     costs = RecordCosts(profile, args.profile)
+    if args.compute_profile:
+        return _fit_fixed_cost(args, records, costs)
     fit, points = fit_compute(records, costs, source=f"synth-reduce fit {path}")
     predicted = [predicted_step_s(p.record, fit.profile, costs) for p in points]
     rel = [abs(q - p.record.step_s) / p.record.step_s for q, p in zip(predicted, points)]
@@ -171,4 +187,31 @@ def run_validate(argv: Sequence[str]) -> int:
         print(f"top-k accuracy and Spearman: n/a ({acc.cases} case(s) with two or more programs measured; "
               f"at least {MIN_CASES} are needed)")
     print(f"median relative error of predicted times: {acc.median_rel_error:.1%}")
+    return 0
+
+
+def _fit_fixed_cost(args: argparse.Namespace, records, costs: RecordCosts) -> int:
+    """``fit STEPS.jsonl --compute-profile OPS.json``: the per-operation
+    profile's fixed cost per micro-batch fitted to the step records."""
+    base = load_compute_profile(args.compute_profile)
+    if not isinstance(base, OperationProfile):
+        raise SynthError(f"--compute-profile {args.compute_profile}: an efficiency curve (version 1); give a "
+                         "per-operation profile (version 2, synth-reduce calibrate), or leave --compute-profile out "
+                         "to fit a curve")
+    fitted = fit_micro_batch_cost(records, base, costs)
+    predicted = [predicted_step_s(r, fitted, costs) for r in records]
+    rel = [abs(q - r.step_s) / r.step_s for q, r in zip(predicted, records)]
+    fitted = replace(fitted, fit={**fitted.fit, "steps": {
+        "records": len(records), "source": args.measurements[0], "step_median_rel_error": float(np.median(rel)),
+        "step_max_rel_error": max(rel), "communication_profile": args.profile}})
+    save_operation_profile(args.output, fitted)
+    if args.json:
+        print(json.dumps(operation_profile_document(fitted), indent=1))
+        return 0
+    print(f"fitted the fixed cost per micro-batch of {args.compute_profile} to {len(records)} step records -> "
+          f"{args.output}: {format_seconds(fitted.micro_batch_s)} (before: {format_seconds(base.micro_batch_s)})")
+    print(f"{'line':>5} {'configuration':<26} {'measured':>11} {'predicted':>11}")
+    for r, q in zip(records, predicted):
+        print(f"{r.line:>5} {r.config.describe():<26} {format_seconds(r.step_s):>11} {format_seconds(q):>11}")
+    print(f"step time residuals: median {np.median(rel):.1%}, max {max(rel):.1%}")
     return 0

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 from ..documents import check_writable
 from ..errors import SynthError
 from ..plan import write_plan
-from ..planner.compute import DEFAULT_COMPUTE, load_compute_profile
+from ..planner.compute import DEFAULT_COMPUTE, ComputeModel, load_compute_profile
+from ..planner.operations import OperationProfile
 from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
 from ..planner.stepmodel import Sharding, Training
 from ..planner.transformer import Recompute, load_model
@@ -51,7 +52,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="memory_GiB=M,peak_TFLOPs=P",
                    help="the device's memory and dense peak (default: the topology's 'device')")
     p.add_argument("--compute-profile", metavar="COMPUTE.json",
-                   help="fitted compute-efficiency curve (synth-reduce fit on step records)")
+                   help="compute profile: per-operation (version 2: synth-reduce calibrate) or the efficiency curve "
+                        "(version 1: synth-reduce fit on step records); default: the shipped per-operation profile "
+                        "of the device (profiles/), else the curve fitted on A100 steps")
     add_model_arguments(p)
     p.add_argument("--max-steps", type=int, default=MAX_STEPS_DEFAULT, help="longest reduction program searched")
     p.add_argument("--top", type=int, default=10, metavar="K",
@@ -110,7 +113,7 @@ def request_of(args: argparse.Namespace) -> JobRequest:
                         Recompute.from_text(args.recompute), not args.no_overlap)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
-    compute = load_compute_profile(args.compute_profile) if args.compute_profile else DEFAULT_COMPUTE
+    compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device
     return JobRequest(topology, device, model, training, parse_axis_ranges(args.axes),
                       _micro_batches(args.micro_batch), tuple(args.constrain), args.max_steps, model_of(args),
                       compute)
@@ -204,7 +207,14 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.3g}G" if nbytes < 2**30 else f"{nbytes / 2**30:.1f}G"
 
 
-def _compute_text(compute) -> str:
+def _compute_text(compute: ComputeModel) -> str:
+    if isinstance(compute, OperationProfile):
+        return (f"compute per operation ({compute.name or compute.source}: GEMMs up to "
+                f"{compute.gemm.rate_flops / 1e12:.0f} TFLOP/s, {compute.elementwise.bandwidth_Bps / 1e9:.0f} GB/s "
+                "memory-bound)")
+    if compute is DEFAULT_COMPUTE:
+        return (f"compute at {compute.efficiency_max:.1%} of peak (the curve fitted on A100 Megatron-LM runs: no "
+                "per-operation profile for this device)")
     if compute.half_flops == 0:
         return f"compute at {compute.efficiency_max:.1%} of peak"
     return (f"compute at {compute.efficiency_max:.1%} of peak x x / (x + {compute.half_flops:.3g}), x = FLOPs per "
@@ -231,8 +241,10 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
           "TFLOP/s = model FLOPs (no recomputation) per device"
           + ("; listed programs proved (numpy reference + z3)" if listed and all(
               solution.is_verified(c) for c in listed) else ""))
+    optimizer = isinstance(r.compute, OperationProfile)  # the curve folds the optimizer step into compute
     header = (f"{'rank':>4} {'tp':>3} {'dp':>4} {'pp':>3} {'mb':>3}  {'matrix':<26} {'step':>9} {'compute':>9} "
-              f"{'bubble':>9} {'tp':>9} {'pp':>9} {'dp':>9} {'mem':>7} {'TFLOP/s':>7}  programs")
+              f"{'bubble':>9} {'tp':>9} {'pp':>9} {'dp':>9} " + (f"{'optim':>9} " if optimizer else "")
+              + f"{'mem':>7} {'TFLOP/s':>7}  programs")
     print(header)
     print("-" * len(header))
     for n, c in enumerate(listed):
@@ -242,7 +254,8 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
         print(f"{n + 1:>4} {c.config.tp:>3} {c.config.dp:>4} {c.config.pp:>3} {c.config.micro_batch:>3}  "
               f"{c.placement.matrix_text():<26} {format_seconds(b.total_s):>9} {format_seconds(b.compute_s):>9} "
               f"{format_seconds(b.bubble_s):>9} {format_seconds(b.tp_s):>9} {format_seconds(b.pp_s):>9} "
-              f"{format_seconds(b.dp_s):>9} {_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  "
+              f"{format_seconds(b.dp_s):>9} " + (f"{format_seconds(b.optimizer_s):>9} " if optimizer else "")
+              + f"{_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  "
               f"{programs}{mark}")
     if feasible and solution.best.step.bucket_bytes:
         print(f"\nbest: DP bucket {format_size(solution.best.step.bucket_bytes)}")

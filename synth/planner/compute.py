@@ -1,4 +1,14 @@
-"""The compute-efficiency curve of the job planner: how much of a device's peak
+"""The job planner's compute models and their files.
+
+Two models, one file schema (``synth-reduce/compute-profile``): version 2 is
+the per-operation model (:mod:`synth.planner.operations`, composed per layer
+and stage by :mod:`synth.planner.layercompute`), fitted per GPU from operation
+timings (``synth-reduce calibrate``); a shipped one (``profiles/``) is the
+default for the devices it names. Version 1 is the compute-efficiency curve
+below, the default for every other device (:data:`DEFAULT_COMPUTE`, fitted on
+A100 steps).
+
+The curve: how much of a device's peak
 a training step sustains, as a function of the per-device GEMM work.
 
 Tensor parallelism (t) and small micro-batches (b) shrink the GEMMs each device
@@ -24,17 +34,21 @@ docs/planner.md for what it means and where it does not carry over.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import numpy as np
 
 from ..documents import read_document, write_document
 from ..errors import SynthError
+from ..resources import profiles_dir
+from .operations import OperationProfile, operation_profile_from_dict
 
 SCHEMA = "synth-reduce/compute-profile"
-VERSION = 1
+VERSION = 1  # the efficiency curve
+OPERATIONS_VERSION = 2  # the per-operation model
 
 
 @dataclass(frozen=True)
@@ -116,10 +130,15 @@ def save_compute_profile(path: str | Path, fit: CurveFit, extra: dict[str, Any] 
     write_document(path, "compute profile", compute_profile_document(fit, extra))
 
 
-def load_compute_profile(path: str | Path) -> ComputeProfile:
-    doc = read_document(path, "compute profile", SCHEMA, VERSION,
-                        fix="re-fit it with synth-reduce fit STEPS.jsonl -o PROFILE.json")
+def load_compute_profile(path: str | Path) -> "ComputeModel":
+    """A compute profile file: version 1 (the efficiency curve of this module)
+    or version 2 (the per-operation model, :mod:`synth.planner.operations`)."""
+    doc = read_document(path, "compute profile", SCHEMA, (VERSION, OPERATIONS_VERSION),
+                        fix="re-fit it with synth-reduce calibrate or synth-reduce fit")
     try:
+        if doc["version"] == OPERATIONS_VERSION:
+            profile = operation_profile_from_dict(doc)
+            return profile if profile.source else replace(profile, source=str(path))
         return ComputeProfile(float(doc["efficiency_max"]), float(doc["half_flops"]),
                               str(doc.get("source") or path))
     except (KeyError, TypeError, ValueError):
@@ -127,3 +146,47 @@ def load_compute_profile(path: str | Path) -> ComputeProfile:
                          "numbers") from None
     except SynthError as exc:
         raise SynthError(f"{path}: {exc}") from None
+
+
+def operation_profile_document(profile: OperationProfile) -> dict[str, Any]:
+    return {"schema": SCHEMA, "version": OPERATIONS_VERSION, **profile.to_dict()}
+
+
+def save_operation_profile(path: str | Path, profile: OperationProfile) -> None:
+    write_document(path, "compute profile", operation_profile_document(profile))
+
+
+@lru_cache(maxsize=1)
+def shipped_operation_profiles() -> tuple[OperationProfile, ...]:
+    """The per-operation profiles shipped with synth-reduce (``profiles/``)."""
+    found = []
+    for path in sorted(profiles_dir().glob("*.compute.json")):
+        profile = load_compute_profile(path)
+        if isinstance(profile, OperationProfile):
+            found.append(profile)
+    return tuple(found)
+
+
+def default_compute(device_name: str) -> "ComputeModel":
+    """The shipped per-operation profile of ``device_name``, else
+    :data:`DEFAULT_COMPUTE` (the efficiency curve fitted on A100 steps)."""
+    for profile in shipped_operation_profiles():
+        if profile.applies_to(device_name):
+            return profile
+    return DEFAULT_COMPUTE
+
+
+def shipped_profile_for(name: str) -> OperationProfile:
+    """The shipped per-operation profile named ``name`` (its file stem, e.g.
+    ``h100-sxm5-80gb``) or applying to the device ``name``; SynthError listing
+    what is shipped otherwise."""
+    profiles = shipped_operation_profiles()
+    for profile in profiles:
+        if profile.name.casefold() == name.casefold() or profile.applies_to(name):
+            return profile
+    known = "; ".join(f"{p.name} ({', '.join(p.devices)})" for p in profiles) or "none"
+    raise SynthError(f"--device {name}: no shipped per-operation compute profile (shipped: {known}); measure "
+                     "this GPU with synth-reduce calibrate --out PROFILE.json and pass --compute-profile PROFILE.json")
+
+
+ComputeModel = Union[ComputeProfile, OperationProfile]

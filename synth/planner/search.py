@@ -56,14 +56,14 @@ from ..synthesis.search import ReductionPrograms, synthesize_reduction
 from ..synthesis.semantics import Goal
 from ..synthesis.verify import verify_lowered
 from ..topology import Device, Topology
-from .compute import DEFAULT_COMPUTE, ComputeProfile
+from .compute import ComputeModel, default_compute
 from .stepmodel import (
     Configuration,
     Memory,
     StepTime,
     Training,
     bucket_sizes,
-    compute_seconds,
+    compute_estimate,
     configuration_problem,
     memory_per_device,
     step_shape,
@@ -201,9 +201,11 @@ class JobRequest:
     constraints: tuple[str, ...] = ()
     max_steps: int = 5
     comm: Model = field(default_factory=Model)
-    compute: ComputeProfile = DEFAULT_COMPUTE
+    compute: ComputeModel | None = None  # None: the device's shipped per-operation profile, else the curve
 
     def __post_init__(self) -> None:
+        if self.compute is None:
+            object.__setattr__(self, "compute", default_compute(self.device.name))
         for a in self.axes:
             if a.name not in PLANNER_AXES:
                 raise SynthError(f"--axes: unknown axis '{a.name}'; the planner's axes are tp, dp and pp")
@@ -390,10 +392,11 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
               placements: Sequence[Placement]) -> Candidate:
     model, training, device = request.model, request.training, request.device
     shape = step_shape(model, training, config)
-    micro_batch_s, efficiency = compute_seconds(shape, device, request.compute)
+    compute = compute_estimate(model, training, config, device, request.compute, shape)
     best: tuple[StepTime, Placement] | None = None
     for placement in placements:
-        step = step_time(model, training, config, costs.on(placement), micro_batch_s, efficiency, shape)
+        step = step_time(model, training, config, costs.on(placement), compute.micro_batch_s, compute.efficiency,
+                         shape, compute.optimizer_s)
         if best is None or step.total_s < best[0].total_s:
             best = (step, placement)
     assert best is not None

@@ -12,13 +12,16 @@ model: a fitted communication profile (``--profile``) makes it better.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..cost import Model, Profile
-from .compute import ComputeProfile, CurveFit, fit_curve
+from ..errors import SynthError
+from .compute import ComputeModel, CurveFit, fit_curve
+from .layercompute import micro_batch_fixed_s
+from .operations import OperationProfile
 from .search import CollectiveCosts
-from .stepmodel import compute_seconds, micro_batch_seconds_for, step_shape, step_time
+from .stepmodel import compute_estimate, micro_batch_seconds_for, step_shape, step_time
 from .steprecords import StepRecord
 
 
@@ -69,10 +72,30 @@ def fit_compute(records: Sequence[StepRecord], costs: RecordCosts | None = None,
     return fit, points
 
 
-def predicted_step_s(record: StepRecord, compute: ComputeProfile, costs: RecordCosts | None = None) -> float:
+def predicted_step_s(record: StepRecord, compute: ComputeModel, costs: RecordCosts | None = None) -> float:
     """The step model's prediction for a record's configuration and placement."""
     costs = costs or RecordCosts()
     shape = step_shape(record.model, record.training, record.config)
-    micro_batch_s, efficiency = compute_seconds(shape, record.device, compute)
+    estimate = compute_estimate(record.model, record.training, record.config, record.device, compute, shape)
     return step_time(record.model, record.training, record.config, costs.of(record).on(record.placement),
-                     micro_batch_s, efficiency, shape).total_s
+                     estimate.micro_batch_s, estimate.efficiency, shape, estimate.optimizer_s).total_s
+
+
+def fit_micro_batch_cost(records: Sequence[StepRecord], profile: OperationProfile,
+                         costs: RecordCosts | None = None) -> OperationProfile:
+    """``profile`` with its fixed cost per micro-batch fitted to step records:
+    the mean over records of the micro-batch time each implies (the step model
+    inverted, its optimizer step and communication predicted) less the
+    profile's operations, at least 0 (least squares for a constant)."""
+    costs = costs or RecordCosts()
+    fixed = micro_batch_fixed_s(profile)
+    gaps = []
+    for r in records:
+        where = f"step record (line {r.line})" if r.line else "step record"
+        estimate = compute_estimate(r.model, r.training, r.config, r.device, profile)
+        implied_s = micro_batch_seconds_for(r.model, r.training, r.config, costs.of(r).on(r.placement), r.step_s,
+                                            where, estimate.optimizer_s)
+        gaps.append(implied_s - (estimate.micro_batch_s - fixed))
+    if not gaps:
+        raise SynthError("fit: no step records to fit the fixed cost per micro-batch to")
+    return replace(profile, micro_batch_s=max(0.0, sum(gaps) / len(gaps)))

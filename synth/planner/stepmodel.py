@@ -7,10 +7,16 @@ L layers, L_s = L / pp layers per stage, v virtual stages per device (1: plain
 ``w`` (2 for bf16/fp16, 4 for fp32). Every term (docs/planner.md has the
 sources):
 
-* compute: ``m t_mb`` with ``t_mb = F_mb / (peak x efficiency(x))``, F_mb the
-  training FLOPs of one micro-batch per device (the model's, :mod:`synth.planner.transformer`,
-  divided by tp pp: stages are taken as balanced), ``x = F_mb / L_s`` and the
-  efficiency curve of :mod:`synth.planner.compute`;
+* compute: ``m t_mb``, ``t_mb`` one micro-batch per device
+  (:func:`compute_estimate`). With a per-operation profile it is the slowest
+  stage's operations (:mod:`synth.planner.layercompute`: GEMMs, attention,
+  elementwise passes, embedding on the first stage, logits and loss on the
+  last, a fixed cost per micro-batch), and the optimizer step is a term of its
+  own; with the efficiency curve ``t_mb = F_mb / (peak x efficiency(x))``, F_mb
+  the training FLOPs of one micro-batch per device (the model's,
+  :mod:`synth.planner.transformer`, divided by tp pp: stages are taken as
+  balanced), ``x = F_mb / L_s`` (:mod:`synth.planner.compute`), the optimizer
+  folded into the fitted efficiency;
 * tensor parallelism (Megatron-LM without sequence parallelism): per micro-batch
   and layer two all-reduces of ``b s h w`` bytes forward and two backward, two
   more for the recomputed forward under full recomputation; on the critical path;
@@ -55,7 +61,9 @@ from ..errors import SynthError
 from ..synthesis.semantics import Goal
 from ..topology import Device
 from ..units import MAX_COUNT, shown_number
-from .compute import ComputeProfile
+from .compute import ComputeModel, ComputeProfile
+from .layercompute import Shard, optimizer_s, stage_compute
+from .operations import OperationProfile
 from .transformer import Recompute, Transformer
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -252,14 +260,15 @@ class StepTime:
     micro_batch_s: float  # compute of one micro-batch per device
     bucket_bytes: int | None
     reductions: tuple[tuple[str, Goal, int], ...]  # (axis, goal, size) the step reduces
+    optimizer_s: float = 0.0  # the optimizer step (per-operation model; the curve folds it into compute)
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.tp_s + self.pp_s + self.dp_s
+        return self.compute_s + self.bubble_s + self.tp_s + self.pp_s + self.dp_s + self.optimizer_s
 
     def breakdown(self) -> dict[str, float]:
         return {"compute": self.compute_s, "bubble": self.bubble_s, "tp": self.tp_s, "pp": self.pp_s,
-                "dp": self.dp_s}
+                "dp": self.dp_s, "optimizer": self.optimizer_s}
 
 
 @dataclass(frozen=True)
@@ -295,10 +304,42 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
     )
 
 
-def compute_seconds(shape: StepShape, device: Device, compute: ComputeProfile) -> tuple[float, float]:
-    """(seconds of one micro-batch's compute per device, efficiency)."""
-    efficiency = compute.efficiency(shape.flops_per_layer)
-    return shape.flops_per_micro_batch / (device.peak_flops * efficiency), efficiency
+@dataclass(frozen=True)
+class ComputeEstimate:
+    """A configuration's compute per device: one micro-batch of the slowest
+    pipeline stage, the fraction of peak that is, and the optimizer step."""
+
+    micro_batch_s: float
+    efficiency: float
+    optimizer_s: float = 0.0
+
+
+def compute_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
+                     compute: ComputeModel, shape: StepShape | None = None) -> ComputeEstimate:
+    """The compute of ``config`` by either model: the efficiency curve (FLOPs
+    over a fraction of peak, stages balanced, the optimizer inside the fitted
+    efficiency) or the per-operation model (each stage's operations, the
+    slowest stage setting the pace, the optimizer step apart)."""
+    shape = shape or step_shape(model, training, config)
+    if isinstance(compute, ComputeProfile):
+        efficiency = compute.efficiency(shape.flops_per_layer)
+        return ComputeEstimate(shape.flops_per_micro_batch / (device.peak_flops * efficiency), efficiency)
+    return _operations_estimate(model, training, config, device, compute, shape)
+
+
+def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
+                         compute: OperationProfile, shape: StepShape) -> ComputeEstimate:
+    shard = Shard(config.tp, config.micro_batch, model.seq)
+    layers = model.layers // config.pp
+    stages = [(True, True)] if config.pp == 1 else [(True, False), (False, True)] + (
+        [(False, False)] if config.pp > 2 else [])
+    micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, first, last).total_s
+                        for first, last in stages)
+    parameters = max(stage_parameters(model, config.pp).values()) / config.tp
+    if training.sharding is not Sharding.NONE:
+        parameters /= config.dp  # ZeRO-1 and ZeRO-3 update their shard only
+    efficiency = shape.flops_per_micro_batch / (device.peak_flops * micro_batch_s)
+    return ComputeEstimate(micro_batch_s, efficiency, optimizer_s(compute, parameters, training.value_bytes == 2))
 
 
 def step_time(
@@ -309,9 +350,11 @@ def step_time(
     micro_batch_s: float,
     efficiency: float = float("nan"),
     shape: StepShape | None = None,
+    optimizer_s: float = 0.0,
 ) -> StepTime:
     """The step's predicted seconds, given one micro-batch's compute time per
-    device (:func:`compute_seconds`, or a measured or fitted one)."""
+    device (:func:`compute_estimate`, or a measured or fitted one) and the
+    optimizer step's."""
     shape = shape or step_shape(model, training, config)
     m, v = shape.micro_batches, config.virtual_stages
     reductions: list[tuple[str, Goal, int]] = []
@@ -336,6 +379,7 @@ def step_time(
         micro_batch_s=micro_batch_s,
         bucket_bytes=bucket,
         reductions=tuple(reductions),
+        optimizer_s=optimizer_s,
     )
 
 
@@ -386,13 +430,14 @@ def micro_batch_seconds_for(
     collectives: Collectives,
     measured_step_s: float,
     where: str = "record",
+    optimizer_s: float = 0.0,
 ) -> float:
     """The compute time of one micro-batch per device that makes the step model
     predict ``measured_step_s`` (bisection: the step time grows with it)."""
     shape = step_shape(model, training, config)
 
     def total(t: float) -> float:
-        return step_time(model, training, config, collectives, t, shape=shape).total_s
+        return step_time(model, training, config, collectives, t, shape=shape, optimizer_s=optimizer_s).total_s
 
     floor = total(0.0)
     if measured_step_s <= floor:

@@ -1,0 +1,225 @@
+"""The operations one device runs for a transformer, timed by a per-operation
+profile (:mod:`synth.planner.operations`): one layer, one pipeline stage's
+micro-batch, and the optimizer step.
+
+Shapes per device, with T = b s tokens of a micro-batch, t = tensor-parallel
+size, kv = h x kv_heads / heads (Megatron-LM's layout, no sequence
+parallelism):
+
+* GEMMs ``(M, K, N)``: qkv ``(T, h, (h + 2 kv) / t)``, attention output
+  projection ``(T, h / t, h)``, MLP up ``(T, h, m f / t)`` (m = 2 for a gated
+  MLP: gate and up in one GEMM, as Megatron-LM fuses them), MLP down
+  ``(T, f / t, h)``. Backward: the input gradient ``(T, N, K)`` and the weight
+  gradient ``(K, T, N)`` of each.
+* Attention: batch b, heads / t heads, sequence s, head dim h / heads, causal;
+  forward and backward (grouped-query attention computes like full heads).
+* Elementwise, forward: two norms (``layer_norm``'s rate for LayerNorm and
+  RMSNorm) and two residual adds over T h (replicated on every tensor-parallel
+  rank), the activation over T f / t (``gelu_tanh``, or ``silu_mul`` for a
+  gated MLP) and, for rotary positions (gated models), one pass over the
+  T (h + kv) / t query and key values at ``silu_mul``'s rate. Backward: twice
+  each forward pass (it reads the input and the output gradient and writes the
+  input gradient), and one add per residual (the gradients of the two branches
+  meet). These backward factors are modelling choices: the calibration grid
+  times forward passes only.
+* Inside a backward pass kernels are issued by the autograd engine, one call
+  per micro-batch: the attention backward there costs its GPU time with the
+  forward's floor; the standalone backward call's extra fixed cost is part of
+  the micro-batch's fixed cost (:func:`micro_batch_fixed_s`).
+* Embedding (first stage): a gather of T h values forward (``add``'s rate);
+  backward the gradient's V h / t values zeroed and T h accumulated. GPT's
+  learned positions add one more add over T h.
+* Head (last stage): the final norm, the logits GEMM ``(T, h, V / t)`` with its
+  two backward GEMMs, and the cross-entropy in fp32 over T V / t logits,
+  priced in bytes at the bandwidth ``add`` reaches: forward 14 bytes per logit
+  (read bf16, write fp32, read and write fp32 for the log-softmax), backward
+  14 (the softmax gradient in fp32 and its bf16 copy).
+* Optimizer step (fused Adam, per parameter the device updates): read the fp32
+  master weight, gradient, momentum and variance, write weight, momentum and
+  variance (28 bytes), and with 16-bit training weights write their copy (read
+  4, write 2: 6 more), at ``add``'s bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from .operations import OperationProfile
+from .transformer import Recompute, Transformer
+
+LOSS_BYTES_PER_LOGIT = 14  # each direction (module docstring)
+ADAM_BYTES_PER_PARAMETER = 28
+MIXED_PRECISION_COPY_BYTES = 6
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One operation of a layer or stage: its name, phase (``forward`` or
+    ``backward``), the shape it runs at, how many times it runs (``count``,
+    e.g. once per layer of a stage) and the seconds of all of them."""
+
+    name: str
+    phase: str
+    shape: tuple[int, ...]
+    seconds: float
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "phase": self.phase, "shape": list(self.shape), "count": self.count,
+                "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class ComputeTime:
+    """Operations and their totals by phase."""
+
+    ops: tuple[OpTime, ...]
+
+    def phase_s(self, phase: str) -> float:
+        return sum(op.seconds for op in self.ops if op.phase == phase)
+
+    @property
+    def forward_s(self) -> float:
+        return self.phase_s("forward")
+
+    @property
+    def backward_s(self) -> float:
+        return self.phase_s("backward")
+
+    @property
+    def total_s(self) -> float:
+        return sum(op.seconds for op in self.ops)
+
+    def __add__(self, other: "ComputeTime") -> "ComputeTime":
+        return ComputeTime(self.ops + other.ops)
+
+    def times(self, count: int) -> "ComputeTime":
+        """The same operations run ``count`` times each."""
+        return ComputeTime(tuple(OpTime(op.name, op.phase, op.shape, op.seconds * count, op.count * count)
+                                 for op in self.ops))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one device runs of a model: tensor-parallel size, micro-batch and
+    sequence length."""
+
+    tp: int
+    micro_batch: int
+    seq: int
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq
+
+
+def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int) -> list[OpTime]:
+    g = profile.gemm
+    return [OpTime(name, "forward", (m, k, n), float(g.seconds(m, k, n))),
+            OpTime(f"{name}.dgrad", "backward", (m, n, k), float(g.seconds(m, n, k))),
+            OpTime(f"{name}.wgrad", "backward", (k, m, n), float(g.seconds(k, m, n)))]
+
+
+def _pass(profile: OperationProfile, name: str, op: str, elements: int, backward_factor: float) -> list[OpTime]:
+    e = profile.elementwise
+    forward = float(e.seconds(op, elements))
+    ops = [OpTime(name, "forward", (elements,), forward)]
+    if backward_factor:
+        ops.append(OpTime(f"{name}.backward", "backward", (elements,),
+                          float(e.seconds(op, backward_factor * elements))))
+    return ops
+
+
+@lru_cache(maxsize=4096)  # the planner asks for each (tp, micro-batch) once per stage kind and size assignment
+def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard) -> ComputeTime:
+    """One layer's operations on one device, forward and backward (no
+    recomputation; see the module docstring for every shape)."""
+    t, tokens, h, f, kv = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim
+    ops: list[OpTime] = []
+    ops += _gemm(profile, "qkv", tokens, h, (h + 2 * kv) // t)
+    ops += attention_ops(profile, model, shard)
+    ops += _gemm(profile, "attention_projection", tokens, h // t, h)
+    ops += _gemm(profile, "mlp_up", tokens, h, (2 if model.gated_mlp else 1) * f // t)
+    ops += _gemm(profile, "mlp_down", tokens, f // t, h)
+    for i in (1, 2):
+        ops += _pass(profile, f"norm{i}", "layer_norm", tokens * h, 2)
+        ops += _pass(profile, f"residual{i}", "add", tokens * h, 1)
+    ops += _pass(profile, "activation", "silu_mul" if model.gated_mlp else "gelu_tanh", tokens * f // t, 2)
+    if model.gated_mlp:
+        ops += _pass(profile, "rotary", "silu_mul", tokens * (h + kv) // t, 2)
+    return ComputeTime(tuple(ops))
+
+
+def attention_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> list[OpTime]:
+    a = profile.attention
+    shape = (shard.micro_batch, model.heads // shard.tp, shard.seq, model.hidden // model.heads)
+    forward = float(a.forward_s(*shape))
+    backward = max(a.forward_floor_s, float(a.backward_gpu_s(*shape)))
+    return [OpTime("attention", "forward", shape, forward), OpTime("attention.backward", "backward", shape, backward)]
+
+
+def recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard, recompute: Recompute,
+                  layer: ComputeTime) -> ComputeTime:
+    """What recomputation adds to one layer's backward: its whole forward
+    (full) or the attention core's forward (selective)."""
+    if recompute is Recompute.NONE:
+        return ComputeTime(())
+    if recompute is Recompute.FULL:
+        chosen = [op for op in layer.ops if op.phase == "forward"]
+    else:
+        chosen = [op for op in attention_ops(profile, model, shard) if op.phase == "forward"]
+    return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))
+
+
+def embedding_compute(profile: OperationProfile, model: Transformer, shard: Shard) -> ComputeTime:
+    tokens, h = shard.tokens, model.hidden
+    e = profile.elementwise
+    ops = [OpTime("embedding", "forward", (tokens, h), float(e.seconds("add", tokens * h))),
+           OpTime("embedding.backward", "backward", (model.vocab // shard.tp, h),
+                  float(e.seconds("add", model.vocab * h // shard.tp)) + float(e.seconds("add", tokens * h)))]
+    if not model.gated_mlp:  # learned positions
+        ops += _pass(profile, "positions", "add", tokens * h, 1)
+    return ComputeTime(tuple(ops))
+
+
+def head_compute(profile: OperationProfile, model: Transformer, shard: Shard) -> ComputeTime:
+    tokens, h = shard.tokens, model.hidden
+    logits = tokens * model.vocab // shard.tp
+    loss_s = float(profile.elementwise.bytes_seconds(LOSS_BYTES_PER_LOGIT * logits))
+    ops = _pass(profile, "final_norm", "layer_norm", tokens * h, 2)
+    ops += _gemm(profile, "logits", tokens, h, model.vocab // shard.tp)
+    ops += [OpTime("loss", "forward", (logits,), loss_s), OpTime("loss.backward", "backward", (logits,), loss_s)]
+    return ComputeTime(tuple(ops))
+
+
+def micro_batch_fixed_s(profile: OperationProfile) -> float:
+    """The fixed cost of one micro-batch: the profile's own (fitted on step
+    records) or, without one, a standalone attention backward call's fixed
+    cost beyond the forward kernel's (the autograd call, from the smallest
+    attention records)."""
+    if profile.micro_batch_s:
+        return profile.micro_batch_s
+    return max(0.0, profile.attention.backward_floor_s - profile.attention.forward_floor_s)
+
+
+def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, layers: int, recompute: Recompute,
+                  first: bool, last: bool) -> ComputeTime:
+    """One micro-batch of one pipeline stage of ``layers`` layers: forward,
+    backward and recomputation, the embedding on the first stage, the head and
+    loss on the last, and the micro-batch's fixed cost."""
+    layer = layer_compute(profile, model, shard)
+    one = layer + recompute_ops(profile, model, shard, recompute, layer)
+    total = one.times(layers)
+    if first:
+        total = total + embedding_compute(profile, model, shard)
+    if last:
+        total = total + head_compute(profile, model, shard)
+    return total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
+
+
+def optimizer_s(profile: OperationProfile, parameters: float, sixteen_bit_weights: bool) -> float:
+    """One fused Adam step over ``parameters`` on one device."""
+    per_parameter = ADAM_BYTES_PER_PARAMETER + (MIXED_PRECISION_COPY_BYTES if sixteen_bit_weights else 0)
+    return float(profile.elementwise.bytes_seconds(per_parameter * parameters))

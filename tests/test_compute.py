@@ -1,0 +1,411 @@
+"""The per-operation compute model: operation timing against independent
+references, the fit recovering known parameters, the shipped H100 profile
+(re-fitted from its data, held-out accuracy), the layer and stage composition,
+the planner using the same numbers, and the compute / calibrate / fit commands."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import usage_error
+
+from synth.cli import main
+from synth.planner.calibration import (
+    CPU_GRID,
+    DEFAULT_TILES,
+    fit_operation_profile,
+    op_records,
+    read_op_records,
+)
+from synth.planner.compute import (
+    DEFAULT_COMPUTE,
+    default_compute,
+    load_compute_profile,
+    operation_profile_document,
+    save_operation_profile,
+    shipped_profile_for,
+)
+from synth.planner.layercompute import (
+    Shard,
+    head_compute,
+    layer_compute,
+    micro_batch_fixed_s,
+    optimizer_s,
+    stage_compute,
+)
+from synth.planner.operations import (
+    AttentionModel,
+    ElementwiseModel,
+    ElementwisePass,
+    GemmModel,
+    OperationProfile,
+    tiled_flops,
+)
+from synth.planner.search import JobRequest, plan_job
+from synth.planner.stepfit import RecordCosts, fit_micro_batch_cost, predicted_step_s
+from synth.planner.stepmodel import Configuration, Sharding, Training, compute_estimate, step_shape
+from synth.planner.steprecords import StepRecord, write_step_records
+from synth.planner.transformer import Recompute, load_model, parse_inline_model
+from synth.synthesis.placement import Axis, AxisRange, enumerate_placements
+from synth.topology import load_topology
+
+REPO = Path(__file__).resolve().parent.parent
+H100_RECORDS = REPO / "data" / "calibration" / "h100-ops.jsonl"
+H100_PROFILE = REPO / "profiles" / "h100-sxm5-80gb.compute.json"
+TILES = ((128, 256), (256, 128), (64, 128))
+
+
+def known_profile(micro_batch_s: float = 0.0) -> OperationProfile:
+    """A profile with round parameters (not fitted to anything)."""
+    return OperationProfile(
+        "known", ("Known GPU",),
+        GemmModel(5e14, 100, DEFAULT_TILES, 256, 2e12, 2e-5),
+        AttentionModel(4e14, 3e14, 100, 128, 2.0, 3e-5, 1e-4),
+        ElementwiseModel((ElementwisePass("add", 3e-12, 8e-6), ElementwisePass("gelu_tanh", 2e-12, 8e-6),
+                          ElementwisePass("silu_mul", 5e-12, 1.6e-5), ElementwisePass("layer_norm", 3e-12, 1.5e-5))),
+        micro_batch_s, "test")
+
+
+# ---------------------------------------------------------------- operations against references
+
+
+def _scheduled_flops(m: int, k: int, n: int, units: int, tm: int, tn: int, split_k_min: int) -> float:
+    """Reference: every (tile, K piece) work item listed and dealt to the units
+    one by one; the busiest unit's FLOPs x units."""
+    tiles = [(i, j) for i in range(math.ceil(m / tm)) for j in range(math.ceil(n / tn))]
+    split = 1
+    while len(tiles) * (split + 1) <= units and k // (split + 1) >= split_k_min:
+        split += 1
+    piece = math.ceil(k / split)
+    load = [0.0] * units
+    for item in range(len(tiles) * split):
+        load[item % units] += 2 * tm * tn * piece
+    return max(load) * units
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tiled_flops_against_a_work_item_schedule(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        m, k, n = (int(x) for x in rng.integers(1, 5000, size=3))
+        units, split_k_min = int(rng.integers(1, 140)), int(rng.choice([64, 128, 512]))
+        tile = TILES[int(rng.integers(len(TILES)))]
+        want = _scheduled_flops(m, k, n, units, *tile, split_k_min)
+        assert float(tiled_flops(m, k, n, units, (tile,), split_k_min)) == want, (m, k, n, units, tile)
+    # the best tile is chosen, and full waves of whole tiles cost exactly 2 m k n
+    assert float(tiled_flops(256 * 10, 4096, 128 * 10, 100, TILES, 256)) == 2 * 2560 * 4096 * 1280
+    assert float(tiled_flops(300, 999, 700, 7, TILES, 128)) == min(
+        _scheduled_flops(300, 999, 700, 7, *t, 128) for t in TILES)
+
+
+def test_gemm_time_is_the_slower_of_compute_and_memory_and_never_below_its_floor():
+    g = known_profile().gemm
+    m, k, n = 8192, 8192, 8192
+    assert float(g.gpu_s(m, k, n)) == pytest.approx(2 * m * k * n / 5e14 * (
+        float(tiled_flops(m, k, n, 100, DEFAULT_TILES, 256)) / (2 * m * k * n)))
+    skinny = (65536, 1, 65536)  # no reuse: its bytes bound it
+    assert float(g.gpu_s(*skinny)) == pytest.approx(2 * (65536 + 65536 + 65536**2) / 2e12)
+    assert float(g.seconds(1, 1, 1)) == 2e-5
+
+
+def test_attention_work_counts_block_pairs():
+    a = replace(known_profile().attention, row_blocks=0.0, units=1)
+    d, block = 128, 128
+    # one unit: every pair of a causal s = 4 blocks (10 pairs), or all 16 without the mask
+    assert float(a.critical_flops(1, 1, 512, d, True)) == 10 * 4 * block * block * d
+    assert float(a.critical_flops(1, 1, 512, d, False)) == 16 * 4 * block * block * d
+    many = replace(a, units=1000)  # more units than rows: the longest row, 4 blocks
+    assert float(many.critical_flops(1, 1, 512, d, True)) == 4 * 4 * block * block * d
+    assert float(a.backward_gpu_s(2, 3, 1024, d)) == pytest.approx(
+        2.5 * float(a.critical_flops(2, 3, 1024, d)) / 3e14)
+
+
+def test_profile_fields_are_checked_with_their_names():
+    good = operation_profile_document(known_profile())
+    for change, message in (
+            (lambda d: d["gemm"].update(rate_flops=-1), "gemm.rate_flops must be a number > 0"),
+            (lambda d: d["gemm"].update(tiles=[]), "gemm.tiles must be a non-empty list"),
+            (lambda d: d["gemm"].pop("units"), "'gemm' lacks units"),
+            (lambda d: d["attention"].update(extra=1), "'attention' has unknown field(s) extra"),
+            (lambda d: d["elementwise"].pop("add"), "elementwise has no 'add' pass"),
+            (lambda d: d.update(devices=[]), "'devices' must be a non-empty list"),
+            (lambda d: d.update(micro_batch_s=float("nan")), "micro_batch_s must be a number >= 0")):
+        doc = json.loads(json.dumps(good))
+        change(doc)
+        from synth.errors import SynthError
+        from synth.planner.operations import operation_profile_from_dict
+        with pytest.raises(SynthError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            operation_profile_from_dict(doc)
+
+
+# ---------------------------------------------------------------- the fit
+
+
+def _records_of(profile: OperationProfile) -> list[tuple[str, dict]]:
+    """Noise-free records of the calibration grid's shapes, timed by ``profile``."""
+    out = []
+    shapes = {(h, 3 * h // t) for h in (1024, 4096, 8192) for t in (1, 2, 8)} | {
+        (4 * h // t, h) for h in (1024, 4096, 8192) for t in (1, 2, 8)}
+    g = profile.gemm
+    small = [(512, 256, 512), (256, 512, 256), (512, 384, 1024), (1024, 768, 256)]  # at the floor
+    for m, k, n in [(m, k, n) for m, (k, n) in itertools.product((512, 2048, 8192), sorted(shapes))] + small:
+        out.append({"op": "gemm", "M": m, "K": k, "N": n, "fwd_s": float(g.seconds(m, k, n)),
+                    "dgrad_s": float(g.seconds(m, n, k)), "wgrad_s": float(g.seconds(k, m, n)), "gpu": "Known GPU"})
+    a = profile.attention
+    for s, h, b in itertools.product((512, 1024, 4096, 8192), (1, 2, 8, 32), (1, 4)):
+        forward = float(a.forward_s(b, h, s, 128))
+        out.append({"op": "attention", "batch": b, "heads": h, "seq": s, "head_dim": 128, "causal": True,
+                    "fwd_s": forward, "fwd_bwd_s": forward + float(a.backward_s(b, h, s, 128))})
+    for op, n in itertools.product(("add", "gelu_tanh", "silu_mul", "layer_norm"), (1 << 16, 1 << 22, 1 << 26)):
+        out.append({"op": op, "elements": n, "fwd_s": float(profile.elementwise.seconds(op, n))})
+    return [(f"line {i + 1}", r) for i, r in enumerate(out)]
+
+
+def test_the_fit_recovers_a_known_profile():
+    truth = known_profile()
+    fitted = fit_operation_profile(op_records(_records_of(truth)), 100, "again", ["Known GPU"], "test")
+    assert fitted.gemm.split_k_min == 256
+    assert fitted.gemm.floor_s == pytest.approx(2e-5)
+    assert fitted.gemm.rate_flops == pytest.approx(5e14, rel=0.01)  # the rate grid's step is 0.6 %
+    assert fitted.attention.row_blocks == 2.0
+    assert fitted.attention.forward_rate_flops == pytest.approx(4e14, rel=0.01)
+    assert fitted.attention.backward_rate_flops == pytest.approx(3e14, rel=0.01)
+    assert fitted.attention.forward_floor_s == pytest.approx(3e-5)
+    assert fitted.attention.backward_floor_s == pytest.approx(1e-4)
+    for p in truth.elementwise.passes:
+        got = fitted.elementwise.of(p.name)
+        assert got.seconds_per_element == pytest.approx(p.seconds_per_element) and got.floor_s == p.floor_s
+    assert fitted.fit["gemm"]["median_rel_error"] < 0.005
+
+
+def test_bad_operation_records_name_the_line_and_field(tmp_path):
+    from synth.errors import SynthError
+
+    lines = _records_of(known_profile())
+    bad = [(w, dict(r)) for w, r in lines]
+    bad[3][1]["K"] = 0
+    with pytest.raises(SynthError, match=r"line 4: field 'K' must be an integer >= 1, got 0"):
+        op_records(bad)
+    with pytest.raises(SynthError, match="none for attention"):
+        op_records([x for x in lines if x[1]["op"] != "attention"])
+    with pytest.raises(SynthError, match="unknown op 'conv'"):
+        op_records(lines + [("line 999", {"op": "conv"})])
+
+
+def test_the_shipped_h100_profile_is_the_fit_of_its_data():
+    """Stale when the fit changes: regenerate with the command in
+    data/calibration/README.md."""
+    shipped = load_compute_profile(H100_PROFILE)
+    again = fit_operation_profile(read_op_records(H100_RECORDS), 132, shipped.name, shipped.devices, shipped.source)
+    assert again == shipped
+    assert again.fit == shipped.fit
+
+
+def test_h100_gemms_at_a_token_count_left_out_of_the_fit():
+    """Fit on the GEMMs at 2048 and 32768 tokens, score the 8192 ones (and
+    the other families as fitted): the tile model carries over."""
+    lines = [(w, r) for w, _, r in _json_lines(H100_RECORDS)]
+    train = op_records([(w, r) for w, r in lines if r.get("M") != 8192])
+    held = op_records([(w, r) for w, r in lines if r.get("M") in (None, 8192)])
+    profile = fit_operation_profile(train, 132, "h100", ["H100"], "test")
+    m, k, n, measured = held.gemm.T
+    rel = np.abs(profile.gemm.seconds(m, k, n) / measured - 1)
+    assert np.median(rel) < 0.06 and np.quantile(rel, 0.9) < 0.2, (np.median(rel), np.quantile(rel, 0.9))
+
+
+def _json_lines(path: Path):
+    from synth.documents import json_lines
+
+    return json_lines(path, "operation records")
+
+
+# ---------------------------------------------------------------- composition
+
+
+def test_a_layer_is_the_sum_of_its_operations_written_out():
+    """Every operation of a GPT and a Llama layer at tp 2, written out by hand
+    from the model's shapes, timed one by one."""
+    p = known_profile()
+    for spec, gated in (("layers=2,hidden=512,heads=8,seq=256,vocab=1000", False),
+                        ("layers=2,hidden=512,heads=8,kv_heads=2,ffn=1376,gated_mlp=true,seq=256,vocab=1000", True)):
+        model = parse_inline_model(spec)
+        b, t, s, h = 3, 2, 256, 512
+        T, f, kv = b * s, model.ffn, 512 * model.kv_heads // 8
+        gemms = [(T, h, (h + 2 * kv) // t), (T, h // t, h), (T, h, (2 if gated else 1) * f // t), (T, f // t, h)]
+        g, a, e = p.gemm, p.attention, p.elementwise
+        forward = sum(float(g.seconds(*x)) for x in gemms) + float(a.forward_s(b, 8 // t, s, 64))
+        forward += 2 * float(e.seconds("layer_norm", T * h)) + 2 * float(e.seconds("add", T * h))
+        forward += float(e.seconds("silu_mul" if gated else "gelu_tanh", T * f // t))
+        backward = sum(float(g.seconds(M, N, K)) + float(g.seconds(K, M, N)) for M, K, N in gemms)
+        backward += max(a.forward_floor_s, float(a.backward_gpu_s(b, 8 // t, s, 64)))
+        backward += 2 * float(e.seconds("layer_norm", 2 * T * h)) + 2 * float(e.seconds("add", T * h))
+        backward += float(e.seconds("silu_mul" if gated else "gelu_tanh", 2 * T * f // t))
+        if gated:
+            forward += float(e.seconds("silu_mul", T * (h + kv) // t))
+            backward += float(e.seconds("silu_mul", 2 * T * (h + kv) // t))
+        layer = layer_compute(p, model, Shard(t, b, s))
+        assert layer.forward_s == pytest.approx(forward, rel=1e-12)
+        assert layer.backward_s == pytest.approx(backward, rel=1e-12)
+
+
+def test_stages_add_embedding_head_recomputation_and_the_fixed_cost():
+    p = known_profile(micro_batch_s=1e-3)
+    model = load_model("gpt3-125m")
+    shard = Shard(1, 2, model.seq)
+    layer = layer_compute(p, model, shard)
+    middle = stage_compute(p, model, shard, 3, Recompute.NONE, False, False)
+    assert middle.total_s == pytest.approx(3 * layer.total_s + 1e-3)
+    full = stage_compute(p, model, shard, 3, Recompute.FULL, False, False)
+    assert full.total_s == pytest.approx(middle.total_s + 3 * layer.forward_s)
+    last = stage_compute(p, model, shard, 3, Recompute.NONE, False, True)
+    head = head_compute(p, model, shard)
+    assert last.total_s == pytest.approx(middle.total_s + head.total_s)
+    logits = shard.tokens * model.vocab
+    assert [op.seconds for op in head.ops if op.name == "loss"] == [pytest.approx(14 * logits / (6 / 3e-12))]
+    assert micro_batch_fixed_s(known_profile()) == pytest.approx(1e-4 - 3e-5)  # from the attention floors
+    assert optimizer_s(p, 1e9, True) == pytest.approx(34e9 / (6 / 3e-12))
+
+
+def test_the_planner_uses_the_same_numbers_as_compute(tmp_path, capsys):
+    """pp = 1: the plan's compute per micro-batch is the compute command's
+    layer times the layers, plus embedding, head and the fixed cost; the
+    optimizer step is the plan's own term."""
+    save_operation_profile(tmp_path / "p.json", known_profile())
+    assert main(["compute", "--compute-profile", str(tmp_path / "p.json"), "--model", "gpt3-125m", "--tp", "2",
+                 "--micro-batch", "2", "--json"]) == 0
+    layer = json.loads(capsys.readouterr().out)
+    assert {"forward_s", "backward_s", "operations"} <= set(layer)
+    assert sum(op["seconds"] for op in layer["operations"]) == pytest.approx(layer["forward_s"] + layer["backward_s"])
+    model = load_model("gpt3-125m")
+    training, config = Training(16), Configuration(2, 8, 1, 2)
+    topology = load_topology("dgx-a100").scaled({"node": 2})
+    estimate = compute_estimate(model, training, config, topology.device, known_profile())
+    shard = Shard(2, 2, model.seq)
+    from synth.planner.layercompute import embedding_compute
+    want = (model.layers * (layer["forward_s"] + layer["backward_s"]) + embedding_compute(known_profile(), model, shard)
+            .total_s + head_compute(known_profile(), model, shard).total_s + micro_batch_fixed_s(known_profile()))
+    assert estimate.micro_batch_s == pytest.approx(want, rel=1e-12)
+    request = JobRequest(topology, topology.device, model, training, (AxisRange("tp", 2, 2), AxisRange("dp", 8, 8)),
+                         (2,), compute=known_profile())
+    best = plan_job(request).candidates[0]
+    assert best.step.compute_s == pytest.approx(config.micro_batches(training) * want, rel=1e-12)
+    assert best.step.optimizer_s == pytest.approx(optimizer_s(known_profile(), model.parameters / 2, True))
+
+
+def test_the_slowest_stage_sets_the_pace_and_zero_shards_the_optimizer():
+    model, p = load_model("gpt3-125m"), known_profile()
+    device = load_topology("dgx-a100").device
+    plain = compute_estimate(model, Training(64), Configuration(1, 4, 4, 1), device, p)
+    shard = Shard(1, 1, model.seq)
+    stages = [stage_compute(p, model, shard, 3, Recompute.NONE, first, last).total_s
+              for first, last in ((True, False), (False, True), (False, False))]
+    assert plain.micro_batch_s == max(stages)
+    sharded = compute_estimate(model, Training(64, sharding=Sharding.ZERO1), Configuration(1, 4, 4, 1), device, p)
+    assert sharded.optimizer_s == pytest.approx(plain.optimizer_s / 4, rel=0.05)  # floors aside, a quarter
+    assert plain.efficiency == pytest.approx(step_shape(model, Training(64), Configuration(1, 4, 4, 1))
+                                             .flops_per_micro_batch / (device.peak_flops * plain.micro_batch_s))
+
+
+def test_h100_topologies_plan_with_the_shipped_profile_and_others_with_the_curve(capsys):
+    assert isinstance(default_compute("NVIDIA H100 SXM5 80GB"), OperationProfile)
+    assert default_compute("NVIDIA A100 80GB SXM4") is DEFAULT_COMPUTE
+    assert shipped_profile_for("h100-sxm5-80gb") == shipped_profile_for("nvidia h100 80gb hbm3")
+    assert main(["plan", "--topology", "dgx-h100", "--scale", "node=1", "--model", "gpt3-1.3b", "--global-batch",
+                 "16", "--top", "1", "--no-verify", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["compute_profile"]["name"] == "h100-sxm5-80gb"
+    assert doc["configurations"][0]["breakdown"]["optimizer"] > 0
+    assert main(["plan", "--topology", "dgx-h100", "--scale", "node=1", "--model", "gpt3-1.3b", "--global-batch",
+                 "16", "--top", "1", "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert "compute per operation (h100-sxm5-80gb" in out and " optim " in out
+
+
+# ---------------------------------------------------------------- the fit of the fixed cost on steps
+
+
+def test_fit_on_step_records_recovers_the_fixed_cost_per_micro_batch(tmp_path, capsys):
+    truth = known_profile(micro_batch_s=2.5e-3)
+    topology = load_topology("dgx-a100").scaled({"node": 2})
+    costs = RecordCosts()
+    model = load_model("layers=4,hidden=256,heads=8,seq=128,vocab=1000")
+    records = []
+    for tp, b in itertools.product((1, 2, 8), (1, 4)):
+        placement = enumerate_placements(topology, (Axis("tp", tp), Axis("dp", 16 // tp)))[0]
+        record = StepRecord(model, Training(64), placement, Configuration(tp, 16 // tp, 1, b), 1.0)
+        records.append(replace(record, step_s=predicted_step_s(record, truth, costs)))
+    assert fit_micro_batch_cost(records, known_profile(), costs).micro_batch_s == pytest.approx(2.5e-3, rel=1e-6)
+    path = tmp_path / "steps.jsonl"
+    write_step_records(path, records)
+    save_operation_profile(tmp_path / "base.json", known_profile())
+    assert main(["fit", str(path), "--compute-profile", str(tmp_path / "base.json"), "-o",
+                 str(tmp_path / "fitted.json")]) == 0
+    assert "fixed cost per micro-batch" in capsys.readouterr().out
+    fitted = load_compute_profile(tmp_path / "fitted.json")
+    assert fitted.micro_batch_s == pytest.approx(2.5e-3, rel=1e-6)
+    assert fitted.fit["steps"]["step_max_rel_error"] < 1e-6
+
+
+# ---------------------------------------------------------------- commands and their errors
+
+
+def test_compute_command_text_and_errors(cli, tmp_path):
+    code, out, _ = cli("compute", "--device", "h100-sxm5-80gb", "--model", "llama2-7b", "--tp", "8")
+    assert code == 0 and "one layer on one device of h100-sxm5-80gb" in out and "mlp_up.wgrad" in out
+    assert usage_error(cli, "compute", "--device", "nosuchgpu", "--model", "gpt3-125m").startswith(
+        "--device nosuchgpu: no shipped per-operation compute profile (shipped: h100-sxm5-80gb")
+    assert "give --device NAME" in usage_error(cli, "compute", "--model", "gpt3-125m")
+    assert usage_error(cli, "compute", "--device", "h100-sxm5-80gb", "--model", "gpt3-125m", "--tp", "5") == (
+        "--tp 5: tp=5 does not divide the model's heads (12)")
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"schema": "synth-reduce/compute-profile", "version": 1, "efficiency_max": 0.5,
+                                 "half_flops": 0}))
+    assert "an efficiency curve (version 1) has no operations" in usage_error(
+        cli, "compute", "--compute-profile", curve, "--model", "gpt3-125m")
+    save_operation_profile(tmp_path / "k.json", known_profile())
+    assert "is for Known GPU; drop --device or give that device" in usage_error(
+        cli, "compute", "--compute-profile", tmp_path / "k.json", "--device", "h100-sxm5-80gb", "--model", "gpt3-125m")
+
+
+def test_calibrate_from_records_and_its_errors(cli, tmp_path):
+    out = tmp_path / "h100.compute.json"
+    code, text, _ = cli("calibrate", "--records", H100_RECORDS, "--units", "132", "--out", out)
+    assert code == 0 and "fitted 302 operation records" in text and "gemm" in text
+    assert load_compute_profile(out).name == "h100"
+    assert "--units N: the records do not say how many streaming multiprocessors" in usage_error(
+        cli, "calibrate", "--records", H100_RECORDS, "--out", out)
+    assert "does not exist" in usage_error(cli, "calibrate", "--records", H100_RECORDS, "--units", "132", "--out",
+                                           tmp_path / "missing" / "p.json")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op": "gemm", "M": 1}\n')
+    assert usage_error(cli, "calibrate", "--records", bad, "--units", "132", "--out", out) == (
+        f"{bad}:1: field 'K' must be an integer >= 1, got None")
+
+
+@pytest.mark.timeout(300)
+def test_calibrate_on_the_cpu_measures_and_fits(tmp_path):
+    """The measuring path end to end on a tiny grid (PyTorch on the CPU): a
+    progress line per family on stderr, the records kept, a profile that
+    loads and prices a layer."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    out, records = tmp_path / "cpu.compute.json", tmp_path / "ops.jsonl"
+    done = subprocess.run([sys.executable, "-m", "synth.cli", "calibrate", "--device", "cpu", "--out", str(out),
+                           "--records-out", str(records)], capture_output=True, text=True, cwd=REPO, timeout=280)
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("calibrate: ")]
+    assert len(progress) == 4 and "GEMM shapes measured" in progress[1], done.stderr
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    assert len(lines) == len(CPU_GRID.gemm_shapes()) + 4 + 4 * len(CPU_GRID.elements)
+    profile = load_compute_profile(out)
+    assert isinstance(profile, OperationProfile) and profile.devices == ("cpu",)
+    layer = layer_compute(profile, load_model("layers=2,hidden=128,heads=4,seq=64,vocab=100"), Shard(1, 1, 64))
+    assert layer.forward_s > 0 and layer.backward_s > layer.forward_s / 10
