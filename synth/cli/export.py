@@ -4,6 +4,7 @@
     synth-reduce export job.json --format megatron      # Megatron-LM arguments + renumbering
     synth-reduce export job.json --format torchtitan    # [parallelism] TOML + overrides
     synth-reduce export plan.json --format jax [--hierarchical]
+    synth-reduce export plan.json --format msccl --out DIR   # MSCCL algorithm XMLs, each checked
 
 Text on stdout (or ``--out FILE``, written whole or not at all); ``--json``
 prints one JSON document instead. The plan is loaded as for execution (its
@@ -14,11 +15,16 @@ export implies is checked against the plan before anything is printed.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Sequence
 
 from ..documents import check_writable, write_text
+from ..errors import SynthError
 from ..export.jax_mesh import jax_export, jax_text
 from ..export.megatron import megatron_export, megatron_text
+from ..export.msccl import plan_files, shadowed
+from ..export.msccl_check import check_algorithm
 from ..export.rank_map import RankMap, launch_command, parse_order, rank_map
 from ..export.torchtitan import torchtitan_export, torchtitan_text
 from ..export.trainer import parse_axis_names
@@ -27,7 +33,7 @@ from ..runtime.meshes import devices_per_node
 from ..topology import Topology
 from .args import Parser
 
-FORMATS = ("rank-map", "megatron", "torchtitan", "jax")
+FORMATS = ("rank-map", "megatron", "torchtitan", "jax", "msccl")
 
 
 def rank_map_text(ranks: RankMap, plan_path: str, topology: Topology, launch: str) -> str:
@@ -58,18 +64,25 @@ def run(argv: Sequence[str]) -> int:
     p.add_argument("--axis-names", metavar="AXIS=NAME,...",
                    help="megatron, torchtitan: trainer names of the plan's axes, e.g. mp=tp")
     p.add_argument("--hierarchical", action="store_true", help="jax: one mesh axis per level an axis spans")
+    p.add_argument("--reduce", metavar="AXES", help="msccl: export only the reductions over these axes (e.g. dp)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
-    p.add_argument("--out", help="write to this file instead of stdout")
+    p.add_argument("--out", help="write to this file instead of stdout (msccl: the folder for the XML files)")
     args = p.parse_args(argv)
-    if args.out:
+    if args.out and args.format != "msccl":
         check_writable(args.out, "--out")
+    if args.format == "msccl" and not args.out:
+        p.error("--format msccl writes one XML per reduction and size range: give --out DIR")
     if args.order and args.format != "rank-map":
         p.error("--order applies to --format rank-map only")
     if args.axis_names and args.format not in ("megatron", "torchtitan"):
         p.error("--axis-names applies to --format megatron and torchtitan only")
+    if args.reduce and args.format != "msccl":
+        p.error("--reduce applies to --format msccl only")
     if args.hierarchical and args.format != "jax":
         p.error("--hierarchical applies to --format jax only")
     names = parse_axis_names(args.axis_names)
+    if args.format == "msccl":
+        return _msccl(args)
     plan = load_plan(args.plan)
     topology = plan.placement.topology
     if args.format == "rank-map":
@@ -94,4 +107,42 @@ def run(argv: Sequence[str]) -> int:
         print(f"wrote {args.format} export -> {args.out}")
     else:
         print(out, end="")
+    return 0
+
+
+def _msccl(args) -> int:
+    """``--format msccl --out DIR``: one MSCCL algorithm XML per reduction and
+    size range (synth.export.msccl), each run by the independent checker
+    (synth.export.msccl_check) before anything is written."""
+    folder = Path(args.out)
+    if folder.exists() and not folder.is_dir():
+        raise SynthError(f"--out {args.out}: not a folder (--format msccl writes one file per algorithm)")
+    if not folder.exists() and not folder.parent.is_dir():
+        raise SynthError(f"--out {args.out}: its parent folder {folder.parent} does not exist")
+    plan = load_plan(args.plan)
+    files = plan_files(plan, [a.strip() for a in args.reduce.split(",")] if args.reduce else None)
+    checked = [check_algorithm(f.algorithm.xml(), f.name) for f in files]  # all of them before writing any
+    folder.mkdir(exist_ok=True)
+    for f in files:
+        check_writable(folder / f.name, "--out")
+    for f in files:
+        write_text(folder / f.name, "MSCCL XML", f.algorithm.xml())
+    if args.json:
+        print(json.dumps({"plan": args.plan, "format": "msccl", "folder": str(folder),
+                          "files": [{**f.to_dict(), "checked": c.to_dict()} for f, c in zip(files, checked)]},
+                         indent=1))
+        return 0
+    for f, c in zip(files, checked):
+        a = f.algorithm
+        high = "unbounded" if not a.max_bytes else f"{a.max_bytes} B"
+        print(f"wrote {folder / f.name}: {a.coll} on {a.ngpus} ranks, {a.proto}, {a.min_bytes} B..{high}, "
+              f"{a.pieces} piece(s) per chunk, {c.thread_blocks} thread blocks, {c.steps} steps; checked "
+              f"{' and '.join(c.modes)}")
+    print(f"load with: NCCL_MSCCL_ENABLE=1 MSCCL_ALGO_DIR={folder} (the MSCCL executor build of NCCL; "
+          "docs/nccl-programs.md)")
+    for first, other in shadowed(files):
+        print(f"warning: {first.name} and {other.name} are both {first.algorithm.coll} on {first.algorithm.ngpus} "
+              f"ranks over overlapping sizes; the executor takes {first.name} for both communicators (export one "
+              "reduction per folder with --reduce, and give each process the folder of its busiest communicator)",
+              file=sys.stderr)
     return 0

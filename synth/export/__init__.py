@@ -9,6 +9,10 @@
 * :mod:`~synth.export.megatron`: Megatron-LM arguments;
 * :mod:`~synth.export.torchtitan`: torchtitan's ``[parallelism]`` settings;
 * :mod:`~synth.export.jax_mesh`: the device array of a JAX mesh.
+* :mod:`~synth.export.msccl`: a verified program as an MSCCL algorithm XML
+  (what the MSCCL executor build of NCCL loads), pipelined chunk by chunk;
+* :mod:`~synth.export.msccl_check`: an independent chunk-level interpreter that
+  checks any MSCCL XML (format, connections, dependencies, deadlock, result).
 
 ``synth-reduce export`` is the command. Every group an export implies is
 checked against the plan before it is returned; the plan itself was checked

@@ -1,0 +1,317 @@
+"""MSCCL XML: every synthesized program of the P2 configurations compiles to a
+file the independent chunk-level checker accepts (in place and out of place);
+the checker catches planted faults with a clear message and accepts a
+hand-written ring; the export and verify commands."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helpers import usage_error
+
+from synth.errors import SynthError
+from synth.export.msccl import MAX_STEPS_PER_TB, compile_program, plan_files, shadowed
+from synth.export.msccl_check import check_algorithm, execute, parse
+from synth.plan import Plan, load_plan, write_plan
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import enumerate_placements, parse_axes
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.search import synthesize_reduction
+from synth.synthesis.semantics import Goal
+from synth.topology import load_topology
+
+GOALS = (Goal.ALLREDUCE, Goal.REDUCESCATTER, Goal.ALLGATHER)
+
+
+def _programs(topology: str, axes: str, reduce: str, goal: Goal, limit: int | None = None):
+    for placement in enumerate_placements(load_topology(topology), parse_axes(axes)):
+        reduction = Reduction.of(placement, reduce, goal)
+        for program in synthesize_reduction(reduction, 5).programs[:limit]:
+            yield reduction, program
+
+
+@pytest.mark.parametrize("topology,axes,reduce", [("p2-a100", "dp=4,mp=16", "dp"), ("p2-a100", "dp=4,mp=16", "mp"),
+                                                  ("p2-v100", "dp=4,mp=8", "dp"), ("p2-v100", "dp=4,mp=8", "mp")])
+@pytest.mark.parametrize("goal", GOALS, ids=lambda g: g.value)
+def test_every_program_of_the_p2_configurations_compiles_and_checks(topology, axes, reduce, goal):
+    """Each placement's every program of at most 5 steps: its XML passes the
+    checker in both modes, with the limits of the executor kept."""
+    count = 0
+    for reduction, program in _programs(topology, axes, reduce, goal):
+        algorithm = compile_program(program, reduction, "t")
+        result = check_algorithm(algorithm.xml(), f"{program}")
+        assert result.modes == ("out-of-place", "in-place")
+        assert max(len(tb.steps) for tbs in algorithm.thread_blocks for tb in tbs) <= MAX_STEPS_PER_TB
+        count += 1
+    assert count > 0
+
+
+@pytest.mark.parametrize("topology,axes,reduce,scale", [("testbed-2x2x2", "dp=8", "dp", None),
+                                                        ("dgx-a100", "dp=16", "dp", {"node": 2}),
+                                                        ("dgx-h100", "dp=2,mp=8", "dp,mp", {"node": 2})])
+def test_the_first_programs_on_shipped_topologies(topology, axes, reduce, scale):
+    top = load_topology(topology)
+    if scale:
+        top = top.scaled(scale)
+    for goal in GOALS:
+        placement = enumerate_placements(top, parse_axes(axes))[0]
+        reduction = Reduction.of(placement, reduce, goal)
+        for program in synthesize_reduction(reduction, 5).programs[:6]:
+            check_algorithm(compile_program(program, reduction, "t").xml(), str(program))
+
+
+def test_pieces_pipeline_chunks_and_keep_results_exact():
+    reduction, program = next(_programs("testbed-2x4", "dp=8", "dp", Goal.ALLREDUCE))
+    assert str(program) == "AllReduce(root, inside)"  # one ring of 8: 15 operations per piece and member
+    for pieces in (1, 2, 4):
+        algorithm = compile_program(program, reduction, "t", pieces=pieces)
+        assert algorithm.nchunksperloop == 8 * pieces and algorithm.pieces == pieces
+        assert max(len(tb.steps) for tbs in algorithm.thread_blocks for tb in tbs) == 15 * pieces
+        check_algorithm(algorithm.xml())
+    assert compile_program(program, reduction, "t").pieces == 4  # the most that fits 64 steps per thread block
+    with pytest.raises(SynthError, match=r"does not fit MSCCL's 64 steps per thread block \(8 piece\(s\): 120 steps"):
+        compile_program(program, reduction, "t", pieces=8)
+
+
+# ---------------------------------------------------------------- planted faults
+
+
+@pytest.fixture(scope="module")
+def good_xml() -> str:
+    """A three-step hierarchical all-reduce on 2 nodes x 4 ranks, 2 pieces."""
+    for reduction, program in _programs("testbed-2x4", "dp=8", "dp", Goal.ALLREDUCE):
+        if len(program.instructions) == 3:
+            return compile_program(program, reduction, "t", pieces=2).xml()
+    raise AssertionError("no 3-step program")
+
+
+def _lines(xml: str, pattern: str) -> list[int]:
+    return [n for n, line in enumerate(xml.splitlines()) if re.search(pattern, line)]
+
+
+def _replace_line(xml: str, number: int, old: str, new: str) -> str:
+    lines = xml.splitlines()
+    assert old in lines[number], (lines[number], old)
+    lines[number] = lines[number].replace(old, new, 1)
+    return "\n".join(lines) + "\n"
+
+
+def _drop_step(xml: str, number: int) -> str:
+    """Remove one step line and renumber the rest of its thread block."""
+    lines = xml.splitlines()
+    del lines[number]
+    n = number
+    while n < len(lines) and lines[n].strip().startswith("<step"):
+        lines[n] = re.sub(r' s="(\d+)"', lambda m: f' s="{int(m.group(1)) - 1}"', lines[n], count=1)
+        n += 1
+    return "\n".join(lines) + "\n"
+
+
+def _gpu0(xml: str, pattern: str) -> int:
+    """The first line of gpu 0 matching ``pattern``."""
+    last = _lines(xml, r'<gpu id="1"')[0]
+    return next(n for n in _lines(xml, pattern) if n < last)
+
+
+def _fault(xml: str, name: str) -> str:
+    """``xml`` (the fixture's program: ReduceScatter(root, inside) ; AllGather(node,
+    inside) ; AllGather(node, parallel(root))) with one fault planted in gpu 0."""
+    tb0, tb1, tb2 = (_gpu0(xml, f'<tb id="{t}"') for t in range(3))
+    if name == "wrong peer":
+        return _replace_line(xml, tb0, 'send="1"', 'send="2"')
+    if name == "dropped step":  # the last receive of the cross-node step
+        return _drop_step(xml, tb2 + 6)
+    if name == "duplicated reduce":  # adds its own input again to a reduced chunk it receives
+        return _replace_line(xml, tb1 + 2, 'type="rcs" srcbuf="i" srcoff="-1" dstbuf="o" dstoff="3"',
+                             'type="rrcs" srcbuf="i" srcoff="3" dstbuf="o" dstoff="3"')
+    if name == "wrong offset":
+        return _replace_line(xml, tb0 + 1, 'srcoff="7"', 'srcoff="6"')
+    if name == "missing dependency":  # sends o[0] without waiting for tb 0 to reduce it there
+        return _replace_line(xml, tb1 + 1, 'depid="0" deps="7"', 'depid="-1" deps="-1"')
+    if name == "cyclic dependencies":  # tb 0 waits for tb 1, which waits for tb 0
+        return _replace_line(xml, tb0 + 1, 'depid="-1" deps="-1" hasdep="0"', 'depid="1" deps="3" hasdep="0"')
+    if name == "swapped buffers":
+        return _replace_line(xml, tb1 + 4, 'dstbuf="o" dstoff="1"', 'dstbuf="i" dstoff="1"')
+    if name == "channel mismatch":
+        return _replace_line(xml, tb1, 'chan="1"', 'chan="2"')
+    if name == "bad protocol":
+        return xml.replace('proto="Simple"', 'proto="simple"', 1)
+    if name == "wrong chunk count":
+        return _replace_line(xml, tb2 + 2, 'cnt="4"', 'cnt="3"')
+    if name == "hasdep cleared":
+        return _replace_line(xml, tb0 + 8, 'hasdep="1"', 'hasdep="0"')
+    if name == "xml declaration":
+        return '<?xml version="1.0"?>\n' + xml
+    if name == "tab indent":
+        return xml.replace("    <tb", "\t<tb", 1)
+    if name == "reduce_scatter name":
+        return xml.replace('coll="allreduce"', 'coll="reduce_scatter"', 1)
+    raise AssertionError(name)
+
+
+FAULTS = {
+    "wrong peer": r"deadlock|receives \d chunk",
+    "dropped step": r"gpu 4 sent 1 message\(s\) to gpu 0 on chan 2 that no step receives",
+    "duplicated reduce": r"gpu 0 output chunk 3 holds \{rank 0 chunk 3 x2, rank 1 chunk 3",
+    "wrong offset": r"output chunk \d+ holds",
+    "missing dependency": r"gpu \d output chunk 0 holds uninitialised data",
+    "cyclic dependencies": r"deadlock .*gpu 0 tb 0 step 0 \(s, line \d+\): waits for tb 1 step 3",
+    "swapped buffers": r"gpu 0 output chunk 1 holds uninitialised data",
+    "channel mismatch": r"deadlock .*a message from gpu 0 on chan 1",
+    "bad protocol": r'proto="simple": the executor knows Simple, LL, LL128 \(exact case\)',
+    "wrong chunk count": r"gpu 4 tb \d step \d \(r\) receives 4 chunk\(s\) but gpu 0 sent 3 on chan 2",
+    "hasdep cleared": r'depends on tb 0 step 7, which has hasdep="0": the executor never signals it',
+    "xml declaration": r"an XML declaration",
+    "tab indent": r"a tab before the tag",
+    "reduce_scatter name": r"write reducescatter",
+}
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_planted_faults_are_caught(good_xml, name):
+    check_algorithm(good_xml, "good.xml")
+    bad = _fault(good_xml, name)
+    assert bad != good_xml
+    with pytest.raises(SynthError) as caught:
+        check_algorithm(bad, "bad.xml")
+    message = str(caught.value)
+    assert message.startswith("bad.xml"), message
+    assert "\n" not in message
+    assert re.search(FAULTS[name], message), message
+
+
+HAND_WRITTEN_RING = """<algo name="ring3" proto="LL" nchannels="1" nchunksperloop="3" ngpus="3" coll="allreduce" \
+inplace="1" outofplace="1" minBytes="0" maxBytes="65536">
+""" + "".join(
+    f"""  <gpu id="{r}" i_chunks="3" o_chunks="3" s_chunks="0">
+    <tb id="0" send="{(r + 1) % 3}" recv="{(r + 2) % 3}" chan="0">
+      <step s="0" type="s" srcbuf="i" srcoff="{(r - 1) % 3}" dstbuf="o" dstoff="-1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="rrs" srcbuf="i" srcoff="{(r + 1) % 3}" dstbuf="o" dstoff="-1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="2" type="rrcs" srcbuf="i" srcoff="{r}" dstbuf="o" dstoff="{r}" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="3" type="rcs" srcbuf="i" srcoff="-1" dstbuf="o" dstoff="{(r - 1) % 3}" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="4" type="r" srcbuf="i" srcoff="-1" dstbuf="o" dstoff="{(r + 1) % 3}" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+    </tb>
+  </gpu>
+""" for r in range(3)) + "</algo>\n"
+
+
+def test_a_hand_written_ring_passes_and_its_results_are_the_sums():
+    result = check_algorithm(HAND_WRITTEN_RING, "ring3.xml")
+    assert (result.coll, result.ngpus, result.proto, result.max_bytes) == ("allreduce", 3, "LL", 65536)
+    algo = parse(HAND_WRITTEN_RING, "ring3.xml")
+    buffers = execute(algo, in_place=False, source="ring3.xml")
+    for r in range(3):
+        for c in range(3):
+            assert dict(buffers[r]["o"][c][0]) == {(q, c): 1 for q in range(3)}
+            assert dict(buffers[r]["i"][c][0]) == {(r, c): 1}  # out of place: the input is untouched
+    # a reduce-scatter by the same ring, stopped after the reduction, is not an all-reduce
+    partial = "\n".join(line for line in HAND_WRITTEN_RING.splitlines() if '<step s="3"' not in line and '<step s="4"' not in line)
+    partial = partial.replace('type="rrcs"', 'type="rrc"') + "\n"
+    with pytest.raises(SynthError, match=r"output chunk \d holds uninitialised data"):
+        check_algorithm(partial, "partial.xml")
+
+
+def test_reads_like_the_executor():
+    with pytest.raises(SynthError, match=r"x.xml:1: <algo> lacks maxBytes"):
+        check_algorithm(HAND_WRITTEN_RING.replace(' maxBytes="65536"', ""), "x.xml")
+    with pytest.raises(SynthError, match=r"not one whole tag with double-quoted attributes"):
+        check_algorithm(HAND_WRITTEN_RING.replace('ngpus="3"', "ngpus='3'"), "x.xml")
+    with pytest.raises(SynthError, match=r"thread block ids \[1\]: must be 0, 1, \.\.\."):
+        check_algorithm(HAND_WRITTEN_RING.replace('<tb id="0"', '<tb id="1"'), "x.xml")
+    with pytest.raises(SynthError, match=r'cnt="x" is not an integer'):
+        check_algorithm(HAND_WRITTEN_RING.replace('cnt="1"', 'cnt="x"', 1), "x.xml")
+
+
+# ---------------------------------------------------------------- commands
+
+
+@pytest.fixture
+def hierarchical_plan(tmp_path) -> Path:
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))[0]
+    plans = []
+    for axis in ("dp", "tp"):
+        reduction = Reduction.of(placement, axis, Goal.ALLREDUCE)
+        program = synthesize_reduction(reduction, 5).programs[0]
+        plans.append(Plan.single(lower(program, reduction), reduction).reductions[0])
+    path = tmp_path / "plan.json"
+    write_plan(path, Plan(placement, tuple(plans)))
+    return path
+
+
+def test_export_writes_checked_files_and_verify_reads_them(cli, tmp_path, hierarchical_plan):
+    out = tmp_path / "msccl"
+    code, text, err = cli("export", hierarchical_plan, "--format", "msccl", "--out", out)
+    assert code == 0, err
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["dp-allreduce-0.xml", "tp-allreduce-0.xml"]
+    assert "checked out-of-place and in-place" in text and "MSCCL_ALGO_DIR" in text
+    for name in names:
+        code, text, _ = cli("verify", out / name)
+        assert code == 0 and "verified allreduce on" in text
+    code, text, _ = cli("verify", out / "dp-allreduce-0.xml", "--json")
+    doc = json.loads(text)
+    assert doc["verified"] and doc["ngpus"] == 4 and doc["modes"] == ["out-of-place", "in-place"]
+    code, text, _ = cli("export", hierarchical_plan, "--format", "msccl", "--out", tmp_path / "dp", "--reduce", "dp",
+                        "--json")
+    doc = json.loads(text)
+    assert [f["file"] for f in doc["files"]] == ["dp-allreduce-0.xml"] and doc["files"][0]["checked"]["steps"] > 0
+
+
+def test_export_errors(cli, tmp_path, hierarchical_plan):
+    assert "give --out DIR" in usage_error(cli, "export", hierarchical_plan, "--format", "msccl")
+    assert "its parent folder" in usage_error(cli, "export", hierarchical_plan, "--format", "msccl", "--out",
+                                              tmp_path / "no" / "where")
+    assert "--reduce pp: the plan reduces over dp; tp" == usage_error(
+        cli, "export", hierarchical_plan, "--format", "msccl", "--out", tmp_path / "x", "--reduce", "pp")
+    assert "--reduce applies to --format msccl only" in usage_error(
+        cli, "export", hierarchical_plan, "--format", "rank-map", "--reduce", "dp")
+    bad = tmp_path / "bad.xml"
+    bad.write_text(HAND_WRITTEN_RING.replace('proto="LL"', 'proto="ll"'))
+    assert usage_error(cli, "verify", bad).startswith(f"{bad}:1: proto=\"ll\"")
+
+
+def test_files_of_two_reductions_alike_are_reported(tmp_path):
+    """tp and dp groups of one size, both all-reduce: the executor would pick
+    the first file for both; the export says so."""
+    placement = enumerate_placements(load_topology("testbed-2x2x2"), parse_axes("tp=2,dp=4"))[0]
+    reductions = []
+    for axis in ("dp", "tp"):
+        reduction = Reduction.of(placement, axis, Goal.ALLREDUCE)
+        program = synthesize_reduction(reduction, 5).programs[0]
+        reductions.append(Plan.single(lower(program, reduction), reduction).reductions[0])
+    plan = Plan(placement, tuple(reductions))
+    assert shadowed(plan_files(plan)) == []  # 4 ranks and 2 ranks: told apart by ngpus
+    placement = enumerate_placements(load_topology("testbed-2x2x2"), parse_axes("tp=2,dp=2,pp=2"))[0]
+    reductions = []
+    for axis in ("dp", "tp"):
+        reduction = Reduction.of(placement, axis, Goal.ALLREDUCE)
+        program = synthesize_reduction(reduction, 5).programs[0]
+        reductions.append(Plan.single(lower(program, reduction), reduction).reductions[0])
+    pairs = shadowed(plan_files(Plan(placement, tuple(reductions))))
+    assert [(a.name, b.name) for a, b in pairs] == [("dp-allreduce-0.xml", "tp-allreduce-0.xml")]
+
+
+def test_a_job_plan_exports_every_size_range(tmp_path):
+    from synth.cli import main
+
+    job = tmp_path / "job.json"
+    assert main(["plan", "--topology", "testbed-2x4", "--model", "layers=4,hidden=256,heads=8,seq=128,vocab=1000",
+                 "--global-batch", "16", "--axes", "tp=2,dp=4,pp=1", "--device", "memory_GiB=16,peak_TFLOPs=1",
+                 "--out", str(job)]) == 0
+    plan = load_plan(job)
+    files = plan_files(plan)
+    ranges = sum(len(p.programs) for p in plan.reductions)
+    assert len(files) == ranges
+    for f in files:
+        check_algorithm(f.algorithm.xml(), f.name)
+        assert f.algorithm.proto in ("Simple", "LL128", "LL")
+    by_reduction: dict = {}
+    for f in files:
+        by_reduction.setdefault(f.axes, []).append(f.algorithm)
+    for algorithms in by_reduction.values():
+        assert algorithms[0].min_bytes == 0 and algorithms[-1].max_bytes == 0
+        for a, b in zip(algorithms, algorithms[1:]):
+            assert b.min_bytes == a.max_bytes + 1  # MSCCL's maxBytes is inclusive
