@@ -315,3 +315,85 @@ def test_a_job_plan_exports_every_size_range(tmp_path):
         assert algorithms[0].min_bytes == 0 and algorithms[-1].max_bytes == 0
         for a, b in zip(algorithms, algorithms[1:]):
             assert b.min_bytes == a.max_bytes + 1  # MSCCL's maxBytes is inclusive
+
+
+# ---------------------------------------------------------------- NCCL tuner rules
+
+
+def test_tuner_rules_cover_every_size_with_the_cheapest_algorithm(hierarchical_plan):
+    """Per group shape, ranges from 0 to the largest size without gaps; at
+    each range's start the rule's algorithm is priced no slower than any other
+    the group has (recomputed here with the model forced to each)."""
+    from synth.cost import Model
+    from synth.cost.model import Algorithm
+    from synth.cost.nccl import choose, comm_of
+    from synth.cost.predict import default_program, predict_program
+    from synth.export.nccl_tuner import MAX_BYTES, TunerRule, check_tuner_csv, plan_rules, tuner_csv
+    from synth.synthesis.language import Collective
+
+    plan = load_plan(hierarchical_plan)
+    rules = plan_rules(plan)
+    assert check_tuner_csv(tuner_csv(rules, "plan"), "rules.csv") == [
+        TunerRule(r.collective, r.min_bytes, r.max_bytes, r.algorithm, r.protocol, r.channels, r.nodes, r.ranks)
+        for r in rules]
+    names = {"nvls_tree": "nvlstree"}
+    for planned in plan.reductions:
+        reduction = planned.reduction
+        mine = [r for r in rules if r.reduce == reduction.axes]
+        assert mine[0].min_bytes == 0 and mine[-1].max_bytes == MAX_BYTES
+        assert all(b.min_bytes == a.max_bytes + 1 for a, b in zip(mine, mine[1:]))
+        comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
+        assert {(r.nodes, r.ranks) for r in mine} == {(comm.nodes, comm.ranks)}
+        lowered = lower(default_program(reduction.goal), reduction)
+        for rule in mine:
+            size = max(rule.min_bytes, 1)
+            times = {}
+            for algorithm in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT):
+                if choose(comm, Collective.ALLREDUCE, float(size), algorithm.forced).algorithm == algorithm.value:
+                    times[algorithm.value] = predict_program(lowered, reduction, size, Model(algorithm))
+            assert times[names.get(rule.algorithm, rule.algorithm)] == min(times.values()), (rule, times)
+
+
+@pytest.mark.parametrize("line,message", [
+    ("allreduce,0,100,ring,simple,-1,1,8", None),
+    ("allreduce,0,100,ring,simple,-1,1", "7 fields; the plugin needs 8 to 10"),
+    ("all_reduce,0,100,ring,simple,-1,1,8", "collective 'all_reduce' is not one the plugin knows"),
+    ("allreduce,0,100,Ring,simple,-1,1,8", "algorithm 'Ring' is not one the plugin knows"),
+    ("allreduce,0,100,ring,LL,-1,1,8", "protocol 'LL' is not one the plugin knows"),
+    ("allreduce,100,0,ring,simple,-1,1,8", "sizes 100..0"),
+    ("allreduce,0,1e3,ring,simple,-1,1,8", "field 3 '1e3' is not an integer"),
+    ("allreduce,0,100,ring,simple,0,1,8", "channels 0: -1"),
+    ("allreduce,0,100,ring,simple,-1,1,8,-1,2", "regBuff 2"),
+    ("allreduce,0,100,ring,simple,-1,1,8 " + " " * 260, "characters; the plugin reads at most 254"),
+])
+def test_the_tuner_csv_is_read_as_the_plugin_reads_it(line, message):
+    from synth.export.nccl_tuner import check_tuner_csv
+
+    text = "# a comment\n\n" + line + "\n"
+    if message is None:
+        assert len(check_tuner_csv(text, "t.csv")) == 1
+    else:
+        with pytest.raises(SynthError, match=re.escape(message)):
+            check_tuner_csv(text, "t.csv")
+    hidden = "allreduce,0,100,ring,simple,-1,1,8\nallreduce,50,200,tree,simple,-1,1,8\n"
+    with pytest.raises(SynthError, match=r"t.csv:2: sizes 50..200 overlap line 1's 0..100"):
+        check_tuner_csv(hidden, "t.csv")
+    assert len(check_tuner_csv(hidden.replace(",1,8\nallreduce,50", ",1,8\nallreduce,101"), "t.csv")) == 2
+
+
+def test_tuner_and_env_commands(cli, tmp_path, hierarchical_plan):
+    out = tmp_path / "rules.csv"
+    code, text, _ = cli("export", hierarchical_plan, "--format", "nccl-tuner", "--out", out)
+    assert code == 0 and out.read_text().startswith("# NCCL example tuner plugin rules")
+    code, text, _ = cli("export", hierarchical_plan, "--format", "nccl-env")
+    assert code == 0
+    env = dict(line.removeprefix("export ").split("=", 1) for line in text.splitlines())
+    assert set(env) == {"NCCL_ALGO", "NCCL_PROTO"}
+    # NCCL's parseList grammar: "func:elem,elem;func:elem", names from ncclFuncStr / ncclAlgoStr / ncclProtoStr
+    for entry in env["NCCL_ALGO"].strip('"').split(";"):
+        func, elems = entry.split(":")
+        assert func == "AllReduce" and set(elems.split(",")) <= {"Tree", "Ring", "NVLS", "NVLSTree", "PAT"}
+    for entry in env["NCCL_PROTO"].strip('"').split(";"):
+        assert set(entry.split(":")[1].split(",")) <= {"LL", "LL128", "Simple"}
+    doc = json.loads(cli("export", hierarchical_plan, "--format", "nccl-tuner", "--json")[1])
+    assert doc["format"] == "nccl-tuner" and doc["rules"] and set(doc["env"]) == {"NCCL_ALGO", "NCCL_PROTO"}

@@ -5,6 +5,8 @@
     synth-reduce export job.json --format torchtitan    # [parallelism] TOML + overrides
     synth-reduce export plan.json --format jax [--hierarchical]
     synth-reduce export plan.json --format msccl --out DIR   # MSCCL algorithm XMLs, each checked
+    synth-reduce export plan.json --format nccl-tuner [--out rules.csv]   # NCCL example tuner plugin rules
+    synth-reduce export plan.json --format nccl-env     # NCCL_ALGO / NCCL_PROTO per collective
 
 Text on stdout (or ``--out FILE``, written whole or not at all); ``--json``
 prints one JSON document instead. The plan is loaded as for execution (its
@@ -25,15 +27,16 @@ from ..export.jax_mesh import jax_export, jax_text
 from ..export.megatron import megatron_export, megatron_text
 from ..export.msccl import plan_files, shadowed
 from ..export.msccl_check import check_algorithm
+from ..export.nccl_tuner import check_tuner_csv, nccl_env, plan_rules, tuner_csv
 from ..export.rank_map import RankMap, launch_command, parse_order, rank_map
 from ..export.torchtitan import torchtitan_export, torchtitan_text
 from ..export.trainer import parse_axis_names
 from ..plan import load_plan
 from ..runtime.meshes import devices_per_node
 from ..topology import Topology
-from .args import Parser
+from .args import Parser, add_model_arguments, model_of
 
-FORMATS = ("rank-map", "megatron", "torchtitan", "jax", "msccl")
+FORMATS = ("rank-map", "megatron", "torchtitan", "jax", "msccl", "nccl-tuner", "nccl-env")
 
 
 def rank_map_text(ranks: RankMap, plan_path: str, topology: Topology, launch: str) -> str:
@@ -65,6 +68,7 @@ def run(argv: Sequence[str]) -> int:
                    help="megatron, torchtitan: trainer names of the plan's axes, e.g. mp=tp")
     p.add_argument("--hierarchical", action="store_true", help="jax: one mesh axis per level an axis spans")
     p.add_argument("--reduce", metavar="AXES", help="msccl: export only the reductions over these axes (e.g. dp)")
+    add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.add_argument("--out", help="write to this file instead of stdout (msccl: the folder for the XML files)")
     args = p.parse_args(argv)
@@ -98,6 +102,13 @@ def run(argv: Sequence[str]) -> int:
         export = torchtitan_export(plan, names)
         launch = launch_command(topology, args.plan, "<train script> <args>")
         doc, text = export.to_dict(), torchtitan_text(export, args.plan, launch)
+    elif args.format in ("nccl-tuner", "nccl-env"):
+        rules = plan_rules(plan, model_of(args))
+        csv = tuner_csv(rules, args.plan)
+        check_tuner_csv(csv, f"{args.format} export")  # as the plugin reads it, before anything is written
+        env = nccl_env(rules)
+        doc = {"format": args.format, "rules": [r.to_dict() for r in rules], "env": env}
+        text = csv if args.format == "nccl-tuner" else "".join(f"export {k}=\"{v}\"\n" for k, v in env.items())
     else:
         export = jax_export(plan, args.hierarchical)
         doc, text = export.to_dict(), jax_text(export, args.plan)

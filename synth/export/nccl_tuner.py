@@ -1,0 +1,209 @@
+"""NCCL tuner rules from a plan: the CSV of NCCL's example tuner plugin
+(``NCCL_TUNER_CONFIG_FILE``) and the coarser ``NCCL_ALGO``/``NCCL_PROTO``
+strings, for the collectives a plan's reductions call as single library calls.
+
+Format followed: NVIDIA/nccl at commit 5067397c (2026-06-11),
+``plugins/tuner/example/plugin.c``: one rule per line (lines of at most 255
+characters; ``#`` at the start of a line comments it out), 8 to 10
+comma-separated fields ``collective_type,min_bytes,max_bytes,algorithm,
+protocol,channels,nNodes,nRanks[,numPipeOps[,regBuff]]`` with surrounding
+blanks trimmed; collective ``broadcast|reduce|allgather|reducescatter|
+allreduce``, algorithm ``tree|ring|collnet_direct|collnet_chain|nvls|
+nvls_tree|pat``, protocol ``ll|ll128|simple`` (exact case: an unknown name is
+silently read as allreduce, ring or simple); sizes in bytes, both bounds
+inclusive, compared with the call's bytes (count x type size, x ranks for
+allgather and reducescatter: ``ncclFuncMaxSendRecvCount`` in
+``src/include/enqueue.h``); ``-1`` matches any node count, rank count,
+pipeline-op count or buffer registration, and keeps NCCL's channel count. The
+first matching rule applies. ``NCCL_ALGO``/``NCCL_PROTO`` take
+``collective:list`` entries separated by ``;`` (``src/graph/tuning.cc``
+``parseList``, names case-insensitive) and cannot depend on size.
+
+Choice. For each reduction group shape (collective, nodes, ranks) and each
+power-of-two size from 1 B to 8 GiB, every algorithm NCCL has for the group is
+priced by the project's cost model forced to it (``synth.cost``: NCCL's
+protocol and channel choice within the algorithm, the calibrated link
+parameters); the fastest names the rule for the sizes from that power of two
+to just below the next, and equal neighbours are merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..cost import Model
+from ..cost.model import Algorithm
+from ..cost.nccl import choose, comm_of
+from ..cost.predict import Predictor, default_program, lowered_loads
+from ..errors import SynthError
+from ..synthesis.language import Collective
+from ..synthesis.lowering import lower
+from ..synthesis.semantics import Goal
+
+MAX_BYTES = 2**64 - 1  # size_t: every size
+LARGEST_PRICED_BYTES = 2**33
+MAX_LINE = 255
+COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
+ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
+PROTOCOLS = ("ll", "ll128", "simple")
+HEADER = "collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff"
+_GOAL_NAMES = {Goal.ALLREDUCE: "allreduce", Goal.REDUCESCATTER: "reducescatter", Goal.ALLGATHER: "allgather"}
+_COLLECTIVE_OF = {Goal.ALLREDUCE: Collective.ALLREDUCE, Goal.REDUCESCATTER: Collective.REDUCESCATTER,
+                  Goal.ALLGATHER: Collective.ALLGATHER}
+_PLUGIN_ALGO = {"nvlstree": "nvls_tree"}
+_ENV_ALGO = {"tree": "Tree", "ring": "Ring", "nvls": "NVLS", "nvls_tree": "NVLSTree", "pat": "PAT",
+             "collnet_direct": "CollNetDirect", "collnet_chain": "CollNetChain"}
+_ENV_PROTO = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+_ENV_FUNC = {"allreduce": "AllReduce", "reducescatter": "ReduceScatter", "allgather": "AllGather",
+             "broadcast": "Broadcast", "reduce": "Reduce"}
+
+
+@dataclass(frozen=True)
+class TunerRule:
+    """One line of the plugin's CSV; ``reduce`` says which reduction it is for."""
+
+    collective: str
+    min_bytes: int
+    max_bytes: int
+    algorithm: str
+    protocol: str
+    channels: int
+    nodes: int
+    ranks: int
+    reduce: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        return (f"{self.collective},{self.min_bytes},{self.max_bytes},{self.algorithm},{self.protocol},"
+                f"{self.channels},{self.nodes},{self.ranks},-1,-1")
+
+    def to_dict(self) -> dict:
+        return {"collective": self.collective, "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
+                "algorithm": self.algorithm, "protocol": self.protocol, "channels": self.channels,
+                "nNodes": self.nodes, "nRanks": self.ranks, "reduce": list(self.reduce)}
+
+
+def _best(reduction, model: Model, size: int) -> tuple[str, str, int]:
+    """The (algorithm, protocol, channels) the cost model prices fastest for
+    one library call of the reduction's goal at ``size`` bytes per device."""
+    program = default_program(reduction.goal)
+    loads = lowered_loads(lower(program, reduction))
+    comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
+    collective = _COLLECTIVE_OF[reduction.goal]
+    best: tuple[float, tuple[str, str, int]] | None = None
+    for algorithm in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT):
+        choice = choose(comm, collective, float(size), algorithm.forced)
+        if choice.algorithm != algorithm.value:
+            continue  # NCCL has no such algorithm for this group: it would run its ring
+        seconds = Predictor(reduction, Model(algorithm, model.profile, model.profile_path)).program(
+            program, loads, float(size))
+        named = (_PLUGIN_ALGO.get(choice.algorithm, choice.algorithm), choice.protocol.lower(), choice.channels)
+        if best is None or seconds < best[0]:
+            best = (seconds, named)
+    assert best is not None  # the ring always exists
+    return best[1]
+
+
+def plan_rules(plan, model: Model | None = None) -> list[TunerRule]:
+    """Rules for every reduction of ``plan`` whose goal NCCL runs as one call,
+    one group shape (collective, nodes, ranks) once (the first reduction's)."""
+    model = model or Model()
+    rules: list[TunerRule] = []
+    seen: set[tuple[str, int, int]] = set()
+    for planned in plan.reductions:
+        reduction = planned.reduction
+        if reduction.goal not in _GOAL_NAMES:
+            continue
+        comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
+        key = (_GOAL_NAMES[reduction.goal], comm.nodes, comm.ranks)
+        if key in seen or comm.ranks < 2:
+            continue
+        seen.add(key)
+        low, current = 0, None
+        for power in range(LARGEST_PRICED_BYTES.bit_length()):
+            choice = _best(reduction, model, 1 << power)
+            if current is not None and choice != current:
+                rules.append(TunerRule(key[0], low, (1 << power) - 1, *current, comm.nodes, comm.ranks,
+                                       reduction.axes))
+                low = 1 << power
+            current = choice
+        assert current is not None
+        rules.append(TunerRule(key[0], low, MAX_BYTES, *current, comm.nodes, comm.ranks, reduction.axes))
+    return rules
+
+
+def tuner_csv(rules: Sequence[TunerRule], source: str) -> str:
+    lines = [f"# NCCL example tuner plugin rules (NCCL_TUNER_CONFIG_FILE) for {source}",
+             "# written by synth-reduce export --format nccl-tuner; first matching line applies", f"# {HEADER}"]
+    lines += [f"# reduce {','.join(r.reduce)}\n{r.line()}" if i == 0 or rules[i - 1].reduce != r.reduce else r.line()
+              for i, r in enumerate(rules)]
+    return "\n".join(lines) + "\n"
+
+
+def nccl_env(rules: Sequence[TunerRule]) -> dict[str, str]:
+    """``NCCL_ALGO`` and ``NCCL_PROTO``: per collective, every algorithm and
+    protocol its rules use (NCCL then picks among them by its own tuning)."""
+    algos: dict[str, list[str]] = {}
+    protos: dict[str, list[str]] = {}
+    for r in rules:
+        for table, value in ((algos, _ENV_ALGO[r.algorithm]), (protos, _ENV_PROTO[r.protocol])):
+            names = table.setdefault(_ENV_FUNC[r.collective], [])
+            if value not in names:
+                names.append(value)
+    return {"NCCL_ALGO": ";".join(f"{f}:{','.join(v)}" for f, v in algos.items()),
+            "NCCL_PROTO": ";".join(f"{f}:{','.join(v)}" for f, v in protos.items())}
+
+
+# ---------------------------------------------------------------- the plugin's reading, checked
+
+
+def check_tuner_csv(text: str, source: str = "CSV") -> list[TunerRule]:
+    """Read a rules file as the example plugin does and refuse what it would
+    misread silently: lines over 255 characters (cut), other than 8 to 10
+    fields, unknown collective, algorithm or protocol names (read as
+    allreduce, ring, simple), numbers that are not integers, empty ranges,
+    and rules that an earlier one hides (same collective, nodes, ranks,
+    pipeline ops and registration over overlapping sizes, so the later one
+    never applies)."""
+    rules: list[tuple[TunerRule, int, int, int]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        where = f"{source}:{number}"
+        if not line or line.startswith("#"):
+            continue
+        if len(line) > MAX_LINE - 1:
+            raise SynthError(f"{where}: {len(line)} characters; the plugin reads at most {MAX_LINE - 1} per line")
+        fields = [f.strip(" \t") for f in line.split(",") if f]  # strtok skips empty fields
+        if not 8 <= len(fields) <= 10:
+            raise SynthError(f"{where}: {len(fields)} fields; the plugin needs 8 to 10 ({HEADER})")
+        collective, algorithm, protocol = fields[0], fields[3], fields[4]
+        for value, known, what in ((collective, COLLECTIVES, "collective"), (algorithm, ALGORITHMS, "algorithm"),
+                                   (protocol, PROTOCOLS, "protocol")):
+            if value not in known:
+                raise SynthError(f"{where}: {what} '{value}' is not one the plugin knows ({', '.join(known)}); it "
+                                 "would silently use its default")
+        numbers = []
+        for i in (1, 2, 5, 6, 7, 8, 9):
+            if i >= len(fields):
+                numbers.append(-1)
+                continue
+            if not (fields[i].isdigit() or (fields[i].startswith("-") and fields[i][1:].isdigit())):
+                raise SynthError(f"{where}: field {i + 1} '{fields[i]}' is not an integer")
+            numbers.append(int(fields[i]))
+        low, high, channels, nodes, ranks, pipe_ops, reg = numbers
+        if low < 0 or high > MAX_BYTES or low > high:
+            raise SynthError(f"{where}: sizes {low}..{high}: need 0 <= min_bytes <= max_bytes <= {MAX_BYTES}")
+        for value, name in ((channels, "channels"), (nodes, "nNodes"), (ranks, "nRanks"), (pipe_ops, "numPipeOps")):
+            if value == 0 or value < -1:
+                raise SynthError(f"{where}: {name} {value}: -1 (any / NCCL's default) or a positive count")
+        if reg not in (-1, 0, 1):
+            raise SynthError(f"{where}: regBuff {reg}: -1, 0 or 1")
+        rule = TunerRule(collective, low, high, algorithm, protocol, channels, nodes, ranks)
+        shape = (collective, nodes, ranks, pipe_ops, reg)
+        for earlier, line_no, ops, rb in rules:
+            if (earlier.collective, earlier.nodes, earlier.ranks, ops, rb) == shape \
+                    and earlier.min_bytes <= high and low <= earlier.max_bytes:
+                raise SynthError(f"{where}: sizes {low}..{high} overlap line {line_no}'s {earlier.min_bytes}.."
+                                 f"{earlier.max_bytes} for the same {collective} shape; the first matching line "
+                                 "applies, so this one is hidden there")
+        rules.append((rule, number, pipe_ops, reg))
+    return [r for r, _, _, _ in rules]
