@@ -397,3 +397,18 @@ def test_tuner_and_env_commands(cli, tmp_path, hierarchical_plan):
         assert set(entry.split(":")[1].split(",")) <= {"LL", "LL128", "Simple"}
     doc = json.loads(cli("export", hierarchical_plan, "--format", "nccl-tuner", "--json")[1])
     assert doc["format"] == "nccl-tuner" and doc["rules"] and set(doc["env"]) == {"NCCL_ALGO", "NCCL_PROTO"}
+
+
+# ---------------------------------------------------------------- pipelined execution
+
+
+def test_pipelined_schedules_are_exact_under_mpi():
+    """Every all-reduce program of testbed-2x4 (dp=8; dp=4,mp=2 over dp) as
+    its MSCCL schedule, run with non-blocking point-to-point on 8 MPI ranks
+    (one stream per thread block): every buffer equals the direct sum."""
+    from processes import run_watched
+    from test_runtime import REPO, mpi_env, mpiexec_command
+
+    done = run_watched(mpiexec_command(8, "tests/mpi_worker.py", "pipelined"), stall_s=180, cwd=REPO, env=mpi_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"ok: \d+ pipelined runs on 8 ranks, all exact", done.stdout), done.stdout

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import SynthError
+from ..runtime.pipelined import Op, Schedule, Stream
 from ..synthesis.language import Collective, Program
 from ..synthesis.lowering import expand, group_runs
 from ..synthesis.reduction import Reduction
@@ -429,3 +430,14 @@ def _overlap(a: MscclAlgorithm, b: MscclAlgorithm) -> bool:
     a_high = a.max_bytes or float("inf")
     b_high = b.max_bytes or float("inf")
     return a.min_bytes <= b_high and b.min_bytes <= a_high
+
+
+def schedule_of(algorithm: MscclAlgorithm, rank: int) -> Schedule:
+    """Rank ``rank``'s thread blocks as the runtime's streams
+    (:mod:`synth.runtime.pipelined`), step indices kept (nops included)."""
+    streams = []
+    for tb in algorithm.thread_blocks[rank]:
+        ops = tuple(Op(st.type, (st.srcbuf, st.srcoff), (st.dstbuf, st.dstoff), st.cnt,
+                       ((st.depid, st.deps),) if st.depid >= 0 else ()) for st in tb.steps)
+        streams.append(Stream(tb.send, tb.recv, tb.chan, ops))
+    return Schedule(tuple(streams), algorithm.nchunksperloop, algorithm.chunks[rank][2])

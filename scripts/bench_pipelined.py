@@ -1,0 +1,105 @@
+"""A program run step by step (one MPI collective per step, synth.Executor)
+beside the same program as its pipelined MSCCL schedule (non-blocking
+point-to-point, synth.runtime.pipelined) and the default all-reduce
+(MPI_Allreduce), measured side by side in one run under mpiexec.
+
+    mpiexec -n 8 python scripts/bench_pipelined.py [--topology testbed-2x4] [--axes dp=8]
+        [--sizes 1M,16M,64M] [--iters 10] [--program N]
+
+Prints, per size, the median of the per-iteration maximum over ranks of each
+variant and the ratios, and checks every result exactly (int32 data; #wrong).
+docs/nccl-programs.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from synth.export.msccl import compile_program, schedule_of  # noqa: E402
+from synth.export.msccl_check import check_algorithm  # noqa: E402
+from synth.runtime.backends import MPIWorld  # noqa: E402
+from synth.runtime.bench import parse_sizes  # noqa: E402
+from synth.runtime.executor import Executor  # noqa: E402
+from synth.runtime.pipelined import allreduce  # noqa: E402
+from synth.synthesis.language import format_program  # noqa: E402
+from synth.synthesis.lowering import lower  # noqa: E402
+from synth.synthesis.placement import enumerate_placements, parse_axes  # noqa: E402
+from synth.synthesis.reduction import Reduction  # noqa: E402
+from synth.synthesis.search import synthesize_reduction  # noqa: E402
+from synth.synthesis.semantics import Goal  # noqa: E402
+from synth.topology import load_topology  # noqa: E402
+
+
+def timed(world: MPIWorld, run, data: np.ndarray, expected: np.ndarray, iters: int) -> tuple[float, int]:
+    buffer = data.copy()
+    run(buffer)  # warm-up, and checked
+    wrong = int((buffer != expected).sum())
+    times = []
+    for _ in range(iters):
+        buffer[...] = data
+        world.barrier()
+        start = world.wtime()
+        run(buffer)
+        times.append(world.wtime() - start)
+        wrong += int((buffer != expected).sum())
+    everyone = world.allgather((times, wrong))
+    per_iteration = [max(t[i] for t, _ in everyone) for i in range(iters)]
+    return statistics.median(per_iteration), sum(w for _, w in everyone)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--topology", default="testbed-2x4")
+    p.add_argument("--axes", default="dp=8")
+    p.add_argument("--sizes", default="1M,16M,64M")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--program", type=int, default=None,
+                   help="index of the program among those synthesized (default: the first with 3 steps)")
+    args = p.parse_args()
+    world = MPIWorld()
+    placement = enumerate_placements(load_topology(args.topology), parse_axes(args.axes))[0]
+    reduction = Reduction.of(placement, placement.axes[0].name, Goal.ALLREDUCE)
+    programs = synthesize_reduction(reduction, 5).programs
+    index = args.program if args.program is not None else next(
+        i for i, prog in enumerate(programs) if len(prog.instructions) == 3)
+    program = programs[index]
+    algorithm = compile_program(program, reduction, "bench")
+    check_algorithm(algorithm.xml(), "bench")
+    groups = [tuple(int(d) for d in g) for g in reduction.reduction_groups]
+    group = next(g for g in groups if world.rank in g)
+    comm = world.mpi_split(groups)
+    schedule = schedule_of(algorithm, group.index(world.rank))
+    executor = Executor(lower(program, reduction), world)
+    if world.rank == 0:
+        print(f"{args.topology} {args.axes}, {placement.describe()}; program {index}: "
+              f"{format_program(program, ' ; ')}; MSCCL schedule: {algorithm.pieces} pieces per chunk, "
+              f"{len(algorithm.thread_blocks[0])} streams on rank 0; {world.size} MPI ranks, int32, median of "
+              f"{args.iters}")
+        print(f"{'size':>8} {'default':>10} {'steps':>10} {'pipelined':>10} {'steps/def':>10} {'pipe/def':>9} "
+              f"{'pipe/steps':>10} {'#wrong':>7}")
+    for size in parse_sizes(args.sizes):
+        n = size // 4
+        rng = np.random.default_rng(7)
+        inputs = rng.integers(-1000, 1000, size=(world.size, n), dtype=np.int32)
+        data = inputs[world.rank].copy()
+        expected = inputs[list(group)].sum(axis=0, dtype=np.int32)
+        default_s, w1 = timed(world, lambda b: comm.Allreduce(world.MPI.IN_PLACE, b, op=world.MPI.SUM), data,
+                              expected, args.iters)
+        steps_s, w2 = timed(world, lambda b: executor(b, check=False), data, expected, args.iters)
+        pipe_s, w3 = timed(world, lambda b: allreduce(schedule, comm, b), data, expected, args.iters)
+        if world.rank == 0:
+            print(f"{size:>8} {default_s * 1e3:>8.2f}ms {steps_s * 1e3:>8.2f}ms {pipe_s * 1e3:>8.2f}ms "
+                  f"{steps_s / default_s:>10.2f} {pipe_s / default_s:>9.2f} {pipe_s / steps_s:>10.2f} "
+                  f"{w1 + w2 + w3:>7}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
