@@ -228,16 +228,21 @@ def test_reads_like_the_executor():
 # ---------------------------------------------------------------- commands
 
 
-@pytest.fixture
-def hierarchical_plan(tmp_path) -> Path:
-    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))[0]
-    plans = []
+def _dp_and_tp_plan(topology: str, axes: str) -> Plan:
+    """A plan all-reducing over dp and over tp, each with its first program."""
+    placement = enumerate_placements(load_topology(topology), parse_axes(axes))[0]
+    reductions = []
     for axis in ("dp", "tp"):
         reduction = Reduction.of(placement, axis, Goal.ALLREDUCE)
         program = synthesize_reduction(reduction, 5).programs[0]
-        plans.append(Plan.single(lower(program, reduction), reduction).reductions[0])
+        reductions.append(Plan.single(lower(program, reduction), reduction).reductions[0])
+    return Plan(placement, tuple(reductions))
+
+
+@pytest.fixture
+def hierarchical_plan(tmp_path) -> Path:
     path = tmp_path / "plan.json"
-    write_plan(path, Plan(placement, tuple(plans)))
+    write_plan(path, _dp_and_tp_plan("testbed-2x4", "tp=2,dp=4"))
     return path
 
 
@@ -276,21 +281,8 @@ def test_export_errors(cli, tmp_path, hierarchical_plan):
 def test_files_of_two_reductions_alike_are_reported(tmp_path):
     """tp and dp groups of one size, both all-reduce: the executor would pick
     the first file for both; the export says so."""
-    placement = enumerate_placements(load_topology("testbed-2x2x2"), parse_axes("tp=2,dp=4"))[0]
-    reductions = []
-    for axis in ("dp", "tp"):
-        reduction = Reduction.of(placement, axis, Goal.ALLREDUCE)
-        program = synthesize_reduction(reduction, 5).programs[0]
-        reductions.append(Plan.single(lower(program, reduction), reduction).reductions[0])
-    plan = Plan(placement, tuple(reductions))
-    assert shadowed(plan_files(plan)) == []  # 4 ranks and 2 ranks: told apart by ngpus
-    placement = enumerate_placements(load_topology("testbed-2x2x2"), parse_axes("tp=2,dp=2,pp=2"))[0]
-    reductions = []
-    for axis in ("dp", "tp"):
-        reduction = Reduction.of(placement, axis, Goal.ALLREDUCE)
-        program = synthesize_reduction(reduction, 5).programs[0]
-        reductions.append(Plan.single(lower(program, reduction), reduction).reductions[0])
-    pairs = shadowed(plan_files(Plan(placement, tuple(reductions))))
+    assert shadowed(plan_files(_dp_and_tp_plan("testbed-2x2x2", "tp=2,dp=4"))) == []  # 4 and 2 ranks: told apart
+    pairs = shadowed(plan_files(_dp_and_tp_plan("testbed-2x2x2", "tp=2,dp=2,pp=2")))
     assert [(a.name, b.name) for a, b in pairs] == [("dp-allreduce-0.xml", "tp-allreduce-0.xml")]
 
 

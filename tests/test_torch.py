@@ -347,3 +347,13 @@ def test_a_rank_that_dies_ends_the_torchrun_job(parity_plans):
     done = torchrun(8, "tests/torch_worker.py", "kill", str(parity_plans), timeout_s=180)
     assert done.returncode != 0
     assert "exitcode  : 9" in done.stderr or "exitcode: 9" in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_pipelined_schedules_are_exact_with_gloo_point_to_point(tmp_path):
+    """MSCCL schedules of 12 all-reduce programs run with torch.distributed
+    isend/irecv (gloo) on 8 ranks: every buffer equals the direct sum."""
+    pytest.importorskip("torch")
+    done = torchrun(8, "tests/torch_worker.py", "pipelined", str(tmp_path), timeout_s=300)
+    assert done.returncode == 0, launch_output(done)
+    assert "pipelined: 24 gloo runs per rank on 8 ranks, all exact" in done.stdout, done.stdout[-2000:]

@@ -605,6 +605,40 @@ def run_parity(directory: Path) -> int:
     return 0
 
 
+def run_pipelined(directory: Path) -> int:
+    """The all-reduce programs of testbed-2x4 dp=8 (the first 12), each as its
+    checked MSCCL schedule run with gloo point-to-point (synth.runtime.pipelined
+    TorchLinks): every rank's buffer must equal the direct sum."""
+    from synth.export.msccl import compile_program, schedule_of
+    from synth.export.msccl_check import check_algorithm
+    from synth.runtime.pipelined import TorchLinks, allreduce
+    from synth.synthesis.placement import enumerate_placements, parse_axes
+    from synth.synthesis.reduction import Reduction
+    from synth.synthesis.search import synthesize_reduction
+    from synth.synthesis.semantics import Goal
+    from synth.topology import load_topology
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("dp=8"))[0]
+    reduction = Reduction.of(placement, "dp", Goal.ALLREDUCE)
+    group = tuple(int(d) for d in reduction.reduction_groups[0])
+    problems, runs = [], 0
+    for program in synthesize_reduction(reduction, 5).programs[:12]:
+        algorithm = compile_program(program, reduction, "t")
+        if rank == 0:
+            check_algorithm(algorithm.xml(), "t")
+        schedule = schedule_of(algorithm, group.index(rank))
+        for length in (algorithm.nchunksperloop * 3, algorithm.nchunksperloop * 2 + 5):
+            inputs = np.random.default_rng(runs).integers(-1000, 1000, size=(8, length)).astype(np.int64)
+            buffer = inputs[rank].copy()
+            allreduce(schedule, TorchLinks(group), buffer)
+            if not np.array_equal(buffer, inputs.sum(axis=0)):
+                problems.append(f"rank {rank}: {program} length {length} wrong")
+            runs += 1
+    return report(problems, f"pipelined: {runs} gloo runs per rank on 8 ranks, all exact")
+
+
 def run_kill(directory: Path) -> int:
     """Rank 6 dies (os._exit) between two runs of a program; the others are
     inside or entering a collective: torchrun must end the job, not hang."""
@@ -624,4 +658,4 @@ if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench,
               "renumbered": run_renumbered, "torchtitan": run_torchtitan, "parity": run_parity,
-              "kill": run_kill}[mode](where))
+              "kill": run_kill, "pipelined": run_pipelined}[mode](where))

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..cost.nccl import choose, comm_of
 from ..errors import SynthError
 from ..runtime.pipelined import Op, Schedule, Stream
 from ..synthesis.language import Collective, Program
@@ -381,11 +382,8 @@ def protocol_for(reduction: Reduction, size_bytes: int) -> str:
     """The protocol NCCL's tuning model (synth.cost.nccl) picks for a ring of
     the goal's collective over one reduction group at ``size_bytes``: LL for
     small sizes, LL128 where the links allow it, Simple for large ones."""
-    from ..cost.nccl import choose, comm_of
-    from ..synthesis.language import Collective as C
-
-    collective = {Goal.ALLREDUCE: C.ALLREDUCE, Goal.REDUCESCATTER: C.REDUCESCATTER,
-                  Goal.ALLGATHER: C.ALLGATHER}[reduction.goal]
+    collective = {Goal.ALLREDUCE: Collective.ALLREDUCE, Goal.REDUCESCATTER: Collective.REDUCESCATTER,
+                  Goal.ALLGATHER: Collective.ALLGATHER}[reduction.goal]
     members = tuple(int(d) for d in reduction.reduction_groups[0])
     return choose(comm_of(reduction.topology, members), collective, float(max(1, size_bytes)), ("ring",)).protocol
 

@@ -6,10 +6,11 @@ A :class:`Schedule` is one rank's thread blocks: each a sequential stream of
 :class:`Op` with a send peer, a receive peer and a channel. The runner keeps
 every stream moving at once on one thread: an operation starts when the
 operations it depends on (same rank, other streams) are done; a receive posts
-``Irecv`` from its stream's peer with tag = channel (MPI keeps messages of one
-(source, tag) in order, as NCCL keeps one connection per peer and channel) and
-finishes when the data is in; a send posts ``Isend`` of its data and finishes
-at once (the data is copied first, so later writes cannot change it; the
+a non-blocking receive from its stream's peer with tag = channel (MPI and
+gloo keep messages of one (source, tag) in order, as NCCL keeps one
+connection per peer and channel: :class:`MpiLinks`, :class:`TorchLinks`) and
+finishes when the data is in; a send posts a non-blocking send of its data
+and finishes at once (the data is copied first, so later writes cannot change it; the
 requests are completed at the end). Operation semantics are the executor's
 step types (``s``: send src; ``r``: dst = received; ``rcs``: dst = received,
 send it; ``rrs``: send received + src; ``rrc``: dst = received + src;
@@ -76,14 +77,66 @@ class _Running:
         self.inbox: np.ndarray | None = None
 
 
-def run(schedule: Schedule, comm: Any, input_: np.ndarray, output: np.ndarray, scratch: np.ndarray | None = None,
-        chunk_len: int | None = None) -> None:
-    """Run ``schedule`` on this rank of ``comm`` (an mpi4py communicator whose
-    rank order is the schedule's gpu ids). ``input_``/``output``: contiguous
-    1-d arrays (the same object in place); ``chunk_len``: elements per chunk
-    (default: the larger buffer over ``schedule.chunks``)."""
-    from mpi4py import MPI
+class MpiLinks:
+    """Point-to-point on an mpi4py communicator whose ranks are the schedule's gpu ids."""
 
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self.comm, self.MPI = comm, MPI
+
+    def irecv(self, array: np.ndarray, peer: int, tag: int) -> Any:
+        return self.comm.Irecv(array, source=peer, tag=tag)
+
+    def isend(self, array: np.ndarray, peer: int, tag: int) -> Any:
+        return self.comm.Isend(array, dest=peer, tag=tag)
+
+    def done(self, request: Any) -> bool:
+        return bool(request.Test())
+
+    def wait_any(self, requests: list[Any]) -> None:
+        self.MPI.Request.Waitany(requests)
+
+    def wait_all(self, requests: list[Any]) -> None:
+        self.MPI.Request.Waitall(requests)
+
+
+class TorchLinks:
+    """Point-to-point with torch.distributed (gloo, CPU tensors sharing the
+    numpy arrays' memory) among ``group``: gpu id ``g`` is global rank
+    ``group[g]``."""
+
+    def __init__(self, group: Sequence[int]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist, self.group = torch, dist, tuple(group)
+
+    def irecv(self, array: np.ndarray, peer: int, tag: int) -> Any:
+        return self.dist.irecv(self.torch.from_numpy(array), src=self.group[peer], tag=tag)
+
+    def isend(self, array: np.ndarray, peer: int, tag: int) -> Any:
+        return self.dist.isend(self.torch.from_numpy(array), dst=self.group[peer], tag=tag)
+
+    def done(self, request: Any) -> bool:
+        return bool(request.is_completed())
+
+    def wait_any(self, requests: list[Any]) -> None:
+        requests[0].wait()  # torch has no wait-any: the oldest pending receive
+
+    def wait_all(self, requests: list[Any]) -> None:
+        for request in requests:
+            request.wait()
+
+
+def run(schedule: Schedule, links: Any, input_: np.ndarray, output: np.ndarray, scratch: np.ndarray | None = None,
+        chunk_len: int | None = None) -> None:
+    """Run ``schedule`` on this rank over ``links`` (:class:`MpiLinks`,
+    :class:`TorchLinks`, or an mpi4py communicator). ``input_``/``output``:
+    contiguous 1-d arrays (the same object in place); ``chunk_len``: elements
+    per chunk (default: the larger buffer over ``schedule.chunks``)."""
+    if not hasattr(links, "wait_any"):  # an mpi4py communicator
+        links = MpiLinks(links)
     if chunk_len is None:
         chunk_len = max(input_.size, output.size) // schedule.chunks
     if scratch is None and schedule.scratch_chunks:
@@ -96,6 +149,7 @@ def run(schedule: Schedule, comm: Any, input_: np.ndarray, output: np.ndarray, s
 
     running = [_Running(s) for s in schedule.streams]
     sends: list[Any] = []
+    kept: list[np.ndarray] = []  # what the sends read, alive until they complete
     left = sum(len(s.ops) for s in schedule.streams)
     while left:
         moved = False
@@ -108,14 +162,15 @@ def run(schedule: Schedule, comm: Any, input_: np.ndarray, output: np.ndarray, s
                 if op.type in RECEIVES:
                     if r.request is None:
                         r.inbox = np.empty(op.count * chunk_len, dtype=output.dtype)
-                        r.request = comm.Irecv(r.inbox, source=r.stream.recv, tag=r.stream.channel)
-                    if not r.request.Test():
+                        r.request = links.irecv(r.inbox, r.stream.recv, r.stream.channel)
+                    if not links.done(r.request):
                         break
                     r.request, received = None, r.inbox
                 data = _apply(op, received, view)
                 if op.type in SENDS:  # a view of a buffer is copied: later steps may overwrite it
                     message = data.copy() if op.type in ("s", "rrcs") else data
-                    sends.append(comm.Isend(message, dest=r.stream.send, tag=r.stream.channel))
+                    kept.append(message)
+                    sends.append(links.isend(message, r.stream.send, r.stream.channel))
                 r.pc += 1
                 left -= 1
                 moved = True
@@ -124,8 +179,8 @@ def run(schedule: Schedule, comm: Any, input_: np.ndarray, output: np.ndarray, s
             if not pending:
                 raise SynthError("pipelined schedule: no stream can move and none waits for data (dependencies "
                                  "form a cycle); the schedule was not checked")
-            MPI.Request.Waitany(pending)  # block until some receive lands, then give it its turn
-    MPI.Request.Waitall(sends)
+            links.wait_any(pending)  # block until a receive lands, then give it its turn
+    links.wait_all(sends)
 
 
 def _apply(op: Op, received: np.ndarray | None, view) -> np.ndarray | None:
@@ -162,26 +217,16 @@ def pad_to(length: int, chunks: int) -> int:
     return -(-length // chunks) * chunks
 
 
-def allreduce(schedule: Schedule, comm: Any, buffer: np.ndarray) -> None:
-    """An in-place all-reduce of ``buffer`` (any length: run on a zero-padded
-    copy when ``schedule.chunks`` does not divide it)."""
+def allreduce(schedule: Schedule, links: Any, buffer: np.ndarray) -> None:
+    """An in-place all-reduce of ``buffer`` over ``links`` (see :func:`run`;
+    any length: run on a zero-padded copy when ``schedule.chunks`` does not
+    divide it)."""
     n = buffer.size
     padded = pad_to(n, schedule.chunks)
     if padded == n and buffer.flags.c_contiguous:
-        run(schedule, comm, buffer, buffer)
+        run(schedule, links, buffer, buffer)
         return
     work = np.zeros(padded, dtype=buffer.dtype)
     work[:n] = buffer.reshape(-1)
-    run(schedule, comm, work, work)
+    run(schedule, links, work, work)
     buffer.reshape(-1)[...] = work[:n]
-
-
-def validate_streams(streams: Sequence[Stream]) -> None:
-    """Stream ids referenced by dependencies exist (cheap sanity for callers
-    that build schedules by hand)."""
-    for s in streams:
-        for op in s.ops:
-            for t, step in op.waits:
-                if not (0 <= t < len(streams) and 0 <= step < len(streams[t].ops)):
-                    raise SynthError(f"pipelined schedule: a dependency on stream {t} step {step}, which does not "
-                                     "exist")
