@@ -263,6 +263,8 @@ def test_export_writes_checked_files_and_verify_reads_them(cli, tmp_path, hierar
                         "--json")
     doc = json.loads(text)
     assert [f["file"] for f in doc["files"]] == ["dp-allreduce-0.xml"] and doc["files"][0]["checked"]["steps"] > 0
+    predicted = doc["files"][0]["predicted"]
+    assert 0 < predicted["pipelined_s"] <= predicted["step_by_step_s"] and predicted["size_bytes"] > 0
 
 
 def test_export_errors(cli, tmp_path, hierarchical_plan):

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..cost.pipeline import predict_pipelined
 from ..documents import check_writable, write_text
 from ..errors import SynthError
 from ..export.jax_mesh import jax_export, jax_text
@@ -34,6 +35,7 @@ from ..export.trainer import parse_axis_names
 from ..plan import load_plan
 from ..runtime.meshes import devices_per_node
 from ..topology import Topology
+from ..units import format_seconds, format_size
 from .args import Parser, add_model_arguments, model_of
 
 FORMATS = ("rank-map", "megatron", "torchtitan", "jax", "msccl", "nccl-tuner", "nccl-env")
@@ -131,24 +133,28 @@ def _msccl(args) -> int:
     if not folder.exists() and not folder.parent.is_dir():
         raise SynthError(f"--out {args.out}: its parent folder {folder.parent} does not exist")
     plan = load_plan(args.plan)
-    files = plan_files(plan, [a.strip() for a in args.reduce.split(",")] if args.reduce else None)
+    model = model_of(args)
+    files = plan_files(plan, [a.strip() for a in args.reduce.split(",")] if args.reduce else None, model)
     checked = [check_algorithm(f.algorithm.xml(), f.name) for f in files]  # all of them before writing any
     folder.mkdir(exist_ok=True)
     for f in files:
         check_writable(folder / f.name, "--out")
     for f in files:
         write_text(folder / f.name, "MSCCL XML", f.algorithm.xml())
+    prices = [predict_pipelined(f.lowered, f.reduction, f.size_bytes, f.algorithm.pieces, model) for f in files]
     if args.json:
-        print(json.dumps({"plan": args.plan, "format": "msccl", "folder": str(folder),
-                          "files": [{**f.to_dict(), "checked": c.to_dict()} for f, c in zip(files, checked)]},
-                         indent=1))
+        print(json.dumps({"plan": args.plan, "format": "msccl", "folder": str(folder), "files": [
+            {**f.to_dict(), "checked": c.to_dict(), "predicted": {
+                "size_bytes": f.size_bytes, "step_by_step_s": price.step_by_step_s,
+                "pipelined_s": price.pipelined_s}} for f, c, price in zip(files, checked, prices)]}, indent=1))
         return 0
-    for f, c in zip(files, checked):
+    for f, c, price in zip(files, checked, prices):
         a = f.algorithm
         high = "unbounded" if not a.max_bytes else f"{a.max_bytes} B"
         print(f"wrote {folder / f.name}: {a.coll} on {a.ngpus} ranks, {a.proto}, {a.min_bytes} B..{high}, "
               f"{a.pieces} piece(s) per chunk, {c.thread_blocks} thread blocks, {c.steps} steps; checked "
-              f"{' and '.join(c.modes)}")
+              f"{' and '.join(c.modes)}; predicted at {format_size(f.size_bytes)}: "
+              f"{format_seconds(price.pipelined_s)} pipelined, {format_seconds(price.step_by_step_s)} step by step")
     print(f"load with: NCCL_MSCCL_ENABLE=1 MSCCL_ALGO_DIR={folder} (the MSCCL executor build of NCCL; "
           "docs/nccl-programs.md)")
     for first, other in shadowed(files):

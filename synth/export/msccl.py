@@ -14,7 +14,8 @@ without sharing its code.
 Lowering. The program is taken in rank coordinates (:func:`group_runs`: rank
 ``r`` = the ``r``-th member of every reduction group placed alike, so ``ngpus``
 is the group size and one file serves every group). Each of the ``k`` chunks is
-cut into ``pieces`` sub-chunks (``nchunksperloop = k x pieces``). Each step runs
+cut into ``pieces`` sub-chunks (``nchunksperloop = k x pieces``; a plan's
+export takes the count :mod:`synth.cost.pipeline` prices cheapest). Each step runs
 on its groups as a ring in member order, one thread block per member and step
 on channel = step index: ReduceScatter ``s, rrs..., rrc``; AllGather ``s,
 rcs..., r``; AllReduce ``s, rrs..., rrcs, rcs..., r``; Reduce and Broadcast as a
@@ -38,11 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..cost import Model
 from ..cost.nccl import choose, comm_of
+from ..cost.pipeline import predict_pipelined
 from ..errors import SynthError
 from ..runtime.pipelined import Op, Schedule, Stream
 from ..synthesis.language import Collective, Program
-from ..synthesis.lowering import expand, group_runs
+from ..synthesis.lowering import LoweredProgram, expand, group_runs
 from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal
 
@@ -367,6 +370,9 @@ class MscclFile:
     goal: Goal
     program: Program
     algorithm: MscclAlgorithm
+    reduction: Reduction | None = None
+    lowered: LoweredProgram | None = None
+    size_bytes: int = 0  # the size the range's program was chosen for (its protocol's)
 
     def to_dict(self) -> dict:
         a = self.algorithm
@@ -388,10 +394,26 @@ def protocol_for(reduction: Reduction, size_bytes: int) -> str:
     return choose(comm_of(reduction.topology, members), collective, float(max(1, size_bytes)), ("ring",)).protocol
 
 
-def plan_files(plan, axes: Sequence[str] | None = None) -> list[MscclFile]:
+def _cheapest(lowered: LoweredProgram, reduction: Reduction, size: int, model: Model | None, name: str, proto: str,
+              min_bytes: int, max_bytes: int) -> MscclAlgorithm:
+    """The program compiled with the number of pieces the cost model prices
+    cheapest at ``size`` (synth.cost.pipeline: more pieces overlap more steps
+    but pay each step's latency more often) among those that fit MSCCL's limits."""
+    ranked = sorted(PIECES_TRIED, key=lambda p: (predict_pipelined(lowered, reduction, size, p, model).pipelined_s, p))
+    problems = []
+    for pieces in ranked:
+        try:
+            return compile_program(lowered.program, reduction, name, proto, min_bytes, max_bytes, pieces)
+        except SynthError as exc:
+            problems.append(str(exc))
+    raise SynthError(problems[-1])
+
+
+def plan_files(plan, axes: Sequence[str] | None = None, model: Model | None = None) -> list[MscclFile]:
     """Every reduction of ``plan`` (those over exactly ``axes`` when given)
     and each of its size ranges as one MSCCL algorithm, protocol by
-    :func:`protocol_for` at the size the range was chosen for."""
+    :func:`protocol_for` and pieces by :func:`_cheapest` at the size the range
+    was chosen for."""
     files = []
     chosen = [p for p in plan.reductions if axes is None or set(p.reduction.axes) == set(axes)]
     if not chosen:
@@ -404,9 +426,10 @@ def plan_files(plan, axes: Sequence[str] | None = None) -> list[MscclFile]:
             high = 0 if program.max_bytes is None else program.max_bytes - 1  # inclusive in MSCCL; 0: unbounded
             size = program.predicted_for_bytes or max(program.min_bytes, 1 << 20)
             name = f"{label}-{n}.xml"
-            algorithm = compile_program(program.program, reduction, name.removesuffix(".xml"),
-                                        protocol_for(reduction, size), program.min_bytes, high)
-            files.append(MscclFile(name, reduction.axes, reduction.goal, program.program, algorithm))
+            algorithm = _cheapest(program.lowered, reduction, size, model, name.removesuffix(".xml"),
+                                  protocol_for(reduction, size), program.min_bytes, high)
+            files.append(MscclFile(name, reduction.axes, reduction.goal, program.program, algorithm, reduction,
+                                   program.lowered, size))
     return files
 
 
