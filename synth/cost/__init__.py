@@ -15,6 +15,7 @@ The package, one concern per module:
   and NCCL's latency steps;
 * :mod:`~synth.cost.terms`: the linear form of a prediction (:class:`Features`);
 * :mod:`~synth.cost.predict`: step and program predictions (:class:`Predictor`);
+* :mod:`~synth.cost.pipeline`: the price of a program run pipelined over pieces;
 * :mod:`~synth.cost.ranking`: programs of a reduction sorted by prediction;
 * :mod:`~synth.cost.records`: measurement records (what ``bench`` writes and
   ``fit`` reads), with :mod:`~synth.cost.nccl_log` (what NCCL's tuning log says
