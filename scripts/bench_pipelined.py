@@ -37,6 +37,11 @@ from synth.synthesis.semantics import Goal  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 
 
+def rank_input(rank: int, n: int) -> np.ndarray:
+    """Rank ``rank``'s int32 data: small values, different on every rank."""
+    return ((np.arange(n, dtype=np.int64) * (2 * rank + 1) + 7 * rank) % 1999 - 999).astype(np.int32)
+
+
 def timed(world: MPIWorld, run, data: np.ndarray, expected: np.ndarray, iters: int) -> tuple[float, int]:
     buffer = data.copy()
     run(buffer)  # warm-up, and checked
@@ -60,6 +65,7 @@ def main() -> int:
     p.add_argument("--axes", default="dp=8")
     p.add_argument("--sizes", default="1M,16M,64M")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--pieces", type=int, default=None, help="sub-chunks per chunk (default: the most that fit)")
     p.add_argument("--program", type=int, default=None,
                    help="index of the program among those synthesized (default: the first with 3 steps)")
     args = p.parse_args()
@@ -70,7 +76,7 @@ def main() -> int:
     index = args.program if args.program is not None else next(
         i for i, prog in enumerate(programs) if len(prog.instructions) == 3)
     program = programs[index]
-    algorithm = compile_program(program, reduction, "bench")
+    algorithm = compile_program(program, reduction, "bench", pieces=args.pieces)
     check_algorithm(algorithm.xml(), "bench")
     groups = [tuple(int(d) for d in g) for g in reduction.reduction_groups]
     group = next(g for g in groups if world.rank in g)
@@ -86,10 +92,10 @@ def main() -> int:
               f"{'pipe/steps':>10} {'#wrong':>7}")
     for size in parse_sizes(args.sizes):
         n = size // 4
-        rng = np.random.default_rng(7)
-        inputs = rng.integers(-1000, 1000, size=(world.size, n), dtype=np.int32)
-        data = inputs[world.rank].copy()
-        expected = inputs[list(group)].sum(axis=0, dtype=np.int32)
+        data = rank_input(world.rank, n)
+        expected = np.zeros(n, dtype=np.int32)
+        for member in group:  # every member's data is known here: no gather of the inputs
+            expected += rank_input(member, n)
         default_s, w1 = timed(world, lambda b: comm.Allreduce(world.MPI.IN_PLACE, b, op=world.MPI.SUM), data,
                               expected, args.iters)
         steps_s, w2 = timed(world, lambda b: executor(b, check=False), data, expected, args.iters)
