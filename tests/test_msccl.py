@@ -406,3 +406,32 @@ def test_pipelined_schedules_are_exact_under_mpi():
     done = run_watched(mpiexec_command(8, "tests/mpi_worker.py", "pipelined"), stall_s=180, cwd=REPO, env=mpi_env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"ok: \d+ pipelined runs on 8 ranks, all exact", done.stdout), done.stdout
+
+
+def test_bench_times_the_pipelined_schedule_beside_the_program(tmp_path):
+    """``bench --pipelined`` under mpiexec: each synthesized all-reduce is
+    followed by itself run as its schedule (``~p``), checked exactly every
+    iteration; measurement records stay those of step-by-step execution."""
+    from processes import run_watched
+    from test_runtime import REPO, mpi_env, mpiexec_command
+
+    records = tmp_path / "m.jsonl"
+    done = run_watched(mpiexec_command(8, "-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--axes", "dp=8",
+                                       "--sizes", "64K", "--iters", "2", "--warmup", "0", "--top", "2",
+                                       "--placement", "0", "--pipelined", "--jsonl", str(records)),
+                       stall_s=120, cwd=REPO, env=mpi_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("0/")]
+    timed = {row[0]: row[-1] for row in rows if len(row) == 10}
+    assert set(timed) == {"0/0", "0/1", "0/1~p"} and set(timed.values()) == {"0"}, done.stdout
+    assert len(records.read_text().splitlines()) == 2  # 0/0 and 0/1; the ~p row is not a record of the program
+
+
+def test_pipelined_bench_needs_mpi():
+    from synth.runtime.bench import BenchRequest, check_request
+    from synth.synthesis.problem import ProblemSpec
+
+    request = BenchRequest(sizes=(1024,), problem=ProblemSpec(topology="testbed-2x4", axes="dp=8"), backend="torch",
+                           pipelined=True)
+    with pytest.raises(SynthError, match="--pipelined runs schedules with MPI point-to-point: bench with --backend mpi"):
+        check_request(request)

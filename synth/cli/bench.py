@@ -46,6 +46,10 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
                    help="on NCCL, do not log NCCL's tuning choices (NCCL_DEBUG=INFO) to record them")
     if tune:
         p.add_argument("--out", required=True, metavar="PLAN.json", help="write the plan of the measured winner")
+    else:
+        p.add_argument("--pipelined", action="store_true",
+                       help="also time each synthesized all-reduce as its MSCCL schedule, pipelined over MPI "
+                            "point-to-point (rows marked ~p; --backend mpi; docs/nccl-programs.md)")
     return p
 
 
@@ -67,11 +71,24 @@ def request_of(argv: Sequence[str], tune: bool) -> BenchRequest:
         out=getattr(args, "out", None),
         tune=tune,
         nccl_log=args.nccl_log,
+        pipelined=getattr(args, "pipelined", False),
     )
 
 
+def pipelined_schedule(reduction, lowered, member: int):
+    """A candidate's MSCCL schedule for ``member`` of its group: compiled
+    (synth.export.msccl) and checked (synth.export.msccl_check) first; every
+    rank compiles and checks the same file, so nothing runs unchecked."""
+    from ..export.msccl import compile_program, schedule_of
+    from ..export.msccl_check import check_algorithm
+
+    algorithm = compile_program(lowered.program, reduction, "bench")
+    check_algorithm(algorithm.xml(), f"the MSCCL schedule of {lowered.program}")
+    return schedule_of(algorithm, member)
+
+
 def run_bench(argv: Sequence[str]) -> int:
-    return run(request_of(argv, tune=False))
+    return run(request_of(argv, tune=False), pipelined_schedule)
 
 
 def run_tune(argv: Sequence[str]) -> int:

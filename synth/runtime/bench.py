@@ -150,6 +150,7 @@ class BenchRequest:
     out: str | None = None  # tune: where the winner's plan goes
     tune: bool = False
     nccl_log: bool = True  # on NCCL: record what NCCL's tuning log says it chose
+    pipelined: bool = False  # also time each synthesized all-reduce as its pipelined schedule (MPI)
 
 
 @dataclass(frozen=True)
@@ -400,12 +401,16 @@ def check_request(request: BenchRequest) -> None:
         raise SynthError("give a plan file or --topology and --axes, not both")
     if request.tune and not request.out:
         raise SynthError("tune needs --out PLAN.json")
+    if request.pipelined and (request.backend != "mpi" or request.tune):
+        raise SynthError("--pipelined runs schedules with MPI point-to-point: bench with --backend mpi only")
 
 
-def run(request: BenchRequest) -> int:
+def run(request: BenchRequest, pipeliner: Pipeliner | None = None) -> int:
     """Run ``bench`` or ``tune`` on this process's rank (under mpiexec or
     torchrun); every rank calls it with the same request (the first collective
-    checks it). Only rank 0 prints."""
+    checks it). Only rank 0 prints. ``pipeliner`` (with ``request.pipelined``)
+    gives a candidate's checked pipelined schedule for a member of its group
+    (the command line compiles it: synth.export.msccl)."""
     nccl_log = request.nccl_log and request.backend in ("nccl", "torch")
     with Capture() if nccl_log else contextlib.nullcontext() as capture:
         # under mpiexec an interrupt inside MPI_Init is held until the world
@@ -422,7 +427,7 @@ def run(request: BenchRequest) -> int:
                     raise KeyboardInterrupt
                 agree_on_request(world, request)
                 check_request(request)
-                return _bench(request, world, capture)
+                return _bench(request, world, capture, pipeliner)
             except SynthError:
                 raise
             except KeyboardInterrupt:  # Ctrl-C or SIGINT to one rank: end the job, never leave the others waiting
@@ -582,7 +587,8 @@ def check_memory(world: World, setup: Setup, sizes: Sequence[int], dtype: np.dty
         raise SynthError(problem)
 
 
-def _bench(request: BenchRequest, world: World, capture: Capture | None = None) -> int:
+def _bench(request: BenchRequest, world: World, capture: Capture | None = None,
+           pipeliner: Pipeliner | None = None) -> int:
     sizes = request.sizes
 
     def setup_all() -> tuple[Setup, np.dtype]:
@@ -611,7 +617,9 @@ def _bench(request: BenchRequest, world: World, capture: Capture | None = None) 
     timings = []
     for candidates in _groups(setup.candidates).values():
         _print_placement(candidates)
-        executors = [Executor(c.lowered, world) for c in candidates]
+        executors: list[Any] = [Executor(c.lowered, world) for c in candidates]
+        if request.pipelined and pipeliner is not None:
+            candidates, executors = _with_pipelined(candidates, executors, world, pipeliner)
         first = candidates[0].lowered
         factor = bus_factor(first.goal, first.num_chunks)
         for size in sizes:
@@ -624,7 +632,8 @@ def _bench(request: BenchRequest, world: World, capture: Capture | None = None) 
                 m = Timing(c, size, count, times, wrong, summarize(parse(lines)))
                 timings.append(m)
                 _print_row(m, request.dtype, factor)
-                if request.jsonl:  # collectively: a failed write (full disk, /proc) fails every rank alike
+                if request.jsonl and not c.label.endswith(PIPELINED_MARK):  # a record is step-by-step execution
+                    # collectively: a failed write (full disk, /proc) fails every rank alike
                     record = m.record(backend_label(world), request.dtype, world.size, nccl_version)
                     _collectively(world, lambda: append_records(request.jsonl, [record]) if world.rank == 0
                                   else None)
@@ -632,6 +641,40 @@ def _bench(request: BenchRequest, world: World, capture: Capture | None = None) 
     if request.tune:
         _write_tuned(request, world, timings, sizes)
     return 0
+
+
+PIPELINED_MARK = "~p"  # label suffix of a candidate timed as its pipelined schedule
+Pipeliner = Callable[[Reduction, LoweredProgram, int], Any]
+
+
+class _PipelinedRun:
+    """A candidate's pipelined schedule, called like an Executor."""
+
+    def __init__(self, schedule: Any, comm: Any) -> None:
+        self.schedule, self.comm = schedule, comm
+
+    def __call__(self, buffer: Any, check: bool = False) -> None:
+        from .pipelined import allreduce
+
+        allreduce(self.schedule, self.comm, buffer)
+
+
+def _with_pipelined(candidates: Sequence[Candidate], executors: list[Any], world: World,
+                    pipeliner: Pipeliner) -> tuple[list[Candidate], list[Any]]:
+    """Each non-default all-reduce candidate followed by itself run as its
+    pipelined schedule (label + PIPELINED_MARK)."""
+    out_c, out_e = [], []
+    for c, executor in zip(candidates, executors):
+        out_c.append(c)
+        out_e.append(executor)
+        if c.is_default or c.reduction.goal is not Goal.ALLREDUCE:
+            continue
+        groups = [tuple(int(d) for d in g) for g in c.reduction.reduction_groups]
+        comm = world.mpi_split(groups)
+        member = next(g.index(world.rank) for g in groups if world.rank in g)
+        out_c.append(dataclasses.replace(c, label=c.label + PIPELINED_MARK))
+        out_e.append(_PipelinedRun(pipeliner(c.reduction, c.lowered, member), comm))
+    return out_c, out_e
 
 
 def _range_bounds(sizes: Sequence[int]) -> list[int]:
