@@ -51,6 +51,9 @@ def crossed_level(topology: Topology, group: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class PipelinedPrediction:
+    """Both prices of one program at one size, and what the pipelined one is
+    made of: each step's time for one piece and the level it loads."""
+
     step_by_step_s: float
     pipelined_s: float
     pieces: int

@@ -49,6 +49,9 @@ class Op:
 
 @dataclass(frozen=True)
 class Stream:
+    """One thread block: its send and receive peers (gpu ids, -1: none), its
+    channel (the message tag) and its operations in order."""
+
     send: int
     recv: int
     channel: int
