@@ -148,6 +148,10 @@ _RECEIVES = frozenset({"r", "rcs", "rrs", "rrc", "rrcs"})
 
 
 class _Compiler:
+    """One algorithm being built: every rank's thread blocks, where each of
+    its xml chunks' values is now, and per memory cell the step that last
+    wrote it and the steps that read it since (what a new step must wait for)."""
+
     def __init__(self, goal: Goal, k: int, pieces: int, chunk_of_rank: Sequence[int]) -> None:
         self.goal, self.k, self.pieces = goal, k, pieces
         position = [0] * k
