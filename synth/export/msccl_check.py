@@ -13,7 +13,8 @@ buffer, dependencies on steps marked ``hasdep``, no cycles), then executes it:
 
 * every chunk of every buffer holds a multiset of contributions ``(rank,
   input chunk)``; inputs start as their own contribution, outputs and scratch
-  as "uninitialised";
+  as "uninitialised" (runs use bit masks with "counted twice" as a value of
+  its own, and a failing run is repeated with multisets to describe it);
 * a thread block runs its steps in order; a step waits for its dependencies
   (``depid``/``deps``, and those of the ``nop`` steps before it) and, to
   receive, for the next message on its connection; a connection (sender,
@@ -404,7 +405,56 @@ def _check_steps(algo: Algorithm, gpu: Gpu, b: Block, sizes: dict[str, int], sou
 # ---------------------------------------------------------------- execution
 
 
-def _initial(algo: Algorithm, in_place: bool) -> list[dict[str, list]]:
+class _Multisets:
+    """Chunk values as multisets of (rank, input chunk): exact, and what
+    failure messages describe (x2 for a contribution counted twice)."""
+
+    def __init__(self, algo: Algorithm) -> None:
+        pass
+
+    @staticmethod
+    def unit(rank: int, chunk: int) -> Counter:
+        return Counter({(rank, chunk): 1})
+
+    @staticmethod
+    def add(a, b):
+        if a is UNSET or b is UNSET:
+            return UNSET
+        return a + b
+
+    @staticmethod
+    def of(contributions) -> Counter:
+        return Counter({c: 1 for c in contributions})
+
+
+class _Masks:
+    """Chunk values as bit masks, one bit per (rank, input chunk), and a
+    contribution counted twice as DUPLICATE: the same verdicts as
+    :class:`_Multisets`, several times faster; a failure is run again with
+    multisets to describe it."""
+
+    def __init__(self, algo: Algorithm) -> None:
+        self.width = algo.nchunksperloop
+
+    def unit(self, rank: int, chunk: int) -> int:
+        return 1 << (rank * self.width + chunk)
+
+    @staticmethod
+    def add(a, b):
+        if a is UNSET or b is UNSET:
+            return UNSET
+        if a is DUPLICATE or b is DUPLICATE or a & b:
+            return DUPLICATE
+        return a | b
+
+    def of(self, contributions) -> int:
+        return sum(1 << (q * self.width + c) for q, c in contributions)
+
+
+DUPLICATE = ("a contribution counted twice",)
+
+
+def _initial(algo: Algorithm, in_place: bool, values) -> list[dict[str, list]]:
     """Per gpu, its buffers as lists of chunk values (in place: views sharing
     the aliased chunks, as lists of one-element cells)."""
     n, g = algo.nchunksperloop, algo.ngpus
@@ -412,7 +462,7 @@ def _initial(algo: Algorithm, in_place: bool) -> list[dict[str, list]]:
     for gpu in sorted(algo.gpus, key=lambda x: x.id):
         r = gpu.id
         ext = _extents(algo)
-        i_cells = [[Counter({(r, x): 1})] for x in range(ext["i"])]
+        i_cells = [[values.unit(r, x)] for x in range(ext["i"])]
         o_cells = [[UNSET] for _ in range(ext["o"])]
         if in_place:
             if algo.coll == "allreduce":
@@ -436,20 +486,16 @@ def _write(buffers: dict[str, list], buf: str, off: int, values: list) -> None:
         buffers[buf][off + j][0] = v
 
 
-def _add(a, b):
-    if a is UNSET or b is UNSET:
-        return UNSET
-    return a + b
-
-
-def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0) -> list[dict[str, list]]:
+def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values=None) -> list[dict[str, list]]:
     """Run the algorithm (see the module docstring); SynthError on a count
     mismatch or a deadlock. ``order`` picks which thread blocks run first
     when several can (0: by id, 1: reverse, more: seeded shuffles): a step
     whose dependencies are missing reads or overwrites memory too early in
     some order, which the postcondition then shows."""
+    values = values or _Multisets(algo)
+    add = values.add
     gpus = sorted(algo.gpus, key=lambda x: x.id)
-    buffers = _initial(algo, in_place)
+    buffers = _initial(algo, in_place, values)
     pc = {(g.id, b.id): 0 for g in gpus for b in g.blocks}
     wires: dict[tuple[int, int, int], deque] = {}
     keys = [(g.id, b.id) for g in gpus for b in g.blocks]
@@ -489,11 +535,11 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0) -> lis
                 if st.type in ("rrs", "rrc", "rrcs", "re", "s", "cpy"):
                     local = _read(mine, st.srcbuf, st.srcoff, st.cnt)
                 if st.type in ("rrs", "rrc", "rrcs"):
-                    value = [_add(x, y) for x, y in zip(received, local)]
+                    value = [add(x, y) for x, y in zip(received, local)]
                 elif st.type in ("r", "rcs"):
                     value = list(received)
                 elif st.type == "re":
-                    value = [_add(x, y) for x, y in zip(_read(mine, st.dstbuf, st.dstoff, st.cnt), local)]
+                    value = [add(x, y) for x, y in zip(_read(mine, st.dstbuf, st.dstoff, st.cnt), local)]
                 else:
                     value = local
                 if st.type in ("r", "rcs", "rrc", "rrcs", "cpy", "re"):
@@ -525,22 +571,40 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0) -> lis
     return buffers
 
 
-def _postcondition(algo: Algorithm, buffers: list[dict[str, list]], mode: str, source: str) -> None:
-    n, g = algo.nchunksperloop, algo.ngpus
-    shard = n // g
+def _wanted(algo: Algorithm, rank: int, j: int) -> list[tuple[int, int]]:
+    """The contributions output chunk ``j`` of ``rank`` must hold, once each."""
+    g = algo.ngpus
+    shard = algo.nchunksperloop // g
+    if algo.coll == "allreduce":
+        return [(q, j) for q in range(g)]
+    if algo.coll == "reducescatter":
+        return [(q, rank * shard + j) for q in range(g)]
+    return [(j // shard, j % shard)]
+
+
+def _first_wrong(algo: Algorithm, buffers: list[dict[str, list]], values) -> tuple[int, int, object] | None:
+    """(rank, output chunk, expected value) of the first output chunk that is
+    not the collective's result, or None."""
     for r, mine in enumerate(buffers):
         out = mine["o"]
         for j in range(len(out)):
-            got = out[j][0]
-            if algo.coll == "allreduce":
-                want = Counter({(q, j): 1 for q in range(g)})
-            elif algo.coll == "reducescatter":
-                want = Counter({(q, r * shard + j): 1 for q in range(g)})
-            else:
-                want = Counter({(j // shard, j % shard): 1})
-            if got != want:
-                raise SynthError(f"{source}: {algo.coll} {mode}: gpu {r} output chunk {j} holds {_describe(got)}, "
-                                 f"expected {_describe(want)}")
+            want = values.of(_wanted(algo, r, j))
+            if out[j][0] != want:
+                return r, j, want
+    return None
+
+
+def _postcondition(algo: Algorithm, in_place: bool, order: int, mode: str, source: str) -> None:
+    """Run in one mode and schedule and check the result: with masks, and
+    with multisets again only to describe a wrong chunk."""
+    if _first_wrong(algo, execute(algo, in_place, source, order, _Masks(algo)), _Masks(algo)) is None:
+        return
+    exact = _Multisets(algo)
+    buffers = execute(algo, in_place, source, order, exact)
+    r, j, want = _first_wrong(algo, buffers, exact)
+    got = buffers[r]["o"][j][0]
+    raise SynthError(f"{source}: {algo.coll} {mode}: gpu {r} output chunk {j} holds {_describe(got)}, "
+                     f"expected {_describe(want)}")
 
 
 def _describe(value) -> str:
@@ -568,8 +632,8 @@ def check_algorithm(text: str, source: str = "XML") -> CheckResult:
         raise SynthError(f"{source}: inplace=\"0\" and outofplace=\"0\": no call ever selects this algorithm")
     for mode in modes:
         for order in range(SCHEDULES):
-            buffers = execute(algo, mode == "in-place", source, order)
-            _postcondition(algo, buffers, mode + ("" if order == 0 else f", schedule {order}"), source)
+            _postcondition(algo, mode == "in-place", order, mode + ("" if order == 0 else f", schedule {order}"),
+                           source)
     blocks = sum(len(g.blocks) for g in algo.gpus)
     steps = sum(len(b.steps) for g in algo.gpus for b in g.blocks)
     return CheckResult(algo.coll, algo.ngpus, algo.nchunksperloop, algo.proto, algo.nchannels, algo.min_bytes,
