@@ -334,14 +334,29 @@ def compile_program(program: Program, reduction: Reduction, name: str, proto: st
     k = len(chunk_of_rank)
     if len(steps) > MAX_CHANNELS:
         raise SynthError(f"MSCCL export: {len(steps)} steps need {len(steps)} channels; MSCCL has {MAX_CHANNELS}")
-    problems = []
-    for p in ([pieces] if pieces else PIECES_TRIED):
+    def build(p: int) -> tuple[_Compiler, int]:
         compiler = _Compiler(reduction.goal, k, p, chunk_of_rank)
         for chan, (collective, groups) in enumerate(steps):
             compiler.step(chan, collective, [(members, expand(runs)) for members, runs in groups])
         compiler.finish()
-        longest = max(len(tb.steps) for tbs in compiler.tbs for tb in tbs)
-        if longest <= MAX_STEPS_PER_TB and max(len(tbs) for tbs in compiler.tbs) <= MAX_DEPENDENCY_TB + 1:
+        return compiler, max(len(tb.steps) for tbs in compiler.tbs for tb in tbs)
+
+    def fits(compiler: _Compiler, longest: int) -> bool:
+        return longest <= MAX_STEPS_PER_TB and max(len(tbs) for tbs in compiler.tbs) <= MAX_DEPENDENCY_TB + 1
+
+    problems = []
+    if pieces:
+        tries = [pieces]
+    else:  # thread blocks grow about linearly with the pieces: one build of 1 piece says which counts may fit
+        single, longest = build(1)
+        if not fits(single, longest):
+            tries = [1]
+        else:
+            tries = [p for p in PIECES_TRIED if p > 1 and longest * p <= MAX_STEPS_PER_TB]
+            tries.append(1)
+    for p in tries:
+        compiler, longest = (single, longest) if p == 1 and not pieces else build(p)
+        if fits(compiler, longest):
             return _algorithm(compiler, name, proto, min_bytes, max_bytes, len(steps))
         problems.append(f"{p} piece(s): {longest} steps in a thread block")
     raise SynthError(f"MSCCL export: {program} on {k} ranks does not fit MSCCL's {MAX_STEPS_PER_TB} steps per "

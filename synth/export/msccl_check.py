@@ -426,6 +426,9 @@ class _Multisets:
     def of(contributions) -> Counter:
         return Counter({c: 1 for c in contributions})
 
+    def wanted(self, algo: Algorithm, rank: int, j: int) -> Counter:
+        return self.of(_wanted(algo, rank, j))
+
 
 class _Masks:
     """Chunk values as bit masks, one bit per (rank, input chunk), and a
@@ -435,6 +438,7 @@ class _Masks:
 
     def __init__(self, algo: Algorithm) -> None:
         self.width = algo.nchunksperloop
+        self._wanted: dict[tuple[int, int], int] = {}
 
     def unit(self, rank: int, chunk: int) -> int:
         return 1 << (rank * self.width + chunk)
@@ -449,6 +453,13 @@ class _Masks:
 
     def of(self, contributions) -> int:
         return sum(1 << (q * self.width + c) for q, c in contributions)
+
+    def wanted(self, algo: Algorithm, rank: int, j: int) -> int:
+        """:func:`_wanted` as a mask, computed once per chunk for every run."""
+        key = (rank, j)
+        if key not in self._wanted:
+            self._wanted[key] = self.of(_wanted(algo, rank, j))
+        return self._wanted[key]
 
 
 DUPLICATE = ("a contribution counted twice",)
@@ -588,16 +599,16 @@ def _first_wrong(algo: Algorithm, buffers: list[dict[str, list]], values) -> tup
     for r, mine in enumerate(buffers):
         out = mine["o"]
         for j in range(len(out)):
-            want = values.of(_wanted(algo, r, j))
+            want = values.wanted(algo, r, j)
             if out[j][0] != want:
                 return r, j, want
     return None
 
 
-def _postcondition(algo: Algorithm, in_place: bool, order: int, mode: str, source: str) -> None:
-    """Run in one mode and schedule and check the result: with masks, and
-    with multisets again only to describe a wrong chunk."""
-    if _first_wrong(algo, execute(algo, in_place, source, order, _Masks(algo)), _Masks(algo)) is None:
+def _postcondition(algo: Algorithm, in_place: bool, order: int, mode: str, source: str, masks: _Masks) -> None:
+    """Run in one mode and schedule and check the result: with ``masks``,
+    and with multisets again only to describe a wrong chunk."""
+    if _first_wrong(algo, execute(algo, in_place, source, order, masks), masks) is None:
         return
     exact = _Multisets(algo)
     buffers = execute(algo, in_place, source, order, exact)
@@ -630,10 +641,11 @@ def check_algorithm(text: str, source: str = "XML") -> CheckResult:
         modes.append("in-place")
     if not modes:
         raise SynthError(f"{source}: inplace=\"0\" and outofplace=\"0\": no call ever selects this algorithm")
+    masks = _Masks(algo)
     for mode in modes:
         for order in range(SCHEDULES):
             _postcondition(algo, mode == "in-place", order, mode + ("" if order == 0 else f", schedule {order}"),
-                           source)
+                           source, masks)
     blocks = sum(len(g.blocks) for g in algo.gpus)
     steps = sum(len(b.steps) for g in algo.gpus for b in g.blocks)
     return CheckResult(algo.coll, algo.ngpus, algo.nchunksperloop, algo.proto, algo.nchannels, algo.min_bytes,
