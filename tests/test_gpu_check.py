@@ -94,3 +94,18 @@ def test_the_single_rank_checks_pass_on_a_cpu_world(monkeypatch):
     finally:
         dist.destroy_process_group()
         synth.runtime.torch_world._world_cache.clear()
+
+
+def test_the_msccl_check_says_what_it_needs(monkeypatch, tmp_path):
+    """Without the MSCCL executor build the check is skipped with its reason; a
+    library path that is not a file fails it (no GPU is needed for either)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.delenv("MSCCL_NCCL_LIB", raising=False)
+    verdict, detail = gpu_check.check_msccl(2)
+    assert verdict == "SKIP" and "set MSCCL_NCCL_LIB" in detail
+    monkeypatch.setenv("MSCCL_NCCL_LIB", str(tmp_path / "missing.so"))
+    assert gpu_check.check_msccl(2) == ("FAIL", f"MSCCL_NCCL_LIB={tmp_path / 'missing.so'}: no such file")
