@@ -53,7 +53,6 @@ from ..synthesis.semantics import Goal
 MAX_STEPS_PER_TB = 64
 MAX_COUNT = 71  # cnt < MSCCL_MAX_COUNT (72)
 MAX_CHANNELS = 32
-MAX_TBS_PER_CHANNEL = 32
 MAX_DEPENDENCY_TB = 127
 PROTOCOLS = ("Simple", "LL128", "LL")
 COLLECTIVE_NAMES = {Goal.ALLREDUCE: "allreduce", Goal.REDUCESCATTER: "reducescatter", Goal.ALLGATHER: "allgather"}
