@@ -670,10 +670,14 @@ def _with_pipelined(candidates: Sequence[Candidate], executors: list[Any], world
         if c.is_default or c.reduction.goal is not Goal.ALLREDUCE:
             continue
         groups = [tuple(int(d) for d in g) for g in c.reduction.reduction_groups]
-        comm = world.mpi_split(groups)
         member = next(g.index(world.rank) for g in groups if world.rank in g)
+        try:  # the same file on every rank: every rank gets the same schedule or the same refusal
+            schedule = pipeliner(c.reduction, c.lowered, member)
+        except SynthError as exc:
+            print(f"# {c.label}: no pipelined schedule ({exc})", flush=True)
+            continue
         out_c.append(dataclasses.replace(c, label=c.label + PIPELINED_MARK))
-        out_e.append(_PipelinedRun(pipeliner(c.reduction, c.lowered, member), comm))
+        out_e.append(_PipelinedRun(schedule, world.mpi_split(groups)))
     return out_c, out_e
 
 
