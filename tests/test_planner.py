@@ -96,13 +96,16 @@ def test_activations_are_korthikantis_formula(tp):
         2 * s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)))
 
 
-def test_memory_per_device_by_hand():
+@pytest.mark.parametrize("attention", ["unfused", "flash"])
+def test_memory_per_device_by_hand(attention):
+    """Korthikanti et al.'s count; a flash attention stores no 5 a s^2 b of
+    scores (not even in the layer full recomputation rebuilds)."""
     L, h, a, s, V = 4, 64, 4, 32, 128
     m = gpt(L, h, a, s, V)
     tp, dp, pp, b, B = 2, 2, 2, 2, 16  # m = 16 / (2 x 2) = 4 micro-batches, 2 layers per stage
-    training = Training(B)
+    training = Training(B, attention=attention)
     layer = 12 * h * h + 13 * h
-    act = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    act = s * b * h * (10 + 24 / tp + (5 * a * s / (h * tp) if attention == "unfused" else 0))
     first_p = (2 * layer + V * h + s * h) / tp
     first = 16 * first_p + 2 * min(pp, 4) * act  # weights 2 + grads 2 + Adam 12 bytes per parameter
     last_p = (2 * layer + 2 * h + V * h) / tp  # final LayerNorm, the tied embedding's copy
@@ -110,14 +113,17 @@ def test_memory_per_device_by_hand():
     memory = memory_per_device(m, training, Configuration(tp, dp, pp, b))
     assert memory.total == pytest.approx(max(first, last))
     assert memory.stage == ("first" if first > last else "last")
-    zero1 = memory_per_device(m, Training(B, sharding=Sharding.ZERO1), Configuration(tp, dp, pp, b))
+    zero1 = memory_per_device(m, Training(B, sharding=Sharding.ZERO1, attention=attention),
+                              Configuration(tp, dp, pp, b))
     assert zero1.optimizer == pytest.approx(12 * (first_p if first > last else last_p) / dp)
     assert zero1.weights == memory.weights and zero1.gradients == memory.gradients
-    zero3 = memory_per_device(m, Training(B, sharding=Sharding.ZERO3), Configuration(tp, dp, pp, b))
+    zero3 = memory_per_device(m, Training(B, sharding=Sharding.ZERO3, attention=attention),
+                              Configuration(tp, dp, pp, b))
     p = first_p if zero3.stage == "first" else last_p
     assert zero3.weights == pytest.approx(2 * p / dp + 2 * 2 * layer / tp)
     assert zero3.gradients == pytest.approx(2 * p / dp + 2 * layer / tp)
-    full = memory_per_device(m, Training(B, recompute=Recompute.FULL), Configuration(tp, dp, pp, b))
+    full = memory_per_device(m, Training(B, recompute=Recompute.FULL, attention=attention),
+                             Configuration(tp, dp, pp, b))
     assert full.activations == pytest.approx(max(2 * min(pp, 4) * 2 * s * b * h + act,
                                                  2 * 2 * s * b * h + act + 4 * s * b * V / tp))
 

@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="training dtype (default bf16)")
     p.add_argument("--sharding", default="none", help="optimizer sharding over dp: none, zero1, zero3 (fsdp)")
     p.add_argument("--recompute", default="none", help="activation recomputation: none, selective, full")
+    p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
+                   help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
+                        "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")
     p.add_argument("--no-overlap", action="store_true",
                    help="data-parallel reductions after the backward pass instead of overlapped with it")
     p.add_argument("--device", metavar="memory_GiB=M,peak_TFLOPs=P",
@@ -110,7 +113,7 @@ def request_of(args: argparse.Namespace) -> JobRequest:
                          "topology file or pass --device memory_GiB=M,peak_TFLOPs=P")
     model = load_model(args.model)
     training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
-                        Recompute.from_text(args.recompute), not args.no_overlap)
+                        Recompute.from_text(args.recompute), not args.no_overlap, args.attention)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
     compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device

@@ -67,6 +67,7 @@ from .operations import OperationProfile
 from .transformer import Recompute, Transformer
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+ATTENTIONS = ("flash", "unfused")
 MiB = 2**20
 # DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
 BUCKET_GRID_BYTES = tuple(MiB * 4**k for k in range(7))
@@ -99,8 +100,11 @@ class Training:
     sharding: Sharding = Sharding.NONE
     recompute: Recompute = Recompute.NONE
     overlap_dp: bool = True
+    attention: str = "flash"  # flash: no s x s scores stored; unfused: they are (Megatron-LM before flash attention)
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise SynthError(f"--attention {self.attention}: choose one of {', '.join(ATTENTIONS)}")
         if self.dtype not in DTYPE_BYTES:
             raise SynthError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPE_BYTES)}")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
@@ -114,7 +118,7 @@ class Training:
 
     def to_dict(self) -> dict:
         return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
-                "recompute": self.recompute.value, "overlap_dp": self.overlap_dp}
+                "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention}
 
 
 @dataclass(frozen=True)
@@ -194,10 +198,11 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
     w = training.value_bytes
     optimizer_bytes = 12 if w == 2 else 8  # fp32 master + Adam m, v; fp32 training has no master copy
     m = config.micro_batches(training)
-    per_layer = model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w)
+    scores = training.attention == "unfused"
+    per_layer = model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w, scores)
     working = 0.0  # full recomputation rebuilds one layer's activations at a time
     if training.recompute is Recompute.FULL:
-        working = model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w)
+        working = model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores)
     layers = model.layers // config.pp
     worst: Memory | None = None
     for stage, params in stage_parameters(model, config.pp).items():

@@ -109,7 +109,7 @@ def _positive_int(value: Any, where: str, name: str) -> int:
 def _training(raw: Any, where: str) -> Training:
     if not isinstance(raw, dict):
         raise SynthError(f"{where}: 'training' must be an object with global_batch")
-    known = ("global_batch", "dtype", "sharding", "recompute", "overlap_dp")
+    known = ("global_batch", "dtype", "sharding", "recompute", "overlap_dp", "attention")
     for key in raw:
         if key not in known:
             raise SynthError(f"{where}: unknown training field '{key}'; known fields are {', '.join(known)}")
@@ -122,7 +122,8 @@ def _training(raw: Any, where: str) -> Training:
         return Training(_positive_int(raw["global_batch"], where, "training.global_batch"),
                         str(raw.get("dtype", "bf16")),
                         Sharding.from_text(str(raw.get("sharding", "none")), "training.sharding"),
-                        Recompute.from_text(str(raw.get("recompute", "none")), "training.recompute"), overlap)
+                        Recompute.from_text(str(raw.get("recompute", "none")), "training.recompute"), overlap,
+                        str(raw.get("attention", "flash")))
     except SynthError as exc:
         raise SynthError(f"{where}: {exc}") from None
 

@@ -156,10 +156,13 @@ class Transformer:
     # ------------------------------------------------------------ activations
 
     def activation_bytes_per_layer(self, micro_batch: int, tp: int, recompute: Recompute,
-                                   bytes_per_value: int = 2) -> float:
+                                   bytes_per_value: int = 2, scores: bool = True) -> float:
         """Activation bytes one layer stores for one micro-batch on one device
         (Korthikanti et al. 2022, tensor parallelism without sequence
-        parallelism; ``bytes_per_value`` scales the 16-bit figure)."""
+        parallelism; ``bytes_per_value`` scales the 16-bit figure).
+        ``scores``: the attention stores its s x s scores, softmax, dropout mask
+        and output (``5 a s^2 b``: an unfused attention); a flash attention
+        keeps none of them."""
         s, b, h, f, kv = self.seq, micro_batch, self.hidden, self.ffn, self.kv_dim
         scale = bytes_per_value / 2
         if recompute is Recompute.FULL:
@@ -170,7 +173,7 @@ class Transformer:
         # split over tp: Q, K, V, the attention output projection's input, the MLP's
         # wide tensors (GeLU in and out; gate, up and product for SwiGLU)
         split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + (6 if self.gated_mlp else 4) * s * b * f
-        if recompute is Recompute.NONE:  # scores, softmax, dropout mask and output: 5 a s^2 b
+        if recompute is Recompute.NONE and scores:  # scores, softmax, dropout mask and output: 5 a s^2 b
             split += 5 * self.heads * s * s * b
         return scale * (replicated + split / tp)
 
