@@ -435,3 +435,31 @@ def test_pipelined_bench_needs_mpi():
                            pipelined=True)
     with pytest.raises(SynthError, match="--pipelined runs schedules with MPI point-to-point: bench with --backend mpi"):
         check_request(request)
+
+
+def test_instances_deal_pieces_over_channels():
+    """``instances`` channels per step: piece p on the (p mod instances)-th,
+    each with its own thread blocks; the files still check, and thread blocks
+    get shorter."""
+    reduction, program = next((r, p) for r, p in _programs("testbed-2x4", "dp=8", "dp", Goal.ALLREDUCE)
+                              if len(p.instructions) == 3)
+    one = compile_program(program, reduction, "t", pieces=4)
+    two = compile_program(program, reduction, "t", pieces=4, instances=2)
+    assert (one.nchannels, two.nchannels) == (3, 6)
+    assert {tb.chan for tbs in two.thread_blocks for tb in tbs} == set(range(6))
+    assert max(len(tb.steps) for tbs in two.thread_blocks for tb in tbs) < max(
+        len(tb.steps) for tbs in one.thread_blocks for tb in tbs)
+    for algorithm in (one, two):
+        check_algorithm(algorithm.xml(), "t")
+    with pytest.raises(SynthError, match=r"3 steps x 11 instance\(s\) need 33 channels; MSCCL has 32"):
+        compile_program(program, reduction, "t", instances=11)
+    with pytest.raises(SynthError, match=r"--instances 0: channels per step, an integer >= 1"):
+        compile_program(program, reduction, "t", instances=0)
+
+
+def test_export_instances(cli, tmp_path, hierarchical_plan):
+    code, text, _ = cli("export", hierarchical_plan, "--format", "msccl", "--out", tmp_path / "x", "--instances", "2",
+                        "--json")
+    assert code == 0 and all(f["checked"]["steps"] > 0 for f in json.loads(text)["files"])
+    assert "--instances applies to --format msccl only" in usage_error(
+        cli, "export", hierarchical_plan, "--format", "rank-map", "--instances", "2")

@@ -70,6 +70,8 @@ def run(argv: Sequence[str]) -> int:
                    help="megatron, torchtitan: trainer names of the plan's axes, e.g. mp=tp")
     p.add_argument("--hierarchical", action="store_true", help="jax: one mesh axis per level an axis spans")
     p.add_argument("--reduce", metavar="AXES", help="msccl: export only the reductions over these axes (e.g. dp)")
+    p.add_argument("--instances", type=int, default=1, metavar="N",
+                   help="msccl: channels per step, pieces dealt over them (thread blocks in parallel; default 1)")
     add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.add_argument("--out", help="write to this file instead of stdout (msccl: the folder for the XML files)")
@@ -84,6 +86,8 @@ def run(argv: Sequence[str]) -> int:
         p.error("--axis-names applies to --format megatron and torchtitan only")
     if args.reduce and args.format != "msccl":
         p.error("--reduce applies to --format msccl only")
+    if args.instances != 1 and args.format != "msccl":
+        p.error("--instances applies to --format msccl only")
     if args.hierarchical and args.format != "jax":
         p.error("--hierarchical applies to --format jax only")
     names = parse_axis_names(args.axis_names)
@@ -134,7 +138,8 @@ def _msccl(args) -> int:
         raise SynthError(f"--out {args.out}: its parent folder {folder.parent} does not exist")
     plan = load_plan(args.plan)
     model = model_of(args)
-    files = plan_files(plan, [a.strip() for a in args.reduce.split(",")] if args.reduce else None, model)
+    files = plan_files(plan, [a.strip() for a in args.reduce.split(",")] if args.reduce else None, model,
+                       args.instances)
     checked = [check_algorithm(f.algorithm.xml(), f.name) for f in files]  # all of them before writing any
     folder.mkdir(exist_ok=True)
     for f in files:

@@ -151,8 +151,8 @@ class _Compiler:
     its xml chunks' values is now, and per memory cell the step that last
     wrote it and the steps that read it since (what a new step must wait for)."""
 
-    def __init__(self, goal: Goal, k: int, pieces: int, chunk_of_rank: Sequence[int]) -> None:
-        self.goal, self.k, self.pieces = goal, k, pieces
+    def __init__(self, goal: Goal, k: int, pieces: int, chunk_of_rank: Sequence[int], instances: int = 1) -> None:
+        self.goal, self.k, self.pieces, self.instances = goal, k, pieces, instances
         position = [0] * k
         for rank, chunk in enumerate(chunk_of_rank):
             position[chunk] = rank
@@ -255,8 +255,11 @@ class _Compiler:
         da, db = self.destination(rank, a), self.destination(rank, b)
         return da[0] == db[0] and db[1] == da[1] + 1
 
-    def step(self, chan: int, collective: Collective, groups: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
-        """One step of the program on its groups (member lists, ordered chunk lists)."""
+    def step(self, number: int, collective: Collective,
+             groups: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+        """Step ``number`` of the program on its groups (member lists, ordered
+        chunk lists): piece ``p`` on channel ``number x instances + p mod
+        instances``, one thread block per member and channel."""
         for members, chunks in groups:
             g = len(members)
             if g < 2 or not chunks:
@@ -264,14 +267,19 @@ class _Compiler:
             length = len(chunks) // g
             parts = [list(chunks[j * length:(j + 1) * length]) for j in range(g)]
             ops = [_ring_ops(collective, g, i) for i in range(g)]
-            tbs = []
-            for i, m in enumerate(members):
-                sends = any(kind in _SENDS for kind, _ in ops[i])
-                receives = any(kind in _RECEIVES for kind, _ in ops[i])
-                tbs.append(self.thread_block(m, members[(i + 1) % g] if sends else -1,
-                                             members[(i - 1) % g] if receives else -1, chan))
+            tbs: list[list[ThreadBlock]] = []  # per instance, per member
+            for instance in range(min(self.instances, self.pieces)):
+                row = []
+                for i, m in enumerate(members):
+                    sends = any(kind in _SENDS for kind, _ in ops[i])
+                    receives = any(kind in _RECEIVES for kind, _ in ops[i])
+                    row.append(self.thread_block(m, members[(i + 1) % g] if sends else -1,
+                                                 members[(i - 1) % g] if receives else -1,
+                                                 number * self.instances + instance))
+                tbs.append(row)
             used = sorted({part for member_ops in ops for _, part in member_ops})
             for piece in range(self.pieces):
+                blocks = tbs[piece % len(tbs)]
                 cuts = {part: self.segments(members, sorted(self.xml_chunk(c, piece)
                                                             for c in (chunks if part < 0 else parts[part])))
                         for part in used}
@@ -281,7 +289,7 @@ class _Compiler:
                     for i, m in enumerate(members):
                         for kind, part in ops[i]:
                             if j < len(cuts[part]):
-                                self._operate(m, tbs[i], kind, cuts[part][j])
+                                self._operate(m, blocks[i], kind, cuts[part][j])
 
     def _operate(self, rank: int, tb: ThreadBlock, kind: str, seg: list[int]) -> None:
         src = self.location[rank][seg[0]] if kind in _READS else None
@@ -320,21 +328,28 @@ class _Compiler:
 
 
 def compile_program(program: Program, reduction: Reduction, name: str, proto: str = "Simple",
-                    min_bytes: int = 0, max_bytes: int = 0, pieces: int | None = None) -> MscclAlgorithm:
+                    min_bytes: int = 0, max_bytes: int = 0, pieces: int | None = None,
+                    instances: int = 1) -> MscclAlgorithm:
     """The MSCCL algorithm of ``program`` on ``reduction`` (module docstring).
     ``pieces``: sub-chunks per chunk (pipelining); None: the most of 8, 4, 2, 1
-    whose thread blocks fit MSCCL's 64 steps. SynthError when the goal has no
-    MSCCL collective or no split fits the limits."""
+    whose thread blocks fit MSCCL's 64 steps. ``instances``: channels per step,
+    piece ``p`` on the ``p mod instances``-th (thread blocks in parallel on
+    disjoint pieces; more SMs per step, fewer steps per thread block).
+    SynthError when the goal has no MSCCL collective or no split fits the
+    limits."""
+    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+        raise SynthError(f"--instances {instances!r}: channels per step, an integer >= 1")
     if reduction.goal not in COLLECTIVE_NAMES:
         raise SynthError(f"MSCCL export: no MSCCL collective for {reduction.goal.value}")
     if proto not in PROTOCOLS:
         raise SynthError(f"MSCCL export: protocol '{proto}': choose one of {', '.join(PROTOCOLS)}")
     chunk_of_rank, steps = group_runs(program, reduction)
     k = len(chunk_of_rank)
-    if len(steps) > MAX_CHANNELS:
-        raise SynthError(f"MSCCL export: {len(steps)} steps need {len(steps)} channels; MSCCL has {MAX_CHANNELS}")
+    if len(steps) * instances > MAX_CHANNELS:
+        raise SynthError(f"MSCCL export: {len(steps)} steps x {instances} instance(s) need {len(steps) * instances} "
+                         f"channels; MSCCL has {MAX_CHANNELS}")
     def build(p: int) -> tuple[_Compiler, int]:
-        compiler = _Compiler(reduction.goal, k, p, chunk_of_rank)
+        compiler = _Compiler(reduction.goal, k, p, chunk_of_rank, instances)
         for chan, (collective, groups) in enumerate(steps):
             compiler.step(chan, collective, [(members, expand(runs)) for members, runs in groups])
         compiler.finish()
@@ -356,13 +371,13 @@ def compile_program(program: Program, reduction: Reduction, name: str, proto: st
     for p in tries:
         compiler, longest = (single, longest) if p == 1 and not pieces else build(p)
         if fits(compiler, longest):
-            return _algorithm(compiler, name, proto, min_bytes, max_bytes, len(steps))
+            return _algorithm(compiler, name, proto, min_bytes, max_bytes, len(steps) * instances)
         problems.append(f"{p} piece(s): {longest} steps in a thread block")
     raise SynthError(f"MSCCL export: {program} on {k} ranks does not fit MSCCL's {MAX_STEPS_PER_TB} steps per "
                      f"thread block ({'; '.join(problems)})")
 
 
-def _algorithm(c: _Compiler, name: str, proto: str, min_bytes: int, max_bytes: int, steps: int) -> MscclAlgorithm:
+def _algorithm(c: _Compiler, name: str, proto: str, min_bytes: int, max_bytes: int, channels: int) -> MscclAlgorithm:
     n = c.k * c.pieces
     if c.goal is Goal.ALLREDUCE:
         chunks = (n, n, 0)
@@ -370,7 +385,7 @@ def _algorithm(c: _Compiler, name: str, proto: str, min_bytes: int, max_bytes: i
         chunks = (n, c.pieces, n)
     else:
         chunks = (c.pieces, n, 0)
-    nchannels = max(1, steps)
+    nchannels = max(1, channels)
     return MscclAlgorithm(name, proto, nchannels, n, c.k, COLLECTIVE_NAMES[c.goal], 1, 1, min_bytes, max_bytes,
                           tuple(chunks for _ in range(c.k)), tuple(tuple(tbs) for tbs in c.tbs), c.pieces)
 
@@ -413,7 +428,7 @@ def protocol_for(reduction: Reduction, size_bytes: int) -> str:
 
 
 def _cheapest(lowered: LoweredProgram, reduction: Reduction, size: int, model: Model | None, name: str, proto: str,
-              min_bytes: int, max_bytes: int) -> MscclAlgorithm:
+              min_bytes: int, max_bytes: int, instances: int = 1) -> MscclAlgorithm:
     """The program compiled with the number of pieces the cost model prices
     cheapest at ``size`` (synth.cost.pipeline: more pieces overlap more steps
     but pay each step's latency more often) among those that fit MSCCL's limits."""
@@ -421,13 +436,14 @@ def _cheapest(lowered: LoweredProgram, reduction: Reduction, size: int, model: M
     problems = []
     for pieces in ranked:
         try:
-            return compile_program(lowered.program, reduction, name, proto, min_bytes, max_bytes, pieces)
+            return compile_program(lowered.program, reduction, name, proto, min_bytes, max_bytes, pieces, instances)
         except SynthError as exc:
             problems.append(str(exc))
     raise SynthError(problems[-1])
 
 
-def plan_files(plan, axes: Sequence[str] | None = None, model: Model | None = None) -> list[MscclFile]:
+def plan_files(plan, axes: Sequence[str] | None = None, model: Model | None = None,
+               instances: int = 1) -> list[MscclFile]:
     """Every reduction of ``plan`` (those over exactly ``axes`` when given)
     and each of its size ranges as one MSCCL algorithm, protocol by
     :func:`protocol_for` and pieces by :func:`_cheapest` at the size the range
@@ -445,7 +461,7 @@ def plan_files(plan, axes: Sequence[str] | None = None, model: Model | None = No
             size = program.predicted_for_bytes or max(program.min_bytes, 1 << 20)
             name = f"{label}-{n}.xml"
             algorithm = _cheapest(program.lowered, reduction, size, model, name.removesuffix(".xml"),
-                                  protocol_for(reduction, size), program.min_bytes, high)
+                                  protocol_for(reduction, size), program.min_bytes, high, instances)
             files.append(MscclFile(name, reduction.axes, reduction.goal, program.program, algorithm, reduction,
                                    program.lowered, size))
     return files
