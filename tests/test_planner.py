@@ -571,3 +571,22 @@ def test_a_topology_without_a_device_needs_one(cli):
     code, out, _ = cli("plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "8", "--device",
                        "memory_GiB=2,peak_TFLOPs=0.1", "--json", "--no-verify")
     assert code == 0 and json.loads(out)["device"]["memory_GiB"] == 2
+
+
+def test_a_memory_margin_keeps_room_free(cli):
+    """GPT-2.7B at micro-batch 4 on one H100 counts 62.3 GiB: it fits in 79.6
+    GiB, and not once 20 GiB are kept free; the margin is in the reason and the
+    JSON, and a margin that leaves nothing is refused."""
+    common = ["plan", "--topology", "dgx-h100", "--scale", "node=1,gpu=1", "--model", "gpt3-2.7b", "--global-batch",
+              "8", "--axes", "tp=1,dp=1,pp=1", "--micro-batch", "4", "--no-verify", "--json"]
+    fits = json.loads(cli(*common)[1])
+    assert fits["memory_margin_GiB"] == 0 and fits["configurations"][0]["feasible"]
+    memory = fits["configurations"][0]["memory_bytes_per_device"]
+    assert 60 * 2**30 < memory < 79.647 * 2**30 - 12 * 2**30
+    tight = json.loads(cli(*common, "--memory-margin", "20")[1])
+    assert tight["memory_margin_GiB"] == 20 and not tight["configurations"][0]["feasible"]
+    assert tight["configurations"][0]["reason"].endswith("> 79.647 GiB - 20 GiB margin")
+    assert json.loads(cli(*common, "--memory-margin", "12")[1])["configurations"][0]["feasible"]
+    assert "--memory-margin 80: GiB kept free per device, >= 0 and below the device's 79.647 GiB" in usage_error(
+        cli, *common, "--memory-margin", "80")
+    assert "--memory-margin 'lots': a number of GiB" in usage_error(cli, *common, "--memory-margin", "lots")

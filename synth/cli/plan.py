@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="training dtype (default bf16)")
     p.add_argument("--sharding", default="none", help="optimizer sharding over dp: none, zero1, zero3 (fsdp)")
     p.add_argument("--recompute", default="none", help="activation recomputation: none, selective, full")
+    p.add_argument("--memory-margin", type=_gib_amount, default=0.0, metavar="GiB",
+                   help="memory kept free on every device for the framework, CUDA context and fragmentation "
+                        "(default 0: the counted weights, gradients, optimizer states and activations only)")
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
                         "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")
@@ -102,6 +105,17 @@ def _micro_batches(text: str | None) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+def _gib_amount(text: str) -> float:
+    """A number of GiB (``4``, ``2.5``); SynthError otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise SynthError(f"--memory-margin {text!r}: a number of GiB, e.g. 4") from None
+    if not value >= 0 or value != value or value == float("inf"):
+        raise SynthError(f"--memory-margin {text}: a number of GiB >= 0")
+    return value
+
+
 def request_of(args: argparse.Namespace) -> JobRequest:
     """The request the arguments describe; SynthError naming the bad one."""
     topology = load_topology(args.topology)
@@ -119,7 +133,7 @@ def request_of(args: argparse.Namespace) -> JobRequest:
     compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device
     return JobRequest(topology, device, model, training, parse_axis_ranges(args.axes),
                       _micro_batches(args.micro_batch), tuple(args.constrain), args.max_steps, model_of(args),
-                      compute)
+                      compute, args.memory_margin)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -193,6 +207,7 @@ def solution_document(solution: JobSolution) -> dict[str, Any]:
         "training": r.training.to_dict(),
         "axes": [str(a) for a in r.axes],
         "constraints": list(r.constraints),
+        "memory_margin_GiB": r.memory_margin_GiB,
         "cost_model": {"algo": r.comm.algorithm.value, "profile": r.comm.profile_path},
         "compute_profile": r.compute.to_dict(),
         "size_assignments": solution.assignments,

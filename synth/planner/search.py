@@ -202,8 +202,14 @@ class JobRequest:
     max_steps: int = 5
     comm: Model = field(default_factory=Model)
     compute: ComputeModel | None = None  # None: the device's shipped per-operation profile, else the curve
+    memory_margin_GiB: float = 0.0  # kept free on every device (framework, CUDA context, fragmentation)
 
     def __post_init__(self) -> None:
+        margin = self.memory_margin_GiB
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < self.device.memory_GiB:
+            shown = f"{margin:g}" if isinstance(margin, (int, float)) and not isinstance(margin, bool) else repr(margin)
+            raise SynthError(f"--memory-margin {shown}: GiB kept free per device, >= 0 and below the device's "
+                             f"{self.device.memory_GiB:g} GiB")
         if self.compute is None:
             object.__setattr__(self, "compute", default_compute(self.device.name))
         for a in self.axes:
@@ -402,11 +408,13 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     assert best is not None
     step, placement = best
     memory = memory_per_device(model, training, config)
-    feasible = memory.total <= device.memory_bytes
+    usable = device.memory_bytes - request.memory_margin_GiB * 2**30
+    feasible = memory.total <= usable
+    margin = f" - {request.memory_margin_GiB:g} GiB margin" if request.memory_margin_GiB else ""
     reason = "" if feasible else (
         f"needs {_gib(memory.total)} per device ({memory.stage} stage: weights {_gib(memory.weights)}, gradients "
         f"{_gib(memory.gradients)}, optimizer {_gib(memory.optimizer)}, activations {_gib(memory.activations)}) "
-        f"> {device.memory_GiB:g} GiB")
+        f"> {device.memory_GiB:g} GiB{margin}")
     programs = tuple((axis, goal, size, costs.best(placement, axis, goal, size))
                      for axis, goal, size in step.reductions)
     flops = model.training_flops(training.global_batch, training.recompute)
