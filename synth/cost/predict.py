@@ -191,12 +191,7 @@ def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, sr
 
 def default_program(goal: Goal) -> Program:
     """The library's one-call collective over each whole reduction group."""
-    collective = {
-        Goal.ALLREDUCE: Collective.ALLREDUCE,
-        Goal.REDUCESCATTER: Collective.REDUCESCATTER,
-        Goal.ALLGATHER: Collective.ALLGATHER,
-    }[goal]
-    return Program((Instruction(collective, "root", Form.INSIDE),))
+    return Program((Instruction(goal.collective, "root", Form.INSIDE),))
 
 
 @lru_cache(maxsize=4096)

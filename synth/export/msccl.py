@@ -55,7 +55,7 @@ MAX_COUNT = 71  # cnt < MSCCL_MAX_COUNT (72)
 MAX_CHANNELS = 32
 MAX_DEPENDENCY_TB = 127
 PROTOCOLS = ("Simple", "LL128", "LL")
-COLLECTIVE_NAMES = {Goal.ALLREDUCE: "allreduce", Goal.REDUCESCATTER: "reducescatter", Goal.ALLGATHER: "allgather"}
+COLLECTIVE_NAMES = {goal: goal.value for goal in Goal}  # MSCCL's coll names are the goals' names
 PIECES_TRIED = (8, 4, 2, 1)
 
 
@@ -421,10 +421,9 @@ def protocol_for(reduction: Reduction, size_bytes: int) -> str:
     """The protocol NCCL's tuning model (synth.cost.nccl) picks for a ring of
     the goal's collective over one reduction group at ``size_bytes``: LL for
     small sizes, LL128 where the links allow it, Simple for large ones."""
-    collective = {Goal.ALLREDUCE: Collective.ALLREDUCE, Goal.REDUCESCATTER: Collective.REDUCESCATTER,
-                  Goal.ALLGATHER: Collective.ALLGATHER}[reduction.goal]
     members = tuple(int(d) for d in reduction.reduction_groups[0])
-    return choose(comm_of(reduction.topology, members), collective, float(max(1, size_bytes)), ("ring",)).protocol
+    return choose(comm_of(reduction.topology, members), reduction.goal.collective, float(max(1, size_bytes)),
+                  ("ring",)).protocol
 
 
 def _cheapest(lowered: LoweredProgram, reduction: Reduction, size: int, model: Model | None, name: str, proto: str,
@@ -455,7 +454,7 @@ def plan_files(plan, axes: Sequence[str] | None = None, model: Model | None = No
         raise SynthError(f"--reduce {','.join(axes or ())}: the plan reduces over {known}")
     for planned in chosen:
         reduction = planned.reduction
-        label = "-".join(reduction.axes) + "-" + COLLECTIVE_NAMES.get(reduction.goal, reduction.goal.value)
+        label = "-".join(reduction.axes) + "-" + COLLECTIVE_NAMES[reduction.goal]
         for n, program in enumerate(planned.programs):
             high = 0 if program.max_bytes is None else program.max_bytes - 1  # inclusive in MSCCL; 0: unbounded
             size = program.predicted_for_bytes or max(program.min_bytes, 1 << 20)

@@ -37,9 +37,7 @@ from ..cost.model import Algorithm
 from ..cost.nccl import choose, comm_of
 from ..cost.predict import Predictor, default_program, lowered_loads
 from ..errors import SynthError
-from ..synthesis.language import Collective
 from ..synthesis.lowering import lower
-from ..synthesis.semantics import Goal
 
 MAX_BYTES = 2**64 - 1  # size_t: every size
 LARGEST_PRICED_BYTES = 2**33
@@ -48,9 +46,6 @@ COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("ll", "ll128", "simple")
 HEADER = "collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff"
-_GOAL_NAMES = {Goal.ALLREDUCE: "allreduce", Goal.REDUCESCATTER: "reducescatter", Goal.ALLGATHER: "allgather"}
-_COLLECTIVE_OF = {Goal.ALLREDUCE: Collective.ALLREDUCE, Goal.REDUCESCATTER: Collective.REDUCESCATTER,
-                  Goal.ALLGATHER: Collective.ALLGATHER}
 _PLUGIN_ALGO = {"nvlstree": "nvls_tree"}
 _ENV_ALGO = {"tree": "Tree", "ring": "Ring", "nvls": "NVLS", "nvls_tree": "NVLSTree", "pat": "PAT",
              "collnet_direct": "CollNetDirect", "collnet_chain": "CollNetChain"}
@@ -83,25 +78,33 @@ class TunerRule:
                 "nNodes": self.nodes, "nRanks": self.ranks, "reduce": list(self.reduce)}
 
 
-def _best(reduction, model: Model, size: int) -> tuple[str, str, int]:
-    """The (algorithm, protocol, channels) the cost model prices fastest for
-    one library call of the reduction's goal at ``size`` bytes per device."""
-    program = default_program(reduction.goal)
-    loads = lowered_loads(lower(program, reduction))
-    comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
-    collective = _COLLECTIVE_OF[reduction.goal]
-    best: tuple[float, tuple[str, str, int]] | None = None
-    for algorithm in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT):
-        choice = choose(comm, collective, float(size), algorithm.forced)
-        if choice.algorithm != algorithm.value:
-            continue  # NCCL has no such algorithm for this group: it would run its ring
-        seconds = Predictor(reduction, Model(algorithm, model.profile, model.profile_path)).program(
-            program, loads, float(size))
-        named = (_PLUGIN_ALGO.get(choice.algorithm, choice.algorithm), choice.protocol.lower(), choice.channels)
-        if best is None or seconds < best[0]:
-            best = (seconds, named)
-    assert best is not None  # the ring always exists
-    return best[1]
+FORCED = (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT)
+
+
+class _Pricer:
+    """One library call of a reduction's goal priced under each algorithm NCCL
+    has for the group; built once per reduction, asked at every size."""
+
+    def __init__(self, reduction, model: Model) -> None:
+        self.program = default_program(reduction.goal)
+        self.loads = lowered_loads(lower(self.program, reduction))
+        self.comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
+        self.collective = reduction.goal.collective
+        self.predictors = {a: Predictor(reduction, Model(a, model.profile, model.profile_path)) for a in FORCED}
+
+    def best(self, size: int) -> tuple[str, str, int]:
+        """The (algorithm, protocol, channels) priced fastest at ``size`` bytes per device."""
+        best: tuple[float, tuple[str, str, int]] | None = None
+        for algorithm, predictor in self.predictors.items():
+            choice = choose(self.comm, self.collective, float(size), algorithm.forced)
+            if choice.algorithm != algorithm.value:
+                continue  # NCCL has no such algorithm for this group: it would run its ring
+            seconds = predictor.program(self.program, self.loads, float(size))
+            named = (_PLUGIN_ALGO.get(choice.algorithm, choice.algorithm), choice.protocol.lower(), choice.channels)
+            if best is None or seconds < best[0]:
+                best = (seconds, named)
+        assert best is not None  # the ring always exists
+        return best[1]
 
 
 def plan_rules(plan, model: Model | None = None) -> list[TunerRule]:
@@ -112,16 +115,15 @@ def plan_rules(plan, model: Model | None = None) -> list[TunerRule]:
     seen: set[tuple[str, int, int]] = set()
     for planned in plan.reductions:
         reduction = planned.reduction
-        if reduction.goal not in _GOAL_NAMES:
-            continue
         comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
-        key = (_GOAL_NAMES[reduction.goal], comm.nodes, comm.ranks)
+        key = (reduction.goal.value, comm.nodes, comm.ranks)
         if key in seen or comm.ranks < 2:
             continue
         seen.add(key)
+        pricer = _Pricer(reduction, model)
         low, current = 0, None
         for power in range(LARGEST_PRICED_BYTES.bit_length()):
-            choice = _best(reduction, model, 1 << power)
+            choice = pricer.best(1 << power)
             if current is not None and choice != current:
                 rules.append(TunerRule(key[0], low, (1 << power) - 1, *current, comm.nodes, comm.ranks,
                                        reduction.axes))

@@ -70,6 +70,11 @@ class Goal(enum.Enum):
     REDUCESCATTER = "reducescatter"
     ALLGATHER = "allgather"
 
+    @property
+    def collective(self) -> Collective:
+        """The library collective that implements the goal in one call."""
+        return Collective.from_text(self.value)
+
 
 @dataclass(frozen=True)
 class Hierarchy:
