@@ -406,9 +406,11 @@ def predict_step(profile, model: Transformer, micro_batch: int, global_batch: in
 
 
 def compare(args: argparse.Namespace) -> int:
+    from synth.errors import SynthError
+    from synth.planner.calibration import fit_host
     from synth.planner.compute import load_compute_profile, shipped_profile_for
     from synth.planner.layercompute import Shard, layer_compute
-    from synth.planner.operations import OperationProfile
+    from synth.planner.operations import HostModel, OperationProfile
     rows = [json.loads(line) for line in open(args.measured) if line.strip()]
     gpus = sorted({r["gpu"] for r in rows})
     profiles = ([load_compute_profile(p) for p in args.compute_profile] if args.compute_profile
@@ -438,14 +440,38 @@ def compare(args: argparse.Namespace) -> int:
                 e = _relative(p, m)
                 for key in (("all", phase), (family, phase), (grid, phase)):
                     groups.setdefault(key, []).append(e)
-            if "forward_backward_graph_s" in r:
-                groups.setdefault(("all, as CUDA graph replays", "forward+backward"), []).append(
-                    _relative(predicted.total_s, r["forward_backward_graph_s"]))
+            if "forward_backward_graph_s" in r:  # the GPU's time against the model without host issue
+                gpu_only = layer_compute(dataclasses.replace(profile, host=HostModel()), model,
+                                         Shard(r["tp"], r["micro_batch"], r["seq"]))
+                groups.setdefault(("all, GPU time only: CUDA graph replays against the model without host issue",
+                                   "forward+backward"), []).append(
+                    _relative(gpu_only.total_s, r["forward_backward_graph_s"]))
                 if phase == "forward+backward":
                     worst.append((e, f"{r['model']} tp={r['tp']} b={r['micro_batch']} s={r['seq']}: "
                                      f"predicted {p * 1e3:.2f} ms, measured {m * 1e3:.2f} ms"))
-        for (group, phase), errors in groups.items():
+        order = ["all", "GEMMs in the grid", "GEMMs not in the grid", "GPT (LayerNorm, GELU)",
+                 "Llama (RMSNorm, rotary, SwiGLU)"]
+        for (group, phase), errors in sorted(groups.items(), key=lambda kv: (
+                order.index(kv[0][0]) if kv[0][0] in order else len(order),
+                ("forward", "backward", "forward+backward").index(kv[0][1]))):
             print(f"| {group} | {phase} | {_summary(errors)} |")
+        gated = {name: m.gated_mlp for name, m in models.items()}
+        for scored, fitted_on in ((True, False), (False, True)):
+            lines = [(f"line {i + 1}", r) for i, r in enumerate(rows) if r["kind"] == "layer"
+                     and gated[r["model"]] == fitted_on]
+            try:
+                host, _ = fit_host(lines)
+            except SynthError as error:
+                print(f"\n(no held-out host fit: {error})")
+                continue
+            held = dataclasses.replace(profile, host=host)
+            errors = [_relative(layer_compute(held, models[r["model"]], Shard(r["tp"], r["micro_batch"], r["seq"]))
+                                .total_s, r["forward_backward_s"])
+                      for r in rows if r["kind"] == "layer" and "error" not in r and gated[r["model"]] == scored]
+            family = "Llama" if scored else "GPT"
+            print(f"| {family}, host cost fitted on the {'GPT' if scored else 'Llama'} layers only "
+                  f"({host.forward_launch_s * 1e6:.1f} / {host.backward_launch_s * 1e6:.1f} us per launch) | "
+                  f"forward+backward | {_summary(errors)} |")
         print("\nlargest errors (forward+backward): " + "; ".join(
             f"{text} ({e:+.0%})" for e, text in sorted(worst, key=lambda w: -abs(w[0]))[:4]))
         print("\n| step | micro-batch | measured | predicted | error | optimizer measured | predicted |")

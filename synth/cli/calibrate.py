@@ -8,12 +8,13 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from ..documents import check_writable, write_text
 from ..errors import SynthError
-from ..planner.calibration import CPU_GRID, GPU_GRID, fit_operation_profile, measure, op_lines, op_records
+from ..planner.calibration import CPU_GRID, GPU_GRID, fit_host, fit_operation_profile, measure, op_lines, op_records
 from ..planner.compute import operation_profile_document, save_operation_profile
 from ..units import bounded_int
 from .args import Parser
@@ -33,6 +34,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--records", metavar="OPS.jsonl",
                    help="fit these operation records (op_bench.py's format, e.g. data/calibration/h100-ops.jsonl) "
                         "instead of measuring")
+    p.add_argument("--layer-records", metavar="LAYERS.jsonl",
+                   help="whole-layer records with eager and CUDA-graph times (scripts/layer_accuracy.py measure, "
+                        "e.g. data/calibration/h100-layers.jsonl): fit the host's seconds per kernel launch from "
+                        "the host-bound ones (without: not modelled)")
     p.add_argument("--records-out", metavar="OPS.jsonl", help="also keep the measured records (JSON lines)")
     p.add_argument("--units", type=lambda text: bounded_int(text, "--units", MAX_UNITS),
                    help="the GPU's streaming multiprocessors (default: what PyTorch reports, or the records' "
@@ -89,6 +94,10 @@ def run(argv: Sequence[str]) -> int:
     if not devices:
         raise SynthError("the records name no device ('gpu' field): give --device-name NAME")
     profile = fit_operation_profile(records, _units(args, set(recorded)), name, devices, source)
+    if args.layer_records:
+        host, stats = fit_host(op_lines(args.layer_records))
+        profile = replace(profile, host=host, source=f"{source} --layer-records {args.layer_records}",
+                          fit={**profile.fit, "host": stats})
     save_operation_profile(args.out, profile)
     if args.json:
         print(json.dumps(operation_profile_document(profile), indent=1))
@@ -100,11 +109,15 @@ def run(argv: Sequence[str]) -> int:
     print(f"attention: forward {a.forward_rate_flops / 1e12:.1f}, backward {a.backward_rate_flops / 1e12:.1f} "
           f"TFLOP/s; {a.row_blocks:g} blocks per query row; at least {a.forward_floor_s * 1e6:.1f} / "
           f"{a.backward_floor_s * 1e6:.1f} us per call")
+    if profile.host.forward_launch_s:
+        print(f"host: {profile.host.forward_launch_s * 1e6:.1f} us per kernel launch forward, "
+              f"{profile.host.backward_launch_s * 1e6:.1f} backward (median of {profile.fit['host']['host_bound_forward']}"
+              f" and {profile.fit['host']['host_bound_backward']} host-bound layer phases)")
     print(f"memory-bound: {e.bandwidth_Bps / 1e9:.0f} GB/s (add); "
           + ", ".join(f"{p.name} {p.seconds_per_element * 1e12:.3g} ps per element" for p in e.passes))
     print(f"{'family':<20} {'points':>6} {'median':>7} {'p90':>7} {'max':>7}  (relative errors on these records)")
     for family, stats in profile.fit.items():
-        if isinstance(stats, dict):
+        if isinstance(stats, dict) and "median_rel_error" in stats:
             print(f"{family:<20} {stats['points']:>6} {stats['median_rel_error']:>7.1%} "
                   f"{stats['p90_rel_error']:>7.1%} {stats['max_rel_error']:>7.1%}")
     return 0

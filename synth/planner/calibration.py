@@ -40,6 +40,7 @@ from .operations import (
     ElementwiseModel,
     ElementwisePass,
     GemmModel,
+    HostModel,
     OperationProfile,
     tiled_flops,
 )
@@ -204,6 +205,46 @@ def fit_attention(records: OpRecords, units: int) -> AttentionModel:
             best = (forward_error + backward_error, model)
     assert best is not None
     return best[1]
+
+
+# a layer's phase counts as host-bound when its eager time is at least this multiple of the same
+# work replayed as a CUDA graph (the GPU's own time): the host, not the GPU, sets its pace
+HOST_BOUND_RATIO = 1.5
+
+
+def fit_host(lines: Iterable[tuple[str, Any]]) -> tuple[HostModel, dict[str, Any]]:
+    """The host's seconds per kernel launch, forward and backward: the median
+    over host-bound whole-layer records (``kind`` "layer" with eager and
+    CUDA-graph times and kernel counts, as ``scripts/layer_accuracy.py
+    measure`` writes them) of eager seconds per kernel. Other records are
+    skipped; SynthError when no layer is host-bound in a phase."""
+    per_kernel: dict[str, list[float]] = {"forward": [], "backward": []}
+    layers = 0
+    for where, r in lines:
+        if not isinstance(r, dict) or r.get("kind") != "layer" or "error" in r or "forward_graph_s" not in r:
+            continue
+        layers += 1
+        forward, both = _number(r, "forward_s", where), _number(r, "forward_backward_s", where)
+        graph_forward, graph_both = _number(r, "forward_graph_s", where), _number(r, "forward_backward_graph_s", where)
+        kernels_forward = _number(r, "forward_kernels", where, integer=True)
+        kernels_both = _number(r, "forward_backward_kernels", where, integer=True)
+        if kernels_both <= kernels_forward:
+            raise SynthError(f"{where}: forward_backward_kernels ({kernels_both:g}) must exceed forward_kernels "
+                             f"({kernels_forward:g})")
+        for phase, eager, graph, kernels in (("forward", forward, graph_forward, kernels_forward),
+                                             ("backward", both - forward, graph_both - graph_forward,
+                                              kernels_both - kernels_forward)):
+            if eager >= HOST_BOUND_RATIO * graph:
+                per_kernel[phase].append(eager / kernels)
+    missing = [phase for phase, values in per_kernel.items() if not values]
+    if missing:
+        raise SynthError(f"layer records: no host-bound layer in the {' and '.join(missing)} of {layers} layer "
+                         f"record(s) with CUDA-graph times (eager at least {HOST_BOUND_RATIO:g} x the graph replay); "
+                         "measure small layers too (scripts/layer_accuracy.py measure)")
+    host = HostModel(float(np.median(per_kernel["forward"])), float(np.median(per_kernel["backward"])))
+    stats = {"layers": layers, "host_bound_forward": len(per_kernel["forward"]),
+             "host_bound_backward": len(per_kernel["backward"])}
+    return host, stats
 
 
 def fit_operation_profile(records: OpRecords, units: int, name: str, devices: Sequence[str],

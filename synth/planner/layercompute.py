@@ -34,6 +34,11 @@ parallelism):
   priced in bytes at the bandwidth ``add`` reaches: forward 14 bytes per logit
   (read bf16, write fp32, read and write fp32 for the log-softmax), backward
   14 (the softmax gradient in fp32 and its bf16 copy).
+* Host issue: eager PyTorch launches ``EAGER_LAUNCHES`` kernels per
+  operation; each phase of a layer lasts at least its launches times the
+  profile's host seconds per launch (``OperationProfile.host``), the excess
+  over the GPU's time an operation ``host_issue``. Small layers (tp 8, one
+  sequence) are host-bound in eager PyTorch on the measured machine.
 * Optimizer step (fused Adam, per parameter the device updates): read the fp32
   master weight, gradient, momentum and variance, write weight, momentum and
   variance (28 bytes), and with 16-bit training weights write their copy (read
@@ -50,6 +55,23 @@ from .operations import OperationProfile
 from .transformer import Recompute, Transformer
 
 LOSS_BYTES_PER_LOGIT = 14  # each direction (module docstring)
+# Kernels eager PyTorch launches per operation of a layer, (forward, backward). The totals per
+# layer agree with the PyTorch profiler's counts at the host-bound shapes of
+# data/calibration/h100-layers.jsonl (GPT 11 and 28, Llama 22 and 42-46); the split by operation
+# follows what each operation's autograd formula launches.
+EAGER_LAUNCHES: dict[str, tuple[int, int]] = {
+    "gemm": (1, 2),  # the product; backward: input and weight gradients
+    "gemm_bias": (1, 3),  # the bias rides in the product's epilogue; backward adds its gradient's reduction
+    "attention": (2, 7),  # the flash kernel and the output's layout copy; backward: preprocessing, the main
+    # kernel, the query-gradient conversion, and the layout copies joining q, k, v gradients into one
+    "layer_norm": (1, 3),  # backward: the input gradient and the weight and bias reductions
+    "rms_norm": (1, 2),  # backward: the input gradient and the weight reduction
+    "residual": (1, 1),  # backward: the two branches' gradients summed
+    "gelu_tanh": (1, 1),
+    "silu_mul": (2, 4),  # silu, the product; backward: two products, silu's derivative, gate/up joined
+    "rotary": (10, 18),  # q and k each: x cos + cat(-x2, x1) sin, five kernels; backward each: two
+    # products, the negation, the two halves' zero-padded slices (two kernels each) and two sums
+}
 ADAM_BYTES_PER_PARAMETER = 28
 MIXED_PRECISION_COPY_BYTES = 6
 
@@ -149,7 +171,23 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard) -
     ops += _pass(profile, "activation", "silu_mul" if model.gated_mlp else "gelu_tanh", tokens * f // t, 2)
     if model.gated_mlp:
         ops += _pass(profile, "rotary", "silu_mul", tokens * (h + kv) // t, 2)
+    launches = layer_launches(model)
+    for phase, count in zip(("forward", "backward"), launches):
+        host_s = count * profile.host.launch_s(phase)
+        gpu_s = sum(op.seconds for op in ops if op.phase == phase)
+        if host_s > gpu_s:
+            ops.append(OpTime("host_issue", phase, (count,), host_s - gpu_s))
     return ComputeTime(tuple(ops))
+
+
+def layer_launches(model: Transformer) -> tuple[int, int]:
+    """Kernels one layer of ``model`` launches in eager PyTorch, (forward,
+    backward): ``EAGER_LAUNCHES`` over its operations (GPT: biased GEMMs,
+    LayerNorm, GELU; gated models: unbiased GEMMs, RMSNorm, SwiGLU, rotary)."""
+    gated = model.gated_mlp
+    names = [("gemm" if gated else "gemm_bias")] * 4 + ["attention"] + [("rms_norm" if gated else "layer_norm")] * 2
+    names += ["residual"] * 2 + (["silu_mul", "rotary"] if gated else ["gelu_tanh"])
+    return (sum(EAGER_LAUNCHES[n][0] for n in names), sum(EAGER_LAUNCHES[n][1] for n in names))
 
 
 def attention_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> list[OpTime]:

@@ -30,6 +30,15 @@ bandwidth-bound cost; passes the calibration grid does not measure are priced in
 the bandwidth that ``add`` (6 bytes per element: two reads, one write)
 reaches.
 
+Host issue (``HostModel``): eager PyTorch issues every kernel from the host,
+one Python-level operation at a time; the host's seconds per kernel, forward
+and backward (the autograd engine costs more per kernel), are fitted on whole
+layers that the host bounds (their eager time well above the same work
+replayed as a CUDA graph). A layer's phase then lasts at least its kernels
+times that cost (:func:`synth.planner.layercompute.layer_compute`). Zero
+means not modelled (a profile without whole-layer records, or a framework
+that replays CUDA graphs).
+
 All functions accept numpy arrays (the fit evaluates whole grids at once) and
 plain numbers.
 """
@@ -223,12 +232,33 @@ class ElementwiseModel:
 
 
 @dataclass(frozen=True)
+class HostModel:
+    """Seconds the host spends issuing one kernel of a layer in eager
+    PyTorch, in the forward and in the backward (0: not modelled)."""
+
+    forward_launch_s: float = 0.0
+    backward_launch_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive(self.forward_launch_s, "host.forward_launch_s", allow_zero=True)
+        _positive(self.backward_launch_s, "host.backward_launch_s", allow_zero=True)
+
+    def launch_s(self, phase: str) -> float:
+        return self.forward_launch_s if phase == "forward" else self.backward_launch_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"forward_launch_s": self.forward_launch_s, "backward_launch_s": self.backward_launch_s}
+
+
+@dataclass(frozen=True)
 class OperationProfile:
     """A GPU's per-operation compute model (``synth-reduce/compute-profile``
     version 2). ``devices``: the device names it applies to (a topology's
     ``device.name``, nvidia-smi's name); ``micro_batch_s``: the fixed cost of
     one micro-batch (the backward call, the loss, the framework), 0 unless
-    fitted on step records; ``fit``: how well it reproduces its own data."""
+    fitted on step records; ``host``: the host's cost of issuing a kernel
+    (zero unless fitted on whole-layer records); ``fit``: how well it
+    reproduces its own data."""
 
     name: str
     devices: tuple[str, ...]
@@ -238,6 +268,7 @@ class OperationProfile:
     micro_batch_s: float = 0.0
     source: str = ""
     fit: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    host: HostModel = HostModel()
 
     def __post_init__(self) -> None:
         _positive(self.micro_batch_s, "micro_batch_s", allow_zero=True)
@@ -248,7 +279,8 @@ class OperationProfile:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "devices": list(self.devices), "gemm": self.gemm.to_dict(),
                 "attention": self.attention.to_dict(), "elementwise": self.elementwise.to_dict(),
-                "micro_batch_s": self.micro_batch_s, "source": self.source, "fit": self.fit}
+                "micro_batch_s": self.micro_batch_s, "host": self.host.to_dict(), "source": self.source,
+                "fit": self.fit}
 
 
 def _section(doc: dict[str, Any], name: str) -> dict[str, Any]:
@@ -285,6 +317,10 @@ def operation_profile_from_dict(doc: dict[str, Any]) -> OperationProfile:
     tiles = gemm["tiles"]
     if not isinstance(tiles, list) or not all(isinstance(t, list) for t in tiles):
         raise SynthError("compute profile: gemm.tiles must be a non-empty list of [rows, columns] integers >= 1")
+    host = doc.get("host", {})  # optional: profiles written before it lack it
+    if not isinstance(host, dict):
+        raise SynthError("compute profile: 'host' must be an object (forward_launch_s, backward_launch_s)")
+    host = _fields(host, "host", ("forward_launch_s", "backward_launch_s")) if host else {}
     devices = doc.get("devices")
     if not isinstance(devices, list) or not devices or not all(isinstance(d, str) and d for d in devices):
         raise SynthError("compute profile: 'devices' must be a non-empty list of device names")
@@ -298,4 +334,5 @@ def operation_profile_from_dict(doc: dict[str, Any]) -> OperationProfile:
         micro_batch_s=doc.get("micro_batch_s", 0.0),
         source=str(doc.get("source") or ""),
         fit=dict(doc.get("fit") or {}),
+        host=HostModel(**host),
     )
