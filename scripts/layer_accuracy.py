@@ -51,9 +51,10 @@ LAYER_BATCHES = ((1, 2048), (4, 2048), (1, 8192))
 # (model, layers kept, sequence, global batch in sequences) for whole steps
 STEP_MODELS = (("megatron-1.7b", 24, 2048, 8), ("llama2-7b", 6, 4096, 4))
 GRAPHS = {"working": True}  # CUDA graph replays are tried until one fails
-CPU_LAYER_MODELS = (Transformer("tiny-gpt", layers=2, hidden=64, heads=4, seq=128, vocab=1000, ffn=256, kv_heads=4),
-                    Transformer("tiny-llama", layers=2, hidden=64, heads=4, seq=128, vocab=1000, ffn=160, kv_heads=2,
-                                gated_mlp=True, tied_embeddings=False))
+# tiny models for --device cpu, named by their inline fields so that compare can load them back
+CPU_LAYER_MODELS = tuple(dataclasses.replace(load_model(spec), name=spec) for spec in (
+    "layers=2,hidden=64,heads=4,seq=128,vocab=1000",
+    "layers=2,hidden=64,heads=4,kv_heads=2,ffn=160,gated_mlp=true,tied_embeddings=false,seq=128,vocab=1000"))
 
 
 def _torch():

@@ -526,3 +526,30 @@ def test_calibrate_on_the_cpu_measures_and_fits(tmp_path):
     assert isinstance(profile, OperationProfile) and profile.devices == ("cpu",)
     layer = layer_compute(profile, load_model("layers=2,hidden=128,heads=4,seq=64,vocab=100"), Shard(1, 1, 64))
     assert layer.forward_s > 0 and layer.backward_s > layer.forward_s / 10
+
+
+@pytest.mark.timeout(300)
+def test_the_layer_accuracy_script_measures_on_the_cpu_and_compares(tmp_path):
+    """scripts/layer_accuracy.py's mechanics on tiny models: every layer and
+    step record written, the measured networks holding exactly the model's
+    parameters (compare refuses otherwise), and the comparison's tables."""
+    import subprocess
+    import sys
+    out = tmp_path / "layers.jsonl"
+    script = REPO / "scripts" / "layer_accuracy.py"
+    done = subprocess.run([sys.executable, str(script), "measure", "--device", "cpu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["kind"] for r in rows].count("host") == 1
+    assert sum(r["kind"] == "layer" and "error" not in r for r in rows) == 8
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert len(steps) == 6 and all(r["step_s"] > r["optimizer_s"] > 0 for r in steps)
+    for r in steps:
+        model = replace(load_model(r["model"]), layers=r["layers"], seq=r["seq"])
+        assert r["parameters"] == model.parameters
+    done = subprocess.run([sys.executable, str(script), "compare", str(out), "--compute-profile", str(H100_PROFILE)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| all | forward+backward |" in done.stdout
+    assert done.stdout.count("micro-batch ranking, ") == 2
