@@ -73,7 +73,8 @@ def record_of(row: dict) -> StepRecord:
     config = Configuration(tp, dp, pp, row["micro_batch_size"], layers_per_stage // lpvs if lpvs else 1)
     training = Training(row["batch_size"], "fp16", Sharding.NONE, Recompute.FULL,
                         overlap_dp=row["script_ddp_impl"] == "torch",
-                        attention="unfused")  # 2021: Megatron-LM's attention stored its scores (no flash attention)
+                        attention="unfused",  # 2021: Megatron-LM's attention stored its scores (no flash attention)
+                        sequence_parallel=False)  # and had no sequence parallelism (Korthikanti et al. 2022)
     step_s = paper_flops(row) / (row["tflops_per_gpu"] * 1e12 * gpus)
     source = (f"derived from Narayanan et al. 2021 (SC'21) Table 1 row {row['row']}: step_s = paper FLOPs / "
               f"({row['tflops_per_gpu']} TFLOP/s x {gpus} GPUs); micro-batch, interleaving and DDP from "

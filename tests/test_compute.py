@@ -276,6 +276,43 @@ def test_a_layer_is_the_sum_of_its_operations_written_out():
         assert layer.backward_s == pytest.approx(backward, rel=1e-12)
 
 
+def test_compute_sequence_parallel_option(capsys):
+    """compute's --sequence-parallel (default on where tp > 1), as plan's."""
+    docs = {}
+    for flag in ("on", "off"):
+        assert main(["compute", "--device", "h100-sxm5-80gb", "--model", "llama2-7b", "--tp", "4",
+                     "--sequence-parallel", flag, "--json"]) == 0
+        docs[flag] = json.loads(capsys.readouterr().out)
+    assert docs["on"]["sequence_parallel"] is True and docs["off"]["sequence_parallel"] is False
+    norm = {flag: next(op for op in doc["operations"] if op["name"] == "norm1") for flag, doc in docs.items()}
+    assert norm["off"]["shape"] == [4 * norm["on"]["shape"][0]]
+    assert main(["compute", "--device", "h100-sxm5-80gb", "--model", "llama2-7b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sequence_parallel"] is False  # tp 1: nothing to split over
+
+
+def test_sequence_parallelism_splits_the_norms_and_residuals_only():
+    """With sequence parallelism a tensor-parallel rank runs the two norms and
+    the two residual adds (and the final norm) on T h / t values; every other
+    operation is the same."""
+    p = known_profile()
+    model = parse_inline_model("layers=2,hidden=512,heads=8,seq=256,vocab=1000")
+    plain, sp = (layer_compute(p, model, Shard(4, 2, 256, flag)) for flag in (False, True))
+    T, h = 2 * 256, 512
+    split = {"norm1", "norm1.backward", "norm2", "norm2.backward", "residual1", "residual1.backward",
+             "residual2", "residual2.backward"}
+    for a, b in zip(plain.ops, sp.ops, strict=True):
+        assert a.name == b.name
+        if a.name in split:
+            factor = 2 if a.name.startswith("norm") and a.name.endswith("backward") else 1  # the backward's passes
+            assert a.shape == (T * h,) and b.shape == (T * h // 4,)
+            assert b.seconds == float(p.elementwise.seconds("layer_norm" if a.name.startswith("norm") else "add",
+                                                            factor * T * h // 4))
+        else:
+            assert a == b
+    heads = [head_compute(p, model, Shard(4, 2, 256, flag)) for flag in (False, True)]
+    assert heads[0].ops[0].shape == (T * h,) and heads[1].ops[0].shape == (T * h // 4,)
+
+
 def _layer_rows(path: Path = H100_LAYERS) -> list[dict]:
     return [r for _, _, r in _json_lines(path) if r.get("kind") == "layer" and "error" not in r]
 
@@ -395,7 +432,8 @@ def test_the_planner_uses_the_same_numbers_as_compute(tmp_path, capsys):
     training, config = Training(16), Configuration(2, 8, 1, 2)
     topology = load_topology("dgx-a100").scaled({"node": 2})
     estimate = compute_estimate(model, training, config, topology.device, known_profile())
-    shard = Shard(2, 2, model.seq)
+    shard = Shard(2, 2, model.seq, sequence_parallel=True)  # both default to sequence parallelism at tp 2
+    assert layer["sequence_parallel"] is True
     from synth.planner.layercompute import embedding_compute
     want = (model.layers * (layer["forward_s"] + layer["backward_s"]) + embedding_compute(known_profile(), model, shard)
             .total_s + head_compute(known_profile(), model, shard).total_s + micro_batch_fixed_s(known_profile()))

@@ -275,7 +275,28 @@ def test_megatron_arguments_of_a_job_plan(job_plan):
     assert value("--num-layers") == "4" and value("--hidden-size") == "256" and value("--num-attention-heads") == "8"
     assert value("--recompute-granularity") == "selective" and "--use-distributed-optimizer" in args
     assert value("--ddp-bucket-size") == str(job["bucket_bytes"] // 2)  # bf16 gradient elements
-    assert "--bf16" in args and "--context-parallel-size" not in args and "--sequence-parallel" not in args
+    assert "--bf16" in args and "--context-parallel-size" not in args
+    assert job["sequence_parallel"] is True and "--sequence-parallel" in args  # the planner's default at tp 2
+
+
+def test_sequence_parallelism_in_the_trainer_exports(job_plan):
+    """Megatron-LM gets --sequence-parallel exactly when the planned
+    configuration runs it; torchtitan, whose tensor parallelism always splits
+    the norms over the sequence, refuses a plan made without it; a plan
+    written before the planner modelled it says nothing either way."""
+    from dataclasses import replace
+
+    plan = load_plan(job_plan)
+    off = replace(plan, job={**plan.job, "sequence_parallel": False})
+    assert "--sequence-parallel" not in megatron_export(off).arguments
+    with pytest.raises(SynthError, match="torchtitan's tensor parallelism always splits the norms over the "
+                                         "sequence .* plan again with --sequence-parallel on"):
+        torchtitan_export(off)
+    older = replace(plan, job={k: v for k, v in plan.job.items() if k != "sequence_parallel"})
+    assert "--sequence-parallel" not in megatron_export(older).arguments
+    assert torchtitan_export(older).parallelism["tensor_parallel_degree"] == 2
+    with pytest.raises(SynthError, match="job.sequence_parallel must be true or false"):
+        megatron_export(replace(plan, job={**plan.job, "sequence_parallel": "yes"}))
 
 
 def test_torchtitan_degrees(job_plan, tmp_path):

@@ -304,7 +304,7 @@ def test_a_job_plan_exports_every_size_range(tmp_path):
         assert f.algorithm.proto in ("Simple", "LL128", "LL")
     by_reduction: dict = {}
     for f in files:
-        by_reduction.setdefault(f.axes, []).append(f.algorithm)
+        by_reduction.setdefault((f.axes, f.algorithm.coll), []).append(f.algorithm)
     for algorithms in by_reduction.values():
         assert algorithms[0].min_bytes == 0 and algorithms[-1].max_bytes == 0
         for a, b in zip(algorithms, algorithms[1:]):

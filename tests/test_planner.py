@@ -96,16 +96,35 @@ def test_activations_are_korthikantis_formula(tp):
         2 * s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)))
 
 
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_sequence_parallel_activations_are_korthikantis_equation_4(tp):
+    """With sequence parallelism the 10 s b h bytes every rank replicated are
+    split too: s b h (34 + 5 a s / h) / t (Korthikanti et al. 2022, eq. 4);
+    selective recomputation 34 s b h / t (eq. 6); full recomputation keeps
+    the layer's input split, 2 s b h / t."""
+    s, b, h, a = 32, 3, 64, 4
+    m = gpt(4, h, a, s, 100)
+    assert m.activation_bytes_per_layer(b, tp, Recompute.NONE, sequence_parallel=True) == pytest.approx(
+        s * b * h * (34 + 5 * a * s / h) / tp)
+    assert m.activation_bytes_per_layer(b, tp, Recompute.SELECTIVE, sequence_parallel=True) == pytest.approx(
+        34 * s * b * h / tp)
+    assert m.activation_bytes_per_layer(b, tp, Recompute.FULL, sequence_parallel=True) == pytest.approx(
+        2 * s * b * h / tp)
+
+
+@pytest.mark.parametrize("sp", [False, True])
 @pytest.mark.parametrize("attention", ["unfused", "flash"])
-def test_memory_per_device_by_hand(attention):
-    """Korthikanti et al.'s count; a flash attention stores no 5 a s^2 b of
-    scores (not even in the layer full recomputation rebuilds)."""
+def test_memory_per_device_by_hand(attention, sp):
+    """Korthikanti et al.'s count, with and without sequence parallelism; a
+    flash attention stores no 5 a s^2 b of scores (not even in the layer full
+    recomputation rebuilds)."""
     L, h, a, s, V = 4, 64, 4, 32, 128
     m = gpt(L, h, a, s, V)
     tp, dp, pp, b, B = 2, 2, 2, 2, 16  # m = 16 / (2 x 2) = 4 micro-batches, 2 layers per stage
-    training = Training(B, attention=attention)
+    training = Training(B, attention=attention, sequence_parallel=sp)
     layer = 12 * h * h + 13 * h
-    act = s * b * h * (10 + 24 / tp + (5 * a * s / (h * tp) if attention == "unfused" else 0))
+    act = s * b * h * ((10 / tp if sp else 10) + 24 / tp + (5 * a * s / (h * tp) if attention == "unfused" else 0))
+    full_input = 2 * s * b * h / (tp if sp else 1)
     first_p = (2 * layer + V * h + s * h) / tp
     first = 16 * first_p + 2 * min(pp, 4) * act  # weights 2 + grads 2 + Adam 12 bytes per parameter
     last_p = (2 * layer + 2 * h + V * h) / tp  # final LayerNorm, the tied embedding's copy
@@ -113,19 +132,21 @@ def test_memory_per_device_by_hand(attention):
     memory = memory_per_device(m, training, Configuration(tp, dp, pp, b))
     assert memory.total == pytest.approx(max(first, last))
     assert memory.stage == ("first" if first > last else "last")
-    zero1 = memory_per_device(m, Training(B, sharding=Sharding.ZERO1, attention=attention),
+    zero1 = memory_per_device(m, Training(B, sharding=Sharding.ZERO1, attention=attention, sequence_parallel=sp),
                               Configuration(tp, dp, pp, b))
     assert zero1.optimizer == pytest.approx(12 * (first_p if first > last else last_p) / dp)
     assert zero1.weights == memory.weights and zero1.gradients == memory.gradients
-    zero3 = memory_per_device(m, Training(B, sharding=Sharding.ZERO3, attention=attention),
+    zero3 = memory_per_device(m, Training(B, sharding=Sharding.ZERO3, attention=attention, sequence_parallel=sp),
                               Configuration(tp, dp, pp, b))
     p = first_p if zero3.stage == "first" else last_p
     assert zero3.weights == pytest.approx(2 * p / dp + 2 * 2 * layer / tp)
     assert zero3.gradients == pytest.approx(2 * p / dp + 2 * layer / tp)
-    full = memory_per_device(m, Training(B, recompute=Recompute.FULL, attention=attention),
+    full = memory_per_device(m, Training(B, recompute=Recompute.FULL, attention=attention, sequence_parallel=sp),
                              Configuration(tp, dp, pp, b))
-    assert full.activations == pytest.approx(max(2 * min(pp, 4) * 2 * s * b * h + act,
-                                                 2 * 2 * s * b * h + act + 4 * s * b * V / tp))
+    full_first = 16 * first_p + 2 * min(pp, 4) * full_input + act  # one layer rebuilt whole at a time
+    full_last = 16 * last_p + 2 * full_input + act + 4 * s * b * V / tp
+    assert full.total == pytest.approx(max(full_first, full_last))
+    assert full.stage == ("first" if full_first > full_last else "last")
 
 
 # ================================================================ the step model
@@ -151,7 +172,7 @@ def test_bubble_and_the_bytes_of_each_collective_by_hand():
     L, h, s, V = 8, 64, 32, 100
     m = gpt(L, h, 4, s, V)
     tp, dp, pp, b, B = 2, 2, 4, 2, 32  # 8 micro-batches, 2 layers per stage
-    training = Training(B)
+    training = Training(B, sequence_parallel=False)
     config = Configuration(tp, dp, pp, b)
     rec = Recording()
     t_mb = 0.5
@@ -180,12 +201,44 @@ def test_bubble_and_the_bytes_of_each_collective_by_hand():
     assert inter.pp_s == pytest.approx(8 * 2 * pp_mb)
 
 
-def test_full_recomputation_adds_two_tp_all_reduces_per_layer():
+@pytest.mark.parametrize("sp", [False, True])
+def test_full_recomputation_adds_two_tp_all_reduces_per_layer(sp):
     m = gpt(8, 64, 4, 32, 100)
     config = Configuration(2, 1, 1, 1)
-    none = step_time(m, Training(4), config, Recording(), 1.0)
-    full = step_time(m, Training(4, recompute=Recompute.FULL), config, Recording(), 1.0)
+    none = step_time(m, Training(4, sequence_parallel=sp), config, Recording(), 1.0)
+    full = step_time(m, Training(4, recompute=Recompute.FULL, sequence_parallel=sp), config, Recording(), 1.0)
     assert full.tp_s == pytest.approx(none.tp_s * 6 / 4)
+
+
+class ByGoal(Recording):
+    """A different cost per goal, so that a swapped collective shows."""
+
+    COSTS = {Goal.ALLREDUCE: 4e-3, Goal.ALLGATHER: 1e-3, Goal.REDUCESCATTER: 2e-3}
+
+    def reduce(self, axis, goal, size_bytes):
+        super().reduce(axis, goal, size_bytes)
+        return self.COSTS[goal]
+
+
+def test_sequence_parallelism_turns_each_tp_all_reduce_into_an_all_gather_and_a_reduce_scatter():
+    """Korthikanti et al. 2022, Fig. 5: per layer forward two all-gathers and
+    two reduce-scatters of b s h values where there were two all-reduces,
+    the same backward; nothing changes at tp = 1."""
+    L, h, s, b = 8, 64, 32, 2
+    m = gpt(L, h, 4, s, 100)
+    config = Configuration(2, 1, 2, b)  # 4 layers per stage
+    act = b * s * h * 2
+    rec = ByGoal()
+    sp = step_time(m, Training(8), config, rec, 1.0)
+    tp_calls = {(c[2], c[3]) for c in rec.calls if c[1] == "tp"}
+    assert tp_calls == {(Goal.ALLGATHER, act), (Goal.REDUCESCATTER, act)}
+    assert sp.tp_s == pytest.approx(4 * 4 * 2 * (1e-3 + 2e-3))  # 4 micro-batches x 4 layers x 2 pairs
+    assert [r for r in sp.reductions if r[0] == "tp"] == [("tp", Goal.ALLGATHER, act),
+                                                          ("tp", Goal.REDUCESCATTER, act)]
+    plain = step_time(m, Training(8, sequence_parallel=False), config, ByGoal(), 1.0)
+    assert plain.tp_s == pytest.approx(4 * 4 * 4 * 4e-3)
+    one = step_time(m, Training(8), Configuration(1, 1, 2, b), ByGoal(), 1.0)
+    assert one.tp_s == 0 and not any(r[0] == "tp" for r in one.reductions)
 
 
 def test_zero_sizes():
@@ -345,7 +398,9 @@ def test_job_plan_runs_exactly_and_verifies(cli, tmp_path, sharding, axes):
     goals = {(r.reduction.axes, r.reduction.goal) for r in plan.reductions}
     dp_goals = {"none": {Goal.ALLREDUCE}, "zero1": {Goal.REDUCESCATTER, Goal.ALLGATHER},
                 "zero3": {Goal.REDUCESCATTER, Goal.ALLGATHER}}[sharding]
-    assert goals == {(("tp",), Goal.ALLREDUCE)} | {(("dp",), g) for g in dp_goals}
+    # sequence parallelism (the default where tp > 1): all-gathers and reduce-scatters over tp
+    assert goals == {(("tp",), Goal.ALLGATHER), (("tp",), Goal.REDUCESCATTER)} | {(("dp",), g) for g in dp_goals}
+    assert plan.job["sequence_parallel"] is True
     mesh = plan.placement.mesh
     for planned in plan.reductions:
         axis = plan.placement.axis_names.index(planned.reduction.axes[0])
@@ -590,3 +645,44 @@ def test_a_memory_margin_keeps_room_free(cli):
     assert "--memory-margin 80: GiB kept free per device, >= 0 and below the device's 79.647 GiB" in usage_error(
         cli, *common, "--memory-margin", "80")
     assert "--memory-margin 'lots': a number of GiB" in usage_error(cli, *common, "--memory-margin", "lots")
+
+
+def test_plan_sequence_parallel_option_and_json(cli):
+    """--sequence-parallel on (the default) applies where tp > 1, per
+    configuration in --json; off keeps every tp all-reduce and the replicated
+    activations: the same configuration needs more memory."""
+    common = ["plan", "--topology", "dgx-h100", "--scale", "node=1", "--model", "gpt3-2.7b", "--global-batch", "8",
+              "--axes", "tp,dp", "--micro-batch", "1", "--no-verify", "--json"]
+    on = json.loads(cli(*common)[1])
+    assert on["training"]["sequence_parallel"] is True
+    by_tp = {c["axes"]["tp"]: c for c in on["configurations"]}
+    assert by_tp[1]["sequence_parallel"] is False and by_tp[8]["sequence_parallel"] is True
+    off = json.loads(cli(*common, "--sequence-parallel", "off")[1])
+    assert off["training"]["sequence_parallel"] is False
+    off_by_tp = {c["axes"]["tp"]: c for c in off["configurations"]}
+    assert off_by_tp[8]["sequence_parallel"] is False
+    assert off_by_tp[8]["memory"]["activations"] > by_tp[8]["memory"]["activations"]
+    assert off_by_tp[1]["memory"] == by_tp[1]["memory"]
+    assert "argument --sequence-parallel: invalid choice: 'maybe'" in usage_error(
+        cli, *common, "--sequence-parallel", "maybe")
+    code, text, _ = cli(*common[:-1])
+    assert code == 0 and "sequence parallel on where tp > 1" in text
+
+
+def test_step_records_carry_sequence_parallelism(tmp_path):
+    placement = enumerate_placements(load_topology("dgx-a100").scaled({"node": 2}),
+                                     (Axis("tp", 2), Axis("dp", 8)))[0]
+    for flag in (True, False):
+        record = StepRecord(load_model(TINY), Training(64, sequence_parallel=flag), placement,
+                            Configuration(2, 8, 1, 1), 1.0)
+        path = tmp_path / "steps.jsonl"
+        write_step_records(path, [record])
+        assert read_step_records(path)[0].training.sequence_parallel is flag
+    doc = record.to_dict()
+    del doc["training"]["sequence_parallel"]  # absent: the planner's default
+    path.write_text(json.dumps(doc) + "\n")
+    assert read_step_records(path)[0].training.sequence_parallel is True
+    doc["training"]["sequence_parallel"] = "no"
+    path.write_text(json.dumps(doc) + "\n")
+    with pytest.raises(SynthError, match="'training.sequence_parallel' must be true or false"):
+        read_step_records(path)

@@ -176,7 +176,8 @@ def test_executor_takes_a_plan_path_and_picks_the_program_by_size(checks):
 @pytest.mark.timeout(600)
 def test_a_job_plan_from_the_planner_runs_exactly_through_synth_torch(checks):
     detail = assert_check(checks, "job_plan")
-    assert detail == "allreduce over tp, reducescatter over dp, allgather over dp: exact", detail
+    assert detail == "allgather over tp, reducescatter over tp, reducescatter over dp, allgather over dp: exact", \
+        detail
 
 
 @pytest.mark.timeout(600)
@@ -291,13 +292,14 @@ def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
 
 @pytest.mark.timeout(300)
 def test_the_ddp_example_trains_with_a_plans_hook(tmp_path):
-    """A job plan (tp and dp reductions; the example trains DDP over dp)."""
+    """A job plan (tp all-gather and reduce-scatter, dp all-reduce; the
+    example trains DDP over dp)."""
     plan = tmp_path / "job.json"
     assert main(["plan", "--topology", "testbed-2x4", "--scale", "rank=2", "--model",
                  "layers=2,hidden=64,heads=4,seq=32,vocab=100", "--global-batch", "8", "--axes", "tp=2,dp=2",
                  "--device", "memory_GiB=16,peak_TFLOPs=1", "--sharding", "none", "--top", "1",
                  "--out", str(plan)]) == 0
-    assert len(load_plan(plan).reductions) == 2
+    assert len(load_plan(plan).reductions) == 3
     done = torchrun(4, "examples/torch_ddp.py", "--plan", str(plan), "--steps", "3", timeout_s=240)
     assert done.returncode == 0, launch_output(done)
     assert re.search(r"step 3 loss \d+\.\d+", done.stdout), done.stdout

@@ -141,9 +141,10 @@ def check_plan_file_with_size_ranges(rank: int, directory: Path) -> str:
 
 
 def check_job_plan(rank: int, directory: Path) -> str:
-    """A job plan from ``synth-reduce plan --out`` (tp allreduce, dp
-    reducescatter and allgather under ZeRO-1) runs each of its reductions
-    exactly through synth.torch, loaded from its path."""
+    """A job plan from ``synth-reduce plan --out`` (tp all-gather and
+    reduce-scatter under sequence parallelism, dp reduce-scatter and
+    all-gather under ZeRO-1) runs each of its reductions exactly through
+    synth.torch, loaded from its path."""
     path = directory / "job.json"
     if rank == 0:
         code = cli_main(["plan", "--topology", "testbed-2x4", "--model", "layers=4,hidden=256,heads=8,seq=128,vocab=1000",
@@ -164,7 +165,8 @@ def check_job_plan(rank: int, directory: Path) -> str:
             if problem:
                 raise AssertionError(problem)
         done.append(reduction.describe())
-    assert {"allreduce over tp", "reducescatter over dp", "allgather over dp"} <= set(done), done
+    assert {"allgather over tp", "reducescatter over tp", "reducescatter over dp", "allgather over dp"} == set(done), \
+        done
     return ", ".join(done) + ": exact"
 
 

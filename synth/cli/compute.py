@@ -32,6 +32,9 @@ def parser() -> argparse.ArgumentParser:
                    help="sequences per micro-batch (default 1)")
     p.add_argument("--seq", type=lambda text: bounded_int(text, "--seq", MAX_COUNT),
                    help="sequence length (default: the model's)")
+    p.add_argument("--sequence-parallel", choices=("on", "off"), default="on",
+                   help="sequence parallelism where tp > 1 (default on, as plan): the norms and residual adds run "
+                        "on s / tp of the sequence")
     p.add_argument("--compute-profile", metavar="PROFILE.json",
                    help="a per-operation compute profile (synth-reduce calibrate); default: the shipped one of "
                         "--device")
@@ -63,7 +66,7 @@ def run(argv: Sequence[str]) -> int:
     if problem:
         raise SynthError(f"--tp {args.tp}: {problem}")
     profile = profile_of(args)
-    shard = Shard(args.tp, args.micro_batch, model.seq)
+    shard = Shard(args.tp, args.micro_batch, model.seq, args.sequence_parallel == "on" and args.tp > 1)
     layer = layer_compute(profile, model, shard)
     flops = model.layer_forward_flops(shard.tokens) / args.tp
     document = compute_document(profile, model, shard, layer, flops)
@@ -72,7 +75,8 @@ def run(argv: Sequence[str]) -> int:
         return 0
     print(f"{model.describe()}")
     print(f"one layer on one device of {profile.name or profile.source} ({', '.join(profile.devices)}): tp {args.tp}, "
-          f"micro-batch {args.micro_batch}, sequence {model.seq}; no recomputation")
+          f"micro-batch {args.micro_batch}, sequence {model.seq}"
+          f"{', sequence parallel' if shard.sequence_parallel else ''}; no recomputation")
     print(f"forward {format_seconds(layer.forward_s)}, backward {format_seconds(layer.backward_s)} "
           f"({document['forward_tflops']:.1f} and {document['backward_tflops']:.1f} TFLOP/s of the layer's "
           "matrix and attention FLOPs)")
@@ -93,6 +97,7 @@ def compute_document(profile: OperationProfile, model, shard: Shard, layer, forw
         "tp": shard.tp,
         "micro_batch": shard.micro_batch,
         "seq": shard.seq,
+        "sequence_parallel": shard.sequence_parallel,
         "recompute": "none",
         "forward_s": layer.forward_s,
         "backward_s": layer.backward_s,

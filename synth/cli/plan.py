@@ -16,7 +16,7 @@ from ..plan import write_plan
 from ..planner.compute import DEFAULT_COMPUTE, ComputeModel, load_compute_profile
 from ..planner.operations import OperationProfile
 from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
-from ..planner.stepmodel import Sharding, Training
+from ..planner.stepmodel import Sharding, Training, sequence_parallel
 from ..planner.transformer import Recompute, load_model
 from ..synthesis.placement import parse_axis_ranges
 from ..synthesis.problem import MAX_STEPS_DEFAULT
@@ -53,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
                         "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")
+    p.add_argument("--sequence-parallel", choices=("on", "off"), default="on",
+                   help="Megatron-LM's sequence parallelism where tp > 1 (default on): norms, residuals and their "
+                        "activations split over the tensor-parallel group, each tp all-reduce an all-gather and a "
+                        "reduce-scatter")
     p.add_argument("--no-overlap", action="store_true",
                    help="data-parallel reductions after the backward pass instead of overlapped with it")
     p.add_argument("--device", metavar="memory_GiB=M,peak_TFLOPs=P",
@@ -127,7 +131,8 @@ def request_of(args: argparse.Namespace) -> JobRequest:
                          "topology file or pass --device memory_GiB=M,peak_TFLOPs=P")
     model = load_model(args.model)
     training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
-                        Recompute.from_text(args.recompute), not args.no_overlap, args.attention)
+                        Recompute.from_text(args.recompute), not args.no_overlap, args.attention,
+                        args.sequence_parallel == "on")
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
     compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device
@@ -178,6 +183,7 @@ def candidate_document(solution: JobSolution, c: Candidate) -> dict[str, Any]:
         "axes": c.config.sizes(),
         "micro_batch": c.config.micro_batch,
         "micro_batches": c.config.micro_batches(solution.request.training),
+        "sequence_parallel": sequence_parallel(solution.request.training, c.config),
         "matrix": [list(row) for row in c.placement.matrix],
         "matrix_axes": list(c.placement.axis_names),
         "predicted_step_s": c.predicted_step_s,
@@ -246,7 +252,8 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     levels = " > ".join(f"{lv.name} x{lv.count}" for lv in r.topology.levels)
     print(f"topology {r.topology.name}: {levels} ({r.topology.num_devices} devices of {r.device.name}: "
           f"{r.device.memory_GiB:g} GiB, {r.device.peak_TFLOPs:g} TFLOP/s peak)")
-    print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {t.recompute.value}; "
+    print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {t.recompute.value}, "
+          f"sequence parallel {'on where tp > 1' if t.sequence_parallel else 'off'}; "
           f"{r.comm.describe()}; {_compute_text(r.compute)}")
     feasible = len(solution.feasible)
     print(f"{solution.evaluated} configurations (sizes x micro-batch x placement) of {solution.assignments} size "

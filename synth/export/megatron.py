@@ -23,8 +23,8 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   (``--ddp-bucket-size``, in gradient elements: the planner's bucket bytes over
   the bytes of the training dtype).
 
-The planner does not model sequence parallelism yet, so no
-``--sequence-parallel`` is written (a plan that says it would get it).
+``--sequence-parallel`` when the planned configuration runs it (the
+planner's default where tp > 1).
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
     args += ["--micro-batch-size", str(job.micro_batch), "--global-batch-size", str(job.global_batch)]
     if job.dtype in ("bf16", "fp16"):
         args += [f"--{job.dtype}"]
+    if job.sequence_parallel:
+        args += ["--sequence-parallel"]
     if job.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif job.recompute == "full":

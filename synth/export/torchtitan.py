@@ -83,6 +83,10 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
         raise SynthError("torchtitan export: plans with an expert axis are not exported yet")
     ranks = rank_map(placement, tuple(a for a in MEGATRON_ORDER if a in names))
     job = trainer_job(plan)
+    if job is not None and ranks.size("tp") > 1 and job.sequence_parallel is False:
+        raise SynthError("torchtitan export: torchtitan's tensor parallelism always splits the norms over the "
+                         "sequence (sequence parallelism), and this plan was made without it; plan again with "
+                         "--sequence-parallel on, or export --format megatron")
     sharded = job is None or job.sharding == "zero3"
     dp = ranks.size("dp")
     shard = dp_split(placement)[1] if sharded else 1

@@ -103,7 +103,9 @@ def trainer_mesh_ids(placement: Placement, shard: int | None = None) -> np.ndarr
 @dataclass(frozen=True)
 class TrainerJob:
     """The job a planner chose (a job plan's ``job`` object): the model shape,
-    batch, dtype, sharding, recomputation, schedule and DP bucket."""
+    batch, dtype, sharding, recomputation, schedule, DP bucket, and whether
+    the configuration runs sequence parallelism (None in plans written
+    before the planner modelled it)."""
 
     model: Mapping[str, Any]
     global_batch: int
@@ -114,6 +116,7 @@ class TrainerJob:
     overlap_dp: bool
     virtual_stages: int
     bucket_bytes: int | None
+    sequence_parallel: bool | None = None
 
 
 def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -136,6 +139,9 @@ def trainer_job(plan: Plan) -> TrainerJob | None:
     bucket = job.get("bucket_bytes")
     if bucket is not None and (not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 1):
         raise SynthError("plan: job.bucket_bytes must be a positive integer or null")
+    sequence_parallel = job.get("sequence_parallel")
+    if sequence_parallel is not None and not isinstance(sequence_parallel, bool):
+        raise SynthError("plan: job.sequence_parallel must be true or false")
     virtual = job.get("virtual_stages", 1)
     if not isinstance(virtual, int) or isinstance(virtual, bool) or virtual < 1:
         raise SynthError("plan: job.virtual_stages must be an integer >= 1")
@@ -143,4 +149,5 @@ def trainer_job(plan: Plan) -> TrainerJob | None:
                       micro_batch=_field(job, "micro_batch", int, ""), dtype=_field(training, "dtype", str, "training."),
                       sharding=_field(training, "sharding", str, "training."),
                       recompute=_field(training, "recompute", str, "training."),
-                      overlap_dp=bool(training.get("overlap_dp", True)), virtual_stages=virtual, bucket_bytes=bucket)
+                      overlap_dp=bool(training.get("overlap_dp", True)), virtual_stages=virtual, bucket_bytes=bucket,
+                      sequence_parallel=sequence_parallel)

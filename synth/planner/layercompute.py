@@ -3,8 +3,9 @@ profile (:mod:`synth.planner.operations`): one layer, one pipeline stage's
 micro-batch, and the optimizer step.
 
 Shapes per device, with T = b s tokens of a micro-batch, t = tensor-parallel
-size, kv = h x kv_heads / heads (Megatron-LM's layout, no sequence
-parallelism):
+size, kv = h x kv_heads / heads (Megatron-LM's layout; with sequence
+parallelism the norms and residual adds, written below over T h, run over
+T h / t):
 
 * GEMMs ``(M, K, N)``: qkv ``(T, h, (h + 2 kv) / t)``, attention output
   projection ``(T, h / t, h)``, MLP up ``(T, h, m f / t)`` (m = 2 for a gated
@@ -125,12 +126,21 @@ class ComputeTime:
 
 @dataclass(frozen=True)
 class Shard:
-    """What one device runs of a model: tensor-parallel size, micro-batch and
-    sequence length."""
+    """What one device runs of a model: tensor-parallel size, micro-batch,
+    sequence length, and whether the sequence is split over the
+    tensor-parallel group outside its GEMMs and attention (sequence
+    parallelism: norms and residual adds on ``s / tp`` of it)."""
 
     tp: int
     micro_batch: int
     seq: int
+    sequence_parallel: bool = False
+
+    @property
+    def replicated_tokens(self) -> int:
+        """Tokens of the tensors every tensor-parallel rank holds whole
+        without sequence parallelism (the norms' and residuals')."""
+        return self.tokens // self.tp if self.sequence_parallel else self.tokens
 
     @property
     def tokens(self) -> int:
@@ -166,8 +176,8 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard) -
     ops += _gemm(profile, "mlp_up", tokens, h, (2 if model.gated_mlp else 1) * f // t)
     ops += _gemm(profile, "mlp_down", tokens, f // t, h)
     for i in (1, 2):
-        ops += _pass(profile, f"norm{i}", "layer_norm", tokens * h, 2)
-        ops += _pass(profile, f"residual{i}", "add", tokens * h, 1)
+        ops += _pass(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
+        ops += _pass(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
     ops += _pass(profile, "activation", "silu_mul" if model.gated_mlp else "gelu_tanh", tokens * f // t, 2)
     if model.gated_mlp:
         ops += _pass(profile, "rotary", "silu_mul", tokens * (h + kv) // t, 2)
@@ -226,7 +236,7 @@ def head_compute(profile: OperationProfile, model: Transformer, shard: Shard) ->
     tokens, h = shard.tokens, model.hidden
     logits = tokens * model.vocab // shard.tp
     loss_s = float(profile.elementwise.bytes_seconds(LOSS_BYTES_PER_LOGIT * logits))
-    ops = _pass(profile, "final_norm", "layer_norm", tokens * h, 2)
+    ops = _pass(profile, "final_norm", "layer_norm", shard.replicated_tokens * h, 2)
     ops += _gemm(profile, "logits", tokens, h, model.vocab // shard.tp)
     ops += [OpTime("loss", "forward", (logits,), loss_s), OpTime("loss.backward", "backward", (logits,), loss_s)]
     return ComputeTime(tuple(ops))

@@ -66,6 +66,7 @@ from .stepmodel import (
     compute_estimate,
     configuration_problem,
     memory_per_device,
+    sequence_parallel,
     step_shape,
     step_time,
 )
@@ -473,6 +474,7 @@ def job_document(solution: JobSolution, candidate: Candidate) -> dict[str, Any]:
         "sizes": config.sizes(),
         "micro_batch": config.micro_batch,
         "micro_batches": config.micro_batches(request.training),
+        "sequence_parallel": sequence_parallel(request.training, config),
         "schedule": "1F1B" if config.virtual_stages == 1 else f"interleaved 1F1B, {config.virtual_stages} stages",
         "virtual_stages": config.virtual_stages,
         "pipeline_axis": "pp" if config.pp > 1 else None,

@@ -17,9 +17,14 @@ sources):
   :mod:`synth.planner.transformer`, divided by tp pp: stages are taken as
   balanced), ``x = F_mb / L_s`` (:mod:`synth.planner.compute`), the optimizer
   folded into the fitted efficiency;
-* tensor parallelism (Megatron-LM without sequence parallelism): per micro-batch
-  and layer two all-reduces of ``b s h w`` bytes forward and two backward, two
-  more for the recomputed forward under full recomputation; on the critical path;
+* tensor parallelism (Megatron-LM): per micro-batch and layer two all-reduces of
+  ``b s h w`` bytes forward and two backward, two more for the recomputed
+  forward under full recomputation; on the critical path. With sequence
+  parallelism (Korthikanti et al. 2022; on by default where tp > 1) the norms,
+  residuals and dropouts run on ``s / tp`` of the sequence, and each
+  all-reduce becomes the pair of an all-gather (before the tensor-parallel
+  GEMMs) and a reduce-scatter (after them): half as many calls of each, the
+  same bytes;
 * pipeline parallelism: per micro-batch one send of the activations forward and
   one of their gradients backward between adjacent stages (``b s h w / tp`` per
   tensor-parallel rank: Megatron's scatter/gather), v times with interleaving;
@@ -93,7 +98,9 @@ class Sharding(enum.Enum):
 @dataclass(frozen=True)
 class Training:
     """How the job trains: global batch (sequences per step), dtype, optimizer
-    sharding, recomputation, and whether DP reductions overlap the backward."""
+    sharding, recomputation, whether DP reductions overlap the backward, the
+    attention kernel, and sequence parallelism (Megatron-LM's, applied where
+    tp > 1: :func:`sequence_parallel`)."""
 
     global_batch: int
     dtype: str = "bf16"
@@ -101,6 +108,7 @@ class Training:
     recompute: Recompute = Recompute.NONE
     overlap_dp: bool = True
     attention: str = "flash"  # flash: no s x s scores stored; unfused: they are (Megatron-LM before flash attention)
+    sequence_parallel: bool = True
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -118,7 +126,8 @@ class Training:
 
     def to_dict(self) -> dict:
         return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
-                "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention}
+                "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
+                "sequence_parallel": self.sequence_parallel}
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,12 @@ class Configuration:
     def describe(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         return f"tp={self.tp} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}"
+
+
+def sequence_parallel(training: Training, config: Configuration) -> bool:
+    """Whether the configuration runs sequence parallelism: asked for, and a
+    tensor-parallel group to split the sequence over (tp > 1)."""
+    return training.sequence_parallel and config.tp > 1
 
 
 def configuration_problem(model: Transformer, training: Training, config: Configuration) -> str | None:
@@ -199,10 +214,11 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
     optimizer_bytes = 12 if w == 2 else 8  # fp32 master + Adam m, v; fp32 training has no master copy
     m = config.micro_batches(training)
     scores = training.attention == "unfused"
-    per_layer = model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w, scores)
+    sp = sequence_parallel(training, config)
+    per_layer = model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w, scores, sp)
     working = 0.0  # full recomputation rebuilds one layer's activations at a time
     if training.recompute is Recompute.FULL:
-        working = model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores)
+        working = model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores, sp)
     layers = model.layers // config.pp
     worst: Memory | None = None
     for stage, params in stage_parameters(model, config.pp).items():
@@ -334,7 +350,7 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
 
 def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
                          compute: OperationProfile, shape: StepShape) -> ComputeEstimate:
-    shard = Shard(config.tp, config.micro_batch, model.seq)
+    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config))
     layers = model.layers // config.pp
     stages = [(True, True)] if config.pp == 1 else [(True, False), (False, True)] + (
         [(False, False)] if config.pp > 2 else [])
@@ -366,8 +382,14 @@ def step_time(
     tp_mb = 0.0
     if config.tp > 1:
         calls = shape.layers_per_stage * (6 if training.recompute is Recompute.FULL else 4)
-        tp_mb = calls * collectives.reduce("tp", Goal.ALLREDUCE, shape.activation_bytes)
-        reductions.append(("tp", Goal.ALLREDUCE, shape.activation_bytes))
+        if sequence_parallel(training, config):  # each all-reduce becomes an all-gather and a reduce-scatter
+            tp_mb = calls // 2 * (collectives.reduce("tp", Goal.ALLGATHER, shape.activation_bytes)
+                                  + collectives.reduce("tp", Goal.REDUCESCATTER, shape.activation_bytes))
+            reductions += [("tp", Goal.ALLGATHER, shape.activation_bytes),
+                           ("tp", Goal.REDUCESCATTER, shape.activation_bytes)]
+        else:
+            tp_mb = calls * collectives.reduce("tp", Goal.ALLREDUCE, shape.activation_bytes)
+            reductions.append(("tp", Goal.ALLREDUCE, shape.activation_bytes))
     pp_mb = 0.0
     if config.pp > 1:
         pp_mb = 2 * v * collectives.send("pp", max(1, shape.activation_bytes // config.tp))

@@ -30,12 +30,14 @@ Formulas (b = micro-batch, t = tensor-parallel size, kv = h x kv_heads / a):
   ``72 B s L h^2 (1 + s/(6h)) + 6 B s h V`` (Narayanan et al. 2021), with full
   recomputation ``96 B s L h^2 (1 + s/(6h) + V/(16 L h))``;
 * activations stored per layer and micro-batch, 16-bit, tensor parallelism
-  without sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models", arXiv:2205.05198, Section 4):
-  ``s b h (10 + 24/t + 5 a s / (h t))`` for GPT; generalised below to GQA and
-  other MLP widths by the same counting. Selective recomputation drops the
-  ``5 a s^2 b / t`` attention core; full recomputation keeps only the layer's
-  input, ``2 s b h``.
+  (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", arXiv:2205.05198, Section 4):
+  ``s b h (10 + 24/t + 5 a s / (h t))`` for GPT without sequence parallelism,
+  ``s b h (34 + 5 a s / h) / t`` with it (the 10 replicated bytes split too);
+  generalised below to GQA and other MLP widths by the same counting.
+  Selective recomputation drops the ``5 a s^2 b / t`` attention core; full
+  recomputation keeps only the layer's input, ``2 s b h`` (``/ t`` with
+  sequence parallelism).
 """
 
 from __future__ import annotations
@@ -156,17 +158,21 @@ class Transformer:
     # ------------------------------------------------------------ activations
 
     def activation_bytes_per_layer(self, micro_batch: int, tp: int, recompute: Recompute,
-                                   bytes_per_value: int = 2, scores: bool = True) -> float:
+                                   bytes_per_value: int = 2, scores: bool = True,
+                                   sequence_parallel: bool = False) -> float:
         """Activation bytes one layer stores for one micro-batch on one device
-        (Korthikanti et al. 2022, tensor parallelism without sequence
+        (Korthikanti et al. 2022, tensor parallelism, with or without sequence
         parallelism; ``bytes_per_value`` scales the 16-bit figure).
         ``scores``: the attention stores its s x s scores, softmax, dropout mask
         and output (``5 a s^2 b``: an unfused attention); a flash attention
-        keeps none of them."""
+        keeps none of them. ``sequence_parallel``: the tensors the layer would
+        replicate on every tensor-parallel rank are split along the sequence
+        (their eq. 4: ``s b h (34 + 5 a s / h) / t`` for a 4h MLP)."""
         s, b, h, f, kv = self.seq, micro_batch, self.hidden, self.ffn, self.kv_dim
         scale = bytes_per_value / 2
+        replicas = tp if sequence_parallel else 1  # what the replicated tensors are divided by
         if recompute is Recompute.FULL:
-            return scale * 2 * s * b * h  # the layer's input only
+            return scale * 2 * s * b * h / replicas  # the layer's input only
         # replicated on every tensor-parallel rank: both norms' inputs (4), the
         # QKV and MLP inputs (2 + 2) and the two dropout masks (1 + 1 bytes)
         replicated = 10 * s * b * h
@@ -175,7 +181,7 @@ class Transformer:
         split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + (6 if self.gated_mlp else 4) * s * b * f
         if recompute is Recompute.NONE and scores:  # scores, softmax, dropout mask and output: 5 a s^2 b
             split += 5 * self.heads * s * s * b
-        return scale * (replicated + split / tp)
+        return scale * (replicated / replicas + split / tp)
 
     def logits_bytes(self, micro_batch: int, tp: int) -> float:
         """The output layer's fp32 logits for one micro-batch (4 s b V / t)."""

@@ -1,0 +1,74 @@
+"""How a model's layers are split over pipeline stages.
+
+Even (``--stages even``): ``L / pp`` layers on every stage; pp must divide L.
+Uneven (``--stages uneven``): the first and the last stage may hold fewer (or
+more) layers than the ones between, which all hold the same number (the form
+Megatron-LM runs with ``--decoder-first-pipeline-num-layers`` and
+``--decoder-last-pipeline-num-layers``; Llama 3 405B trained with one layer
+fewer on its first and last stages, Llama Team 2024, arXiv:2407.21783,
+Section 3.3.2). The counts are chosen so that the slowest stage, counting the
+embedding on the first and the output layer and loss on the last, is as fast
+as it can be; pp need not divide L.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SynthError
+
+STAGE_CHOICES = ("even", "uneven", "search")
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """One micro-batch's cost on a stage: ``layer`` per layer, plus
+    ``first_extra`` on the first stage (the embedding) and ``last_extra`` on
+    the last (final norm, output layer, loss), in any one unit (seconds or
+    FLOPs)."""
+
+    layer: float
+    first_extra: float
+    last_extra: float
+
+    def stage(self, layers: int, first: bool, last: bool) -> float:
+        return layers * self.layer + (self.first_extra if first else 0.0) + (self.last_extra if last else 0.0)
+
+
+def even_layers(layers: int, pp: int) -> tuple[int, ...]:
+    """``pp`` stages of ``layers / pp`` layers; SynthError when pp does not
+    divide the layers."""
+    if layers % pp:
+        raise SynthError(f"pp={pp} does not divide the model's layers ({layers}); --stages uneven lets the first "
+                         "and last stages hold other counts")
+    return (layers // pp,) * pp
+
+
+def slowest_stage(layout: tuple[int, ...], costs: StageCosts) -> float:
+    """The cost of the slowest stage of ``layout``."""
+    last = len(layout) - 1
+    return max(costs.stage(n, i == 0, i == last) for i, n in enumerate(layout))
+
+
+def balanced_layers(layers: int, pp: int, costs: StageCosts) -> tuple[int, ...]:
+    """Layers per stage, first and last free and the middle ones equal, every
+    stage at least one layer, minimising the slowest stage; ties go to the
+    layout whose layer counts differ least, then to the one with fewer layers
+    on the first stage (its activations are held longest). SynthError when
+    there are fewer layers than stages."""
+    if pp < 1 or layers < pp:
+        raise SynthError(f"pp={pp}: {layers} layers cannot give every pipeline stage at least one layer")
+    if pp == 1:
+        return (layers,)
+    best: tuple[tuple[float, int, int], tuple[int, ...]] | None = None
+    middle_counts = [0] if pp == 2 else range(1, (layers - 2) // (pp - 2) + 1)
+    for middle in middle_counts:
+        rest = layers - (pp - 2) * middle  # for the first and the last stage together
+        for first in range(1, rest):
+            layout = (first,) + (middle,) * (pp - 2) + (rest - first,)
+            spread = max(layout) - min(layout)
+            key = (slowest_stage(layout, costs), spread, first)
+            if best is None or key < best[0]:
+                best = (key, layout)
+    assert best is not None
+    return best[1]
