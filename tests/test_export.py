@@ -371,3 +371,23 @@ def test_export_errors(cli, tmp_path):
     assert usage_error(cli, "launch", path) == (
         "give the script after --, e.g. synth-reduce launch plan.json -- train.py --steps 10 "
         "(see 'synth-reduce launch --help')")
+
+
+def test_uneven_stages_in_the_trainer_exports(job_plan):
+    """A plan with uneven stages gives Megatron-LM its first and last stage's
+    layers; torchtitan is refused; a layout Megatron-LM cannot run (unequal
+    middle stages) or one that does not hold the model's layers is refused."""
+    from dataclasses import replace
+
+    plan = load_plan(job_plan)  # 4 layers, pp = 2
+    uneven = replace(plan, job={**plan.job, "stage_layers": [1, 3]})
+    args = list(megatron_export(uneven).arguments)
+    assert args[args.index("--decoder-first-pipeline-num-layers") + 1] == "1"
+    assert args[args.index("--decoder-last-pipeline-num-layers") + 1] == "3"
+    assert "--decoder-first-pipeline-num-layers" not in megatron_export(plan).arguments  # [2, 2]: even
+    with pytest.raises(SynthError, match=r"pipeline stages are uneven \(\[1, 3\] layers\)"):
+        torchtitan_export(uneven)
+    with pytest.raises(SynthError, match="job.stage_layers must list each pipeline stage's layers"):
+        megatron_export(replace(plan, job={**plan.job, "stage_layers": [1, 2]}))
+    with pytest.raises(SynthError, match="Megatron-LM runs uneven stages as a first and a last stage of their own"):
+        megatron_export(replace(plan, job={**plan.job, "stage_layers": [1, 1, 2]}))

@@ -16,6 +16,7 @@ from ..plan import write_plan
 from ..planner.compute import DEFAULT_COMPUTE, ComputeModel, load_compute_profile
 from ..planner.operations import OperationProfile
 from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
+from ..planner.stages import describe_layers
 from ..planner.stepmodel import Sharding, Training, sequence_parallel
 from ..planner.transformer import Recompute, load_model
 from ..synthesis.placement import parse_axis_ranges
@@ -57,6 +58,10 @@ def parser() -> argparse.ArgumentParser:
                    help="Megatron-LM's sequence parallelism where tp > 1 (default on): norms, residuals and their "
                         "activations split over the tensor-parallel group, each tp all-reduce an all-gather and a "
                         "reduce-scatter")
+    p.add_argument("--stages", choices=("even", "uneven", "search"), default="even",
+                   help="layers per pipeline stage: even (pp divides the layers; default), uneven (first and last "
+                        "stage counts chosen so the slowest stage, with the embedding and the loss, is fastest; pp "
+                        "need not divide the layers) or search (both, the faster kept); stage_layers in --json")
     p.add_argument("--no-overlap", action="store_true",
                    help="data-parallel reductions after the backward pass instead of overlapped with it")
     p.add_argument("--device", metavar="memory_GiB=M,peak_TFLOPs=P",
@@ -138,7 +143,7 @@ def request_of(args: argparse.Namespace) -> JobRequest:
     compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device
     return JobRequest(topology, device, model, training, parse_axis_ranges(args.axes),
                       _micro_batches(args.micro_batch), tuple(args.constrain), args.max_steps, model_of(args),
-                      compute, args.memory_margin)
+                      compute, args.memory_margin, args.stages)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -184,6 +189,7 @@ def candidate_document(solution: JobSolution, c: Candidate) -> dict[str, Any]:
         "micro_batch": c.config.micro_batch,
         "micro_batches": c.config.micro_batches(solution.request.training),
         "sequence_parallel": sequence_parallel(solution.request.training, c.config),
+        "stage_layers": list(c.config.layers_of_stages(solution.request.model)),
         "matrix": [list(row) for row in c.placement.matrix],
         "matrix_axes": list(c.placement.axis_names),
         "predicted_step_s": c.predicted_step_s,
@@ -275,6 +281,8 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     for n, c in enumerate(listed):
         b = c.step
         mark = "" if c.feasible else " (does not fit)"
+        if c.config.stage_layers:
+            mark += f" (layers per stage {describe_layers(c.config.stage_layers)})"
         programs = " | ".join(f"{axis}: {text}" for axis, text in c.program_texts().items()) or "-"
         print(f"{n + 1:>4} {c.config.tp:>3} {c.config.dp:>4} {c.config.pp:>3} {c.config.micro_batch:>3}  "
               f"{c.placement.matrix_text():<26} {format_seconds(b.total_s):>9} {format_seconds(b.compute_s):>9} "

@@ -24,7 +24,9 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   the bytes of the training dtype).
 
 ``--sequence-parallel`` when the planned configuration runs it (the
-planner's default where tp > 1).
+planner's default where tp > 1), and uneven pipeline stages
+(``plan --stages uneven``) as ``--decoder-first-pipeline-num-layers`` and
+``--decoder-last-pipeline-num-layers``.
 """
 
 from __future__ import annotations
@@ -84,6 +86,12 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
         args += ["--recompute-granularity", "selective"]
     elif job.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if job.stage_layers:
+        if len(job.stage_layers) != pp or len(set(job.stage_layers[1:-1])) > 1:
+            raise SynthError(f"plan: Megatron-LM runs uneven stages as a first and a last stage of their own and "
+                             f"equal stages between; the plan's {list(job.stage_layers)} over pp={pp} is not")
+        args += ["--decoder-first-pipeline-num-layers", str(job.stage_layers[0]),
+                 "--decoder-last-pipeline-num-layers", str(job.stage_layers[-1])]
     if job.virtual_stages > 1:
         if layers % (pp * job.virtual_stages):
             raise SynthError(f"plan: {layers} layers do not split into {pp} stages x {job.virtual_stages} "

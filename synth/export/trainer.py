@@ -117,6 +117,7 @@ class TrainerJob:
     virtual_stages: int
     bucket_bytes: int | None
     sequence_parallel: bool | None = None
+    stage_layers: tuple[int, ...] = ()  # layers per pipeline stage; empty: even (or a plan that predates them)
 
 
 def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -142,6 +143,11 @@ def trainer_job(plan: Plan) -> TrainerJob | None:
     sequence_parallel = job.get("sequence_parallel")
     if sequence_parallel is not None and not isinstance(sequence_parallel, bool):
         raise SynthError("plan: job.sequence_parallel must be true or false")
+    stages = job.get("stage_layers", [])
+    if not isinstance(stages, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                               for n in stages) or (stages and sum(stages) != model["layers"]):
+        raise SynthError(f"plan: job.stage_layers must list each pipeline stage's layers (integers >= 1) summing to "
+                         f"the model's {model['layers']} layers")
     virtual = job.get("virtual_stages", 1)
     if not isinstance(virtual, int) or isinstance(virtual, bool) or virtual < 1:
         raise SynthError("plan: job.virtual_stages must be an integer >= 1")
@@ -150,4 +156,5 @@ def trainer_job(plan: Plan) -> TrainerJob | None:
                       sharding=_field(training, "sharding", str, "training."),
                       recompute=_field(training, "recompute", str, "training."),
                       overlap_dp=bool(training.get("overlap_dp", True)), virtual_stages=virtual, bucket_bytes=bucket,
-                      sequence_parallel=sequence_parallel)
+                      sequence_parallel=sequence_parallel,
+                      stage_layers=tuple(stages) if len(set(stages)) > 1 else ())

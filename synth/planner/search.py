@@ -57,6 +57,7 @@ from ..synthesis.semantics import Goal
 from ..synthesis.verify import verify_lowered
 from ..topology import Device, Topology
 from .compute import ComputeModel, default_compute
+from .stages import STAGE_CHOICES, balanced_layers
 from .stepmodel import (
     Configuration,
     Memory,
@@ -67,6 +68,7 @@ from .stepmodel import (
     configuration_problem,
     memory_per_device,
     sequence_parallel,
+    stage_costs,
     step_shape,
     step_time,
 )
@@ -191,7 +193,8 @@ class JobRequest:
     """What to plan: a topology with its device, a model, how it trains, the
     axes (names among tp, dp, pp with sizes or bounds; an axis not named has size
     1), the micro-batches to try (None: the powers of two that divide the batch),
-    placement constraints, and the communication and compute models."""
+    placement constraints, the communication and compute models, the memory
+    kept free, and how the layers are split over pipeline stages."""
 
     topology: Topology
     device: Device
@@ -204,8 +207,11 @@ class JobRequest:
     comm: Model = field(default_factory=Model)
     compute: ComputeModel | None = None  # None: the device's shipped per-operation profile, else the curve
     memory_margin_GiB: float = 0.0  # kept free on every device (framework, CUDA context, fragmentation)
+    stages: str = "even"  # layers per pipeline stage: even, uneven (balanced) or search (both)
 
     def __post_init__(self) -> None:
+        if self.stages not in STAGE_CHOICES:
+            raise SynthError(f"--stages {self.stages}: choose one of {', '.join(STAGE_CHOICES)}")
         margin = self.memory_margin_GiB
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < self.device.memory_GiB:
             shown = f"{margin:g}" if isinstance(margin, (int, float)) and not isinstance(margin, bool) else repr(margin)
@@ -335,7 +341,9 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
             progress(f"planning: {n + 1}/{len(assignments)} size assignments, {evaluated} configurations")
         sizes = {a.name: a.size for a in axes}
         tp, dp, pp = (sizes.get(name, 1) for name in PLANNER_AXES)
-        problem = model.parallelism_problem(tp, pp)
+        problem = model.parallelism_problem(tp, pp if request.stages == "even" else 1)
+        if not problem and model.layers < pp:
+            problem = f"pp={pp} is more than the model's layers ({model.layers})"
         if problem:
             skipped.add(problem)
             continue
@@ -347,13 +355,19 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
             skipped.add(f"no placement of {' '.join(f'{a.name}={a.size}' for a in axes)} satisfies the constraints")
             continue
         for b in request.micro_batches_for(dp):
-            config = Configuration(tp, dp, pp, b)
-            problem = configuration_problem(model, training, config)
-            if problem:
-                skipped.add(problem)
-                continue
-            candidates.append(_evaluate(request, costs, config, placements))
-            evaluated += len(placements)
+            best: Candidate | None = None
+            for config in _layouts(request, Configuration(tp, dp, pp, b)):
+                problem = configuration_problem(model, training, config)
+                if problem:
+                    skipped.add(problem)
+                    continue
+                candidate = _evaluate(request, costs, config, placements)
+                evaluated += len(placements)
+                if best is None or (not candidate.feasible, candidate.predicted_step_s) < (
+                        not best.feasible, best.predicted_step_s):
+                    best = candidate
+            if best is not None:
+                candidates.append(best)
     if not candidates:
         given = ",".join(str(ranges[name]) for name in names)
         raise SynthError(f"no configuration of --axes '{given}' on {topology.num_devices} devices can run the "
@@ -362,6 +376,22 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
                                    c.config.micro_batch))
     return JobSolution(request, tuple(candidates), len(assignments), skipped.summary(), evaluated,
                        time.perf_counter() - started, costs)
+
+
+def _layouts(request: JobRequest, config: Configuration) -> list[Configuration]:
+    """The stage layouts ``--stages`` asks to evaluate for ``config``: even
+    (when pp divides the layers), the balanced one, or both (search); a
+    balanced layout that comes out even is the even configuration."""
+    model = request.model
+    even = [config] if model.layers % config.pp == 0 else []
+    if request.stages == "even":
+        return [config]  # configuration_problem says why when pp does not divide the layers
+    layout = balanced_layers(model.layers, config.pp,
+                             stage_costs(model, request.training, config, request.compute))
+    balanced = config if layout == (model.layers // config.pp,) * config.pp else replace(config, stage_layers=layout)
+    if request.stages == "uneven" or not even or balanced == config:
+        return [balanced]
+    return [config, balanced]
 
 
 class _Skipped:
@@ -475,6 +505,7 @@ def job_document(solution: JobSolution, candidate: Candidate) -> dict[str, Any]:
         "micro_batch": config.micro_batch,
         "micro_batches": config.micro_batches(request.training),
         "sequence_parallel": sequence_parallel(request.training, config),
+        "stage_layers": list(config.layers_of_stages(request.model)),
         "schedule": "1F1B" if config.virtual_stages == 1 else f"interleaved 1F1B, {config.virtual_stages} stages",
         "virtual_stages": config.virtual_stages,
         "pipeline_axis": "pp" if config.pp > 1 else None,

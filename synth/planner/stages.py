@@ -35,6 +35,16 @@ class StageCosts:
         return layers * self.layer + (self.first_extra if first else 0.0) + (self.last_extra if last else 0.0)
 
 
+def describe_layers(layout: tuple[int, ...]) -> str:
+    """``7,8x14,7``: the layers of the first stage, of the middle ones
+    (layers x stages) and of the last."""
+    if len(layout) <= 2:
+        return ",".join(map(str, layout))
+    middle = layout[1:-1]
+    inner = f"{middle[0]}x{len(middle)}" if len(set(middle)) == 1 else ",".join(map(str, middle))
+    return f"{layout[0]},{inner},{layout[-1]}"
+
+
 def even_layers(layers: int, pp: int) -> tuple[int, ...]:
     """``pp`` stages of ``layers / pp`` layers; SynthError when pp does not
     divide the layers."""

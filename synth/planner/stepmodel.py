@@ -2,7 +2,10 @@
 a transformer under tensor (tp), data (dp) and pipeline (pp) parallelism.
 
 Notation: B global batch, b micro-batch, m = B / (dp b) micro-batches per step,
-L layers, L_s = L / pp layers per stage, v virtual stages per device (1: plain
+L layers, L_s = L / pp layers per stage (with uneven stages,
+``Configuration.stage_layers`` and :mod:`synth.planner.stages`: the stage with
+the most layers for tp calls, the slowest stage for compute, every kind of stage
+for memory), v virtual stages per device (1: plain
 1F1B), s sequence, h hidden, P_s the parameters of a stage, bytes per value
 ``w`` (2 for bf16/fp16, 4 for fp32). Every term (docs/planner.md has the
 sources):
@@ -67,8 +70,17 @@ from ..synthesis.semantics import Goal
 from ..topology import Device
 from ..units import MAX_COUNT, shown_number
 from .compute import ComputeModel, ComputeProfile
-from .layercompute import Shard, optimizer_s, stage_compute
+from .layercompute import (
+    Shard,
+    embedding_compute,
+    head_compute,
+    layer_compute,
+    optimizer_s,
+    recompute_ops,
+    stage_compute,
+)
 from .operations import OperationProfile
+from .stages import StageCosts, describe_layers
 from .transformer import Recompute, Transformer
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -133,13 +145,16 @@ class Training:
 @dataclass(frozen=True)
 class Configuration:
     """Axis sizes and micro-batch; ``virtual_stages`` > 1 is Megatron's
-    interleaved 1F1B (the planner searches plain 1F1B only)."""
+    interleaved 1F1B (the planner searches plain 1F1B only);
+    ``stage_layers``: the layers of each pipeline stage when they are not
+    even (:mod:`synth.planner.stages`; empty: ``L / pp`` each)."""
 
     tp: int
     dp: int
     pp: int
     micro_batch: int
     virtual_stages: int = 1
+    stage_layers: tuple[int, ...] = ()
 
     @property
     def devices(self) -> int:
@@ -153,7 +168,12 @@ class Configuration:
 
     def describe(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        return f"tp={self.tp} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}"
+        stages = f" stages={describe_layers(self.stage_layers)}" if self.stage_layers else ""
+        return f"tp={self.tp} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}{stages}"
+
+    def layers_of_stages(self, model: Transformer) -> tuple[int, ...]:
+        """Layers per pipeline stage, first to last."""
+        return self.stage_layers or (model.layers // self.pp,) * self.pp
 
 
 def sequence_parallel(training: Training, config: Configuration) -> bool:
@@ -164,7 +184,16 @@ def sequence_parallel(training: Training, config: Configuration) -> bool:
 
 def configuration_problem(model: Transformer, training: Training, config: Configuration) -> str | None:
     """Why the configuration cannot run the model (None if it can)."""
-    problem = model.parallelism_problem(config.tp, config.pp)
+    if config.stage_layers:
+        problem = model.parallelism_problem(config.tp, 1)
+        layout = config.stage_layers
+        if not problem and (len(layout) != config.pp or sum(layout) != model.layers or min(layout) < 1):
+            problem = (f"stages {describe_layers(layout)}: {config.pp} stages of at least one layer each must hold "
+                       f"the model's {model.layers} layers")
+        if not problem and config.virtual_stages > 1:
+            problem = "uneven stages with interleaved virtual stages are not modelled"
+    else:
+        problem = model.parallelism_problem(config.tp, config.pp)
     if problem:
         return problem
     if training.global_batch % (config.dp * config.micro_batch):
@@ -197,15 +226,27 @@ class Memory:
                 "activations": self.activations, "total": self.total, "stage": self.stage}
 
 
-def stage_parameters(model: Transformer, pp: int) -> dict[str, int]:
-    """Parameters of the first and last pipeline stages (the only one if pp = 1).
-    With tied embeddings and pp > 1 the last stage keeps its own copy of the word
+def stage_kinds(layout: tuple[int, ...]) -> dict[str, int]:
+    """The stages that differ, by kind, with their layers: ``only`` (pp = 1),
+    else ``first``, ``last`` and, when pp > 2, ``middle`` (the middle stages
+    all hold the same layers; the second stage stands for them, the one with
+    the most micro-batches in flight)."""
+    if len(layout) == 1:
+        return {"only": layout[0]}
+    kinds = {"first": layout[0], "last": layout[-1]}
+    if len(layout) > 2:
+        kinds["middle"] = layout[1]
+    return kinds
+
+
+def stage_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, int]:
+    """Parameters of each kind of pipeline stage (:func:`stage_kinds`). With
+    tied embeddings and pp > 1 the last stage keeps its own copy of the word
     embeddings for the output layer (as Megatron-LM does)."""
-    layers = model.layers // pp * model.layer_params
-    if pp == 1:
-        return {"only": layers + model.embedding_params + model.head_params}
-    head = model.head_params + (model.vocab * model.hidden if model.tied_embeddings else 0)
-    return {"first": layers + model.embedding_params, "last": layers + head}
+    head = model.head_params + (model.vocab * model.hidden if model.tied_embeddings and len(layout) > 1 else 0)
+    extra = {"only": model.embedding_params + model.head_params, "first": model.embedding_params, "last": head,
+             "middle": 0}
+    return {kind: layers * model.layer_params + extra[kind] for kind, layers in stage_kinds(layout).items()}
 
 
 def memory_per_device(model: Transformer, training: Training, config: Configuration) -> Memory:
@@ -219,9 +260,9 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
     working = 0.0  # full recomputation rebuilds one layer's activations at a time
     if training.recompute is Recompute.FULL:
         working = model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores, sp)
-    layers = model.layers // config.pp
+    kinds = stage_kinds(config.layers_of_stages(model))
     worst: Memory | None = None
-    for stage, params in stage_parameters(model, config.pp).items():
+    for stage, params in stage_parameters(model, config.layers_of_stages(model)).items():
         p = params / config.tp
         weights, gradients, optimizer = w * p, w * p, optimizer_bytes * p
         if training.sharding is Sharding.ZERO1:
@@ -231,9 +272,10 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
             layer = model.layer_params / config.tp
             weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
             gradients += w * layer  # one layer's full gradients before the reduce-scatter
-        in_flight = min(config.pp, m) if stage == "first" else 1
-        activations = layers * in_flight * per_layer + working
-        if stage != "first":
+        # 1F1B: stage i holds the activations of min(pp - i, m) micro-batches
+        in_flight = {"first": min(config.pp, m), "middle": min(config.pp - 1, m)}.get(stage, 1)
+        activations = kinds[stage] * in_flight * per_layer + working
+        if stage in ("last", "only"):
             activations += model.logits_bytes(config.micro_batch, config.tp)
         memory = Memory(weights, gradients, optimizer, activations, stage)
         if worst is None or memory.total > worst.total:
@@ -312,11 +354,18 @@ class StepShape:
 def step_shape(model: Transformer, training: Training, config: Configuration) -> StepShape:
     w = training.value_bytes
     flops = model.training_flops(config.micro_batch, training.recompute)
-    per_device = flops.total / (config.tp * config.pp)
-    params = max(stage_parameters(model, config.pp).values())
+    layout = config.layers_of_stages(model)
+    if config.stage_layers:  # the slowest stage's FLOPs: its layers' share, and the output layer on the last
+        logits = 3 * model.logits_forward_flops(config.micro_batch * model.seq)
+        per_layer = (flops.total - logits) / model.layers
+        per_device = max(n * per_layer + (logits if i == len(layout) - 1 else 0.0)
+                         for i, n in enumerate(layout)) / config.tp
+    else:
+        per_device = flops.total / (config.tp * config.pp)
+    params = max(stage_parameters(model, layout).values())
     return StepShape(
         micro_batches=config.micro_batches(training),
-        layers_per_stage=model.layers // config.pp,
+        layers_per_stage=max(layout),
         flops_per_micro_batch=per_device,
         backward_fraction=(flops.backward + flops.recompute) / flops.total,
         activation_bytes=config.micro_batch * model.seq * model.hidden * w,
@@ -351,16 +400,31 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
 def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
                          compute: OperationProfile, shape: StepShape) -> ComputeEstimate:
     shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config))
-    layers = model.layers // config.pp
-    stages = [(True, True)] if config.pp == 1 else [(True, False), (False, True)] + (
-        [(False, False)] if config.pp > 2 else [])
-    micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, first, last).total_s
-                        for first, last in stages)
-    parameters = max(stage_parameters(model, config.pp).values()) / config.tp
+    layout = config.layers_of_stages(model)
+    micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
+                                      kind in ("last", "only")).total_s
+                        for kind, layers in stage_kinds(layout).items())
+    parameters = max(stage_parameters(model, layout).values()) / config.tp
     if training.sharding is not Sharding.NONE:
         parameters /= config.dp  # ZeRO-1 and ZeRO-3 update their shard only
     efficiency = shape.flops_per_micro_batch / (device.peak_flops * micro_batch_s)
     return ComputeEstimate(micro_batch_s, efficiency, optimizer_s(compute, parameters, training.value_bytes == 2))
+
+
+def stage_costs(model: Transformer, training: Training, config: Configuration, compute: ComputeModel) -> StageCosts:
+    """One micro-batch's cost per layer, embedding and output layer on one
+    device, for balancing the stages (:func:`~synth.planner.stages.balanced_layers`):
+    seconds by the per-operation model, FLOPs by the efficiency curve (which
+    prices them all at one rate)."""
+    if isinstance(compute, ComputeProfile):
+        flops = model.training_flops(config.micro_batch, training.recompute)
+        logits = 3 * model.logits_forward_flops(config.micro_batch * model.seq)
+        return StageCosts((flops.total - logits) / model.layers, 0.0, logits)
+    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config))
+    layer = layer_compute(compute, model, shard)
+    layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
+    return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
+                      head_compute(compute, model, shard).total_s)
 
 
 def step_time(
