@@ -172,14 +172,9 @@ def measure_host(device: str) -> dict:
     return {"kind": "host", "add_s": timer(lambda: a.add_(1)), "linear_s": timer(lambda: F.linear(a, a))}
 
 
-def measure_layer(layer, model: Transformer, tp: int, micro_batch: int, seq: int, device: str, timer: Timer) -> dict:
-    """Eager forward and forward+backward of ``layer`` on one micro-batch;
-    on a GPU also its kernel counts and the same runs replayed as CUDA graphs
-    (the GPU's own time, without the host issuing each kernel)."""
-    torch, _ = _torch()
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    x = torch.randn(micro_batch, seq, model.hidden, device=device, dtype=dtype, requires_grad=True)
-    grad = torch.randn_like(x)
+def _runs(layer, x, grad):
+    """The two timed runs of a layer: its training forward, and forward plus
+    backward with the weight and input gradients cleared first."""
     params = list(layer.parameters())
 
     def forward():
@@ -191,6 +186,18 @@ def measure_layer(layer, model: Transformer, tp: int, micro_batch: int, seq: int
         x.grad = None
         layer(x).backward(grad)
 
+    return forward, forward_backward
+
+
+def measure_layer(layer, model: Transformer, tp: int, micro_batch: int, seq: int, device: str, timer: Timer) -> dict:
+    """Eager forward and forward+backward of ``layer`` on one micro-batch;
+    on a GPU also its kernel counts and the same runs replayed as CUDA graphs
+    (the GPU's own time, without the host issuing each kernel)."""
+    torch, _ = _torch()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(micro_batch, seq, model.hidden, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    forward, forward_backward = _runs(layer, x, grad)
     for _ in range(2):  # every buffer of the backward allocated before anything is timed
         forward_backward()
     forward_s = timer(forward)
@@ -205,17 +212,7 @@ def measure_layer(layer, model: Transformer, tp: int, micro_batch: int, seq: int
         return row
     try:
         graphed = torch.cuda.make_graphed_callables(build_layer(model, tp, device, dtype), (x,))
-        graphed_params = list(graphed.parameters())
-
-        def graph_forward():
-            graphed(x)
-
-        def graph_forward_backward():
-            for p in graphed_params:
-                p.grad = None
-            x.grad = None
-            graphed(x).backward(grad)
-
+        graph_forward, graph_forward_backward = _runs(graphed, x, grad)
         row["forward_graph_s"] = timer(graph_forward)
         row["forward_backward_graph_s"] = timer(graph_forward_backward)
     except Exception as error:  # noqa: BLE001 (recorded: the eager numbers stand without it)
