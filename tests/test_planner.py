@@ -765,6 +765,9 @@ def test_uneven_stage_memory_and_compute_by_hand():
         "stages 3,5x2,4: 4 stages of at least one layer each must hold the model's 16 layers")
     assert configuration_problem(m, training, Configuration(1, 1, 4, 1, 2, stage_layers=(3, 5, 5, 3))) == (
         "uneven stages with interleaved virtual stages are not modelled")
+    assert configuration_problem(m, training, Configuration(1, 1, 4, 1, stage_layers=(3, 6, 4, 3))) == (
+        "stages 3,6,4,3: the stages between the first and the last must hold equal layers (the form modelled, "
+        "Megatron-LM's)")
 
 
 def test_plan_stages_option(cli):

@@ -103,9 +103,9 @@ def trainer_mesh_ids(placement: Placement, shard: int | None = None) -> np.ndarr
 @dataclass(frozen=True)
 class TrainerJob:
     """The job a planner chose (a job plan's ``job`` object): the model shape,
-    batch, dtype, sharding, recomputation, schedule, DP bucket, and whether
-    the configuration runs sequence parallelism (None in plans written
-    before the planner modelled it)."""
+    batch, dtype, sharding, recomputation, schedule, DP bucket, whether the
+    configuration runs sequence parallelism (None in plans written before the
+    planner modelled it) and its layers per stage when they are uneven."""
 
     model: Mapping[str, Any]
     global_batch: int

@@ -383,13 +383,12 @@ def _layouts(request: JobRequest, config: Configuration) -> list[Configuration]:
     (when pp divides the layers), the balanced one, or both (search); a
     balanced layout that comes out even is the even configuration."""
     model = request.model
-    even = [config] if model.layers % config.pp == 0 else []
     if request.stages == "even":
         return [config]  # configuration_problem says why when pp does not divide the layers
     layout = balanced_layers(model.layers, config.pp,
                              stage_costs(model, request.training, config, request.compute))
     balanced = config if layout == (model.layers // config.pp,) * config.pp else replace(config, stage_layers=layout)
-    if request.stages == "uneven" or not even or balanced == config:
+    if request.stages == "uneven" or model.layers % config.pp or balanced == config:
         return [balanced]
     return [config, balanced]
 

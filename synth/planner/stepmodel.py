@@ -190,6 +190,9 @@ def configuration_problem(model: Transformer, training: Training, config: Config
         if not problem and (len(layout) != config.pp or sum(layout) != model.layers or min(layout) < 1):
             problem = (f"stages {describe_layers(layout)}: {config.pp} stages of at least one layer each must hold "
                        f"the model's {model.layers} layers")
+        if not problem and len(set(layout[1:-1])) > 1:
+            problem = (f"stages {describe_layers(layout)}: the stages between the first and the last must hold "
+                       "equal layers (the form modelled, Megatron-LM's)")
         if not problem and config.virtual_stages > 1:
             problem = "uneven stages with interleaved virtual stages are not modelled"
     else:
