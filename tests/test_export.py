@@ -279,6 +279,24 @@ def test_megatron_arguments_of_a_job_plan(job_plan):
     assert job["sequence_parallel"] is True and "--sequence-parallel" in args  # the planner's default at tp 2
 
 
+def test_megatron_builds_the_layer_the_planner_counted(job_plan):
+    """A gated model is Llama's layer in the planner (RMSNorm, rotary
+    positions, no biases: Transformer.layer_params, embedding_params), so
+    Megatron-LM must be told all of it, not only --swiglu; a GPT model keeps
+    Megatron-LM's defaults (LayerNorm, learned positions, biases)."""
+    from dataclasses import replace
+
+    plan = load_plan(job_plan)
+    gpt = list(megatron_export(plan).arguments)
+    assert not {"--swiglu", "--normalization", "--position-embedding-type", "--disable-bias-linear"} & set(gpt)
+    llama_model = {**plan.job["model"], "gated_mlp": True, "ffn": 688, "kv_heads": 4, "tied_embeddings": False}
+    args = list(megatron_export(replace(plan, job={**plan.job, "model": llama_model})).arguments)
+    assert "--swiglu" in args and "--disable-bias-linear" in args and "--untie-embeddings-and-output-weights" in args
+    assert args[args.index("--normalization") + 1] == "RMSNorm"
+    assert args[args.index("--position-embedding-type") + 1] == "rope"
+    assert args[args.index("--num-query-groups") + 1] == "4" and args[args.index("--ffn-hidden-size") + 1] == "688"
+
+
 def test_sequence_parallelism_in_the_trainer_exports(job_plan):
     """Megatron-LM gets --sequence-parallel exactly when the planned
     configuration runs it; torchtitan, whose tensor parallelism always splits

@@ -12,7 +12,9 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   ``--expert-model-parallel-size`` where the plan has those axes;
 * from a job plan: the model's shape (``--num-layers``, ``--hidden-size``,
   ``--ffn-hidden-size``, ``--num-attention-heads``, ``--group-query-attention``
-  with ``--num-query-groups``, ``--swiglu``, ``--seq-length``,
+  with ``--num-query-groups``, for the gated (Llama-style) models ``--swiglu``
+  with ``--normalization RMSNorm``, ``--position-embedding-type rope`` and
+  ``--disable-bias-linear`` (the layer the planner counts), ``--seq-length``,
   ``--max-position-embeddings``, ``--untie-embeddings-and-output-weights``),
   ``--micro-batch-size``, ``--global-batch-size``, ``--bf16``/``--fp16``, the
   recomputation (``--recompute-granularity selective``, or ``full`` with
@@ -73,8 +75,9 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
     kv = model.get("kv_heads")
     if isinstance(kv, int) and kv != heads:
         args += ["--group-query-attention", "--num-query-groups", str(kv)]
-    if model.get("gated_mlp"):
-        args += ["--swiglu"]
+    if model.get("gated_mlp"):  # the planner's gated models are Llama's: RMSNorm, rotary positions, no biases
+        args += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                 "--disable-bias-linear"]
     if model.get("tied_embeddings") is False:
         args += ["--untie-embeddings-and-output-weights"]
     args += ["--micro-batch-size", str(job.micro_batch), "--global-batch-size", str(job.global_batch)]
