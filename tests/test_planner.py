@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -789,3 +790,26 @@ def test_plan_stages_option(cli):
         same = next(e for e in even["configurations"] if e["micro_batch"] == c["micro_batch"])
         assert sum(c["stage_layers"]) == 4 and c["predicted_step_s"] <= same["predicted_step_s"]
     assert "argument --stages: invalid choice: 'odd'" in usage_error(cli, *common, "--stages", "odd")
+
+
+def test_plan_plot_draws_the_listed_configurations(cli, tmp_path, monkeypatch):
+    """--plot writes a picture of the listed configurations (one bar per
+    configuration in each panel); without matplotlib it says which extra to
+    install before planning; --top 0 leaves nothing to draw."""
+    import matplotlib.image
+
+    from synth.cli import plan_plot
+
+    path = tmp_path / "plan.png"
+    drawn = []
+    real = plan_plot.plot_plan
+    monkeypatch.setattr("synth.cli.plan.plot_plan", lambda s, listed, p: (drawn.append(listed), real(s, listed, p)))
+    code, text, _ = cli(*BASE, "--no-verify", "--top", "3", "--plot", path)
+    assert code == 0 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(drawn[0]) == 3 and matplotlib.image.imread(path).ndim == 3
+    assert usage_error(cli, *BASE, "--no-verify", "--top", "0", "--plot", tmp_path / "none.png") == (
+        "plan --plot: no configuration to draw (--top 0)")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # restored when the test ends
+    assert usage_error(cli, *BASE, "--plot", tmp_path / "again.png") == (
+        "plan --plot needs matplotlib: pip install 'synth-reduce[plots]'")
+    assert not (tmp_path / "again.png").exists()

@@ -24,6 +24,7 @@ from ..synthesis.problem import MAX_STEPS_DEFAULT
 from ..topology import load_topology, parse_device, parse_scale
 from ..units import MAX_COUNT, bounded_int, format_seconds, format_size
 from .args import Parser, add_model_arguments, model_of
+from .plan_plot import plot_plan, pyplot
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,6 +77,9 @@ def parser() -> argparse.ArgumentParser:
                    help="configurations listed in the table (their programs are proved), default 10")
     p.add_argument("--json", action="store_true", help="print one JSON document with every configuration")
     p.add_argument("--out", metavar="JOB.json", help="write the best feasible configuration as a job plan")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw the listed configurations' predicted step time by term beside their memory per device "
+                        "against the device's capacity (matplotlib: the plots extra)")
     p.add_argument("--no-verify", action="store_true", help="do not prove the listed configurations' programs")
     return p
 
@@ -152,6 +156,11 @@ def run(argv: Sequence[str]) -> int:
         raise SynthError(f"--top {args.top}: must be >= 0")
     if args.out:
         check_writable(args.out, "--out")  # before the planning, not after it
+    if args.plot:
+        if args.top == 0:
+            raise SynthError("plan --plot: no configuration to draw (--top 0)")
+        check_writable(args.plot, "--plot")
+        pyplot()  # matplotlib missing: say so before planning
     request = request_of(args)
     progress = _Progress()
     solution = plan_job(request, progress=progress)
@@ -171,6 +180,8 @@ def run(argv: Sequence[str]) -> int:
               file=sys.stderr)
     if plan is not None:
         write_plan(args.out, plan)
+    if args.plot:
+        plot_plan(solution, listed, args.plot)
     if args.json:
         print(json.dumps(solution_document(solution), indent=1))
     else:

@@ -1,0 +1,93 @@
+"""``plan --plot FILE.png``: the listed configurations' predicted step time,
+split into its terms, beside their memory per device against the device's
+capacity, so that the trade-off between speed and memory shows at a glance.
+
+Needs matplotlib (the ``plots`` extra); drawn off-screen (the Agg backend).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import SynthError
+from ..planner.search import Candidate, JobSolution
+
+# the step's terms, in StepTime.breakdown()'s names, and the memory's, in Memory.to_dict()'s
+STEP_TERMS = ("compute", "bubble", "tp", "pp", "dp", "optimizer")
+MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations")
+GiB = 2**30
+
+
+def pyplot():
+    """matplotlib's pyplot on the off-screen backend; SynthError naming the
+    extra to install when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SynthError("plan --plot needs matplotlib: pip install 'synth-reduce[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def label(candidate: Candidate) -> str:
+    """``tp=8 dp=8 pp=8 mb=1``, with the stages when uneven."""
+    return candidate.config.describe()
+
+
+def plot_plan(solution: JobSolution, listed: Sequence[Candidate], path: str | Path) -> None:
+    """Draw ``listed`` (fastest at the top) to ``path`` (PNG, or any format
+    matplotlib takes by the file's suffix). Configurations that do not fit
+    are hatched; the memory panel marks the device's capacity and, with a
+    margin, the memory left to the job."""
+    if not listed:
+        raise SynthError("plan --plot: no configuration to draw (--top 0)")
+    plt = pyplot()
+    request = solution.request
+    names = [label(c) + ("" if c.feasible else " (does not fit)") for c in listed]
+    rows = range(len(listed))
+    figure, (steps, memory) = plt.subplots(1, 2, figsize=(13, 2.2 + 0.45 * len(listed)), sharey=True,
+                                           gridspec_kw={"width_ratios": [3, 2]})
+    left = [0.0] * len(listed)
+    for term in STEP_TERMS:
+        values = [c.step.breakdown()[term] for c in listed]
+        if not any(values):
+            continue
+        bars = steps.barh(rows, values, left=left, label=term)
+        for bar, c in zip(bars, listed):
+            if not c.feasible:
+                bar.set_hatch("//")
+        left = [a + b for a, b in zip(left, values)]
+    steps.set_yticks(list(rows), names)
+    steps.invert_yaxis()
+    steps.set_xlabel("predicted seconds per step")
+    steps.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize="small", frameon=False)
+    left = [0.0] * len(listed)
+    for term in MEMORY_TERMS:
+        values = [getattr(c.memory, term) / GiB for c in listed]
+        bars = memory.barh(rows, values, left=left, label=term)
+        for bar, c in zip(bars, listed):
+            if not c.feasible:
+                bar.set_hatch("//")
+        left = [a + b for a, b in zip(left, values)]
+    capacity = request.device.memory_GiB
+    memory.axvline(capacity, color="black", linewidth=1, label=f"{capacity:g} GiB per device")
+    if request.memory_margin_GiB:
+        memory.axvline(capacity - request.memory_margin_GiB, color="black", linestyle="--", linewidth=1,
+                       label=f"less {request.memory_margin_GiB:g} GiB margin")
+    limit = 2 * capacity  # configurations far beyond the device would flatten the others: clipped, total written
+    if max(left) > limit:
+        memory.set_xlim(0, limit)
+        for row, total in zip(rows, left):
+            if total > limit:
+                memory.text(limit * 0.98, row, f"{total:.0f} GiB", ha="right", va="center", fontsize="small",
+                            backgroundcolor="white")
+    memory.set_xlabel("GiB per device (worst stage)")
+    memory.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize="small", frameon=False)
+    model, topology = request.model, request.topology
+    figure.suptitle(f"{model.name} on {topology.name} ({topology.num_devices} x {request.device.name}): "
+                    f"the {len(listed)} best configurations")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
