@@ -782,10 +782,12 @@ def test_plan_stages_option(cli):
     doc = json.loads(cli(*common, "--stages", "uneven", "--json")[1])
     layouts = {tuple(c["stage_layers"]) for c in doc["configurations"]}
     assert all(len(x) == 3 and sum(x) == 4 for x in layouts)
+    assert {c["stages"] for c in doc["configurations"]} == {"uneven"}
     search = ["plan", "--topology", "dgx-a100", "--scale", "node=1,gpu=4", "--model", TINY, "--global-batch", "8",
               "--axes", "tp=2,dp=1,pp=2", "--no-verify", "--json", "--stages"]
     even, both = (json.loads(cli(*search, choice)[1]) for choice in ("even", "search"))
     assert {tuple(c["stage_layers"]) for c in even["configurations"]} == {(2, 2)}
+    assert {c["stages"] for c in even["configurations"]} == {"even"}
     for c in both["configurations"]:  # never slower than the even layout of the same sizes and micro-batch
         same = next(e for e in even["configurations"] if e["micro_batch"] == c["micro_batch"])
         assert sum(c["stage_layers"]) == 4 and c["predicted_step_s"] <= same["predicted_step_s"]

@@ -200,6 +200,7 @@ def candidate_document(solution: JobSolution, c: Candidate) -> dict[str, Any]:
         "micro_batch": c.config.micro_batch,
         "micro_batches": c.config.micro_batches(solution.request.training),
         "sequence_parallel": sequence_parallel(solution.request.training, c.config),
+        "stages": "uneven" if c.config.stage_layers else "even",
         "stage_layers": list(c.config.layers_of_stages(solution.request.model)),
         "matrix": [list(row) for row in c.placement.matrix],
         "matrix_axes": list(c.placement.axis_names),

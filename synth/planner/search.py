@@ -504,6 +504,7 @@ def job_document(solution: JobSolution, candidate: Candidate) -> dict[str, Any]:
         "micro_batch": config.micro_batch,
         "micro_batches": config.micro_batches(request.training),
         "sequence_parallel": sequence_parallel(request.training, config),
+        "stages": "uneven" if config.stage_layers else "even",
         "stage_layers": list(config.layers_of_stages(request.model)),
         "schedule": "1F1B" if config.virtual_stages == 1 else f"interleaved 1F1B, {config.virtual_stages} stages",
         "virtual_stages": config.virtual_stages,
