@@ -31,9 +31,19 @@ def pyplot():
     return plt
 
 
-def label(candidate: Candidate) -> str:
-    """``tp=8 dp=8 pp=8 mb=1``, with the stages when uneven."""
-    return candidate.config.describe()
+def _stack(axis, listed: Sequence[Candidate], series: dict[str, list[float]]) -> list[float]:
+    """One horizontal bar per configuration, stacked by term (terms that are
+    zero everywhere left out of the legend), hatched where it does not fit;
+    returns the bars' totals."""
+    left = [0.0] * len(listed)
+    for term, values in series.items():
+        if not any(values):
+            continue
+        for bar, c in zip(axis.barh(range(len(listed)), values, left=left, label=term), listed):
+            if not c.feasible:
+                bar.set_hatch("//")
+        left = [a + b for a, b in zip(left, values)]
+    return left
 
 
 def plot_plan(solution: JobSolution, listed: Sequence[Candidate], path: str | Path) -> None:
@@ -45,32 +55,16 @@ def plot_plan(solution: JobSolution, listed: Sequence[Candidate], path: str | Pa
         raise SynthError("plan --plot: no configuration to draw (--top 0)")
     plt = pyplot()
     request = solution.request
-    names = [label(c) + ("" if c.feasible else " (does not fit)") for c in listed]
+    names = [c.config.describe() + ("" if c.feasible else " (does not fit)") for c in listed]
     rows = range(len(listed))
     figure, (steps, memory) = plt.subplots(1, 2, figsize=(13, 2.2 + 0.45 * len(listed)), sharey=True,
                                            gridspec_kw={"width_ratios": [3, 2]})
-    left = [0.0] * len(listed)
-    for term in STEP_TERMS:
-        values = [c.step.breakdown()[term] for c in listed]
-        if not any(values):
-            continue
-        bars = steps.barh(rows, values, left=left, label=term)
-        for bar, c in zip(bars, listed):
-            if not c.feasible:
-                bar.set_hatch("//")
-        left = [a + b for a, b in zip(left, values)]
+    _stack(steps, listed, {term: [c.step.breakdown()[term] for c in listed] for term in STEP_TERMS})
     steps.set_yticks(list(rows), names)
     steps.invert_yaxis()
     steps.set_xlabel("predicted seconds per step")
     steps.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize="small", frameon=False)
-    left = [0.0] * len(listed)
-    for term in MEMORY_TERMS:
-        values = [getattr(c.memory, term) / GiB for c in listed]
-        bars = memory.barh(rows, values, left=left, label=term)
-        for bar, c in zip(bars, listed):
-            if not c.feasible:
-                bar.set_hatch("//")
-        left = [a + b for a, b in zip(left, values)]
+    left = _stack(memory, listed, {term: [getattr(c.memory, term) / GiB for c in listed] for term in MEMORY_TERMS})
     capacity = request.device.memory_GiB
     memory.axvline(capacity, color="black", linewidth=1, label=f"{capacity:g} GiB per device")
     if request.memory_margin_GiB:

@@ -80,7 +80,7 @@ from .layercompute import (
     stage_compute,
 )
 from .operations import OperationProfile
-from .stages import StageCosts, describe_layers
+from .stages import StageCosts, describe_layers, slowest_stage
 from .transformer import Recompute, Transformer
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -359,10 +359,7 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
     flops = model.training_flops(config.micro_batch, training.recompute)
     layout = config.layers_of_stages(model)
     if config.stage_layers:  # the slowest stage's FLOPs: its layers' share, and the output layer on the last
-        logits = 3 * model.logits_forward_flops(config.micro_batch * model.seq)
-        per_layer = (flops.total - logits) / model.layers
-        per_device = max(n * per_layer + (logits if i == len(layout) - 1 else 0.0)
-                         for i, n in enumerate(layout)) / config.tp
+        per_device = slowest_stage(layout, _flops_stage_costs(model, training, config)) / config.tp
     else:
         per_device = flops.total / (config.tp * config.pp)
     params = max(stage_parameters(model, layout).values())
@@ -414,15 +411,21 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
     return ComputeEstimate(micro_batch_s, efficiency, optimizer_s(compute, parameters, training.value_bytes == 2))
 
 
+def _flops_stage_costs(model: Transformer, training: Training, config: Configuration) -> StageCosts:
+    """One micro-batch's training FLOPs (recomputation included) per layer and
+    of the output layer; the embedding does none."""
+    flops = model.training_flops(config.micro_batch, training.recompute)
+    logits = 3 * model.logits_forward_flops(config.micro_batch * model.seq)
+    return StageCosts((flops.total - logits) / model.layers, 0.0, logits)
+
+
 def stage_costs(model: Transformer, training: Training, config: Configuration, compute: ComputeModel) -> StageCosts:
     """One micro-batch's cost per layer, embedding and output layer on one
     device, for balancing the stages (:func:`~synth.planner.stages.balanced_layers`):
     seconds by the per-operation model, FLOPs by the efficiency curve (which
     prices them all at one rate)."""
     if isinstance(compute, ComputeProfile):
-        flops = model.training_flops(config.micro_batch, training.recompute)
-        logits = 3 * model.logits_forward_flops(config.micro_batch * model.seq)
-        return StageCosts((flops.total - logits) / model.layers, 0.0, logits)
+        return _flops_stage_costs(model, training, config)
     shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config))
     layer = layer_compute(compute, model, shard)
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
