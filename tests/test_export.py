@@ -321,7 +321,8 @@ def test_torchtitan_degrees(job_plan, tmp_path):
     export = torchtitan_export(load_plan(job_plan))
     assert export.parallelism == {"data_parallel_replicate_degree": 2, "data_parallel_shard_degree": 1,
                                   "tensor_parallel_degree": 2, "context_parallel_degree": 1,
-                                  "pipeline_parallel_degree": 2}  # ZeRO-1: replicated (torchtitan has no ZeRO-1)
+                                  "pipeline_parallel_degree": 2,  # ZeRO-1: replicated (torchtitan has no ZeRO-1)
+                                  "pipeline_parallel_schedule": "1F1B"}
     assert export.activation_checkpoint == "selective"
     assert "[parallelism]\ndata_parallel_replicate_degree = 2\n" in export.toml()
     # a placement plan of dp over 2 nodes x 2 ranks: HSDP, shard inside the node
@@ -409,3 +410,65 @@ def test_uneven_stages_in_the_trainer_exports(job_plan):
         megatron_export(replace(plan, job={**plan.job, "stage_layers": [1, 2]}))
     with pytest.raises(SynthError, match="Megatron-LM runs uneven stages as a first and a last stage of their own"):
         megatron_export(replace(plan, job={**plan.job, "stage_layers": [1, 1, 2]}))
+
+
+def test_schedules_and_zero2_in_the_trainer_exports(job_plan):
+    """The planned pipeline schedule reaches both trainers where they run it:
+    Megatron-LM's interleaving by layers per virtual stage, torchtitan's by
+    name (2 virtual stages, its default); a zero-bubble plan and ZeRO-2 are
+    refused by Megatron-LM with the reason, ZeRO-2 is torchtitan's FSDP that
+    never reshards after the forward; an older plan's "1F1B" reads as 1f1b."""
+    from dataclasses import replace
+
+    plan = load_plan(job_plan)  # 4 layers, pp = 2
+    assert plan.job["schedule"] == "1f1b" and plan.job["virtual_stages"] == 1
+    interleaved = replace(plan, job={**plan.job, "schedule": "interleaved", "virtual_stages": 2})
+    args = list(megatron_export(interleaved).arguments)
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "1"
+    assert torchtitan_export(interleaved).parallelism["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in torchtitan_export(interleaved).toml()
+    with pytest.raises(SynthError, match="torchtitan's Interleaved1F1B is exported with its default of 2"):
+        torchtitan_export(replace(plan, job={**plan.job, "schedule": "interleaved", "virtual_stages": 4}))
+    with pytest.raises(SynthError, match="job.schedule 1f1b with job.virtual_stages 2"):
+        megatron_export(replace(plan, job={**plan.job, "schedule": "1f1b", "virtual_stages": 2}))
+    older = replace(plan, job={**plan.job, "schedule": "interleaved 1F1B, 2 stages", "virtual_stages": 2})
+    assert "--num-layers-per-virtual-pipeline-stage" in megatron_export(older).arguments
+    zero_bubble = replace(plan, job={**plan.job, "schedule": "zero-bubble"})
+    with pytest.raises(SynthError, match="Megatron-LM has no zero-bubble schedule"):
+        megatron_export(zero_bubble)
+    with pytest.raises(SynthError, match="run 2 stages per rank, not the one-stage ZB-H1"):
+        torchtitan_export(zero_bubble)
+    zero2 = replace(plan, job={**plan.job, "training": {**plan.job["training"], "sharding": "zero2"}})
+    with pytest.raises(SynthError, match="Megatron-LM has no ZeRO-2"):
+        megatron_export(zero2)
+    titan = torchtitan_export(zero2)
+    assert titan.parallelism["fsdp_reshard_after_forward"] == "never"
+    assert titan.parallelism["data_parallel_shard_degree"] == 2  # dp = 2 inside a node: sharded there
+
+
+def test_tp_overlap_in_the_trainer_exports(job_plan, cli):
+    """A plan made with --tp-overlap says so per configuration and in its job;
+    Megatron-LM gets --tp-comm-overlap beside --sequence-parallel, torchtitan
+    its async tensor parallelism (a switch on the command line)."""
+    from dataclasses import replace
+
+    plan = load_plan(job_plan)
+    assert plan.job["training"]["tp_overlap"] is False
+    assert "--tp-comm-overlap" not in megatron_export(plan).arguments
+    assert "enable_async_tensor_parallel" not in torchtitan_export(plan).parallelism
+    on = replace(plan, job={**plan.job, "training": {**plan.job["training"], "tp_overlap": True}})
+    args = list(megatron_export(on).arguments)
+    assert args.index("--tp-comm-overlap") == args.index("--sequence-parallel") + 1
+    titan = torchtitan_export(on)
+    assert "enable_async_tensor_parallel = true" in titan.toml()
+    overrides = titan.overrides()
+    i = overrides.index("--parallelism.enable_async_tensor_parallel")
+    assert i == len(overrides) - 1 or overrides[i + 1].startswith("--")
+    code, out, _ = cli("plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "16", "--axes",
+                       "tp=2,dp=2,pp=2", "--device", DEVICE, "--tp-overlap", "--json", "--no-verify")
+    doc = json.loads(out)
+    assert code == 0 and doc["training"]["tp_overlap"] is True
+    assert {c["tp_overlap"] for c in doc["configurations"]} == {True}
+    assert "--tp-overlap needs --sequence-parallel on" in usage_error(
+        cli, "plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "16", "--device", DEVICE,
+        "--tp-overlap", "--sequence-parallel", "off")

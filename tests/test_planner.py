@@ -22,6 +22,7 @@ from synth.cost import Model, rank
 from synth.errors import SynthError
 from synth.plan import load_plan
 from synth.planner.compute import DEFAULT_COMPUTE, ComputeProfile, fit_curve, load_compute_profile
+from synth.planner.schedules import Schedule, in_flight_micro_batches
 from synth.planner.search import CollectiveCosts, JobRequest, plan_job
 from synth.planner.stages import StageCosts, balanced_layers, describe_layers, slowest_stage
 from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s
@@ -236,7 +237,7 @@ def test_sequence_parallelism_turns_each_tp_all_reduce_into_an_all_gather_and_a_
     sp = step_time(m, Training(8), config, rec, 1.0)
     tp_calls = {(c[2], c[3]) for c in rec.calls if c[1] == "tp"}
     assert tp_calls == {(Goal.ALLGATHER, act), (Goal.REDUCESCATTER, act)}
-    assert sp.tp_s == pytest.approx(4 * 4 * 2 * (1e-3 + 2e-3))  # 4 micro-batches x 4 layers x 2 pairs
+    assert sp.tp_s == pytest.approx(4 * 4 * 4 * (1e-3 + 2e-3))  # 4 micro-batches x 4 layers x 4 pairs
     assert [r for r in sp.reductions if r[0] == "tp"] == [("tp", Goal.ALLGATHER, act),
                                                           ("tp", Goal.REDUCESCATTER, act)]
     plain = step_time(m, Training(8, sequence_parallel=False), config, ByGoal(), 1.0)
@@ -607,8 +608,13 @@ BASE = ("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, 
     (("--axes", "tp,mp"), "--axes: unknown axis 'mp'; the planner's axes are tp, dp and pp"),
     (("--global-batch", "0"), "--global-batch 0: must be >= 1"),
     (("--micro-batch", "2,x"), "--micro-batch 'x': give micro-batch sizes as integers >= 1"),
-    (("--sharding", "zero2"), "--sharding zero2: choose one of none, zero1, zero3"),
+    (("--sharding", "zero4"), "--sharding zero4: choose one of none, zero1, zero2, zero3 (fsdp)"),
     (("--recompute", "most"), "--recompute most: choose one of none, selective, full"),
+    (("--virtual-stages", "2"), "--virtual-stages 2: only the interleaved schedule runs virtual stages; add "
+                                "--schedule interleaved (or search)"),
+    (("--virtual-stages", "1", "--schedule", "interleaved"), "--virtual-stages 1: virtual stages per device, an "
+                                                             "integer >= 2"),
+    (("--schedule", "gpipe"), "argument --schedule: invalid choice: 'gpipe'"),
     (("--device", "memory_GiB=lots"), "--device memory_GiB=lots: must be a number"),
     (("--constrain", "tp@rack=1"), "unknown level 'rack'"),
     (("--model", "no-such-model"), "--model 'no-such-model': not a file, a shipped model (gpt3-1.3b"),
@@ -815,3 +821,173 @@ def test_plan_plot_draws_the_listed_configurations(cli, tmp_path, monkeypatch):
     assert usage_error(cli, *BASE, "--plot", tmp_path / "again.png") == (
         "plan --plot needs matplotlib: pip install 'synth-reduce[plots]'")
     assert not (tmp_path / "again.png").exists()
+
+
+# ================================================================ schedules, ZeRO-2, recomputation search
+
+
+def test_in_flight_micro_batches_are_megatrons_warm_up_and_korthikantis_factor():
+    """1F1B: stage i holds min(p - i, m); interleaved: Megatron-LM's warm-up
+    2 (p - i - 1) + (v - 1) p chunks plus the one in its steady state, over v;
+    on the first stage that is Korthikanti et al.'s p (1 + (p - 1) / (p v))."""
+    for p, v, m in itertools.product((2, 4, 8), (2, 3, 4), (8, 16, 64)):
+        first = in_flight_micro_batches(Schedule.INTERLEAVED, p, 0, m, v)
+        assert first == pytest.approx(min(p * (1 + (p - 1) / (p * v)), m))
+        for i in range(p):
+            assert in_flight_micro_batches(Schedule.ONE_F_ONE_B, p, i, m, 1) == min(p - i, m)
+            assert in_flight_micro_batches(Schedule.ZERO_BUBBLE, p, i, m, 1) == min(p - i, m)
+            assert in_flight_micro_batches(Schedule.INTERLEAVED, p, i, m, v) == pytest.approx(
+                min(2 * (p - i - 1) + (v - 1) * p + 1, m * v) / v)
+    assert in_flight_micro_batches(Schedule.INTERLEAVED, 4, 0, 2, 2) == 2  # every chunk of both micro-batches
+
+
+def test_schedules_bubble_and_memory_by_hand():
+    """Zero bubble (ZB-H1) takes twice the weight-gradient compute off each
+    bubble slot at 1F1B's memory; interleaving divides the bubble by v,
+    multiplies the sends by v and holds (p (v + 1) - 1) / v micro-batches on
+    the first stage; its micro-batches must be a multiple of pp (Megatron-LM)."""
+    L, h, a, s, V = 8, 64, 4, 32, 100
+    m = gpt(L, h, a, s, V)
+    tp, dp, pp, b, B = 2, 2, 4, 2, 32  # 8 micro-batches, 2 layers per stage
+    training = Training(B, sequence_parallel=False)
+    t_mb = 0.1
+    plain = step_time(m, training, Configuration(tp, dp, pp, b), Recording(), t_mb)
+    tp_mb = 2 * 4 * 1e-3 * (1 + b * s * h * 2 / 2**30)
+    slot = t_mb + tp_mb + 2 * 2e-3
+    assert plain.bubble_s == pytest.approx((pp - 1) * slot)
+    T = b * s  # tokens of a micro-batch
+    matrices = 12 * h * h
+    weight_flops = 2 * T * (L * matrices + h * V)  # every forward GEMM has one weight-gradient GEMM
+    total_flops = 3 * (L * (2 * T * matrices + 4 * T * s * h) + 2 * T * h * V)
+    zb_config = Configuration(tp, dp, pp, b, schedule=Schedule.ZERO_BUBBLE)
+    zb = step_time(m, training, zb_config, Recording(), t_mb)
+    assert zb.bubble_s == pytest.approx((pp - 1) * (slot - 2 * t_mb * weight_flops / total_flops))
+    assert zb.compute_s == plain.compute_s and zb.tp_s == plain.tp_s and zb.pp_s == plain.pp_s
+    assert memory_per_device(m, training, zb_config) == memory_per_device(m, training, Configuration(tp, dp, pp, b))
+    inter_config = Configuration(tp, dp, pp, b, virtual_stages=2)
+    assert inter_config.schedule is Schedule.INTERLEAVED  # Megatron-LM's convention: v > 1 interleaves
+    inter = step_time(m, training, inter_config, Recording(), t_mb)
+    assert inter.bubble_s == pytest.approx((pp - 1) / 2 * (t_mb + tp_mb + 2 * 2 * 2e-3))
+    act = s * b * h * (10 + 24 / tp)
+    params = (2 * (matrices + 13 * h) + V * h + s * h) / tp  # the first stage's
+    first = memory_per_device(m, training, inter_config)
+    assert first.stage == "first"
+    assert first.activations == pytest.approx(2 * (pp * 3 - 1) / 2 * act)  # 2 layers x 5.5 micro-batches
+    assert first.total == pytest.approx(16 * params + first.activations)
+    assert configuration_problem(m, Training(24, sequence_parallel=False), Configuration(tp, dp, pp, 2,
+                                 virtual_stages=2)) == (
+        "the interleaved schedule needs the micro-batches per step (6) to be a multiple of pp=4")
+    assert configuration_problem(m, training, Configuration(tp, dp, pp, b, virtual_stages=4)) == (
+        "4 virtual stages do not divide the 2 layers per stage")
+    assert configuration_problem(m, training, Configuration(tp, dp, pp, b, virtual_stages=2,
+                                                            schedule=Schedule.ZERO_BUBBLE)) == (
+        "the zero-bubble schedule runs one stage per device (virtual stages 2)")
+    assert configuration_problem(m, training, Configuration(tp, dp, pp, b, schedule=Schedule.INTERLEAVED)) == (
+        "the interleaved schedule needs at least 2 virtual stages, not 1")
+
+
+def test_zero2_shards_gradients_and_reduce_scatters_every_micro_batch():
+    """ZeRO-2: ZeRO-1's memory with the gradients divided by dp too; its
+    reduce-scatter runs after every micro-batch's backward (ZeRO-1's once),
+    the all-gather of the weights once after the optimizer step."""
+    m = gpt(8, 64, 4, 32, 100)
+    config = Configuration(2, 2, 1, 2)  # 32 / (2 x 2) = 8 micro-batches
+    zero1, zero2 = (Training(32, sharding=s, sequence_parallel=False) for s in (Sharding.ZERO1, Sharding.ZERO2))
+    one, two = (memory_per_device(m, t, config) for t in (zero1, zero2))
+    assert two.gradients == pytest.approx(one.gradients / 2) and two.optimizer == one.optimizer
+    assert two.weights == one.weights and two.activations == one.activations
+    t_mb = 0.01
+    rec1, rec2 = Recording(), Recording()
+    step1, step2 = step_time(m, zero1, config, rec1, t_mb), step_time(m, zero2, config, rec2, t_mb)
+    assert step1.bucket_bytes == step2.bucket_bytes == BUCKET_GRID_BYTES[0]  # one padded bucket
+    scatter = gather = 1e-3 * (1 + BUCKET_GRID_BYTES[0] / 2**30)
+    backward = t_mb * 2 / 3
+    assert step1.dp_s == pytest.approx(overlapped_s(1, scatter, backward) + gather)
+    assert step2.dp_s == pytest.approx(8 * overlapped_s(1, scatter, backward) + gather)
+    assert {(c[1], c[2]) for c in rec2.calls if c[0] == "reduce"} >= {("dp", Goal.REDUCESCATTER),
+                                                                     ("dp", Goal.ALLGATHER)}
+
+
+def _plan_json(cli, *extra):
+    common = ["plan", "--topology", "dgx-a100", "--scale", "node=1", "--model", "layers=8,hidden=256,heads=8,seq=128,"
+              "vocab=1000", "--global-batch", "32", "--axes", "tp=2,dp=1,pp=4", "--no-verify", "--json"]
+    return json.loads(cli(*common, *extra)[1])
+
+
+def test_plan_schedule_option_and_json(cli):
+    """--schedule names the schedule of every configuration in --json;
+    interleaved tries every virtual-stage count that divides a stage's layers
+    (or the one --virtual-stages fixes); search keeps the fastest per (sizes,
+    micro-batch), never slower than any single schedule."""
+    by = {choice: _plan_json(cli, "--schedule", choice) for choice in ("1f1b", "interleaved", "zero-bubble", "search")}
+    for choice in ("1f1b", "interleaved", "zero-bubble"):
+        assert {c["schedule"] for c in by[choice]["configurations"]} == {choice}
+        assert by[choice]["schedule"] == choice
+    assert {c["virtual_stages"] for c in by["interleaved"]["configurations"]} <= {2}  # 2 layers per stage
+    assert {c["virtual_stages"] for c in by["1f1b"]["configurations"]} == {1}
+    fixed = _plan_json(cli, "--schedule", "interleaved", "--virtual-stages", "2")
+    assert fixed["virtual_stages"] == 2 and {c["virtual_stages"] for c in fixed["configurations"]} == {2}
+    for c in by["search"]["configurations"]:
+        for choice in ("1f1b", "interleaved", "zero-bubble"):
+            same = [o for o in by[choice]["configurations"] if o["micro_batch"] == c["micro_batch"]]
+            assert all(c["predicted_step_s"] <= o["predicted_step_s"] * (1 + 1e-12) for o in same)
+    zb = {c["micro_batch"]: c for c in by["zero-bubble"]["configurations"]}
+    for c in by["1f1b"]["configurations"]:
+        assert zb[c["micro_batch"]]["breakdown"]["bubble"] < c["breakdown"]["bubble"]
+    assert any("interleaved schedule needs the micro-batches per step" in r["reason"]
+               for r in by["interleaved"]["skipped"])  # mb 2 gives 16, mb 16 gives 2 micro-batches: not a multiple
+
+
+def test_recompute_search_picks_the_least_recomputation_that_fits(cli):
+    """--recompute search: per configuration the cheapest recomputation whose
+    memory fits (none where everything fits; full where only it fits), named
+    in --json; its time is the fixed mode's time."""
+    common = ["plan", "--topology", "dgx-h100", "--scale", "node=1,gpu=1", "--model", "gpt3-2.7b",
+              "--global-batch", "16", "--axes", "tp=1,dp=1,pp=1", "--no-verify", "--json"]
+    search = json.loads(cli(*common, "--recompute", "search")[1])
+    assert search["recompute"] == "search" and search["training"]["recompute"] == "none"
+    by_mode = {mode: {c["micro_batch"]: c for c in json.loads(cli(*common, "--recompute", mode)[1])["configurations"]}
+               for mode in ("none", "selective", "full")}
+    chosen = set()
+    for c in search["configurations"]:
+        mode = c["recompute"]
+        chosen.add(mode)
+        same = by_mode[mode][c["micro_batch"]]
+        assert c["predicted_step_s"] == same["predicted_step_s"] and c["feasible"] == same["feasible"]
+        cheaper = ("none", "selective", "full")[: ("none", "selective", "full").index(mode)]
+        assert not any(by_mode[m][c["micro_batch"]]["feasible"] for m in cheaper)
+    assert {"none", "full"} <= chosen  # small micro-batches fit without; 16 sequences of 2048 need full
+
+
+def test_tp_overlap_hides_what_each_gemm_can_by_hand():
+    """--tp-overlap: per layer and pass each all-gather and reduce-scatter
+    shows max(c / tp, c - g), g its GEMM's share of the micro-batch's
+    compute by FLOPs (QKV, projection, MLP up, MLP down); long GEMMs leave one
+    chunk in tp, short ones most of the collective; full recomputation adds a
+    forward pass; it needs sequence parallelism."""
+    L, h, a, s, V = 8, 64, 4, 32, 100
+    m = gpt(L, h, a, s, V)
+    tp, b = 4, 2
+    config = Configuration(tp, 1, 2, b)  # 4 layers per stage, 4 micro-batches
+    T = b * s
+    gemms = [2 * T * 3 * h * h / tp, 2 * T * h * h / tp, 2 * T * 4 * h * h / tp, 2 * T * 4 * h * h / tp]
+    for recompute, passes in ((Recompute.NONE, 2), (Recompute.FULL, 3)):
+        flops = m.training_flops(b, recompute).total / (tp * 2)
+        for t_mb in (1e-6, 1.0):  # GEMMs shorter than the collectives, and far longer
+            g = [t_mb * f / flops for f in gemms]
+            rec = ByGoal()
+            on = step_time(m, Training(8, recompute=recompute, tp_overlap=True), config, rec, t_mb)
+            gather, scatter = 1e-3, 2e-3  # ByGoal's seconds per all-gather and reduce-scatter
+
+            def shown(c, gemm):
+                return max(c / tp, c - gemm)
+
+            forward = shown(gather, g[0]) + shown(scatter, g[1]) + shown(gather, g[2]) + shown(scatter, g[3])
+            backward = shown(scatter, g[0]) + shown(gather, g[1]) + shown(scatter, g[2]) + shown(gather, g[3])
+            assert on.tp_s == pytest.approx(4 * 4 * ((passes - 1) * forward + backward))
+            off = step_time(m, Training(8, recompute=recompute), config, ByGoal(), t_mb)
+            assert off.tp_s == pytest.approx(4 * 4 * 2 * passes * (gather + scatter))
+            if t_mb == 1.0:
+                assert on.tp_s == pytest.approx(off.tp_s / tp)
+    with pytest.raises(SynthError, match="--tp-overlap needs --sequence-parallel on"):
+        Training(8, sequence_parallel=False, tp_overlap=True)

@@ -15,6 +15,7 @@ from ..errors import SynthError
 from ..plan import write_plan
 from ..planner.compute import DEFAULT_COMPUTE, ComputeModel, load_compute_profile
 from ..planner.operations import OperationProfile
+from ..planner.schedules import SCHEDULE_CHOICES
 from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
 from ..planner.stages import describe_layers
 from ..planner.stepmodel import Sharding, Training, sequence_parallel
@@ -47,8 +48,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--constrain", action="append", default=[], metavar="AXIS@LEVEL{=,>=,<=}N",
                    help="constrain placements, e.g. tp@node=1; repeatable")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="training dtype (default bf16)")
-    p.add_argument("--sharding", default="none", help="optimizer sharding over dp: none, zero1, zero3 (fsdp)")
-    p.add_argument("--recompute", default="none", help="activation recomputation: none, selective, full")
+    p.add_argument("--sharding", default="none", help="sharding over dp: none (default), zero1 (optimizer states), zero2 (and gradients, "
+                        "reduce-scattered every micro-batch), zero3 (fsdp: and weights)")
+    p.add_argument("--recompute", default="none",
+                   help="activation recomputation: none (default), selective, full, or search (per configuration "
+                        "the least that fits in memory, which is the fastest); recompute in --json")
     p.add_argument("--memory-margin", type=_gib_amount, default=0.0, metavar="GiB",
                    help="memory kept free on every device for the framework, CUDA context and fragmentation "
                         "(default 0: the counted weights, gradients, optimizer states and activations only)")
@@ -59,10 +63,20 @@ def parser() -> argparse.ArgumentParser:
                    help="Megatron-LM's sequence parallelism where tp > 1 (default on): norms, residuals and their "
                         "activations split over the tensor-parallel group, each tp all-reduce an all-gather and a "
                         "reduce-scatter")
+    p.add_argument("--tp-overlap", action="store_true",
+                   help="overlap the tensor-parallel all-gathers and reduce-scatters with their GEMMs (Megatron-LM's "
+                        "--tp-comm-overlap; needs sequence parallelism): each shows only what its GEMM cannot hide, "
+                        "at least one of tp chunks; tp_overlap in --json")
     p.add_argument("--stages", choices=("even", "uneven", "search"), default="even",
                    help="layers per pipeline stage: even (pp divides the layers; default), uneven (first and last "
                         "stage counts chosen so the slowest stage, with the embedding and the loss, is fastest; pp "
                         "need not divide the layers) or search (both, the faster kept); stage_layers in --json")
+    p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="1f1b",
+                   help="pipeline schedule: 1f1b (default), interleaved (virtual stages per device; every count "
+                        "dividing a stage's layers unless --virtual-stages), zero-bubble (ZB-H1: weight gradients "
+                        "fill the bubble) or search (each, the fastest kept); schedule and virtual_stages in --json")
+    p.add_argument("--virtual-stages", type=lambda text: bounded_int(text, "--virtual-stages", MAX_COUNT),
+                   metavar="V", help="virtual pipeline stages per device for the interleaved schedule (>= 2)")
     p.add_argument("--no-overlap", action="store_true",
                    help="data-parallel reductions after the backward pass instead of overlapped with it")
     p.add_argument("--device", metavar="memory_GiB=M,peak_TFLOPs=P",
@@ -139,15 +153,16 @@ def request_of(args: argparse.Namespace) -> JobRequest:
         raise SynthError(f"topology '{topology.name}' has no 'device' (memory_GiB, peak_TFLOPs): add one to the "
                          "topology file or pass --device memory_GiB=M,peak_TFLOPs=P")
     model = load_model(args.model)
+    search_recompute = args.recompute == "search"
     training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
-                        Recompute.from_text(args.recompute), not args.no_overlap, args.attention,
-                        args.sequence_parallel == "on")
+                        Recompute.NONE if search_recompute else Recompute.from_text(args.recompute),
+                        not args.no_overlap, args.attention, args.sequence_parallel == "on", args.tp_overlap)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
     compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device
     return JobRequest(topology, device, model, training, parse_axis_ranges(args.axes),
                       _micro_batches(args.micro_batch), tuple(args.constrain), args.max_steps, model_of(args),
-                      compute, args.memory_margin, args.stages)
+                      compute, args.memory_margin, args.stages, args.schedule, args.virtual_stages, search_recompute)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -202,6 +217,10 @@ def candidate_document(solution: JobSolution, c: Candidate) -> dict[str, Any]:
         "sequence_parallel": sequence_parallel(solution.request.training, c.config),
         "stages": "uneven" if c.config.stage_layers else "even",
         "stage_layers": list(c.config.layers_of_stages(solution.request.model)),
+        "schedule": c.config.schedule.value,
+        "virtual_stages": c.config.virtual_stages,
+        "recompute": c.training.recompute.value,
+        "tp_overlap": c.training.tp_overlap and sequence_parallel(solution.request.training, c.config),
         "matrix": [list(row) for row in c.placement.matrix],
         "matrix_axes": list(c.placement.axis_names),
         "predicted_step_s": c.predicted_step_s,
@@ -232,6 +251,10 @@ def solution_document(solution: JobSolution) -> dict[str, Any]:
         "axes": [str(a) for a in r.axes],
         "constraints": list(r.constraints),
         "memory_margin_GiB": r.memory_margin_GiB,
+        "stages": r.stages,
+        "schedule": r.schedule,
+        "virtual_stages": r.virtual_stages,
+        "recompute": r.recompute_text,
         "cost_model": {"algo": r.comm.algorithm.value, "profile": r.comm.profile_path},
         "compute_profile": r.compute.to_dict(),
         "size_assignments": solution.assignments,
@@ -270,7 +293,9 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     levels = " > ".join(f"{lv.name} x{lv.count}" for lv in r.topology.levels)
     print(f"topology {r.topology.name}: {levels} ({r.topology.num_devices} devices of {r.device.name}: "
           f"{r.device.memory_GiB:g} GiB, {r.device.peak_TFLOPs:g} TFLOP/s peak)")
-    print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {t.recompute.value}, "
+    schedule = f"schedule {r.schedule}" + (f" (v={r.virtual_stages})" if r.virtual_stages else "")
+    print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {r.recompute_text}, "
+          f"{schedule}, stages {r.stages}, " + ("tp overlapped with GEMMs, " if t.tp_overlap else "") +
           f"sequence parallel {'on where tp > 1' if t.sequence_parallel else 'off'}; "
           f"{r.comm.describe()}; {_compute_text(r.compute)}")
     feasible = len(solution.feasible)
@@ -295,6 +320,10 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
         mark = "" if c.feasible else " (does not fit)"
         if c.config.stage_layers:
             mark += f" (layers per stage {describe_layers(c.config.stage_layers)})"
+        if c.config.pp > 1 and r.schedule != "1f1b":
+            mark += f" ({c.config.schedule.describe(c.config.virtual_stages)})"
+        if r.recompute_search:
+            mark += f" (recompute {c.training.recompute.value})"
         programs = " | ".join(f"{axis}: {text}" for axis, text in c.program_texts().items()) or "-"
         print(f"{n + 1:>4} {c.config.tp:>3} {c.config.dp:>4} {c.config.pp:>3} {c.config.micro_batch:>3}  "
               f"{c.placement.matrix_text():<26} {format_seconds(b.total_s):>9} {format_seconds(b.compute_s):>9} "

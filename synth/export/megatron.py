@@ -26,9 +26,12 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   the bytes of the training dtype).
 
 ``--sequence-parallel`` when the planned configuration runs it (the
-planner's default where tp > 1), and uneven pipeline stages
+planner's default where tp > 1), with ``--tp-comm-overlap`` when planned
+with ``--tp-overlap``, and uneven pipeline stages
 (``plan --stages uneven``) as ``--decoder-first-pipeline-num-layers`` and
-``--decoder-last-pipeline-num-layers``.
+``--decoder-last-pipeline-num-layers``. Refused with the reason: a
+zero-bubble schedule (not in Megatron-LM's main line) and ZeRO-2 (Megatron-LM
+shards gradients only with FSDP).
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
         args += [f"--{job.dtype}"]
     if job.sequence_parallel:
         args += ["--sequence-parallel"]
+        if job.tp_overlap:
+            args += ["--tp-comm-overlap"]
     if job.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif job.recompute == "full":
@@ -100,6 +105,14 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
             raise SynthError(f"plan: {layers} layers do not split into {pp} stages x {job.virtual_stages} "
                              "virtual stages")
         args += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * job.virtual_stages))]
+    if job.schedule == "zero-bubble" and pp > 1:
+        raise SynthError("plan: Megatron-LM has no zero-bubble schedule (sail-sg's fork of it adds "
+                         "--enable-zero-bubble); plan with --schedule 1f1b or interleaved, or export --format "
+                         "torchtitan")
+    if job.sharding == "zero2":
+        raise SynthError("plan: Megatron-LM has no ZeRO-2 (its distributed optimizer shards the optimizer states: "
+                         "plan with --sharding zero1; or export --format torchtitan, whose FSDP never resharding "
+                         "after the forward is ZeRO-2's memory)")
     if job.sharding == "zero1":
         args += ["--use-distributed-optimizer"]
     elif job.sharding == "zero3":

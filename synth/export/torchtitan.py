@@ -9,11 +9,18 @@ map (:mod:`synth.export.rank_map`) its ``tp``, ``cp``, ``pp`` and
 
 The data-parallel split follows the job's sharding: none or ZeRO-1 (torchtitan
 has no ZeRO-1: plain replication) is ``dp_replicate = dp``, ``dp_shard = 1``
-(DDP); ZeRO-3 / FSDP, and a placement plan, shard inside the innermost
+(DDP); ZeRO-3 / FSDP, ZeRO-2 (FSDP with ``fsdp_reshard_after_forward =
+"never"``: whole weights through forward and backward, sharded gradients and
+states) and a placement plan shard inside the innermost
 hierarchy level dp spans and replicate across the rest (HSDP: ``dp_shard`` =
 the dp axis' split at that level), so the shard groups stay inside a node when
 the placement allows. Every group is checked against the plan's mesh before
-anything is written.
+anything is written. With pipeline parallelism the schedule is
+``pipeline_parallel_schedule`` (``1F1B``, or ``Interleaved1F1B`` for 2
+virtual stages; a zero-bubble plan is refused, :func:`_schedule`); a plan
+made with ``--tp-overlap`` turns on ``enable_async_tensor_parallel``
+(torchtitan's micro-pipelined tensor parallelism, applied under
+``torch.compile``).
 
 Output: the TOML ``[parallelism]`` (and ``[activation_checkpoint]``) tables of
 torchtitan's job files, and the same settings as the command-line overrides
@@ -31,7 +38,7 @@ from ..errors import SynthError
 from ..plan import Plan
 from ..synthesis.placement import Placement
 from .rank_map import MEGATRON_ORDER, RankMap, rank_map
-from .trainer import dp_split, renamed, trainer_job, trainer_mesh_ids
+from .trainer import TrainerJob, dp_split, renamed, trainer_job, trainer_mesh_ids
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ class TorchtitanExport:
     """torchtitan's degrees (``parallelism``), activation checkpointing (None:
     not a job plan) and the rank map to launch them with."""
 
-    parallelism: dict[str, int]
+    parallelism: dict[str, int | str | bool]
     activation_checkpoint: str | None
     ranks: RankMap
 
@@ -47,13 +54,16 @@ class TorchtitanExport:
         """The settings as torchtitan 0.3's command-line overrides."""
         args = []
         for key, value in self.parallelism.items():
-            args += [f"--parallelism.{key}", str(value)]
+            if isinstance(value, bool):  # a switch: given alone when on
+                args += [f"--parallelism.{key}"] if value else []
+            else:
+                args += [f"--parallelism.{key}", str(value)]
         if self.activation_checkpoint is not None:
             args += ["--activation_checkpoint.mode", self.activation_checkpoint]
         return args
 
     def toml(self) -> str:
-        lines = ["[parallelism]"] + [f"{key} = {value}" for key, value in self.parallelism.items()]
+        lines = ["[parallelism]"] + [f"{key} = {_toml_value(value)}" for key, value in self.parallelism.items()]
         if self.activation_checkpoint is not None:
             lines += ["", "[activation_checkpoint]", f'mode = "{self.activation_checkpoint}"']
             if self.activation_checkpoint == "selective":
@@ -64,6 +74,12 @@ class TorchtitanExport:
         return {"format": "torchtitan", "parallelism": dict(self.parallelism),
                 "activation_checkpoint": self.activation_checkpoint, "overrides": self.overrides(),
                 "renumbering_needed": not self.ranks.is_identity, "rank_map": self.ranks.to_dict()}
+
+
+def _toml_value(value: int | str | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, int) else f'"{value}"'
 
 
 def check_torchtitan_groups(placement: Placement, ranks: RankMap, shard: int) -> None:
@@ -90,15 +106,41 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
     if job is not None and job.stage_layers:
         raise SynthError(f"torchtitan export: the plan's pipeline stages are uneven ({list(job.stage_layers)} layers) "
                          "and are not exported to torchtitan; plan with --stages even, or export --format megatron")
-    sharded = job is None or job.sharding == "zero3"
+    sharded = job is None or job.sharding in ("zero2", "zero3")
     dp = ranks.size("dp")
     shard = dp_split(placement)[1] if sharded else 1
     check_torchtitan_groups(placement, ranks, shard)
-    parallelism = {"data_parallel_replicate_degree": dp // shard, "data_parallel_shard_degree": shard,
-                   "tensor_parallel_degree": ranks.size("tp"), "context_parallel_degree": ranks.size("cp"),
-                   "pipeline_parallel_degree": ranks.size("pp")}
+    parallelism: dict[str, int | str | bool] = {
+        "data_parallel_replicate_degree": dp // shard, "data_parallel_shard_degree": shard,
+        "tensor_parallel_degree": ranks.size("tp"), "context_parallel_degree": ranks.size("cp"),
+        "pipeline_parallel_degree": ranks.size("pp")}
+    if job is not None and job.tp_overlap and ranks.size("tp") > 1:
+        parallelism["enable_async_tensor_parallel"] = True  # torchtitan applies it under torch.compile only
+    if job is not None and job.sharding == "zero2":
+        parallelism["fsdp_reshard_after_forward"] = "never"  # weights kept whole, gradients and states sharded
+    if job is not None and ranks.size("pp") > 1:
+        parallelism["pipeline_parallel_schedule"] = _schedule(job)
     checkpoint = None if job is None else job.recompute
     return TorchtitanExport(parallelism, checkpoint, ranks)
+
+
+def _schedule(job: TrainerJob) -> str:
+    """torchtitan's name of the job's pipeline schedule. torchtitan gives a
+    multi-stage schedule 2 stages per rank unless told its layers per stage,
+    and it counts the embedding and the output layer as layers there: only
+    the interleaved schedule with 2 virtual stages maps exactly, and its zero
+    bubble schedules run 2 stages per rank (not the planner's ZB-H1)."""
+    if job.schedule == "zero-bubble":
+        raise SynthError("torchtitan export: torchtitan's zero-bubble schedules (InterleavedZeroBubble, "
+                         "ZBVZeroBubble) run 2 stages per rank, not the one-stage ZB-H1 the plan was priced "
+                         "with; plan with --schedule 1f1b or interleaved")
+    if job.schedule == "interleaved":
+        if job.virtual_stages != 2:
+            raise SynthError(f"torchtitan export: the plan interleaves {job.virtual_stages} virtual stages per "
+                             "device; torchtitan's Interleaved1F1B is exported with its default of 2 (plan with "
+                             "--schedule interleaved --virtual-stages 2)")
+        return "Interleaved1F1B"
+    return "1F1B"
 
 
 def torchtitan_text(export: TorchtitanExport, plan_path: str, launch: str) -> str:

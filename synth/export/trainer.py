@@ -22,6 +22,7 @@ from ..plan import Plan
 from ..synthesis.placement import Placement
 
 TRAINER_AXES = ("tp", "cp", "ep", "dp", "pp")
+SCHEDULES = ("1f1b", "interleaved", "zero-bubble")  # the planner's pipeline schedules (job.schedule)
 
 
 def parse_axis_names(text: str | None) -> dict[str, str]:
@@ -118,6 +119,8 @@ class TrainerJob:
     bucket_bytes: int | None
     sequence_parallel: bool | None = None
     stage_layers: tuple[int, ...] = ()  # layers per pipeline stage; empty: even (or a plan that predates them)
+    schedule: str = "1f1b"  # the pipeline schedule: 1f1b, interleaved or zero-bubble
+    tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs
 
 
 def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -151,10 +154,17 @@ def trainer_job(plan: Plan) -> TrainerJob | None:
     virtual = job.get("virtual_stages", 1)
     if not isinstance(virtual, int) or isinstance(virtual, bool) or virtual < 1:
         raise SynthError("plan: job.virtual_stages must be an integer >= 1")
+    schedule = job.get("schedule")
+    if schedule not in SCHEDULES:  # plans written before the schedules were modelled said "1F1B" or "interleaved ..."
+        schedule = "interleaved" if virtual > 1 else "1f1b"
+    if (schedule == "interleaved") != (virtual > 1):
+        raise SynthError(f"plan: job.schedule {schedule} with job.virtual_stages {virtual}: the interleaved schedule "
+                         "and only it runs more than one virtual stage per device")
     return TrainerJob(model=model, global_batch=_field(training, "global_batch", int, "training."),
                       micro_batch=_field(job, "micro_batch", int, ""), dtype=_field(training, "dtype", str, "training."),
                       sharding=_field(training, "sharding", str, "training."),
                       recompute=_field(training, "recompute", str, "training."),
                       overlap_dp=bool(training.get("overlap_dp", True)), virtual_stages=virtual, bucket_bytes=bucket,
                       sequence_parallel=sequence_parallel,
-                      stage_layers=tuple(stages) if len(set(stages)) > 1 else ())
+                      stage_layers=tuple(stages) if len(set(stages)) > 1 else (), schedule=schedule,
+                      tp_overlap=training.get("tp_overlap") is True)

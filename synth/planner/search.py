@@ -57,6 +57,7 @@ from ..synthesis.semantics import Goal
 from ..synthesis.verify import verify_lowered
 from ..topology import Device, Topology
 from .compute import ComputeModel, default_compute
+from .schedules import SCHEDULE_CHOICES, Schedule, virtual_stage_choices
 from .stages import STAGE_CHOICES, balanced_layers
 from .stepmodel import (
     Configuration,
@@ -72,7 +73,7 @@ from .stepmodel import (
     step_shape,
     step_time,
 )
-from .transformer import Transformer
+from .transformer import Recompute, Transformer
 
 PLANNER_AXES = ("tp", "dp", "pp")
 Progress = Callable[[str], None]
@@ -194,7 +195,12 @@ class JobRequest:
     axes (names among tp, dp, pp with sizes or bounds; an axis not named has size
     1), the micro-batches to try (None: the powers of two that divide the batch),
     placement constraints, the communication and compute models, the memory
-    kept free, and how the layers are split over pipeline stages."""
+    kept free, how the layers are split over pipeline stages, the pipeline
+    schedule (``search``: each of them, interleaved with every number of
+    virtual stages that divides a stage's layers unless ``virtual_stages``
+    fixes it) and whether to search the recomputation (``recompute_search``:
+    per configuration the least recomputation that fits in memory, which is
+    also the fastest; else the training's)."""
 
     topology: Topology
     device: Device
@@ -208,10 +214,22 @@ class JobRequest:
     compute: ComputeModel | None = None  # None: the device's shipped per-operation profile, else the curve
     memory_margin_GiB: float = 0.0  # kept free on every device (framework, CUDA context, fragmentation)
     stages: str = "even"  # layers per pipeline stage: even, uneven (balanced) or search (both)
+    schedule: str = "1f1b"  # a Schedule's value or "search"
+    virtual_stages: int | None = None  # interleaved: the virtual stages per device (None: every divisor tried)
+    recompute_search: bool = False
 
     def __post_init__(self) -> None:
         if self.stages not in STAGE_CHOICES:
             raise SynthError(f"--stages {self.stages}: choose one of {', '.join(STAGE_CHOICES)}")
+        if self.schedule not in SCHEDULE_CHOICES:
+            raise SynthError(f"--schedule {self.schedule}: choose one of {', '.join(SCHEDULE_CHOICES)}")
+        v = self.virtual_stages
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+                raise SynthError(f"--virtual-stages {v!r}: virtual stages per device, an integer >= 2")
+            if self.schedule not in ("interleaved", "search"):
+                raise SynthError(f"--virtual-stages {v}: only the interleaved schedule runs virtual stages; add "
+                                 "--schedule interleaved (or search)")
         margin = self.memory_margin_GiB
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < self.device.memory_GiB:
             shown = f"{margin:g}" if isinstance(margin, (int, float)) and not isinstance(margin, bool) else repr(margin)
@@ -231,6 +249,11 @@ class JobRequest:
         for c in self.constraints:
             parse_constraint(str(c), dummy, self.topology)
 
+    @property
+    def recompute_text(self) -> str:
+        """``--recompute`` as asked: a mode or ``search``."""
+        return "search" if self.recompute_search else self.training.recompute.value
+
     def micro_batches_for(self, dp: int) -> tuple[int, ...]:
         """The micro-batches to try with ``dp`` replicas (dp divides the batch)."""
         if self.micro_batches is not None:
@@ -244,10 +267,13 @@ class JobRequest:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One (sizes, micro-batch) with its best placement: predicted step,
+    """One (sizes, micro-batch) with its best placement, stage layout and
+    schedule, and the training it was evaluated with (the request's, its
+    recomputation chosen under ``--recompute search``): predicted step,
     memory, feasibility and the program of each reduction it uses."""
 
     config: Configuration
+    training: Training
     placement: Placement
     step: StepTime
     memory: Memory
@@ -297,7 +323,7 @@ class JobSolution:
         if not self.feasible:
             raise SynthError(f"no configuration fits in {self.request.device.memory_GiB:g} GiB per device; the "
                              f"smallest needs {_gib(min(c.memory.total for c in self.candidates))} "
-                             "(try --sharding zero1/zero3, --recompute full, or more devices)")
+                             "(try --sharding zero1/zero2/zero3, --recompute search, or more devices)")
         return self.feasible[0]
 
     def verify(self, candidate: Candidate) -> None:
@@ -356,12 +382,12 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
             continue
         for b in request.micro_batches_for(dp):
             best: Candidate | None = None
-            for config in _layouts(request, Configuration(tp, dp, pp, b)):
+            for config in _variants(request, Configuration(tp, dp, pp, b)):
                 problem = configuration_problem(model, training, config)
                 if problem:
                     skipped.add(problem)
                     continue
-                candidate = _evaluate(request, costs, config, placements)
+                candidate = _evaluate(request, costs, config, _training_for(request, config), placements)
                 evaluated += len(placements)
                 if best is None or (not candidate.feasible, candidate.predicted_step_s) < (
                         not best.feasible, best.predicted_step_s):
@@ -378,6 +404,12 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
                        time.perf_counter() - started, costs)
 
 
+def _variants(request: JobRequest, config: Configuration) -> list[Configuration]:
+    """The stage layouts and schedules to evaluate for ``config``
+    (:func:`_layouts` x :func:`_schedules`)."""
+    return [variant for layout in _layouts(request, config) for variant in _schedules(request, layout)]
+
+
 def _layouts(request: JobRequest, config: Configuration) -> list[Configuration]:
     """The stage layouts ``--stages`` asks to evaluate for ``config``: even
     (when pp divides the layers), the balanced one, or both (search); a
@@ -391,6 +423,47 @@ def _layouts(request: JobRequest, config: Configuration) -> list[Configuration]:
     if request.stages == "uneven" or model.layers % config.pp or balanced == config:
         return [balanced]
     return [config, balanced]
+
+
+def _schedules(request: JobRequest, config: Configuration) -> list[Configuration]:
+    """``config`` under each schedule ``--schedule`` asks for. Without
+    pipeline parallelism there is no schedule to choose (1F1B stands for
+    all); interleaving is not tried on uneven stages under search, and
+    ``configuration_problem`` says why when it is asked for."""
+    if config.pp == 1:
+        return [config]
+    wanted = [s for s in Schedule if request.schedule in (s.value, "search")]
+    out = []
+    for schedule in wanted:
+        if schedule is not Schedule.INTERLEAVED:
+            out.append(replace(config, schedule=schedule))
+            continue
+        if config.stage_layers and request.schedule == "search":
+            continue
+        per_stage = max(config.layers_of_stages(request.model))
+        choices = (request.virtual_stages,) if request.virtual_stages else virtual_stage_choices(per_stage)
+        if request.schedule == "search":  # only what can run
+            choices = tuple(v for v in choices if per_stage % v == 0)
+        elif not choices:  # asked for: configuration_problem says why it cannot run
+            choices = (2,)
+        out += [replace(config, schedule=schedule, virtual_stages=v) for v in choices]
+    return out
+
+
+def _training_for(request: JobRequest, config: Configuration) -> Training:
+    """The training ``config`` is evaluated with: the request's, or under
+    ``--recompute search`` the least recomputation whose memory fits (none,
+    selective, full: each adds compute, so the first that fits is the fastest;
+    full when none fits)."""
+    training = request.training
+    if not request.recompute_search:
+        return training
+    usable = request.device.memory_bytes - request.memory_margin_GiB * 2**30
+    for recompute in (Recompute.NONE, Recompute.SELECTIVE):
+        trial = replace(training, recompute=recompute)
+        if memory_per_device(request.model, trial, config).total <= usable:
+            return trial
+    return replace(training, recompute=Recompute.FULL)
 
 
 class _Skipped:
@@ -424,9 +497,9 @@ def _placements(topology: Topology, axes: tuple[Axis, ...], constraints: Sequenc
     return [Placement(topology, axes, m) for m in matrices]
 
 
-def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration,
+def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration, training: Training,
               placements: Sequence[Placement]) -> Candidate:
-    model, training, device = request.model, request.training, request.device
+    model, device = request.model, request.device
     shape = step_shape(model, training, config)
     compute = compute_estimate(model, training, config, device, request.compute, shape)
     best: tuple[StepTime, Placement] | None = None
@@ -448,8 +521,8 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     programs = tuple((axis, goal, size, costs.best(placement, axis, goal, size))
                      for axis, goal, size in step.reductions)
     flops = model.training_flops(training.global_batch, training.recompute)
-    return Candidate(config, placement, step, memory, feasible, reason, programs, len(placements), flops.model,
-                     flops.total)
+    return Candidate(config, training, placement, step, memory, feasible, reason, programs, len(placements),
+                     flops.model, flops.total)
 
 
 # ---------------------------------------------------------------- job plans
@@ -499,14 +572,14 @@ def job_document(solution: JobSolution, candidate: Candidate) -> dict[str, Any]:
     return {
         "planner": "synth-reduce plan",
         "model": request.model.to_dict(),
-        "training": request.training.to_dict(),
+        "training": candidate.training.to_dict(),
         "sizes": config.sizes(),
         "micro_batch": config.micro_batch,
         "micro_batches": config.micro_batches(request.training),
         "sequence_parallel": sequence_parallel(request.training, config),
         "stages": "uneven" if config.stage_layers else "even",
         "stage_layers": list(config.layers_of_stages(request.model)),
-        "schedule": "1F1B" if config.virtual_stages == 1 else f"interleaved 1F1B, {config.virtual_stages} stages",
+        "schedule": config.schedule.value,
         "virtual_stages": config.virtual_stages,
         "pipeline_axis": "pp" if config.pp > 1 else None,
         "bucket_bytes": candidate.step.bucket_bytes,

@@ -26,31 +26,40 @@ sources):
   parallelism (Korthikanti et al. 2022; on by default where tp > 1) the norms,
   residuals and dropouts run on ``s / tp`` of the sequence, and each
   all-reduce becomes the pair of an all-gather (before the tensor-parallel
-  GEMMs) and a reduce-scatter (after them): half as many calls of each, the
-  same bytes;
+  GEMMs) and a reduce-scatter (after them), the same bytes; with
+  ``--tp-overlap`` each of them is pipelined with its GEMM and only what the
+  GEMM cannot hide shows (:func:`tp_overlap_exposed_s`);
 * pipeline parallelism: per micro-batch one send of the activations forward and
   one of their gradients backward between adjacent stages (``b s h w / tp`` per
   tensor-parallel rank: Megatron's scatter/gather), v times with interleaving;
   on the critical path;
-* the 1F1B bubble: ``(pp - 1) / v`` micro-batch slots, a slot being ``t_mb`` plus
-  its tp and pp communication (Narayanan et al. 2021);
+* the pipeline bubble (:mod:`synth.planner.schedules`): ``(pp - 1) / v``
+  micro-batch slots in 1F1B (v = 1) and interleaved 1F1B, a slot being
+  ``t_mb`` plus its tp and pp communication (Narayanan et al. 2021);
+  ``(pp - 1) (slot - 2 t_W)`` in zero-bubble ZB-H1 (Qi et al. 2024), ``t_W``
+  the weight-gradient share of ``t_mb`` (by FLOPs: the weight GEMMs of the
+  layers and of the output layer);
 * data parallelism: the gradients of a stage, ``P_s w / tp`` bytes, in buckets
   of ``bucket_bytes`` reduced while the last micro-batch's backward runs (DDP's
   bucketing, DisCo's tensor fusion: the planner picks the bucket size); exposed is
   what outlasts that backward (:func:`overlapped_s`), all of it without overlap.
   ZeRO-1 reduce-scatters the gradients the same way and all-gathers the updated
-  16-bit weights after the optimizer step (exposed); ZeRO-3 (FSDP) all-gathers
+  16-bit weights after the optimizer step (exposed); ZeRO-2 does the same but,
+  holding only its shard of the gradients, reduce-scatters after every
+  micro-batch's backward (DeepSpeed's stage 2 under gradient accumulation);
+  ZeRO-3 (FSDP) all-gathers
   each layer's weights before its forward and its backward and reduce-scatters
   its gradients after the backward, for every micro-batch, overlapped with that
   phase's compute.
 
 Memory per device is the worst pipeline stage's (the first holds the
-activations of ``min(pp, m)`` micro-batches in 1F1B, the last one micro-batch
-but also the output layer's logits): weights ``w P``, gradients ``w P`` and
+activations of ``min(pp, m)`` micro-batches in 1F1B and ZB-H1, more with
+interleaving, :func:`~synth.planner.schedules.in_flight_micro_batches`; the
+last one micro-batch but also the output layer's logits): weights ``w P``, gradients ``w P`` and
 Adam's fp32 master weights, momentum and variance ``12 P`` (``8 P`` in fp32
 training, no master copy), with ``P`` = the stage's parameters / tp (ZeRO-1
-divides the optimizer states by dp, ZeRO-3 all three and adds the gathered
-weights and gradients of the layers in flight), plus activations
+divides the optimizer states by dp, ZeRO-2 also the gradients, ZeRO-3 all
+three and adds the gathered weights and gradients of the layers in flight), plus activations
 (:meth:`~synth.planner.transformer.Transformer.activation_bytes_per_layer`).
 
 Communication is given as a :class:`Collectives` (seconds for a size in bytes),
@@ -80,6 +89,7 @@ from .layercompute import (
     stage_compute,
 )
 from .operations import OperationProfile
+from .schedules import Schedule, bubble_s, in_flight_micro_batches, schedule_problem
 from .stages import StageCosts, describe_layers, slowest_stage
 from .transformer import Recompute, Transformer
 
@@ -91,28 +101,31 @@ BUCKET_GRID_BYTES = tuple(MiB * 4**k for k in range(7))
 
 
 class Sharding(enum.Enum):
-    """Optimizer-state sharding over dp: none, ZeRO-1, ZeRO-3 / FSDP."""
+    """Sharding over dp (Rajbhandari et al. 2020, "ZeRO"): none, ZeRO-1
+    (optimizer states), ZeRO-2 (and gradients), ZeRO-3 / FSDP (and weights)."""
 
     NONE = "none"
     ZERO1 = "zero1"
+    ZERO2 = "zero2"
     ZERO3 = "zero3"
 
     @classmethod
     def from_text(cls, text: str, option: str = "--sharding") -> "Sharding":
-        aliases = {"fsdp": "zero3", "zero-1": "zero1", "zero-3": "zero3"}
+        aliases = {"fsdp": "zero3", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3"}
         text = aliases.get(text.lower(), text.lower())
         for s in cls:
             if s.value == text:
                 return s
-        raise SynthError(f"{option} {text}: choose one of none, zero1, zero3 (fsdp)")
+        raise SynthError(f"{option} {text}: choose one of none, zero1, zero2, zero3 (fsdp)")
 
 
 @dataclass(frozen=True)
 class Training:
     """How the job trains: global batch (sequences per step), dtype, optimizer
     sharding, recomputation, whether DP reductions overlap the backward, the
-    attention kernel, and sequence parallelism (Megatron-LM's, applied where
-    tp > 1: :func:`sequence_parallel`)."""
+    attention kernel, sequence parallelism (Megatron-LM's, applied where
+    tp > 1: :func:`sequence_parallel`) and whether its collectives overlap
+    their GEMMs (:func:`tp_overlap_exposed_s`)."""
 
     global_batch: int
     dtype: str = "bf16"
@@ -121,8 +134,12 @@ class Training:
     overlap_dp: bool = True
     attention: str = "flash"  # flash: no s x s scores stored; unfused: they are (Megatron-LM before flash attention)
     sequence_parallel: bool = True
+    tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs (with sequence parallelism)
 
     def __post_init__(self) -> None:
+        if self.tp_overlap and not self.sequence_parallel:
+            raise SynthError("--tp-overlap needs --sequence-parallel on: Megatron-LM overlaps the tensor-parallel "
+                             "all-gathers and reduce-scatters of sequence parallelism with their GEMMs")
         if self.attention not in ATTENTIONS:
             raise SynthError(f"--attention {self.attention}: choose one of {', '.join(ATTENTIONS)}")
         if self.dtype not in DTYPE_BYTES:
@@ -139,15 +156,16 @@ class Training:
     def to_dict(self) -> dict:
         return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
                 "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
-                "sequence_parallel": self.sequence_parallel}
+                "sequence_parallel": self.sequence_parallel, "tp_overlap": self.tp_overlap}
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """Axis sizes and micro-batch; ``virtual_stages`` > 1 is Megatron's
-    interleaved 1F1B (the planner searches plain 1F1B only);
-    ``stage_layers``: the layers of each pipeline stage when they are not
-    even (:mod:`synth.planner.stages`; empty: ``L / pp`` each)."""
+    """Axis sizes and micro-batch; the pipeline ``schedule`` with its
+    ``virtual_stages`` per device (:mod:`synth.planner.schedules`; virtual
+    stages > 1 with the default schedule mean interleaved 1F1B, Megatron-LM's
+    convention); ``stage_layers``: the layers of each pipeline stage when they
+    are not even (:mod:`synth.planner.stages`; empty: ``L / pp`` each)."""
 
     tp: int
     dp: int
@@ -155,6 +173,11 @@ class Configuration:
     micro_batch: int
     virtual_stages: int = 1
     stage_layers: tuple[int, ...] = ()
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+
+    def __post_init__(self) -> None:
+        if self.schedule is Schedule.ONE_F_ONE_B and self.virtual_stages > 1:
+            object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
 
     @property
     def devices(self) -> int:
@@ -168,6 +191,8 @@ class Configuration:
 
     def describe(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        if self.schedule is Schedule.ZERO_BUBBLE:
+            v = " zero-bubble"
         stages = f" stages={describe_layers(self.stage_layers)}" if self.stage_layers else ""
         return f"tp={self.tp} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}{stages}"
 
@@ -193,7 +218,7 @@ def configuration_problem(model: Transformer, training: Training, config: Config
         if not problem and len(set(layout[1:-1])) > 1:
             problem = (f"stages {describe_layers(layout)}: the stages between the first and the last must hold "
                        "equal layers (the form modelled, Megatron-LM's)")
-        if not problem and config.virtual_stages > 1:
+        if not problem and config.schedule is Schedule.INTERLEAVED:
             problem = "uneven stages with interleaved virtual stages are not modelled"
     else:
         problem = model.parallelism_problem(config.tp, config.pp)
@@ -202,9 +227,8 @@ def configuration_problem(model: Transformer, training: Training, config: Config
     if training.global_batch % (config.dp * config.micro_batch):
         return (f"--global-batch {training.global_batch} is not divisible by dp x micro-batch = "
                 f"{config.dp} x {config.micro_batch}")
-    if (model.layers // config.pp) % config.virtual_stages:
-        return f"{config.virtual_stages} virtual stages do not divide the {model.layers // config.pp} layers per stage"
-    return None
+    return schedule_problem(config.schedule, config.virtual_stages, config.pp, config.micro_batches(training),
+                            max(config.layers_of_stages(model)))
 
 
 # ---------------------------------------------------------------- memory
@@ -270,13 +294,15 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
         weights, gradients, optimizer = w * p, w * p, optimizer_bytes * p
         if training.sharding is Sharding.ZERO1:
             optimizer /= config.dp
+        elif training.sharding is Sharding.ZERO2:
+            gradients, optimizer = gradients / config.dp, optimizer / config.dp
         elif training.sharding is Sharding.ZERO3:
             weights, gradients, optimizer = weights / config.dp, gradients / config.dp, optimizer / config.dp
             layer = model.layer_params / config.tp
             weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
             gradients += w * layer  # one layer's full gradients before the reduce-scatter
-        # 1F1B: stage i holds the activations of min(pp - i, m) micro-batches
-        in_flight = {"first": min(config.pp, m), "middle": min(config.pp - 1, m)}.get(stage, 1)
+        index = {"first": 0, "middle": 1, "last": config.pp - 1, "only": 0}[stage]
+        in_flight = in_flight_micro_batches(config.schedule, config.pp, index, m, config.virtual_stages)
         activations = kinds[stage] * in_flight * per_layer + working
         if stage in ("last", "only"):
             activations += model.logits_bytes(config.micro_batch, config.tp)
@@ -312,6 +338,27 @@ def overlapped_s(count: int, each_s: float, window_s: float) -> float:
     return max(each_s, count * each_s - window_s * (1 - 1 / count))
 
 
+def tp_overlap_exposed_s(gather_s: float, scatter_s: float, gemms_s: list[float], tp: int) -> tuple[float, float]:
+    """Exposed seconds of one layer's tensor-parallel collectives in a forward
+    and in a backward pass when each is overlapped with the GEMM it feeds or follows (Megatron-LM's
+    ``--tp-comm-overlap``: Transformer Engine splits the GEMM and the
+    collective into ``tp`` chunks and pipelines them). A collective of ``c``
+    seconds beside a GEMM of ``g`` shows ``max(c / tp, c - g)``: the first
+    chunk never overlaps, and no more than the GEMM can be hidden. Forward:
+    all-gather with QKV, reduce-scatter with the projection, all-gather with
+    the MLP's up, reduce-scatter with its down GEMM; the backward pairs the
+    transposed collectives with the same GEMMs' input-gradient halves (the
+    same FLOPs; ``gemms_s``: QKV, projection, up, down)."""
+    qkv, proj, up, down = gemms_s
+
+    def shown(c: float, g: float) -> float:
+        return max(c / tp, c - g)
+
+    forward = shown(gather_s, qkv) + shown(scatter_s, proj) + shown(gather_s, up) + shown(scatter_s, down)
+    backward = shown(scatter_s, qkv) + shown(gather_s, proj) + shown(scatter_s, up) + shown(gather_s, down)
+    return forward, backward
+
+
 @dataclass(frozen=True)
 class StepTime:
     """Predicted seconds of one step, split by term; ``bucket_bytes`` is the
@@ -345,7 +392,9 @@ class StepShape:
     layers_per_stage: int
     flops_per_micro_batch: float  # per device, with recomputation
     backward_fraction: float  # of a micro-batch's compute: backward and recomputation
+    weight_gradient_fraction: float  # of a micro-batch's compute: the weight GEMMs of the backward
     activation_bytes: int  # b s h w: one tp all-reduce, one pipeline send (before / tp)
+    gemm_flops: tuple[float, ...]  # per device: one forward of each tensor-parallel GEMM of a layer (QKV, proj, up, down)
     gradient_bytes: int  # per device: the worst stage's parameters / tp, in w bytes
     layer_bytes: int  # one layer's parameters per device, in w bytes
 
@@ -368,7 +417,9 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
         layers_per_stage=max(layout),
         flops_per_micro_batch=per_device,
         backward_fraction=(flops.backward + flops.recompute) / flops.total,
+        weight_gradient_fraction=flops.weight_gradient / flops.total,
         activation_bytes=config.micro_batch * model.seq * model.hidden * w,
+        gemm_flops=tuple(2.0 * config.micro_batch * model.seq * p / config.tp for p in model.layer_gemm_params),
         gradient_bytes=math.ceil(params / config.tp) * w,
         layer_bytes=math.ceil(model.layer_params / config.tp) * w,
     )
@@ -451,10 +502,17 @@ def step_time(
     reductions: list[tuple[str, Goal, int]] = []
     tp_mb = 0.0
     if config.tp > 1:
-        calls = shape.layers_per_stage * (6 if training.recompute is Recompute.FULL else 4)
+        passes = 3 if training.recompute is Recompute.FULL else 2  # forward, backward, recomputed forward
+        calls = shape.layers_per_stage * 2 * passes  # all-reduces: two per layer and pass
         if sequence_parallel(training, config):  # each all-reduce becomes an all-gather and a reduce-scatter
-            tp_mb = calls // 2 * (collectives.reduce("tp", Goal.ALLGATHER, shape.activation_bytes)
-                                  + collectives.reduce("tp", Goal.REDUCESCATTER, shape.activation_bytes))
+            gather = collectives.reduce("tp", Goal.ALLGATHER, shape.activation_bytes)
+            scatter = collectives.reduce("tp", Goal.REDUCESCATTER, shape.activation_bytes)
+            if training.tp_overlap:
+                gemms_s = [micro_batch_s * flops / shape.flops_per_micro_batch for flops in shape.gemm_flops]
+                forward, backward = tp_overlap_exposed_s(gather, scatter, gemms_s, config.tp)
+                tp_mb = shape.layers_per_stage * ((passes - 1) * forward + backward)
+            else:
+                tp_mb = calls * (gather + scatter)
             reductions += [("tp", Goal.ALLGATHER, shape.activation_bytes),
                            ("tp", Goal.REDUCESCATTER, shape.activation_bytes)]
         else:
@@ -468,7 +526,7 @@ def step_time(
     reductions.extend(dp_reductions)
     return StepTime(
         compute_s=m * micro_batch_s,
-        bubble_s=(config.pp - 1) / v * slot,
+        bubble_s=bubble_s(config.schedule, config.pp, v, slot, micro_batch_s * shape.weight_gradient_fraction),
         tp_s=m * tp_mb,
         pp_s=m * pp_mb,
         dp_s=dp_s,
@@ -495,19 +553,22 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
                            + overlapped_s(n, gather + scatter, backward_s))
         return (shape.micro_batches * per_micro_batch, None,
                 [("dp", Goal.ALLGATHER, size), ("dp", Goal.REDUCESCATTER, size)])
-    goal = Goal.REDUCESCATTER if training.sharding is Sharding.ZERO1 else Goal.ALLREDUCE
+    sharded = training.sharding in (Sharding.ZERO1, Sharding.ZERO2)
+    goal = Goal.REDUCESCATTER if sharded else Goal.ALLREDUCE
+    # ZeRO-2 keeps no full gradients to accumulate in: every micro-batch's backward reduce-scatters its own
+    reductions = shape.micro_batches if training.sharding is Sharding.ZERO2 else 1
     best: tuple[float, int] | None = None
     for bucket in bucket_sizes(shape.gradient_bytes):
         n = math.ceil(shape.gradient_bytes / bucket)
         each = collectives.reduce("dp", goal, bucket)
-        exposed = overlapped_s(n, each, backward_s) if training.overlap_dp else n * each
-        if training.sharding is Sharding.ZERO1:
+        exposed = reductions * (overlapped_s(n, each, backward_s) if training.overlap_dp else n * each)
+        if sharded:
             exposed += n * collectives.reduce("dp", Goal.ALLGATHER, bucket)
         if best is None or exposed < best[0]:
             best = (exposed, bucket)
     assert best is not None
     used = [("dp", goal, best[1])]
-    if training.sharding is Sharding.ZERO1:
+    if sharded:
         used.append(("dp", Goal.ALLGATHER, best[1]))
     return best[0], best[1], used
 

@@ -9,7 +9,8 @@ Format (``"schema": "synth-reduce/step"``, ``"version": 1``), required fields:
   ``tied_embeddings``, ``name``; as in ``models/*.yaml``);
 * ``training``: ``global_batch`` and optionally ``dtype`` (bf16), ``sharding``
   (none), ``recompute`` (none), ``overlap_dp`` (true), ``attention`` (flash),
-  ``sequence_parallel`` (true: Megatron-LM's, where tp > 1);
+  ``sequence_parallel`` (true: Megatron-LM's, where tp > 1), ``tp_overlap``
+  (false);
 * ``axes`` (``{name, size}`` with names among tp, dp, pp; an axis left out has
   size 1) and ``matrix``: the placement the run used;
 * ``micro_batch``; ``step_s``: the measured seconds of one training step.
@@ -110,7 +111,8 @@ def _positive_int(value: Any, where: str, name: str) -> int:
 def _training(raw: Any, where: str) -> Training:
     if not isinstance(raw, dict):
         raise SynthError(f"{where}: 'training' must be an object with global_batch")
-    known = ("global_batch", "dtype", "sharding", "recompute", "overlap_dp", "attention", "sequence_parallel")
+    known = ("global_batch", "dtype", "sharding", "recompute", "overlap_dp", "attention", "sequence_parallel",
+             "tp_overlap")
     for key in raw:
         if key not in known:
             raise SynthError(f"{where}: unknown training field '{key}'; known fields are {', '.join(known)}")
@@ -119,15 +121,17 @@ def _training(raw: Any, where: str) -> Training:
     overlap = raw.get("overlap_dp", True)
     if not isinstance(overlap, bool):
         raise SynthError(f"{where}: 'training.overlap_dp' must be true or false")
-    sequence_parallel = raw.get("sequence_parallel", True)
-    if not isinstance(sequence_parallel, bool):
-        raise SynthError(f"{where}: 'training.sequence_parallel' must be true or false")
+    flags = {}
+    for key, default in (("sequence_parallel", True), ("tp_overlap", False)):
+        flags[key] = raw.get(key, default)
+        if not isinstance(flags[key], bool):
+            raise SynthError(f"{where}: 'training.{key}' must be true or false")
     try:
         return Training(_positive_int(raw["global_batch"], where, "training.global_batch"),
                         str(raw.get("dtype", "bf16")),
                         Sharding.from_text(str(raw.get("sharding", "none")), "training.sharding"),
                         Recompute.from_text(str(raw.get("recompute", "none")), "training.recompute"), overlap,
-                        str(raw.get("attention", "flash")), sequence_parallel)
+                        str(raw.get("attention", "flash")), flags["sequence_parallel"], flags["tp_overlap"])
     except SynthError as exc:
         raise SynthError(f"{where}: {exc}") from None
 

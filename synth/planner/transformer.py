@@ -110,6 +110,14 @@ class Transformer:
         return h * (h + 2 * self.kv_dim) + h * h + (3 if self.gated_mlp else 2) * h * f
 
     @property
+    def layer_gemm_params(self) -> tuple[int, int, int, int]:
+        """The matrices of a layer's four tensor-parallel GEMMs, in order:
+        QKV, attention output projection, MLP up (with the gate when gated),
+        MLP down. Their sum is :attr:`layer_matrix_params`."""
+        h, f = self.hidden, self.ffn
+        return h * (h + 2 * self.kv_dim), h * h, (2 if self.gated_mlp else 1) * h * f, h * f
+
+    @property
     def layer_params(self) -> int:
         """One layer: matrices, biases (GPT) and norms."""
         h = self.hidden
@@ -153,7 +161,8 @@ class Transformer:
         forward = layers + self.logits_forward_flops(tokens)
         extra = {Recompute.NONE: 0.0, Recompute.FULL: layers,
                  Recompute.SELECTIVE: self.layers * self.attention_core_flops(tokens)}[recompute]
-        return Flops(forward, 2.0 * forward, extra)
+        weight_gradient = forward - self.layers * self.attention_core_flops(tokens)  # every GEMM's weight gradient
+        return Flops(forward, 2.0 * forward, extra, weight_gradient)
 
     # ------------------------------------------------------------ activations
 
@@ -230,11 +239,15 @@ def _count(n: int) -> str:
 @dataclass(frozen=True)
 class Flops:
     """Training FLOPs of some samples: forward, backward (2x forward) and the
-    forward work recomputation adds."""
+    forward work recomputation adds; ``weight_gradient`` is the part of the
+    backward that computes weight gradients (one GEMM per forward GEMM, the
+    same FLOPs; the attention core has no weights), what a zero-bubble
+    schedule defers."""
 
     forward: float
     backward: float
     recompute: float
+    weight_gradient: float = 0.0
 
     @property
     def total(self) -> float:
