@@ -24,6 +24,7 @@ from synth.export.megatron import megatron_export
 from synth.export.rank_map import RankMap, check_rank_map, default_order, launch_environment, parse_order, rank_map
 from synth.export.torchtitan import torchtitan_export
 from synth.plan import Plan, load_plan
+from synth.planner.transformer import load_model
 from synth.synthesis.language import parse_program
 from synth.synthesis.lowering import lower
 from synth.synthesis.placement import enumerate_placements, parse_axes
@@ -289,12 +290,25 @@ def test_megatron_builds_the_layer_the_planner_counted(job_plan):
     plan = load_plan(job_plan)
     gpt = list(megatron_export(plan).arguments)
     assert not {"--swiglu", "--normalization", "--position-embedding-type", "--disable-bias-linear"} & set(gpt)
-    llama_model = {**plan.job["model"], "gated_mlp": True, "ffn": 688, "kv_heads": 4, "tied_embeddings": False}
-    args = list(megatron_export(replace(plan, job={**plan.job, "model": llama_model})).arguments)
-    assert "--swiglu" in args and "--disable-bias-linear" in args and "--untie-embeddings-and-output-weights" in args
-    assert args[args.index("--normalization") + 1] == "RMSNorm"
-    assert args[args.index("--position-embedding-type") + 1] == "rope"
-    assert args[args.index("--num-query-groups") + 1] == "4" and args[args.index("--ffn-hidden-size") + 1] == "688"
+    architecture = ("mlp", "biases", "norm", "positions")
+    older = {k: v for k, v in plan.job["model"].items() if k not in architecture}  # a plan from before the fields
+    llama = load_model("layers=4,hidden=256,heads=8,kv_heads=4,ffn=688,mlp=swiglu,tied_embeddings=false,seq=128,"
+                       "vocab=1000").to_dict()
+    for llama_model in ({**older, "gated_mlp": True, "ffn": 688, "kv_heads": 4, "tied_embeddings": False}, llama):
+        args = list(megatron_export(replace(plan, job={**plan.job, "model": llama_model})).arguments)
+        assert "--swiglu" in args and "--disable-bias-linear" in args
+        assert "--untie-embeddings-and-output-weights" in args
+        assert args[args.index("--normalization") + 1] == "RMSNorm"
+        assert args[args.index("--position-embedding-type") + 1] == "rope"
+        assert args[args.index("--num-query-groups") + 1] == "4" and args[args.index("--ffn-hidden-size") + 1] == "688"
+    nemotron = load_model("layers=4,hidden=256,heads=8,mlp=squared_relu,biases=false,positions=rotary,seq=128,"
+                          "vocab=1000").to_dict()  # squared ReLU, LayerNorm, rotary, no biases
+    args = list(megatron_export(replace(plan, job={**plan.job, "model": nemotron})).arguments)
+    assert "--squared-relu" in args and "--swiglu" not in args and "--normalization" not in args
+    assert "--disable-bias-linear" in args and args[args.index("--position-embedding-type") + 1] == "rope"
+    relu = {**plan.job["model"], "mlp": "relu"}
+    with pytest.raises(SynthError, match="Megatron-LM's arguments have no plain ReLU MLP"):
+        megatron_export(replace(plan, job={**plan.job, "model": relu}))
 
 
 def test_sequence_parallelism_in_the_trainer_exports(job_plan):

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -313,7 +314,7 @@ def test_tensor_parallelism_stays_inside_a_node():
     solution = plan(load_topology("dgx-a100").scaled({"node": 4}), "megatron-39.1b", 64,
                     recompute=Recompute.FULL)
     by_tp = {}
-    for c in solution.candidates:
+    for c in solution.feasible:
         by_tp.setdefault(c.config.tp, []).append(c)
     best8 = min(by_tp[8], key=lambda c: c.predicted_step_s)
     best16 = min(by_tp[16], key=lambda c: c.predicted_step_s)
@@ -588,8 +589,8 @@ def test_model_yaml_with_an_unknown_field(cli, tmp_path):
     path.write_text(yaml.safe_dump({"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 100, "colour": 1}))
     msg = usage_error(cli, "plan", "--topology", "dgx-a100", "--model", path, "--global-batch", "8")
     assert msg == (f"{path}: unknown model field 'colour'; known fields are layers, hidden, heads, seq, vocab, ffn, "
-                   "kv_heads, params, head_dim, train_batch_tokens, gated_mlp, tied_embeddings, name, description, "
-                   "source, source_inconsistency")
+                   "kv_heads, params, head_dim, train_batch_tokens, gated_mlp, biases, tied_embeddings, name, "
+                   "description, source, source_inconsistency, mlp, norm, positions")
 
 
 BASE = ("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, "--global-batch", "16")
@@ -640,12 +641,14 @@ def test_a_topology_without_a_device_needs_one(cli):
 
 def test_a_memory_margin_keeps_room_free(cli):
     """GPT-2.7B at micro-batch 4 on one H100 counts 62.3 GiB: it fits in 79.6
-    GiB, and not once 20 GiB are kept free; the margin is in the reason and the
-    JSON, and a margin that leaves nothing is refused."""
+    GiB less the default margin (5% of the device: 3.982 GiB), and not once 20
+    GiB are kept free; the margin is in the reason and the JSON, and a margin
+    that leaves nothing is refused."""
     common = ["plan", "--topology", "dgx-h100", "--scale", "node=1,gpu=1", "--model", "gpt3-2.7b", "--global-batch",
               "8", "--axes", "tp=1,dp=1,pp=1", "--micro-batch", "4", "--no-verify", "--json"]
     fits = json.loads(cli(*common)[1])
-    assert fits["memory_margin_GiB"] == 0 and fits["configurations"][0]["feasible"]
+    assert fits["memory_margin_GiB"] == round(0.05 * 79.647, 3) and fits["configurations"][0]["feasible"]
+    assert json.loads(cli(*common, "--memory-margin", "0")[1])["memory_margin_GiB"] == 0
     memory = fits["configurations"][0]["memory_bytes_per_device"]
     assert 60 * 2**30 < memory < 79.647 * 2**30 - 12 * 2**30
     tight = json.loads(cli(*common, "--memory-margin", "20")[1])
@@ -991,3 +994,54 @@ def test_tp_overlap_hides_what_each_gemm_can_by_hand():
                 assert on.tp_s == pytest.approx(off.tp_s / tp)
     with pytest.raises(SynthError, match="--tp-overlap needs --sequence-parallel on"):
         Training(8, sequence_parallel=False, tp_overlap=True)
+
+
+# ================================================================ architecture fields
+
+
+@pytest.mark.parametrize("mlp, matrices, wide", [("gelu", 2, 2), ("relu", 2, 1), ("squared_relu", 2, 2),
+                                                 ("swiglu", 3, 3)])
+@pytest.mark.parametrize("biases", [True, False])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_architecture_fields_count_parameters_and_activations_by_hand(mlp, matrices, wide, biases, norm, positions):
+    """mlp, biases, norm and positions each change what is counted: the MLP's
+    matrices and the tensors it keeps (GeLU its input and output, ReLU only
+    its output, squared ReLU two, SwiGLU three), the biases (a gated up GEMM
+    has 2 f of them), 2 or 1 parameters per norm width, learned positions
+    s h; and a model file that gives them builds the same model again."""
+    L, h, a, kv_heads, f, s, V = 3, 64, 4, 2, 96, 32, 100
+    spec = (f"layers={L},hidden={h},heads={a},kv_heads={kv_heads},ffn={f},seq={s},vocab={V},mlp={mlp},"
+            f"biases={str(biases).lower()},norm={norm},positions={positions}")
+    m = parse_inline_model(spec)
+    kv = h * kv_heads // a
+    norm_params = (2 if norm == "layernorm" else 1) * h
+    bias_params = (h + 2 * kv) + h + (matrices - 1) * f + h if biases else 0
+    layer = h * (h + 2 * kv) + h * h + matrices * h * f + bias_params + 2 * norm_params
+    assert m.layer_params == layer
+    assert m.parameters == L * layer + V * h + (s * h if positions == "learned" else 0) + norm_params
+    b, tp = 2, 2
+    act = s * b * h * 10 + (2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + 2 * wide * s * b * f) / tp
+    assert m.activation_bytes_per_layer(b, tp, Recompute.NONE, scores=False) == pytest.approx(act)
+    again = parse_inline_model(",".join(f"{k}={str(v).lower()}" for k, v in {
+        "layers": L, "hidden": h, "heads": a, "kv_heads": kv_heads, "ffn": f, "seq": s, "vocab": V,
+        **m.architecture_fields()}.items()))
+    assert again == replace(m, name="inline")
+
+
+def test_gated_mlp_is_swiglu_and_the_family_defaults():
+    """gated_mlp: true is mlp: swiglu with Llama's defaults (no biases,
+    RMSNorm, rotary); other MLPs default to GPT's; contradicting fields and
+    unknown values are refused naming the field."""
+    llama = parse_inline_model("layers=2,hidden=64,heads=4,ffn=96,gated_mlp=true,seq=8,vocab=10")
+    assert llama == parse_inline_model("layers=2,hidden=64,heads=4,ffn=96,mlp=swiglu,seq=8,vocab=10")
+    assert (llama.mlp, llama.biases, llama.norm, llama.positions) == ("swiglu", False, "rmsnorm", "rotary")
+    relu = parse_inline_model("layers=2,hidden=64,heads=4,mlp=relu,seq=8,vocab=10")
+    assert (relu.gated_mlp, relu.biases, relu.norm, relu.positions) == (False, True, "layernorm", "learned")
+    with pytest.raises(SynthError, match=r"model fields 'gated_mlp' \(true\) and 'mlp' \(gelu\) disagree"):
+        parse_inline_model("layers=2,hidden=64,heads=4,ffn=96,gated_mlp=true,mlp=gelu,seq=8,vocab=10")
+    with pytest.raises(SynthError, match="model field 'mlp' must be one of gelu, swiglu, relu, squared_relu, "
+                                         "got 'geglu'"):
+        parse_inline_model("layers=2,hidden=64,heads=4,mlp=geglu,seq=8,vocab=10")
+    with pytest.raises(SynthError, match="model field 'ffn' is required with a SwiGLU MLP"):
+        parse_inline_model("layers=2,hidden=64,heads=4,mlp=swiglu,seq=8,vocab=10")

@@ -53,9 +53,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", default="none",
                    help="activation recomputation: none (default), selective, full, or search (per configuration "
                         "the least that fits in memory, which is the fastest); recompute in --json")
-    p.add_argument("--memory-margin", type=_gib_amount, default=0.0, metavar="GiB",
+    p.add_argument("--memory-margin", type=_gib_amount, default=None, metavar="GiB",
                    help="memory kept free on every device for the framework, CUDA context and fragmentation "
-                        "(default 0: the counted weights, gradients, optimizer states and activations only)")
+                        "(default 5%% of the device's: 4 GiB of 80; 0 counts the weights, gradients, optimizer "
+                        "states and activations only)")
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
                         "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")

@@ -12,9 +12,9 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   ``--expert-model-parallel-size`` where the plan has those axes;
 * from a job plan: the model's shape (``--num-layers``, ``--hidden-size``,
   ``--ffn-hidden-size``, ``--num-attention-heads``, ``--group-query-attention``
-  with ``--num-query-groups``, for the gated (Llama-style) models ``--swiglu``
-  with ``--normalization RMSNorm``, ``--position-embedding-type rope`` and
-  ``--disable-bias-linear`` (the layer the planner counts), ``--seq-length``,
+  with ``--num-query-groups``, the layer the planner counts (``--swiglu`` or
+  ``--squared-relu``, ``--normalization RMSNorm``, ``--position-embedding-type
+  rope``, ``--disable-bias-linear``; a ReLU MLP is refused), ``--seq-length``,
   ``--max-position-embeddings``, ``--untie-embeddings-and-output-weights``),
   ``--micro-batch-size``, ``--global-batch-size``, ``--bf16``/``--fp16``, the
   recomputation (``--recompute-granularity selective``, or ``full`` with
@@ -68,6 +68,25 @@ def _sizes(ranks: RankMap) -> list[str]:
     return args
 
 
+def _architecture(model: dict[str, Any]) -> list[str]:
+    """The layer the planner counted (``Transformer``'s defaults for fields a
+    plan written before them lacks: a gated MLP is Llama's RMSNorm, rotary
+    positions and no biases): MLP, norm, positions and biases."""
+    gated = model.get("gated_mlp") is True or model.get("mlp") == "swiglu"
+    mlp = model.get("mlp", "swiglu" if gated else "gelu")
+    if mlp == "relu":
+        raise SynthError("plan: Megatron-LM's arguments have no plain ReLU MLP (--swiglu, --squared-relu or its "
+                         "default GeLU); plan the model with mlp: gelu or squared_relu")
+    args = {"swiglu": ["--swiglu"], "squared_relu": ["--squared-relu"]}.get(mlp, [])
+    if model.get("norm", "rmsnorm" if gated else "layernorm") == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if model.get("positions", "rotary" if gated else "learned") == "rotary":
+        args += ["--position-embedding-type", "rope"]
+    if not model.get("biases", not gated):
+        args += ["--disable-bias-linear"]
+    return args
+
+
 def _job(job: TrainerJob, pp: int) -> list[str]:
     model = job.model
     layers, hidden, heads = model["layers"], model["hidden"], model["heads"]
@@ -78,9 +97,7 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
     kv = model.get("kv_heads")
     if isinstance(kv, int) and kv != heads:
         args += ["--group-query-attention", "--num-query-groups", str(kv)]
-    if model.get("gated_mlp"):  # the planner's gated models are Llama's: RMSNorm, rotary positions, no biases
-        args += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
-                 "--disable-bias-linear"]
+    args += _architecture(model)
     if model.get("tied_embeddings") is False:
         args += ["--untie-embeddings-and-output-weights"]
     args += ["--micro-batch-size", str(job.micro_batch), "--global-batch-size", str(job.global_batch)]

@@ -16,8 +16,9 @@ T h / t):
   forward and backward (grouped-query attention computes like full heads).
 * Elementwise, forward: two norms (``layer_norm``'s rate for LayerNorm and
   RMSNorm) and two residual adds over T h (replicated on every tensor-parallel
-  rank), the activation over T f / t (``gelu_tanh``, or ``silu_mul`` for a
-  gated MLP) and, for rotary positions (gated models), one pass over the
+  rank), the activation over T f / t (``silu_mul`` for a gated MLP, else
+  ``gelu_tanh``'s rate: ReLU and squared ReLU are priced as GeLU, one
+  bandwidth-bound pass) and, for rotary positions, one pass over the
   T (h + kv) / t query and key values at ``silu_mul``'s rate. Backward: twice
   each forward pass (it reads the input and the output gradient and writes the
   input gradient), and one add per residual (the gradients of the two branches
@@ -69,10 +70,13 @@ EAGER_LAUNCHES: dict[str, tuple[int, int]] = {
     "rms_norm": (1, 2),  # backward: the input gradient and the weight reduction
     "residual": (1, 1),  # backward: the two branches' gradients summed
     "gelu_tanh": (1, 1),
+    "relu": (1, 1),
+    "squared_relu": (2, 3),  # relu, the square; backward: the square's gradient (two products), relu's mask
     "silu_mul": (2, 4),  # silu, the product; backward: two products, silu's derivative, gate/up joined
     "rotary": (10, 18),  # q and k each: x cos + cat(-x2, x1) sin, five kernels; backward each: two
     # products, the negation, the two halves' zero-padded slices (two kernels each) and two sums
 }
+_ACTIVATION_LAUNCHES = {"gelu": "gelu_tanh", "swiglu": "silu_mul", "relu": "relu", "squared_relu": "squared_relu"}
 ADAM_BYTES_PER_PARAMETER = 28
 MIXED_PRECISION_COPY_BYTES = 6
 
@@ -179,7 +183,7 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard) -
         ops += _pass(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
         ops += _pass(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
     ops += _pass(profile, "activation", "silu_mul" if model.gated_mlp else "gelu_tanh", tokens * f // t, 2)
-    if model.gated_mlp:
+    if model.positions == "rotary":
         ops += _pass(profile, "rotary", "silu_mul", tokens * (h + kv) // t, 2)
     launches = layer_launches(model)
     for phase, count in zip(("forward", "backward"), launches):
@@ -193,10 +197,10 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard) -
 def layer_launches(model: Transformer) -> tuple[int, int]:
     """Kernels one layer of ``model`` launches in eager PyTorch, (forward,
     backward): ``EAGER_LAUNCHES`` over its operations (GPT: biased GEMMs,
-    LayerNorm, GELU; gated models: unbiased GEMMs, RMSNorm, SwiGLU, rotary)."""
-    gated = model.gated_mlp
-    names = [("gemm" if gated else "gemm_bias")] * 4 + ["attention"] + [("rms_norm" if gated else "layer_norm")] * 2
-    names += ["residual"] * 2 + (["silu_mul", "rotary"] if gated else ["gelu_tanh"])
+    LayerNorm, GELU; Llama: unbiased GEMMs, RMSNorm, SwiGLU, rotary)."""
+    names = [("gemm_bias" if model.biases else "gemm")] * 4 + ["attention"]
+    names += [("rms_norm" if model.norm == "rmsnorm" else "layer_norm")] * 2 + ["residual"] * 2
+    names += [_ACTIVATION_LAUNCHES[model.mlp]] + (["rotary"] if model.positions == "rotary" else [])
     return (sum(EAGER_LAUNCHES[n][0] for n in names), sum(EAGER_LAUNCHES[n][1] for n in names))
 
 
@@ -227,7 +231,7 @@ def embedding_compute(profile: OperationProfile, model: Transformer, shard: Shar
     ops = [OpTime("embedding", "forward", (tokens, h), float(e.seconds("add", tokens * h))),
            OpTime("embedding.backward", "backward", (model.vocab // shard.tp, h),
                   float(e.seconds("add", model.vocab * h // shard.tp)) + float(e.seconds("add", tokens * h)))]
-    if not model.gated_mlp:  # learned positions
+    if model.positions == "learned":
         ops += _pass(profile, "positions", "add", tokens * h, 1)
     return ComputeTime(tuple(ops))
 

@@ -76,6 +76,10 @@ from .stepmodel import (
 from .transformer import Recompute, Transformer
 
 PLANNER_AXES = ("tp", "dp", "pp")
+# The memory a configuration may not count on by default, as a fraction of the device's: what the model does
+# not count (the CUDA context and NCCL's buffers, about a GiB or two per process; the caching allocator's
+# fragmentation, a few percent of what it holds). A policy, not a fit: 4 GiB of an 80 GiB device.
+DEFAULT_MARGIN_FRACTION = 0.05
 Progress = Callable[[str], None]
 
 
@@ -212,7 +216,7 @@ class JobRequest:
     max_steps: int = 5
     comm: Model = field(default_factory=Model)
     compute: ComputeModel | None = None  # None: the device's shipped per-operation profile, else the curve
-    memory_margin_GiB: float = 0.0  # kept free on every device (framework, CUDA context, fragmentation)
+    memory_margin_GiB: float | None = None  # kept free on every device; None: DEFAULT_MARGIN_FRACTION of it
     stages: str = "even"  # layers per pipeline stage: even, uneven (balanced) or search (both)
     schedule: str = "1f1b"  # a Schedule's value or "search"
     virtual_stages: int | None = None  # interleaved: the virtual stages per device (None: every divisor tried)
@@ -230,6 +234,8 @@ class JobRequest:
             if self.schedule not in ("interleaved", "search"):
                 raise SynthError(f"--virtual-stages {v}: only the interleaved schedule runs virtual stages; add "
                                  "--schedule interleaved (or search)")
+        if self.memory_margin_GiB is None:
+            object.__setattr__(self, "memory_margin_GiB", round(DEFAULT_MARGIN_FRACTION * self.device.memory_GiB, 3))
         margin = self.memory_margin_GiB
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < self.device.memory_GiB:
             shown = f"{margin:g}" if isinstance(margin, (int, float)) and not isinstance(margin, bool) else repr(margin)
@@ -248,6 +254,11 @@ class JobRequest:
         dummy = tuple(Axis(a.name, 1) for a in self.axes)
         for c in self.constraints:
             parse_constraint(str(c), dummy, self.topology)
+
+    @property
+    def usable_bytes(self) -> float:
+        """Bytes per device a configuration may use: the device's less the margin."""
+        return self.device.memory_bytes - (self.memory_margin_GiB or 0.0) * 2**30
 
     @property
     def recompute_text(self) -> str:
@@ -458,7 +469,7 @@ def _training_for(request: JobRequest, config: Configuration) -> Training:
     training = request.training
     if not request.recompute_search:
         return training
-    usable = request.device.memory_bytes - request.memory_margin_GiB * 2**30
+    usable = request.usable_bytes
     for recompute in (Recompute.NONE, Recompute.SELECTIVE):
         trial = replace(training, recompute=recompute)
         if memory_per_device(request.model, trial, config).total <= usable:
@@ -511,7 +522,7 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     assert best is not None
     step, placement = best
     memory = memory_per_device(model, training, config)
-    usable = device.memory_bytes - request.memory_margin_GiB * 2**30
+    usable = request.usable_bytes
     feasible = memory.total <= usable
     margin = f" - {request.memory_margin_GiB:g} GiB margin" if request.memory_margin_GiB else ""
     reason = "" if feasible else (

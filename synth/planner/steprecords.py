@@ -5,8 +5,9 @@ Format (``"schema": "synth-reduce/step"``, ``"version": 1``), required fields:
 
 * ``topology``: the topology object (as in plans), with its ``device``;
 * ``model``: the model's fields (``layers``, ``hidden``, ``heads``, ``seq``,
-  ``vocab`` and optionally ``ffn``, ``kv_heads``, ``gated_mlp``,
-  ``tied_embeddings``, ``name``; as in ``models/*.yaml``);
+  ``vocab`` and optionally ``ffn``, ``kv_heads``, ``gated_mlp`` or ``mlp``,
+  ``biases``, ``norm``, ``positions``, ``tied_embeddings``, ``name``; as in
+  ``models/*.yaml``);
 * ``training``: ``global_batch`` and optionally ``dtype`` (bf16), ``sharding``
   (none), ``recompute`` (none), ``overlap_dp`` (true), ``attention`` (flash),
   ``sequence_parallel`` (true: Megatron-LM's, where tp > 1), ``tp_overlap``
@@ -73,10 +74,7 @@ class StepRecord:
             model["ffn"] = m.ffn
         if m.kv_heads != m.heads:
             model["kv_heads"] = m.kv_heads
-        if m.gated_mlp:
-            model["gated_mlp"] = True
-        if not m.tied_embeddings:
-            model["tied_embeddings"] = False
+        model.update(m.architecture_fields())
         doc: dict[str, Any] = {
             "schema": SCHEMA, "version": VERSION,
             "topology": self.topology.to_dict(),

@@ -3,24 +3,29 @@
 A :class:`Transformer` is a decoder-only model as ``models/*.yaml`` describe it
 (``data/README.md``): ``layers`` L, ``hidden`` h, ``heads`` a, ``seq`` s,
 ``vocab`` V, optionally ``ffn`` f (default 4h), ``kv_heads`` (grouped-query
-attention; default a), ``gated_mlp`` (SwiGLU, three MLP matrices) and
-``tied_embeddings``. It is loaded from a shipped name (``gpt3-175b``), a YAML
-path, or inline text (``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``).
+attention; default a), ``mlp`` (``gelu``, ``swiglu``, ``relu`` or
+``squared_relu``; ``gated_mlp: true`` is ``mlp: swiglu``), ``biases`` on the
+linear layers, ``norm`` (``layernorm`` or ``rmsnorm``), ``positions``
+(``learned`` or ``rotary``) and ``tied_embeddings``. It is loaded from a
+shipped name (``gpt3-175b``), a YAML path, or inline text
+(``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``).
 
-Two architecture families, told apart by ``gated_mlp``:
+The defaults follow two architecture families, told apart by the MLP:
 
-* GPT (``gated_mlp`` false): biases on every linear layer, LayerNorm (weight and
-  bias), learned position embeddings (s x h), a GeLU MLP of two matrices;
-* Llama (``gated_mlp`` true): no biases, RMSNorm (weight only), rotary positions
-  (no parameters), a SwiGLU MLP of three matrices.
+* GPT (``mlp`` gelu, relu or squared_relu; gelu by default): biases on every
+  linear layer, LayerNorm (weight and bias), learned position embeddings
+  (s x h), an MLP of two matrices;
+* Llama (``mlp: swiglu``): no biases, RMSNorm (weight only), rotary positions
+  (no parameters), a SwiGLU MLP of three matrices (gate and up, then down).
 
 Formulas (b = micro-batch, t = tensor-parallel size, kv = h x kv_heads / a):
 
 * parameters per layer: ``h(h + 2kv) + h^2`` (q, k, v, o) ``+ m h f`` (MLP, m = 2
-  or 3) + biases ``h + 2kv + h + f + h`` (GPT only) + norms ``4h`` (GPT) or ``2h``
-  (Llama); for GPT with f = 4h that is Megatron's ``12 h^2 + 13 h``;
-* embeddings ``V h`` (+ ``s h`` positions for GPT), an untied output head ``V h``,
-  a final norm ``2h`` (GPT) or ``h`` (Llama);
+  or 3) + biases ``h + 2kv + h + (m - 1) f + h`` (with ``biases``) + norms
+  ``4h`` (LayerNorm) or ``2h`` (RMSNorm); for GPT with f = 4h that is
+  Megatron's ``12 h^2 + 13 h``;
+* embeddings ``V h`` (+ ``s h`` learned positions), an untied output head
+  ``V h``, a final norm ``2h`` (LayerNorm) or ``h`` (RMSNorm);
 * forward FLOPs of one layer for T = b s tokens: ``2 T x (matrix parameters)``
   + ``4 T s h`` (attention scores and their product with V, counted over the
   full s x s as Megatron-LM does); logits ``2 T h V``. Training (forward and
@@ -34,7 +39,8 @@ Formulas (b = micro-batch, t = tensor-parallel size, kv = h x kv_heads / a):
   Transformer Models", arXiv:2205.05198, Section 4):
   ``s b h (10 + 24/t + 5 a s / (h t))`` for GPT without sequence parallelism,
   ``s b h (34 + 5 a s / h) / t`` with it (the 10 replicated bytes split too);
-  generalised below to GQA and other MLP widths by the same counting.
+  generalised below to GQA and other MLP widths by the same counting; the
+  MLP's wide tensors are ``MLP_WIDE_VALUES`` x ``s b f`` values per MLP.
   Selective recomputation drops the ``5 a s^2 b / t`` attention core; full
   recomputation keeps only the layer's input, ``2 s b h`` (``/ t`` with
   sequence parallelism).
@@ -73,9 +79,18 @@ class Recompute(enum.Enum):
 _INT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "params", "head_dim",
                "train_batch_tokens")
 _REQUIRED = ("layers", "hidden", "heads", "seq", "vocab")
-_BOOL_FIELDS = ("gated_mlp", "tied_embeddings")
+_BOOL_FIELDS = ("gated_mlp", "biases", "tied_embeddings")
 _TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
-INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "gated_mlp", "tied_embeddings")
+# architecture choices: field -> its values (the first of each is the GPT default, :func:`model_from_dict`)
+_CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("layernorm", "rmsnorm"),
+                  "positions": ("learned", "rotary")}
+INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "mlp", "gated_mlp", "biases",
+                 "norm", "positions", "tied_embeddings")
+# 16-bit values of s b f each MLP keeps for its backward (Korthikanti et al. count GeLU's input and output,
+# 4 bytes): GeLU keeps its input, the down GEMM its output (2 tensors); SwiGLU the gate-and-up output (2),
+# the product the down GEMM reads (1); ReLU keeps only its output, which is the down GEMM's input (1);
+# squared ReLU its ReLU output (which the square's backward reads too) and the square (2).
+MLP_WIDE_VALUES = {"gelu": 2, "swiglu": 3, "relu": 1, "squared_relu": 2}
 
 
 @dataclass(frozen=True)
@@ -90,13 +105,26 @@ class Transformer:
     vocab: int
     ffn: int
     kv_heads: int
-    gated_mlp: bool = False
+    mlp: str = "gelu"
+    biases: bool = True
+    norm: str = "layernorm"
+    positions: str = "learned"
     tied_embeddings: bool = True
     params_stated: int | None = None  # the count the source states (informative)
     source: str = ""
     source_inconsistency: str | None = None
 
     # ------------------------------------------------------------ parameters
+
+    @property
+    def gated_mlp(self) -> bool:
+        """SwiGLU: a gated MLP of three matrices."""
+        return self.mlp == "swiglu"
+
+    @property
+    def norm_params(self) -> int:
+        """One norm's parameters: weight and bias (LayerNorm) or weight (RMSNorm)."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
 
     @property
     def kv_dim(self) -> int:
@@ -121,21 +149,18 @@ class Transformer:
     def layer_params(self) -> int:
         """One layer: matrices, biases (GPT) and norms."""
         h = self.hidden
-        if self.gated_mlp:
-            return self.layer_matrix_params + 2 * h
-        biases = (h + 2 * self.kv_dim) + h + self.ffn + h
-        return self.layer_matrix_params + biases + 4 * h
+        biases = (h + 2 * self.kv_dim) + h + (2 if self.gated_mlp else 1) * self.ffn + h if self.biases else 0
+        return self.layer_matrix_params + biases + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:
-        """Input embeddings (plus learned positions for GPT)."""
-        return self.vocab * self.hidden + (0 if self.gated_mlp else self.seq * self.hidden)
+        """Input embeddings (plus learned positions)."""
+        return self.vocab * self.hidden + (self.seq * self.hidden if self.positions == "learned" else 0)
 
     @property
     def head_params(self) -> int:
         """Output head and final norm (the head is the embedding when tied)."""
-        norm = self.hidden if self.gated_mlp else 2 * self.hidden
-        return norm + (0 if self.tied_embeddings else self.vocab * self.hidden)
+        return self.norm_params + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
     @property
     def parameters(self) -> int:
@@ -186,8 +211,8 @@ class Transformer:
         # QKV and MLP inputs (2 + 2) and the two dropout masks (1 + 1 bytes)
         replicated = 10 * s * b * h
         # split over tp: Q, K, V, the attention output projection's input, the MLP's
-        # wide tensors (GeLU in and out; gate, up and product for SwiGLU)
-        split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + (6 if self.gated_mlp else 4) * s * b * f
+        # wide tensors (MLP_WIDE_VALUES: GeLU in and out; gate, up and product for SwiGLU)
+        split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + 2 * MLP_WIDE_VALUES[self.mlp] * s * b * f
         if recompute is Recompute.NONE and scores:  # scores, softmax, dropout mask and output: 5 a s^2 b
             split += 5 * self.heads * s * s * b
         return scale * (replicated / replicas + split / tp)
@@ -216,17 +241,37 @@ class Transformer:
             extra.append(f"ffn {self.ffn}")
         if self.kv_heads != self.heads:
             extra.append(f"{self.kv_heads} kv heads")
-        if self.gated_mlp:
-            extra.append("SwiGLU")
+        if self.mlp != "gelu":
+            extra.append({"swiglu": "SwiGLU", "relu": "ReLU", "squared_relu": "squared ReLU"}[self.mlp])
+        if self.biases != (not self.gated_mlp):
+            extra.append("biases" if self.biases else "no biases")
+        if self.norm != ("rmsnorm" if self.gated_mlp else "layernorm"):
+            extra.append({"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[self.norm])
+        if self.positions != ("rotary" if self.gated_mlp else "learned"):
+            extra.append(f"{self.positions} positions")
         more = ", " + ", ".join(extra) if extra else ""
         return (f"model {self.name}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads{more}, "
                 f"seq {self.seq}, vocab {self.vocab} ({_count(self.parameters)} parameters)")
 
+    def architecture_fields(self) -> dict[str, Any]:
+        """The architecture fields (``gated_mlp``, ``mlp``, ``biases``,
+        ``norm``, ``positions``, ``tied_embeddings``) a model file needs to
+        give for :func:`model_from_dict` to build this model: those whose
+        value is not the default."""
+        gated = self.gated_mlp
+        out: dict[str, Any] = {"gated_mlp": True} if gated else {}
+        if self.mlp not in ("gelu", "swiglu"):
+            out["mlp"] = self.mlp
+        defaults = {"biases": not gated, "norm": "rmsnorm" if gated else "layernorm",
+                    "positions": "rotary" if gated else "learned", "tied_embeddings": True}
+        out.update({key: getattr(self, key) for key, default in defaults.items() if getattr(self, key) != default})
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.ffn, "kv_heads": self.kv_heads,
-                "gated_mlp": self.gated_mlp, "tied_embeddings": self.tied_embeddings,
-                "parameters": self.parameters}
+                "mlp": self.mlp, "gated_mlp": self.gated_mlp, "biases": self.biases, "norm": self.norm,
+                "positions": self.positions, "tied_embeddings": self.tied_embeddings, "parameters": self.parameters}
 
 
 def _count(n: int) -> str:
@@ -266,7 +311,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     """Build and check a model; errors name ``source`` and the field."""
     if not isinstance(data, dict):
         raise SynthError(f"{source}: expected a mapping with keys {', '.join(_REQUIRED)}")
-    allowed = _INT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS
+    allowed = _INT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + tuple(_CHOICE_FIELDS)
     for key in data:
         if key not in allowed:
             raise SynthError(f"{source}: unknown model field '{key}'; known fields are {', '.join(allowed)}")
@@ -284,6 +329,14 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     for key in _TEXT_FIELDS:
         if key in data and not isinstance(data[key], str):
             raise SynthError(f"{source}: model field '{key}' must be text, got {data[key]!r}")
+    for key, values in _CHOICE_FIELDS.items():
+        if key in data and data[key] not in values:
+            raise SynthError(f"{source}: model field '{key}' must be one of {', '.join(values)}, got {data[key]!r}")
+    mlp = data.get("mlp", "swiglu" if data.get("gated_mlp") else "gelu")
+    if "gated_mlp" in data and data["gated_mlp"] != (mlp == "swiglu"):
+        raise SynthError(f"{source}: model fields 'gated_mlp' ({str(data['gated_mlp']).lower()}) and 'mlp' ({mlp}) "
+                         "disagree: gated_mlp true is mlp swiglu; give one of them")
+    gated = mlp == "swiglu"
     heads, hidden = data["heads"], data["hidden"]
     if hidden % heads and "head_dim" not in data:
         raise SynthError(f"{source}: model field 'heads' ({heads}) must divide hidden ({hidden}): every head has "
@@ -294,13 +347,15 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     if (hidden * kv_heads) % heads:
         raise SynthError(f"{source}: model field 'kv_heads': hidden x kv_heads / heads = {hidden} x {kv_heads} / "
                          f"{heads} is not an integer")
-    if data.get("gated_mlp") and "ffn" not in data:
-        raise SynthError(f"{source}: model field 'ffn' is required with gated_mlp (the SwiGLU width)")
+    if gated and "ffn" not in data:
+        raise SynthError(f"{source}: model field 'ffn' is required with a SwiGLU MLP (its width)")
     return Transformer(
         name=str(data.get("name", Path(source).stem)),
         layers=data["layers"], hidden=hidden, heads=heads, seq=data["seq"], vocab=data["vocab"],
-        ffn=data.get("ffn", 4 * hidden), kv_heads=kv_heads,
-        gated_mlp=bool(data.get("gated_mlp", False)),
+        ffn=data.get("ffn", 4 * hidden), kv_heads=kv_heads, mlp=mlp,
+        biases=bool(data.get("biases", not gated)),
+        norm=str(data.get("norm", "rmsnorm" if gated else "layernorm")),
+        positions=str(data.get("positions", "rotary" if gated else "learned")),
         tied_embeddings=bool(data.get("tied_embeddings", True)),
         params_stated=data.get("params"), source=str(data.get("source", "")),
         source_inconsistency=data.get("source_inconsistency"),
@@ -324,6 +379,8 @@ def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
             if value not in ("true", "false"):
                 raise SynthError(f"{option} {key}={value}: must be true or false")
             data[key] = value == "true"
+        elif key in _CHOICE_FIELDS:
+            data[key] = value  # model_from_dict names the values
         elif not value.isdigit():
             raise SynthError(f"{option} {key}={value}: must be an integer >= 1")
         else:
