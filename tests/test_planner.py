@@ -1045,3 +1045,26 @@ def test_gated_mlp_is_swiglu_and_the_family_defaults():
         parse_inline_model("layers=2,hidden=64,heads=4,mlp=geglu,seq=8,vocab=10")
     with pytest.raises(SynthError, match="model field 'ffn' is required with a SwiGLU MLP"):
         parse_inline_model("layers=2,hidden=64,heads=4,mlp=swiglu,seq=8,vocab=10")
+
+
+def test_branch_and_bound_keeps_the_best_placement_of_a_full_scan():
+    """The planner skips placements whose step without data parallelism is
+    already slower than the best found; every configuration's placement and
+    step are still those of a scan over every placement (ties to the first
+    enumerated)."""
+    from synth.planner.search import _placements
+    from synth.synthesis.placement import Axis
+
+    topology = load_topology("dgx-a100").scaled({"node": 4})
+    request = JobRequest(topology, topology.device, load_model("megatron-7.5b"), Training(64),
+                         parse_axis_ranges("tp,dp,pp"), (1, 4))
+    solution = plan_job(request)
+    assert len(solution.candidates) > 20
+    for c in solution.candidates:
+        placements = _placements(topology, tuple(Axis(n, c.config.sizes()[n]) for n in c.placement.axis_names), ())
+        assert c.placements_tried == len(placements)
+        steps = [step_time(request.model, c.training, c.config, solution.costs.on(p), c.step.micro_batch_s,
+                           c.step.efficiency, optimizer_s=c.step.optimizer_s) for p in placements]
+        scan = min(range(len(placements)), key=lambda i: (steps[i].total_s, i))
+        assert c.placement.matrix == placements[scan].matrix
+        assert c.step == steps[scan]

@@ -190,6 +190,20 @@ class PlacementCollectives:
         return self.costs.send(self.placement, axis, size_bytes)
 
 
+@dataclass(frozen=True)
+class _WithoutDataParallel:
+    """A placement's collectives with every data-parallel reduction free: the
+    step they give bounds the real one from below."""
+
+    collectives: PlacementCollectives
+
+    def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
+        return 0.0 if axis == "dp" else self.collectives.reduce(axis, goal, size_bytes)
+
+    def send(self, axis: str, size_bytes: int) -> float:
+        return self.collectives.send(axis, size_bytes)
+
+
 # ---------------------------------------------------------------- request
 
 
@@ -513,14 +527,25 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     model, device = request.model, request.device
     shape = step_shape(model, training, config)
     compute = compute_estimate(model, training, config, device, request.compute, shape)
-    best: tuple[StepTime, Placement] | None = None
-    for placement in placements:
-        step = step_time(model, training, config, costs.on(placement), compute.micro_batch_s, compute.efficiency,
-                         shape, compute.optimizer_s)
-        if best is None or step.total_s < best[0].total_s:
-            best = (step, placement)
+
+    def timed(collectives: Any) -> StepTime:
+        return step_time(model, training, config, collectives, compute.micro_batch_s, compute.efficiency, shape,
+                         compute.optimizer_s)
+
+    # Branch and bound over the placements: the step without its data-parallel term bounds it from below
+    # (dp_s >= 0 and no other term depends on it), and costs no dp synthesis; a placement whose bound is
+    # above the best step found cannot be the best. In order of bound; ties to the enumeration order, as
+    # the plain scan over every placement would choose.
+    bounds = sorted((timed(_WithoutDataParallel(costs.on(p))).total_s, i) for i, p in enumerate(placements))
+    best: tuple[float, int, StepTime] | None = None
+    for bound, i in bounds:
+        if best is not None and bound > best[0]:
+            break
+        step = timed(costs.on(placements[i]))
+        if best is None or (step.total_s, i) < best[:2]:
+            best = (step.total_s, i, step)
     assert best is not None
-    step, placement = best
+    step, placement = best[2], placements[best[1]]
     memory = memory_per_device(model, training, config)
     usable = request.usable_bytes
     feasible = memory.total <= usable
