@@ -590,7 +590,7 @@ def test_model_yaml_with_an_unknown_field(cli, tmp_path):
     msg = usage_error(cli, "plan", "--topology", "dgx-a100", "--model", path, "--global-batch", "8")
     assert msg == (f"{path}: unknown model field 'colour'; known fields are layers, hidden, heads, seq, vocab, ffn, "
                    "kv_heads, params, head_dim, train_batch_tokens, gated_mlp, biases, tied_embeddings, name, "
-                   "description, source, source_inconsistency, mlp, norm, positions")
+                   "description, source, source_inconsistency, mlp, norm, positions, moe")
 
 
 BASE = ("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, "--global-batch", "16")
@@ -606,7 +606,8 @@ BASE = ("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, 
                                                          "8 x 3"),
     (("--axes", "tp>=32,dp,pp"), "--axes 'tp>=32,dp,pp': no sizes within the bounds multiply to the 16 devices"),
     (("--axes", "8<=tp<=4,dp"), "--axes '8<=tp<=4': the lower bound 8 is above the upper bound 4"),
-    (("--axes", "tp,mp"), "--axes: unknown axis 'mp'; the planner's axes are tp, dp and pp"),
+    (("--axes", "tp,mp"), "--axes: unknown axis 'mp'; the planner's axes are tp, ep, dp and pp"),
+    (("--axes", "tp,ep=2,dp"), "ep=2: the model has no experts to split (give it a moe: block)"),
     (("--global-batch", "0"), "--global-batch 0: must be >= 1"),
     (("--micro-batch", "2,x"), "--micro-batch 'x': give micro-batch sizes as integers >= 1"),
     (("--sharding", "zero4"), "--sharding zero4: choose one of none, zero1, zero2, zero3 (fsdp)"),
@@ -618,7 +619,7 @@ BASE = ("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, 
     (("--schedule", "gpipe"), "argument --schedule: invalid choice: 'gpipe'"),
     (("--device", "memory_GiB=lots"), "--device memory_GiB=lots: must be a number"),
     (("--constrain", "tp@rack=1"), "unknown level 'rack'"),
-    (("--model", "no-such-model"), "--model 'no-such-model': not a file, a shipped model (gpt3-1.3b"),
+    (("--model", "no-such-model"), "--model 'no-such-model': not a file, a shipped model (deepseek-v3, gpt3-1.3b"),
 ])
 def test_bad_plan_input(cli, extra, expected):
     argv = list(BASE)

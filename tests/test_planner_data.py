@@ -83,7 +83,24 @@ def gated_params(m: dict) -> int:
     return L * per_layer + embeddings + head + h
 
 
+def moe_params(m: dict) -> int:
+    """Parameter count of a Llama-style MoE model (a ``moe`` block): dense
+    layers first, then layers whose MLP is a router, routed and shared experts."""
+    h, L, V, moe = m["hidden"], m["layers"], m["vocab"], m["moe"]
+    heads = m["heads"]
+    kv_dim = h * m.get("kv_heads", heads) // heads
+    attention = h * h + 2 * h * kv_dim + h * h + 2 * h  # q, k, v, o and the two RMSNorms
+    expert = 3 * h * moe["expert_ffn"]
+    dense_layers = moe.get("dense_layers", 0)
+    moe_layer = attention + h * moe["experts"] + (moe["experts"] + moe.get("shared_experts", 0)) * expert
+    layers = dense_layers * (attention + 3 * h * m["ffn"]) + (L - dense_layers) * moe_layer
+    head = V * h if m.get("tied_embeddings") is False else 0
+    return layers + V * h + head + h
+
+
 def computed_params(m: dict) -> float:
+    if "moe" in m:
+        return moe_params(m)
     if m.get("gated_mlp"):
         return gated_params(m)
     assert "ffn" not in m or m["ffn"] == 4 * m["hidden"]

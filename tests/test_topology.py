@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = {
     "dgx-a100": [("node", 16), ("gpu", 8)],
     "dgx-h100": [("node", 16), ("gpu", 8)],
+    "dgx-h800": [("node", 256), ("gpu", 8)],  # DeepSeek-V3's 2,048 H800s
     "p2-a100": [("node", 4), ("gpu", 16)],
     "p2-v100": [("node", 4), ("gpu", 8)],
     "rack": [("rack", 2), ("node", 4), ("cpu", 2), ("gpu", 4)],

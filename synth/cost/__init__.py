@@ -16,6 +16,8 @@ The package, one concern per module:
 * :mod:`~synth.cost.terms`: the linear form of a prediction (:class:`Features`);
 * :mod:`~synth.cost.predict`: step and program predictions (:class:`Predictor`);
 * :mod:`~synth.cost.pipeline`: the price of a program run pipelined over pieces;
+* :mod:`~synth.cost.alltoall`: the all-to-all of expert parallelism (grouped
+  point-to-point sends) on the links;
 * :mod:`~synth.cost.ranking`: programs of a reduction sorted by prediction;
 * :mod:`~synth.cost.records`: measurement records (what ``bench`` writes and
   ``fit`` reads), with :mod:`~synth.cost.nccl_log` (what NCCL's tuning log says
@@ -42,6 +44,7 @@ once the efficiencies are fixed: :class:`Features` records the terms so that
 :mod:`synth.cost.fit` can fit the parameters.
 """
 
+from .alltoall import AllToAll, alltoall_of, alltoall_s
 from .model import ALGORITHMS, Algorithm, Model
 from .predict import Predictor, default_program, lowered_loads, predict_program, step_cost
 from .profile import Profile, load_profile, profile_document, save_profile
@@ -49,6 +52,7 @@ from .ranking import Ranked, rank
 from .terms import Features
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "Features", "Model", "Predictor", "Profile", "Ranked", "default_program",
+    "ALGORITHMS", "AllToAll", "Algorithm", "Features", "Model", "Predictor", "Profile", "Ranked", "alltoall_of",
+    "alltoall_s", "default_program",
     "load_profile", "lowered_loads", "predict_program", "profile_document", "rank", "save_profile", "step_cost",
 ]

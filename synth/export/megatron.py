@@ -14,7 +14,11 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   ``--ffn-hidden-size``, ``--num-attention-heads``, ``--group-query-attention``
   with ``--num-query-groups``, the layer the planner counts (``--swiglu`` or
   ``--squared-relu``, ``--normalization RMSNorm``, ``--position-embedding-type
-  rope``, ``--disable-bias-linear``; a ReLU MLP is refused), ``--seq-length``,
+  rope``, ``--disable-bias-linear``; a ReLU MLP is refused; for a model with
+  experts ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+  ``--moe-shared-expert-intermediate-size``, ``--moe-layer-freq`` for dense
+  first layers, the capacity factor, and the all-to-all dispatcher),
+  ``--seq-length``,
   ``--max-position-embeddings``, ``--untie-embeddings-and-output-weights``),
   ``--micro-batch-size``, ``--global-batch-size``, ``--bf16``/``--fp16``, the
   recomputation (``--recompute-granularity selective``, or ``full`` with
@@ -36,6 +40,7 @@ shards gradients only with FSDP).
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +89,26 @@ def _architecture(model: dict[str, Any]) -> list[str]:
         args += ["--position-embedding-type", "rope"]
     if not model.get("biases", not gated):
         args += ["--disable-bias-linear"]
+    return args + _experts(model)
+
+
+def _experts(model: dict[str, Any]) -> list[str]:
+    """Megatron-LM's MoE arguments for a model with a ``moe`` block: experts,
+    top-k, the experts' width, shared experts, which layers are MoE, the
+    capacity (padded to it) or dropless, and the all-to-all token dispatcher
+    the planner prices."""
+    moe = model.get("moe")
+    if not isinstance(moe, dict):
+        return []
+    args = ["--num-experts", str(moe["experts"]), "--moe-router-topk", str(moe["top_k"]),
+            "--moe-ffn-hidden-size", str(moe["expert_ffn"]), "--moe-token-dispatcher-type", "alltoall"]
+    if moe.get("shared_experts"):
+        args += ["--moe-shared-expert-intermediate-size", str(moe["shared_experts"] * moe["expert_ffn"])]
+    dense = moe.get("dense_layers", 0)
+    if dense:
+        args += ["--moe-layer-freq", f"([0]*{dense}+[1]*{model['layers'] - dense})"]
+    if moe.get("capacity_factor") is not None:
+        args += ["--moe-expert-capacity-factor", f"{moe['capacity_factor']:g}", "--moe-pad-expert-input-to-capacity"]
     return args
 
 
@@ -158,7 +183,7 @@ def megatron_text(export: MegatronExport, plan_path: str, launch: str) -> str:
     """The arguments as a shell line, and how to launch them on the plan's
     devices (``launch``: :func:`~synth.export.rank_map.launch_command`)."""
     ranks = export.ranks
-    lines = ["# Megatron-LM arguments from " + plan_path, " ".join(export.arguments), ""]
+    lines = ["# Megatron-LM arguments from " + plan_path, shlex.join(export.arguments), ""]
     if ranks.is_identity:
         lines.append(f"# rank order {ranks.order_text}: torchrun's ranks already form the plan's groups "
                      "(no renumbering)")

@@ -49,6 +49,7 @@ T h / t):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -139,6 +140,7 @@ class Shard:
     micro_batch: int
     seq: int
     sequence_parallel: bool = False
+    ep: int = 1  # expert-parallel size: the device holds experts / ep of each MoE layer's routed experts
 
     @property
     def replicated_tokens(self) -> int:
@@ -169,20 +171,24 @@ def _pass(profile: OperationProfile, name: str, op: str, elements: int, backward
 
 
 @lru_cache(maxsize=4096)  # the planner asks for each (tp, micro-batch) once per stage kind and size assignment
-def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard) -> ComputeTime:
+def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, moe: bool = False) -> ComputeTime:
     """One layer's operations on one device, forward and backward (no
-    recomputation; see the module docstring for every shape)."""
+    recomputation; see the module docstring for every shape); ``moe``: an
+    MoE layer (:func:`_expert_ops` in place of the MLP)."""
     t, tokens, h, f, kv = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim
     ops: list[OpTime] = []
     ops += _gemm(profile, "qkv", tokens, h, (h + 2 * kv) // t)
     ops += attention_ops(profile, model, shard)
     ops += _gemm(profile, "attention_projection", tokens, h // t, h)
-    ops += _gemm(profile, "mlp_up", tokens, h, (2 if model.gated_mlp else 1) * f // t)
-    ops += _gemm(profile, "mlp_down", tokens, f // t, h)
+    if moe and model.moe:
+        ops += _expert_ops(profile, model, shard)
+    else:
+        ops += _gemm(profile, "mlp_up", tokens, h, (2 if model.gated_mlp else 1) * f // t)
+        ops += _gemm(profile, "mlp_down", tokens, f // t, h)
+        ops += _pass(profile, "activation", "silu_mul" if model.gated_mlp else "gelu_tanh", tokens * f // t, 2)
     for i in (1, 2):
         ops += _pass(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
         ops += _pass(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
-    ops += _pass(profile, "activation", "silu_mul" if model.gated_mlp else "gelu_tanh", tokens * f // t, 2)
     if model.positions == "rotary":
         ops += _pass(profile, "rotary", "silu_mul", tokens * (h + kv) // t, 2)
     launches = layer_launches(model)
@@ -192,6 +198,37 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard) -
         if host_s > gpu_s:
             ops.append(OpTime("host_issue", phase, (count,), host_s - gpu_s))
     return ComputeTime(tuple(ops))
+
+
+def _expert_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> list[OpTime]:
+    """The MLP of an MoE layer on one device: the router GEMM ``(T, h, E)``;
+    the shared experts as one MLP of ``shared x expert_ffn``; the device's
+    ``experts / ep`` routed experts, each an MLP over its even share of the
+    routed tokens, ``ceil(T x top_k x capacity x ep / experts)`` (the device
+    receives ``T top_k`` token copies from its expert-parallel group), its
+    GEMMs priced one expert at a time (no grouped-GEMM gain is assumed); the
+    activation over every expert pass; the permutation of the routed copies
+    into expert order and back (one pass each way over ``T top_k h`` values,
+    twice that backward, at ``add``'s rate)."""
+    assert model.moe is not None
+    moe, t, tokens, h = model.moe, shard.tp, shard.tokens, model.hidden
+    f, up = moe.expert_ffn, 2 if model.gated_mlp else 1
+    activation = "silu_mul" if model.gated_mlp else "gelu_tanh"
+    ops = _gemm(profile, "router", tokens, h, moe.experts)
+    if moe.shared_experts:
+        width = moe.shared_experts * f
+        ops += _gemm(profile, "shared_up", tokens, h, up * width // t)
+        ops += _gemm(profile, "shared_down", tokens, width // t, h)
+        ops += _pass(profile, "shared_activation", activation, tokens * width // t, 2)
+    local = moe.experts // shard.ep
+    routed = tokens * moe.routed_per_token  # token copies the device's experts receive
+    per_expert = max(1, math.ceil(routed * shard.ep / moe.experts))
+    for op in _gemm(profile, "expert_up", per_expert, h, up * f // t) + _gemm(profile, "expert_down", per_expert,
+                                                                               f // t, h):
+        ops.append(OpTime(op.name, op.phase, op.shape, local * op.seconds, local))
+    ops += _pass(profile, "expert_activation", activation, int(routed) * f // t, 2)
+    ops += _pass(profile, "permute", "add", 2 * int(routed) * h // t, 2)
+    return ops
 
 
 def layer_launches(model: Transformer) -> tuple[int, int]:
@@ -257,13 +294,17 @@ def micro_batch_fixed_s(profile: OperationProfile) -> float:
 
 
 def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, layers: int, recompute: Recompute,
-                  first: bool, last: bool) -> ComputeTime:
-    """One micro-batch of one pipeline stage of ``layers`` layers: forward,
-    backward and recomputation, the embedding on the first stage, the head and
-    loss on the last, and the micro-batch's fixed cost."""
+                  first: bool, last: bool, moe_layers: int = 0) -> ComputeTime:
+    """One micro-batch of one pipeline stage of ``layers`` layers, of which
+    ``moe_layers`` have experts: forward, backward and recomputation, the
+    embedding on the first stage, the head and loss on the last, and the
+    micro-batch's fixed cost."""
     layer = layer_compute(profile, model, shard)
     one = layer + recompute_ops(profile, model, shard, recompute, layer)
-    total = one.times(layers)
+    total = one.times(layers - moe_layers)
+    if moe_layers:
+        expert_layer = layer_compute(profile, model, shard, True)
+        total = total + (expert_layer + recompute_ops(profile, model, shard, recompute, expert_layer)).times(moe_layers)
     if first:
         total = total + embedding_compute(profile, model, shard)
     if last:

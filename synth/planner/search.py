@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..cost import Model, Predictor, step_cost
+from ..cost import AllToAll, Model, Predictor, alltoall_of, step_cost
 from ..errors import SynthError
 from ..plan import Plan, PlannedProgram, PlannedReduction
 from ..synthesis.language import Collective, Program, format_program
@@ -75,7 +75,7 @@ from .stepmodel import (
 )
 from .transformer import Recompute, Transformer
 
-PLANNER_AXES = ("tp", "dp", "pp")
+PLANNER_AXES = ("tp", "ep", "dp", "pp")
 # The memory a configuration may not count on by default, as a fraction of the device's: what the model does
 # not count (the CUDA context and NCCL's buffers, about a GiB or two per process; the caching allocator's
 # fragmentation, a few percent of what it holds). A policy, not a fit: 4 GiB of an 80 GiB device.
@@ -107,11 +107,19 @@ class CollectiveCosts:
         self._reductions: dict[tuple, tuple[ReductionPrograms, Predictor]] = {}
         self._best: dict[tuple, BestProgram] = {}
         self._sends: dict[tuple, float] = {}
+        self._alltoalls: dict[tuple, AllToAll] = {}
+        self._on: dict[int, PlacementCollectives] = {}  # by the placement's id; the value keeps it alive
         self._proved: dict[tuple, LoweredProgram] = {}
 
     def _key(self, placement: Placement, axes: tuple[str, ...]) -> tuple:
         rows = tuple(placement.matrix[placement.axis_names.index(a)] for a in axes)
         return rows if self.symmetric else (placement.matrix, placement.axis_names, axes)
+
+    @staticmethod
+    def _axes(placement: Placement, axis: str) -> tuple[str, ...]:
+        """``dp+ep`` -> ``("ep", "dp")``: a reduction over several axes, in
+        the placement's order."""
+        return reduce_axes(placement, axis)
 
     @property
     def reductions_synthesized(self) -> int:
@@ -122,11 +130,13 @@ class CollectiveCosts:
         return len(self._best)
 
     def best(self, placement: Placement, axis: str, goal: Goal, size_bytes: int) -> BestProgram:
-        """The fastest program of a reduction over ``axis`` on ``placement``."""
-        key = (self._key(placement, (axis,)), goal)
+        """The fastest program of a reduction over ``axis`` (``dp+ep``: over
+        both) on ``placement``."""
+        axes = self._axes(placement, axis)
+        key = (self._key(placement, axes), goal)
         found = self._reductions.get(key)
         if found is None:
-            programs = synthesize_reduction(Reduction(placement, (axis,), goal), self.max_steps)
+            programs = synthesize_reduction(Reduction(placement, axes, goal), self.max_steps)
             found = self._reductions[key] = (programs, Predictor(programs.reduction, self.model))
         programs, predictor = found
         at = (key, size_bytes)
@@ -148,21 +158,43 @@ class CollectiveCosts:
                                          pairs, nbytes)[0]
         return self._sends[key]
 
+    def alltoall(self, placement: Placement, axis: str, size_bytes: int) -> float:
+        """An all-to-all of ``size_bytes`` per device in every ``axis`` group
+        at once (:func:`synth.cost.alltoall_s`)."""
+        key = self._key(placement, (axis,))
+        found = self._alltoalls.get(key)
+        if found is None:
+            mesh = np.moveaxis(placement.mesh, placement.axis_names.index(axis), -1)
+            found = self._alltoalls[key] = alltoall_of(self.topology, self.profile, mesh.reshape(-1, mesh.shape[-1]))
+        return found.seconds(size_bytes)
+
     def on(self, placement: Placement) -> "PlacementCollectives":
-        return PlacementCollectives(self, placement)
+        """The collectives of ``placement``, one object per placement (it
+        memoises the step model's many calls at the same sizes)."""
+        found = self._on.get(id(placement))
+        if found is None or found.placement is not placement:
+            found = self._on[id(placement)] = PlacementCollectives(self, placement)
+        return found
 
     def proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> LoweredProgram:
         """``program`` lowered on ``placement``'s reduction over ``axis``, proved
         (numpy reference + z3; SynthError if it fails), each once."""
         key = (placement.matrix, placement.axis_names, axis, goal, program)
         if key not in self._proved:
-            lowered = lower(program, Reduction(placement, (axis,), goal))
+            lowered = lower(program, Reduction(placement, self._axes(placement, axis), goal))
             verify_lowered(lowered)
             self._proved[key] = lowered
         return self._proved[key]
 
     def is_proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> bool:
         return (placement.matrix, placement.axis_names, axis, goal, program) in self._proved
+
+
+def reduce_axes(placement: Placement, axis: str) -> tuple[str, ...]:
+    """The axes of a step's reduction text (``dp``, ``dp+ep``) in the
+    placement's order."""
+    named = axis.split("+")
+    return tuple(a for a in placement.axis_names if a in named)
 
 
 def _fastest(programs: ReductionPrograms, predictor: Predictor, size_bytes: int) -> BestProgram:
@@ -182,12 +214,20 @@ class PlacementCollectives:
 
     costs: CollectiveCosts
     placement: Placement
+    _seconds: dict[tuple[str, Goal, int], float] = field(default_factory=dict, compare=False, repr=False)
 
     def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
-        return self.costs.best(self.placement, axis, goal, size_bytes).seconds
+        key = (axis, goal, size_bytes)
+        seconds = self._seconds.get(key)
+        if seconds is None:
+            seconds = self._seconds[key] = self.costs.best(self.placement, axis, goal, size_bytes).seconds
+        return seconds
 
     def send(self, axis: str, size_bytes: int) -> float:
         return self.costs.send(self.placement, axis, size_bytes)
+
+    def alltoall(self, axis: str, size_bytes: int) -> float:
+        return self.costs.alltoall(self.placement, axis, size_bytes)
 
 
 @dataclass(frozen=True)
@@ -198,10 +238,13 @@ class _WithoutDataParallel:
     collectives: PlacementCollectives
 
     def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
-        return 0.0 if axis == "dp" else self.collectives.reduce(axis, goal, size_bytes)
+        return 0.0 if "dp" in axis.split("+") else self.collectives.reduce(axis, goal, size_bytes)
 
     def send(self, axis: str, size_bytes: int) -> float:
         return self.collectives.send(axis, size_bytes)
+
+    def alltoall(self, axis: str, size_bytes: int) -> float:
+        return self.collectives.alltoall(axis, size_bytes)
 
 
 # ---------------------------------------------------------------- request
@@ -259,7 +302,7 @@ class JobRequest:
             object.__setattr__(self, "compute", default_compute(self.device.name))
         for a in self.axes:
             if a.name not in PLANNER_AXES:
-                raise SynthError(f"--axes: unknown axis '{a.name}'; the planner's axes are tp, dp and pp")
+                raise SynthError(f"--axes: unknown axis '{a.name}'; the planner's axes are tp, ep, dp and pp")
         if self.micro_batches is not None:
             for b in self.micro_batches:
                 if isinstance(b, bool) or not isinstance(b, int) or b < 1:
@@ -279,11 +322,12 @@ class JobRequest:
         """``--recompute`` as asked: a mode or ``search``."""
         return "search" if self.recompute_search else self.training.recompute.value
 
-    def micro_batches_for(self, dp: int) -> tuple[int, ...]:
-        """The micro-batches to try with ``dp`` replicas (dp divides the batch)."""
+    def micro_batches_for(self, replicas: int) -> tuple[int, ...]:
+        """The micro-batches to try with ``replicas`` data-parallel replicas
+        (dp x ep; they divide the batch)."""
         if self.micro_batches is not None:
             return self.micro_batches
-        per_replica = self.training.global_batch // dp
+        per_replica = self.training.global_batch // replicas
         return tuple(1 << k for k in range(per_replica.bit_length()) if per_replica % (1 << k) == 0)
 
 
@@ -391,23 +435,24 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
         if progress is not None:
             progress(f"planning: {n + 1}/{len(assignments)} size assignments, {evaluated} configurations")
         sizes = {a.name: a.size for a in axes}
-        tp, dp, pp = (sizes.get(name, 1) for name in PLANNER_AXES)
-        problem = model.parallelism_problem(tp, pp if request.stages == "even" else 1)
+        tp, ep, dp, pp = (sizes.get(name, 1) for name in PLANNER_AXES)
+        problem = model.parallelism_problem(tp, pp if request.stages == "even" else 1, ep)
         if not problem and model.layers < pp:
             problem = f"pp={pp} is more than the model's layers ({model.layers})"
         if problem:
             skipped.add(problem)
             continue
-        if training.global_batch % dp:
-            skipped.add(f"--global-batch {training.global_batch} is not divisible by dp={dp}")
+        if training.global_batch % (dp * ep):
+            skipped.add(f"--global-batch {training.global_batch} is not divisible by dp={dp}" if ep == 1 else
+                        f"--global-batch {training.global_batch} is not divisible by dp x ep = {dp} x {ep}")
             continue
         placements = _placements(topology, axes, request.constraints)
         if not placements:
             skipped.add(f"no placement of {' '.join(f'{a.name}={a.size}' for a in axes)} satisfies the constraints")
             continue
-        for b in request.micro_batches_for(dp):
+        for b in request.micro_batches_for(dp * ep):
             best: Candidate | None = None
-            for config in _variants(request, Configuration(tp, dp, pp, b)):
+            for config in _variants(request, Configuration(tp, dp, pp, b, ep=ep)):
                 problem = configuration_problem(model, training, config)
                 if problem:
                     skipped.add(problem)
@@ -500,8 +545,8 @@ class _Skipped:
         self.first: list[str] = []
 
     def add(self, reason: str) -> None:
-        kind = re.sub(r"\b(tp|dp|pp)=\d+", r"\1", reason)
-        kind = re.sub(r"= \d+ x \d+$", "", kind)
+        kind = re.sub(r"\b(tp|ep|dp|pp)=\d+", r"\1", reason)
+        kind = re.sub(r"= \d+( x \d+)+$", "", kind)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if len(self.first) < 3 and reason not in self.first:
             self.first.append(reason)
@@ -575,14 +620,14 @@ def job_plan(solution: JobSolution, candidate: Candidate) -> Plan:
     for axis, goal, size, _ in candidate.programs:
         sizes = wanted.setdefault((axis, goal), set())
         sizes.add(size)
-        if axis == "dp" and candidate.step.bucket_bytes is not None:
+        if "dp" in axis.split("+") and candidate.step.bucket_bytes is not None:
             sizes.update(bucket_sizes(size))
     if not wanted:
         raise SynthError(f"configuration {candidate.config.describe()} reduces over no axis (tp = dp = 1); "
                          "there is no reduction to write a plan for")
     reductions = []
     for (axis, goal), sizes in wanted.items():
-        reduction = Reduction(placement, (axis,), goal)
+        reduction = Reduction(placement, reduce_axes(placement, axis), goal)
         ordered = sorted(sizes)
         chosen = [(s, costs.best(placement, axis, goal, s)) for s in ordered]
         if any(best.program is None for _, best in chosen):

@@ -74,11 +74,15 @@ def balanced_layers(layers: int, pp: int, costs: StageCosts) -> tuple[int, ...]:
     middle_counts = [0] if pp == 2 else range(1, (layers - 2) // (pp - 2) + 1)
     for middle in middle_counts:
         rest = layers - (pp - 2) * middle  # for the first and the last stage together
+        middle_cost = costs.stage(middle, False, False) if pp > 2 else 0.0
         for first in range(1, rest):
-            layout = (first,) + (middle,) * (pp - 2) + (rest - first,)
-            spread = max(layout) - min(layout)
-            key = (slowest_stage(layout, costs), spread, first)
+            last = rest - first
+            # slowest_stage of the layout, from its three kinds of stage
+            slowest = max(costs.stage(first, True, False), middle_cost, costs.stage(last, False, True))
+            counts = (first, last, middle) if pp > 2 else (first, last)
+            key = (slowest, max(counts) - min(counts), first)
             if best is None or key < best[0]:
-                best = (key, layout)
+                best = (key, (first, middle, last))
     assert best is not None
-    return best[1]
+    first, middle, last = best[1]
+    return (first,) + (middle,) * (pp - 2) + (last,)

@@ -174,6 +174,7 @@ class Configuration:
     virtual_stages: int = 1
     stage_layers: tuple[int, ...] = ()
     schedule: Schedule = Schedule.ONE_F_ONE_B
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.schedule is Schedule.ONE_F_ONE_B and self.virtual_stages > 1:
@@ -181,20 +182,34 @@ class Configuration:
 
     @property
     def devices(self) -> int:
-        return self.tp * self.dp * self.pp
+        return self.tp * self.ep * self.dp * self.pp
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas of the dense weights, each on its own data:
+        dp x ep (expert parallelism splits the experts, not the batch)."""
+        return self.dp * self.ep
 
     def micro_batches(self, training: Training) -> int:
-        return training.global_batch // (self.dp * self.micro_batch)
+        return training.global_batch // (self.replicas * self.micro_batch)
 
     def sizes(self) -> dict[str, int]:
-        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+        """The axis sizes (``ep`` where there is expert parallelism)."""
+        return {"tp": self.tp, **({"ep": self.ep} if self.ep > 1 else {}), "dp": self.dp, "pp": self.pp}
+
+    @property
+    def dense_axes(self) -> str:
+        """The axes the dense weights' gradients reduce over (``dp``,
+        ``dp+ep``, ``ep``; empty: none), as a reduction's axis text."""
+        return "+".join(axis for axis, size in (("dp", self.dp), ("ep", self.ep)) if size > 1)
 
     def describe(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         if self.schedule is Schedule.ZERO_BUBBLE:
             v = " zero-bubble"
         stages = f" stages={describe_layers(self.stage_layers)}" if self.stage_layers else ""
-        return f"tp={self.tp} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}{stages}"
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return f"tp={self.tp}{ep} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}{stages}"
 
     def layers_of_stages(self, model: Transformer) -> tuple[int, ...]:
         """Layers per pipeline stage, first to last."""
@@ -210,7 +225,7 @@ def sequence_parallel(training: Training, config: Configuration) -> bool:
 def configuration_problem(model: Transformer, training: Training, config: Configuration) -> str | None:
     """Why the configuration cannot run the model (None if it can)."""
     if config.stage_layers:
-        problem = model.parallelism_problem(config.tp, 1)
+        problem = model.parallelism_problem(config.tp, 1, config.ep)
         layout = config.stage_layers
         if not problem and (len(layout) != config.pp or sum(layout) != model.layers or min(layout) < 1):
             problem = (f"stages {describe_layers(layout)}: {config.pp} stages of at least one layer each must hold "
@@ -221,10 +236,15 @@ def configuration_problem(model: Transformer, training: Training, config: Config
         if not problem and config.schedule is Schedule.INTERLEAVED:
             problem = "uneven stages with interleaved virtual stages are not modelled"
     else:
-        problem = model.parallelism_problem(config.tp, config.pp)
+        problem = model.parallelism_problem(config.tp, config.pp, config.ep)
     if problem:
         return problem
-    if training.global_batch % (config.dp * config.micro_batch):
+    if config.ep > 1 and training.sharding is Sharding.ZERO3:
+        return "ZeRO-3 with expert parallelism is not modelled (use --sharding zero1 or zero2)"
+    if training.global_batch % (config.replicas * config.micro_batch):
+        if config.ep > 1:
+            return (f"--global-batch {training.global_batch} is not divisible by dp x ep x micro-batch = "
+                    f"{config.dp} x {config.ep} x {config.micro_batch}")
         return (f"--global-batch {training.global_batch} is not divisible by dp x micro-batch = "
                 f"{config.dp} x {config.micro_batch}")
     return schedule_problem(config.schedule, config.virtual_stages, config.pp, config.micro_batches(training),
@@ -266,6 +286,14 @@ def stage_kinds(layout: tuple[int, ...]) -> dict[str, int]:
     return kinds
 
 
+def stage_mix(model: Transformer, layout: tuple[int, ...]) -> dict[str, tuple[int, int]]:
+    """``(dense, moe)`` layers of each kind of pipeline stage
+    (:func:`stage_kinds`): an MoE model's first ``dense_layers`` layers are
+    dense, on the first stages."""
+    starts = {"only": 0, "first": 0, "middle": layout[0], "last": sum(layout[:-1])}
+    return {kind: model.layer_mix(starts[kind], layers) for kind, layers in stage_kinds(layout).items()}
+
+
 def stage_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, int]:
     """Parameters of each kind of pipeline stage (:func:`stage_kinds`). With
     tied embeddings and pp > 1 the last stage keeps its own copy of the word
@@ -273,7 +301,18 @@ def stage_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, i
     head = model.head_params + (model.vocab * model.hidden if model.tied_embeddings and len(layout) > 1 else 0)
     extra = {"only": model.embedding_params + model.head_params, "first": model.embedding_params, "last": head,
              "middle": 0}
-    return {kind: layers * model.layer_params + extra[kind] for kind, layers in stage_kinds(layout).items()}
+    return {kind: model.layers_params(dense, moe) + extra[kind] for kind, (dense, moe) in stage_mix(model, layout).items()}
+
+
+def largest_layer_params(model: Transformer) -> int:
+    """The parameters of the model's largest layer (an MoE layer's, all its
+    experts, when it has any)."""
+    return max(model.layer_params, model.moe_layer_params if model.moe else 0)
+
+
+def stage_routed_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, int]:
+    """Of :func:`stage_parameters`, the routed experts' (what ep shards)."""
+    return {kind: moe * model.moe_layer_routed_params for kind, (_, moe) in stage_mix(model, layout).items()}
 
 
 def memory_per_device(model: Transformer, training: Training, config: Configuration) -> Memory:
@@ -283,27 +322,34 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
     m = config.micro_batches(training)
     scores = training.attention == "unfused"
     sp = sequence_parallel(training, config)
-    per_layer = model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w, scores, sp)
+    per_layer, per_moe_layer = (model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w,
+                                                                 scores, sp, moe) for moe in (False, True))
     working = 0.0  # full recomputation rebuilds one layer's activations at a time
     if training.recompute is Recompute.FULL:
-        working = model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores, sp)
-    kinds = stage_kinds(config.layers_of_stages(model))
+        working = max(model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores, sp,
+                                                       moe) for moe in (False, model.moe_layers > 0))
+    layout = config.layers_of_stages(model)
+    mix = stage_mix(model, layout)
+    routed = stage_routed_parameters(model, layout)
     worst: Memory | None = None
-    for stage, params in stage_parameters(model, config.layers_of_stages(model)).items():
-        p = params / config.tp
-        weights, gradients, optimizer = w * p, w * p, optimizer_bytes * p
+    for stage, params in stage_parameters(model, layout).items():
+        # dense weights split over tp and replicated over dp x ep; routed experts split over tp x ep
+        dense, experts = (params - routed[stage]) / config.tp, routed[stage] / (config.tp * config.ep)
+        weights, gradients, optimizer = w * (dense + experts), w * (dense + experts), optimizer_bytes * (dense + experts)
+        sharded = dense / config.replicas + experts / config.dp  # one replica's shard of the stage
         if training.sharding is Sharding.ZERO1:
-            optimizer /= config.dp
+            optimizer = optimizer_bytes * sharded
         elif training.sharding is Sharding.ZERO2:
-            gradients, optimizer = gradients / config.dp, optimizer / config.dp
+            gradients, optimizer = w * sharded, optimizer_bytes * sharded
         elif training.sharding is Sharding.ZERO3:
-            weights, gradients, optimizer = weights / config.dp, gradients / config.dp, optimizer / config.dp
-            layer = model.layer_params / config.tp
+            weights, gradients, optimizer = w * sharded, w * sharded, optimizer_bytes * sharded
+            layer = largest_layer_params(model) / config.tp
             weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
             gradients += w * layer  # one layer's full gradients before the reduce-scatter
         index = {"first": 0, "middle": 1, "last": config.pp - 1, "only": 0}[stage]
         in_flight = in_flight_micro_batches(config.schedule, config.pp, index, m, config.virtual_stages)
-        activations = kinds[stage] * in_flight * per_layer + working
+        dense_layers, moe_layers = mix[stage]
+        activations = in_flight * (dense_layers * per_layer + moe_layers * per_moe_layer) + working
         if stage in ("last", "only"):
             activations += model.logits_bytes(config.micro_batch, config.tp)
         memory = Memory(weights, gradients, optimizer, activations, stage)
@@ -325,6 +371,21 @@ class Collectives(Protocol):
 
     def send(self, axis: str, size_bytes: int) -> float:
         """Every device sends ``size_bytes`` to its next neighbour along ``axis`` at once."""
+
+    def alltoall(self, axis: str, size_bytes: int) -> float:
+        """An all-to-all of ``size_bytes`` per device in every group of ``axis`` at once."""
+
+
+def overlapped_mixed_s(transfers: list[tuple[int, float]], window_s: float) -> float:
+    """:func:`overlapped_s` of several kinds of transfers, ``(count,
+    seconds each)``, ready evenly over the window one after another: the
+    longest one is taken as the last, which never overlaps. Equal to
+    :func:`overlapped_s` for one kind."""
+    count = sum(n for n, _ in transfers)
+    if count < 1:
+        return 0.0
+    total = sum(n * each for n, each in transfers)
+    return max(max(each for n, each in transfers if n), total - window_s * (1 - 1 / count))
 
 
 def overlapped_s(count: int, each_s: float, window_s: float) -> float:
@@ -374,14 +435,15 @@ class StepTime:
     bucket_bytes: int | None
     reductions: tuple[tuple[str, Goal, int], ...]  # (axis, goal, size) the step reduces
     optimizer_s: float = 0.0  # the optimizer step (per-operation model; the curve folds it into compute)
+    ep_s: float = 0.0  # expert parallelism's all-to-alls, on the critical path
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.tp_s + self.pp_s + self.dp_s + self.optimizer_s
+        return self.compute_s + self.bubble_s + self.tp_s + self.ep_s + self.pp_s + self.dp_s + self.optimizer_s
 
     def breakdown(self) -> dict[str, float]:
-        return {"compute": self.compute_s, "bubble": self.bubble_s, "tp": self.tp_s, "pp": self.pp_s,
-                "dp": self.dp_s, "optimizer": self.optimizer_s}
+        return {"compute": self.compute_s, "bubble": self.bubble_s, "tp": self.tp_s, "ep": self.ep_s,
+                "pp": self.pp_s, "dp": self.dp_s, "optimizer": self.optimizer_s}
 
 
 @dataclass(frozen=True)
@@ -395,8 +457,11 @@ class StepShape:
     weight_gradient_fraction: float  # of a micro-batch's compute: the weight GEMMs of the backward
     activation_bytes: int  # b s h w: one tp all-reduce, one pipeline send (before / tp)
     gemm_flops: tuple[float, ...]  # per device: one forward of each tensor-parallel GEMM of a layer (QKV, proj, up, down)
-    gradient_bytes: int  # per device: the worst stage's parameters / tp, in w bytes
+    gradient_bytes: int  # per device: the worst stage's dense parameters / tp, in w bytes (reduced over dp x ep)
     layer_bytes: int  # one layer's parameters per device, in w bytes
+    expert_gradient_bytes: int = 0  # per device: its routed experts of that stage, in w bytes (reduced over dp)
+    moe_layers_per_stage: int = 0  # the most MoE layers a stage holds
+    alltoall_bytes: int = 0  # per device: one all-to-all of expert parallelism (the routed token copies)
 
     @property
     def flops_per_layer(self) -> float:
@@ -411,7 +476,12 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
         per_device = slowest_stage(layout, _flops_stage_costs(model, training, config)) / config.tp
     else:
         per_device = flops.total / (config.tp * config.pp)
-    params = max(stage_parameters(model, layout).values())
+    routed = stage_routed_parameters(model, layout)
+    params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
+    moe = model.moe
+    alltoall = 0
+    if moe and config.ep > 1:  # each device sends its sequence-parallel share of the routed token copies
+        alltoall = math.ceil(config.micro_batch * model.seq * moe.routed_per_token * model.hidden * w / config.tp)
     return StepShape(
         micro_batches=config.micro_batches(training),
         layers_per_stage=max(layout),
@@ -419,9 +489,13 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
         backward_fraction=(flops.backward + flops.recompute) / flops.total,
         weight_gradient_fraction=flops.weight_gradient / flops.total,
         activation_bytes=config.micro_batch * model.seq * model.hidden * w,
-        gemm_flops=tuple(2.0 * config.micro_batch * model.seq * p / config.tp for p in model.layer_gemm_params),
-        gradient_bytes=math.ceil(params / config.tp) * w,
-        layer_bytes=math.ceil(model.layer_params / config.tp) * w,
+        gemm_flops=tuple(2.0 * config.micro_batch * model.seq * p / config.tp
+                         for p in (model.moe_layer_gemm_params if moe else model.layer_gemm_params)),
+        gradient_bytes=math.ceil((params - routed[kind]) / config.tp) * w,
+        layer_bytes=math.ceil(largest_layer_params(model) / config.tp) * w,
+        expert_gradient_bytes=math.ceil(routed[kind] / (config.tp * config.ep)) * w,
+        moe_layers_per_stage=max(moe_layers for _, moe_layers in stage_mix(model, layout).values()),
+        alltoall_bytes=alltoall,
     )
 
 
@@ -450,14 +524,18 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
 
 def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
                          compute: OperationProfile, shape: StepShape) -> ComputeEstimate:
-    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config))
+    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep)
     layout = config.layers_of_stages(model)
+    mix = stage_mix(model, layout)
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
-                                      kind in ("last", "only")).total_s
+                                      kind in ("last", "only"), mix[kind][1]).total_s
                         for kind, layers in stage_kinds(layout).items())
-    parameters = max(stage_parameters(model, layout).values()) / config.tp
-    if training.sharding is not Sharding.NONE:
-        parameters /= config.dp  # ZeRO-1 and ZeRO-3 update their shard only
+    routed = stage_routed_parameters(model, layout)
+    params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
+    dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)
+    if training.sharding is not Sharding.NONE:  # ZeRO updates its shard only
+        dense, experts = dense / config.replicas, experts / config.dp
+    parameters = dense + experts
     efficiency = shape.flops_per_micro_batch / (device.peak_flops * micro_batch_s)
     return ComputeEstimate(micro_batch_s, efficiency, optimizer_s(compute, parameters, training.value_bytes == 2))
 
@@ -477,8 +555,8 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     prices them all at one rate)."""
     if isinstance(compute, ComputeProfile):
         return _flops_stage_costs(model, training, config)
-    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config))
-    layer = layer_compute(compute, model, shard)
+    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep)
+    layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
     return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
                       head_compute(compute, model, shard).total_s)
@@ -518,10 +596,14 @@ def step_time(
         else:
             tp_mb = calls * collectives.reduce("tp", Goal.ALLREDUCE, shape.activation_bytes)
             reductions.append(("tp", Goal.ALLREDUCE, shape.activation_bytes))
+    ep_mb = 0.0
+    if shape.alltoall_bytes:  # per MoE layer and pass: the dispatch to the experts and the combine back
+        passes = 3 if training.recompute is Recompute.FULL else 2
+        ep_mb = shape.moe_layers_per_stage * 2 * passes * collectives.alltoall("ep", shape.alltoall_bytes)
     pp_mb = 0.0
     if config.pp > 1:
         pp_mb = 2 * v * collectives.send("pp", max(1, shape.activation_bytes // config.tp))
-    slot = micro_batch_s + tp_mb + pp_mb
+    slot = micro_batch_s + tp_mb + ep_mb + pp_mb
     dp_s, bucket, dp_reductions = _data_parallel(training, config, collectives, shape, micro_batch_s)
     reductions.extend(dp_reductions)
     return StepTime(
@@ -535,16 +617,20 @@ def step_time(
         bucket_bytes=bucket,
         reductions=tuple(reductions),
         optimizer_s=optimizer_s,
+        ep_s=m * ep_mb,
     )
 
 
 def _data_parallel(training: Training, config: Configuration, collectives: Collectives, shape: StepShape,
                    micro_batch_s: float) -> tuple[float, int | None, list[tuple[str, Goal, int]]]:
-    """Exposed DP seconds, the chosen bucket size and the reductions used."""
-    if config.dp == 1:
+    """Exposed DP seconds, the chosen bucket size and the reductions used: the
+    dense weights' gradients over dp x ep (:attr:`Configuration.dense_axes`),
+    the routed experts' over dp, in buckets of one size."""
+    dense_axes = config.dense_axes
+    if not dense_axes:
         return 0.0, None, []
     backward_s = micro_batch_s * shape.backward_fraction
-    if training.sharding is Sharding.ZERO3:
+    if training.sharding is Sharding.ZERO3:  # not with ep > 1 (configuration_problem)
         size = shape.layer_bytes
         gather = collectives.reduce("dp", Goal.ALLGATHER, size)
         scatter = collectives.reduce("dp", Goal.REDUCESCATTER, size)
@@ -557,19 +643,23 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     goal = Goal.REDUCESCATTER if sharded else Goal.ALLREDUCE
     # ZeRO-2 keeps no full gradients to accumulate in: every micro-batch's backward reduce-scatters its own
     reductions = shape.micro_batches if training.sharding is Sharding.ZERO2 else 1
+    sets = [(dense_axes, shape.gradient_bytes)]  # (axes, bytes per device) of each set of gradients
+    if shape.expert_gradient_bytes and config.dp > 1:
+        sets.append(("dp", shape.expert_gradient_bytes))
     best: tuple[float, int] | None = None
-    for bucket in bucket_sizes(shape.gradient_bytes):
-        n = math.ceil(shape.gradient_bytes / bucket)
-        each = collectives.reduce("dp", goal, bucket)
-        exposed = reductions * (overlapped_s(n, each, backward_s) if training.overlap_dp else n * each)
+    for bucket in bucket_sizes(sum(size for _, size in sets)):
+        transfers = [(math.ceil(size / bucket), collectives.reduce(axes, goal, bucket)) for axes, size in sets]
+        exposed = reductions * (overlapped_mixed_s(transfers, backward_s) if training.overlap_dp
+                                else sum(n * each for n, each in transfers))
         if sharded:
-            exposed += n * collectives.reduce("dp", Goal.ALLGATHER, bucket)
+            exposed += sum(n * collectives.reduce(axes, Goal.ALLGATHER, bucket)
+                           for (n, _), (axes, _) in zip(transfers, sets))
         if best is None or exposed < best[0]:
             best = (exposed, bucket)
     assert best is not None
-    used = [("dp", goal, best[1])]
+    used = [(axes, goal, best[1]) for axes, _ in sets]
     if sharded:
-        used.append(("dp", Goal.ALLGATHER, best[1]))
+        used += [(axes, Goal.ALLGATHER, best[1]) for axes, _ in sets]
     return best[0], best[1], used
 
 

@@ -84,13 +84,44 @@ _TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
 # architecture choices: field -> its values (the first of each is the GPT default, :func:`model_from_dict`)
 _CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("layernorm", "rmsnorm"),
                   "positions": ("learned", "rotary")}
+# the moe: block's fields (inline: given flat, e.g. experts=8,top_k=2,expert_ffn=14336)
+MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
 INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "mlp", "gated_mlp", "biases",
-                 "norm", "positions", "tied_embeddings")
+                 "norm", "positions", "tied_embeddings") + MOE_FIELDS
 # 16-bit values of s b f each MLP keeps for its backward (Korthikanti et al. count GeLU's input and output,
 # 4 bytes): GeLU keeps its input, the down GEMM its output (2 tensors); SwiGLU the gate-and-up output (2),
 # the product the down GEMM reads (1); ReLU keeps only its output, which is the down GEMM's input (1);
 # squared ReLU its ReLU output (which the square's backward reads too) and the square (2).
 MLP_WIDE_VALUES = {"gelu": 2, "swiglu": 3, "relu": 1, "squared_relu": 2}
+
+
+@dataclass(frozen=True)
+class MoE:
+    """The mixture of experts of a model's MoE layers (``moe:`` in a model
+    file): ``experts`` routed experts of which each token goes to ``top_k``,
+    each an MLP of width ``expert_ffn`` (the model's ``mlp`` kind);
+    ``shared_experts`` more of that width that every token goes through; the
+    first ``dense_layers`` layers are dense (the model's ``ffn``);
+    ``capacity_factor`` (None: dropless) pads every expert to ``capacity_factor
+    x`` its even share of the tokens, which the experts then compute and the
+    all-to-alls carry."""
+
+    experts: int
+    top_k: int
+    expert_ffn: int
+    shared_experts: int = 0
+    dense_layers: int = 0
+    capacity_factor: float | None = None
+
+    @property
+    def routed_per_token(self) -> float:
+        """Expert passes per token: top_k, padded by the capacity factor."""
+        return self.top_k * (self.capacity_factor or 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experts": self.experts, "top_k": self.top_k, "expert_ffn": self.expert_ffn,
+                "shared_experts": self.shared_experts, "dense_layers": self.dense_layers,
+                "capacity_factor": self.capacity_factor}
 
 
 @dataclass(frozen=True)
@@ -110,6 +141,7 @@ class Transformer:
     norm: str = "layernorm"
     positions: str = "learned"
     tied_embeddings: bool = True
+    moe: MoE | None = None  # None: every layer dense
     params_stated: int | None = None  # the count the source states (informative)
     source: str = ""
     source_inconsistency: str | None = None
@@ -132,10 +164,70 @@ class Transformer:
         return self.hidden * self.kv_heads // self.heads
 
     @property
+    def mlp_matrices(self) -> int:
+        """Matrices of one MLP: 3 for SwiGLU (gate, up, down), else 2."""
+        return 3 if self.gated_mlp else 2
+
+    @property
+    def attention_matrix_params(self) -> int:
+        """Q, K, V and the output projection."""
+        h = self.hidden
+        return h * (h + 2 * self.kv_dim) + h * h
+
+    def mlp_params(self, width: int) -> int:
+        """One MLP of ``width``: its matrices and (with ``biases``) their biases."""
+        h = self.hidden
+        return self.mlp_matrices * h * width + (((self.mlp_matrices - 1) * width + h) if self.biases else 0)
+
+    @property
     def layer_matrix_params(self) -> int:
-        """The matrices of one layer (what its GEMMs multiply by)."""
-        h, f = self.hidden, self.ffn
-        return h * (h + 2 * self.kv_dim) + h * h + (3 if self.gated_mlp else 2) * h * f
+        """The matrices of one dense layer (what its GEMMs multiply by)."""
+        return self.attention_matrix_params + self.mlp_matrices * self.hidden * self.ffn
+
+    # -------------------------------------------------- mixture of experts
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with experts: all but the first ``dense_layers`` (0 without ``moe``)."""
+        return self.layers - self.moe.dense_layers if self.moe else 0
+
+    def layer_mix(self, start: int, count: int) -> tuple[int, int]:
+        """``(dense, moe)``: how many of the layers ``start .. start + count - 1``
+        (0 is the first) are dense and how many have experts."""
+        dense_end = self.layers - self.moe_layers
+        dense = max(0, min(start + count, dense_end) - start)
+        return dense, count - dense
+
+    @property
+    def expert_params(self) -> int:
+        """One expert (routed or shared)."""
+        assert self.moe is not None
+        return self.mlp_params(self.moe.expert_ffn)
+
+    @property
+    def moe_layer_routed_params(self) -> int:
+        """The routed experts of one MoE layer: what expert parallelism shards."""
+        return self.moe.experts * self.expert_params if self.moe else 0
+
+    @property
+    def moe_layer_params(self) -> int:
+        """One MoE layer: attention, norms, router (h x experts), routed and
+        shared experts."""
+        assert self.moe is not None
+        attention_biases = (2 * self.hidden + 2 * self.kv_dim) if self.biases else 0
+        return (self.attention_matrix_params + attention_biases + 2 * self.norm_params
+                + self.hidden * self.moe.experts + self.moe_layer_routed_params
+                + self.moe.shared_experts * self.expert_params)
+
+    @property
+    def moe_layer_matrix_params(self) -> float:
+        """The matrices one token's pass through an MoE layer multiplies by:
+        attention, router, and ``top_k`` (padded by the capacity factor) plus
+        ``shared_experts`` experts."""
+        assert self.moe is not None
+        experts = self.moe.routed_per_token + self.moe.shared_experts
+        return (self.attention_matrix_params + self.hidden * self.moe.experts
+                + experts * self.mlp_matrices * self.hidden * self.moe.expert_ffn)
 
     @property
     def layer_gemm_params(self) -> tuple[int, int, int, int]:
@@ -146,11 +238,23 @@ class Transformer:
         return h * (h + 2 * self.kv_dim), h * h, (2 if self.gated_mlp else 1) * h * f, h * f
 
     @property
+    def moe_layer_gemm_params(self) -> tuple[float, float, float, float]:
+        """:attr:`layer_gemm_params` of an MoE layer per token: the experts a
+        token passes (routed, padded, and shared) in place of the MLP."""
+        assert self.moe is not None
+        h, f = self.hidden, self.moe.expert_ffn
+        experts = self.moe.routed_per_token + self.moe.shared_experts
+        return (h * (h + 2 * self.kv_dim), h * h, experts * (2 if self.gated_mlp else 1) * h * f, experts * h * f)
+
+    @property
     def layer_params(self) -> int:
-        """One layer: matrices, biases (GPT) and norms."""
-        h = self.hidden
-        biases = (h + 2 * self.kv_dim) + h + (2 if self.gated_mlp else 1) * self.ffn + h if self.biases else 0
-        return self.layer_matrix_params + biases + 2 * self.norm_params
+        """One dense layer: matrices, biases and norms."""
+        attention_biases = (2 * self.hidden + 2 * self.kv_dim) if self.biases else 0
+        return self.attention_matrix_params + attention_biases + self.mlp_params(self.ffn) + 2 * self.norm_params
+
+    def layers_params(self, dense: int, moe: int) -> int:
+        """``dense`` dense layers and ``moe`` MoE layers."""
+        return dense * self.layer_params + (moe * self.moe_layer_params if moe else 0)
 
     @property
     def embedding_params(self) -> int:
@@ -164,13 +268,32 @@ class Transformer:
 
     @property
     def parameters(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params + self.head_params
+        return (self.layers_params(self.layers - self.moe_layers, self.moe_layers) + self.embedding_params
+                + self.head_params)
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token passes through (``top_k`` of the routed experts;
+        the same as :attr:`parameters` for a dense model)."""
+        if not self.moe:
+            return self.parameters
+        unused = (self.moe.experts - self.moe.top_k) * self.expert_params
+        return self.parameters - self.moe_layers * unused
 
     # ------------------------------------------------------------ FLOPs
 
     def layer_forward_flops(self, tokens: int) -> float:
-        """Forward FLOPs of one layer for ``tokens`` = b s tokens."""
+        """Forward FLOPs of one dense layer for ``tokens`` = b s tokens."""
         return 2.0 * tokens * self.layer_matrix_params + self.attention_core_flops(tokens)
+
+    def moe_layer_forward_flops(self, tokens: int) -> float:
+        """Forward FLOPs of one MoE layer: its attention, router and the
+        experts each token passes (:attr:`moe_layer_matrix_params`)."""
+        return 2.0 * tokens * self.moe_layer_matrix_params + self.attention_core_flops(tokens)
+
+    def layers_forward_flops(self, tokens: int, dense: int, moe: int) -> float:
+        """Forward FLOPs of ``dense`` dense and ``moe`` MoE layers."""
+        return dense * self.layer_forward_flops(tokens) + (moe * self.moe_layer_forward_flops(tokens) if moe else 0.0)
 
     def attention_core_flops(self, tokens: int) -> float:
         """Forward FLOPs of QK^T and (scores)V for ``tokens`` tokens: 4 T s h."""
@@ -182,7 +305,7 @@ class Transformer:
     def training_flops(self, samples: int, recompute: Recompute = Recompute.NONE) -> "Flops":
         """FLOPs of forward, backward and recomputation for ``samples`` sequences."""
         tokens = samples * self.seq
-        layers = self.layers * self.layer_forward_flops(tokens)
+        layers = self.layers_forward_flops(tokens, self.layers - self.moe_layers, self.moe_layers)
         forward = layers + self.logits_forward_flops(tokens)
         extra = {Recompute.NONE: 0.0, Recompute.FULL: layers,
                  Recompute.SELECTIVE: self.layers * self.attention_core_flops(tokens)}[recompute]
@@ -193,7 +316,7 @@ class Transformer:
 
     def activation_bytes_per_layer(self, micro_batch: int, tp: int, recompute: Recompute,
                                    bytes_per_value: int = 2, scores: bool = True,
-                                   sequence_parallel: bool = False) -> float:
+                                   sequence_parallel: bool = False, moe: bool = False) -> float:
         """Activation bytes one layer stores for one micro-batch on one device
         (Korthikanti et al. 2022, tensor parallelism, with or without sequence
         parallelism; ``bytes_per_value`` scales the 16-bit figure).
@@ -201,7 +324,11 @@ class Transformer:
         and output (``5 a s^2 b``: an unfused attention); a flash attention
         keeps none of them. ``sequence_parallel``: the tensors the layer would
         replicate on every tensor-parallel rank are split along the sequence
-        (their eq. 4: ``s b h (34 + 5 a s / h) / t`` for a 4h MLP)."""
+        (their eq. 4: ``s b h (34 + 5 a s / h) / t`` for a 4h MLP). ``moe``: an
+        MoE layer, whose MLP tensors are those of the experts each token passes
+        (routed, padded, and shared, each of ``expert_ffn``), plus the routed
+        copies of its input (``2 s b h`` per routed pass) and the router's fp32
+        probabilities (``4 s b E``), all split over tp."""
         s, b, h, f, kv = self.seq, micro_batch, self.hidden, self.ffn, self.kv_dim
         scale = bytes_per_value / 2
         replicas = tp if sequence_parallel else 1  # what the replicated tensors are divided by
@@ -212,7 +339,13 @@ class Transformer:
         replicated = 10 * s * b * h
         # split over tp: Q, K, V, the attention output projection's input, the MLP's
         # wide tensors (MLP_WIDE_VALUES: GeLU in and out; gate, up and product for SwiGLU)
-        split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + 2 * MLP_WIDE_VALUES[self.mlp] * s * b * f
+        if moe and self.moe:
+            routed = self.moe.routed_per_token
+            mlp = (2 * MLP_WIDE_VALUES[self.mlp] * s * b * (routed + self.moe.shared_experts) * self.moe.expert_ffn
+                   + 2 * s * b * h * routed + 4 * s * b * self.moe.experts)
+        else:
+            mlp = 2 * MLP_WIDE_VALUES[self.mlp] * s * b * f
+        split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + mlp
         if recompute is Recompute.NONE and scores:  # scores, softmax, dropout mask and output: 5 a s^2 b
             split += 5 * self.heads * s * s * b
         return scale * (replicated / replicas + split / tp)
@@ -223,14 +356,21 @@ class Transformer:
 
     # ------------------------------------------------------------ checks
 
-    def parallelism_problem(self, tp: int, pp: int) -> str | None:
-        """Why ``tp`` or ``pp`` cannot split this model (None if they can):
-        tensor parallelism splits heads, key/value heads, hidden and ffn; pipeline
-        parallelism splits the layers into equal stages."""
-        for field, value in (("heads", self.heads), ("kv_heads", self.kv_heads), ("hidden", self.hidden),
-                             ("ffn", self.ffn)):
+    def parallelism_problem(self, tp: int, pp: int, ep: int = 1) -> str | None:
+        """Why ``tp``, ``pp`` or ``ep`` cannot split this model (None if they
+        can): tensor parallelism splits heads, key/value heads, hidden, ffn and
+        the experts' width; pipeline parallelism splits the layers into equal
+        stages; expert parallelism splits the routed experts."""
+        fields = [("heads", self.heads), ("kv_heads", self.kv_heads), ("hidden", self.hidden), ("ffn", self.ffn)]
+        if self.moe:
+            fields.append(("moe.expert_ffn", self.moe.expert_ffn))
+        for field, value in fields:
             if value % tp:
                 return f"tp={tp} does not divide the model's {field} ({value})"
+        if ep > 1 and not self.moe:
+            return f"ep={ep}: the model has no experts to split (give it a moe: block)"
+        if self.moe and self.moe.experts % ep:
+            return f"ep={ep} does not divide the model's moe.experts ({self.moe.experts})"
         if self.layers % pp:
             return f"pp={pp} does not divide the model's layers ({self.layers})"
         return None
@@ -249,9 +389,15 @@ class Transformer:
             extra.append({"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[self.norm])
         if self.positions != ("rotary" if self.gated_mlp else "learned"):
             extra.append(f"{self.positions} positions")
+        if self.moe:
+            moe = self.moe
+            shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
+            dense = f", {moe.dense_layers} dense layers first" if moe.dense_layers else ""
+            extra.append(f"MoE {moe.experts} experts{shared} of {moe.expert_ffn}, top-{moe.top_k}{dense}")
         more = ", " + ", ".join(extra) if extra else ""
         return (f"model {self.name}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads{more}, "
-                f"seq {self.seq}, vocab {self.vocab} ({_count(self.parameters)} parameters)")
+                f"seq {self.seq}, vocab {self.vocab} ({_count(self.parameters)} parameters"
+                + (f", {_count(self.active_parameters)} active)" if self.moe else ")"))
 
     def architecture_fields(self) -> dict[str, Any]:
         """The architecture fields (``gated_mlp``, ``mlp``, ``biases``,
@@ -265,13 +411,16 @@ class Transformer:
         defaults = {"biases": not gated, "norm": "rmsnorm" if gated else "layernorm",
                     "positions": "rotary" if gated else "learned", "tied_embeddings": True}
         out.update({key: getattr(self, key) for key, default in defaults.items() if getattr(self, key) != default})
+        if self.moe:
+            out["moe"] = self.moe.to_dict()
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.ffn, "kv_heads": self.kv_heads,
                 "mlp": self.mlp, "gated_mlp": self.gated_mlp, "biases": self.biases, "norm": self.norm,
-                "positions": self.positions, "tied_embeddings": self.tied_embeddings, "parameters": self.parameters}
+                "positions": self.positions, "tied_embeddings": self.tied_embeddings, "parameters": self.parameters,
+                **({"moe": self.moe.to_dict(), "active_parameters": self.active_parameters} if self.moe else {})}
 
 
 def _count(n: int) -> str:
@@ -311,7 +460,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     """Build and check a model; errors name ``source`` and the field."""
     if not isinstance(data, dict):
         raise SynthError(f"{source}: expected a mapping with keys {', '.join(_REQUIRED)}")
-    allowed = _INT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + tuple(_CHOICE_FIELDS)
+    allowed = _INT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + tuple(_CHOICE_FIELDS) + ("moe",)
     for key in data:
         if key not in allowed:
             raise SynthError(f"{source}: unknown model field '{key}'; known fields are {', '.join(allowed)}")
@@ -349,6 +498,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
                          f"{heads} is not an integer")
     if gated and "ffn" not in data:
         raise SynthError(f"{source}: model field 'ffn' is required with a SwiGLU MLP (its width)")
+    moe = _moe_from(data["moe"], data["layers"], source) if data.get("moe") is not None else None
     return Transformer(
         name=str(data.get("name", Path(source).stem)),
         layers=data["layers"], hidden=hidden, heads=heads, seq=data["seq"], vocab=data["vocab"],
@@ -356,10 +506,40 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         biases=bool(data.get("biases", not gated)),
         norm=str(data.get("norm", "rmsnorm" if gated else "layernorm")),
         positions=str(data.get("positions", "rotary" if gated else "learned")),
-        tied_embeddings=bool(data.get("tied_embeddings", True)),
+        tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe,
         params_stated=data.get("params"), source=str(data.get("source", "")),
         source_inconsistency=data.get("source_inconsistency"),
     )
+
+
+def _moe_from(block: Any, layers: int, source: str) -> MoE:
+    """The ``moe:`` block; errors name the field."""
+    if not isinstance(block, dict):
+        raise SynthError(f"{source}: model field 'moe' must be a mapping with experts, top_k and expert_ffn")
+    for key in block:
+        if key not in MOE_FIELDS:
+            raise SynthError(f"{source}: unknown field 'moe.{key}'; known fields are {', '.join(MOE_FIELDS)}")
+    for key in ("experts", "top_k", "expert_ffn"):
+        if key not in block:
+            raise SynthError(f"{source}: missing field 'moe.{key}'")
+    for key in MOE_FIELDS[:5]:
+        value = block.get(key, 0)
+        least = 1 if key in ("experts", "top_k", "expert_ffn") else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise SynthError(f"{source}: field 'moe.{key}' must be an integer >= {least}, got {value!r}")
+    if block["top_k"] > block["experts"]:
+        raise SynthError(f"{source}: field 'moe.top_k' ({block['top_k']}) is more than moe.experts "
+                         f"({block['experts']})")
+    if block.get("dense_layers", 0) >= layers:
+        raise SynthError(f"{source}: field 'moe.dense_layers' ({block['dense_layers']}) leaves no MoE layer of the "
+                         f"{layers}")
+    capacity = block.get("capacity_factor")
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, (int, float))
+                                 or not 1 <= capacity <= 64):
+        raise SynthError(f"{source}: field 'moe.capacity_factor' must be a number from 1 to 64 or null (dropless), "
+                         f"got {capacity!r}")
+    return MoE(block["experts"], block["top_k"], block["expert_ffn"], block.get("shared_experts", 0),
+               block.get("dense_layers", 0), None if capacity is None else float(capacity))
 
 
 def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
@@ -381,10 +561,18 @@ def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
             data[key] = value == "true"
         elif key in _CHOICE_FIELDS:
             data[key] = value  # model_from_dict names the values
+        elif key == "capacity_factor":
+            try:
+                data[key] = float(value)
+            except ValueError:
+                raise SynthError(f"{option} {key}={value}: must be a number") from None
         elif not value.isdigit():
             raise SynthError(f"{option} {key}={value}: must be an integer >= 1")
         else:
             data[key] = int(value)
+    moe = {key: data.pop(key) for key in MOE_FIELDS if key in data}
+    if moe:
+        data["moe"] = moe
     data["name"] = "inline"
     return model_from_dict(data, option)
 

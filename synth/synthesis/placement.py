@@ -380,7 +380,7 @@ class Placement:
                     f"expected the axis size {axis.size}"
                 )
 
-    @property
+    @cached_property
     def axis_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.axes)
 
