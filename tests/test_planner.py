@@ -36,6 +36,9 @@ from synth.planner.stepmodel import (
     configuration_problem,
     memory_per_device,
     overlapped_s,
+    stage_mix,
+    stage_parameters,
+    stage_routed_parameters,
     step_time,
 )
 from synth.planner.steprecords import StepRecord, read_step_records, write_step_records
@@ -1069,3 +1072,154 @@ def test_branch_and_bound_keeps_the_best_placement_of_a_full_scan():
         scan = min(range(len(placements)), key=lambda i: (steps[i].total_s, i))
         assert c.placement.matrix == placements[scan].matrix
         assert c.step == steps[scan]
+
+
+# ================================================================ mixture of experts and expert parallelism
+
+
+MOE = "layers=4,hidden=64,heads=4,ffn=96,mlp=swiglu,seq=32,vocab=100,experts=8,top_k=2,expert_ffn=48,shared_experts=1"
+
+
+def test_mixtral_counts_are_mistrals():
+    """Mixtral 8x7B: 46.7B parameters, 12.9B active per token (Mistral AI's
+    figures), counted matrix by matrix here."""
+    m = load_model("mixtral-8x7b")
+    h, L, V, f, kv = 4096, 32, 32000, 14336, 1024
+    attention = h * h + 2 * h * kv + h * h + 2 * h  # q, k, v, o, two RMSNorms
+    layer = attention + h * 8 + 8 * 3 * h * f  # router and 8 SwiGLU experts
+    assert m.parameters == L * layer + 2 * V * h + h == 46_702_792_704
+    assert m.active_parameters == m.parameters - L * 6 * 3 * h * f == 12_879_925_248
+    assert round(m.parameters / 1e9, 1) == 46.7 and round(m.active_parameters / 1e9, 1) == 12.9
+
+
+def test_moe_flops_memory_and_dense_layers_by_hand():
+    """An MoE layer computes its attention, router and the top_k routed plus
+    the shared experts per token; the first dense_layers layers are dense.
+    Memory: the routed experts split over tp x ep, the rest over tp; ZeRO-1
+    shards the dense states over dp x ep and the experts' over dp; the MoE
+    layers keep the experts' wide tensors, the routed copies of their input
+    and the router's probabilities."""
+    m = parse_inline_model(MOE + ",dense_layers=1")
+    h, f, fe, s, V, E = 64, 96, 48, 32, 100, 8
+    T = 2 * s  # micro-batch 2
+    attention_matrices = 4 * h * h
+    dense_forward = 2 * T * (attention_matrices + 3 * h * f) + 4 * T * s * h
+    moe_forward = 2 * T * (attention_matrices + h * E + (2 + 1) * 3 * h * fe) + 4 * T * s * h
+    flops = m.training_flops(2)
+    assert flops.forward == pytest.approx(dense_forward + 3 * moe_forward + 2 * T * h * V)
+    assert flops.model == pytest.approx(3 * flops.forward)
+    # memory of tp=2 ep=2 dp=2 pp=2 (2 layers per stage: the first holds the dense layer), zero1
+    config = Configuration(2, 2, 2, 2, ep=2)
+    training = Training(16, sharding=Sharding.ZERO1, sequence_parallel=False)
+    assert config.replicas == 4 and config.micro_batches(training) == 2 and config.devices == 16
+    expert = 3 * h * fe
+    moe_layer = attention_matrices + 2 * h + h * E + (E + 1) * expert
+    dense_layer = attention_matrices + 2 * h + 3 * h * f
+    first_dense = (dense_layer + moe_layer - E * expert + V * h) / 2  # / tp
+    first_routed = E * expert / (2 * 2)  # / (tp ep)
+    layout = (2, 2)
+    assert stage_mix(m, layout) == {"first": (1, 1), "last": (0, 2)}
+    assert stage_parameters(m, layout)["first"] == 2 * first_dense + 4 * first_routed
+    assert stage_routed_parameters(m, layout) == {"first": E * expert, "last": 2 * E * expert}
+    b, kv = 2, h
+    moe_act = 10 * s * b * h + (2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + 2 * 3 * s * b * 3 * fe
+                                + 2 * s * b * h * 2 + 4 * s * b * E) / 2
+    assert m.activation_bytes_per_layer(b, 2, Recompute.NONE, scores=False, moe=True) == pytest.approx(moe_act)
+    memory = memory_per_device(m, training, config)  # the last stage, two MoE layers and the head, is the worst
+    last_dense = (2 * (moe_layer - E * expert) + V * h + h) / 2
+    last_routed = 2 * E * expert / 4
+    assert memory.stage == "last"
+    assert memory.weights == memory.gradients == pytest.approx(2 * (last_dense + last_routed))
+    assert memory.optimizer == pytest.approx(12 * (last_dense / 4 + last_routed / 2))
+    assert memory.activations == pytest.approx(2 * moe_act + 4 * s * b * V / 2)
+
+
+class WithAllToAll(Recording):
+    """Recording collectives that also price all-to-alls."""
+
+    def alltoall(self, axis, size_bytes):
+        self.calls.append(("alltoall", axis, size_bytes))
+        return 5e-3
+
+
+def test_expert_parallel_step_by_hand():
+    """Per MoE layer and pass one dispatch and one combine all-to-all over ep
+    of the micro-batch's routed token copies (its sequence-parallel share),
+    on the critical path and in the bubble's slot; the dense gradients reduce
+    over dp x ep, the experts' over dp, in buckets of one size; without ep no
+    all-to-all."""
+    m = parse_inline_model(MOE)
+    h, s, b, tp = 64, 32, 2, 2
+    config = Configuration(tp, 2, 1, b, ep=2)  # 16 / (2 x 2 x 2) = 2 micro-batches
+    training = Training(16)
+    rec = WithAllToAll()
+    t_mb = 0.01
+    step = step_time(m, training, config, rec, t_mb)
+    sends = [c for c in rec.calls if c[0] == "alltoall"]
+    assert {c[1:] for c in sends} == {("ep", b * s * 2 * h * 2 // tp)}  # top-2 copies, bf16, / tp
+    assert step.ep_s == pytest.approx(2 * 4 * 2 * 2 * 5e-3)  # micro-batches x layers x passes x 2
+    full = step_time(m, replace(training, recompute=Recompute.FULL), config, WithAllToAll(), t_mb)
+    assert full.ep_s == pytest.approx(step.ep_s * 3 / 2)
+    dp_axes = {(c[1], c[2]) for c in rec.calls if c[0] == "reduce" and c[1] != "tp"}
+    assert dp_axes == {("dp+ep", Goal.ALLREDUCE), ("dp", Goal.ALLREDUCE)}
+    no_ep = WithAllToAll()
+    plain = step_time(m, training, Configuration(tp, 4, 1, b), no_ep, t_mb)
+    assert plain.ep_s == 0 and not any(c[0] == "alltoall" for c in no_ep.calls)
+    assert {c[1] for c in no_ep.calls if c[0] == "reduce" and c[1] != "tp"} == {"dp"}
+    pipelined = step_time(m, training, Configuration(tp, 2, 2, 1, ep=2), WithAllToAll(), t_mb)
+    assert pipelined.bubble_s == pytest.approx(
+        (2 - 1) * (t_mb + pipelined.tp_s / 4 + pipelined.ep_s / 4 + pipelined.pp_s / 4))
+
+
+def test_alltoall_cost_by_hand():
+    """An all-to-all is every member's n - 1 sends of size / n at once: inside
+    a node each GPU's flows share its NVLink port; across nodes they share the
+    node's NICs (GPUDirect RDMA), so groups spread over nodes pay the
+    network."""
+    from synth.cost import Model, alltoall_s
+
+    topo = load_topology("dgx-h100").scaled({"node": 2})
+    profile = Model().profile_for(topo)
+    size = 64 * 2**20
+    inside = np.arange(16).reshape(2, 8)
+    nvlink = 450e9  # dgx-h100.yaml's GPU level, bytes per second per direction
+    assert alltoall_s(topo, profile, inside, size) == pytest.approx(1e-6 + 7 * (size / 8) / nvlink)
+    across = np.arange(16).reshape(2, 8).T.copy()  # 8 groups of 2, one GPU in each node
+    # each node sends 8 flows of size / 2 through its 8 NICs of 47 GB/s: one NIC each
+    assert alltoall_s(topo, profile, across, size) == pytest.approx(5e-6 + (size / 2) / 47e9, rel=1e-9)
+    assert alltoall_s(topo, profile, np.arange(16).reshape(1, 16), size) > alltoall_s(topo, profile, inside, size)
+    assert alltoall_s(topo, profile, np.arange(8).reshape(8, 1), size) == 0.0
+
+
+def test_plan_with_experts_runs_and_exports(cli, tmp_path):
+    """A model with experts plans over tp, ep, dp and pp by default; ep keeps
+    its all-to-alls inside a node where it can, the job plan holds the
+    dp x ep and dp reductions, proved, and the Megatron export gives the
+    expert-parallel size and the MoE arguments; ep must divide the experts
+    and needs a model with experts."""
+    out = tmp_path / "moe.json"
+    common = ["plan", "--topology", "dgx-h100", "--scale", "node=2", "--model", MOE + ",tied_embeddings=false",
+              "--global-batch", "64", "--no-verify"]
+    doc = json.loads(cli(*common, "--json")[1])
+    assert doc["axes"] == ["tp", "ep", "dp", "pp"]
+    with_ep = [c for c in doc["configurations"] if c["axes"].get("ep", 1) > 1]
+    assert with_ep and all(c["breakdown"]["ep"] > 0 for c in with_ep)
+    assert all("ep" not in c["axes"] and c["breakdown"]["ep"] == 0 for c in doc["configurations"]
+               if c not in with_ep)
+    code, _, _ = cli(*common[:-1], "--axes", "tp=1,ep=8,dp,pp=1", "--micro-batch", "1", "--out", str(out))
+    assert code == 0
+    plan = load_plan(out)
+    reduced = {r.reduction.axes for r in plan.reductions}
+    assert reduced == {("ep", "dp"), ("dp",)}
+    ep_row = plan.placement.matrix[plan.placement.axis_names.index("ep")]
+    assert ep_row == (1, 8)  # the all-to-alls stay inside a node
+    from synth.export.megatron import megatron_export
+
+    args = list(megatron_export(plan).arguments)
+    assert args[args.index("--expert-model-parallel-size") + 1] == "8"
+    assert args[args.index("--num-experts") + 1] == "8" and args[args.index("--moe-router-topk") + 1] == "2"
+    assert args[args.index("--moe-shared-expert-intermediate-size") + 1] == "48"
+    assert "ep=3 does not divide the model's moe.experts (8)" in usage_error(
+        cli, *common, "--axes", "tp=1,ep=3,dp,pp=1", "--scale", "node=3")
+    assert "ZeRO-3 with expert parallelism is not modelled" in usage_error(
+        cli, *common, "--axes", "tp=1,ep=8,dp,pp=1", "--sharding", "zero3")
