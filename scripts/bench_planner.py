@@ -28,28 +28,44 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from synth.planner.compute import shipped_profile_for  # noqa: E402
 from synth.planner.search import JobRequest, plan_job  # noqa: E402
-from synth.planner.stepmodel import Training  # noqa: E402
+from synth.planner.stepmodel import Sharding, Training  # noqa: E402
 from synth.planner.transformer import Recompute, load_model  # noqa: E402
 from synth.synthesis.placement import parse_axis_ranges  # noqa: E402
 from synth.synthesis.search import clear_cache  # noqa: E402
-from synth.topology import load_topology  # noqa: E402
+from synth.topology import Device, load_topology  # noqa: E402
 
 TARGET_S = 10.0
 TARGET_CONFIGURATIONS = 1000
 
-# (label, topology, nodes, model, global batch, recompute)
+# every option searched (issue 27's frontier cases): uneven or even stages, every schedule, the least
+# recomputation that fits, ZeRO-1
+SEARCH_ALL = {"stages": "search", "schedule": "search", "recompute_search": True}
+H800 = Device("NVIDIA H800 SXM5 80GB", 79.647, 989.4)  # docs/planner.md: the H100's memory assumed
+# (label, topology, nodes, model, global batch, recompute, sharding, request options, device, axes)
 CASES = (
-    ("GPT-3 175B, 512 A100", "dgx-a100", 64, "gpt3-175b", 1536, Recompute.NONE),
-    ("GPT-3 175B, 512 A100, full recomputation", "dgx-a100", 64, "gpt3-175b", 1536, Recompute.FULL),
-    ("Llama 2 70B, 512 H100", "dgx-h100", 64, "llama2-70b", 1024, Recompute.SELECTIVE),
+    ("GPT-3 175B, 512 A100", "dgx-a100", 64, "gpt3-175b", 1536, Recompute.NONE, Sharding.NONE, {}, None, None),
+    ("GPT-3 175B, 512 A100, full recomputation", "dgx-a100", 64, "gpt3-175b", 1536, Recompute.FULL, Sharding.NONE,
+     {}, None, None),
+    ("Llama 2 70B, 512 H100", "dgx-h100", 64, "llama2-70b", 1024, Recompute.SELECTIVE, Sharding.NONE, {}, None,
+     None),
+    ("Llama 3 405B, 16384 H100, all searched", "dgx-h100", 2048, "llama3-405b", 2048, Recompute.NONE,
+     Sharding.ZERO1, SEARCH_ALL, None, None),
+    ("DeepSeek-V3, 2048 H800, all searched", "dgx-h800", 256, "deepseek-v3", 15360, Recompute.NONE, Sharding.ZERO1,
+     SEARCH_ALL, H800, None),
 )
 
 
-def run_case(topology_name: str, nodes: int, model: str, batch: int, recompute: Recompute, cold: bool) -> dict:
+def run_case(topology_name: str, nodes: int, model: str, batch: int, recompute: Recompute, sharding: Sharding,
+             options: dict, device: Device | None, axes: str | None, cold: bool) -> dict:
     topology = load_topology(topology_name).scaled({"node": nodes})
-    request = JobRequest(topology, topology.device, load_model(model), Training(batch, recompute=recompute),
-                         parse_axis_ranges("tp,dp,pp"))
+    transformer = load_model(model)
+    compute = shipped_profile_for("h100-sxm5-80gb") if device is H800 else None  # the same GH100 compute
+    axes = axes or ("tp,ep,dp,pp" if transformer.moe else "tp,dp,pp")
+    request = JobRequest(topology, device or topology.device, transformer,
+                         Training(batch, sharding=sharding, recompute=recompute), parse_axis_ranges(axes),
+                         compute=compute, **options)
     if cold:
         clear_cache()
     wall, cpu = time.perf_counter(), time.process_time()
@@ -66,11 +82,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=3, help="runs per case; the first is cold (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument("--only", metavar="TEXT", help="run the cases whose label contains TEXT")
     args = p.parse_args()
     load_before = os.getloadavg()[0]
     rows = []
-    for label, topology, nodes, model, batch, recompute in CASES:
-        runs = [run_case(topology, nodes, model, batch, recompute, cold=i == 0) for i in range(args.repeat)]
+    for label, *case in CASES:
+        if args.only and args.only.casefold() not in label.casefold():
+            continue
+        runs = [run_case(*case, cold=i == 0) for i in range(args.repeat)]
         warm = runs[1:] or runs
         rows.append({"case": label, "cold": runs[0], "warm_median_wall_s": statistics.median(r["wall_s"] for r in warm),
                      "warm_median_cpu_s": statistics.median(r["cpu_s"] for r in warm)})

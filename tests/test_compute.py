@@ -28,6 +28,7 @@ from synth.planner.calibration import (
 )
 from synth.planner.compute import (
     DEFAULT_COMPUTE,
+    ComputeProfile,
     default_compute,
     load_compute_profile,
     operation_profile_document,
@@ -591,3 +592,71 @@ def test_the_layer_accuracy_script_measures_on_the_cpu_and_compares(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "| all | forward+backward |" in done.stdout
     assert done.stdout.count("micro-batch ranking, ") == 2
+
+
+# ---------------------------------------------------------------- FP8 GEMMs
+
+
+def test_fp8_speedup_is_the_median_of_the_transcribed_measurements():
+    """FP8_GEMM_SPEEDUP is the median, over data/fp8_gemm_h100.jsonl's shapes,
+    of FP8 (row-wise scaled, scaling included) over BF16 TFLOP/s."""
+    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+
+    rows = [json.loads(line) for line in (REPO / "data" / "fp8_gemm_h100.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all("FBGEMM pull request #2546" in r["source"] for r in rows)
+    ratios = sorted(r["fp8_rowwise_scaled_tflops"] / r["bf16_tflops"] for r in rows)
+    assert FP8_GEMM_SPEEDUP == ratios[1]
+
+
+@pytest.mark.parametrize("spec", [
+    "layers=2,hidden=256,heads=4,seq=128,vocab=1000",
+    "layers=2,hidden=256,heads=4,kv_heads=2,ffn=688,mlp=swiglu,seq=128,vocab=1000,experts=4,top_k=2,expert_ffn=128,"
+    "shared_experts=1"])
+def test_fp8_runs_the_layers_gemms_faster_and_nothing_else(spec):
+    """With --dtype fp8 every GEMM of a layer (dense, shared and routed
+    experts) takes 1 / FP8_GEMM_SPEEDUP of its 16-bit time; attention,
+    elementwise passes, the router and the logits are unchanged."""
+    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+
+    p, model = known_profile(), parse_inline_model(spec)
+    moe = model.moe is not None
+    plain = layer_compute(p, model, Shard(2, 2, 128, ep=2 if moe else 1), moe)
+    fp8 = layer_compute(p, model, Shard(2, 2, 128, ep=2 if moe else 1, fp8=True), moe)
+    assert [op.name for op in plain.ops] == [op.name for op in fp8.ops]
+    gemms = 0
+    for a, b in zip(plain.ops, fp8.ops):
+        is_gemm = a.name.split(".")[0] in ("qkv", "attention_projection", "mlp_up", "mlp_down", "shared_up",
+                                           "shared_down", "expert_up", "expert_down")
+        gemms += is_gemm
+        assert b.seconds == pytest.approx(a.seconds / FP8_GEMM_SPEEDUP if is_gemm else a.seconds)
+    assert gemms == (18 if moe else 12)  # QKV, projection and the MLP's two or the experts' four, x3
+    head = head_compute(p, model, Shard(2, 2, 128, fp8=True))
+    assert head == head_compute(p, model, Shard(2, 2, 128))  # the logits GEMM stays 16-bit
+
+
+def test_fp8_with_the_efficiency_curve_by_hand():
+    """With the curve, the layers' GEMM FLOPs (3 x forward, and once more when
+    fully recomputed) go FP8_GEMM_SPEEDUP times faster, the rest (attention
+    core, logits) as in BF16; memory is BF16's; an A100 has no FP8."""
+    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+    from synth.planner.stepmodel import memory_per_device
+
+    model = load_model("gpt3-1.3b")
+    curve = ComputeProfile(0.5, 0.0)
+    device = load_topology("dgx-h100").device
+    config = Configuration(1, 1, 1, 2)
+    for recompute in (Recompute.NONE, Recompute.FULL):
+        bf16 = compute_estimate(model, Training(8, recompute=recompute), config, device, curve)
+        fp8 = compute_estimate(model, Training(8, dtype="fp8", recompute=recompute), config, device, curve)
+        T, L, h, s, V = 2 * 2048, model.layers, model.hidden, 2048, model.vocab
+        gemm = 2 * T * L * model.layer_matrix_params
+        total = 3 * (gemm + L * 4 * T * s * h + 2 * T * h * V) + (gemm + L * 4 * T * s * h if recompute is
+                                                                   Recompute.FULL else 0)
+        share = (3 * gemm + (gemm if recompute is Recompute.FULL else 0)) / total
+        assert fp8.micro_batch_s == pytest.approx(bf16.micro_batch_s * (1 - share + share / FP8_GEMM_SPEEDUP))
+        assert memory_per_device(model, Training(8, dtype="fp8", recompute=recompute), config) == memory_per_device(
+            model, Training(8, recompute=recompute), config)
+    topology = load_topology("dgx-a100")
+    with pytest.raises(SynthError, match="--dtype fp8: topology 'dgx-a100' has GPUs of compute capability 8.0, "
+                                         "without FP8 tensor cores"):
+        JobRequest(topology, topology.device, model, Training(8, dtype="fp8"), (AxisRange("dp"),))

@@ -486,3 +486,19 @@ def test_tp_overlap_in_the_trainer_exports(job_plan, cli):
     assert "--tp-overlap needs --sequence-parallel on" in usage_error(
         cli, "plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "16", "--device", DEVICE,
         "--tp-overlap", "--sequence-parallel", "off")
+
+
+def test_fp8_in_the_trainer_exports(job_plan):
+    """A plan made with --dtype fp8 is BF16 training with FP8 GEMMs: Megatron-LM
+    gets --bf16 --fp8-format hybrid, torchtitan its float8 model converter."""
+    from dataclasses import replace
+
+    plan = load_plan(job_plan)
+    fp8 = replace(plan, job={**plan.job, "training": {**plan.job["training"], "dtype": "fp8"}})
+    args = list(megatron_export(fp8).arguments)
+    assert "--bf16" in args and args[args.index("--fp8-format") + 1] == "hybrid"
+    assert args[args.index("--ddp-bucket-size") + 1] == str(plan.job["bucket_bytes"] // 2)  # 16-bit gradients
+    titan = torchtitan_export(fp8)
+    assert titan.converters == ("float8",) and '[model]\nconverters = ["float8"]' in titan.toml()
+    assert titan.overrides()[-2:] == ["--model.converters", "float8"]
+    assert torchtitan_export(plan).converters == () and "--fp8-format" not in megatron_export(plan).arguments

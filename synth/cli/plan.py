@@ -47,7 +47,9 @@ def parser() -> argparse.ArgumentParser:
                         "(an axis left out has size 1; default tp,dp,pp, and tp,ep,dp,pp for a model with experts)")
     p.add_argument("--constrain", action="append", default=[], metavar="AXIS@LEVEL{=,>=,<=}N",
                    help="constrain placements, e.g. tp@node=1; repeatable")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="training dtype (default bf16)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp8"),
+                   help="training dtype (default bf16); fp8: BF16 training whose layers' GEMMs run in FP8 "
+                        "(Transformer Engine, torchtitan's float8), on GPUs of compute capability 8.9 or more")
     p.add_argument("--sharding", default="none", help="sharding over dp: none (default), zero1 (optimizer states), zero2 (and gradients, "
                         "reduce-scattered every micro-batch), zero3 (fsdp: and weights)")
     p.add_argument("--recompute", default="none",

@@ -128,6 +128,8 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
     args += ["--micro-batch-size", str(job.micro_batch), "--global-batch-size", str(job.global_batch)]
     if job.dtype in ("bf16", "fp16"):
         args += [f"--{job.dtype}"]
+    elif job.dtype == "fp8":  # BF16 training with Transformer Engine's FP8 GEMMs (E4M3 forward, E5M2 backward)
+        args += ["--bf16", "--fp8-format", "hybrid"]
     if job.sequence_parallel:
         args += ["--sequence-parallel"]
         if job.tp_overlap:

@@ -20,7 +20,9 @@ anything is written. With pipeline parallelism the schedule is
 virtual stages; a zero-bubble plan is refused, :func:`_schedule`); a plan
 made with ``--tp-overlap`` turns on ``enable_async_tensor_parallel``
 (torchtitan's micro-pipelined tensor parallelism, applied under
-``torch.compile``).
+``torch.compile``); a plan made with ``--dtype fp8`` adds the ``float8``
+model converter (``[model] converters``), which swaps the linear layers for
+FP8 ones.
 
 Output: the TOML ``[parallelism]`` (and ``[activation_checkpoint]``) tables of
 torchtitan's job files, and the same settings as the command-line overrides
@@ -49,6 +51,7 @@ class TorchtitanExport:
     parallelism: dict[str, int | str | bool]
     activation_checkpoint: str | None
     ranks: RankMap
+    converters: tuple[str, ...] = ()  # torchtitan's model converters: float8 for a plan made with --dtype fp8
 
     def overrides(self) -> list[str]:
         """The settings as torchtitan 0.3's command-line overrides."""
@@ -60,6 +63,8 @@ class TorchtitanExport:
                 args += [f"--parallelism.{key}", str(value)]
         if self.activation_checkpoint is not None:
             args += ["--activation_checkpoint.mode", self.activation_checkpoint]
+        if self.converters:
+            args += ["--model.converters", ",".join(self.converters)]
         return args
 
     def toml(self) -> str:
@@ -68,11 +73,14 @@ class TorchtitanExport:
             lines += ["", "[activation_checkpoint]", f'mode = "{self.activation_checkpoint}"']
             if self.activation_checkpoint == "selective":
                 lines.append('selective_ac_option = "op"')
+        if self.converters:
+            lines += ["", "[model]", "converters = [" + ", ".join(f'"{c}"' for c in self.converters) + "]"]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "torchtitan", "parallelism": dict(self.parallelism),
-                "activation_checkpoint": self.activation_checkpoint, "overrides": self.overrides(),
+                "activation_checkpoint": self.activation_checkpoint, "converters": list(self.converters),
+                "overrides": self.overrides(),
                 "renumbering_needed": not self.ranks.is_identity, "rank_map": self.ranks.to_dict()}
 
 
@@ -121,7 +129,8 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
     if job is not None and ranks.size("pp") > 1:
         parallelism["pipeline_parallel_schedule"] = _schedule(job)
     checkpoint = None if job is None else job.recompute
-    return TorchtitanExport(parallelism, checkpoint, ranks)
+    converters = ("float8",) if job is not None and job.dtype == "fp8" else ()
+    return TorchtitanExport(parallelism, checkpoint, ranks, converters)
 
 
 def _schedule(job: TrainerJob) -> str:

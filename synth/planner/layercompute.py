@@ -78,6 +78,11 @@ EAGER_LAUNCHES: dict[str, tuple[int, int]] = {
     # products, the negation, the two halves' zero-padded slices (two kernels each) and two sums
 }
 _ACTIVATION_LAUNCHES = {"gelu": "gelu_tanh", "swiglu": "silu_mul", "relu": "relu", "squared_relu": "squared_relu"}
+# FP8 GEMMs (``--dtype fp8``): how much faster an H100 runs a large GEMM in FP8, with its row-wise
+# scaling, than in BF16: the median of the three shapes of data/fp8_gemm_h100.jsonl (FBGEMM pull
+# request #2546, H100 at 500 W: 585.23 -> 931.80, 575.12 -> 1024.09, 546.31 -> 876.66 TFLOP/s).
+# Measured at large shapes; small GEMMs gain less (the scaling's fixed cost), which this leaves out.
+FP8_GEMM_SPEEDUP = 876.66 / 546.31
 ADAM_BYTES_PER_PARAMETER = 28
 MIXED_PRECISION_COPY_BYTES = 6
 
@@ -141,6 +146,7 @@ class Shard:
     seq: int
     sequence_parallel: bool = False
     ep: int = 1  # expert-parallel size: the device holds experts / ep of each MoE layer's routed experts
+    fp8: bool = False  # the layers' GEMMs run in FP8 (FP8_GEMM_SPEEDUP); router and logits stay 16-bit
 
     @property
     def replicated_tokens(self) -> int:
@@ -153,11 +159,14 @@ class Shard:
         return self.micro_batch * self.seq
 
 
-def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int) -> list[OpTime]:
+def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int, fp8: bool = False) -> list[OpTime]:
+    """A GEMM ``(m, k, n)`` forward and its two backward GEMMs; ``fp8``: at
+    the FP8 speed-up over the profile's 16-bit times."""
     g = profile.gemm
-    return [OpTime(name, "forward", (m, k, n), float(g.seconds(m, k, n))),
-            OpTime(f"{name}.dgrad", "backward", (m, n, k), float(g.seconds(m, n, k))),
-            OpTime(f"{name}.wgrad", "backward", (k, m, n), float(g.seconds(k, m, n)))]
+    scale = 1 / FP8_GEMM_SPEEDUP if fp8 else 1.0
+    return [OpTime(name, "forward", (m, k, n), scale * float(g.seconds(m, k, n))),
+            OpTime(f"{name}.dgrad", "backward", (m, n, k), scale * float(g.seconds(m, n, k))),
+            OpTime(f"{name}.wgrad", "backward", (k, m, n), scale * float(g.seconds(k, m, n)))]
 
 
 def _pass(profile: OperationProfile, name: str, op: str, elements: int, backward_factor: float) -> list[OpTime]:
@@ -177,14 +186,15 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, m
     MoE layer (:func:`_expert_ops` in place of the MLP)."""
     t, tokens, h, f, kv = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim
     ops: list[OpTime] = []
-    ops += _gemm(profile, "qkv", tokens, h, (h + 2 * kv) // t)
+    fp8 = shard.fp8
+    ops += _gemm(profile, "qkv", tokens, h, (h + 2 * kv) // t, fp8)
     ops += attention_ops(profile, model, shard)
-    ops += _gemm(profile, "attention_projection", tokens, h // t, h)
+    ops += _gemm(profile, "attention_projection", tokens, h // t, h, fp8)
     if moe and model.moe:
         ops += _expert_ops(profile, model, shard)
     else:
-        ops += _gemm(profile, "mlp_up", tokens, h, (2 if model.gated_mlp else 1) * f // t)
-        ops += _gemm(profile, "mlp_down", tokens, f // t, h)
+        ops += _gemm(profile, "mlp_up", tokens, h, (2 if model.gated_mlp else 1) * f // t, fp8)
+        ops += _gemm(profile, "mlp_down", tokens, f // t, h, fp8)
         ops += _pass(profile, "activation", "silu_mul" if model.gated_mlp else "gelu_tanh", tokens * f // t, 2)
     for i in (1, 2):
         ops += _pass(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
@@ -217,14 +227,15 @@ def _expert_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> 
     ops = _gemm(profile, "router", tokens, h, moe.experts)
     if moe.shared_experts:
         width = moe.shared_experts * f
-        ops += _gemm(profile, "shared_up", tokens, h, up * width // t)
-        ops += _gemm(profile, "shared_down", tokens, width // t, h)
+        ops += _gemm(profile, "shared_up", tokens, h, up * width // t, shard.fp8)
+        ops += _gemm(profile, "shared_down", tokens, width // t, h, shard.fp8)
         ops += _pass(profile, "shared_activation", activation, tokens * width // t, 2)
     local = moe.experts // shard.ep
     routed = tokens * moe.routed_per_token  # token copies the device's experts receive
     per_expert = max(1, math.ceil(routed * shard.ep / moe.experts))
-    for op in _gemm(profile, "expert_up", per_expert, h, up * f // t) + _gemm(profile, "expert_down", per_expert,
-                                                                               f // t, h):
+    experts = (_gemm(profile, "expert_up", per_expert, h, up * f // t, shard.fp8)
+               + _gemm(profile, "expert_down", per_expert, f // t, h, shard.fp8))
+    for op in experts:
         ops.append(OpTime(op.name, op.phase, op.shape, local * op.seconds, local))
     ops += _pass(profile, "expert_activation", activation, int(routed) * f // t, 2)
     ops += _pass(profile, "permute", "add", 2 * int(routed) * h // t, 2)

@@ -300,6 +300,11 @@ class JobRequest:
                              f"{self.device.memory_GiB:g} GiB")
         if self.compute is None:
             object.__setattr__(self, "compute", default_compute(self.device.name))
+        capability = self.topology.levels[-1].compute_capability
+        if self.training.fp8 and capability is not None and capability < 8.9:
+            raise SynthError(f"--dtype fp8: topology '{self.topology.name}' has GPUs of compute capability "
+                             f"{capability:.1f}, without FP8 tensor cores (Ada 8.9, Hopper 9.0 and newer have them); "
+                             "plan with --dtype bf16")
         for a in self.axes:
             if a.name not in PLANNER_AXES:
                 raise SynthError(f"--axes: unknown axis '{a.name}'; the planner's axes are tp, ep, dp and pp")

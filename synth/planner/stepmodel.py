@@ -80,6 +80,7 @@ from ..topology import Device
 from ..units import MAX_COUNT, shown_number
 from .compute import ComputeModel, ComputeProfile
 from .layercompute import (
+    FP8_GEMM_SPEEDUP,
     Shard,
     embedding_compute,
     head_compute,
@@ -93,7 +94,9 @@ from .schedules import Schedule, bubble_s, in_flight_micro_batches, schedule_pro
 from .stages import StageCosts, describe_layers, slowest_stage
 from .transformer import Recompute, Transformer
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# bytes of the weights, activations and communication; fp8 is BF16 training whose layers' GEMMs run in
+# FP8 (Transformer Engine's and torchtitan's float8 recipes), with the same 16-bit tensors around them
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 ATTENTIONS = ("flash", "unfused")
 MiB = 2**20
 # DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
@@ -152,6 +155,11 @@ class Training:
     @property
     def value_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def fp8(self) -> bool:
+        """The layers' GEMMs run in FP8 (``--dtype fp8``)."""
+        return self.dtype == "fp8"
 
     def to_dict(self) -> dict:
         return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
@@ -518,13 +526,28 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
     shape = shape or step_shape(model, training, config)
     if isinstance(compute, ComputeProfile):
         efficiency = compute.efficiency(shape.flops_per_layer)
-        return ComputeEstimate(shape.flops_per_micro_batch / (device.peak_flops * efficiency), efficiency)
+        seconds = shape.flops_per_micro_batch / (device.peak_flops * efficiency)
+        if training.fp8:  # the layers' GEMMs at the FP8 speed-up, the rest as before
+            gemms = _gemm_flops_fraction(model, training, config)
+            seconds *= 1 - gemms + gemms / FP8_GEMM_SPEEDUP
+            efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
+        return ComputeEstimate(seconds, efficiency)
     return _operations_estimate(model, training, config, device, compute, shape)
+
+
+def _gemm_flops_fraction(model: Transformer, training: Training, config: Configuration) -> float:
+    """The share of a micro-batch's training FLOPs in the layers' GEMMs
+    (recomputed ones included; not the attention core nor the logits)."""
+    flops = model.training_flops(config.micro_batch, training.recompute)
+    layers_gemm = flops.weight_gradient - model.logits_forward_flops(config.micro_batch * model.seq)
+    recomputed = layers_gemm if training.recompute is Recompute.FULL else 0.0
+    return (3 * layers_gemm + recomputed) / flops.total
 
 
 def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
                          compute: OperationProfile, shape: StepShape) -> ComputeEstimate:
-    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep)
+    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
+                  training.fp8)
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
@@ -555,7 +578,8 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     prices them all at one rate)."""
     if isinstance(compute, ComputeProfile):
         return _flops_stage_costs(model, training, config)
-    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep)
+    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
+                  training.fp8)
     layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
     return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
