@@ -660,3 +660,16 @@ def test_fp8_with_the_efficiency_curve_by_hand():
     with pytest.raises(SynthError, match="--dtype fp8: topology 'dgx-a100' has GPUs of compute capability 8.0, "
                                          "without FP8 tensor cores"):
         JobRequest(topology, topology.device, model, Training(8, dtype="fp8"), (AxisRange("dp"),))
+
+
+def test_context_parallel_per_operation_compute():
+    """With cp each device runs b s / cp tokens through the GEMMs and
+    elementwise passes, and 1 / cp of the causal attention (above its floor)."""
+    p, model = known_profile(), parse_inline_model("layers=2,hidden=256,heads=4,seq=1024,vocab=1000")
+    whole, half = layer_compute(p, model, Shard(1, 2, 1024)), layer_compute(p, model, Shard(1, 2, 1024, cp=2))
+    shorter = layer_compute(p, model, Shard(1, 1, 1024))  # the same tokens: one sequence
+    for a, b, c in zip(whole.ops, half.ops, shorter.ops):
+        if a.name.startswith("attention") and "projection" not in a.name:
+            assert b.seconds == pytest.approx(max(p.attention.forward_floor_s, a.seconds / 2))
+        elif a.name != "host_issue":
+            assert b.seconds == pytest.approx(c.seconds)

@@ -609,7 +609,7 @@ BASE = ("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, 
                                                          "8 x 3"),
     (("--axes", "tp>=32,dp,pp"), "--axes 'tp>=32,dp,pp': no sizes within the bounds multiply to the 16 devices"),
     (("--axes", "8<=tp<=4,dp"), "--axes '8<=tp<=4': the lower bound 8 is above the upper bound 4"),
-    (("--axes", "tp,mp"), "--axes: unknown axis 'mp'; the planner's axes are tp, ep, dp and pp"),
+    (("--axes", "tp,mp"), "--axes: unknown axis 'mp'; the planner's axes are tp, cp, ep, dp and pp"),
     (("--axes", "tp,ep=2,dp"), "ep=2: the model has no experts to split (give it a moe: block)"),
     (("--global-batch", "0"), "--global-batch 0: must be >= 1"),
     (("--micro-batch", "2,x"), "--micro-batch 'x': give micro-batch sizes as integers >= 1"),
@@ -1223,3 +1223,62 @@ def test_plan_with_experts_runs_and_exports(cli, tmp_path):
         cli, *common, "--axes", "tp=1,ep=3,dp,pp=1", "--scale", "node=3")
     assert "ZeRO-3 with expert parallelism is not modelled" in usage_error(
         cli, *common, "--axes", "tp=1,ep=8,dp,pp=1", "--sharding", "zero3")
+
+
+# ================================================================ context parallelism
+
+
+def test_context_parallel_step_and_memory_by_hand():
+    """cp splits each sequence into cp shares: compute, activations, logits,
+    tp collectives and pipeline sends per device all / cp; per layer and pass
+    a ring of cp - 1 key-value steps (their gradients too, backward) beside
+    the attention core, which hides up to its own time; the dense gradients
+    reduce over dp x cp, and ZeRO shards over dp x cp."""
+    L, h, a, s, V = 8, 64, 4, 32, 100
+    m = gpt(L, h, a, s, V)
+    tp, cp, dp, pp, b, B = 2, 2, 2, 2, 1, 8  # 8 / (2 x 1) = 4 micro-batches, 4 layers per stage
+    training = Training(B, sequence_parallel=False, sharding=Sharding.ZERO1)
+    config = Configuration(tp, dp, pp, b, cp=cp)
+    assert config.devices == 16 and config.micro_batches(training) == 4 and config.sizes()["cp"] == 2
+    rec = Recording(send_s=2e-3)
+    t_mb = 0.05
+    step = step_time(m, training, config, rec, t_mb)
+    act = b * (s // cp) * h * 2
+    assert {c[3] for c in rec.calls if c[0] == "reduce" and c[1] == "tp"} == {act}
+    kv = 2 * b * (s // cp) * h * 2 // tp  # keys and values of the chunk, bf16, this rank's heads
+    assert ("send", "cp", kv) in rec.calls and ("send", "pp", act // tp) in rec.calls
+    flops = m.training_flops(b)
+    attention = t_mb * L * 3 * m.attention_core_flops(b * s) / flops.total / 4  # per layer of the stage
+    ring = 4 * (overlapped_s(1, 2e-3, attention / 3) + overlapped_s(1, 4e-3, attention * 2 / 3))
+    assert step.cp_s == pytest.approx(4 * ring)
+    assert {c[1] for c in rec.calls if c[0] == "reduce" and c[1] != "tp"} == {"dp+cp"}
+    per_layer = m.activation_bytes_per_layer(b, tp, Recompute.NONE, 2, False, False, False, cp)
+    assert per_layer == pytest.approx((s // cp) * b * h * (10 + 24 / tp))
+    memory = memory_per_device(m, training, config)
+    one = memory_per_device(m, training, Configuration(tp, dp, pp, b))
+    assert memory.weights == one.weights and memory.optimizer == pytest.approx(one.optimizer / cp)
+    assert memory.activations == pytest.approx(one.activations / cp)
+    shape_flops = step_time(m, training, config, Recording(), 1.0).compute_s  # 4 micro-batches x 1 s
+    assert shape_flops == 4.0
+    assert m.parallelism_problem(1, 1, 1, 3) == "cp=3 does not split the model's seq (32) into 2 x cp equal chunks"
+
+
+def test_plan_with_context_parallelism_runs_and_exports(cli, tmp_path):
+    """--axes with cp plans it, names it per configuration, proves the dp x cp
+    reductions of the job plan, and the trainers get its size."""
+    out = tmp_path / "cp.json"
+    common = ["plan", "--topology", "dgx-h100", "--scale", "node=1", "--model", TINY, "--global-batch", "8",
+              "--no-verify"]
+    doc = json.loads(cli(*common, "--axes", "tp,cp,dp,pp", "--json")[1])
+    assert doc["axes"] == ["tp", "cp", "dp", "pp"]
+    assert any(c["axes"].get("cp", 1) > 1 and c["breakdown"]["cp"] > 0 for c in doc["configurations"])
+    code, _, _ = cli(*common[:-1], "--axes", "tp=2,cp=2,dp=2,pp=1", "--micro-batch", "1", "--out", str(out))
+    assert code == 0
+    plan = load_plan(out)
+    assert {r.reduction.axes for r in plan.reductions if "tp" not in r.reduction.axes} == {("cp", "dp")}
+    from synth.export.megatron import megatron_export
+    from synth.export.torchtitan import torchtitan_export
+
+    args = list(megatron_export(plan).arguments)
+    assert args[args.index("--context-parallel-size") + 1] == "2"
+    assert torchtitan_export(plan).parallelism["context_parallel_degree"] == 2

@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", metavar="B1,B2,...",
                    help="micro-batch sizes to try (default: the powers of two that divide the batch per replica)")
     p.add_argument("--axes", default=None,
-                   help="axes among tp, ep, dp, pp, with sizes or bounds: 'tp<=8,dp,pp', 'tp=8,ep=8,dp,pp' "
+                   help="axes among tp, cp, ep, dp, pp, with sizes or bounds: 'tp<=8,dp,pp', 'tp=8,cp=2,dp,pp' "
                         "(an axis left out has size 1; default tp,dp,pp, and tp,ep,dp,pp for a model with experts)")
     p.add_argument("--constrain", action="append", default=[], metavar="AXIS@LEVEL{=,>=,<=}N",
                    help="constrain placements, e.g. tp@node=1; repeatable")
@@ -315,8 +315,10 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
               solution.is_verified(c) for c in listed) else ""))
     optimizer = isinstance(r.compute, OperationProfile)  # the curve folds the optimizer step into compute
     experts = any(a.name == "ep" for a in r.axes)
-    header = (f"{'rank':>4} {'tp':>3} " + (f"{'ep':>3} " if experts else "") + f"{'dp':>4} {'pp':>3} {'mb':>3}  "
-              f"{'matrix':<26} {'step':>9} {'compute':>9} {'bubble':>9} {'tp':>9} " + (f"{'ep':>9} " if experts else "")
+    context = any(a.name == "cp" for a in r.axes)
+    header = (f"{'rank':>4} {'tp':>3} " + (f"{'cp':>3} " if context else "") + (f"{'ep':>3} " if experts else "")
+              + f"{'dp':>4} {'pp':>3} {'mb':>3}  {'matrix':<26} {'step':>9} {'compute':>9} {'bubble':>9} {'tp':>9} "
+              + (f"{'cp':>9} " if context else "") + (f"{'ep':>9} " if experts else "")
               + f"{'pp':>9} {'dp':>9} " + (f"{'optim':>9} " if optimizer else "") + f"{'mem':>7} {'TFLOP/s':>7}  programs")
     print(header)
     print("-" * len(header))
@@ -330,10 +332,12 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
         if r.recompute_search:
             mark += f" (recompute {c.training.recompute.value})"
         programs = " | ".join(f"{axis}: {text}" for axis, text in c.program_texts().items()) or "-"
-        print(f"{n + 1:>4} {c.config.tp:>3} " + (f"{c.config.ep:>3} " if experts else "")
+        print(f"{n + 1:>4} {c.config.tp:>3} " + (f"{c.config.cp:>3} " if context else "")
+              + (f"{c.config.ep:>3} " if experts else "")
               + f"{c.config.dp:>4} {c.config.pp:>3} {c.config.micro_batch:>3}  "
               f"{c.placement.matrix_text():<26} {format_seconds(b.total_s):>9} {format_seconds(b.compute_s):>9} "
               f"{format_seconds(b.bubble_s):>9} {format_seconds(b.tp_s):>9} "
+              + (f"{format_seconds(b.cp_s):>9} " if context else "")
               + (f"{format_seconds(b.ep_s):>9} " if experts else "") + f"{format_seconds(b.pp_s):>9} "
               f"{format_seconds(b.dp_s):>9} " + (f"{format_seconds(b.optimizer_s):>9} " if optimizer else "")
               + f"{_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  "

@@ -14,7 +14,7 @@ from ..errors import SynthError
 from ..planner.search import Candidate, JobSolution
 
 # the step's terms, in StepTime.breakdown()'s names, and the memory's, in Memory.to_dict()'s
-STEP_TERMS = ("compute", "bubble", "tp", "ep", "pp", "dp", "optimizer")
+STEP_TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "optimizer")
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations")
 GiB = 2**30
 

@@ -147,6 +147,7 @@ class Shard:
     sequence_parallel: bool = False
     ep: int = 1  # expert-parallel size: the device holds experts / ep of each MoE layer's routed experts
     fp8: bool = False  # the layers' GEMMs run in FP8 (FP8_GEMM_SPEEDUP); router and logits stay 16-bit
+    cp: int = 1  # context-parallel size: the device holds seq / cp of each sequence
 
     @property
     def replicated_tokens(self) -> int:
@@ -156,7 +157,8 @@ class Shard:
 
     @property
     def tokens(self) -> int:
-        return self.micro_batch * self.seq
+        """Tokens of a micro-batch on the device: ``b s / cp``."""
+        return self.micro_batch * self.seq // self.cp
 
 
 def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int, fp8: bool = False) -> list[OpTime]:
@@ -253,10 +255,13 @@ def layer_launches(model: Transformer) -> tuple[int, int]:
 
 
 def attention_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> list[OpTime]:
+    """The attention core forward and backward; with context parallelism each
+    device computes ``1 / cp`` of the causal attention of the whole sequence
+    (its queries' rows, balanced by Megatron-LM's split), above the floor."""
     a = profile.attention
     shape = (shard.micro_batch, model.heads // shard.tp, shard.seq, model.hidden // model.heads)
-    forward = float(a.forward_s(*shape))
-    backward = max(a.forward_floor_s, float(a.backward_gpu_s(*shape)))
+    forward = max(a.forward_floor_s, float(a.forward_gpu_s(*shape)) / shard.cp)
+    backward = max(a.forward_floor_s, float(a.backward_gpu_s(*shape)) / shard.cp)
     return [OpTime("attention", "forward", shape, forward), OpTime("attention.backward", "backward", shape, backward)]
 
 

@@ -75,7 +75,7 @@ from .stepmodel import (
 )
 from .transformer import Recompute, Transformer
 
-PLANNER_AXES = ("tp", "ep", "dp", "pp")
+PLANNER_AXES = ("tp", "cp", "ep", "dp", "pp")
 # The memory a configuration may not count on by default, as a fraction of the device's: what the model does
 # not count (the CUDA context and NCCL's buffers, about a GiB or two per process; the caching allocator's
 # fragmentation, a few percent of what it holds). A policy, not a fit: 4 GiB of an 80 GiB device.
@@ -307,7 +307,7 @@ class JobRequest:
                              "plan with --dtype bf16")
         for a in self.axes:
             if a.name not in PLANNER_AXES:
-                raise SynthError(f"--axes: unknown axis '{a.name}'; the planner's axes are tp, ep, dp and pp")
+                raise SynthError(f"--axes: unknown axis '{a.name}'; the planner's axes are tp, cp, ep, dp and pp")
         if self.micro_batches is not None:
             for b in self.micro_batches:
                 if isinstance(b, bool) or not isinstance(b, int) or b < 1:
@@ -440,8 +440,8 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
         if progress is not None:
             progress(f"planning: {n + 1}/{len(assignments)} size assignments, {evaluated} configurations")
         sizes = {a.name: a.size for a in axes}
-        tp, ep, dp, pp = (sizes.get(name, 1) for name in PLANNER_AXES)
-        problem = model.parallelism_problem(tp, pp if request.stages == "even" else 1, ep)
+        tp, cp, ep, dp, pp = (sizes.get(name, 1) for name in PLANNER_AXES)
+        problem = model.parallelism_problem(tp, pp if request.stages == "even" else 1, ep, cp)
         if not problem and model.layers < pp:
             problem = f"pp={pp} is more than the model's layers ({model.layers})"
         if problem:
@@ -457,7 +457,7 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
             continue
         for b in request.micro_batches_for(dp * ep):
             best: Candidate | None = None
-            for config in _variants(request, Configuration(tp, dp, pp, b, ep=ep)):
+            for config in _variants(request, Configuration(tp, dp, pp, b, ep=ep, cp=cp)):
                 problem = configuration_problem(model, training, config)
                 if problem:
                     skipped.add(problem)
@@ -550,7 +550,7 @@ class _Skipped:
         self.first: list[str] = []
 
     def add(self, reason: str) -> None:
-        kind = re.sub(r"\b(tp|ep|dp|pp)=\d+", r"\1", reason)
+        kind = re.sub(r"\b(tp|cp|ep|dp|pp)=\d+", r"\1", reason)
         kind = re.sub(r"= \d+( x \d+)+$", "", kind)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if len(self.first) < 3 and reason not in self.first:

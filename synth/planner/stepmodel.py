@@ -183,6 +183,7 @@ class Configuration:
     stage_layers: tuple[int, ...] = ()
     schedule: Schedule = Schedule.ONE_F_ONE_B
     ep: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
         if self.schedule is Schedule.ONE_F_ONE_B and self.virtual_stages > 1:
@@ -190,26 +191,44 @@ class Configuration:
 
     @property
     def devices(self) -> int:
-        return self.tp * self.ep * self.dp * self.pp
+        return self.tp * self.cp * self.ep * self.dp * self.pp
 
     @property
     def replicas(self) -> int:
-        """Data-parallel replicas of the dense weights, each on its own data:
-        dp x ep (expert parallelism splits the experts, not the batch)."""
+        """Data-parallel replicas, each on its own data: dp x ep (expert
+        parallelism splits the experts, context parallelism the sequence,
+        neither the batch)."""
         return self.dp * self.ep
+
+    @property
+    def dense_shards(self) -> int:
+        """Devices that hold the same dense weights: dp x cp x ep (what their
+        gradients reduce over, and ZeRO shards over)."""
+        return self.dp * self.cp * self.ep
+
+    @property
+    def expert_shards(self) -> int:
+        """Devices that hold the same routed experts: dp x cp."""
+        return self.dp * self.cp
 
     def micro_batches(self, training: Training) -> int:
         return training.global_batch // (self.replicas * self.micro_batch)
 
     def sizes(self) -> dict[str, int]:
         """The axis sizes (``ep`` where there is expert parallelism)."""
-        return {"tp": self.tp, **({"ep": self.ep} if self.ep > 1 else {}), "dp": self.dp, "pp": self.pp}
+        return {"tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {}), **({"ep": self.ep} if self.ep > 1 else {}),
+                "dp": self.dp, "pp": self.pp}
 
     @property
     def dense_axes(self) -> str:
         """The axes the dense weights' gradients reduce over (``dp``,
-        ``dp+ep``, ``ep``; empty: none), as a reduction's axis text."""
-        return "+".join(axis for axis, size in (("dp", self.dp), ("ep", self.ep)) if size > 1)
+        ``dp+ep``, ``dp+cp``, ...; empty: none), as a reduction's axis text."""
+        return "+".join(axis for axis, size in (("dp", self.dp), ("cp", self.cp), ("ep", self.ep)) if size > 1)
+
+    @property
+    def expert_axes(self) -> str:
+        """The axes the routed experts' gradients reduce over: dp and cp."""
+        return "+".join(axis for axis, size in (("dp", self.dp), ("cp", self.cp)) if size > 1)
 
     def describe(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
@@ -217,7 +236,8 @@ class Configuration:
             v = " zero-bubble"
         stages = f" stages={describe_layers(self.stage_layers)}" if self.stage_layers else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""
-        return f"tp={self.tp}{ep} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}{stages}"
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return f"tp={self.tp}{cp}{ep} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}{stages}"
 
     def layers_of_stages(self, model: Transformer) -> tuple[int, ...]:
         """Layers per pipeline stage, first to last."""
@@ -233,7 +253,7 @@ def sequence_parallel(training: Training, config: Configuration) -> bool:
 def configuration_problem(model: Transformer, training: Training, config: Configuration) -> str | None:
     """Why the configuration cannot run the model (None if it can)."""
     if config.stage_layers:
-        problem = model.parallelism_problem(config.tp, 1, config.ep)
+        problem = model.parallelism_problem(config.tp, 1, config.ep, config.cp)
         layout = config.stage_layers
         if not problem and (len(layout) != config.pp or sum(layout) != model.layers or min(layout) < 1):
             problem = (f"stages {describe_layers(layout)}: {config.pp} stages of at least one layer each must hold "
@@ -244,11 +264,13 @@ def configuration_problem(model: Transformer, training: Training, config: Config
         if not problem and config.schedule is Schedule.INTERLEAVED:
             problem = "uneven stages with interleaved virtual stages are not modelled"
     else:
-        problem = model.parallelism_problem(config.tp, config.pp, config.ep)
+        problem = model.parallelism_problem(config.tp, config.pp, config.ep, config.cp)
     if problem:
         return problem
     if config.ep > 1 and training.sharding is Sharding.ZERO3:
         return "ZeRO-3 with expert parallelism is not modelled (use --sharding zero1 or zero2)"
+    if config.cp > 1 and training.sharding is Sharding.ZERO3:
+        return "ZeRO-3 with context parallelism is not modelled (use --sharding zero1 or zero2)"
     if training.global_batch % (config.replicas * config.micro_batch):
         if config.ep > 1:
             return (f"--global-batch {training.global_batch} is not divisible by dp x ep x micro-batch = "
@@ -331,11 +353,11 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
     scores = training.attention == "unfused"
     sp = sequence_parallel(training, config)
     per_layer, per_moe_layer = (model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w,
-                                                                 scores, sp, moe) for moe in (False, True))
+                                                                 scores, sp, moe, config.cp) for moe in (False, True))
     working = 0.0  # full recomputation rebuilds one layer's activations at a time
     if training.recompute is Recompute.FULL:
         working = max(model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores, sp,
-                                                       moe) for moe in (False, model.moe_layers > 0))
+                                                       moe, config.cp) for moe in (False, model.moe_layers > 0))
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
     routed = stage_routed_parameters(model, layout)
@@ -344,7 +366,7 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
         # dense weights split over tp and replicated over dp x ep; routed experts split over tp x ep
         dense, experts = (params - routed[stage]) / config.tp, routed[stage] / (config.tp * config.ep)
         weights, gradients, optimizer = w * (dense + experts), w * (dense + experts), optimizer_bytes * (dense + experts)
-        sharded = dense / config.replicas + experts / config.dp  # one replica's shard of the stage
+        sharded = dense / config.dense_shards + experts / config.expert_shards  # one device's ZeRO shard
         if training.sharding is Sharding.ZERO1:
             optimizer = optimizer_bytes * sharded
         elif training.sharding is Sharding.ZERO2:
@@ -359,7 +381,7 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
         dense_layers, moe_layers = mix[stage]
         activations = in_flight * (dense_layers * per_layer + moe_layers * per_moe_layer) + working
         if stage in ("last", "only"):
-            activations += model.logits_bytes(config.micro_batch, config.tp)
+            activations += model.logits_bytes(config.micro_batch, config.tp, config.cp)
         memory = Memory(weights, gradients, optimizer, activations, stage)
         if worst is None or memory.total > worst.total:
             worst = memory
@@ -444,14 +466,16 @@ class StepTime:
     reductions: tuple[tuple[str, Goal, int], ...]  # (axis, goal, size) the step reduces
     optimizer_s: float = 0.0  # the optimizer step (per-operation model; the curve folds it into compute)
     ep_s: float = 0.0  # expert parallelism's all-to-alls, on the critical path
+    cp_s: float = 0.0  # context parallelism's ring of keys and values, what the attention does not hide
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.tp_s + self.ep_s + self.pp_s + self.dp_s + self.optimizer_s
+        return (self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.ep_s + self.pp_s + self.dp_s
+                + self.optimizer_s)
 
     def breakdown(self) -> dict[str, float]:
-        return {"compute": self.compute_s, "bubble": self.bubble_s, "tp": self.tp_s, "ep": self.ep_s,
-                "pp": self.pp_s, "dp": self.dp_s, "optimizer": self.optimizer_s}
+        return {"compute": self.compute_s, "bubble": self.bubble_s, "tp": self.tp_s, "cp": self.cp_s,
+                "ep": self.ep_s, "pp": self.pp_s, "dp": self.dp_s, "optimizer": self.optimizer_s}
 
 
 @dataclass(frozen=True)
@@ -470,6 +494,8 @@ class StepShape:
     expert_gradient_bytes: int = 0  # per device: its routed experts of that stage, in w bytes (reduced over dp)
     moe_layers_per_stage: int = 0  # the most MoE layers a stage holds
     alltoall_bytes: int = 0  # per device: one all-to-all of expert parallelism (the routed token copies)
+    kv_bytes: int = 0  # per device: one ring step of context parallelism (its chunk's keys and values)
+    attention_fraction: float = 0.0  # of a micro-batch's compute: the attention core (forward and backward)
 
     @property
     def flops_per_layer(self) -> float:
@@ -481,24 +507,27 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
     flops = model.training_flops(config.micro_batch, training.recompute)
     layout = config.layers_of_stages(model)
     if config.stage_layers:  # the slowest stage's FLOPs: its layers' share, and the output layer on the last
-        per_device = slowest_stage(layout, _flops_stage_costs(model, training, config)) / config.tp
+        per_device = slowest_stage(layout, _flops_stage_costs(model, training, config)) / (config.tp * config.cp)
     else:
-        per_device = flops.total / (config.tp * config.pp)
+        per_device = flops.total / (config.tp * config.pp * config.cp)
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
     moe = model.moe
     alltoall = 0
     if moe and config.ep > 1:  # each device sends its sequence-parallel share of the routed token copies
-        alltoall = math.ceil(config.micro_batch * model.seq * moe.routed_per_token * model.hidden * w / config.tp)
+        alltoall = math.ceil(config.micro_batch * model.seq * moe.routed_per_token * model.hidden * w
+                             / (config.tp * config.cp))
     return StepShape(
         micro_batches=config.micro_batches(training),
         layers_per_stage=max(layout),
         flops_per_micro_batch=per_device,
         backward_fraction=(flops.backward + flops.recompute) / flops.total,
         weight_gradient_fraction=flops.weight_gradient / flops.total,
-        activation_bytes=config.micro_batch * model.seq * model.hidden * w,
-        gemm_flops=tuple(2.0 * config.micro_batch * model.seq * p / config.tp
+        activation_bytes=config.micro_batch * model.seq // config.cp * model.hidden * w,
+        gemm_flops=tuple(2.0 * config.micro_batch * model.seq * p / (config.tp * config.cp)
                          for p in (model.moe_layer_gemm_params if moe else model.layer_gemm_params)),
+        kv_bytes=2 * config.micro_batch * model.seq // config.cp * model.kv_dim * w // config.tp,
+        attention_fraction=model.layers * 3 * model.attention_core_flops(config.micro_batch * model.seq) / flops.total,
         gradient_bytes=math.ceil((params - routed[kind]) / config.tp) * w,
         layer_bytes=math.ceil(largest_layer_params(model) / config.tp) * w,
         expert_gradient_bytes=math.ceil(routed[kind] / (config.tp * config.ep)) * w,
@@ -547,7 +576,7 @@ def _gemm_flops_fraction(model: Transformer, training: Training, config: Configu
 def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
                          compute: OperationProfile, shape: StepShape) -> ComputeEstimate:
     shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
-                  training.fp8)
+                  training.fp8, config.cp)
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
@@ -557,7 +586,7 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
     dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)
     if training.sharding is not Sharding.NONE:  # ZeRO updates its shard only
-        dense, experts = dense / config.replicas, experts / config.dp
+        dense, experts = dense / config.dense_shards, experts / config.expert_shards
     parameters = dense + experts
     efficiency = shape.flops_per_micro_batch / (device.peak_flops * micro_batch_s)
     return ComputeEstimate(micro_batch_s, efficiency, optimizer_s(compute, parameters, training.value_bytes == 2))
@@ -579,7 +608,7 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     if isinstance(compute, ComputeProfile):
         return _flops_stage_costs(model, training, config)
     shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
-                  training.fp8)
+                  training.fp8, config.cp)
     layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
     return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
@@ -624,10 +653,18 @@ def step_time(
     if shape.alltoall_bytes:  # per MoE layer and pass: the dispatch to the experts and the combine back
         passes = 3 if training.recompute is Recompute.FULL else 2
         ep_mb = shape.moe_layers_per_stage * 2 * passes * collectives.alltoall("ep", shape.alltoall_bytes)
+    cp_mb = 0.0
+    if config.cp > 1:  # ring attention: cp - 1 steps per layer and pass, beside the attention they feed
+        passes = 3 if training.recompute is Recompute.FULL else 2
+        ring_step_s = collectives.send("cp", shape.kv_bytes)
+        attention_s = micro_batch_s * shape.attention_fraction / shape.layers_per_stage  # forward and backward
+        forward = overlapped_s(config.cp - 1, ring_step_s, attention_s / 3)
+        backward = overlapped_s(config.cp - 1, 2 * ring_step_s, attention_s * 2 / 3)  # their gradients too
+        cp_mb = shape.layers_per_stage * ((passes - 1) * forward + backward)
     pp_mb = 0.0
     if config.pp > 1:
         pp_mb = 2 * v * collectives.send("pp", max(1, shape.activation_bytes // config.tp))
-    slot = micro_batch_s + tp_mb + ep_mb + pp_mb
+    slot = micro_batch_s + tp_mb + ep_mb + cp_mb + pp_mb
     dp_s, bucket, dp_reductions = _data_parallel(training, config, collectives, shape, micro_batch_s)
     reductions.extend(dp_reductions)
     return StepTime(
@@ -642,14 +679,15 @@ def step_time(
         reductions=tuple(reductions),
         optimizer_s=optimizer_s,
         ep_s=m * ep_mb,
+        cp_s=m * cp_mb,
     )
 
 
 def _data_parallel(training: Training, config: Configuration, collectives: Collectives, shape: StepShape,
                    micro_batch_s: float) -> tuple[float, int | None, list[tuple[str, Goal, int]]]:
     """Exposed DP seconds, the chosen bucket size and the reductions used: the
-    dense weights' gradients over dp x ep (:attr:`Configuration.dense_axes`),
-    the routed experts' over dp, in buckets of one size."""
+    dense weights' gradients over dp x cp x ep (:attr:`Configuration.dense_axes`),
+    the routed experts' over dp x cp, in buckets of one size."""
     dense_axes = config.dense_axes
     if not dense_axes:
         return 0.0, None, []
@@ -668,8 +706,8 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     # ZeRO-2 keeps no full gradients to accumulate in: every micro-batch's backward reduce-scatters its own
     reductions = shape.micro_batches if training.sharding is Sharding.ZERO2 else 1
     sets = [(dense_axes, shape.gradient_bytes)]  # (axes, bytes per device) of each set of gradients
-    if shape.expert_gradient_bytes and config.dp > 1:
-        sets.append(("dp", shape.expert_gradient_bytes))
+    if shape.expert_gradient_bytes and config.expert_axes:
+        sets.append((config.expert_axes, shape.expert_gradient_bytes))
     best: tuple[float, int] | None = None
     for bucket in bucket_sizes(sum(size for _, size in sets)):
         transfers = [(math.ceil(size / bucket), collectives.reduce(axes, goal, bucket)) for axes, size in sets]

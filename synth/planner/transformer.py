@@ -316,7 +316,7 @@ class Transformer:
 
     def activation_bytes_per_layer(self, micro_batch: int, tp: int, recompute: Recompute,
                                    bytes_per_value: int = 2, scores: bool = True,
-                                   sequence_parallel: bool = False, moe: bool = False) -> float:
+                                   sequence_parallel: bool = False, moe: bool = False, cp: int = 1) -> float:
         """Activation bytes one layer stores for one micro-batch on one device
         (Korthikanti et al. 2022, tensor parallelism, with or without sequence
         parallelism; ``bytes_per_value`` scales the 16-bit figure).
@@ -328,8 +328,10 @@ class Transformer:
         MoE layer, whose MLP tensors are those of the experts each token passes
         (routed, padded, and shared, each of ``expert_ffn``), plus the routed
         copies of its input (``2 s b h`` per routed pass) and the router's fp32
-        probabilities (``4 s b E``), all split over tp."""
-        s, b, h, f, kv = self.seq, micro_batch, self.hidden, self.ffn, self.kv_dim
+        probabilities (``4 s b E``), all split over tp. ``cp``: context
+        parallelism holds ``s / cp`` of the sequence (and its queries' rows of
+        the scores)."""
+        s, b, h, f, kv = self.seq // cp, micro_batch, self.hidden, self.ffn, self.kv_dim
         scale = bytes_per_value / 2
         replicas = tp if sequence_parallel else 1  # what the replicated tensors are divided by
         if recompute is Recompute.FULL:
@@ -347,20 +349,24 @@ class Transformer:
             mlp = 2 * MLP_WIDE_VALUES[self.mlp] * s * b * f
         split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + mlp
         if recompute is Recompute.NONE and scores:  # scores, softmax, dropout mask and output: 5 a s^2 b
-            split += 5 * self.heads * s * s * b
+            split += 5 * self.heads * s * self.seq * b
         return scale * (replicated / replicas + split / tp)
 
-    def logits_bytes(self, micro_batch: int, tp: int) -> float:
-        """The output layer's fp32 logits for one micro-batch (4 s b V / t)."""
-        return 4.0 * self.seq * micro_batch * self.vocab / tp
+    def logits_bytes(self, micro_batch: int, tp: int, cp: int = 1) -> float:
+        """The output layer's fp32 logits for one micro-batch (4 s b V / (t cp))."""
+        return 4.0 * self.seq * micro_batch * self.vocab / (tp * cp)
 
     # ------------------------------------------------------------ checks
 
-    def parallelism_problem(self, tp: int, pp: int, ep: int = 1) -> str | None:
-        """Why ``tp``, ``pp`` or ``ep`` cannot split this model (None if they
-        can): tensor parallelism splits heads, key/value heads, hidden, ffn and
-        the experts' width; pipeline parallelism splits the layers into equal
-        stages; expert parallelism splits the routed experts."""
+    def parallelism_problem(self, tp: int, pp: int, ep: int = 1, cp: int = 1) -> str | None:
+        """Why ``tp``, ``pp``, ``ep`` or ``cp`` cannot split this model (None if
+        they can): tensor parallelism splits heads, key/value heads, hidden, ffn
+        and the experts' width; pipeline parallelism splits the layers into
+        equal stages; expert parallelism splits the routed experts; context
+        parallelism splits the sequence into 2 cp chunks (Megatron-LM's
+        load-balanced causal split: rank i holds chunks i and 2 cp - 1 - i)."""
+        if cp > 1 and self.seq % (2 * cp):
+            return f"cp={cp} does not split the model's seq ({self.seq}) into 2 x cp equal chunks"
         fields = [("heads", self.heads), ("kv_heads", self.kv_heads), ("hidden", self.hidden), ("ffn", self.ffn)]
         if self.moe:
             fields.append(("moe.expert_ffn", self.moe.expert_ffn))
