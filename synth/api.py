@@ -25,7 +25,7 @@ import numpy as np
 
 from .cost import Model, Predictor, Ranked, default_program, rank
 from .errors import SynthError
-from .plan import Plan, PlannedProgram, PlannedReduction
+from .plan import Plan, PlannedProgram, PlannedReduction, one_chunk_layout
 from .planner.workload import PlacementCost, WorkloadItem, parse_workload, placement_costs
 from .synthesis.language import Program, format_program
 from .synthesis.lowering import LoweredProgram, LoweredStep, lower
@@ -465,7 +465,7 @@ class WorkloadSolution:
                 stop = ranges[n + 1][0] if n + 1 < len(ranges) else None
                 programs.append(PlannedProgram(proved.lowered, start, stop, proved.predicted_s,
                                                result.item.size_bytes))
-            reductions.append(PlannedReduction(results[0].best.reduction, tuple(programs)))
+            reductions.append(PlannedReduction(results[0].best.reduction, one_chunk_layout(programs)))
         return Plan(chosen.placement, tuple(reductions))
 
 

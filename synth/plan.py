@@ -61,20 +61,46 @@ class PlannedProgram:
 
 @dataclass(frozen=True)
 class PlannedReduction:
-    """A reduction and its programs by size range. Invariant: the ranges are
-    sorted, start at 0, touch without gaps or overlaps and end unbounded."""
+    """A reduction and its programs by size range. Invariants: the ranges are
+    sorted, start at 0, touch without gaps or overlaps and end unbounded; every
+    program leaves the same chunk on each rank (one ``chunk_of_rank`` per
+    reduction: a reduce-scatter's programs may otherwise differ in which rank
+    ends with which chunk; :func:`one_chunk_layout` makes them agree)."""
 
     reduction: Reduction
     programs: tuple[PlannedProgram, ...]
 
     def __post_init__(self) -> None:
         problem = _range_problem(self.programs)
+        if not problem and len({p.lowered.chunk_of_rank for p in self.programs}) > 1:
+            problem = ("its programs leave different chunks on the ranks (chunk_of_rank); one reduction has one "
+                       "layout (plan.one_chunk_layout)")
         if problem:
             raise SynthError(f"{self.reduction.describe()}: {problem}")
 
     def program_for(self, size_bytes: int) -> PlannedProgram:
         """The program for buffers of ``size_bytes`` bytes per device."""
         return next(p for p in self.programs if p.covers(size_bytes))
+
+
+def one_chunk_layout(programs: Sequence[PlannedProgram]) -> tuple[PlannedProgram, ...]:
+    """``programs`` (size ranges, smallest first) with one chunk layout: a
+    program whose ``chunk_of_rank`` differs from the one of the largest sizes
+    (where the bytes are) gives its range to that program (the range keeps no
+    prediction: none was made for it there), and neighbouring ranges of one
+    program become one."""
+    anchor = programs[-1]
+    out: list[PlannedProgram] = []
+    for p in programs:
+        if p.lowered.chunk_of_rank != anchor.lowered.chunk_of_rank:
+            p = PlannedProgram(anchor.lowered, p.min_bytes, p.max_bytes)
+        if out and out[-1].program == p.program:
+            last = out[-1]
+            p = PlannedProgram(last.lowered, last.min_bytes, p.max_bytes, last.predicted_s, last.predicted_for_bytes)
+            out[-1] = p
+        else:
+            out.append(p)
+    return tuple(out)
 
 
 def _range_problem(programs: Sequence[PlannedProgram]) -> str | None:

@@ -1282,3 +1282,37 @@ def test_plan_with_context_parallelism_runs_and_exports(cli, tmp_path):
     args = list(megatron_export(plan).arguments)
     assert args[args.index("--context-parallel-size") + 1] == "2"
     assert torchtitan_export(plan).parallelism["context_parallel_degree"] == 2
+
+
+def test_a_job_plan_keeps_one_chunk_layout_per_reduction_and_loads(tmp_path):
+    """A reduce-scatter's best programs at different bucket sizes may leave
+    different chunks on the ranks; the job plan keeps the layout of the
+    largest sizes for every range (one chunk_of_rank per reduction), so the
+    plan it writes loads again, every program proved; a PlannedReduction
+    that mixes layouts is refused."""
+    from synth.plan import PlannedProgram, PlannedReduction, one_chunk_layout, write_plan
+
+    topology = load_topology("dgx-h100").scaled({"node": 2})
+    model = parse_inline_model("layers=8,hidden=1024,heads=8,ffn=2048,gated_mlp=true,seq=2048,vocab=32000")
+    request = JobRequest(topology, topology.device, model, Training(64, sharding=Sharding.ZERO1),
+                         parse_axis_ranges("tp=1,dp=8,pp=2"), (8,))
+    solution = plan_job(request)
+    candidate = solution.best
+    costs = solution.costs
+    scatter = [(size, costs.best(candidate.placement, "dp", Goal.REDUCESCATTER, size))
+               for size in (2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20)]
+    layouts = {costs.proved(candidate.placement, "dp", Goal.REDUCESCATTER, b.program).chunk_of_rank for _, b in scatter}
+    assert len(layouts) > 1  # the case this guards: the best programs differ in layout
+    plan = solution.plan()
+    path = tmp_path / "job.json"
+    write_plan(path, plan)
+    again = load_plan(path)
+    for reduction in again.reductions:
+        assert len({p.lowered.chunk_of_rank for p in reduction.programs}) == 1
+    mixed = [costs.proved(candidate.placement, "dp", Goal.REDUCESCATTER, b.program) for _, b in scatter]
+    first, other = mixed[0], next(m for m in mixed if m.chunk_of_rank != mixed[0].chunk_of_rank)
+    programs = (PlannedProgram(first, 0, 100), PlannedProgram(other, 100, None))
+    with pytest.raises(SynthError, match="its programs leave different chunks on the ranks"):
+        PlannedReduction(Reduction(candidate.placement, ("dp",), Goal.REDUCESCATTER), programs)
+    fixed = one_chunk_layout(programs)
+    assert len(fixed) == 1 and fixed[0].lowered == other and (fixed[0].min_bytes, fixed[0].max_bytes) == (0, None)

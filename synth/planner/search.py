@@ -40,7 +40,7 @@ import numpy as np
 
 from ..cost import AllToAll, Model, Predictor, alltoall_of, step_cost
 from ..errors import SynthError
-from ..plan import Plan, PlannedProgram, PlannedReduction
+from ..plan import Plan, PlannedProgram, PlannedReduction, one_chunk_layout
 from ..synthesis.language import Collective, Program, format_program
 from ..synthesis.lowering import LoweredProgram, lower
 from ..synthesis.placement import (
@@ -647,7 +647,7 @@ def job_plan(solution: JobSolution, candidate: Candidate) -> Plan:
                 programs[-1] = replace(programs[-1], max_bytes=low)
             lowered = costs.proved(placement, axis, goal, best.program)  # never plan an unproved program
             programs.append(PlannedProgram(lowered, low, None, best.seconds, size))
-        reductions.append(PlannedReduction(reduction, tuple(programs)))
+        reductions.append(PlannedReduction(reduction, one_chunk_layout(programs)))
     return Plan(placement, tuple(reductions), job=job_document(solution, candidate))
 
 

@@ -43,7 +43,7 @@ from ..cost.records import Record, append_records
 from ..documents import check_writable
 from ..errors import SynthError
 from ..interrupts import holding_interrupts
-from ..plan import Plan, PlannedProgram, PlannedReduction, load_plan, write_plan
+from ..plan import Plan, PlannedProgram, PlannedReduction, load_plan, one_chunk_layout, write_plan
 from ..synthesis.language import format_program
 from ..synthesis.lowering import LoweredProgram, lower
 from ..synthesis.placement import Axis
@@ -731,7 +731,8 @@ def _write_tuned(request: BenchRequest, world: World, timings: Sequence[Timing],
         if world.rank == 0:
             for p in programs:
                 verify_lowered(p.lowered)  # never write an unproved plan
-            write_plan(request.out, Plan(reduction.placement, (PlannedReduction(reduction, tuple(programs)),)))
+            write_plan(request.out, Plan(reduction.placement,
+                                         (PlannedReduction(reduction, one_chunk_layout(programs)),)))
 
     _collectively(world, write)
     defaults = {(_group_key(m.candidate), m.size_bytes): m.median_s for m in timings if m.candidate.is_default}
