@@ -309,6 +309,7 @@ def micro_batch_fixed_s(profile: OperationProfile) -> float:
     return max(0.0, profile.attention.backward_floor_s - profile.attention.forward_floor_s)
 
 
+@lru_cache(maxsize=8192)  # every schedule and recomputation search variant of a configuration asks again
 def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, layers: int, recompute: Recompute,
                   first: bool, last: bool, moe_layers: int = 0) -> ComputeTime:
     """One micro-batch of one pipeline stage of ``layers`` layers, of which

@@ -215,6 +215,7 @@ class PlacementCollectives:
     costs: CollectiveCosts
     placement: Placement
     _seconds: dict[tuple[str, Goal, int], float] = field(default_factory=dict, compare=False, repr=False)
+    step_memo: dict = field(default_factory=dict, compare=False, repr=False)  # step_time's memo for this placement
 
     def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
         key = (axis, goal, size_bytes)
@@ -228,23 +229,6 @@ class PlacementCollectives:
 
     def alltoall(self, axis: str, size_bytes: int) -> float:
         return self.costs.alltoall(self.placement, axis, size_bytes)
-
-
-@dataclass(frozen=True)
-class _WithoutDataParallel:
-    """A placement's collectives with every data-parallel reduction free: the
-    step they give bounds the real one from below."""
-
-    collectives: PlacementCollectives
-
-    def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
-        return 0.0 if "dp" in axis.split("+") else self.collectives.reduce(axis, goal, size_bytes)
-
-    def send(self, axis: str, size_bytes: int) -> float:
-        return self.collectives.send(axis, size_bytes)
-
-    def alltoall(self, axis: str, size_bytes: int) -> float:
-        return self.collectives.alltoall(axis, size_bytes)
 
 
 # ---------------------------------------------------------------- request
@@ -578,15 +562,15 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     shape = step_shape(model, training, config)
     compute = compute_estimate(model, training, config, device, request.compute, shape)
 
-    def timed(collectives: Any) -> StepTime:
+    def timed(collectives: PlacementCollectives, data_parallel: bool = True) -> StepTime:
         return step_time(model, training, config, collectives, compute.micro_batch_s, compute.efficiency, shape,
-                         compute.optimizer_s)
+                         compute.optimizer_s, collectives.step_memo, data_parallel)
 
     # Branch and bound over the placements: the step without its data-parallel term bounds it from below
     # (dp_s >= 0 and no other term depends on it), and costs no dp synthesis; a placement whose bound is
     # above the best step found cannot be the best. In order of bound; ties to the enumeration order, as
     # the plain scan over every placement would choose.
-    bounds = sorted((timed(_WithoutDataParallel(costs.on(p))).total_s, i) for i, p in enumerate(placements))
+    bounds = sorted((timed(costs.on(p), data_parallel=False).total_s, i) for i, p in enumerate(placements))
     best: tuple[float, int, StepTime] | None = None
     for bound, i in bounds:
         if best is not None and bound > best[0]:

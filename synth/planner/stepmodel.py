@@ -624,10 +624,15 @@ def step_time(
     efficiency: float = float("nan"),
     shape: StepShape | None = None,
     optimizer_s: float = 0.0,
+    memo: dict | None = None,
+    data_parallel: bool = True,
 ) -> StepTime:
     """The step's predicted seconds, given one micro-batch's compute time per
     device (:func:`compute_estimate`, or a measured or fitted one) and the
-    optimizer step's."""
+    optimizer step's. ``memo``: a dict kept with ``collectives`` (one
+    placement) in which the data-parallel term, the same for every schedule of
+    a configuration, is reused. ``data_parallel=False`` leaves that term out
+    (0): the step is then a lower bound of the full one."""
     shape = shape or step_shape(model, training, config)
     m, v = shape.micro_batches, config.virtual_stages
     reductions: list[tuple[str, Goal, int]] = []
@@ -665,7 +670,17 @@ def step_time(
     if config.pp > 1:
         pp_mb = 2 * v * collectives.send("pp", max(1, shape.activation_bytes // config.tp))
     slot = micro_batch_s + tp_mb + ep_mb + cp_mb + pp_mb
-    dp_s, bucket, dp_reductions = _data_parallel(training, config, collectives, shape, micro_batch_s)
+    key = (training.sharding, training.overlap_dp, config.dense_axes, config.expert_axes, shape.gradient_bytes,
+           shape.expert_gradient_bytes, shape.micro_batches, shape.layer_bytes, shape.layers_per_stage,
+           shape.backward_fraction, micro_batch_s)
+    found = memo.get(key) if memo is not None else None
+    if not data_parallel:
+        found = (0.0, None, [])
+    elif found is None:
+        found = _data_parallel(training, config, collectives, shape, micro_batch_s)
+        if memo is not None:
+            memo[key] = found
+    dp_s, bucket, dp_reductions = found
     reductions.extend(dp_reductions)
     return StepTime(
         compute_s=m * micro_batch_s,
