@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import enum
 
-from ..errors import SynthError
-
 SCHEDULE_CHOICES = ("1f1b", "interleaved", "zero-bubble", "search")
 
 
@@ -42,13 +40,6 @@ class Schedule(enum.Enum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
     ZERO_BUBBLE = "zero-bubble"
-
-    @classmethod
-    def from_text(cls, text: str, option: str = "--schedule") -> "Schedule":
-        for s in cls:
-            if s.value == text:
-                return s
-        raise SynthError(f"{option} {text}: choose one of {', '.join(s.value for s in cls)}")
 
     def describe(self, virtual_stages: int) -> str:
         """``1F1B``, ``interleaved 1F1B, 2 stages`` or ``zero bubble (ZB-H1)``."""
