@@ -613,7 +613,7 @@ BASE = ("plan", "--topology", "dgx-a100", "--scale", "node=2", "--model", TINY, 
     (("--axes", "tp,ep=2,dp"), "ep=2: the model has no experts to split (give it a moe: block)"),
     (("--global-batch", "0"), "--global-batch 0: must be >= 1"),
     (("--micro-batch", "2,x"), "--micro-batch 'x': give micro-batch sizes as integers >= 1"),
-    (("--sharding", "zero4"), "--sharding zero4: choose one of none, zero1, zero2, zero3 (fsdp)"),
+    (("--sharding", "zero4"), "--sharding zero4: choose one of none, zero1, zero2, zero3 (fsdp), hsdp"),
     (("--recompute", "most"), "--recompute most: choose one of none, selective, full"),
     (("--virtual-stages", "2"), "--virtual-stages 2: only the interleaved schedule runs virtual stages; add "
                                 "--schedule interleaved (or search)"),
@@ -1316,3 +1316,94 @@ def test_a_job_plan_keeps_one_chunk_layout_per_reduction_and_loads(tmp_path):
         PlannedReduction(Reduction(candidate.placement, ("dp",), Goal.REDUCESCATTER), programs)
     fixed = one_chunk_layout(programs)
     assert len(fixed) == 1 and fixed[0].lowered == other and (fixed[0].min_bytes, fixed[0].max_bytes) == (0, None)
+
+
+# ================================================================ HSDP
+
+
+def test_hsdp_split_keeps_every_device_in_place():
+    """HSDP's sub-axes of dp: the shard axis is dp's split at the innermost
+    level it spans, the replicate axis the rest; the mesh is dp's, reshaped
+    (replicate x shard, shard fastest), on every placement."""
+    from synth.synthesis.placement import split_at_innermost_level
+
+    for topology, axes in (("testbed-2x2x2", "tp=2,dp=4"), ("dgx-a100", "tp=2,dp=32,pp=2")):
+        for p in enumerate_placements(load_topology(topology), parse_axes(axes)):
+            q = split_at_innermost_level(p, "dp", "dp_replicate", "dp_shard")
+            dp = p.axis_names.index("dp")
+            row = p.matrix[dp]
+            innermost = max(level for level, split in enumerate(row) if split > 1)
+            assert q.matrix[dp + 1] == tuple(row[innermost] if level == innermost else 1 for level in range(len(row)))
+            assert np.array_equal(q.mesh.reshape(p.mesh.shape), p.mesh)
+
+
+class WithSizes(Recording):
+    """Recording collectives that know the HSDP sub-axes' sizes."""
+
+    def __init__(self, shard, replicate):
+        super().__init__()
+        self.sizes = {"dp_shard": shard, "dp_replicate": replicate}
+
+    def size(self, axis):
+        return self.sizes[axis]
+
+
+def test_hsdp_memory_and_step_by_hand():
+    """HSDP is ZeRO-3 over the shard group: weights, gradients and states / s
+    with the gathered layers; per micro-batch and layer an all-gather before the
+    forward and the backward and a reduce-scatter after the backward over the
+    shard group, and the all-reduce of the shard over the replicate group;
+    with the whole dp as the shard group it is ZeRO-3."""
+    m = gpt(4, 64, 4, 32, 100)
+    config = Configuration(1, 8, 1, 1)  # 8 micro-batches of 1
+    hsdp, zero3 = Training(64, sharding=Sharding.HSDP), Training(64, sharding=Sharding.ZERO3)
+    params = m.parameters
+    layer = 12 * 64 * 64 + 13 * 64
+    memory = memory_per_device(m, hsdp, config, 2)
+    assert memory.weights == pytest.approx(2 * params / 2 + 2 * 2 * layer)
+    assert memory.gradients == pytest.approx(2 * params / 2 + 2 * layer)
+    assert memory.optimizer == pytest.approx(12 * params / 2)
+    assert memory_per_device(m, hsdp, config, 8) == memory_per_device(m, zero3, config)
+    t_mb = 0.01
+    rec = WithSizes(2, 4)
+    step = step_time(m, hsdp, config, rec, t_mb)
+    size = math.ceil(layer) * 2
+    each = 1e-3 * (1 + size / 2**30)
+    across = 1e-3 * (1 + (size // 2) / 2**30)
+    backward = t_mb * 2 / 3
+    per_micro_batch = overlapped_s(4, each, t_mb - backward) + overlapped_s(4, 2 * each + across, backward)
+    assert step.dp_s == pytest.approx(8 * per_micro_batch)
+    assert {(c[1], c[2], c[3]) for c in rec.calls if c[0] == "reduce"} == {
+        ("dp_shard", Goal.ALLGATHER, size), ("dp_shard", Goal.REDUCESCATTER, size),
+        ("dp_replicate", Goal.ALLREDUCE, size // 2)}
+    alone = WithSizes(8, 1)
+    step_time(m, hsdp, config, alone, t_mb)
+    assert not any(c[1] == "dp_replicate" for c in alone.calls)  # one group: nothing to replicate across
+
+
+def test_plan_with_hsdp(cli, tmp_path):
+    """--sharding hsdp: the shard group is each placement's dp split inside a
+    node, its memory per placement; the job says the sizes, the plan holds only
+    whole-axis reductions (FSDP runs HSDP's own), torchtitan shards inside the
+    node and Megatron-LM refuses it; a configuration with only HSDP's
+    collectives cannot be written as a plan."""
+    common = ["plan", "--topology", "dgx-h100", "--scale", "node=2", "--model", TINY, "--global-batch", "16",
+              "--sharding", "hsdp", "--no-verify"]
+    doc = json.loads(cli(*common, "--axes", "tp=1,dp=16,pp=1", "--json")[1])
+    best = doc["configurations"][0]
+    assert set(best["programs"]) == {"dp_shard/allgather", "dp_shard/reducescatter", "dp_replicate"}
+    msg = usage_error(cli, *common[:-1], "--axes", "tp=1,dp=16,pp=1", "--out", str(tmp_path / "x.json"))
+    assert "its only collectives are HSDP's over sub-groups of dp" in msg
+    out = tmp_path / "hsdp.json"
+    code, _, _ = cli(*common[:-1], "--axes", "tp=2,dp=8,pp=1", "--micro-batch", "1", "--out", str(out))
+    assert code == 0
+    plan = load_plan(out)
+    assert {r.reduction.axes for r in plan.reductions} == {("tp",)}
+    dp_row = plan.placement.matrix[plan.placement.axis_names.index("dp")]
+    assert plan.job["hsdp"] == {"shard": dp_row[-1], "replicate": 8 // dp_row[-1]}
+    from synth.export.megatron import megatron_export
+    from synth.export.torchtitan import torchtitan_export
+
+    assert torchtitan_export(plan).parallelism["data_parallel_shard_degree"] == plan.job["hsdp"]["shard"]
+    with pytest.raises(SynthError, match="the plan shards with HSDP"):
+        megatron_export(plan)

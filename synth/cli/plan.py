@@ -51,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
                    help="training dtype (default bf16); fp8: BF16 training whose layers' GEMMs run in FP8 "
                         "(Transformer Engine, torchtitan's float8), on GPUs of compute capability 8.9 or more")
     p.add_argument("--sharding", default="none", help="sharding over dp: none (default), zero1 (optimizer states), zero2 (and gradients, "
-                        "reduce-scattered every micro-batch), zero3 (fsdp: and weights)")
+                        "reduce-scattered every micro-batch), zero3 (fsdp: and weights), hsdp (zero3 inside dp's "
+                        "group at the innermost level it spans, replicated across)")
     p.add_argument("--recompute", default="none",
                    help="activation recomputation: none (default), selective, full, or search (per configuration "
                         "the least that fits in memory, which is the fastest); recompute in --json")

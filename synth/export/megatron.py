@@ -157,6 +157,9 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
         raise SynthError("plan: Megatron-LM has no ZeRO-2 (its distributed optimizer shards the optimizer states: "
                          "plan with --sharding zero1; or export --format torchtitan, whose FSDP never resharding "
                          "after the forward is ZeRO-2's memory)")
+    if job.sharding == "hsdp":
+        raise SynthError("plan: the plan shards with HSDP, which this export does not write for Megatron-LM; plan "
+                         "with --sharding zero1 or zero3, or export --format torchtitan (its FSDP runs HSDP)")
     if job.sharding == "zero1":
         args += ["--use-distributed-optimizer"]
     elif job.sharding == "zero3":

@@ -114,7 +114,7 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
     if job is not None and job.stage_layers:
         raise SynthError(f"torchtitan export: the plan's pipeline stages are uneven ({list(job.stage_layers)} layers) "
                          "and are not exported to torchtitan; plan with --stages even, or export --format megatron")
-    sharded = job is None or job.sharding in ("zero2", "zero3")
+    sharded = job is None or job.sharding in ("zero2", "zero3", "hsdp")
     dp = ranks.size("dp")
     shard = dp_split(placement)[1] if sharded else 1
     check_torchtitan_groups(placement, ranks, shard)

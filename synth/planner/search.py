@@ -50,6 +50,7 @@ from ..synthesis.placement import (
     enumerate_matrices_plain,
     parse_constraint,
     size_assignments,
+    split_at_innermost_level,
 )
 from ..synthesis.reduction import Reduction
 from ..synthesis.search import ReductionPrograms, synthesize_reduction
@@ -60,8 +61,11 @@ from .compute import ComputeModel, default_compute
 from .schedules import SCHEDULE_CHOICES, Schedule, virtual_stage_choices
 from .stages import STAGE_CHOICES, balanced_layers
 from .stepmodel import (
+    HSDP_REPLICATE,
+    HSDP_SHARD,
     Configuration,
     Memory,
+    Sharding,
     StepTime,
     Training,
     bucket_sizes,
@@ -109,6 +113,7 @@ class CollectiveCosts:
         self._sends: dict[tuple, float] = {}
         self._alltoalls: dict[tuple, AllToAll] = {}
         self._on: dict[int, PlacementCollectives] = {}  # by the placement's id; the value keeps it alive
+        self._hsdp: dict[tuple, Placement] = {}
         self._proved: dict[tuple, LoweredProgram] = {}
 
     def _key(self, placement: Placement, axes: tuple[str, ...]) -> tuple:
@@ -129,9 +134,26 @@ class CollectiveCosts:
     def rankings(self) -> int:
         return len(self._best)
 
+    def hsdp(self, placement: Placement) -> Placement:
+        """``placement`` with dp split into HSDP's replicate and shard axes
+        (:func:`~synth.synthesis.placement.split_at_innermost_level`), the
+        same devices in the same positions; each once."""
+        key = ("hsdp", placement.matrix, placement.axis_names)
+        found = self._hsdp.get(key)
+        if found is None:
+            found = self._hsdp[key] = split_at_innermost_level(placement, "dp", HSDP_REPLICATE, HSDP_SHARD)
+        return found
+
+    def _on_axis(self, placement: Placement, axis: str) -> Placement:
+        """The placement a reduction over ``axis`` is synthesized on: HSDP's
+        sub-axes of dp live on :meth:`hsdp`'s."""
+        return self.hsdp(placement) if axis in (HSDP_SHARD, HSDP_REPLICATE) else placement
+
     def best(self, placement: Placement, axis: str, goal: Goal, size_bytes: int) -> BestProgram:
         """The fastest program of a reduction over ``axis`` (``dp+ep``: over
-        both) on ``placement``."""
+        both; ``dp_shard``, ``dp_replicate``: HSDP's sub-axes of dp) on
+        ``placement``."""
+        placement = self._on_axis(placement, axis)
         axes = self._axes(placement, axis)
         key = (self._key(placement, axes), goal)
         found = self._reductions.get(key)
@@ -179,6 +201,7 @@ class CollectiveCosts:
     def proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> LoweredProgram:
         """``program`` lowered on ``placement``'s reduction over ``axis``, proved
         (numpy reference + z3; SynthError if it fails), each once."""
+        placement = self._on_axis(placement, axis)
         key = (placement.matrix, placement.axis_names, axis, goal, program)
         if key not in self._proved:
             lowered = lower(program, Reduction(placement, self._axes(placement, axis), goal))
@@ -187,6 +210,7 @@ class CollectiveCosts:
         return self._proved[key]
 
     def is_proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> bool:
+        placement = self._on_axis(placement, axis)
         return (placement.matrix, placement.axis_names, axis, goal, program) in self._proved
 
 
@@ -229,6 +253,11 @@ class PlacementCollectives:
 
     def alltoall(self, axis: str, size_bytes: int) -> float:
         return self.costs.alltoall(self.placement, axis, size_bytes)
+
+    def size(self, axis: str) -> int:
+        """The size of ``axis`` (HSDP's sub-axes of dp included)."""
+        placement = self.costs._on_axis(self.placement, axis)
+        return placement.axes[placement.axis_names.index(axis)].size
 
 
 # ---------------------------------------------------------------- request
@@ -566,23 +595,30 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
         return step_time(model, training, config, collectives, compute.micro_batch_s, compute.efficiency, shape,
                          compute.optimizer_s, collectives.step_memo, data_parallel)
 
-    # Branch and bound over the placements: the step without its data-parallel term bounds it from below
-    # (dp_s >= 0 and no other term depends on it), and costs no dp synthesis; a placement whose bound is
-    # above the best step found cannot be the best. In order of bound; ties to the enumeration order, as
-    # the plain scan over every placement would choose.
-    bounds = sorted((timed(costs.on(p), data_parallel=False).total_s, i) for i, p in enumerate(placements))
-    best: tuple[float, int, StepTime] | None = None
-    for bound, i in bounds:
-        if best is not None and bound > best[0]:
+    # Memory, and so feasibility, is the configuration's, except under HSDP, whose shard group (dp's split at
+    # the innermost level it spans) is the placement's.
+    usable = request.usable_bytes
+    if training.sharding is Sharding.HSDP and config.dp > 1:
+        memories = [memory_per_device(model, training, config, costs.on(p).size(HSDP_SHARD)) for p in placements]
+    else:
+        memories = [memory_per_device(model, training, config)] * len(placements)
+    fits = [m.total <= usable for m in memories]
+
+    # Branch and bound over the placements, feasible ones first: the step without its data-parallel term
+    # bounds it from below (dp_s >= 0 and no other term depends on it), and costs no dp synthesis; a
+    # placement whose (not feasible, bound) is above the best (not feasible, step) found cannot be the best.
+    # In that order; ties to the enumeration order, as the plain scan over every placement would choose.
+    bounds = sorted((not fits[i], timed(costs.on(p), data_parallel=False).total_s, i) for i, p in enumerate(placements))
+    best: tuple[bool, float, int, StepTime] | None = None
+    for infeasible, bound, i in bounds:
+        if best is not None and (infeasible, bound) > best[:2]:
             break
         step = timed(costs.on(placements[i]))
-        if best is None or (step.total_s, i) < best[:2]:
-            best = (step.total_s, i, step)
+        if best is None or (infeasible, step.total_s, i) < best[:3]:
+            best = (infeasible, step.total_s, i, step)
     assert best is not None
-    step, placement = best[2], placements[best[1]]
-    memory = memory_per_device(model, training, config)
-    usable = request.usable_bytes
-    feasible = memory.total <= usable
+    step, placement, memory = best[3], placements[best[2]], memories[best[2]]
+    feasible = fits[best[2]]
     margin = f" - {request.memory_margin_GiB:g} GiB margin" if request.memory_margin_GiB else ""
     reason = "" if feasible else (
         f"needs {_gib(memory.total)} per device ({memory.stage} stage: weights {_gib(memory.weights)}, gradients "
@@ -602,16 +638,25 @@ def job_plan(solution: JobSolution, candidate: Candidate) -> Plan:
     """A plan of ``candidate`` (see :meth:`JobSolution.plan`). Each reduction
     gets the best program at every size the step uses it at; DP reductions also
     at every bucket-grid size below the chosen bucket (a trainer's last bucket
-    is smaller), with ranges split at the geometric midpoints between sizes."""
+    is smaller), with ranges split at the geometric midpoints between sizes.
+    HSDP's collectives over sub-groups of dp are not in the plan (a plan's
+    reductions are over whole axes; FSDP runs its own, the torchtitan export
+    sets its groups); the job's ``hsdp`` says their sizes."""
     costs = solution.costs
     placement = candidate.placement
     wanted: dict[tuple[str, Goal], set[int]] = {}
     for axis, goal, size, _ in candidate.programs:
+        if axis in (HSDP_SHARD, HSDP_REPLICATE):
+            continue
         sizes = wanted.setdefault((axis, goal), set())
         sizes.add(size)
         if "dp" in axis.split("+") and candidate.step.bucket_bytes is not None:
             sizes.update(bucket_sizes(size))
     if not wanted:
+        if candidate.training.sharding is Sharding.HSDP:
+            raise SynthError(f"configuration {candidate.config.describe()} reduces over no whole axis: its only "
+                             "collectives are HSDP's over sub-groups of dp, which FSDP runs itself; export the "
+                             "parallelism with --sharding zero3 (torchtitan runs it as HSDP), or plan with tp > 1")
         raise SynthError(f"configuration {candidate.config.describe()} reduces over no axis (tp = dp = 1); "
                          "there is no reduction to write a plan for")
     reductions = []
@@ -639,6 +684,7 @@ def job_document(solution: JobSolution, candidate: Candidate) -> dict[str, Any]:
     """The plan's informative ``job`` object."""
     request = solution.request
     config = candidate.config
+    costs_on = solution.costs.on(candidate.placement)
     return {
         "planner": "synth-reduce plan",
         "model": request.model.to_dict(),
@@ -652,6 +698,8 @@ def job_document(solution: JobSolution, candidate: Candidate) -> dict[str, Any]:
         "schedule": config.schedule.value,
         "virtual_stages": config.virtual_stages,
         "pipeline_axis": "pp" if config.pp > 1 else None,
+        **({"hsdp": {"replicate": costs_on.size(HSDP_REPLICATE), "shard": costs_on.size(HSDP_SHARD)}}
+           if candidate.training.sharding is Sharding.HSDP and config.dp > 1 else {}),
         "bucket_bytes": candidate.step.bucket_bytes,
         "predicted_step_s": candidate.predicted_step_s,
         "breakdown_s": candidate.step.breakdown(),

@@ -105,12 +105,16 @@ BUCKET_GRID_BYTES = tuple(MiB * 4**k for k in range(7))
 
 class Sharding(enum.Enum):
     """Sharding over dp (Rajbhandari et al. 2020, "ZeRO"): none, ZeRO-1
-    (optimizer states), ZeRO-2 (and gradients), ZeRO-3 / FSDP (and weights)."""
+    (optimizer states), ZeRO-2 (and gradients), ZeRO-3 / FSDP (and weights),
+    HSDP (ZeRO-3 inside a shard group of dp, replicated across the groups:
+    the shard group is dp's split at the innermost hierarchy level it spans,
+    so it depends on the placement)."""
 
     NONE = "none"
     ZERO1 = "zero1"
     ZERO2 = "zero2"
     ZERO3 = "zero3"
+    HSDP = "hsdp"
 
     @classmethod
     def from_text(cls, text: str, option: str = "--sharding") -> "Sharding":
@@ -119,7 +123,7 @@ class Sharding(enum.Enum):
         for s in cls:
             if s.value == text:
                 return s
-        raise SynthError(f"{option} {text}: choose one of none, zero1, zero2, zero3 (fsdp)")
+        raise SynthError(f"{option} {text}: choose one of none, zero1, zero2, zero3 (fsdp), hsdp")
 
 
 @dataclass(frozen=True)
@@ -271,6 +275,8 @@ def configuration_problem(model: Transformer, training: Training, config: Config
         return "ZeRO-3 with expert parallelism is not modelled (use --sharding zero1 or zero2)"
     if config.cp > 1 and training.sharding is Sharding.ZERO3:
         return "ZeRO-3 with context parallelism is not modelled (use --sharding zero1 or zero2)"
+    if (config.cp > 1 or config.ep > 1) and training.sharding is Sharding.HSDP:
+        return "HSDP with context or expert parallelism is not modelled (use --sharding zero1 or zero2)"
     if training.global_batch % (config.replicas * config.micro_batch):
         if config.ep > 1:
             return (f"--global-batch {training.global_batch} is not divisible by dp x ep x micro-batch = "
@@ -345,8 +351,11 @@ def stage_routed_parameters(model: Transformer, layout: tuple[int, ...]) -> dict
     return {kind: moe * model.moe_layer_routed_params for kind, (_, moe) in stage_mix(model, layout).items()}
 
 
-def memory_per_device(model: Transformer, training: Training, config: Configuration) -> Memory:
-    """Memory per device of the worst stage (module docstring)."""
+def memory_per_device(model: Transformer, training: Training, config: Configuration,
+                      hsdp_shard: int | None = None) -> Memory:
+    """Memory per device of the worst stage (module docstring); under HSDP
+    the states are sharded over ``hsdp_shard`` devices (the placement's shard
+    group; default dp, which is ZeRO-3)."""
     w = training.value_bytes
     optimizer_bytes = 12 if w == 2 else 8  # fp32 master + Adam m, v; fp32 training has no master copy
     m = config.micro_batches(training)
@@ -371,7 +380,9 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
             optimizer = optimizer_bytes * sharded
         elif training.sharding is Sharding.ZERO2:
             gradients, optimizer = w * sharded, optimizer_bytes * sharded
-        elif training.sharding is Sharding.ZERO3:
+        elif training.sharding in (Sharding.ZERO3, Sharding.HSDP):
+            if training.sharding is Sharding.HSDP:  # ep = cp = 1 (configuration_problem)
+                sharded = (dense + experts) / (hsdp_shard or config.dp)
             weights, gradients, optimizer = w * sharded, w * sharded, optimizer_bytes * sharded
             layer = largest_layer_params(model) / config.tp
             weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
@@ -716,6 +727,8 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
                            + overlapped_s(n, gather + scatter, backward_s))
         return (shape.micro_batches * per_micro_batch, None,
                 [("dp", Goal.ALLGATHER, size), ("dp", Goal.REDUCESCATTER, size)])
+    if training.sharding is Sharding.HSDP:
+        return _hsdp(collectives, shape, micro_batch_s, backward_s)
     sharded = training.sharding in (Sharding.ZERO1, Sharding.ZERO2)
     goal = Goal.REDUCESCATTER if sharded else Goal.ALLREDUCE
     # ZeRO-2 keeps no full gradients to accumulate in: every micro-batch's backward reduce-scatters its own
@@ -738,6 +751,33 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     if sharded:
         used += [(axes, Goal.ALLGATHER, best[1]) for axes, _ in sets]
     return best[0], best[1], used
+
+
+HSDP_SHARD, HSDP_REPLICATE = "dp_shard", "dp_replicate"  # the sub-axes of dp an HSDP step reduces over
+
+
+def _hsdp(collectives: Collectives, shape: StepShape, micro_batch_s: float,
+          backward_s: float) -> tuple[float, int | None, list[tuple[str, Goal, int]]]:
+    """HSDP's exposed seconds: ZeRO-3's per-layer all-gathers (before the
+    forward and the backward) and reduce-scatter (after the backward) over the
+    shard group, and the all-reduce of the reduce-scattered shard over the
+    replicate group after it (FSDP2's HSDP), each phase's transfers overlapped
+    with that phase's compute; every micro-batch. ``collectives`` prices the
+    sub-axes ``dp_shard`` and ``dp_replicate`` (and says their sizes)."""
+    size = shape.layer_bytes
+    shard, replicate = collectives.size(HSDP_SHARD), collectives.size(HSDP_REPLICATE)
+    gather = collectives.reduce(HSDP_SHARD, Goal.ALLGATHER, size)
+    scatter = collectives.reduce(HSDP_SHARD, Goal.REDUCESCATTER, size)
+    used = [(HSDP_SHARD, Goal.ALLGATHER, size), (HSDP_SHARD, Goal.REDUCESCATTER, size)]
+    across = 0.0
+    if replicate > 1:
+        shard_bytes = max(1, size // shard)
+        across = collectives.reduce(HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes)
+        used.append((HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes))
+    n = shape.layers_per_stage
+    per_micro_batch = (overlapped_s(n, gather, micro_batch_s - backward_s)
+                       + overlapped_s(n, gather + scatter + across, backward_s))
+    return shape.micro_batches * per_micro_batch, None, used
 
 
 def bucket_sizes(gradient_bytes: int) -> tuple[int, ...]:

@@ -412,6 +412,26 @@ class Placement:
         return self.matrix_text()
 
 
+def split_at_innermost_level(placement: Placement, axis: str, outer: str, inner: str) -> Placement:
+    """``placement`` with ``axis`` split in two axes in its place: ``inner``
+    its split at the innermost hierarchy level it spans (size > 1 there),
+    ``outer`` the rest (1 where ``axis`` has size 1). The devices keep their
+    positions: ``axis``'s coordinate is ``outer x |inner| + inner`` (each
+    level's digit of ``axis`` now belongs to one of the two, the other having
+    size 1 there), so the two axes' groups are the sub-groups of ``axis``'s:
+    HSDP's replicate and shard groups."""
+    a = placement.axis_names.index(axis)
+    row = placement.matrix[a]
+    spanned = [level for level, split in enumerate(row) if split > 1]
+    innermost = spanned[-1] if spanned else len(row) - 1
+    inner_row = tuple(split if level == innermost else 1 for level, split in enumerate(row))
+    outer_row = tuple(1 if level == innermost else split for level, split in enumerate(row))
+    axes = (*placement.axes[:a], Axis(outer, math.prod(outer_row)), Axis(inner, math.prod(inner_row)),
+            *placement.axes[a + 1:])
+    matrix = (*placement.matrix[:a], outer_row, inner_row, *placement.matrix[a + 1:])
+    return Placement(placement.topology, axes, matrix)
+
+
 def enumerate_placements(
     topology: Topology, axes: Sequence[Axis], constraints: Sequence[Constraint] = ()
 ) -> list[Placement]:
