@@ -1407,3 +1407,43 @@ def test_plan_with_hsdp(cli, tmp_path):
     assert torchtitan_export(plan).parallelism["data_parallel_shard_degree"] == plan.job["hsdp"]["shard"]
     with pytest.raises(SynthError, match="the plan shards with HSDP"):
         megatron_export(plan)
+
+
+def test_interleaving_on_uneven_stages_by_hand():
+    """Interleaving runs on uneven stages too, each device's layers split into
+    v virtual stages (no more than its fewest layers): the bubble is (pp - 1) /
+    v slots of the slowest stage, the first stage holds Megatron-LM's warm-up
+    chunks of its own layers; Megatron-LM's export refuses the layout (it
+    takes it only as a layout string)."""
+    m = gpt(9, 64, 4, 32, 100)
+    training = Training(16, sequence_parallel=False)
+    config = Configuration(1, 1, 2, 2, virtual_stages=2, stage_layers=(4, 5))  # 8 micro-batches
+    assert configuration_problem(m, training, config) is None
+    assert configuration_problem(m, training, replace(config, virtual_stages=5)) == (
+        "5 virtual stages are more than the 4 layers of the smallest stage (every virtual stage holds a layer)")
+    t_mb = 0.1
+    step = step_time(m, training, config, Recording(), t_mb)
+    assert step.bubble_s == pytest.approx((2 - 1) / 2 * (t_mb + 2 * 2 * 2e-3))
+    h, s_, V, b = 64, 32, 100, 2
+    act = s_ * b * h * (10 + 24)  # per layer and micro-batch, tp = 1, flash attention
+    layer = 12 * h * h + 13 * h
+    first_chunks = min(2 * (2 - 0 - 1) + (2 - 1) * 2 + 1, 8 * 2)  # Megatron-LM's warm-up, rank 0: 5
+    last_chunks = min(2 * (2 - 1 - 1) + (2 - 1) * 2 + 1, 8 * 2)  # rank 1: 3
+    first = 16 * (4 * layer + V * h + s_ * h) + first_chunks / 2 * 4 * act
+    last = 16 * (5 * layer + 2 * h + V * h) + last_chunks / 2 * 5 * act + 4 * s_ * b * V
+    memory = memory_per_device(m, training, config)
+    assert memory.total == pytest.approx(max(first, last))
+    assert memory.stage == ("first" if first > last else "last")
+    from synth.planner.search import JobRequest as Request
+
+    topology = load_topology("dgx-a100").scaled({"node": 1, "gpu": 4})
+    request = Request(topology, topology.device, m, training, parse_axis_ranges("tp=2,dp=1,pp=2"), (2,),
+                      stages="uneven", schedule="interleaved", memory_margin_GiB=0)
+    solution = plan_job(request)
+    assert {c.config.virtual_stages for c in solution.candidates} <= {2, 3, 4}
+    assert all(c.config.stage_layers for c in solution.candidates)
+    from synth.export.megatron import megatron_export
+
+    plan = solution.plan()
+    with pytest.raises(SynthError, match="virtual stages on uneven stages only as a --pipeline-model-parallel-layout"):
+        megatron_export(plan)

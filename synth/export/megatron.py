@@ -145,6 +145,10 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
         args += ["--decoder-first-pipeline-num-layers", str(job.stage_layers[0]),
                  "--decoder-last-pipeline-num-layers", str(job.stage_layers[-1])]
     if job.virtual_stages > 1:
+        if job.stage_layers:
+            raise SynthError("plan: Megatron-LM takes virtual stages on uneven stages only as a "
+                             "--pipeline-model-parallel-layout, which this export does not write; plan with --stages "
+                             "even or another --schedule")
         if layers % (pp * job.virtual_stages):
             raise SynthError(f"plan: {layers} layers do not split into {pp} stages x {job.virtual_stages} "
                              "virtual stages")

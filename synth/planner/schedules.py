@@ -24,7 +24,9 @@ pipeline-parallel communication:
   compute, the bubble is ``(p - 1) (slot - 2 T_W)``.
 
 Megatron-LM's interleaved schedule asks the micro-batches of a step to be a
-multiple of p (:func:`schedule_problem`).
+multiple of p (:func:`schedule_problem`). On uneven stages (``--stages``)
+each device's layers are split into ``v`` virtual stages that may differ by
+one layer; the in-flight count above applies to its layers as a whole.
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ class Schedule(enum.Enum):
 
 
 def schedule_problem(schedule: Schedule, virtual_stages: int, pp: int, micro_batches: int,
-                     layers_per_stage: int) -> str | None:
-    """Why ``schedule`` cannot run (None if it can): interleaving needs at
-    least two virtual stages dividing each stage's layers and, as Megatron-LM
-    asks, micro-batches a multiple of pp; the other schedules run one stage per
-    device."""
+                     layout: tuple[int, ...]) -> str | None:
+    """Why ``schedule`` cannot run on stages of ``layout`` layers (None if it
+    can): interleaving needs at least two virtual stages, dividing each stage's
+    layers when the stages are even (Megatron-LM's layers per virtual stage)
+    and no more than the fewest layers of a stage when they are not (every
+    virtual stage holds a layer; a stage's may differ by one), and, as
+    Megatron-LM asks, micro-batches a multiple of pp; the other schedules run
+    one stage per device."""
     if schedule is not Schedule.INTERLEAVED:
         if virtual_stages != 1:
             return f"the {schedule.value} schedule runs one stage per device (virtual stages {virtual_stages})"
@@ -62,8 +67,11 @@ def schedule_problem(schedule: Schedule, virtual_stages: int, pp: int, micro_bat
         return "the interleaved schedule needs pipeline parallelism (pp > 1)"
     if virtual_stages < 2:
         return f"the interleaved schedule needs at least 2 virtual stages, not {virtual_stages}"
-    if layers_per_stage % virtual_stages:
-        return f"{virtual_stages} virtual stages do not divide the {layers_per_stage} layers per stage"
+    if len(set(layout)) == 1 and layout[0] % virtual_stages:
+        return f"{virtual_stages} virtual stages do not divide the {layout[0]} layers per stage"
+    if min(layout) < virtual_stages:
+        return (f"{virtual_stages} virtual stages are more than the {min(layout)} layers of the smallest stage "
+                "(every virtual stage holds a layer)")
     if micro_batches % pp:
         return f"the interleaved schedule needs the micro-batches per step ({micro_batches}) to be a multiple of pp={pp}"
     return None

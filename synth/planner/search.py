@@ -516,8 +516,9 @@ def _layouts(request: JobRequest, config: Configuration) -> list[Configuration]:
 def _schedules(request: JobRequest, config: Configuration) -> list[Configuration]:
     """``config`` under each schedule ``--schedule`` asks for. Without
     pipeline parallelism there is no schedule to choose (1F1B stands for
-    all); interleaving is not tried on uneven stages under search, and
-    ``configuration_problem`` says why when it is asked for."""
+    all); interleaving on uneven stages is tried when asked for (``--schedule
+    interleaved``), not under search (it would multiply the variants), and
+    ``configuration_problem`` says why a variant asked for cannot run."""
     if config.pp == 1:
         return [config]
     wanted = [s for s in Schedule if request.schedule in (s.value, "search")]
@@ -528,8 +529,14 @@ def _schedules(request: JobRequest, config: Configuration) -> list[Configuration
             continue
         if config.stage_layers and request.schedule == "search":
             continue
-        per_stage = max(config.layers_of_stages(request.model))
-        choices = (request.virtual_stages,) if request.virtual_stages else virtual_stage_choices(per_stage)
+        layout = config.layers_of_stages(request.model)
+        per_stage = max(layout)
+        if request.virtual_stages:
+            choices: tuple[int, ...] = (request.virtual_stages,)
+        elif config.stage_layers:  # uneven: a virtual stage per layer of the smallest stage at most
+            choices = tuple(range(2, min(layout) + 1))
+        else:
+            choices = virtual_stage_choices(per_stage)
         if request.schedule == "search":  # only what can run
             choices = tuple(v for v in choices if per_stage % v == 0)
         elif not choices:  # asked for: configuration_problem says why it cannot run

@@ -265,8 +265,6 @@ def configuration_problem(model: Transformer, training: Training, config: Config
         if not problem and len(set(layout[1:-1])) > 1:
             problem = (f"stages {describe_layers(layout)}: the stages between the first and the last must hold "
                        "equal layers (the form modelled, Megatron-LM's)")
-        if not problem and config.schedule is Schedule.INTERLEAVED:
-            problem = "uneven stages with interleaved virtual stages are not modelled"
     else:
         problem = model.parallelism_problem(config.tp, config.pp, config.ep, config.cp)
     if problem:
@@ -284,7 +282,7 @@ def configuration_problem(model: Transformer, training: Training, config: Config
         return (f"--global-batch {training.global_batch} is not divisible by dp x micro-batch = "
                 f"{config.dp} x {config.micro_batch}")
     return schedule_problem(config.schedule, config.virtual_stages, config.pp, config.micro_batches(training),
-                            max(config.layers_of_stages(model)))
+                            config.layers_of_stages(model))
 
 
 # ---------------------------------------------------------------- memory
