@@ -226,6 +226,8 @@ def candidate_document(solution: JobSolution, c: Candidate) -> dict[str, Any]:
         "virtual_stages": c.config.virtual_stages,
         "recompute": c.training.recompute.value,
         "tp_overlap": c.training.tp_overlap and sequence_parallel(solution.request.training, c.config),
+        "sharding": c.training.sharding.value,
+        "dtype": c.training.dtype,
         "matrix": [list(row) for row in c.placement.matrix],
         "matrix_axes": list(c.placement.axis_names),
         "predicted_step_s": c.predicted_step_s,
