@@ -777,8 +777,9 @@ def test_uneven_stage_memory_and_compute_by_hand():
     assert estimate.micro_batch_s == pytest.approx(want, rel=1e-12)
     assert configuration_problem(m, training, Configuration(1, 1, 4, 1, stage_layers=(3, 5, 5, 4))) == (
         "stages 3,5x2,4: 4 stages of at least one layer each must hold the model's 16 layers")
-    assert configuration_problem(m, training, Configuration(1, 1, 4, 1, 2, stage_layers=(3, 5, 5, 3))) == (
-        "uneven stages with interleaved virtual stages are not modelled")
+    assert configuration_problem(m, training, Configuration(1, 1, 4, 1, 2, stage_layers=(3, 5, 5, 3))) is None
+    assert configuration_problem(m, training, Configuration(1, 1, 4, 1, 4, stage_layers=(3, 5, 5, 3))) == (
+        "4 virtual stages are more than the 3 layers of the smallest stage (every virtual stage holds a layer)")
     assert configuration_problem(m, training, Configuration(1, 1, 4, 1, stage_layers=(3, 6, 4, 3))) == (
         "stages 3,6,4,3: the stages between the first and the last must hold equal layers (the form modelled, "
         "Megatron-LM's)")
