@@ -29,11 +29,12 @@ from .profile import Profile
 P2P_EFFICIENCY_KEY = Collective.BROADCAST.value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds arrays: compared by identity
 class AllToAll:
-    """An all-to-all's cost on some groups, for any size: the flows' distinct
-    (latency, seconds per byte) pairs. Every flow carries ``size / n`` bytes,
-    so the slowest flow takes ``max(latency + size / n x seconds per byte)``."""
+    """An all-to-all's cost on some groups, for any size: per set of levels
+    a flow crosses (which sets its latency), the latency and the seconds per
+    byte of its slowest flow. Every flow carries ``size / n`` bytes, so the
+    all-to-all takes ``max(latency + size / n x seconds per byte)``."""
 
     members: int
     latency_s: np.ndarray

@@ -120,12 +120,6 @@ class CollectiveCosts:
         rows = tuple(placement.matrix[placement.axis_names.index(a)] for a in axes)
         return rows if self.symmetric else (placement.matrix, placement.axis_names, axes)
 
-    @staticmethod
-    def _axes(placement: Placement, axis: str) -> tuple[str, ...]:
-        """``dp+ep`` -> ``("ep", "dp")``: a reduction over several axes, in
-        the placement's order."""
-        return reduce_axes(placement, axis)
-
     @property
     def reductions_synthesized(self) -> int:
         return len(self._reductions)
@@ -144,7 +138,7 @@ class CollectiveCosts:
             found = self._hsdp[key] = split_at_innermost_level(placement, "dp", HSDP_REPLICATE, HSDP_SHARD)
         return found
 
-    def _on_axis(self, placement: Placement, axis: str) -> Placement:
+    def placement_for(self, placement: Placement, axis: str) -> Placement:
         """The placement a reduction over ``axis`` is synthesized on: HSDP's
         sub-axes of dp live on :meth:`hsdp`'s."""
         return self.hsdp(placement) if axis in (HSDP_SHARD, HSDP_REPLICATE) else placement
@@ -153,8 +147,8 @@ class CollectiveCosts:
         """The fastest program of a reduction over ``axis`` (``dp+ep``: over
         both; ``dp_shard``, ``dp_replicate``: HSDP's sub-axes of dp) on
         ``placement``."""
-        placement = self._on_axis(placement, axis)
-        axes = self._axes(placement, axis)
+        placement = self.placement_for(placement, axis)
+        axes = reduce_axes(placement, axis)
         key = (self._key(placement, axes), goal)
         found = self._reductions.get(key)
         if found is None:
@@ -201,16 +195,16 @@ class CollectiveCosts:
     def proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> LoweredProgram:
         """``program`` lowered on ``placement``'s reduction over ``axis``, proved
         (numpy reference + z3; SynthError if it fails), each once."""
-        placement = self._on_axis(placement, axis)
+        placement = self.placement_for(placement, axis)
         key = (placement.matrix, placement.axis_names, axis, goal, program)
         if key not in self._proved:
-            lowered = lower(program, Reduction(placement, self._axes(placement, axis), goal))
+            lowered = lower(program, Reduction(placement, reduce_axes(placement, axis), goal))
             verify_lowered(lowered)
             self._proved[key] = lowered
         return self._proved[key]
 
     def is_proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> bool:
-        placement = self._on_axis(placement, axis)
+        placement = self.placement_for(placement, axis)
         return (placement.matrix, placement.axis_names, axis, goal, program) in self._proved
 
 
@@ -256,7 +250,7 @@ class PlacementCollectives:
 
     def size(self, axis: str) -> int:
         """The size of ``axis`` (HSDP's sub-axes of dp included)."""
-        placement = self.costs._on_axis(self.placement, axis)
+        placement = self.costs.placement_for(self.placement, axis)
         return placement.axes[placement.axis_names.index(axis)].size
 
 

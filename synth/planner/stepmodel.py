@@ -219,7 +219,8 @@ class Configuration:
         return training.global_batch // (self.replicas * self.micro_batch)
 
     def sizes(self) -> dict[str, int]:
-        """The axis sizes (``ep`` where there is expert parallelism)."""
+        """The axis sizes (``cp`` and ``ep`` where there is context or expert
+        parallelism)."""
         return {"tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {}), **({"ep": self.ep} if self.ep > 1 else {}),
                 "dp": self.dp, "pp": self.pp}
 
