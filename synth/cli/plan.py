@@ -30,9 +30,10 @@ from .plan_plot import plot_plan, pyplot
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="synth-reduce plan", description=(
-        "Plan a transformer's training step: every assignment of sizes to tp, dp and pp, every micro-batch and "
-        "every placement, ranked by predicted step time (compute, 1F1B bubble, tensor, pipeline and data-parallel "
-        "communication with the best verified program per axis), with memory per device."))
+        "Plan a transformer's training step: every assignment of sizes to tp, cp, ep, dp and pp, every "
+        "micro-batch, schedule and stage layout, and every placement, ranked by predicted step time (compute, "
+        "pipeline bubble, tensor, context, expert, pipeline and data-parallel communication with the best verified "
+        "program per axis), with memory per device."))
     p.add_argument("--topology", required=True, help="topology YAML file, or a shipped name (e.g. dgx-a100)")
     p.add_argument("--scale", default="", metavar="LEVEL=COUNT", help="override level counts, e.g. node=64")
     p.add_argument("--model", required=True,

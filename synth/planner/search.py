@@ -1,12 +1,13 @@
 """The job planner: axis sizes, placement and reduction programs for a whole
 training step of a transformer, ranked by predicted step time.
 
-:func:`plan_job` enumerates every assignment of sizes to the axes tp, dp and
-pp (within the user's bounds, product = the device count) that can split the
-model, every micro-batch that divides the batch, and every placement of the
-axes on the hierarchy; it predicts each with the step model
-(:mod:`synth.planner.stepmodel`) and keeps, per (sizes, micro-batch), the placement
-with the shortest predicted step. Memory decides feasibility; configurations
+:func:`plan_job` enumerates every assignment of sizes to the axes tp, cp, ep,
+dp and pp (within the user's bounds, product = the device count) that can split
+the model, every micro-batch that divides the batch, the stage layouts,
+schedules and recomputation the request asks to search, and every placement of
+the axes on the hierarchy; it predicts each with the step model
+(:mod:`synth.planner.stepmodel`) and keeps, per (sizes, micro-batch), the
+variant and placement with the shortest predicted step (that fits, first). Memory decides feasibility; configurations
 that do not fit stay in the result, marked with the reason.
 
 Every collective of a step is costed by the project's cost model

@@ -1,5 +1,6 @@
 """The step model: predicted time and memory per device of one training step of
-a transformer under tensor (tp), data (dp) and pipeline (pp) parallelism.
+a transformer under tensor (tp), context (cp), expert (ep), data (dp) and
+pipeline (pp) parallelism (cp, ep, MoE, HSDP and FP8: docs/planner.md).
 
 Notation: B global batch, b micro-batch, m = B / (dp b) micro-batches per step,
 L layers, L_s = L / pp layers per stage (with uneven stages,
