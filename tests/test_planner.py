@@ -1448,3 +1448,30 @@ def test_interleaving_on_uneven_stages_by_hand():
     plan = solution.plan()
     with pytest.raises(SynthError, match="virtual stages on uneven stages only as a --pipeline-model-parallel-layout"):
         megatron_export(plan)
+
+
+def test_the_frontier_models_plan_as_documented(cli):
+    """docs/planner.md's frontier comparisons, on the published axes (the full
+    searches take 10-20 s and run in scripts/bench_planner.py): DeepSeek-V3's
+    published configuration on 2,048 H800s is evaluable and fits only with full
+    recomputation, and the planner's pick is predicted faster; Llama 3 405B's
+    published configuration on 16,384 H100s fits with ZeRO-1 on uneven stages."""
+    h800 = ["--topology", "dgx-h800", "--model", "deepseek-v3", "--global-batch", "15360", "--sharding", "zero1",
+            "--device", "memory_GiB=79.647,peak_TFLOPs=989.4", "--compute-profile",
+            str(REPO / "profiles" / "h100-sxm5-80gb.compute.json"), "--micro-batch", "1", "--stages", "search",
+            "--schedule", "search", "--recompute", "search", "--no-verify", "--json"]
+
+    def one(*argv):
+        code, out, _ = cli("plan", *argv)
+        assert code == 0
+        return json.loads(out)["configurations"][0]
+
+    published = one(*h800, "--axes", "tp=1,ep=64,dp=2,pp=16")
+    assert published["feasible"] and published["recompute"] == "full"
+    assert published["breakdown"]["ep"] > published["breakdown"]["compute"]  # the all-to-alls dominate
+    pick = one(*h800, "--axes", "tp=2,ep=4,dp=16,pp=16")
+    assert pick["feasible"] and pick["predicted_step_s"] < published["predicted_step_s"] / 1.5
+    meta = one("--topology", "dgx-h100", "--scale", "node=2048", "--model", "llama3-405b", "--global-batch", "2048",
+               "--axes", "tp=8,dp=128,pp=16", "--micro-batch", "1", "--stages", "uneven", "--sharding", "zero1",
+               "--schedule", "search", "--no-verify", "--json")
+    assert meta["feasible"] and meta["stage_layers"][:2] == [7, 8] and meta["schedule"] == "zero-bubble"
