@@ -47,6 +47,7 @@ from typing import Any
 from ..errors import SynthError
 from ..plan import Plan
 from ..planner.stepmodel import DTYPE_BYTES
+from ..planner.transformer import family_defaults
 from .rank_map import MEGATRON_ORDER, RankMap, rank_map
 from .trainer import TrainerJob, renamed, trainer_job
 
@@ -77,17 +78,17 @@ def _architecture(model: dict[str, Any]) -> list[str]:
     """The layer the planner counted (``Transformer``'s defaults for fields a
     plan written before them lacks: a gated MLP is Llama's RMSNorm, rotary
     positions and no biases): MLP, norm, positions and biases."""
-    gated = model.get("gated_mlp") is True or model.get("mlp") == "swiglu"
-    mlp = model.get("mlp", "swiglu" if gated else "gelu")
+    mlp = model.get("mlp", "swiglu" if model.get("gated_mlp") is True else "gelu")
+    defaults = family_defaults(mlp)
     if mlp == "relu":
         raise SynthError("plan: Megatron-LM's arguments have no plain ReLU MLP (--swiglu, --squared-relu or its "
                          "default GeLU); plan the model with mlp: gelu or squared_relu")
     args = {"swiglu": ["--swiglu"], "squared_relu": ["--squared-relu"]}.get(mlp, [])
-    if model.get("norm", "rmsnorm" if gated else "layernorm") == "rmsnorm":
+    if model.get("norm", defaults["norm"]) == "rmsnorm":
         args += ["--normalization", "RMSNorm"]
-    if model.get("positions", "rotary" if gated else "learned") == "rotary":
+    if model.get("positions", defaults["positions"]) == "rotary":
         args += ["--position-embedding-type", "rope"]
-    if not model.get("biases", not gated):
+    if not model.get("biases", defaults["biases"]):
         args += ["--disable-bias-linear"]
     return args + _experts(model)
 

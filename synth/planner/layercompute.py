@@ -195,9 +195,9 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, m
     if moe and model.moe:
         ops += _expert_ops(profile, model, shard)
     else:
-        ops += _gemm(profile, "mlp_up", tokens, h, (2 if model.gated_mlp else 1) * f // t, fp8)
+        ops += _gemm(profile, "mlp_up", tokens, h, (model.mlp_matrices - 1) * f // t, fp8)
         ops += _gemm(profile, "mlp_down", tokens, f // t, h, fp8)
-        ops += _pass(profile, "activation", "silu_mul" if model.gated_mlp else "gelu_tanh", tokens * f // t, 2)
+        ops += _pass(profile, "activation", _activation_rate(model), tokens * f // t, 2)
     for i in (1, 2):
         ops += _pass(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
         ops += _pass(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
@@ -212,6 +212,12 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, m
     return ComputeTime(tuple(ops))
 
 
+def _activation_rate(model: Transformer) -> str:
+    """The measured elementwise pass an MLP's activation is priced at:
+    ``silu_mul`` for SwiGLU, ``gelu_tanh`` for the others (module docstring)."""
+    return "silu_mul" if model.gated_mlp else "gelu_tanh"
+
+
 def _expert_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> list[OpTime]:
     """The MLP of an MoE layer on one device: the router GEMM ``(T, h, E)``;
     the shared experts as one MLP of ``shared x expert_ffn``; the device's
@@ -224,8 +230,8 @@ def _expert_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> 
     twice that backward, at ``add``'s rate)."""
     assert model.moe is not None
     moe, t, tokens, h = model.moe, shard.tp, shard.tokens, model.hidden
-    f, up = moe.expert_ffn, 2 if model.gated_mlp else 1
-    activation = "silu_mul" if model.gated_mlp else "gelu_tanh"
+    f, up = moe.expert_ffn, model.mlp_matrices - 1
+    activation = _activation_rate(model)
     ops = _gemm(profile, "router", tokens, h, moe.experts)
     if moe.shared_experts:
         width = moe.shared_experts * f

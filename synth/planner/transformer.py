@@ -95,6 +95,15 @@ INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads",
 MLP_WIDE_VALUES = {"gelu": 2, "swiglu": 3, "relu": 1, "squared_relu": 2}
 
 
+def family_defaults(mlp: str) -> dict[str, Any]:
+    """The ``biases``, ``norm`` and ``positions`` a model with this MLP has
+    unless its file says otherwise (module docstring): Llama's for SwiGLU,
+    GPT's for the others."""
+    gated = mlp == "swiglu"
+    return {"biases": not gated, "norm": "rmsnorm" if gated else "layernorm",
+            "positions": "rotary" if gated else "learned"}
+
+
 @dataclass(frozen=True)
 class MoE:
     """The mixture of experts of a model's MoE layers (``moe:`` in a model
@@ -235,7 +244,7 @@ class Transformer:
         QKV, attention output projection, MLP up (with the gate when gated),
         MLP down. Their sum is :attr:`layer_matrix_params`."""
         h, f = self.hidden, self.ffn
-        return h * (h + 2 * self.kv_dim), h * h, (2 if self.gated_mlp else 1) * h * f, h * f
+        return h * (h + 2 * self.kv_dim), h * h, (self.mlp_matrices - 1) * h * f, h * f
 
     @property
     def moe_layer_gemm_params(self) -> tuple[float, float, float, float]:
@@ -244,7 +253,7 @@ class Transformer:
         assert self.moe is not None
         h, f = self.hidden, self.moe.expert_ffn
         experts = self.moe.routed_per_token + self.moe.shared_experts
-        return (h * (h + 2 * self.kv_dim), h * h, experts * (2 if self.gated_mlp else 1) * h * f, experts * h * f)
+        return h * (h + 2 * self.kv_dim), h * h, experts * (self.mlp_matrices - 1) * h * f, experts * h * f
 
     @property
     def layer_params(self) -> int:
@@ -389,11 +398,12 @@ class Transformer:
             extra.append(f"{self.kv_heads} kv heads")
         if self.mlp != "gelu":
             extra.append({"swiglu": "SwiGLU", "relu": "ReLU", "squared_relu": "squared ReLU"}[self.mlp])
-        if self.biases != (not self.gated_mlp):
+        defaults = family_defaults(self.mlp)
+        if self.biases != defaults["biases"]:
             extra.append("biases" if self.biases else "no biases")
-        if self.norm != ("rmsnorm" if self.gated_mlp else "layernorm"):
+        if self.norm != defaults["norm"]:
             extra.append({"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[self.norm])
-        if self.positions != ("rotary" if self.gated_mlp else "learned"):
+        if self.positions != defaults["positions"]:
             extra.append(f"{self.positions} positions")
         if self.moe:
             moe = self.moe
@@ -414,8 +424,7 @@ class Transformer:
         out: dict[str, Any] = {"gated_mlp": True} if gated else {}
         if self.mlp not in ("gelu", "swiglu"):
             out["mlp"] = self.mlp
-        defaults = {"biases": not gated, "norm": "rmsnorm" if gated else "layernorm",
-                    "positions": "rotary" if gated else "learned", "tied_embeddings": True}
+        defaults = {**family_defaults(self.mlp), "tied_embeddings": True}
         out.update({key: getattr(self, key) for key, default in defaults.items() if getattr(self, key) != default})
         if self.moe:
             out["moe"] = self.moe.to_dict()
@@ -491,7 +500,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     if "gated_mlp" in data and data["gated_mlp"] != (mlp == "swiglu"):
         raise SynthError(f"{source}: model fields 'gated_mlp' ({str(data['gated_mlp']).lower()}) and 'mlp' ({mlp}) "
                          "disagree: gated_mlp true is mlp swiglu; give one of them")
-    gated = mlp == "swiglu"
+    gated, defaults = mlp == "swiglu", family_defaults(mlp)
     heads, hidden = data["heads"], data["hidden"]
     if hidden % heads and "head_dim" not in data:
         raise SynthError(f"{source}: model field 'heads' ({heads}) must divide hidden ({hidden}): every head has "
@@ -509,9 +518,9 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         name=str(data.get("name", Path(source).stem)),
         layers=data["layers"], hidden=hidden, heads=heads, seq=data["seq"], vocab=data["vocab"],
         ffn=data.get("ffn", 4 * hidden), kv_heads=kv_heads, mlp=mlp,
-        biases=bool(data.get("biases", not gated)),
-        norm=str(data.get("norm", "rmsnorm" if gated else "layernorm")),
-        positions=str(data.get("positions", "rotary" if gated else "learned")),
+        biases=bool(data.get("biases", defaults["biases"])),
+        norm=str(data.get("norm", defaults["norm"])),
+        positions=str(data.get("positions", defaults["positions"])),
         tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe,
         params_stated=data.get("params"), source=str(data.get("source", "")),
         source_inconsistency=data.get("source_inconsistency"),
