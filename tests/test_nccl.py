@@ -193,6 +193,34 @@ def test_forced_algorithms_that_do_not_exist_run_as_rings():
     assert choose(a100, AR, GiB, ("tree",)).algorithm == "tree"
 
 
+# ================================================================ the choice apart from its cost
+
+
+def test_the_cost_prior_is_each_protocols_payload_not_nccls_choosing_factors():
+    """NCCL's table chooses with tree x .92, PAT x .75, NVLS 5/6, LL128 x .92;
+    the time model's prior efficiency is the protocol's payload on the wire: LL's
+    16-byte line holds 8 bytes of data, LL128's 128-byte line 120, Simple all."""
+    prior = Profile.prior(load_topology("p2-a100"))
+    payload = {"LL": 8 / 16, "LL128": 120 / 128, "Simple": 1.0}
+    for key, efficiency in prior.efficiency:
+        if "." in key:
+            assert efficiency == payload[key.split(".")[1]], key
+
+
+def test_no_program_speedup_from_a_choosing_factor_alone():
+    """Two p2-a100 nodes, one axis over their 32 GPUs, 256 MiB: NCCL picks a tree
+    (LL128) for the default all-reduce, as its table says. With NCCL's factors as
+    costs, BlueConnect was predicted 1.096x faster than it, of which 1.087x came
+    from the tree's x .92 alone (the two move the same bytes on the network: it
+    was 1.008x with payload efficiencies). Now no program gains more than 1.05x."""
+    from synth import solve
+
+    p2 = load_topology("p2-a100").scaled({"node": 2})
+    assert choose(first(p2, 32), AR, float(256 * MiB)).key == "tree.LL128"  # the choice is unchanged
+    best = solve(p2, {"x": 32}, size=256 * MiB, verify=False, top=1).best
+    assert best.ranking.speedup <= 1.05
+
+
 # ================================================================ the time model of NVLS, NVLS Tree, PAT
 
 
@@ -201,11 +229,12 @@ def test_nvls_allreduce_moves_s_times_m_plus_1_over_m_per_gpu():
     prior = Profile.prior(h200)
     seconds, f = step_cost(h200, prior, Algorithm.NCCL, AR, np.arange(8)[None], np.array([float(GiB)]))
     # each GPU sends its data up and its reduced shard, receives the shards: 9/8 S at 450 GB/s,
-    # NVLS efficiency 5/6 (NCCL's bus-to-algorithm ratio); latency 25 us, no steps
-    assert close(seconds, 9 / 8 * GiB / 450e9 / (5 / 6) + 25 * US)
+    # efficiency 1 (Simple's payload; NCCL's 5/6 is its bus-to-algorithm ratio for choosing, and the
+    # 9/8 already counts the bytes); latency 25 us, no steps
+    assert close(seconds, 9 / 8 * GiB / 450e9 + 25 * US)
     assert f.base_count == {"nvls.Simple": 1.0} and f.steps.sum() == 0
     rs, _ = step_cost(h200, prior, Algorithm.NVLS, RS, np.arange(8)[None], np.array([float(GiB)]))
-    assert close(rs, GiB / 450e9 / (5 / 6) + 25 * US)
+    assert close(rs, GiB / 450e9 + 25 * US)
 
 
 def test_nvls_tree_across_two_dgx_h100_nodes():
@@ -218,7 +247,7 @@ def test_nvls_tree_across_two_dgx_h100_nodes():
     # is slower than the NVLS part. Latency: 25 us + 2 log2(2) network steps of 14 us.
     network = GiB / 16 / 23.5e9
     assert network > 9 / 8 * GiB / 450e9
-    assert close(seconds, network / (5 / 6) + (25 + 2 * 14.0) * US)
+    assert close(seconds, network + (25 + 2 * 14.0) * US)
     assert f.steps[:, 2].tolist() == [2, 0]
 
 
@@ -228,9 +257,9 @@ def test_pat_allgather_recursive_doubling_one_rail_per_node():
     members = np.arange(0, 128, 8)[None]  # one GPU on each of the 16 nodes
     size = 16 * 1024.0
     seconds, _ = step_cost(dgx, prior, Algorithm.NCCL, AG, members, np.array([size]))
-    # rounds at distance 1, 2, 4, 8 moving S d/16 over one 24 GB/s rail; PAT efficiency .75;
-    # latency: PAT's base 8 us + log2(16) network steps of 14 us (Simple)
-    transfers = sum(size * d / 16 / 24e9 for d in (1, 2, 4, 8)) / 0.75
+    # rounds at distance 1, 2, 4, 8 moving S d/16 over one 24 GB/s rail (efficiency 1: NCCL's
+    # PAT x .75 is a choosing factor); latency: PAT's base 8 us + log2(16) network steps of 14 us
+    transfers = sum(size * d / 16 / 24e9 for d in (1, 2, 4, 8))
     assert close(seconds, transfers + (8 + 4 * 14.0) * US)
 
 

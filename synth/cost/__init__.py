@@ -4,6 +4,9 @@ The package, one concern per module:
 
 * :mod:`~synth.cost.nccl`: what NCCL 2.27.7 runs for a call (its choice of
   algorithm, protocol and channels, from its own cost table);
+* :mod:`~synth.cost.priors`: what a call costs before any measurement (each
+  protocol's payload fraction, NCCL's latencies), apart from NCCL's choosing
+  factors;
 * :mod:`~synth.cost.profile`: the parameters (:class:`Profile`: per level
   bandwidth, MPI latency and NCCL step latency per protocol, efficiencies, NCCL
   base latencies, the MPI call overhead) and their JSON document;
@@ -24,7 +27,9 @@ The package, one concern per module:
   it chose) and :mod:`~synth.cost.corpus` (the public NCCL measurements of
   ``data/nccl/``);
 * :mod:`~synth.cost.fit`: the parameters learned from records by least
-  squares, and the accuracy report (``fit``, ``validate``).
+  squares, and the accuracy report (``fit``, ``validate``);
+* :mod:`~synth.cost.transfer`: parameters per link kind and per algorithm that
+  carry over to systems never measured (fitted on the corpus of other systems).
 
 Imports: the shared top-level values and ``synthesis``; nothing of ``plan``,
 ``planner``, ``runtime``, ``export``, ``testbed`` or ``cli``. This ``__init__``

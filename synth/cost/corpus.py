@@ -47,6 +47,7 @@ class CorpusCall:
     algo_reported: str | None  # what the source says NCCL chose (NCCL's spelling)
     nvls_enabled: bool
     where: str  # file:line
+    tool: str = "nccl-tests"  # what timed it (a PyTorch loop adds its own per-call overhead)
 
 
 def is_corpus_line(doc: object) -> bool:
@@ -84,7 +85,8 @@ def call_from_dict(doc: dict, where: str) -> CorpusCall | None:
     system = doc["system"] if isinstance(doc["system"], dict) else {}
     nvls = not (str(env.get("NCCL_NVLS_ENABLE", "")) == "0" or system.get("nvls") is False)
     return CorpusCall(str(doc["set"]), str(doc["source"]), collective, size, seconds, derived, ranks,
-                      FORCED[forced] if forced else None, doc.get("algo_reported"), nvls, where)
+                      FORCED[forced] if forced else None, doc.get("algo_reported"), nvls, where,
+                      str(doc.get("tool") or "nccl-tests"))
 
 
 def _seconds(doc: dict, collective: Collective, size: int, ranks: int, where: str) -> tuple[float, bool] | None:

@@ -446,27 +446,5 @@ def _graph_channels(comm: Comm, algorithm: str) -> int:
     return ring.channels
 
 
-# ---------------------------------------------------------------- priors of the time model (synth.cost.profile)
-
-# Efficiency of each (algorithm, protocol) relative to the link rate, from the factors ncclTopoTuneModel applies to
-# a graph's bandwidth: LL carries 8 bytes of data per 16 (x .5), LL128 120 of 128 (ring x .92), the tree all-reduce
-# x .92 (LL a further / 3.8, LL128 x 120/128 between nodes), NVLS's bus-to-algorithm ratio 5/6, PAT x .75.
-EFFICIENCY_PRIOR = {
-    "ring.LL": .5, "ring.LL128": .92, "ring.Simple": 1.0,
-    "tree.LL": .92 / 3.8, "tree.LL128": .92 * 120.0 / 128.0, "tree.Simple": .92,
-    "nvls.Simple": 5.0 / 6.0, "nvlstree.Simple": 5.0 / 6.0, "pat.Simple": .75,
-}
-NCCL_KEYS = tuple(EFFICIENCY_PRIOR)
-# Latency per call of each (algorithm, protocol): baseLat; NVLS's whole latency is its NVLink hwLat (25 us, NCCL
-# sets latencies = intraLat), NVLS Tree adds it to its network hops, PAT's base time is 8 us.
-BASE_PRIOR_US = {
-    **{f"{a}.{p}": BASE_LAT_US[a][i] for a in ("ring", "tree") for i, p in enumerate(PROTOCOLS)},
-    "nvls.Simple": HW_LAT_US["nvlink"]["nvls"][2], "nvlstree.Simple": HW_LAT_US["nvlink"]["nvlstree"][2],
-    "pat.Simple": 8.0,
-}
-
-
-def hop_latency_prior_us(link: str) -> tuple[float, float, float]:
-    """(LL, LL128, Simple) latency of one step over a link of this kind: the ring
-    row of NCCL's hwLat for NVLink, PCI or the network."""
-    return HW_LAT_US[link]["ring"]
+# every (algorithm, protocol) pair the table can hold, in a fixed order (profiles list their keys in it)
+NCCL_KEYS = tuple(f"{a}.{p}" for a in ("ring", "tree") for p in PROTOCOLS) + ("nvls.Simple", "nvlstree.Simple", "pat.Simple")

@@ -11,8 +11,9 @@ call (``base_latency_us``); ``call_overhead_us`` (per step, MPI model); and the
 :attr:`~synth.topology.Topology.structure` of the topology it belongs to.
 
 The prior (:meth:`Profile.prior`) is the topology's numbers and, for the NCCL
-models, NCCL 2.27.7's own latencies and bandwidth factors
-(:mod:`synth.cost.nccl`). A profile built by hand with some of these left out gets
+models, each protocol's payload fraction as efficiency and NCCL 2.27.7's own
+latencies (:mod:`synth.cost.priors`; NCCL's choosing factors stay in its
+choice, :mod:`synth.cost.nccl`). A profile built by hand with some of these left out gets
 the prior's efficiencies and base latencies and ``latency_us`` for every protocol.
 """
 
@@ -30,7 +31,8 @@ from ..documents import read_document, write_document
 from ..errors import SynthError
 from ..synthesis.language import Collective
 from ..topology import Topology, describe_structure
-from .nccl import BASE_PRIOR_US, EFFICIENCY_PRIOR, NCCL_KEYS, PROTOCOLS, hop_latency_prior_us
+from .nccl import NCCL_KEYS, PROTOCOLS
+from .priors import BASE_PRIOR_US, EFFICIENCY_PRIOR, hop_latency_prior_us
 
 PROFILE_SCHEMA = "synth-reduce/profile"
 PROFILE_VERSION = 2

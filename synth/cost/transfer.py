@@ -1,0 +1,250 @@
+"""Parameters that carry over to a system never measured.
+
+A :class:`~synth.cost.profile.Profile` belongs to one topology: its bandwidths
+and latencies are per level, so a fit of one system says nothing of another.
+:class:`SharedParameters` expresses the same cost per *kind of link* instead,
+so that measurements of some systems predict another:
+
+* the achieved fraction of a level's stated bandwidth, per link kind (``nvlink``,
+  ``pcie``, ``net``): the level's bandwidth is its topology's ``bandwidth_GBps``
+  times ``achieved[link]``;
+* the latency of one NCCL step per link kind and protocol (LL, LL128, Simple);
+* per ``algorithm.protocol``: the base latency of a call and the efficiency
+  (``ring.Simple`` stays 1: the achieved fractions carry the scale);
+* per timing tool: what it adds to each call beyond nccl-tests (a PyTorch loop
+  around ``all_reduce`` measures its own dispatch too; nccl-tests adds 0 by
+  definition, so the base latencies are NCCL's).
+
+:meth:`SharedParameters.profile_for` turns them into a topology's profile;
+:func:`fit_shared` fits them on corpus calls of any systems. The prior is
+:mod:`synth.cost.priors` with every achieved fraction 1.
+
+Fitting. With NCCL's choices and the critical flows fixed, a call's time is
+linear in the latencies and a sum of ``load / (bandwidth x achieved x
+efficiency)`` terms (:class:`~synth.cost.terms.Features`): Levenberg-Marquardt
+on relative errors over the log of the fractions and efficiencies and the
+latencies (held at >= 0), with a weak pull toward the prior (weight
+``PULL``) so that a parameter no call exercises keeps its prior value; the
+critical flows are then recomputed and the fit repeated (``rounds``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import SynthError
+from ..topology import Topology
+from .nccl import NCCL_KEYS, PROTOCOLS
+from .priors import BASE_PRIOR_US, EFFICIENCY_PRIOR, hop_latency_prior_us
+from .profile import Profile
+from .terms import Features
+
+LINK_KINDS = ("nvlink", "pcie", "net")  # synth.topology.LINKS, in this order
+TOOLS = ("nccl-tests", "torch.distributed all_reduce_bench.py")  # the corpus's; nccl-tests is the reference
+ANCHOR = "ring.Simple"  # its efficiency stays at the prior: the achieved fractions carry the scale
+PULL = 0.05  # weight of the prior per parameter, against relative errors of 1 per call
+
+
+@dataclass(frozen=True)
+class SharedParameters:
+    """The cost's parameters per link kind and per ``algorithm.protocol`` (see
+    the module docstring). Invariant: every mapping lists every key of
+    :data:`LINK_KINDS` or :data:`~synth.cost.nccl.NCCL_KEYS`, in that order."""
+
+    achieved: tuple[tuple[str, float], ...]  # link kind -> fraction of the stated bandwidth
+    step_latency_us: tuple[tuple[str, tuple[float, float, float]], ...]  # link kind -> (LL, LL128, Simple)
+    base_latency_us: tuple[tuple[str, float], ...]  # algorithm.protocol -> us per call
+    efficiency: tuple[tuple[str, float], ...]  # algorithm.protocol -> payload efficiency
+    tool_overhead_us: tuple[tuple[str, float], ...] = tuple((t, 0.0) for t in TOOLS)  # per call, over nccl-tests
+
+    @classmethod
+    def prior(cls) -> "SharedParameters":
+        return cls(
+            achieved=tuple((k, 1.0) for k in LINK_KINDS),
+            step_latency_us=tuple((k, tuple(hop_latency_prior_us(k))) for k in LINK_KINDS),
+            base_latency_us=tuple((k, BASE_PRIOR_US[k]) for k in NCCL_KEYS),
+            efficiency=tuple((k, EFFICIENCY_PRIOR[k]) for k in NCCL_KEYS),
+        )
+
+    def profile_for(self, topology: Topology) -> Profile:
+        """The profile of ``topology`` these parameters give (what nccl-tests
+        would measure: no tool overhead)."""
+        achieved, steps = dict(self.achieved), dict(self.step_latency_us)
+        kinds = [_kind(topology, i) for i in range(len(topology.levels))]
+        return Profile(
+            topology=topology.name,
+            level_names=topology.level_names,
+            bandwidth_GBps=tuple(lv.bandwidth_GBps * achieved[k] for lv, k in zip(topology.levels, kinds)),
+            latency_us=tuple(lv.latency_us for lv in topology.levels),
+            efficiency=self.efficiency,
+            protocol_latency_us=tuple(steps[k] for k in kinds),
+            base_latency_us=self.base_latency_us,
+            structure=topology.structure,
+        )
+
+    def to_dict(self) -> dict:
+        return {"achieved": dict(self.achieved), "tool_overhead_us": dict(self.tool_overhead_us),
+                "step_latency_us": {k: dict(zip(PROTOCOLS, v)) for k, v in self.step_latency_us},
+                "base_latency_us": dict(self.base_latency_us), "efficiency": dict(self.efficiency)}
+
+
+def predict_calls(shared: SharedParameters, samples: Sequence) -> np.ndarray:
+    """Seconds of corpus calls (:class:`~synth.cost.fit.CallSample`) as their
+    tool measures them: the profile's prediction plus the tool's overhead."""
+    profiles: dict[Topology, Profile] = {}
+    overhead = dict(shared.tool_overhead_us)
+    out = []
+    for s in samples:
+        profile = profiles.get(s.topology)
+        if profile is None:
+            profile = profiles[s.topology] = shared.profile_for(s.topology)
+        out.append(s.features(profile).seconds(profile) + overhead.get(s.call.tool, 0.0) * 1e-6)
+    return np.array(out)
+
+
+def _kind(topology: Topology, level: int) -> str:
+    return topology.link(level)  # one of LINK_KINDS: the topology's loader admits no other
+
+
+# ---------------------------------------------------------------- the parameter vector
+
+_K, _P, _N = len(LINK_KINDS), len(PROTOCOLS), len(NCCL_KEYS)
+_LAT = slice(0, _K * _P)  # step latencies, seconds
+_BASE = slice(_K * _P, _K * _P + _N)  # base latencies, seconds
+_TOOL = slice(_BASE.stop, _BASE.stop + len(TOOLS))  # tool overheads, seconds
+_LINEAR = _TOOL.stop  # the parameters a call's time is linear in come first
+_ACH = slice(_LINEAR, _LINEAR + _K)  # log achieved fractions
+_EFF = slice(_ACH.stop, _ACH.stop + _N)  # log efficiencies
+_SIZE = _EFF.stop
+
+
+def _vector(p: SharedParameters) -> np.ndarray:
+    steps = dict(p.step_latency_us)
+    return np.concatenate([np.ravel([steps[k] for k in LINK_KINDS]) * 1e-6,
+                           np.array([v for _, v in p.base_latency_us]) * 1e-6,
+                           np.array([v for _, v in p.tool_overhead_us]) * 1e-6,
+                           np.log([v for _, v in p.achieved]), np.log([v for _, v in p.efficiency])])
+
+
+def _parameters(x: np.ndarray) -> SharedParameters:
+    lat = x[_LAT].reshape(_K, _P) * 1e6
+    return SharedParameters(
+        achieved=tuple((k, float(math.exp(v))) for k, v in zip(LINK_KINDS, x[_ACH])),
+        step_latency_us=tuple((k, tuple(float(v) for v in row)) for k, row in zip(LINK_KINDS, lat)),
+        base_latency_us=tuple((k, float(v * 1e6)) for k, v in zip(NCCL_KEYS, x[_BASE])),
+        efficiency=tuple((k, float(math.exp(v))) for k, v in zip(NCCL_KEYS, x[_EFF])),
+        tool_overhead_us=tuple((t, float(v * 1e6)) for t, v in zip(TOOLS, x[_TOOL])),
+    )
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """One call's features arranged against the parameter vector: latency rows
+    (linear part) and the transfer terms ``load / stated bandwidth`` per
+    (link kind, key) (seconds at achieved fraction and efficiency 1)."""
+
+    linear: np.ndarray  # (_LINEAR,)
+    transfer: np.ndarray  # (_K, _N)
+
+
+def _terms(f: Features, topology: Topology, tool: str) -> _Terms:
+    kinds = [LINK_KINDS.index(_kind(topology, i)) for i in range(len(topology.levels))]
+    lat = np.zeros((_K, _P))
+    if f.protocol_count is not None:
+        for level, kind in enumerate(kinds):
+            lat[kind] += f.protocol_count[level]
+    base = np.array([f.base_count.get(k, 0.0) for k in NCCL_KEYS])
+    stated = np.array([lv.bandwidth_GBps * 1e9 for lv in topology.levels])
+    transfer = np.zeros((_K, _N))
+    for key, load in f.load.items():
+        if key not in NCCL_KEYS:
+            raise SynthError(f"shared parameters cover NCCL's algorithms only, not the {key!r} term")
+        for level, kind in enumerate(kinds):
+            transfer[kind, NCCL_KEYS.index(key)] += load[level] / stated[level]
+    if tool not in TOOLS:
+        raise SynthError(f"unknown timing tool {tool!r}; known: {', '.join(TOOLS)}")
+    return _Terms(np.concatenate([lat.ravel(), base, [t == tool for t in TOOLS]]), transfer)
+
+
+def _predict(x: np.ndarray, linear: np.ndarray, transfer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of every call and their Jacobian against ``x``. ``linear``: (n,
+    _LINEAR); ``transfer``: (n, _K, _N)."""
+    scale = np.exp(-x[_ACH])[:, None] * np.exp(-x[_EFF])[None, :]  # (_K, _N)
+    moved = transfer * scale[None]  # seconds of each (kind, key) term
+    seconds = linear @ x[:_LINEAR] + moved.sum(axis=(1, 2))
+    jac = np.empty((len(seconds), _SIZE))
+    jac[:, :_LINEAR] = linear
+    jac[:, _ACH] = -moved.sum(axis=2)
+    jac[:, _EFF] = -moved.sum(axis=1)
+    return seconds, jac
+
+
+def fit_shared(samples: Sequence, prior: SharedParameters | None = None, rounds: int = 3,
+               steps: int = 100) -> SharedParameters:
+    """Shared parameters fitted on corpus calls (:class:`~synth.cost.fit.CallSample`)
+    of any systems: relative least squares with a pull of weight :data:`PULL`
+    toward ``prior`` (default :meth:`SharedParameters.prior`); :data:`ANCHOR`'s
+    efficiency is held. ``rounds`` recomputations of the critical flows, each a
+    Levenberg-Marquardt of at most ``steps`` iterations."""
+    if not samples:
+        raise SynthError("fit_shared: no measurements to fit")
+    prior = prior or SharedParameters.prior()
+    x0 = _vector(prior)
+    x = x0.copy()
+    measured = np.array([s.median_s for s in samples])
+    free = np.ones(_SIZE, dtype=bool)
+    free[_EFF.start + NCCL_KEYS.index(ANCHOR)] = False
+    free[_TOOL.start + TOOLS.index("nccl-tests")] = False  # the reference
+    floor = np.full(_SIZE, -np.inf)
+    floor[:_LINEAR] = 0.0  # latencies are not negative
+    # the pull: latencies relative to their prior (or 10 us), logs absolutely
+    pull_scale = np.ones(_SIZE)
+    pull_scale[:_LINEAR] = np.maximum(np.abs(x0[:_LINEAR]), 1e-5)
+    for _ in range(rounds):
+        current = _parameters(x)
+        profiles: dict[Topology, Profile] = {}
+        rows = []
+        for s in samples:
+            profile = profiles.get(s.topology)
+            if profile is None:
+                profile = profiles[s.topology] = current.profile_for(s.topology)
+            rows.append(_terms(s.features(profile), s.topology, s.call.tool))
+        linear = np.array([r.linear for r in rows])
+        transfer = np.array([r.transfer for r in rows])
+        x = _levenberg_marquardt(x, x0, free, floor, pull_scale, measured, linear, transfer, steps)
+    return _parameters(x)
+
+
+def _levenberg_marquardt(x, x0, free, floor, pull_scale, measured, linear, transfer, steps: int) -> np.ndarray:
+    def residuals(v):
+        seconds, jac = _predict(v, linear, transfer)
+        r = np.concatenate([seconds / measured - 1.0, PULL * (v - x0)[free] / pull_scale[free]])
+        j = np.vstack([jac[:, free] / measured[:, None], PULL * np.diag(1.0 / pull_scale[free])])
+        return r, j
+
+    damping = 1e-3
+    r, j = residuals(x)
+    cost = float(r @ r)
+    for _ in range(steps):
+        a = j.T @ j
+        g = j.T @ r
+        step = np.linalg.solve(a + damping * np.diag(np.diag(a) + 1e-12), -g)
+        trial = x.copy()
+        trial[free] = np.maximum(x[free] + step, floor[free])
+        r2, j2 = residuals(trial)
+        cost2 = float(r2 @ r2)
+        if cost2 < cost:
+            improvement = (cost - cost2) / max(cost, 1e-300)
+            x, r, j, cost = trial, r2, j2, cost2
+            damping = max(damping / 3, 1e-9)
+            if improvement < 1e-9:
+                break
+        else:
+            damping *= 4
+            if damping > 1e9:
+                break
+    return x

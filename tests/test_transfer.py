@@ -1,0 +1,115 @@
+"""Shared parameters (synth.cost.transfer): one set of per-link-kind and
+per-algorithm parameters that predicts systems the fit never saw."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from synth.cost import Profile
+from synth.cost.corpus import CorpusCall
+from synth.cost.fit import call_samples
+from synth.cost.priors import BASE_PRIOR_US, EFFICIENCY_PRIOR
+from synth.cost.transfer import SharedParameters, fit_shared, predict_calls
+from synth.errors import SynthError
+from synth.synthesis.language import Collective
+from synth.topology import LINKS, load_topology
+
+SIZES = [2**k for k in range(10, 34, 2)]
+
+
+def calls(topology, ranks, collective=Collective.ALLREDUCE, tool="nccl-tests", algo=None, sizes=SIZES):
+    out = [CorpusCall("synthetic", "test", collective, size, 1.0, False, ranks, algo, None, True, f"line {i}", tool)
+           for i, size in enumerate(sizes)]
+    return call_samples(out, topology)
+
+
+def measured_by(shared, samples):
+    """The samples with the times ``shared`` predicts for them (a synthetic corpus)."""
+    times = predict_calls(shared, samples)
+    return [replace(s, call=replace(s.call, time_s=float(t))) for s, t in zip(samples, times)]
+
+
+TRUE = replace(
+    SharedParameters.prior(),
+    achieved=(("nvlink", 0.8), ("pcie", 1.0), ("net", 0.7)),
+    step_latency_us=(("nvlink", (1.5, 3.0, 5.0)), ("pcie", (1.0, 2.5, 5.7)), ("net", (9.0, 12.0, 20.0))),
+    base_latency_us=tuple((k, v * 1.5) for k, v in BASE_PRIOR_US.items()),
+    efficiency=tuple((k, v if k == "ring.Simple" else v * 0.9) for k, v in EFFICIENCY_PRIOR.items()),
+    tool_overhead_us=(("nccl-tests", 0.0), ("torch.distributed all_reduce_bench.py", 15.0)),
+)
+
+
+def test_profile_for_scales_each_level_by_its_link_kind():
+    dgx = load_topology("dgx-h100")
+    profile = TRUE.profile_for(dgx)
+    assert profile.bandwidth_GBps == pytest.approx((47.0 * 0.7, 450.0 * 0.8))
+    assert profile.protocol_latency_us == ((9.0, 12.0, 20.0), (1.5, 3.0, 5.0))
+    assert profile.efficiency_of("tree.Simple") == pytest.approx(0.9)
+    assert profile.base_us("ring.LL") == pytest.approx(BASE_PRIOR_US["ring.LL"] * 1.5)
+    prior = SharedParameters.prior().profile_for(dgx)
+    assert prior == Profile.prior(dgx)  # the shared prior is each topology's prior
+
+
+def test_fitted_on_two_systems_it_predicts_a_third_it_never_saw():
+    """Synthetic measurements made by known shared parameters on dgx-a100 and
+    p5 (rings, trees, NVLS Tree, two nodes and one) fit parameters that
+    predict dgx-h100's calls, a system not in the fit, as the true ones do."""
+    a100 = load_topology("dgx-a100").scaled({"node": 2})
+    p5 = load_topology("p5").scaled({"node": 2})
+    h100 = load_topology("dgx-h100").scaled({"node": 2})
+    train = []
+    for topology in (a100, p5):
+        for ranks in (8, 16):
+            for algo in (None, "ring", "tree"):
+                train += measured_by(TRUE, calls(topology, ranks, algo=algo))
+        train += measured_by(TRUE, calls(topology, 8, Collective.ALLGATHER))
+    train += measured_by(TRUE, calls(p5, 16, algo="nvlstree")) + measured_by(TRUE, calls(p5, 8, algo="nvls"))
+    fitted = fit_shared(train)
+    unseen = calls(h100, 16) + calls(h100, 8) + calls(h100, 16, algo="ring")
+    truth = predict_calls(TRUE, unseen)
+    prior = predict_calls(SharedParameters.prior(), unseen)
+    error = np.abs(predict_calls(fitted, unseen) - truth) / truth
+    assert np.median(np.abs(prior - truth) / truth) > 0.2  # the prior is far off
+    assert np.median(error) < 0.01 and error.max() < 0.05
+    assert dict(fitted.achieved)["net"] == pytest.approx(0.7, rel=0.01)
+    assert dict(fitted.achieved)["nvlink"] == pytest.approx(0.8, rel=0.01)
+
+
+def test_a_parameter_no_call_exercises_keeps_its_prior():
+    a100 = load_topology("dgx-a100").scaled({"node": 2})
+    fitted = fit_shared(measured_by(TRUE, calls(a100, 8, algo="ring")))
+    prior = SharedParameters.prior()
+    assert dict(fitted.achieved)["pcie"] == 1.0
+    assert dict(fitted.step_latency_us)["pcie"] == pytest.approx(dict(prior.step_latency_us)["pcie"])
+    assert dict(fitted.efficiency)["pat.Simple"] == pytest.approx(EFFICIENCY_PRIOR["pat.Simple"])
+    assert dict(fitted.efficiency)["ring.Simple"] == 1.0  # the anchor
+
+
+def test_a_timing_tools_overhead_is_learned_apart_from_nccls_latency():
+    """The same calls timed by nccl-tests and by a PyTorch loop: the loop's
+    extra 15 us per call is the tool's, not NCCL's base latency."""
+    h200 = load_topology("hgx-h200")
+    train = (measured_by(TRUE, calls(h200, 8)) + measured_by(TRUE, calls(h200, 4))
+             + measured_by(TRUE, calls(h200, 8, tool="torch.distributed all_reduce_bench.py")))
+    fitted = fit_shared(train)
+    assert dict(fitted.tool_overhead_us)["torch.distributed all_reduce_bench.py"] == pytest.approx(15.0, rel=0.02)
+    assert dict(fitted.tool_overhead_us)["nccl-tests"] == 0.0
+
+
+def test_link_kinds_are_the_topologys():
+    from synth.cost.transfer import LINK_KINDS
+
+    assert sorted(LINK_KINDS) == sorted(LINKS)
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(SynthError, match="no measurements"):
+        fit_shared([])
+    a100 = load_topology("dgx-a100")
+    with pytest.raises(SynthError, match="unknown timing tool 'stopwatch'"):
+        fit_shared(calls(a100, 8, tool="stopwatch"))
+    assert math.isfinite(predict_calls(SharedParameters.prior(), calls(a100, 8))[0])
