@@ -72,6 +72,11 @@ TOPOLOGY = {
     "stas00-p6b200-1v4nodes-torch": "p6-b200",
     "stas00-p6b200-nvls-ramp-8g": "p6-b200",
     "coreweave-gb200-nvl72-1rack": "gb200-nvl72",
+    "nccltests309-xe9680-h100-2x8-allreduce": "dgx-h100",  # first 2 of its nodes: 8 x 400 Gb/s NDR per node
+    "nccltests309-h100-vm-4x8-allreduce": "dgx-h100",
+    "oci-oke-bmgpu48-a100-2x8-allreduce": "oci-bm-gpu4-8",
+    "dranet-gke-a3ultra-2x1-allgather": "gke-a3ultra-1gpu1nic",
+    "dranet-gke-h200-2x1-allreduce": "gke-a3ultra-1gpu1nic",
 }
 NOT_EVALUATED = {
     "dstack-lambda-b200-2x8-allreduce": "the source states neither the NICs nor their rate",

@@ -133,8 +133,9 @@ def test_table_ranks_three_placements_by_predicted_time(cli):
         ["1", "0", "dp:1,4", "/", "mp:4,4"], ["2", "1", "dp:2,2", "/", "mp:2,8"], ["3", "2", "dp:4,1", "/", "mp:1,16"],
     ]
     assert "gpu x4" in rows[0] and "node x2 > gpu x2" in rows[1] and "node x4" in rows[2]
-    # hierarchical program wins on the shared NIC (against NCCL's 2-node tree: 1.15x), flat all-reduce elsewhere
-    assert rows[1].endswith(BLUECONNECT.replace("\n", " ; ")) and "1.15x" in rows[1]
+    # hierarchical program wins on the shared NIC (against NCCL's 2-node tree: 1.06x; 1.15x while NCCL's choosing
+    # factor tree x .92 counted as a cost), flat all-reduce elsewhere
+    assert rows[1].endswith(BLUECONNECT.replace("\n", " ; ")) and "1.06x" in rows[1]
     assert rows[0].endswith("AllReduce(root, inside)") and "1.00x" in rows[0]
     header = next(i for i, ln in enumerate(lines) if ln.startswith("rank   #  matrix"))
     assert set(lines[header + 1]) == {"-"}

@@ -13,7 +13,18 @@ import pytest
 from processes import limit_s
 
 from synth.cost import Algorithm, Profile, step_cost
-from synth.cost.nccl import Comm, Graph, algo_time_us, choose, comm_of, nvls_graph, ring_graph, tree_graph
+from synth.cost.nccl import (
+    Comm,
+    Graph,
+    algo_time_us,
+    choose,
+    comm_of,
+    cost_table,
+    nvls_graph,
+    ring_graph,
+    runtime_channels,
+    tree_graph,
+)
 from synth.synthesis.language import Collective
 from synth.topology import load_topology, topology_from_dict
 
@@ -191,6 +202,40 @@ def test_forced_algorithms_that_do_not_exist_run_as_rings():
     assert choose(a100, AR, GiB, ("nvls",)).algorithm == "ring"  # no NVLink SHARP on A100
     assert choose(a100, RS, GiB, ("tree",)).algorithm == "ring"  # no tree reduce-scatter
     assert choose(a100, AR, GiB, ("tree",)).algorithm == "tree"
+
+
+def test_one_gpu_per_node_makes_a_plain_tree_which_nccl_prices_at_085():
+    """tuning.cc:284: a tree graph of pattern TREE (forced by search.cc:1017 when
+    a node holds one GPU of the communicator) gets x .85. 16 dgx-a100 nodes, one
+    GPU each: 1 channel of 24 GB/s, the all-reduce cap 17.8 GB/s per channel
+    (perChMaxTreeBws, Ampere, 4+ nodes) below 24 x .92, then x .85, then the
+    tree's bus-to-algorithm ratio .5."""
+    dgx = load_topology("dgx-a100")
+    comm = comm_of(dgx, tuple(range(0, 128, 8)))
+    assert (comm.ranks, comm.nodes, ring_graph(comm).channels) == (16, 16, 1)
+    assert cost_table(comm, AR)[("tree", "Simple")][1] == pytest.approx(17.8 * .85 * .5)
+    two_per_node = comm_of(dgx, tuple(d for n in range(0, 128, 8) for d in (n, n + 1)))
+    channels = ring_graph(two_per_node).channels  # pattern balanced: no x .85
+    assert cost_table(two_per_node, AR)[("tree", "Simple")][1] == pytest.approx(
+        min(channels * tree_graph(two_per_node, ring_graph(two_per_node)).bw_inter * .92, channels * 17.8) * .5)
+
+
+def test_ring_plateau_threshold_divides_by_the_communicators_channels():
+    """tuning.cc:570: the ring's latency x1.4 (sm >= 80) from nBytes / (nChannels
+    x nRanks) >= 64, where nChannels is the communicator's: the graph's doubled
+    (connect.cc:452). Two dgx-a100 nodes: a ring graph of 8 channels, so 16, and
+    the threshold 64 x 16 x 16 = 16 KiB (8 KiB with the graph's 8)."""
+    comm = first(load_topology("dgx-a100").scaled({"node": 2}), 16)
+    assert (ring_graph(comm).channels, runtime_channels(comm)) == (8, 16)
+    lat, bw = cost_table(comm, AR)[("ring", "Simple")]
+    for size, factor in ((8192, 1.0), (16383, 1.0), (16384, 1.4)):
+        assert algo_time_us(comm, AR, "ring", "Simple", size) == pytest.approx(lat * factor + size / (1000 * bw))
+    # H100 across nodes: 8 x 45 GB/s doubled to 16; NVLS usable, its 16 channels (nvls.cc) change nothing
+    h100 = first(load_topology("dgx-h100").scaled({"node": 2}), 16)
+    assert (ring_graph(h100).channels, runtime_channels(h100)) == (8, 16)
+    # one 8-GPU H100 node with NVLS off: 2 x the ring graph's channels
+    single = first(load_topology("dgx-h100"), 8, nvls=False)
+    assert runtime_channels(single) == min(64, 2 * ring_graph(single).channels)
 
 
 # ================================================================ the choice apart from its cost

@@ -45,6 +45,8 @@ SHIPPED = {
     "p4de": [("node", 2), ("gpu", 8)],
     "p5": [("node", 2), ("gpu", 8)],
     "p6-b200": [("node", 4), ("gpu", 8)],
+    "oci-bm-gpu4-8": [("node", 2), ("gpu", 8)],
+    "gke-a3ultra-1gpu1nic": [("node", 2), ("gpu", 1)],
 }
 # name -> (NICs per node, GB/s per NIC, NVLinks per GPU, NVLS, compute capability), as each file's comments source them
 NCCL_FACTS = {
@@ -58,6 +60,8 @@ NCCL_FACTS = {
     "p4de": (1, 50.0, 12, False, 8.0),
     "hgx-h200": (None, None, 18, True, 9.0),
     "gb200-nvl72": (None, None, 18, True, 10.0),
+    "oci-bm-gpu4-8": (16, 12.5, 12, False, 8.0),
+    "gke-a3ultra-1gpu1nic": (1, 47.68, 18, False, 9.0),
 }
 
 
@@ -443,7 +447,7 @@ def test_duplicate_key_in_a_level_rejected(tmp_path):
 
 # ---------------------------------------------------------------- device (job planner)
 
-GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de")
+GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de", "oci-bm-gpu4-8")
 
 
 def _gpus() -> dict:

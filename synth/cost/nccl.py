@@ -86,6 +86,9 @@ SPEEDS = {
 SM100_NVLINK_BW, SM90_NVLINK_BW, SM86_NVLINK_BW, SM80_NVLINK_BW, SM70_NVLINK_BW, SM60_NVLINK_BW = (
     40.1, 20.6, 12.0, 20.0, 20.0, 18.0)
 MAX_CHANNELS = 32  # ring and tree graphs: MAXCHANNELS / 2 (src/init.cc)
+MAX_RUNTIME_CHANNELS = 64  # MAXCHANNELS (src/include/device.h): the communicator's channels after duplication
+NVLS_CHANNELS_SM90, NVLS_CHANNELS_SM100, NVLS_CHANNELS_SM100_NVL = 16, 32, 24  # src/transport/nvls.cc
+TREE_PATTERN_FACTOR = .85  # tuning.cc:284: a tree graph of pattern TREE (one GPU per node) runs slower
 MAX_NVLS_ARITY = 32  # src/include/device.h
 NET_OVERHEAD_US = 1.0  # getNetOverhead: Intel x86 and non-x86 CPUs (AMD: 2.0)
 
@@ -292,6 +295,25 @@ def nvls_graph(comm: Comm) -> Graph:
     return Graph(heads, intra, inter)
 
 
+@lru_cache(maxsize=4096)
+def runtime_channels(comm: Comm) -> int:
+    """The communicator's channels (``comm->nChannels``, src/graph/connect.cc),
+    which the ring's plateau threshold divides by: the graphs' channels doubled
+    (up to MAXCHANNELS, :452), doubled again on compute capability >= 9.0 across
+    nodes with a ring faster than 45 GB/s per channel below 16 channels (:466),
+    and raised to NVLS's channels where NVLS is usable (:493; 16 on sm90, 32 on
+    sm100 across nodes, 24 on one node: src/transport/nvls.cc)."""
+    ring = ring_graph(comm)
+    nc = min(MAX_RUNTIME_CHANNELS, 2 * ring.channels)
+    if comm.sm >= 90 and comm.nodes > 1 and ring.bw_intra > 45.0 and nc < 16:
+        nc = min(MAX_RUNTIME_CHANNELS, 2 * nc)
+    if comm.nvls:
+        nvls = NVLS_CHANNELS_SM90 if comm.sm < 100 else NVLS_CHANNELS_SM100 if comm.nodes > 1 else (
+            NVLS_CHANNELS_SM100_NVL)
+        nc = max(nc, nvls)
+    return nc
+
+
 # ---------------------------------------------------------------- the cost table (ncclTopoTuneModel)
 
 
@@ -322,6 +344,10 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
               Collective.ALLGATHER: ranks - 1}.get(collective, ranks)
     intra_hw = "pcie" if comm.intra == "pcie" else "nvlink"
     pat = comm.sm >= 60 and nodes == ranks
+    # search.cc:1017: a node with one GPU of the communicator makes every non-ring graph a plain TREE, and
+    # maxTreePattern (init.cc:1015) is the largest over the ranks. (The sm >= 90 fallback from a balanced tree to a
+    # plain one, search.cc:1093, depends on the recursive search and is not modelled.)
+    tree_pattern_is_tree = nodes > 1 and ranks == nodes
     ll128 = comm.sm >= 70 and comm.intra != "pcie"
     out = {}
     for a in ALGORITHMS:
@@ -363,6 +389,8 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
             if a == "tree" and p == "LL128":
                 bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
                           g.channels * PER_CH_MAX_TREE_LL128_BWS[sm_i][index2])
+            if a == "tree" and tree_pattern_is_tree:
+                bus *= TREE_PATTERN_FACTOR
             if a == "pat":
                 bus *= .75
             if not (a != "ring" and collective in (Collective.ALLGATHER, Collective.REDUCESCATTER)):
@@ -400,20 +428,21 @@ def algo_time_us(comm: Comm, collective: Collective, algorithm: str, protocol: s
     entry = cost_table(comm, collective).get((algorithm, protocol))
     if entry is None:
         return None
-    return _entry_time_us(comm, collective, algorithm, protocol, entry, ring_graph(comm).channels, nbytes)
+    return _entry_time_us(comm, collective, algorithm, protocol, entry, runtime_channels(comm), nbytes)
 
 
 def _entry_time_us(comm: Comm, collective: Collective, algorithm: str, protocol: str, entry: tuple[float, float],
-                   ring_channels: int, nbytes: float) -> float:
+                   runtime_channels: int, nbytes: float) -> float:
     """:func:`algo_time_us` given the pair's ``(latency us, bandwidth GB/s)``
-    entry of :func:`cost_table` and the ring graph's channels."""
+    entry of :func:`cost_table` and the communicator's channels
+    (:func:`runtime_channels`)."""
     lat, bw = entry
     log_size = _log2i(int(nbytes) >> 6)
     if algorithm == "tree" and collective is Collective.ALLREDUCE and 0 <= log_size < 23:
         bw *= TREE_CORRECTION[PROTOCOLS.index(protocol)][log_size]
     if (algorithm == "ring" and protocol == "Simple" and comm.nodes > 1 and collective is Collective.ALLREDUCE
-            and nbytes / (ring_channels * comm.ranks) >= 64):
-        lat *= 1.4 if comm.sm >= 80 else 1.9  # plateau effect of the ring
+            and int(nbytes) // (runtime_channels * comm.ranks) >= 64):
+        lat *= 1.4 if comm.sm >= 80 else 1.9  # plateau effect of the ring (tuning.cc:570, comm->nChannels)
     return lat + nbytes / (1000 * bw)
 
 
@@ -425,11 +454,11 @@ def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str
     the ring runs (a forced tree for ReduceScatter, NVLS on a PCIe node)."""
     best: Choice | None = None
     table = cost_table(comm, collective)
-    ring_channels = ring_graph(comm).channels if table else 0
+    channels = runtime_channels(comm) if table else 0
     for (a, p), entry in table.items():
         if allowed is not None and a not in allowed:
             continue
-        t = _entry_time_us(comm, collective, a, p, entry, ring_channels, nbytes)
+        t = _entry_time_us(comm, collective, a, p, entry, channels, nbytes)
         if t >= 0 and (best is None or t < best.estimate_us):
             best = Choice(a, p, _graph_channels(comm, a), t)
     if best is None:

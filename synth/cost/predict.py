@@ -122,7 +122,7 @@ def clear_caches() -> None:
     predictions)."""
     from . import nccl
 
-    for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph,
+    for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph, nccl.runtime_channels,
                    nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan, _synthesis_groups):
         cached.cache_clear()
     _SHARED_STEPS.clear()
