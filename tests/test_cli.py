@@ -414,7 +414,7 @@ def test_unknown_key_in_topology(cli, tmp_path):
 
 def test_unknown_topology(cli):
     msg = usage_error(cli, "--topology", "nosuch", "--axes", "dp=4")
-    assert msg.startswith("topology file 'nosuch' not found; give a path or one of: a3-high, a3-mega, dgx-a100")
+    assert msg.startswith("topology file 'nosuch' not found; give a path or one of: a3-high, a3-mega, abci-a, abci-v, dgx-a100")
 
 
 def test_inconsistent_axes_states_both_numbers(cli):

@@ -37,8 +37,8 @@ def by_matrix(doc: dict, matrix) -> dict:
 # 18 channels x 15 GB/s): ring LL (min(87.7, 270/2) x 4/6 GB/s, 6.6 + 6 x 0.6 us) until
 # 1.37 MB, LL128 (248.4 x 4/6, 14 + 6 x 1.9) until 7.04 MB, then Simple (180, 8.4 + 6 x 3.4)
 # (tests/test_nccl.py checks such choices by hand). The time model: 6 rounds of S/4 at
-# 270 GB/s x the protocol's efficiency (LL .5, LL128 .92, Simple 1), plus those latencies.
-PROTOCOLS = {"LL": (0.5, 6.6 + 6 * 0.6), "LL128": (0.92, 14.0 + 6 * 1.9), "Simple": (1.0, 8.4 + 6 * 3.4)}
+# 270 GB/s x the protocol's payload (LL .5, LL128 120/128, Simple 1), plus those latencies.
+PROTOCOLS = {"LL": (0.5, 6.6 + 6 * 0.6), "LL128": (120 / 128, 14.0 + 6 * 1.9), "Simple": (1.0, 8.4 + 6 * 3.4)}
 
 
 def ring_inside(size: float, bw: float = 270e9) -> float:
@@ -121,8 +121,8 @@ def test_algo_changes_predictions(cli):
     assert nccl == ring  # NCCL picks the ring inside the node (its tree LL costs 10.4 us against 10.2)
     # forced tree: NCCL's tuning picks LL at 64 KiB (tree LL 13.7 us against LL128 22.5, Simple 32.4+);
     # inside a node a chain 3 -> 2 -> 1 -> 0 carrying S up and down at once: the middle GPUs
-    # send both on one port, 135 GB/s each; LL's tree efficiency .92 / 3.8; 2 x 3 chain steps
-    assert math.isclose(tree, size / 135e9 / (0.92 / 3.8) + (6.8 + 6 * 0.6) * US, rel_tol=1e-9)
+    # send both on one port, 135 GB/s each; LL's payload .5 (NCCL's .92 / 3.8 only choose); 2 x 3 chain steps
+    assert math.isclose(tree, size / 135e9 / 0.5 + (6.8 + 6 * 0.6) * US, rel_tol=1e-9)
     # mpi at 64 KiB: Rabenseifner, halves then quarters, mirrored
     assert math.isclose(mpi, 2 * (1 * US + size / 2 / 270e9) + 2 * (1 * US + size / 4 / 270e9), rel_tol=1e-9)
     across = [by_matrix(d, ACROSS)["default"]["predicted_s"] for d in docs]
@@ -189,9 +189,9 @@ def test_a_profile_is_refused_on_a_scaled_topology(cli, tmp_path, name, scale):
 # BlueConnect = ring RS and AG of 2 GPUs inside the node (S/2 at 270 GB/s, 8.4 + 3.4 us each) and a
 # ring AR of 2 nodes on S/2 (2 rounds of S/4, 16 GPUs on one 8 GB/s NIC: 0.5 GB/s; 8.4 + 2 x 14 us);
 # the default all-reduce is NCCL's 2-node tree, LL128 (S/2 per NIC flow, 16 flows: 0.5 GB/s,
-# efficiency .92 x 120/128; 14 + 2 x 1.9 + 2 x 4 us)
+# LL128's payload 120/128; 14 + 2 x 1.9 + 2 x 4 us)
 BLUECONNECT_S = 2 * (S / 2 / 270e9 + 11.8 * US) + 2 * S / 4 / 0.5e9 + 36.4 * US
-SPLIT_DEFAULT_S = (S / 2) / 0.5e9 / (0.92 * 120 / 128) + 25.8 * US
+SPLIT_DEFAULT_S = (S / 2) / 0.5e9 / (120 / 128) + 25.8 * US
 INSIDE_DEFAULT_S = 1.5 * S / 270e9 + (8.4 + 6 * 3.4) * US  # ring of 4 GPUs, Simple
 ACROSS_DEFAULT_S = 6 * S / 4 / 0.5e9 + (8.4 + 6 * 14.0) * US  # ring of 4 nodes, 16 groups per NIC, Simple
 
@@ -261,7 +261,7 @@ def test_table_shows_default_best_and_speedup(cli):
     # the default, NCCL's 2-node tree; best BlueConnect; speedup their ratio
     assert f" {SPLIT_DEFAULT_S * 1e3:.3f} ms  {BLUECONNECT_S * 1e3:.3f} ms   " \
            f"{SPLIT_DEFAULT_S / BLUECONNECT_S:.2f}x  ReduceScatter(node, inside) ; AllReduce(node, parallel(root))" in rows[1]
-    assert " 311.255 ms  269.490 ms   1.15x  " in rows[1]
+    assert " 286.357 ms  269.490 ms   1.06x  " in rows[1]
     assert f" {INSIDE_DEFAULT_S * 1e3:.3f} ms    {INSIDE_DEFAULT_S * 1e3:.3f} ms   1.00x  AllReduce(root, inside)" in rows[0]
     assert f" {ACROSS_DEFAULT_S * 1e3:.3f} ms  {ACROSS_DEFAULT_S * 1e3:.3f} ms   1.00x  AllReduce(root, inside)" in rows[2]
 

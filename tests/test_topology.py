@@ -47,6 +47,9 @@ SHIPPED = {
     "p6-b200": [("node", 4), ("gpu", 8)],
     "oci-bm-gpu4-8": [("node", 2), ("gpu", 8)],
     "gke-a3ultra-1gpu1nic": [("node", 2), ("gpu", 1)],
+    "p3dn": [("node", 2), ("gpu", 8)],
+    "abci-v": [("node", 32), ("gpu", 4)],
+    "abci-a": [("node", 16), ("gpu", 8)],
 }
 # name -> (NICs per node, GB/s per NIC, NVLinks per GPU, NVLS, compute capability), as each file's comments source them
 NCCL_FACTS = {
@@ -62,6 +65,9 @@ NCCL_FACTS = {
     "gb200-nvl72": (None, None, 18, True, 10.0),
     "oci-bm-gpu4-8": (16, 12.5, 12, False, 8.0),
     "gke-a3ultra-1gpu1nic": (1, 47.68, 18, False, 9.0),
+    "p3dn": (1, 12.5, 6, False, 7.0),
+    "abci-v": (2, 12.5, 6, False, 7.0),
+    "abci-a": (4, 25.0, 12, False, 8.0),
 }
 
 
@@ -107,15 +113,16 @@ def test_measured_systems_state_what_the_nccl_model_needs(name):
     topo = load_topology(name)
     nics, nic_GBps, nvlinks, nvls, cc = NCCL_FACTS[name]
     gpu = topo.levels[-1]
-    assert topo.link(len(topo.levels) - 1) == "nvlink" and gpu.fabric == "switch"
+    # V100 nodes without an NVSwitch (cube-mesh p3dn, ABCI's 4-GPU mesh) are rings, as P2 models p2-v100
+    assert topo.link(len(topo.levels) - 1) == "nvlink" and gpu.fabric == ("ring" if cc == 7.0 else "switch")
     assert (gpu.nvlinks, gpu.nvls, topo.compute_capability) == (nvlinks, nvls, cc)
     if nics is None:
         assert len(topo.levels) == 1  # one node whose network the sources do not state
     else:
         node = topo.levels[0]
         assert topo.link(0) == "net" and (node.ports, node.bandwidth_GBps) == (nics, nic_GBps)
-    # NVLink 3: 300 GB/s per direction, NVLink 4: 450, NVLink 5: 900 (stas00's NVLink table)
-    assert gpu.bandwidth_GBps == {8.0: 300.0, 9.0: 450.0, 10.0: 900.0}[cc] or name == "dgx-a100"
+    # NVLink 2: 6 x 25 = 150 GB/s per direction, NVLink 3: 300, NVLink 4: 450, NVLink 5: 900 (stas00's NVLink table)
+    assert gpu.bandwidth_GBps == {7.0: 150.0, 8.0: 300.0, 9.0: 450.0, 10.0: 900.0}[cc] or name == "dgx-a100"
 
 
 def test_links_of_the_p2_and_rack_topologies():
@@ -447,7 +454,8 @@ def test_duplicate_key_in_a_level_rejected(tmp_path):
 
 # ---------------------------------------------------------------- device (job planner)
 
-GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de", "oci-bm-gpu4-8")
+GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de", "oci-bm-gpu4-8", "abci-v",
+                  "abci-a")
 
 
 def _gpus() -> dict:

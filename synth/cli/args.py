@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..cost import ALGORITHMS, Model
+from ..cost.nccl_rules import NCCL_VERSION, RULES
 from ..errors import SynthError
 from ..synthesis.problem import MAX_STEPS_DEFAULT, ProblemSpec
 from ..synthesis.semantics import Goal
@@ -72,7 +73,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "testbed's OpenMPI) (default: nccl)")
     p.add_argument("--profile", metavar="PROFILE.json",
                    help="fitted parameters (synth-reduce fit); default: the topology's numbers")
+    p.add_argument("--nccl-version", metavar="X.Y.Z", default=NCCL_VERSION,
+                   help=f"NCCL release whose tuning rules choose the algorithm and protocol ({', '.join(RULES)} "
+                        f"transcribed; another version uses the newest of these not newer than it) "
+                        f"(default: {NCCL_VERSION})")
 
 
 def model_of(args: argparse.Namespace) -> Model:
-    return Model.load(args.algo, args.profile)
+    return Model.load(args.algo, args.profile, args.nccl_version)

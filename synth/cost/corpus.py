@@ -48,6 +48,7 @@ class CorpusCall:
     nvls_enabled: bool
     where: str  # file:line
     tool: str = "nccl-tests"  # what timed it (a PyTorch loop adds its own per-call overhead)
+    nccl_version: str | None = None  # as the source states it (None: not stated)
 
 
 def is_corpus_line(doc: object) -> bool:
@@ -86,7 +87,16 @@ def call_from_dict(doc: dict, where: str) -> CorpusCall | None:
     nvls = not (str(env.get("NCCL_NVLS_ENABLE", "")) == "0" or system.get("nvls") is False)
     return CorpusCall(str(doc["set"]), str(doc["source"]), collective, size, seconds, derived, ranks,
                       FORCED[forced] if forced else None, doc.get("algo_reported"), nvls, where,
-                      str(doc.get("tool") or "nccl-tests"))
+                      str(doc.get("tool") or "nccl-tests"), _version(doc.get("nccl_version")))
+
+
+def _version(text: object) -> str | None:
+    """``2.18.5`` of a stated version such as ``2.18.5`` or ``2.26.2+cuda12.8``; None when not stated."""
+    if not isinstance(text, str):
+        return None
+    head = text.split("+")[0].split("-")[0].strip()
+    parts = head.split(".")
+    return head if len(parts) >= 2 and all(p.isdigit() for p in parts) else None
 
 
 def _seconds(doc: dict, collective: Collective, size: int, ranks: int, where: str) -> tuple[float, bool] | None:

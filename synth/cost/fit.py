@@ -55,10 +55,24 @@ from ..topology import Topology
 from . import Algorithm, Features, Model, Predictor, Profile, lowered_loads, step_cost
 from .corpus import CorpusCall, is_corpus_line, read_corpus
 from .nccl import NCCL_KEYS, PROTOCOLS
+from .nccl_rules import NCCL_VERSION, RULES, rules_for
 from .profile import EFFICIENCY_KEYS
 from .records import Record, read_records
 
 # ---------------------------------------------------------------- samples
+
+
+def measured_rules(version: str | None) -> str | None:
+    """The NCCL release whose rules model a measurement made with NCCL
+    ``version``: the newest transcribed not newer than it, the oldest for an
+    older one (a measurement is data, not a request to refuse); None (the
+    default rules) when the version is not known."""
+    if version is None:
+        return None
+    try:
+        return rules_for(version).version
+    except SynthError:
+        return min(RULES, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,11 @@ class Sample:
     def case(self) -> tuple:
         return self.record.case
 
+    @property
+    def nccl_rules(self) -> str | None:
+        """The NCCL release whose rules model this record (:func:`measured_rules`)."""
+        return measured_rules(self.record.nccl_version)
+
 
 @dataclass(frozen=True)
 class CallSample:
@@ -120,10 +139,16 @@ class CallSample:
     def case(self) -> None:
         return None  # one call, no programs to rank
 
+    @property
+    def nccl_rules(self) -> str | None:
+        """The NCCL release whose rules model this call (:func:`measured_rules`
+        of the version its source states)."""
+        return measured_rules(self.call.nccl_version)
+
     def features(self, profile: Profile) -> Features:
         group = np.arange(self.call.ranks)[None, :]
         return step_cost(self.topology, profile, self.algorithm, self.call.collective, group,
-                         np.array([float(self.call.size_bytes)]), self.call.nvls_enabled)[1]
+                         np.array([float(self.call.size_bytes)]), self.call.nvls_enabled, self.nccl_rules)[1]
 
 
 Measurement = Sample | CallSample
@@ -220,9 +245,10 @@ class _Predictors:
         self._predictors: dict[tuple, Predictor] = {}
 
     def predictor(self, s: Sample) -> Predictor:
-        key = (s.reduction, s.algorithm)
+        key = (s.reduction, s.algorithm, s.nccl_rules)
         if key not in self._predictors:
-            self._predictors[key] = Predictor(s.reduction, Model(s.algorithm, self.profile))
+            self._predictors[key] = Predictor(s.reduction, Model(s.algorithm, self.profile,
+                                                                 nccl_version=s.nccl_rules or NCCL_VERSION))
         return self._predictors[key]
 
     def features(self, s: Measurement) -> Features:

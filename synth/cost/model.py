@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import SynthError
 from ..topology import Topology
-from .nccl import NCCL_VERSION
+from .nccl_rules import NCCL_VERSION, rules_for
 from .profile import Profile, load_profile
 
 
@@ -63,16 +63,28 @@ class Model:
     algorithm: Algorithm = Algorithm.NCCL
     profile: Profile | None = None
     profile_path: str | None = None
+    nccl_version: str = NCCL_VERSION  # whose rules choose (synth.cost.nccl_rules.rules_for)
+
+    def __post_init__(self) -> None:
+        rules_for(self.nccl_version)  # an unknown or too old version fails here, naming the option
+
+    @property
+    def rules_version(self) -> str:
+        """The transcribed NCCL release whose rules this model's version follows."""
+        return rules_for(self.nccl_version).version
 
     @classmethod
-    def load(cls, algorithm: str | Algorithm = Algorithm.NCCL, profile: str | Path | None = None) -> "Model":
+    def load(cls, algorithm: str | Algorithm = Algorithm.NCCL, profile: str | Path | None = None,
+             nccl_version: str | None = None) -> "Model":
         """A model from names: ``algorithm`` as text or enum, ``profile`` a path
-        to a profile written by ``synth-reduce fit`` (or None)."""
+        to a profile written by ``synth-reduce fit`` (or None), ``nccl_version``
+        the NCCL release to model (default: the newest transcribed)."""
         if not isinstance(algorithm, Algorithm):
             algorithm = Algorithm.from_text(algorithm)
+        version = nccl_version or NCCL_VERSION
         if profile is None:
-            return cls(algorithm)
-        return cls(algorithm, load_profile(profile), str(profile))
+            return cls(algorithm, nccl_version=version)
+        return cls(algorithm, load_profile(profile), str(profile), version)
 
     def profile_for(self, topology: Topology) -> Profile:
         """The parameters to predict with on ``topology``; SynthError if a fitted
@@ -85,4 +97,8 @@ class Model:
     def describe(self) -> str:
         """``NCCL 2.27.7 model, topology's numbers as priors``."""
         source = f"profile {self.profile_path or self.profile.topology}" if self.profile else "topology's numbers as priors"
-        return f"{self.algorithm.title} model, {source}"
+        title = self.algorithm.title
+        if self.algorithm is not Algorithm.MPI and self.nccl_version != NCCL_VERSION:
+            rules = "" if self.rules_version == self.nccl_version else f" (rules of {self.rules_version})"
+            title = title.replace(f"NCCL {NCCL_VERSION}", f"NCCL {self.nccl_version}{rules}")
+        return f"{title} model, {source}"

@@ -1,6 +1,8 @@
 """What NCCL runs: its choice of algorithm, protocol and channels for one call.
 
-This follows NCCL 2.27.7 (tag ``v2.27.7-1`` of NVIDIA/nccl): the cost table of
+This follows NCCL 2.27.7 (tag ``v2.27.7-1`` of NVIDIA/nccl) by default, and the
+rules of older releases where they differ (:mod:`synth.cost.nccl_rules`, chosen
+by a communicator's ``version``): the cost table of
 ``src/graph/tuning.cc`` (``ncclTopoTuneModel``, ``ncclTopoGetAlgoTime``), the
 choice of ``src/enqueue.cc`` (``topoGetAlgoInfo``: the (algorithm, protocol) of
 least estimated time) and, in closed form, the channel counts and per-channel
@@ -43,51 +45,27 @@ from functools import lru_cache
 
 from ..synthesis.language import Collective
 from ..topology import Topology
-
-NCCL_VERSION = "2.27.7"
+from .nccl_rules import NCCL_2_27_7, NCCL_VERSION, RULES, NcclRules, rules_for
 
 ALGORITHMS = ("tree", "ring", "nvls", "nvlstree", "pat")  # the ones modelled (CollNet is off by default)
 PROTOCOLS = ("LL", "LL128", "Simple")
 
 # ---------------------------------------------------------------- NCCL's constants (v2.27.7)
 
-# src/graph/tuning.cc baseLat [algorithm][protocol], us
-BASE_LAT_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
-               "nvlstree": (0.0, 0.0, 0.0), "pat": (0.0, 0.0, 0.0)}
-# src/graph/tuning.cc hwLat [NVLINK, PCI, NET][algorithm][protocol], us (PAT has none: its latency is its own formula)
-HW_LAT_US = {
-    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0), "nvlstree": (0.0, 0.0, 25.0)},
-    "pcie": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0.0, 0.0, 0.0), "nvlstree": (0.0, 0.0, 0.0)},
-    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0), "nvlstree": (0.0, 0.0, 14.0)},
-}
-# LL max bandwidth per row (Volta-N1/Intel-N2/Intel-N4, Ampere-N1/AMD-N2/AMD-N4, Hopper-N1, Blackwell-N1) and
-# per-channel caps [Volta, Ampere, Hopper, Blackwell][N1, N2, N4]
-LL_MAX_BWS = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (2 * 141.0, 2 * 45.0, 2 * 35.0))
-PER_CH_MAX_RING_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (2 * 36.7,) * 3)
-PER_CH_MAX_TREE_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0), (2 * 36.7, 2 * 36.7, 2 * 29.0))
-PER_CH_MAX_TREE_BWS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (2 * 38.7, 2 * 41.4, 2 * 36.0))
+# NCCL 2.27.7's tables (the default rule set; older releases: synth.cost.nccl_rules)
+BASE_LAT_US = NCCL_2_27_7.base_lat_us  # src/graph/tuning.cc baseLat [algorithm][protocol], us
+HW_LAT_US = NCCL_2_27_7.hw_lat_us  # tuning.cc hwLat [NVLINK, PCI, NET][algorithm][protocol], us
 # ncclTopoGetAlgoTime's treeCorrectionFactor [protocol][log2(bytes / 64)], 64 B to 256 MiB
 TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
     (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 )
-# src/graph/search.cc speed arrays (GB/s per channel), intra-node only and with a network
-SPEEDS = {
-    "intra": {70: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
-              90: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
-              100: (90.0, 80.0, 70.0, 60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)},
-    "inter": {70: (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24, 0.12),
-              90: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
-              100: (96.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24,
-                    0.12)},
-}
-# src/graph/topo.h per-link NVLink bandwidth (ncclTopoNVLinkBw), GB/s
-SM100_NVLINK_BW, SM90_NVLINK_BW, SM86_NVLINK_BW, SM80_NVLINK_BW, SM70_NVLINK_BW, SM60_NVLINK_BW = (
-    40.1, 20.6, 12.0, 20.0, 20.0, 18.0)
-MAX_CHANNELS = 32  # ring and tree graphs: MAXCHANNELS / 2 (src/init.cc)
-MAX_RUNTIME_CHANNELS = 64  # MAXCHANNELS (src/include/device.h): the communicator's channels after duplication
-NVLS_CHANNELS_SM90, NVLS_CHANNELS_SM100, NVLS_CHANNELS_SM100_NVL = 16, 32, 24  # src/transport/nvls.cc
+# src/graph/search.cc speed arrays (GB/s per channel) below sm90, the same in every transcribed release
+SPEEDS_SM70 = {"intra": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+               "inter": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2,
+                         0.24, 0.12)}
+NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS' default (src/transport/nvls.cc); sm100 in 2.27: NcclRules
 TREE_PATTERN_FACTOR = .85  # tuning.cc:284: a tree graph of pattern TREE (one GPU per node) runs slower
 MAX_NVLS_ARITY = 32  # src/include/device.h
 NET_OVERHEAD_US = 1.0  # getNetOverhead: Intel x86 and non-x86 CPUs (AMD: 2.0)
@@ -106,6 +84,11 @@ class Comm:
     intra_GBps: float  # per-GPU intra-node bandwidth NCCL assigns
     nics: int  # NICs per node the group's GPUs use (0 on one node)
     nic_GBps: float
+    version: str = NCCL_VERSION  # the NCCL release whose rules apply (a key of synth.cost.nccl_rules.RULES)
+
+    @property
+    def rules(self) -> NcclRules:
+        return RULES[self.version]
 
 
 @dataclass(frozen=True)
@@ -136,19 +119,12 @@ class Choice:
 # ---------------------------------------------------------------- the communicator
 
 
-def nvlink_GBps(sm: int) -> float:
+def nvlink_GBps(sm: int, rules: NcclRules = NCCL_2_27_7) -> float:
     """NCCL's bandwidth of one NVLink for a compute capability (x10)."""
-    if sm >= 100:
-        return SM100_NVLINK_BW
-    if sm >= 90:
-        return SM90_NVLINK_BW
-    if sm == 86:
-        return SM86_NVLINK_BW
-    if sm >= 80:
-        return SM80_NVLINK_BW
-    if sm >= 70:
-        return SM70_NVLINK_BW
-    return SM60_NVLINK_BW if sm >= 60 else SM80_NVLINK_BW
+    for least, GBps in rules.nvlink_GBps:
+        if sm == least if least == 86 else sm >= least:
+            return GBps
+    return dict(rules.nvlink_GBps)[80]  # below sm60: NCCL's default row
 
 
 def node_level(topology: Topology) -> int | None:
@@ -158,9 +134,12 @@ def node_level(topology: Topology) -> int | None:
 
 
 @lru_cache(maxsize=8192)
-def comm_of(topology: Topology, members: tuple[int, ...], nvls_enabled: bool = True) -> Comm:
-    """NCCL's view of a communicator over ``members`` (device ids) of ``topology``."""
-    return _comm_of(topology, _shape(topology, members), nvls_enabled)
+def comm_of(topology: Topology, members: tuple[int, ...], nvls_enabled: bool = True,
+            version: str | None = None) -> Comm:
+    """NCCL's view of a communicator over ``members`` (device ids) of
+    ``topology``, under the rules of NCCL ``version`` (default: the newest
+    transcribed; :func:`synth.cost.nccl_rules.rules_for`)."""
+    return _comm_of(topology, _shape(topology, members), nvls_enabled, rules_for(version).version)
 
 
 def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
@@ -175,7 +154,7 @@ def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
 
 
 @lru_cache(maxsize=4096)
-def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool) -> Comm:
+def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool, version: str) -> Comm:
     ranks, per_level = shape
     net = node_level(topology)
     nodes, per_node = per_level[net] if net is not None else (1, ranks)
@@ -190,12 +169,13 @@ def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool) -> Comm:
         level = topology.levels[l]
         link = topology.link(l)
         intra = "pcie" if link == "pcie" or intra == "pcie" else "nvlink"
-        bw = level.nvlinks * nvlink_GBps(sm) if link == "nvlink" and level.nvlinks else level.bandwidth_GBps
+        bw = level.nvlinks * nvlink_GBps(sm, RULES[version]) if link == "nvlink" and level.nvlinks else (
+            level.bandwidth_GBps)
         intra_GBps = min(intra_GBps, bw)
     if spanned:
         last = topology.levels[spanned[-1]]
         nvswitch = intra == "nvlink" and all(topology.levels[l].fabric == "switch" for l in spanned)
-        nvls = nvswitch and last.nvls and sm >= 90 and per_node > 2 and nvls_enabled
+        nvls = nvswitch and last.nvls and sm >= 90 and per_node > 2 and nvls_enabled and RULES[version].nvls
     else:
         nvls = False
     nics, nic_GBps = 0, 0.0
@@ -204,15 +184,20 @@ def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool) -> Comm:
         gpus = math.prod(topology.counts[net + 1:])
         nics = min(level.ports, max(1, math.ceil(per_node * level.ports / gpus)))
         nic_GBps = level.bandwidth_GBps
-    return Comm(ranks, nodes, sm, intra, nvswitch, nvls, intra_GBps if spanned else 0.0, nics, nic_GBps)
+    return Comm(ranks, nodes, sm, intra, nvswitch, nvls, intra_GBps if spanned else 0.0, nics, nic_GBps, version)
 
 
 # ---------------------------------------------------------------- the graphs (ncclTopoCompute, in closed form)
 
 
 def _speeds(comm: Comm) -> tuple[float, ...]:
-    table = SPEEDS["inter" if comm.nodes > 1 else "intra"]
-    return table[100 if comm.sm >= 100 else 90 if comm.sm >= 90 else 70]
+    rules = comm.rules
+    if rules.speeds_all:
+        return rules.speeds_all
+    if comm.sm < 90:
+        return SPEEDS_SM70["inter" if comm.nodes > 1 else "intra"]
+    pair = rules.speeds_sm100 if comm.sm >= 100 and rules.speeds_sm100 else rules.speeds_sm90
+    return pair[1 if comm.nodes > 1 else 0]
 
 
 def _fits(load: float, capacity: float) -> bool:
@@ -222,7 +207,7 @@ def _fits(load: float, capacity: float) -> bool:
 def _ring_capacity(comm: Comm, speed: float) -> int:
     """Channels of ``speed`` the GPUs' links (and the NICs) carry: each ring
     channel takes ``speed`` of every GPU's intra-node bandwidth and of one NIC."""
-    n = MAX_CHANNELS
+    n = comm.rules.max_graph_channels
     if comm.intra is not None:
         n = min(n, int((comm.intra_GBps + 1e-3) // speed))
     if comm.nodes > 1:
@@ -235,7 +220,8 @@ def ring_graph(comm: Comm) -> Graph:
     """The ring graph: pass 1 from the fastest speed the paths allow down while
     the next speed is above 0.49 of the best found; channels doubled (halving the
     speed) when the speed is >= 25 GB/s, except on sm > 80 below 50 GB/s with more
-    than 4 channels; pass 2 raises the speed while the channels still fit."""
+    than 4 channels; pass 2 raises the speed while the channels still fit (from
+    NCCL 2.21; before, pass 2 raises only the tree's speed)."""
     speeds = _speeds(comm)
     max_bw = comm.nic_GBps if comm.nodes > 1 else comm.intra_GBps
     total = comm.intra_GBps if comm.intra is not None else comm.nic_GBps * comm.nics
@@ -245,7 +231,7 @@ def ring_graph(comm: Comm) -> Graph:
         n = _ring_capacity(comm, speeds[i])
         if n >= 1 and (best is None or n * speeds[i] > best[0] * best[1]):
             best = (n, speeds[i])
-        if best is not None and (best[0] * best[1] >= total - 1e-3 or best[0] == MAX_CHANNELS):
+        if best is not None and (best[0] * best[1] >= total - 1e-3 or best[0] == comm.rules.max_graph_channels):
             break
         if i + 1 < len(speeds) and (best is None or speeds[i + 1] / best[1] > .49):
             i += 1
@@ -254,10 +240,10 @@ def ring_graph(comm: Comm) -> Graph:
     if best is None:
         return Graph(1, 0.1, 0.1)  # NCCL falls back to a simple order at 0.1 GB/s
     n, bw = best
-    if bw >= 25.0 and not (comm.sm > 80 and bw < 50.0 and n > 4):  # ncclTopoDupChannels
-        doubled = min(2 * n, MAX_CHANNELS)
+    if bw >= 25.0 and not (comm.rules.dup_sm_exception and comm.sm > 80 and bw < 50.0 and n > 4):  # DupChannels
+        doubled = min(2 * n, comm.rules.max_graph_channels)
         bw, n = (bw / 2, doubled) if doubled > n else (bw, n)
-    for s in speeds:  # pass 2: a higher speed with at least as many channels
+    for s in speeds if comm.rules.ring_pass2 else ():  # pass 2: a higher speed with at least as many channels
         if s > bw and _ring_capacity(comm, s) >= n and _ring_capacity(comm, s) * s > n * bw:
             n, bw = _ring_capacity(comm, s), s
     return Graph(n, bw, bw)
@@ -302,14 +288,20 @@ def runtime_channels(comm: Comm) -> int:
     (up to MAXCHANNELS, :452), doubled again on compute capability >= 9.0 across
     nodes with a ring faster than 45 GB/s per channel below 16 channels (:466),
     and raised to NVLS's channels where NVLS is usable (:493; 16 on sm90, 32 on
-    sm100 across nodes, 24 on one node: src/transport/nvls.cc)."""
+    sm100 across nodes, 24 on one node: src/transport/nvls.cc). Older releases
+    per their :class:`~synth.cost.nccl_rules.NcclRules`."""
+    rules = comm.rules
+    most = 2 * rules.max_graph_channels  # MAXCHANNELS
     ring = ring_graph(comm)
-    nc = min(MAX_RUNTIME_CHANNELS, 2 * ring.channels)
-    if comm.sm >= 90 and comm.nodes > 1 and ring.bw_intra > 45.0 and nc < 16:
-        nc = min(MAX_RUNTIME_CHANNELS, 2 * nc)
-    if comm.nvls:
-        nvls = NVLS_CHANNELS_SM90 if comm.sm < 100 else NVLS_CHANNELS_SM100 if comm.nodes > 1 else (
-            NVLS_CHANNELS_SM100_NVL)
+    nc = min(most, 2 * ring.channels)
+    hopper = comm.sm >= 90 if rules.hopper_double == "ge90<16" else comm.sm == 90 and rules.hopper_double != "none"
+    fits = 2 * nc <= most if rules.hopper_double == "eq90fits" else nc < 16
+    if hopper and fits and comm.nodes > 1 and ring.bw_intra > 45.0:
+        nc = min(most, 2 * nc)
+    if comm.nvls and rules.nvls_channel_raise:
+        nvls = NVLS_CHANNELS
+        if comm.sm >= 100 and rules.nvls_channels_sm100:
+            nvls = rules.nvls_channels_sm100[0 if comm.nodes > 1 else 1]
         nc = max(nc, nvls)
     return nc
 
@@ -335,25 +327,37 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
     graphs["tree"] = tree_graph(comm, graphs["ring"])
     graphs["nvls"] = graphs["nvlstree"] = nvls_graph(comm)
     graphs["pat"] = graphs["tree"]
+    rules = comm.rules
     nodes, ranks = comm.nodes, comm.ranks
     ppn = ranks / nodes
     index2 = nodes - 1 if nodes <= 2 else 2
     sm_i = _sm_index(comm.sm)
-    ll_max = LL_MAX_BWS[sm_i if nodes == 1 else 0][index2]
+
+    def cap(table: tuple, row: int) -> float:  # a release without the row uses its last one (minCompCap >= 90)
+        return table[min(row, len(table) - 1)][index2]
+
+    if rules.compcap80_rows:  # before 2.18: the Ampere row only when every GPU is sm80, else Volta's
+        sm_i = 1 if comm.sm == 80 else 0
+    ll_max = cap(rules.ll_max_bws, sm_i if nodes == 1 else 0)
+    ll128_coll_cap = None
+    if rules.ll128_per_coll_caps:  # ll128MaxBwPerCh[coll]: Broadcast, Reduce, AllGather, ReduceScatter, AllReduce
+        ll128_coll_cap = rules.ll128_per_coll_caps[(Collective.BROADCAST, Collective.REDUCE, Collective.ALLGATHER,
+                                                    Collective.REDUCESCATTER, Collective.ALLREDUCE).index(collective)]
     nsteps = {Collective.ALLREDUCE: 2 * (ranks - 1), Collective.REDUCESCATTER: ranks - 1,
               Collective.ALLGATHER: ranks - 1}.get(collective, ranks)
-    intra_hw = "pcie" if comm.intra == "pcie" else "nvlink"
-    pat = comm.sm >= 60 and nodes == ranks
+    intra_hw = "nvlink" if comm.intra == "nvlink" else "pcie"  # tuning.cc: NVLink only for PATH_NVL; one GPU per node (PATH_LOC) and PCIe take the PCI row
+    pat = rules.pat_factor is not None and nodes == ranks and (comm.sm >= 60 or not rules.pat_needs_sm60)
     # search.cc:1017: a node with one GPU of the communicator makes every non-ring graph a plain TREE, and
     # maxTreePattern (init.cc:1015) is the largest over the ranks. (The sm >= 90 fallback from a balanced tree to a
     # plain one, search.cc:1093, depends on the recursive search and is not modelled.)
     tree_pattern_is_tree = nodes > 1 and ranks == nodes
-    ll128 = comm.sm >= 70 and comm.intra != "pcie"
+    ll128 = comm.intra != "pcie" and (comm.sm >= 70 if rules.ll128_archs is None else comm.sm in rules.ll128_archs)
     out = {}
     for a in ALGORITHMS:
         if collective in (Collective.BROADCAST, Collective.REDUCE) and a != "ring":
             continue
-        if collective in (Collective.REDUCESCATTER, Collective.ALLGATHER) and a not in ("pat", "ring", "nvls"):
+        if collective in (Collective.REDUCESCATTER, Collective.ALLGATHER) and a != "ring" and (
+                a not in rules.reduce_scatter_allgather):
             continue
         if collective is Collective.ALLREDUCE and a == "pat":
             continue
@@ -372,29 +376,39 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
             if p == "LL128" and not ll128:
                 continue
             bw = g.bw_intra if nodes <= 2 else g.bw_inter
-            if a == "nvls":
-                bw = min(g.bw_intra, g.bw_inter) if collective is Collective.ALLREDUCE else min(
-                    g.bw_intra * (ppn - 1) / ppn, g.bw_inter * 0.9)
-            if a == "nvlstree":
+            if a == "nvls" and rules.nvls_min_bw:
+                bw = min(g.bw_intra, g.bw_inter)
+                if rules.nvls_split_rs_ag_bw and collective is not Collective.ALLREDUCE:
+                    bw = min(g.bw_intra * (ppn - 1) / ppn, g.bw_inter * 0.9)
+            if a == "nvlstree" and rules.nvls_min_bw:
                 bw = min(g.bw_intra, g.bw_inter if nodes <= 2 else g.bw_inter / 2)
             bus = g.channels * bw
+            if rules.cc80_bus_cap is not None and comm.sm == 80:
+                bus = min(bus, rules.cc80_bus_cap)
             if a == "ring" and p == "LL":
-                bus = min(ll_max, bus * .5)
+                third = nodes == 1 and collective not in (Collective.ALLREDUCE, Collective.REDUCE)
+                bus = min(ll_max, bus * ((1.0 / 3.0 if third else .25) if rules.ring_ll_quarter else .5))
             if a == "ring" and p == "LL128":
-                bus = min(bus * .92, g.channels * PER_CH_MAX_RING_LL128_BWS[sm_i][index2])
+                factor = rules.ring_ll128_ppn1 if rules.ring_ll128_ppn1 is not None and ppn < 2 else .92
+                bus = min(bus * factor, g.channels * (
+                    ll128_coll_cap if ll128_coll_cap is not None else cap(rules.per_ch_max_ring_ll128_bws, sm_i)))
             if a == "tree" and collective is Collective.ALLREDUCE:
-                bus = min(bus * .92, g.channels * PER_CH_MAX_TREE_BWS[sm_i][index2])
+                bus = min(bus * .92, g.channels * cap(rules.per_ch_max_tree_bws, sm_i))
             if a == "tree" and p == "LL":
                 bus = min(bus / 3.8, ll_max)
             if a == "tree" and p == "LL128":
-                bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
-                          g.channels * PER_CH_MAX_TREE_LL128_BWS[sm_i][index2])
-            if a == "tree" and tree_pattern_is_tree:
+                bus = min(bus * (7.0 / 9.0 if nodes == 1 else rules.tree_ll128_internode), g.channels * (
+                    ll128_coll_cap if ll128_coll_cap is not None else cap(rules.per_ch_max_tree_ll128_bws, sm_i)))
+            if a == "tree" and tree_pattern_is_tree and rules.tree_pattern_085:
                 bus *= TREE_PATTERN_FACTOR
             if a == "pat":
-                bus *= .75
-            if not (a != "ring" and collective in (Collective.ALLGATHER, Collective.REDUCESCATTER)):
-                bus *= ranks / nsteps if a == "ring" else 5.0 / 6.0 if a in ("nvls", "nvlstree") else .5
+                bus *= rules.pat_factor
+            if rules.ratio_on_nonring_rs_ag or not (
+                    a != "ring" and collective in (Collective.ALLGATHER, Collective.REDUCESCATTER)):
+                if a == "nvlstree" and rules.nvlstree_ratio_070:
+                    bus *= .70 * nodes / (2 * (nodes - 1))
+                else:
+                    bus *= ranks / nsteps if a == "ring" else 5.0 / 6.0 if a in ("nvls", "nvlstree") else .5
             if bus <= 0:
                 continue
             out[(a, p)] = (_latency_us(comm, collective, a, pi, intra_hw, nsteps), bus)
@@ -402,22 +416,36 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
 
 
 def _latency_us(comm: Comm, collective: Collective, a: str, p: int, intra_hw: str, nsteps: int) -> float:
+    rules = comm.rules
     nodes, ranks = comm.nodes, comm.ranks
-    lat = BASE_LAT_US[a][p]
-    intra = HW_LAT_US[intra_hw].get(a, (0.0, 0.0, 0.0))[p]
-    inter = HW_LAT_US["net"]["tree" if ranks == nodes or a == "pat" else a][p]  # ppn 1: the tree's network latency
+    base, hw = rules.base_lat_us, rules.hw_lat_us
+    lat = base[a][p]
+    intra = hw[intra_hw].get(a, (0.0, 0.0, 0.0))[p]
+    if rules.ll_intra_x18 and nodes > 1 and p == 0:
+        intra *= 1.8
+    ppn1_tree = (ranks == nodes and rules.ppn1_tree_net_latency) or a == "pat"  # ppn 1: the tree's network row
+    inter = hw["net"]["tree" if ppn1_tree else a][p]
     if a == "ring":
         if collective in (Collective.REDUCE, Collective.BROADCAST):
-            return lat + HW_LAT_US["net" if nodes > 1 else intra_hw]["ring"][p]  # same channels on every node
-        overhead = NET_OVERHEAD_US * (3 if p == 2 else 1) if nodes > 1 else 0.0
+            return lat + hw["net" if nodes > 1 else intra_hw]["ring"][p]  # same channels on every node
+        overhead = NET_OVERHEAD_US * (3 if p == 2 else 1) if nodes > 1 and rules.net_overhead else 0.0
         intra = max(intra, overhead)
-        inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if collective is Collective.ALLREDUCE else nodes - 1
+        if nodes == 1:
+            inter_steps = 0
+        elif collective is Collective.ALLREDUCE:
+            inter_steps = 2 * nodes if rules.ring_inter_steps_all_nodes else 2 * (nodes - 1)
+        else:
+            inter_steps = nodes - 1
         return lat + (nsteps - inter_steps) * intra + inter_steps * inter
     if a == "tree":
         return lat + 2 * ((ranks // nodes - 1) * intra + _log2i(nodes) * inter)
     if a == "nvls":
+        if rules.nvls_latency_base:
+            return lat + (hw["net"]["nvls"][p] if nodes > 1 else 0.0)
         return intra + (inter if nodes > 1 else 0.0)
     if a == "nvlstree":
+        if rules.nvls_latency_base:
+            return lat + 2 * (nodes - 1) * hw["net"]["nvlstree"][p]
         return lat + intra + 2 * _log2i(nodes) * inter
     return 8 + _log2i(nodes) * (inter / 3.5) + ranks * 2.8  # pat
 
@@ -438,11 +466,17 @@ def _entry_time_us(comm: Comm, collective: Collective, algorithm: str, protocol:
     (:func:`runtime_channels`)."""
     lat, bw = entry
     log_size = _log2i(int(nbytes) >> 6)
+    if log_size < 0 and comm.rules.log2_of_zero_is_zero:
+        log_size = 0
+    rules = comm.rules
     if algorithm == "tree" and collective is Collective.ALLREDUCE and 0 <= log_size < 23:
-        bw *= TREE_CORRECTION[PROTOCOLS.index(protocol)][log_size]
-    if (algorithm == "ring" and protocol == "Simple" and comm.nodes > 1 and collective is Collective.ALLREDUCE
-            and int(nbytes) // (runtime_channels * comm.ranks) >= 64):
-        lat *= 1.4 if comm.sm >= 80 else 1.9  # plateau effect of the ring (tuning.cc:570, comm->nChannels)
+        bw *= (rules.tree_correction or TREE_CORRECTION)[PROTOCOLS.index(protocol)][log_size]
+    if algorithm == "ring" and protocol == "Simple" and comm.nodes > 1 and collective is Collective.ALLREDUCE:
+        if rules.plateau_bytes_per_rank is not None:  # before 2.18: x1.9 from nRanks / 16 x 65536 bytes
+            if nbytes >= comm.ranks * rules.plateau_bytes_per_rank:
+                lat *= 1.9
+        elif int(nbytes) // (runtime_channels * comm.ranks) >= 64:
+            lat *= 1.4 if comm.sm >= 80 else 1.9  # plateau effect of the ring (tuning.cc:570, comm->nChannels)
     return lat + nbytes / (1000 * bw)
 
 

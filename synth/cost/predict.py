@@ -44,14 +44,16 @@ def step_cost(
     groups: np.ndarray,
     nbytes: np.ndarray,
     nvls_enabled: bool = True,
+    nccl_version: str | None = None,
 ) -> tuple[float, Features]:
     """Seconds of one step and its critical-path features. ``groups`` is an
     (n, m) array of device ids (n groups of m members, all at once) and
     ``nbytes`` the bytes each group's collective moves. The NCCL models run what
     :func:`synth.cost.nccl.choose` picks for group 0 at the largest ``nbytes``
-    (``nvls_enabled=False`` is ``NCCL_NVLS_ENABLE=0``)."""
+    (``nvls_enabled=False`` is ``NCCL_NVLS_ENABLE=0``; ``nccl_version`` the
+    release whose rules choose, default the newest transcribed)."""
     groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
-    return _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes, nvls_enabled)
+    return _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes, nvls_enabled, nccl_version)
 
 
 def _ordered_step_cost(
@@ -62,6 +64,7 @@ def _ordered_step_cost(
     groups: np.ndarray,
     nbytes: np.ndarray,
     nvls_enabled: bool = True,
+    nccl_version: str | None = None,
 ) -> tuple[float, Features]:
     """:func:`step_cost` of ``groups`` whose rows are already in ring and tree
     order: sorted by device id, or the image of sorted rows under a symmetry of
@@ -75,7 +78,7 @@ def _ordered_step_cost(
     if groups.shape[1] < 2:
         return 0.0, features
     plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), algorithm.forced,
-                      nvls_enabled)
+                      nvls_enabled, nccl_version)
     total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True)
     features.steps[:, plan.protocol] = plan.hops
     features.base_count[plan.key] = 1.0
@@ -97,8 +100,8 @@ class _NcclPlan:
 
 @lru_cache(maxsize=16384)
 def _nccl_plan(topology: Topology, members: tuple[int, ...], collective: Collective, nbytes: float,
-               forced: tuple[str, ...] | None, nvls_enabled: bool) -> _NcclPlan:
-    choice = choose(comm_of(topology, members, nvls_enabled), collective, nbytes, forced)
+               forced: tuple[str, ...] | None, nvls_enabled: bool, nccl_version: str | None = None) -> _NcclPlan:
+    choice = choose(comm_of(topology, members, nvls_enabled, nccl_version), collective, nbytes, forced)
     pattern, lanes, hops = _nccl_shape(topology, members, choice.algorithm, collective)
     return _NcclPlan(choice.key, PROTOCOLS.index(choice.protocol), pattern, lanes, hops)
 
@@ -214,18 +217,20 @@ _SHARED_STEPS_LIMIT = 1 << 16
 
 
 def _shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm, collective: Collective,
-                      groups: np.ndarray, nbytes: np.ndarray) -> tuple[float, Features]:
+                      groups: np.ndarray, nbytes: np.ndarray, nccl_version: str | None = None
+                      ) -> tuple[float, Features]:
     """:func:`_ordered_step_cost` (rows in ring and tree order) memoised on the
     values of its arguments in ``_SHARED_STEPS``. Callers pass the canonical image
     of their groups (:func:`~synth.cost.links.canonical_devices`), so that steps
     over groups placed alike on other devices share one entry."""
     key = (topology, profile, algorithm, collective, groups.dtype.str, groups.shape, groups.tobytes(),
-           nbytes.dtype.str, nbytes.tobytes())
+           nbytes.dtype.str, nbytes.tobytes(), nccl_version)
     cost = _SHARED_STEPS.get(key)
     if cost is None:
         if len(_SHARED_STEPS) >= _SHARED_STEPS_LIMIT:
             _SHARED_STEPS.clear()
-        cost = _SHARED_STEPS[key] = _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes)
+        cost = _SHARED_STEPS[key] = _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes,
+                                                       nccl_version=nccl_version)
     return cost
 
 
@@ -274,7 +279,8 @@ class Predictor:
             if not nbytes.all():  # groups that move nothing (an AllGather of empty members) are idle
                 groups, nbytes = groups[nbytes > 0], nbytes[nbytes > 0]
             cost = self._memo[key] = _shared_step_cost(
-                self.reduction.topology, self.profile, self.model.algorithm, instruction.collective, groups, nbytes
+                self.reduction.topology, self.profile, self.model.algorithm, instruction.collective, groups, nbytes,
+                self.model.rules_version,
             )
         return cost
 

@@ -88,9 +88,11 @@ class _Pricer:
     def __init__(self, reduction, model: Model) -> None:
         self.program = default_program(reduction.goal)
         self.loads = lowered_loads(lower(self.program, reduction))
-        self.comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
+        self.comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]),
+                            version=model.rules_version)
         self.collective = reduction.goal.collective
-        self.predictors = {a: Predictor(reduction, Model(a, model.profile, model.profile_path)) for a in FORCED}
+        self.predictors = {a: Predictor(reduction, Model(a, model.profile, model.profile_path, model.nccl_version))
+                           for a in FORCED}
 
     def best(self, size: int) -> tuple[str, str, int]:
         """The (algorithm, protocol, channels) priced fastest at ``size`` bytes per device."""
@@ -115,7 +117,8 @@ def plan_rules(plan, model: Model | None = None) -> list[TunerRule]:
     seen: set[tuple[str, int, int]] = set()
     for planned in plan.reductions:
         reduction = planned.reduction
-        comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
+        comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]),
+                       version=model.rules_version)
         key = (reduction.goal.value, comm.nodes, comm.ranks)
         if key in seen or comm.ranks < 2:
             continue
