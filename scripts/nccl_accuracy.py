@@ -78,10 +78,17 @@ TOPOLOGY = {
     "dranet-gke-a3ultra-2x1-allgather": "gke-a3ultra-1gpu1nic",
     "dranet-gke-h200-2x1-allreduce": "gke-a3ultra-1gpu1nic",
     "cybertronai-p3dn-2x8-allreduce-treesoff": "p3dn",
+    "awsdlami-p3dn-2x8-allreduce-treesoff": "p3dn",
+    "eksefa-p3dn-2x8-allreduce": "p3dn",
+    "eksefa-p3dn-8x8-allreduce": "p3dn",
+    "awsdlami-p4d-2x8-allreduce-ring": "p4d",
+    "awsefaeks-p4d-2x8-allreduce-ring-nccl2.8.3": "p4d",
+    "awsefaeks-p4d-2x8-allreduce-nccl2.9.9": "p4d",
     **{f"abci-v100-{n}x4-allreduce": "abci-v" for n in (1, 2, 4, 8, 16, 32)},
     **{f"abci-a100-{n}-allreduce": "abci-a" for n in ("1x4of8", "1x8", "2x8", "4x8", "8x8", "16x8")},
 }
 NOT_EVALUATED = {
+    "abcidocs-a100-2x8-allreduce-sharp": "CollNet (SHARP in the switches) ran; the model has no CollNet",
     "dstack-lambda-b200-2x8-allreduce": "the source states neither the NICs nor their rate",
     "coreweave-gb200-nvl72-20racks": "the source states neither the racks' NICs nor their rate",
     "nccl1801-gb200-3partitions-ring-vs-tree": "the source states neither the partitions' NICs nor their rate",

@@ -23,6 +23,12 @@ the hardware the way NCCL's topology detection sees it:
 * ``compute_capability``: the devices' CUDA compute capability (8.0 A100, 9.0
   H100/H200, 10.0 B200/GB200), which selects NCCL's per-architecture tables.
   Only on the innermost level (the devices). Default 8.0.
+* ``transport``: what carries a ``net`` level's traffic: ``ib`` (InfiniBand
+  verbs), ``roce`` (RDMA over Converged Ethernet), ``efa`` (AWS's Elastic
+  Fabric Adapter, SRD) or ``tcp`` (sockets, GCP's GPUDirect-TCPX/TCPXO). Only on
+  a ``net`` level; not stated: unknown. The NCCL choice does not read it; the
+  cost parameters shared across systems are per transport
+  (:mod:`synth.cost.transfer`), since each network stack has its own latency.
 
 :attr:`Topology.structure` is everything about a topology except the link
 numbers (``bandwidth_GBps``, ``latency_us``), which a fitted profile replaces: a
@@ -54,6 +60,7 @@ MAX_DEVICES = 2**18
 
 FABRICS = ("switch", "ring")
 LINKS = ("net", "nvlink", "pcie")
+TRANSPORTS = ("ib", "roce", "efa", "tcp")  # of a net level (Level.transport)
 DEFAULT_COMPUTE_CAPABILITY = 8.0
 RESERVED_NAMES = ("root", "inside", "parallel", "master")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -78,6 +85,7 @@ class Level:
     nvlinks: int | None = None  # NVLinks per element, on an nvlink level
     nvls: bool = False  # the parent switch is an NVSwitch with NVLink SHARP
     compute_capability: float | None = None  # of the devices; innermost level only
+    transport: str | None = None  # of a net level: ib, roce, efa, tcp (None: not stated)
 
 
 @dataclass(frozen=True)
@@ -212,7 +220,7 @@ def _level_dict(lv: Level) -> dict[str, Any]:
         "ports": lv.ports,
         "fabric": lv.fabric,
     }
-    for key in ("link", "nvlinks", "compute_capability"):
+    for key in ("link", "nvlinks", "compute_capability", "transport"):
         if getattr(lv, key) is not None:
             out[key] = getattr(lv, key)
     if lv.nvls:
@@ -232,6 +240,7 @@ _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
     "nvlinks": (int, False, "nvlinks: 18"),
     "nvls": (bool, False, "nvls: true"),
     "compute_capability": (float, False, "compute_capability: 9.0"),
+    "transport": (str, False, "transport: ib"),
 }
 _TOP_FIELDS = ("name", "description", "levels", "device")
 _DEVICE_FIELDS: dict[str, tuple[type, bool, str]] = {
@@ -357,6 +366,9 @@ def _check_nccl_keys(where: str, fields: dict[str, Any], innermost: bool) -> Non
         raise SynthError(f"{where}: 'nvlinks' must be >= 1 and only on a level with link: nvlink")
     if fields.get("nvls") and (link != "nvlink" or fields.get("fabric", "switch") != "switch"):
         raise SynthError(f"{where}: 'nvls: true' needs link: nvlink and fabric: switch (an NVSwitch with NVLink SHARP)")
+    if "transport" in fields and (link != "net" or fields["transport"] not in TRANSPORTS):
+        raise SynthError(f"{where}: 'transport' must be one of {', '.join(TRANSPORTS)}, on a level with link: net; "
+                         f"got {fields['transport']!r} on link: {link}")
     if "compute_capability" in fields:
         cc = fields["compute_capability"]
         if not innermost:

@@ -47,7 +47,8 @@ SHIPPED = {
     "p6-b200": [("node", 4), ("gpu", 8)],
     "oci-bm-gpu4-8": [("node", 2), ("gpu", 8)],
     "gke-a3ultra-1gpu1nic": [("node", 2), ("gpu", 1)],
-    "p3dn": [("node", 2), ("gpu", 8)],
+    "p3dn": [("node", 8), ("gpu", 8)],
+    "p4d": [("node", 2), ("gpu", 8)],
     "abci-v": [("node", 32), ("gpu", 4)],
     "abci-a": [("node", 16), ("gpu", 8)],
 }
@@ -66,6 +67,7 @@ NCCL_FACTS = {
     "oci-bm-gpu4-8": (16, 12.5, 12, False, 8.0),
     "gke-a3ultra-1gpu1nic": (1, 47.68, 18, False, 9.0),
     "p3dn": (1, 12.5, 6, False, 7.0),
+    "p4d": (4, 12.5, 12, False, 8.0),
     "abci-v": (2, 12.5, 6, False, 7.0),
     "abci-a": (4, 25.0, 12, False, 8.0),
 }
@@ -455,7 +457,7 @@ def test_duplicate_key_in_a_level_rejected(tmp_path):
 # ---------------------------------------------------------------- device (job planner)
 
 GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de", "oci-bm-gpu4-8", "abci-v",
-                  "abci-a")
+                  "abci-a", "p4d")
 
 
 def _gpus() -> dict:
@@ -520,3 +522,30 @@ def test_parse_device():
         parse_device("memory_GiB=1")
     with pytest.raises(SynthError, match=r"^--device: unknown key 'hbm'"):
         parse_device("memory_GiB=1,peak_TFLOPs=1,hbm=2")
+
+
+TRANSPORT = {"a3-high": "tcp", "a3-mega": "tcp", "abci-a": "ib", "abci-v": "ib", "dgx-a100": "ib", "dgx-h100": "ib",
+             "dgx-h800": "ib", "gcp-a4": "roce", "gke-a3ultra-1gpu1nic": "roce", "oci-bm-gpu4-8": "roce",
+             "p3dn": "efa", "p4d": "efa", "p4de": "efa", "p5": "efa", "p6-b200": "efa"}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_a_networks_transport_is_stated_where_its_sources_state_it(name):
+    topo = load_topology(name)
+    stated = [lv.transport for lv in topo.levels if lv.transport is not None]
+    assert stated == ([TRANSPORT[name]] if name in TRANSPORT else [])
+    assert all(topo.link(i) == "net" for i, lv in enumerate(topo.levels) if lv.transport)
+
+
+def test_transport_is_one_of_four_and_only_on_a_network():
+    def level(**extra):
+        return {"name": "node", "count": 2, "bandwidth_GBps": 25.0, "latency_us": 5.0, **extra}
+
+    gpu = {"name": "gpu", "count": 8, "bandwidth_GBps": 300.0, "latency_us": 1.0}
+    ok = topology_from_dict({"name": "t", "levels": [level(transport="roce"), gpu]}, "t.yaml")
+    assert ok.levels[0].transport == "roce" and topology_from_dict(ok.to_dict(), "x") == ok
+    with pytest.raises(SynthError, match=r"'transport' must be one of ib, roce, efa, tcp, on a level with link: net; "
+                                         r"got 'ethernet' on link: net"):
+        topology_from_dict({"name": "t", "levels": [level(transport="ethernet"), gpu]}, "t.yaml")
+    with pytest.raises(SynthError, match="got 'ib' on link: nvlink"):
+        topology_from_dict({"name": "t", "levels": [level(), {**gpu, "transport": "ib"}]}, "t.yaml")

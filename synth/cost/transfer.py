@@ -5,9 +5,11 @@ and latencies are per level, so a fit of one system says nothing of another.
 :class:`SharedParameters` expresses the same cost per *kind of link* instead,
 so that measurements of some systems predict another:
 
-* the achieved fraction of a level's stated bandwidth, per link kind (``nvlink``,
-  ``pcie``, ``net``): the level's bandwidth is its topology's ``bandwidth_GBps``
-  times ``achieved[link]``;
+* the achieved fraction of a level's stated bandwidth, per link kind: ``nvlink``,
+  ``pcie``, and for a network its ``transport`` (``ib``, ``roce``, ``efa``,
+  ``tcp``; ``net`` where the topology does not state it), since each network
+  stack has its own latency and efficiency. The level's bandwidth is its
+  topology's ``bandwidth_GBps`` times ``achieved[kind]``;
 * the latency of one NCCL step per link kind and protocol (LL, LL128, Simple);
 * per ``algorithm.protocol``: the base latency of a call and the efficiency
   (``ring.Simple`` stays 1: the achieved fractions carry the scale);
@@ -37,13 +39,13 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import SynthError
-from ..topology import Topology
+from ..topology import TRANSPORTS, Topology
 from .nccl import NCCL_KEYS, PROTOCOLS
 from .priors import BASE_PRIOR_US, EFFICIENCY_PRIOR, hop_latency_prior_us
 from .profile import Profile
 from .terms import Features
 
-LINK_KINDS = ("nvlink", "pcie", "net")  # synth.topology.LINKS, in this order
+LINK_KINDS = ("nvlink", "pcie", "net") + TRANSPORTS  # net: a network whose transport is not stated
 TOOLS = ("nccl-tests", "torch.distributed all_reduce_bench.py")  # the corpus's; nccl-tests is the reference
 ANCHOR = "ring.Simple"  # its efficiency stays at the prior: the achieved fractions carry the scale
 PULL = 0.05  # weight of the prior per parameter, against relative errors of 1 per call
@@ -65,7 +67,8 @@ class SharedParameters:
     def prior(cls) -> "SharedParameters":
         return cls(
             achieved=tuple((k, 1.0) for k in LINK_KINDS),
-            step_latency_us=tuple((k, tuple(hop_latency_prior_us(k))) for k in LINK_KINDS),
+            step_latency_us=tuple((k, tuple(hop_latency_prior_us("net" if k in TRANSPORTS else k)))
+                                  for k in LINK_KINDS),
             base_latency_us=tuple((k, BASE_PRIOR_US[k]) for k in NCCL_KEYS),
             efficiency=tuple((k, EFFICIENCY_PRIOR[k]) for k in NCCL_KEYS),
         )
@@ -107,7 +110,10 @@ def predict_calls(shared: SharedParameters, samples: Sequence) -> np.ndarray:
 
 
 def _kind(topology: Topology, level: int) -> str:
-    return topology.link(level)  # one of LINK_KINDS: the topology's loader admits no other
+    """The level's link kind: its link, or a network's transport where stated
+    (one of LINK_KINDS: the topology's loader admits no other)."""
+    link = topology.link(level)
+    return topology.levels[level].transport or link if link == "net" else link
 
 
 # ---------------------------------------------------------------- the parameter vector
