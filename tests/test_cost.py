@@ -242,14 +242,16 @@ def test_forced_tree_inside_a_node_is_slower_than_ring_programs():
 
 def test_ring_allreduce_of_four_gpus_inside_a_node(p2):
     prior = Profile.prior(p2)
-    # small messages: NCCL picks LL (half the bandwidth, 0.6 us steps), large: Simple
-    for size, proto, eff in ((1000.0, LL, 0.5), (12345.0, LL, 0.5), (float(S), SIMPLE, 1.0)):
+    # small messages: NCCL picks LL (half the bandwidth, 0.6 us steps), large: Simple. The ring graph has 18
+    # channels, the communicator 36; a call runs on floor(bytes / (threads x threshold)) of them (enqueue.cc): LL
+    # 512 threads x 8 bytes x 4 ranks, so one channel below 16 KiB, and its bytes move at 1/36 of the rate
+    for size, proto, eff, share in ((1000.0, LL, 0.5, 1 / 36), (12345.0, LL, 0.5, 1 / 36), (float(S), SIMPLE, 1.0, 1)):
         seconds, f = step_cost(p2, prior, Algorithm.RING, AR, [[0, 1, 2, 3]], [size])
-        assert close(seconds, 2 * 3 / 4 * size / (270e9 * eff) + (RING_BASE[proto] + 6 * NVL_STEP[proto]) * US)
+        assert close(seconds, 2 * 3 / 4 * size / (270e9 * eff * share) + (RING_BASE[proto] + 6 * NVL_STEP[proto]) * US)
         assert f.steps[:, proto].tolist() == [0, 6] and f.steps.sum() == 6
         key = f"ring.{('LL', 'LL128', 'Simple')[proto]}"
         assert f.base_count == {key: 1.0}
-        assert np.allclose(f.load[key], [0, 6 * size / 4])
+        assert np.allclose(f.load[key], [0, 6 * size / 4 / share])
 
 
 def test_concurrent_groups_inside_nodes_do_not_contend_on_a_switch(p2):
@@ -347,10 +349,14 @@ def test_mpi_latency_adds_per_level_crossed(pair, latency_us, rate_GBps):
     ],
 )
 def test_nccl_steps_pay_the_latency_of_the_outermost_level_crossed(pair, step_us, rate_GBps):
+    from synth.cost.nccl import comm_of, runtime_channels
+
     rack = topo("rack")
     size = 4096.0  # ring LL: two rounds of S/2 at half the rate, 2 * 2 - 2 = 2 steps
+    # on one channel of the communicator's (4096 < 512 threads x 8 bytes x 2 ranks: enqueue.cc)
+    share = 1 / runtime_channels(comm_of(rack, pair))
     seconds, _ = step_cost(rack, Profile.prior(rack), Algorithm.RING, AR, [list(pair)], [size])
-    assert close(seconds, 2 * size / 2 / (rate_GBps * 1e9 * 0.5) + (RING_BASE[LL] + 2 * step_us) * US)
+    assert close(seconds, 2 * size / 2 / (rate_GBps * 1e9 * 0.5 * share) + (RING_BASE[LL] + 2 * step_us) * US)
 
 
 def test_ring_fabric_loads_ring_links_with_distance():

@@ -17,6 +17,7 @@ from synth.cost.nccl import (
     Comm,
     Graph,
     algo_time_us,
+    call_channels,
     choose,
     comm_of,
     cost_table,
@@ -238,6 +239,31 @@ def test_ring_plateau_threshold_divides_by_the_communicators_channels():
     assert runtime_channels(single) == min(64, 2 * ring_graph(single).channels)
 
 
+def test_a_small_call_runs_on_fewer_channels():
+    """src/enqueue.cc topoGetAlgoInfo: from the communicator's channels, one
+    fewer while nBytes < channels x threads x threshold (comm.h thresholds: LL 8
+    bytes per thread, x ranks for the ring; Simple 64; device.h: 512 LL threads,
+    512 Simple, 256 for a ring Simple graph of at most PCI_BW = 12 GB/s). On 8
+    A100s (dgx-a100): 24 channels, so the ring LL uses floor(bytes / (512 x 64))
+    of them. NVLS keeps its own channels. The time model moves a call's bytes at
+    its channels' share of the links."""
+    comm = first(load_topology("dgx-a100"), 8)
+    assert runtime_channels(comm) == 24
+    assert call_channels(comm, "ring", "LL", 100_000.0) == (3, 24)  # 100000 // 32768
+    assert call_channels(comm, "ring", "LL", 10.0) == (1, 24)
+    assert call_channels(comm, "ring", "LL", 24 * 32768.0) == (24, 24)
+    assert call_channels(comm, "ring", "Simple", 24 * 512 * 64 - 1.0) == (23, 24)
+    h200 = first(load_topology("hgx-h200"), 8)
+    assert call_channels(h200, "nvls", "Simple", 1024.0) == (nvls_graph(h200).channels,) * 2
+    prior = Profile.prior(load_topology("dgx-a100"))
+    seconds, f = step_cost(load_topology("dgx-a100"), prior, Algorithm.RING, AR, np.arange(8)[None],
+                           np.array([100_000.0]))
+    assert choose(comm, AR, 100_000.0, ("ring",)).protocol == "LL"
+    # 14 rounds of S/8 at the level's 230 GB/s x .5 (LL's payload), 8 times slower on 3 channels of 24; LL
+    # latency 6.6 + 14 x .6
+    assert close(seconds, 14 * 100_000 / 8 / (230e9 * 0.5) * 24 / 3 + (6.6 + 14 * 0.6) * US)
+
+
 # ================================================================ the choice apart from its cost
 
 
@@ -303,8 +329,10 @@ def test_pat_allgather_recursive_doubling_one_rail_per_node():
     size = 16 * 1024.0
     seconds, _ = step_cost(dgx, prior, Algorithm.NCCL, AG, members, np.array([size]))
     # rounds at distance 1, 2, 4, 8 moving S d/16 over one 24 GB/s rail (efficiency 1: NCCL's
-    # PAT x .75 is a choosing factor); latency: PAT's base 8 us + log2(16) network steps of 14 us
-    transfers = sum(size * d / 16 / 24e9 for d in (1, 2, 4, 8))
+    # PAT x .75 is a choosing factor), on 1 of the communicator's 2 channels (16 KiB < 512 threads x 64 bytes:
+    # enqueue.cc); latency: PAT's base 8 us + log2(16) network steps of 14 us
+    assert call_channels(comm_of(dgx, tuple(range(0, 128, 8))), "pat", "Simple", size) == (1, 2)
+    transfers = sum(size * d / 16 / 24e9 for d in (1, 2, 4, 8)) * 2
     assert close(seconds, transfers + (8 + 4 * 14.0) * US)
 
 

@@ -181,3 +181,39 @@ def test_a_bench_record_is_modelled_with_the_nccl_it_ran(tmp_path):
     old, new = predict_all(Profile.prior(dgx), samples)
     comm_old, comm_new = (comm_of(dgx, tuple(range(16)), version=v) for v in ("2.18.5", "2.27.7"))
     assert choose(comm_old, AR, 2.0**20) != choose(comm_new, AR, 2.0**20) and old != new
+
+
+def test_the_data_type_and_the_reduction_take_part_in_the_choice():
+    """src/include/device.h ncclNvlsSupported: no NVLS for 8-bit types nor for an
+    average (a pre-multiplied sum); src/enqueue.cc (2.27.7): PAT runs no averaging
+    reduce-scatter, and an fp8 ring over more than 8 ranks costs x 1024 (its
+    precision loss), so NCCL prefers a tree."""
+    h200 = comm_of(load_topology("hgx-h200"), tuple(range(8)))
+    big = float(2**30)
+    assert choose(h200, AR, big).algorithm == "nvls"
+    assert choose(h200, AR, big, None, "bfloat16", "max").algorithm == "nvls"
+    for dtype, op in (("int8", "sum"), ("float32", "avg"), ("float32", "max"), ("float8e4m3", "sum")):
+        assert choose(h200, AR, big, None, dtype, op).algorithm == "ring", (dtype, op)
+    # forced NVLS: an int8 all-reduce falls back to the ring, an all-gather (it reduces nothing) keeps NVLS
+    assert choose(h200, AR, big, ("nvls",), "int8").algorithm == "ring"
+    assert choose(h200, AG, big, ("nvls",), "int8").algorithm == "nvls"
+    dgx = load_topology("dgx-a100")
+    ppn1 = comm_of(dgx, tuple(range(0, 128, 8)))
+    assert choose(ppn1, RS, 4096.0).algorithm == "pat"
+    assert choose(ppn1, RS, 4096.0, None, "float32", "avg").algorithm == "ring"
+    nodes = comm_of(dgx.scaled({"node": 2}), tuple(range(16)))
+    ring = choose(nodes, AR, big, ("ring",))
+    assert ring.algorithm == "ring" and choose(nodes, AR, big, None, "float8e5m2").algorithm == "tree"
+    penalised = choose(nodes, AR, big, ("ring",), "float8e5m2")
+    assert close(penalised.estimate_us, ring.estimate_us * 1024)
+    old = comm_of(dgx.scaled({"node": 2}), tuple(range(16)), version="2.23.4")
+    assert choose(old, AR, big, None, "float8e5m2") == choose(old, AR, big)  # no such rule before 2.24
+    with pytest.raises(SynthError, match="data type 'complex64' is not one NCCL reduces"):
+        choose(h200, AR, big, None, "complex64")
+    with pytest.raises(SynthError, match="reduction 'xor' is not one of NCCL's: sum, prod, max, min, avg"):
+        choose(h200, AR, big, None, "float32", "xor")
+    line = {"set": "s", "source": "x", "system": {}, "collective": "allreduce", "size_bytes": 1024, "ranks": 8,
+            "time_us": 30.0, "dtype": "half", "redop": "max"}
+    assert (call_from_dict(line, "l:1").dtype, call_from_dict(line, "l:1").op) == ("float16", "max")
+    with pytest.raises(SynthError, match="l:2: 'dtype' 'quad' or 'redop' 'max' is not NCCL's"):
+        call_from_dict({**line, "dtype": "quad"}, "l:2")

@@ -41,11 +41,18 @@ def by_matrix(doc: dict, matrix) -> dict:
 PROTOCOLS = {"LL": (0.5, 6.6 + 6 * 0.6), "LL128": (120 / 128, 14.0 + 6 * 1.9), "Simple": (1.0, 8.4 + 6 * 3.4)}
 
 
+# bytes per channel before a call gets another (enqueue.cc: threads x bytes per thread; the ring's LL x 4 ranks)
+PER_CHANNEL = {"LL": 512 * 8 * 4, "LL128": 640 * 8, "Simple": 512 * 64}
+
+
 def ring_inside(size: float, bw: float = 270e9) -> float:
-    """Ring AllReduce of 4 GPUs inside a p2-a100 node (NCCL's protocol for the size)."""
+    """Ring AllReduce of 4 GPUs inside a p2-a100 node (NCCL's protocol for the
+    size), on the channels NCCL gives the call: floor(size / PER_CHANNEL) of the
+    communicator's 36 (twice the graph's 18), at least one."""
     proto = "LL" if size < 1.374e6 else "LL128" if size < 7.04e6 else "Simple"
     eff, latency_us = PROTOCOLS[proto]
-    return 6 * size / 4 / (bw * eff) + latency_us * US
+    channels = min(36, max(1, int(size // PER_CHANNEL[proto])))
+    return 6 * size / 4 / (bw * eff * channels / 36) + latency_us * US
 
 
 # ================================================================ --size
@@ -121,8 +128,9 @@ def test_algo_changes_predictions(cli):
     assert nccl == ring  # NCCL picks the ring inside the node (its tree LL costs 10.4 us against 10.2)
     # forced tree: NCCL's tuning picks LL at 64 KiB (tree LL 13.7 us against LL128 22.5, Simple 32.4+);
     # inside a node a chain 3 -> 2 -> 1 -> 0 carrying S up and down at once: the middle GPUs
-    # send both on one port, 135 GB/s each; LL's payload .5 (NCCL's .92 / 3.8 only choose); 2 x 3 chain steps
-    assert math.isclose(tree, size / 135e9 / 0.5 + (6.8 + 6 * 0.6) * US, rel_tol=1e-9)
+    # send both on one port, 135 GB/s each; LL's payload .5 (NCCL's .92 / 3.8 only choose); on 16 of the 36
+    # channels (65536 bytes / (512 threads x 8 bytes): the tree's LL threshold has no x ranks); 2 x 3 chain steps
+    assert math.isclose(tree, size / 135e9 / 0.5 * 36 / 16 + (6.8 + 6 * 0.6) * US, rel_tol=1e-9)
     # mpi at 64 KiB: Rabenseifner, halves then quarters, mirrored
     assert math.isclose(mpi, 2 * (1 * US + size / 2 / 270e9) + 2 * (1 * US + size / 4 / 270e9), rel_tol=1e-9)
     across = [by_matrix(d, ACROSS)["default"]["predicted_s"] for d in docs]

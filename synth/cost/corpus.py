@@ -23,6 +23,7 @@ from pathlib import Path
 from ..documents import json_lines
 from ..errors import SynthError
 from ..synthesis.language import Collective
+from .nccl import DTYPES, REDUCTIONS
 
 COLLECTIVES = {
     "allreduce": Collective.ALLREDUCE, "reducescatter": Collective.REDUCESCATTER, "allgather": Collective.ALLGATHER,
@@ -49,6 +50,8 @@ class CorpusCall:
     where: str  # file:line
     tool: str = "nccl-tests"  # what timed it (a PyTorch loop adds its own per-call overhead)
     nccl_version: str | None = None  # as the source states it (None: not stated)
+    dtype: str = "float32"  # NCCL's name (synth.cost.nccl.DTYPES) of nccl-tests' type column
+    op: str = "sum"  # its redop column
 
 
 def is_corpus_line(doc: object) -> bool:
@@ -87,7 +90,18 @@ def call_from_dict(doc: dict, where: str) -> CorpusCall | None:
     nvls = not (str(env.get("NCCL_NVLS_ENABLE", "")) == "0" or system.get("nvls") is False)
     return CorpusCall(str(doc["set"]), str(doc["source"]), collective, size, seconds, derived, ranks,
                       FORCED[forced] if forced else None, doc.get("algo_reported"), nvls, where,
-                      str(doc.get("tool") or "nccl-tests"), _version(doc.get("nccl_version")))
+                      str(doc.get("tool") or "nccl-tests"), _version(doc.get("nccl_version")),
+                      *_call_type(doc, where))
+
+
+def _call_type(doc: dict, where: str) -> tuple[str, str]:
+    """(NCCL's data type, reduction) of a line; float and sum where not printed."""
+    dtype = DTYPES.get(str(doc.get("dtype") or "float").lower())
+    op = str(doc.get("redop") or "sum").lower()
+    if dtype is None or op not in REDUCTIONS:
+        raise SynthError(f"{where}: 'dtype' {doc.get('dtype')!r} or 'redop' {doc.get('redop')!r} is not NCCL's; "
+                         f"types: {', '.join(sorted(DTYPES))}; reductions: {', '.join(REDUCTIONS)}")
+    return dtype, op
 
 
 def _version(text: object) -> str | None:

@@ -148,7 +148,8 @@ class CallSample:
     def features(self, profile: Profile) -> Features:
         group = np.arange(self.call.ranks)[None, :]
         return step_cost(self.topology, profile, self.algorithm, self.call.collective, group,
-                         np.array([float(self.call.size_bytes)]), self.call.nvls_enabled, self.nccl_rules)[1]
+                         np.array([float(self.call.size_bytes)]), self.call.nvls_enabled, self.nccl_rules,
+                         self.call.dtype, self.call.op)[1]
 
 
 Measurement = Sample | CallSample

@@ -43,6 +43,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..errors import SynthError
 from ..synthesis.language import Collective
 from ..topology import Topology
 from .nccl_rules import NCCL_2_27_7, NCCL_VERSION, RULES, NcclRules, rules_for
@@ -480,26 +481,101 @@ def _entry_time_us(comm: Comm, collective: Collective, algorithm: str, protocol:
     return lat + nbytes / (1000 * bw)
 
 
+# NCCL's data types (ncclDataType_t names, and the synonyms nccl-tests and the runtime print) and reductions
+DTYPES = {"int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int32", "int": "int32", "uint32": "uint32",
+          "int64": "int64", "uint64": "uint64", "float16": "float16", "half": "float16", "float32": "float32",
+          "float": "float32", "float64": "float64", "double": "float64", "bfloat16": "bfloat16",
+          "float8e4m3": "float8e4m3", "float8e5m2": "float8e5m2"}
+REDUCTIONS = ("sum", "prod", "max", "min", "avg")
+
+
+def nvls_supported(dtype: str, op: str) -> bool:
+    """src/include/device.h ``ncclNvlsSupported``: NVLink SHARP reduces sums and
+    min/max of 16-, 32- and 64-bit integers and 16-bit floats, and sums of 32-
+    and 64-bit floats; nothing of 8-bit types, and no average (NCCL runs it as a
+    pre-multiplied sum or a sum divided after)."""
+    if dtype in ("int32", "uint32", "int64", "uint64", "float16", "bfloat16"):
+        return op in ("sum", "max", "min")
+    return dtype in ("float32", "float64") and op == "sum"
+
+
 @lru_cache(maxsize=65536)
-def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str, ...] | None = None) -> Choice:
+def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str, ...] | None = None,
+           dtype: str = "float32", op: str = "sum") -> Choice:
     """The (algorithm, protocol) of least estimated time, as ``topoGetAlgoInfo``
     picks it (table order on ties). ``allowed`` restricts the algorithms like
     ``NCCL_ALGO``; if none of them exists for this collective and communicator,
-    the ring runs (a forced tree for ReduceScatter, NVLS on a PCIe node)."""
+    the ring runs (a forced tree for ReduceScatter, NVLS on a PCIe node).
+    ``dtype`` and ``op`` (:data:`DTYPES`, :data:`REDUCTIONS`) take NVLS out
+    where it cannot reduce them (:func:`nvls_supported`; an all-gather reduces
+    nothing), PAT out of an averaging reduce-scatter, and, from NCCL 2.24 (2.27.7
+    here), make rings the last resort for fp8 over more than 8 ranks
+    (src/enqueue.cc: their estimates x 1024, "precision loss")."""
+    dtype, op = _call_type(dtype, op)
     best: Choice | None = None
     table = cost_table(comm, collective)
     channels = runtime_channels(comm) if table else 0
+    nvls_ok = nvls_supported(dtype, op) or collective is Collective.ALLGATHER
     for (a, p), entry in table.items():
         if allowed is not None and a not in allowed:
             continue
+        if a in ("nvls", "nvlstree") and not nvls_ok:
+            continue
+        if a == "pat" and collective is Collective.REDUCESCATTER and op == "avg":
+            continue
         t = _entry_time_us(comm, collective, a, p, entry, channels, nbytes)
+        if (a == "ring" and dtype.startswith("float8") and comm.ranks > 8 and comm.rules.fp8_ring_penalty
+                and t >= 0):
+            t *= 1024.0
         if t >= 0 and (best is None or t < best.estimate_us):
             best = Choice(a, p, _graph_channels(comm, a), t)
     if best is None:
         if allowed is not None and allowed != ("ring",):
-            return choose(comm, collective, nbytes, ("ring",))
+            return choose(comm, collective, nbytes, ("ring",), dtype, op)
         return Choice("ring", "Simple", 1, 0.0)  # one rank: nothing to do
     return best
+
+
+def _call_type(dtype: str, op: str) -> tuple[str, str]:
+    """NCCL's names of a data type and a reduction; SynthError naming the field."""
+    name = DTYPES.get(str(dtype).lower())
+    if name is None:
+        raise SynthError(f"data type {dtype!r} is not one NCCL reduces; use one of {', '.join(sorted(set(DTYPES)))}")
+    if op not in REDUCTIONS:
+        raise SynthError(f"reduction {op!r} is not one of NCCL's: {', '.join(REDUCTIONS)}")
+    return name, op
+
+
+# src/include/comm.h: bytes per thread before NCCL adds threads and channels (LL, LL128, Simple); the ring's LL
+# threshold is x ranks (tuning.cc); src/include/device.h: threads per channel
+THREAD_THRESHOLDS = {"LL": 8, "LL128": 8, "Simple": 64}
+MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
+PCI_BW = 12.0  # topo.h: a ring no faster than this (channels x speed) runs 256 Simple threads, not 512
+WARP_SIZE = 32
+
+
+@lru_cache(maxsize=65536)
+def call_channels(comm: Comm, algorithm: str, protocol: str, nbytes: float) -> tuple[int, int]:
+    """(channels the call runs on, the most it could): ``topoGetAlgoInfo``
+    (src/enqueue.cc) starts from the communicator's channels
+    (:func:`runtime_channels`; NVLS and NVLS Tree: the NVLS channels, never
+    fewer) and, for the ring, the tree and PAT, drops one channel while
+    ``nbytes < channels x threads x threshold`` (threads per channel:
+    ``MAX_THREADS``, 256 for a ring Simple graph slower than PCI_BW;
+    threshold: ``THREAD_THRESHOLDS``, the ring LL's x ranks), down to one. The
+    same loop in every transcribed release."""
+    full = runtime_channels(comm)
+    if algorithm in ("nvls", "nvlstree"):
+        return nvls_graph(comm).channels or full, nvls_graph(comm).channels or full
+    threads = MAX_THREADS[protocol]
+    if algorithm == "ring" and protocol == "Simple":
+        ring = ring_graph(comm)
+        threads = 256 if ring.bw_intra * ring.channels <= PCI_BW else 512
+    threshold = THREAD_THRESHOLDS[protocol] * (comm.ranks if algorithm == "ring" and protocol == "LL" else 1)
+    nc = full
+    while nc >= 2 and nbytes < nc * threads * threshold:
+        nc -= 1
+    return nc, full
 
 
 def _graph_channels(comm: Comm, algorithm: str) -> int:

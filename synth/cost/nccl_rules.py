@@ -72,6 +72,7 @@ class NcclRules:
     ll_intra_x18: bool = False  # LL's intra-node latency x 1.8 across nodes
     plateau_bytes_per_rank: int | None = None  # old plateau: x1.9 from ranks x this many bytes (no channel count)
     tree_correction: tuple | None = None  # treeCorrectionFactor (None: TREE_CORRECTION of synth.cost.nccl)
+    fp8_ring_penalty: bool = False  # enqueue.cc: fp8 rings over more than 8 ranks x 1024 (fp8 types from 2.24)
 
 
 _VOLTA_AMPERE_LL = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0))
@@ -119,6 +120,7 @@ NCCL_2_27_7 = NcclRules(
     nvls_channels_sm100=(32, 24),  # src/transport/nvls.cc:147-149
     ll128_archs=None,  # tuning.cc:457-470: any sm >= 70
     log2_of_zero_is_zero=False,  # bitops.h: log2Down(0) = -1
+    fp8_ring_penalty=True,  # enqueue.cc:1777-1781
 )
 
 NCCL_2_23_4 = NcclRules(
@@ -137,6 +139,7 @@ NCCL_2_23_4 = NcclRules(
        "hopper_double": "eq90<16",  # connect.cc:469
        "nvls_channels_sm100": None,  # src/transport/nvls.cc:145: NCCL_NVLS_NCHANNELS 16
        "ll128_archs": (70, 80, 90),  # tuning.cc:324-335
+       "fp8_ring_penalty": False,
        }
 )
 

@@ -6,7 +6,9 @@ in each round contending for the links (:mod:`synth.cost.links`), plus latency:
 
 * NCCL models: the algorithm and protocol NCCL picks for the group's shape and
   the step's bytes (:mod:`synth.cost.nccl`); its transfers spread over the rail
-  NICs of the group's GPUs (lanes); latency = the base latency of the
+  NICs of the group's GPUs (lanes), at the share of the links the call's
+  channels take (a small call runs on fewer channels than the communicator
+  has: :func:`synth.cost.nccl.call_channels`); latency = the base latency of the
   (algorithm, protocol) + its steps per level x the level's latency for that
   protocol (:func:`synth.cost.algorithms.nccl_hops`);
 * MPI model: OpenMPI's algorithm; each round pays the latency of the levels its
@@ -31,7 +33,7 @@ from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
 from .links import Links, RoundGeometry, canonical_devices, links_of, round_cost, round_geometry
 from .model import Algorithm, Model
-from .nccl import PROTOCOLS, choose, comm_of, node_level
+from .nccl import PROTOCOLS, call_channels, choose, comm_of, node_level
 from .profile import Profile
 from .terms import Features
 
@@ -45,15 +47,19 @@ def step_cost(
     nbytes: np.ndarray,
     nvls_enabled: bool = True,
     nccl_version: str | None = None,
+    dtype: str = "float32",
+    op: str = "sum",
 ) -> tuple[float, Features]:
     """Seconds of one step and its critical-path features. ``groups`` is an
     (n, m) array of device ids (n groups of m members, all at once) and
     ``nbytes`` the bytes each group's collective moves. The NCCL models run what
     :func:`synth.cost.nccl.choose` picks for group 0 at the largest ``nbytes``
     (``nvls_enabled=False`` is ``NCCL_NVLS_ENABLE=0``; ``nccl_version`` the
-    release whose rules choose, default the newest transcribed)."""
+    release whose rules choose, default the newest transcribed; ``dtype`` and
+    ``op`` the data type and reduction, which NCCL's choice reads)."""
     groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
-    return _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes, nvls_enabled, nccl_version)
+    return _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes, nvls_enabled, nccl_version,
+                              dtype, op)
 
 
 def _ordered_step_cost(
@@ -65,6 +71,8 @@ def _ordered_step_cost(
     nbytes: np.ndarray,
     nvls_enabled: bool = True,
     nccl_version: str | None = None,
+    dtype: str = "float32",
+    op: str = "sum",
 ) -> tuple[float, Features]:
     """:func:`step_cost` of ``groups`` whose rows are already in ring and tree
     order: sorted by device id, or the image of sorted rows under a symmetry of
@@ -78,8 +86,11 @@ def _ordered_step_cost(
     if groups.shape[1] < 2:
         return 0.0, features
     plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), algorithm.forced,
-                      nvls_enabled, nccl_version)
+                      nvls_enabled, nccl_version, dtype, op)
     total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True)
+    if plan.channel_factor != 1.0:  # a small call runs on fewer channels: its bytes move that much slower
+        total *= plan.channel_factor
+        features.load = {k: x * plan.channel_factor for k, x in features.load.items()}
     features.steps[:, plan.protocol] = plan.hops
     features.base_count[plan.key] = 1.0
     total += float(profile.protocol_latency_s[:, plan.protocol] @ plan.hops) + profile.base_us(plan.key) * 1e-6
@@ -96,14 +107,18 @@ class _NcclPlan:
     pattern: tuple[Round, ...]
     lanes: np.ndarray
     hops: np.ndarray
+    channel_factor: float = 1.0  # the communicator's channels / the call's (synth.cost.nccl.call_channels)
 
 
 @lru_cache(maxsize=16384)
 def _nccl_plan(topology: Topology, members: tuple[int, ...], collective: Collective, nbytes: float,
-               forced: tuple[str, ...] | None, nvls_enabled: bool, nccl_version: str | None = None) -> _NcclPlan:
-    choice = choose(comm_of(topology, members, nvls_enabled, nccl_version), collective, nbytes, forced)
+               forced: tuple[str, ...] | None, nvls_enabled: bool, nccl_version: str | None = None,
+               dtype: str = "float32", op: str = "sum") -> _NcclPlan:
+    comm = comm_of(topology, members, nvls_enabled, nccl_version)
+    choice = choose(comm, collective, nbytes, forced, dtype, op)
     pattern, lanes, hops = _nccl_shape(topology, members, choice.algorithm, collective)
-    return _NcclPlan(choice.key, PROTOCOLS.index(choice.protocol), pattern, lanes, hops)
+    used, full = call_channels(comm, choice.algorithm, choice.protocol, nbytes)
+    return _NcclPlan(choice.key, PROTOCOLS.index(choice.protocol), pattern, lanes, hops, full / used)
 
 
 @lru_cache(maxsize=4096)
@@ -126,6 +141,7 @@ def clear_caches() -> None:
     from . import nccl
 
     for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph, nccl.runtime_channels,
+                   nccl.call_channels,
                    nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan, _synthesis_groups):
         cached.cache_clear()
     _SHARED_STEPS.clear()
