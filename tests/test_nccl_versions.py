@@ -215,5 +215,5 @@ def test_the_data_type_and_the_reduction_take_part_in_the_choice():
     line = {"set": "s", "source": "x", "system": {}, "collective": "allreduce", "size_bytes": 1024, "ranks": 8,
             "time_us": 30.0, "dtype": "half", "redop": "max"}
     assert (call_from_dict(line, "l:1").dtype, call_from_dict(line, "l:1").op) == ("float16", "max")
-    with pytest.raises(SynthError, match="l:2: 'dtype' 'quad' or 'redop' 'max' is not NCCL's"):
+    with pytest.raises(SynthError, match="l:2: fields 'dtype', 'redop': data type 'quad' is not one NCCL reduces"):
         call_from_dict({**line, "dtype": "quad"}, "l:2")

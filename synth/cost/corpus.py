@@ -23,7 +23,7 @@ from pathlib import Path
 from ..documents import json_lines
 from ..errors import SynthError
 from ..synthesis.language import Collective
-from .nccl import DTYPES, REDUCTIONS
+from .nccl import call_type
 
 COLLECTIVES = {
     "allreduce": Collective.ALLREDUCE, "reducescatter": Collective.REDUCESCATTER, "allgather": Collective.ALLGATHER,
@@ -95,13 +95,12 @@ def call_from_dict(doc: dict, where: str) -> CorpusCall | None:
 
 
 def _call_type(doc: dict, where: str) -> tuple[str, str]:
-    """(NCCL's data type, reduction) of a line; float and sum where not printed."""
-    dtype = DTYPES.get(str(doc.get("dtype") or "float").lower())
-    op = str(doc.get("redop") or "sum").lower()
-    if dtype is None or op not in REDUCTIONS:
-        raise SynthError(f"{where}: 'dtype' {doc.get('dtype')!r} or 'redop' {doc.get('redop')!r} is not NCCL's; "
-                         f"types: {', '.join(sorted(DTYPES))}; reductions: {', '.join(REDUCTIONS)}")
-    return dtype, op
+    """(NCCL's data type, reduction) of a line (:func:`synth.cost.nccl.call_type`);
+    float and sum where not printed."""
+    try:
+        return call_type(doc.get("dtype") or "float", doc.get("redop") or "sum")
+    except SynthError as exc:
+        raise SynthError(f"{where}: fields 'dtype', 'redop': {exc}") from None
 
 
 def _version(text: object) -> str | None:

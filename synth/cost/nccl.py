@@ -122,8 +122,9 @@ class Choice:
 
 def nvlink_GBps(sm: int, rules: NcclRules = NCCL_2_27_7) -> float:
     """NCCL's bandwidth of one NVLink for a compute capability (x10)."""
-    for least, GBps in rules.nvlink_GBps:
-        if sm == least if least == 86 else sm >= least:
+    for least, GBps in rules.nvlink_GBps:  # the first row that matches: sm86 (GA10x) only by equality
+        matches = sm == 86 if least == 86 else sm >= least
+        if matches:
             return GBps
     return dict(rules.nvlink_GBps)[80]  # below sm60: NCCL's default row
 
@@ -511,7 +512,7 @@ def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str
     nothing), PAT out of an averaging reduce-scatter, and, from NCCL 2.24 (2.27.7
     here), make rings the last resort for fp8 over more than 8 ranks
     (src/enqueue.cc: their estimates x 1024, "precision loss")."""
-    dtype, op = _call_type(dtype, op)
+    dtype, op = call_type(dtype, op)
     best: Choice | None = None
     table = cost_table(comm, collective)
     channels = runtime_channels(comm) if table else 0
@@ -536,9 +537,11 @@ def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str
     return best
 
 
-def _call_type(dtype: str, op: str) -> tuple[str, str]:
-    """NCCL's names of a data type and a reduction; SynthError naming the field."""
+def call_type(dtype: str, op: str) -> tuple[str, str]:
+    """NCCL's names of a data type (any spelling of :data:`DTYPES`) and a
+    reduction (:data:`REDUCTIONS`); SynthError naming the one NCCL lacks."""
     name = DTYPES.get(str(dtype).lower())
+    op = str(op).lower()
     if name is None:
         raise SynthError(f"data type {dtype!r} is not one NCCL reduces; use one of {', '.join(sorted(set(DTYPES)))}")
     if op not in REDUCTIONS:
