@@ -161,13 +161,18 @@ def origin(samples: list[CallSample]) -> str:
     return found.group(1) if found else text
 
 
+def sets_by_origin(sets: dict[str, list[CallSample]]) -> dict[str, list[str]]:
+    """The sets of each source."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for name in sets:
+        out[origin(sets[name])].append(name)
+    return out
+
+
 def heldout_across_systems(sets: dict[str, list[CallSample]]) -> dict[str, np.ndarray]:
     """Per set, predictions of the shared parameters fitted on every other source."""
-    by_origin: dict[str, list[str]] = defaultdict(list)
-    for name in sets:
-        by_origin[origin(sets[name])].append(name)
     out = {}
-    for names in by_origin.values():
+    for names in sets_by_origin(sets).values():
         shared = fit_shared([s for n in sets if n not in names for s in sets[n]])
         for n in names:
             out[n] = predict_calls(shared, sets[n])
@@ -193,18 +198,13 @@ def unseen_report(sets: dict[str, list[CallSample]]) -> list[str]:
              f"Targets: at most {TARGET_SOURCE:.0%} per source, at most {TARGET_WORST:.0%} for the worst.", "",
              "| source | sets | calls | all | " + " | ".join(b for b, _ in BUCKETS) + " | target |",
              "| --- | --- | --- | --- | " + " | ".join("---" for _ in BUCKETS) + " | --- |"]
-    by_origin: dict[str, list[str]] = defaultdict(list)
-    for name in sets:
-        by_origin[origin(sets[name])].append(name)
+    by_origin = sets_by_origin(sets)
     medians = []
     for source in sorted(errors):
         rows = errors[source]
         overall = float(np.median([e for e, _, _ in rows]))
         medians.append(overall)
-        cells = []
-        for _, pick in BUCKETS:
-            bucket = [e for e, b, _ in rows if pick(b)]
-            cells.append(f"{_pct(float(np.median(bucket)))} ({len(bucket)})" if bucket else "")
+        cells = _bucket_cells(rows)
         lines.append(f"| {source} | {len(by_origin[source])} | {len(rows)} | {_pct(overall)} | " + " | ".join(cells)
                      + f" | {'met' if overall <= TARGET_SOURCE else 'not met'} |")
     pooled = [r for rows in errors.values() for r in rows]
@@ -212,10 +212,7 @@ def unseen_report(sets: dict[str, list[CallSample]]) -> list[str]:
               "| --- | --- | --- | " + " | ".join("---" for _ in BUCKETS) + " |"]
     for algorithm in sorted({a for _, _, a in pooled}):
         rows = [r for r in pooled if r[2] == algorithm]
-        cells = []
-        for _, pick in BUCKETS:
-            bucket = [e for e, b, _ in rows if pick(b)]
-            cells.append(f"{_pct(float(np.median(bucket)))} ({len(bucket)})" if bucket else "")
+        cells = _bucket_cells(rows)
         lines.append(f"| {algorithm} | {len(rows)} | {_pct(float(np.median([e for e, _, _ in rows])))} | "
                      + " | ".join(cells) + " |")
     worst = max(medians)
@@ -224,6 +221,15 @@ def unseen_report(sets: dict[str, list[CallSample]]) -> list[str]:
               f"{_pct(worst)} (target {TARGET_WORST:.0%}: {'met' if worst <= TARGET_WORST else 'not met'}); "
               f"all calls {_pct(float(np.median([e for e, _, _ in pooled])))}."]
     return lines
+
+
+def _bucket_cells(rows: list[tuple[float, int, str]]) -> list[str]:
+    """Median error and count per size bucket of (error, bytes, algorithm) rows."""
+    cells = []
+    for _, pick in BUCKETS:
+        bucket = [e for e, b, _ in rows if pick(b)]
+        cells.append(f"{_pct(float(np.median(bucket)))} ({len(bucket)})" if bucket else "")
+    return cells
 
 
 def agreement(samples: list[CallSample]) -> tuple[int, int, list[str]]:

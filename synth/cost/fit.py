@@ -340,7 +340,7 @@ def _separable(a: np.ndarray, names: Sequence[str], order: Sequence[int]) -> tup
     return free, why
 
 
-def _levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac, model, steps: int = 200):
+def levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac, model, steps: int = 200):
     """Minimise the weighted squared error of ``model(x) -> (predicted, jacobian)``
     over the ``free`` parameters, each kept in (``floor``, ``ceiling``):
     Levenberg-Marquardt steps, damped until they lower the error, clipped to the
@@ -493,7 +493,7 @@ def _fit(measurements: Sequence[Measurement], prior: Profile, iterations: int, e
         why.update(separable_why)
         x[~free] = prior_x[~free]
         pred, jac = predicted_and_jacobian(x)
-        x, pred, jac, out = _levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac,
+        x, pred, jac, out = levenberg_marquardt(x, free, floor, ceiling, measured, weight, pred, jac,
                                                  predicted_and_jacobian)
         solve_why = {names[j]: f"the records put it beyond {RANGE:g}x or 1/{RANGE:g} of its prior" for j in out}
         why.update(solve_why)

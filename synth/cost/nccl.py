@@ -569,7 +569,8 @@ def call_channels(comm: Comm, algorithm: str, protocol: str, nbytes: float) -> t
     same loop in every transcribed release."""
     full = runtime_channels(comm)
     if algorithm in ("nvls", "nvlstree"):
-        return nvls_graph(comm).channels or full, nvls_graph(comm).channels or full
+        nvls = nvls_graph(comm).channels or full
+        return nvls, nvls
     threads = MAX_THREADS[protocol]
     if algorithm == "ring" and protocol == "Simple":
         ring = ring_graph(comm)

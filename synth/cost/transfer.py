@@ -25,9 +25,10 @@ Fitting. With NCCL's choices and the critical flows fixed, a call's time is
 linear in the latencies and a sum of ``load / (bandwidth x achieved x
 efficiency)`` terms (:class:`~synth.cost.terms.Features`): Levenberg-Marquardt
 on relative errors over the log of the fractions and efficiencies and the
-latencies (held at >= 0), with a weak pull toward the prior (weight
-``PULL``) so that a parameter no call exercises keeps its prior value; the
-critical flows are then recomputed and the fit repeated (``rounds``).
+latencies (held at >= 0; :func:`synth.cost.fit.levenberg_marquardt`, the
+profiles' own), with a weak pull toward the prior (weight ``PULL``) so that a
+parameter no call exercises keeps its prior value; the critical flows are then
+recomputed and the fit repeated (``rounds``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 
 from ..errors import SynthError
 from ..topology import TRANSPORTS, Topology
+from .fit import levenberg_marquardt
 from .nccl import NCCL_KEYS, PROTOCOLS
 from .priors import BASE_PRIOR_US, EFFICIENCY_PRIOR, hop_latency_prior_us
 from .profile import Profile
@@ -98,15 +100,15 @@ class SharedParameters:
 def predict_calls(shared: SharedParameters, samples: Sequence) -> np.ndarray:
     """Seconds of corpus calls (:class:`~synth.cost.fit.CallSample`) as their
     tool measures them: the profile's prediction plus the tool's overhead."""
-    profiles: dict[Topology, Profile] = {}
+    profiles = _profiles(shared, samples)
     overhead = dict(shared.tool_overhead_us)
-    out = []
-    for s in samples:
-        profile = profiles.get(s.topology)
-        if profile is None:
-            profile = profiles[s.topology] = shared.profile_for(s.topology)
-        out.append(s.features(profile).seconds(profile) + overhead.get(s.call.tool, 0.0) * 1e-6)
-    return np.array(out)
+    return np.array([s.features(profiles[s.topology]).seconds(profiles[s.topology])
+                     + overhead.get(s.call.tool, 0.0) * 1e-6 for s in samples])
+
+
+def _profiles(shared: SharedParameters, samples: Sequence) -> dict[Topology, Profile]:
+    """The profile of each topology the samples are on."""
+    return {t: shared.profile_for(t) for t in {s.topology for s in samples}}
 
 
 def _kind(topology: Topology, level: int) -> str:
@@ -210,47 +212,18 @@ def fit_shared(samples: Sequence, prior: SharedParameters | None = None, rounds:
     # the pull: latencies relative to their prior (or 10 us), logs absolutely
     pull_scale = np.ones(_SIZE)
     pull_scale[:_LINEAR] = np.maximum(np.abs(x0[:_LINEAR]), 1e-5)
+    # the pull toward the prior: one more row per parameter, "measuring" its prior value
+    target = np.concatenate([measured, x0])
+    weight = np.concatenate([1.0 / measured, PULL / pull_scale])
     for _ in range(rounds):
-        current = _parameters(x)
-        profiles: dict[Topology, Profile] = {}
-        rows = []
-        for s in samples:
-            profile = profiles.get(s.topology)
-            if profile is None:
-                profile = profiles[s.topology] = current.profile_for(s.topology)
-            rows.append(_terms(s.features(profile), s.topology, s.call.tool))
+        profiles = _profiles(_parameters(x), samples)
+        rows = [_terms(s.features(profiles[s.topology]), s.topology, s.call.tool) for s in samples]
         linear = np.array([r.linear for r in rows])
         transfer = np.array([r.transfer for r in rows])
-        x = _levenberg_marquardt(x, x0, free, floor, pull_scale, measured, linear, transfer, steps)
+
+        def model(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            seconds, jac = _predict(v, linear, transfer)
+            return np.concatenate([seconds, v]), np.vstack([jac, np.eye(_SIZE)])
+
+        x, *_ = levenberg_marquardt(x, free, floor, np.full(_SIZE, np.inf), target, weight, *model(x), model, steps)
     return _parameters(x)
-
-
-def _levenberg_marquardt(x, x0, free, floor, pull_scale, measured, linear, transfer, steps: int) -> np.ndarray:
-    def residuals(v):
-        seconds, jac = _predict(v, linear, transfer)
-        r = np.concatenate([seconds / measured - 1.0, PULL * (v - x0)[free] / pull_scale[free]])
-        j = np.vstack([jac[:, free] / measured[:, None], PULL * np.diag(1.0 / pull_scale[free])])
-        return r, j
-
-    damping = 1e-3
-    r, j = residuals(x)
-    cost = float(r @ r)
-    for _ in range(steps):
-        a = j.T @ j
-        g = j.T @ r
-        step = np.linalg.solve(a + damping * np.diag(np.diag(a) + 1e-12), -g)
-        trial = x.copy()
-        trial[free] = np.maximum(x[free] + step, floor[free])
-        r2, j2 = residuals(trial)
-        cost2 = float(r2 @ r2)
-        if cost2 < cost:
-            improvement = (cost - cost2) / max(cost, 1e-300)
-            x, r, j, cost = trial, r2, j2, cost2
-            damping = max(damping / 3, 1e-9)
-            if improvement < 1e-9:
-                break
-        else:
-            damping *= 4
-            if damping > 1e9:
-                break
-    return x
