@@ -219,15 +219,33 @@ def test_bad_operation_records_name_the_line_and_field(tmp_path):
         op_records(lines + [("line 999", {"op": "conv"})])
 
 
-def test_the_shipped_h100_profile_is_the_fit_of_its_data():
-    """Stale when the fit changes: regenerate with the command in
+H200_RECORDS = REPO / "data" / "calibration" / "h200-ops.jsonl"
+H200_PROFILE = REPO / "profiles" / "h200-sxm-141gb.compute.json"
+H200_LAYERS = REPO / "data" / "calibration" / "h200-layers.jsonl"
+
+
+@pytest.mark.parametrize("profile_path, records, layers", [(H100_PROFILE, H100_RECORDS, H100_LAYERS),
+                                                           (H200_PROFILE, H200_RECORDS, H200_LAYERS)],
+                         ids=["h100", "h200"])
+def test_the_shipped_profiles_are_the_fits_of_their_data(profile_path, records, layers):
+    """Stale when the fit changes: regenerate with the commands in
     data/calibration/README.md."""
-    shipped = load_compute_profile(H100_PROFILE)
-    again = fit_operation_profile(read_op_records(H100_RECORDS), 132, shipped.name, shipped.devices, shipped.source)
-    host, stats = fit_host(op_lines(H100_LAYERS))
+    shipped = load_compute_profile(profile_path)
+    again = fit_operation_profile(read_op_records(records), 132, shipped.name, shipped.devices, shipped.source)
+    host, stats = fit_host(op_lines(layers))
     again = replace(again, host=host, fit={**again.fit, "host": stats})
     assert again == shipped
     assert again.fit == shipped.fit
+
+
+def test_each_shipped_profile_applies_to_its_gpus_names():
+    """The measured nvidia-smi name and the topology's device name select the
+    same profile; the H100 and H200 profiles stay apart."""
+    assert shipped_profile_for("NVIDIA H200") == shipped_profile_for("NVIDIA H200 SXM 141GB") == \
+        load_compute_profile(H200_PROFILE)
+    assert shipped_profile_for("NVIDIA H100 80GB HBM3") == load_compute_profile(H100_PROFILE)
+    assert default_compute(load_topology("hgx-h200").device.name) == load_compute_profile(H200_PROFILE)
+    assert default_compute(load_topology("dgx-h100").device.name) == load_compute_profile(H100_PROFILE)
 
 
 def test_h100_gemms_at_a_token_count_left_out_of_the_fit():
@@ -318,16 +336,17 @@ def _layer_rows(path: Path = H100_LAYERS) -> list[dict]:
     return [r for _, _, r in _json_lines(path) if r.get("kind") == "layer" and "error" not in r]
 
 
-def test_eager_launch_counts_match_the_profiler():
+@pytest.mark.parametrize("layers", [H100_LAYERS, H200_LAYERS], ids=["h100", "h200"])
+def test_eager_launch_counts_match_the_profiler(layers):
     """The table's kernels per layer against the PyTorch profiler's counts in
-    the H100 layer records: the table counts the host-bound shapes (one
-    sequence of 2048 at tp 8) exactly for GPT and Llama-7B, and larger
+    the H100 and H200 layer records: the table counts the host-bound shapes
+    (one sequence of 2048 at tp 8) exactly for GPT and Llama-7B, and larger
     shapes launch at most a few more (biases outside the GEMM epilogue,
     split-K reductions, grouped-query copies)."""
     assert layer_launches(load_model("gpt3-2.7b")) == (11, 28)
     assert layer_launches(load_model("llama2-7b")) == (22, 43)
     assert sum(f for f, _ in EAGER_LAUNCHES.values()) > 0
-    rows = _layer_rows()
+    rows = _layer_rows(layers)
     assert len(rows) == 96
     for r in rows:
         forward, backward = layer_launches(load_model(r["model"]))

@@ -457,7 +457,7 @@ def test_duplicate_key_in_a_level_rejected(tmp_path):
 # ---------------------------------------------------------------- device (job planner)
 
 GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de", "oci-bm-gpu4-8", "abci-v",
-                  "abci-a", "p4d")
+                  "abci-a", "p4d", "hgx-h200", "gke-a3ultra-1gpu1nic")
 
 
 def _gpus() -> dict:
@@ -471,7 +471,7 @@ def test_shipped_devices_come_from_the_gpu_table(name):
     """Every GPU topology's device is an entry of data/gpus.yaml (its own GPU, or
     the smallest-memory candidate where the memory size is not confirmed); the
     others have none: illustrative or CPU testbeds, and GPUs whose usable memory
-    the table does not state (H200, B200, GB200)."""
+    the table does not state (B200, GB200)."""
     data = _gpus()
     entry = data["topologies"][name]
     device = load_topology(name).device
