@@ -54,6 +54,9 @@ CASES = (
      Sharding.ZERO1, SEARCH_ALL, None, None),
     ("DeepSeek-V3, 2048 H800, all searched", "dgx-h800", 256, "deepseek-v3", 15360, Recompute.NONE, Sharding.ZERO1,
      SEARCH_ALL, H800, None),
+    # the largest of Megatron-LM's README benchmarks (models/megatron-462b.yaml; run there at tp 8, pp 16, dp 48)
+    ("Megatron-LM 462B, 6144 H100, all searched", "dgx-h100", 768, "megatron-462b", 3072, Recompute.NONE,
+     Sharding.ZERO1, SEARCH_ALL, None, None),
 )
 
 
