@@ -138,19 +138,21 @@ def check_pipelined(world: MPIWorld) -> int:
             member = next(g.index(world.rank) for g in groups if world.rank in g)
             group = next(g for g in groups if world.rank in g)
             for program in synthesize_reduction(reduction, 5).programs:
-                algorithm = compile_program(program, reduction, "t")
-                if world.rank == 0:  # nothing runs unchecked (the same file on every rank: one check)
-                    check_algorithm(algorithm.xml(), "t")
-                schedule = schedule_of(algorithm, member)
-                for length in (algorithm.nchunksperloop * 5, algorithm.nchunksperloop * 3 + 1):
-                    rng = np.random.default_rng(1000 * runs)
-                    inputs = rng.integers(-1000, 1000, size=(world.size, length)).astype(np.int64)
-                    buffer = inputs[world.rank].copy()
-                    allreduce(schedule, comm, buffer)
-                    if not np.array_equal(buffer, inputs[list(group)].sum(axis=0)):
-                        failures.append(f"{axes_spec} {placement.describe()} {format_program(program, ' ; ')} "
-                                        f"length {length}")
-                    runs += 1
+                # as exported, and with AllReduce steps split into ReduceScatter + AllGather thread blocks
+                for split in (None, True):
+                    algorithm = compile_program(program, reduction, "t", split_allreduce=split)
+                    if world.rank == 0:  # nothing runs unchecked (the same file on every rank: one check)
+                        check_algorithm(algorithm.xml(), "t")
+                    schedule = schedule_of(algorithm, member)
+                    for length in (algorithm.nchunksperloop * 5, algorithm.nchunksperloop * 3 + 1):
+                        rng = np.random.default_rng(1000 * runs)
+                        inputs = rng.integers(-1000, 1000, size=(world.size, length)).astype(np.int64)
+                        buffer = inputs[world.rank].copy()
+                        allreduce(schedule, comm, buffer)
+                        if not np.array_equal(buffer, inputs[list(group)].sum(axis=0)):
+                            failures.append(f"{axes_spec} {placement.describe()} {format_program(program, ' ; ')} "
+                                            f"split {split} length {length}")
+                        runs += 1
     everyone = world.allgather(failures)
     if world.rank == 0:
         wrong = [f for fs in everyone for f in fs]

@@ -72,8 +72,37 @@ def test_pieces_pipeline_chunks_and_keep_results_exact():
         assert max(len(tb.steps) for tbs in algorithm.thread_blocks for tb in tbs) == 15 * pieces
         check_algorithm(algorithm.xml())
     assert compile_program(program, reduction, "t").pieces == 4  # the most that fits 64 steps per thread block
-    with pytest.raises(SynthError, match=r"does not fit MSCCL's 64 steps per thread block \(8 piece\(s\): 120 steps"):
-        compile_program(program, reduction, "t", pieces=8)
+    # 8 pieces do not fit one ring per thread block (120 steps); as ReduceScatter + AllGather thread blocks on
+    # two channels (8 steps per piece each) they do
+    with pytest.raises(SynthError, match=r"does not fit MSCCL's 64 steps per thread block and 32 channels "
+                                         r"\(8 piece\(s\): 120 steps in a thread block\)"):
+        compile_program(program, reduction, "t", pieces=8, split_allreduce=False)
+    split = compile_program(program, reduction, "t", pieces=8)
+    assert split.nchannels == 2 and max(len(tb.steps) for tbs in split.thread_blocks for tb in tbs) == 64
+    check_algorithm(split.xml())
+    with pytest.raises(SynthError, match=r"\(16 piece\(s\): 240 steps in a thread block; AllReduce as "
+                                         r"ReduceScatter \+ AllGather thread blocks, 16 piece\(s\): 128 steps"):
+        compile_program(program, reduction, "t", pieces=16)
+
+
+def test_an_allreduce_ring_over_64_ranks_runs_as_two_thread_blocks_per_rank():
+    """One ring of g ranks needs 2g - 1 operations per thread block: 127 on
+    p2-a100's 64 GPUs, above MSCCL's 64. As a ReduceScatter ring and an
+    AllGather ring on two channels (g operations each, the AllGather waiting
+    for the ReduceScatter's result on the same rank) it fits, and the
+    checker's chunk-level run finds every output holding every input once."""
+    reduction, program = next(_programs("p2-a100", "dp=64", "dp", Goal.ALLREDUCE))
+    assert str(program) == "AllReduce(root, inside)"
+    with pytest.raises(SynthError, match=r"\(1 piece\(s\): 127 steps in a thread block\)"):
+        compile_program(program, reduction, "t", split_allreduce=False)
+    algorithm = compile_program(program, reduction, "t")
+    assert (algorithm.nchannels, algorithm.pieces, algorithm.ngpus) == (2, 1, 64)
+    for rank, tbs in enumerate(algorithm.thread_blocks):
+        assert sorted((tb.send, tb.recv, tb.chan) for tb in tbs) == [((rank + 1) % 64, (rank - 1) % 64, 0),
+                                                                       ((rank + 1) % 64, (rank - 1) % 64, 1)]
+        assert [len(tb.steps) for tb in tbs] == [64, 64]
+    result = check_algorithm(algorithm.xml())
+    assert (result.coll, result.ngpus) == ("allreduce", 64)
 
 
 # ---------------------------------------------------------------- planted faults

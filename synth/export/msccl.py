@@ -151,8 +151,11 @@ class _Compiler:
     its xml chunks' values is now, and per memory cell the step that last
     wrote it and the steps that read it since (what a new step must wait for)."""
 
-    def __init__(self, goal: Goal, k: int, pieces: int, chunk_of_rank: Sequence[int], instances: int = 1) -> None:
+    def __init__(self, goal: Goal, k: int, pieces: int, chunk_of_rank: Sequence[int], instances: int = 1,
+                 split_allreduce: bool = False) -> None:
         self.goal, self.k, self.pieces, self.instances = goal, k, pieces, instances
+        self.split_allreduce = split_allreduce
+        self.channels = 0  # channels the steps so far took
         position = [0] * k
         for rank, chunk in enumerate(chunk_of_rank):
             position[chunk] = rank
@@ -255,41 +258,52 @@ class _Compiler:
         da, db = self.destination(rank, a), self.destination(rank, b)
         return da[0] == db[0] and db[1] == da[1] + 1
 
-    def step(self, number: int, collective: Collective,
-             groups: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
-        """Step ``number`` of the program on its groups (member lists, ordered
-        chunk lists): piece ``p`` on channel ``number x instances + p mod
-        instances``, one thread block per member and channel."""
+    def step(self, collective: Collective, groups: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+        """The next step of the program on its groups (member lists, ordered
+        chunk lists): piece ``p`` on the step's ``p mod instances``-th channel,
+        one thread block per member and channel. With ``split_allreduce`` an
+        AllReduce runs as a ReduceScatter ring on the step's first channels
+        and an AllGather ring on the next ones (two thread blocks per member,
+        each with about half the operations: a ring of ``g`` then needs ``g``
+        steps per thread block instead of ``2g - 1``); each piece enters the
+        AllGather as soon as its ReduceScatter has produced it."""
+        phases = ((Collective.REDUCESCATTER, Collective.ALLGATHER)
+                  if self.split_allreduce and collective is Collective.ALLREDUCE else (collective,))
+        first_channel = self.channels
+        self.channels += len(phases) * self.instances
         for members, chunks in groups:
             g = len(members)
             if g < 2 or not chunks:
                 continue
             length = len(chunks) // g
             parts = [list(chunks[j * length:(j + 1) * length]) for j in range(g)]
-            ops = [_ring_ops(collective, g, i) for i in range(g)]
-            tbs: list[list[ThreadBlock]] = []  # per instance, per member
-            for instance in range(min(self.instances, self.pieces)):
-                row = []
-                for i, m in enumerate(members):
-                    sends = any(kind in _SENDS for kind, _ in ops[i])
-                    receives = any(kind in _RECEIVES for kind, _ in ops[i])
-                    row.append(self.thread_block(m, members[(i + 1) % g] if sends else -1,
-                                                 members[(i - 1) % g] if receives else -1,
-                                                 number * self.instances + instance))
-                tbs.append(row)
-            used = sorted({part for member_ops in ops for _, part in member_ops})
-            for piece in range(self.pieces):
-                blocks = tbs[piece % len(tbs)]
-                cuts = {part: self.segments(members, sorted(self.xml_chunk(c, piece)
-                                                            for c in (chunks if part < 0 else parts[part])))
-                        for part in used}
-                # segment by segment, each a ring pass of its own: a member sends one message per round
-                # and receives it back before the next, so no connection ever holds more than one
-                for j in range(max(len(c) for c in cuts.values())):
+            rings = []  # per phase: every member's operations, thread blocks per instance and member, parts used
+            for number, phase in enumerate(phases):
+                ops = [_ring_ops(phase, g, i) for i in range(g)]
+                tbs: list[list[ThreadBlock]] = []
+                for instance in range(min(self.instances, self.pieces)):
+                    row = []
                     for i, m in enumerate(members):
-                        for kind, part in ops[i]:
-                            if j < len(cuts[part]):
-                                self._operate(m, blocks[i], kind, cuts[part][j])
+                        sends = any(kind in _SENDS for kind, _ in ops[i])
+                        receives = any(kind in _RECEIVES for kind, _ in ops[i])
+                        row.append(self.thread_block(m, members[(i + 1) % g] if sends else -1,
+                                                     members[(i - 1) % g] if receives else -1,
+                                                     first_channel + number * self.instances + instance))
+                    tbs.append(row)
+                rings.append((ops, tbs, sorted({part for member_ops in ops for _, part in member_ops})))
+            for piece in range(self.pieces):
+                for ops, tbs, used in rings:
+                    blocks = tbs[piece % len(tbs)]
+                    cuts = {part: self.segments(members, sorted(self.xml_chunk(c, piece)
+                                                                for c in (chunks if part < 0 else parts[part])))
+                            for part in used}
+                    # segment by segment, each a ring pass of its own: a member sends one message per round
+                    # and receives it back before the next, so no connection ever holds more than one
+                    for j in range(max(len(c) for c in cuts.values())):
+                        for i, m in enumerate(members):
+                            for kind, part in ops[i]:
+                                if j < len(cuts[part]):
+                                    self._operate(m, blocks[i], kind, cuts[part][j])
 
     def _operate(self, rank: int, tb: ThreadBlock, kind: str, seg: list[int]) -> None:
         src = self.location[rank][seg[0]] if kind in _READS else None
@@ -329,14 +343,17 @@ class _Compiler:
 
 def compile_program(program: Program, reduction: Reduction, name: str, proto: str = "Simple",
                     min_bytes: int = 0, max_bytes: int = 0, pieces: int | None = None,
-                    instances: int = 1) -> MscclAlgorithm:
+                    instances: int = 1, split_allreduce: bool | None = None) -> MscclAlgorithm:
     """The MSCCL algorithm of ``program`` on ``reduction`` (module docstring).
     ``pieces``: sub-chunks per chunk (pipelining); None: the most of 8, 4, 2, 1
     whose thread blocks fit MSCCL's 64 steps. ``instances``: channels per step,
     piece ``p`` on the ``p mod instances``-th (thread blocks in parallel on
     disjoint pieces; more SMs per step, fewer steps per thread block).
-    SynthError when the goal has no MSCCL collective or no split fits the
-    limits."""
+    ``split_allreduce``: AllReduce steps as ReduceScatter and AllGather thread
+    blocks on channels of their own (:meth:`_Compiler.step`); None: only when
+    one ring per thread block does not fit (a ring of more than 32 ranks, or
+    the pieces asked for). SynthError when the goal has no MSCCL collective or
+    nothing fits the limits."""
     if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
         raise SynthError(f"--instances {instances!r}: channels per step, an integer >= 1")
     if reduction.goal not in COLLECTIVE_NAMES:
@@ -348,33 +365,42 @@ def compile_program(program: Program, reduction: Reduction, name: str, proto: st
     if len(steps) * instances > MAX_CHANNELS:
         raise SynthError(f"MSCCL export: {len(steps)} steps x {instances} instance(s) need {len(steps) * instances} "
                          f"channels; MSCCL has {MAX_CHANNELS}")
-    def build(p: int) -> tuple[_Compiler, int]:
-        compiler = _Compiler(reduction.goal, k, p, chunk_of_rank, instances)
-        for chan, (collective, groups) in enumerate(steps):
-            compiler.step(chan, collective, [(members, expand(runs)) for members, runs in groups])
+
+    def build(p: int, split: bool) -> tuple[_Compiler, int]:
+        compiler = _Compiler(reduction.goal, k, p, chunk_of_rank, instances, split)
+        for collective, groups in steps:
+            compiler.step(collective, [(members, expand(runs)) for members, runs in groups])
         compiler.finish()
         return compiler, max(len(tb.steps) for tbs in compiler.tbs for tb in tbs)
 
     def fits(compiler: _Compiler, longest: int) -> bool:
-        return longest <= MAX_STEPS_PER_TB and max(len(tbs) for tbs in compiler.tbs) <= MAX_DEPENDENCY_TB + 1
+        return (longest <= MAX_STEPS_PER_TB and max(len(tbs) for tbs in compiler.tbs) <= MAX_DEPENDENCY_TB + 1
+                and compiler.channels <= MAX_CHANNELS)
 
+    # AllReduce steps as one ring per thread block first; split into ReduceScatter and AllGather thread
+    # blocks (more channels, half the operations each) only when no piece count fits that way
     problems = []
-    if pieces:
-        tries = [pieces]
-    else:  # thread blocks grow about linearly with the pieces: one build of 1 piece says which counts may fit
-        single, longest = build(1)
-        if not fits(single, longest):
-            tries = [1]
-        else:
-            tries = [p for p in PIECES_TRIED if p > 1 and longest * p <= MAX_STEPS_PER_TB]
-            tries.append(1)
-    for p in tries:
-        compiler, longest = (single, longest) if p == 1 and not pieces else build(p)
-        if fits(compiler, longest):
-            return _algorithm(compiler, name, proto, min_bytes, max_bytes, len(steps) * instances)
-        problems.append(f"{p} piece(s): {longest} steps in a thread block")
+    splits = ((False, True) if any(c is Collective.ALLREDUCE for c, _ in steps) else (False,)) \
+        if split_allreduce is None else (split_allreduce,)
+    for split in splits:
+        if pieces:
+            tries = [pieces]
+        else:  # thread blocks grow about linearly with the pieces: one build of 1 piece says which counts may fit
+            single, longest = build(1, split)
+            if not fits(single, longest):
+                tries = [1]
+            else:
+                tries = [p for p in PIECES_TRIED if p > 1 and longest * p <= MAX_STEPS_PER_TB]
+                tries.append(1)
+        for p in tries:
+            compiler, longest = (single, longest) if p == 1 and not pieces else build(p, split)
+            if fits(compiler, longest):
+                return _algorithm(compiler, name, proto, min_bytes, max_bytes, compiler.channels)
+            how = "AllReduce as ReduceScatter + AllGather thread blocks, " if split else ""
+            channels = f", {compiler.channels} channels" if compiler.channels > MAX_CHANNELS else ""
+            problems.append(f"{how}{p} piece(s): {longest} steps in a thread block{channels}")
     raise SynthError(f"MSCCL export: {program} on {k} ranks does not fit MSCCL's {MAX_STEPS_PER_TB} steps per "
-                     f"thread block ({'; '.join(problems)})")
+                     f"thread block and {MAX_CHANNELS} channels ({'; '.join(problems)})")
 
 
 def _algorithm(c: _Compiler, name: str, proto: str, min_bytes: int, max_bytes: int, channels: int) -> MscclAlgorithm:
@@ -430,14 +456,18 @@ def _cheapest(lowered: LoweredProgram, reduction: Reduction, size: int, model: M
               min_bytes: int, max_bytes: int, instances: int = 1) -> MscclAlgorithm:
     """The program compiled with the number of pieces the cost model prices
     cheapest at ``size`` (synth.cost.pipeline: more pieces overlap more steps
-    but pay each step's latency more often) among those that fit MSCCL's limits."""
+    but pay each step's latency more often) among those that fit MSCCL's limits
+    with one ring per thread block; split AllReduce steps
+    (:func:`compile_program`'s ``split_allreduce``) only when none does."""
     ranked = sorted(PIECES_TRIED, key=lambda p: (predict_pipelined(lowered, reduction, size, p, model).pipelined_s, p))
     problems = []
-    for pieces in ranked:
-        try:
-            return compile_program(lowered.program, reduction, name, proto, min_bytes, max_bytes, pieces, instances)
-        except SynthError as exc:
-            problems.append(str(exc))
+    for split in (False, True):
+        for pieces in ranked:
+            try:
+                return compile_program(lowered.program, reduction, name, proto, min_bytes, max_bytes, pieces,
+                                       instances, split)
+            except SynthError as exc:
+                problems.append(str(exc))
     raise SynthError(problems[-1])
 
 
