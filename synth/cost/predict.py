@@ -31,7 +31,7 @@ from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal, Hierarchy, Loads, resolve
 from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
-from .links import Links, RoundGeometry, canonical_devices, graph_scale, group_scales, links_of, round_cost, round_geometry
+from .links import Links, RoundGeometry, canonical_devices, group_scales, links_of, round_cost, round_geometry
 from .model import Algorithm, Model
 from .nccl import PROTOCOLS, call_channels, choose, comm_of, node_level
 from .profile import Profile
@@ -140,9 +140,9 @@ def clear_caches() -> None:
     """Forget the memoised NCCL choices, group shapes, synthesis groups, round
     geometries and the step costs shared between predictors (for timing cold
     predictions)."""
-    from . import nccl
+    from . import links, nccl
 
-    for cached in (graph_scale, nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph, nccl.runtime_channels,
+    for cached in (links.graph_scale, nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph, nccl.runtime_channels,
                    nccl.call_channels,
                    nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan, _synthesis_groups):
         cached.cache_clear()
