@@ -29,7 +29,9 @@ default, so it is not modelled. Protocols: ``LL``, ``LL128``, ``Simple``.
 
 Simplifications of the topology search (documented in docs/simulator.md): the
 search is reduced to channel capacities (how many channels of a given speed the
-GPUs' NVLink bandwidth and the NICs carry); GPU-to-NIC PCIe paths are assumed
+GPUs' NVLink bandwidth and the NICs carry; where the topology gives a node's
+link graph, how many rings fit through the links among the group's GPUs,
+:mod:`synth.linkgraph`, and the ring's path type there: ``Comm.local``); GPU-to-NIC PCIe paths are assumed
 as fast as the NIC (GPUDirect RDMA through a PCIe switch); CPUs are assumed not
 to be AMD (Intel/ARM rows of the LL table, 1 us network overhead); ring graphs
 use the same channels on every node (``sameChannels``). No tuner plugin: cloud
