@@ -29,6 +29,16 @@ the hardware the way NCCL's topology detection sees it:
   a ``net`` level; not stated: unknown. The NCCL choice does not read it; the
   cost parameters shared across systems are per transport
   (:mod:`synth.cost.transfer`), since each network stack has its own latency.
+* ``graph``: the link graph among the GPUs of one node (:mod:`synth.linkgraph`):
+  ``kind`` ``nvswitch``, ``mesh`` (point-to-point NVLinks: ``nvlinks`` maps GPU
+  pairs ``A-B`` to their NVLink counts) or ``pcie``, and ``pcie_GBps``, what NCCL
+  rates the path between two GPUs without NVLink. Only on the innermost level,
+  directly below the node (``link: net``) level or alone; ``mesh`` and
+  ``nvswitch`` need ``link: nvlink`` (``nvswitch`` also ``fabric: switch``),
+  ``pcie`` needs ``link: pcie``. Without it a sub-group of a node gets the
+  level's full bandwidth (today's model); with it a group sees only the links
+  among its members, as NCCL's topology search does (:mod:`synth.cost.nccl`,
+  :mod:`synth.cost.links`). Not part of :attr:`Topology.structure`.
 
 :attr:`Topology.structure` is everything about a topology except the link
 numbers (``bandwidth_GBps``, ``latency_us``), which a fitted profile replaces: a
@@ -51,6 +61,7 @@ from typing import Any, Mapping
 
 from .documents import read_yaml
 from .errors import SynthError
+from .linkgraph import NodeGraph, graph_from_dict
 from .resources import topologies_dir
 from .units import MAX_COUNT, bounded_int, shown_number
 
@@ -86,6 +97,7 @@ class Level:
     nvls: bool = False  # the parent switch is an NVSwitch with NVLink SHARP
     compute_capability: float | None = None  # of the devices; innermost level only
     transport: str | None = None  # of a net level: ib, roce, efa, tcp (None: not stated)
+    graph: NodeGraph | None = None  # the link graph among the GPUs of a node (innermost level only)
 
 
 @dataclass(frozen=True)
@@ -223,6 +235,8 @@ def _level_dict(lv: Level) -> dict[str, Any]:
     for key in ("link", "nvlinks", "compute_capability", "transport"):
         if getattr(lv, key) is not None:
             out[key] = getattr(lv, key)
+    if lv.graph is not None:
+        out["graph"] = lv.graph.to_dict()
     if lv.nvls:
         out["nvls"] = True
     return out
@@ -241,6 +255,7 @@ _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
     "nvls": (bool, False, "nvls: true"),
     "compute_capability": (float, False, "compute_capability: 9.0"),
     "transport": (str, False, "transport: ib"),
+    "graph": (dict, False, "graph: {kind: mesh, pcie_GBps: 10.0, nvlinks: {0-1: 2}}"),
 }
 _TOP_FIELDS = ("name", "description", "levels", "device")
 _DEVICE_FIELDS: dict[str, tuple[type, bool, str]] = {
@@ -287,7 +302,7 @@ def topology_from_dict(data: Any, source: str) -> Topology:
                     f"{where}: unknown key '{key}'; allowed keys are {', '.join(_LEVEL_FIELDS)}"
                 )
             kind, _, example = _LEVEL_FIELDS[key]
-            fields[key] = _check_type(where, key, value, kind, example)
+            fields[key] = value if key == "graph" else _check_type(where, key, value, kind, example)
         for key, (_, required, example) in _LEVEL_FIELDS.items():
             if required and key not in fields:
                 raise SynthError(f"{where}: missing field '{key}'; add e.g. '{example}'")
@@ -315,6 +330,11 @@ def topology_from_dict(data: Any, source: str) -> Topology:
                 f"{where}: 'fabric' must be one of {', '.join(FABRICS)}, got {fields['fabric']!r}"
             )
         _check_nccl_keys(where, fields, innermost=i == len(raw_levels) - 1)
+        if "graph" in fields:
+            if i != len(raw_levels) - 1:
+                raise SynthError(f"{where}: 'graph' joins the GPUs of one node: give it on the innermost level")
+            _check_graph_place(where, fields, levels)
+            fields["graph"] = graph_from_dict(fields["graph"], where, fields["count"], fields.get("nvlinks"))
         levels.append(Level(**fields))
     names = [lv.name for lv in levels]
     for name in names:
@@ -375,6 +395,24 @@ def _check_nccl_keys(where: str, fields: dict[str, Any], innermost: bool) -> Non
             raise SynthError(f"{where}: 'compute_capability' describes the devices: give it on the innermost level")
         if not (math.isfinite(cc) and 1.0 <= cc < 100.0):
             raise SynthError(f"{where}: 'compute_capability' must be a CUDA compute capability such as 9.0, got {cc}")
+
+
+def _check_graph_place(where: str, fields: dict[str, Any], above: list[Level]) -> None:
+    """Where a ``graph`` may be: the innermost level (checked by the caller's
+    order: a later level makes this one not innermost), right below the
+    innermost ``net`` level, with a link that matches its kind."""
+    raw = fields["graph"]
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    link = fields.get("link", "nvlink")
+    if above and (above[-1].link or "net") != "net":
+        raise SynthError(f"{where}: 'graph' joins the GPUs of one node: give it on the level right below "
+                         f"the node (link: net) level, not below '{above[-1].name}'")
+    if kind in ("mesh", "nvswitch") and link != "nvlink":
+        raise SynthError(f"{where}: graph kind {kind} joins GPUs by NVLink: it needs link: nvlink, got link: {link}")
+    if kind == "pcie" and link != "pcie":
+        raise SynthError(f"{where}: graph kind pcie joins GPUs by PCIe: it needs link: pcie, got link: {link}")
+    if kind == "nvswitch" and fields.get("fabric", "switch") != "switch":
+        raise SynthError(f"{where}: graph kind nvswitch needs fabric: switch, got fabric: {fields['fabric']}")
 
 
 def resolve_topology_path(spec: str) -> Path:

@@ -12,6 +12,15 @@ ports of an element (``lanes``: NCCL's channels through the NICs of the group's
 GPUs), counting once per lane against them. Latency: the sum of ``latency_us``
 of the levels a flow crosses. A round takes as long as its slowest flow:
 ``latency + bytes / (bandwidth x share x efficiency)``.
+
+A level with a link graph (``graph``, :mod:`synth.linkgraph`, of kind ``mesh``
+or ``pcie``) joins the GPUs of a node point to point: a group's flows between
+siblings run at the level's bandwidth x the group's :func:`graph_scale` (the
+ring bus bandwidth NCCL's search finds through the group's GPUs over the one it
+finds through the whole node), and concurrent groups, which use disjoint
+NVLinks, do not share them (each GPU's uplink is shared as on a switch). The
+PCIe switches and CPU links that pairs without NVLink cross are not shared
+between groups (not modelled).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ class Links:
     net_levels: list[int]  # the levels whose link is a network, and NVLink (index lists)
     nvlink_levels: list[int]
     strides: tuple[int, ...]  # per level, devices per element: device d's level-l element is d // strides[l]
+    graph_level: int | None = None  # the level with a mesh or pcie link graph (the innermost), if any
 
 
 @lru_cache(maxsize=64)
@@ -54,6 +64,7 @@ def links_of(topology: Topology) -> Links:
     net = np.array([topology.link(i) == "net" for i in range(len(counts))])
     nvlink = np.array([topology.link(i) == "nvlink" for i in range(len(counts))])
     stacked = np.stack(ancestors)
+    graph = topology.levels[-1].graph
     return Links(
         ancestors,
         stacked,
@@ -67,7 +78,44 @@ def links_of(topology: Topology) -> Links:
         np.flatnonzero(net).tolist(),
         np.flatnonzero(nvlink).tolist(),
         strides,
+        len(counts) - 1 if graph is not None and graph.kind != "nvswitch" else None,
     )
+
+
+@lru_cache(maxsize=65536)
+def graph_scale(topology: Topology, locals_: tuple[tuple[int, ...], ...]) -> float:
+    """The share of the link-graph level's bandwidth a group gets: the smallest,
+    over its nodes' member sets ``locals_`` (GPU indices within a node, sorted;
+    sets of one GPU are skipped), of NCCL's ring bus bandwidth through those
+    GPUs (channels x speed, :func:`synth.cost.nccl.ring_graph` under the default
+    rules) over that through all the node's GPUs, at most 1. 1 without a
+    ``mesh`` or ``pcie`` graph or without a set of two GPUs or more."""
+    from .nccl import comm_of, ring_graph
+
+    graph = topology.levels[-1].graph
+    sets = [s for s in locals_ if len(s) > 1]
+    if graph is None or graph.kind == "nvswitch" or not sets:
+        return 1.0
+
+    def bus(local: tuple[int, ...]) -> float:
+        ring = ring_graph(comm_of(topology, local))  # devices of node 0 = the node-local indices
+        return ring.channels * ring.bw_intra
+
+    full = bus(tuple(range(topology.counts[-1])))
+    return min(1.0, min(bus(s) for s in sets) / full) if full > 0 else 1.0
+
+
+def group_scales(topology: Topology, groups: np.ndarray) -> np.ndarray:
+    """Per group (a row of ``groups``, device ids), its :func:`graph_scale`: a
+    new float array (groups,)."""
+    count = topology.counts[-1]
+    out = np.empty(len(groups))
+    for i, row in enumerate(groups.tolist()):
+        by_node: dict[int, list[int]] = {}
+        for d in row:
+            by_node.setdefault(d // count, []).append(d % count)
+        out[i] = graph_scale(topology, tuple(sorted({tuple(sorted(v)) for v in by_node.values()})))
+    return out
 
 
 def canonical_devices(links: Links, devices: np.ndarray) -> np.ndarray:
@@ -88,7 +136,7 @@ def canonical_devices(links: Links, devices: np.ndarray) -> np.ndarray:
     image = np.zeros(len(flat), dtype=np.int64)  # canonical element of the level above (the root: 0)
     for level, (stride, count) in enumerate(zip(links.strides, links.counts)):
         element = flat // stride
-        if links.ring[level]:
+        if links.ring[level] or level == links.graph_level:  # positions matter
             rank = element % count
         else:  # siblings are the elements of one row (parent): rank them by first appearance
             first_seen = np.full(links.elements[level], len(flat))
@@ -119,9 +167,11 @@ def round_geometry(
     dst: np.ndarray,
     lanes: np.ndarray | None = None,
     rdma: bool = False,
+    scale: np.ndarray | None = None,
 ) -> RoundGeometry:
     """The :class:`RoundGeometry` of flows ``src[i] -> dst[i]`` that run at once
-    (``lanes``, ``rdma``: as :func:`round_cost` says)."""
+    (``lanes``, ``rdma``: as :func:`round_cost` says; ``scale``, per flow, its
+    group's :func:`graph_scale` on the link-graph level, default 1)."""
     levels = len(links.counts)
     a_srcs = links.stacked[:, src]  # (levels, flows)
     a_dsts = links.stacked[:, dst]
@@ -135,11 +185,12 @@ def round_geometry(
     share = np.ones((levels, len(src)))
     for l in np.flatnonzero(crossing.any(axis=1)).tolist():
         lane = 1.0 if lanes is None else lanes[l]
-        if links.ring[l]:
+        if links.ring[l] and l != links.graph_level:
             share[l] = _ring_share(links, l, a_srcs, a_dsts, crossing[l], lane)
         else:  # every crossing flow goes out through the uplink and in through the downlink
             share[l] = _port_share(links, l, a_srcs[l], a_dsts[l], crossing[l], lane)
-        rate[l] = np.where(crossing[l], bandwidth_Bps[l] * share[l], np.inf)
+        bandwidth = bandwidth_Bps[l] * (scale if l == links.graph_level and scale is not None else 1.0)
+        rate[l] = np.where(crossing[l], bandwidth * share[l], np.inf)
     bottleneck = rate.argmin(axis=0)
     flows = np.arange(len(src))
     # a flow that crosses no level (src == dst) has share 1 and no bottleneck (level 0)

@@ -29,7 +29,9 @@ default, so it is not modelled. Protocols: ``LL``, ``LL128``, ``Simple``.
 
 Simplifications of the topology search (documented in docs/simulator.md): the
 search is reduced to channel capacities (how many channels of a given speed the
-GPUs' NVLink bandwidth and the NICs carry); GPU-to-NIC PCIe paths are assumed
+GPUs' NVLink bandwidth and the NICs carry; where the topology gives a node's
+link graph, how many rings fit through the links among the group's GPUs,
+:mod:`synth.linkgraph`, and the ring's path type there: ``Comm.local``); GPU-to-NIC PCIe paths are assumed
 as fast as the NIC (GPUDirect RDMA through a PCIe switch); CPUs are assumed not
 to be AMD (Intel/ARM rows of the LL table, 1 us network overhead); ring graphs
 use the same channels on every node (``sameChannels``). No tuner plugin: cloud
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import SynthError
+from ..linkgraph import PATH_TYPES, Members, rings_with_type
 from ..synthesis.language import Collective
 from ..topology import Topology
 from .nccl_rules import NCCL_2_27_7, NCCL_VERSION, RULES, NcclRules, rules_for
@@ -86,6 +89,7 @@ class Comm:
     nics: int  # NICs per node the group's GPUs use (0 on one node)
     nic_GBps: float
     version: str = NCCL_VERSION  # the NCCL release whose rules apply (a key of synth.cost.nccl_rules.RULES)
+    local: tuple[Members, ...] = ()  # per node (distinct), the members on the node's link graph (synth.linkgraph)
 
     @property
     def rules(self) -> NcclRules:
@@ -99,6 +103,7 @@ class Graph:
     channels: int
     bw_intra: float
     bw_inter: float
+    path_type: str = "nvl"  # the worst path type inside a node the rings take (a node's link graph; synth.linkgraph)
 
 
 @dataclass(frozen=True)
@@ -152,12 +157,19 @@ def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
     for l in range(len(counts)):
         per = Counter(d // math.prod(counts[l + 1:]) for d in members)
         shape.append((len(per), max(per.values())))
-    return (len(members), tuple(shape))
+    graph = topology.levels[-1].graph
+    if graph is None or graph.kind == "nvswitch":
+        return (len(members), tuple(shape))
+    # a link graph: which GPUs of each node, too (the distinct sets of node-local indices)
+    by_node: dict[int, list[int]] = {}
+    for d in members:
+        by_node.setdefault(d // counts[-1], []).append(d % counts[-1])
+    return (len(members), tuple(shape), tuple(sorted({tuple(sorted(v)) for v in by_node.values()})))
 
 
 @lru_cache(maxsize=4096)
 def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool, version: str) -> Comm:
-    ranks, per_level = shape
+    ranks, per_level, *graph_locals = shape
     net = node_level(topology)
     nodes, per_node = per_level[net] if net is not None else (1, ranks)
     sm = int(round(topology.compute_capability * 10))
@@ -174,6 +186,13 @@ def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool, version: str)
         bw = level.nvlinks * nvlink_GBps(sm, RULES[version]) if link == "nvlink" and level.nvlinks else (
             level.bandwidth_GBps)
         intra_GBps = min(intra_GBps, bw)
+    local: tuple[Members, ...] = ()
+    graph = topology.levels[-1].graph
+    if graph_locals and len(topology.levels) - 1 in spanned:  # the GPUs see only the links among them
+        unit = nvlink_GBps(sm, RULES[version])
+        local = tuple(Members(graph, sub, unit) for sub in graph_locals[0] if len(sub) > 1)
+        intra = "pcie" if graph.kind == "pcie" else intra
+        intra_GBps = min(m.total_GBps for m in local)
     if spanned:
         last = topology.levels[spanned[-1]]
         nvswitch = intra == "nvlink" and all(topology.levels[l].fabric == "switch" for l in spanned)
@@ -186,7 +205,8 @@ def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool, version: str)
         gpus = math.prod(topology.counts[net + 1:])
         nics = min(level.ports, max(1, math.ceil(per_node * level.ports / gpus)))
         nic_GBps = level.bandwidth_GBps
-    return Comm(ranks, nodes, sm, intra, nvswitch, nvls, intra_GBps if spanned else 0.0, nics, nic_GBps, version)
+    return Comm(ranks, nodes, sm, intra, nvswitch, nvls, intra_GBps if spanned else 0.0, nics, nic_GBps, version,
+                local)
 
 
 # ---------------------------------------------------------------- the graphs (ncclTopoCompute, in closed form)
@@ -210,11 +230,20 @@ def _ring_capacity(comm: Comm, speed: float) -> int:
     """Channels of ``speed`` the GPUs' links (and the NICs) carry: each ring
     channel takes ``speed`` of every GPU's intra-node bandwidth and of one NIC."""
     n = comm.rules.max_graph_channels
-    if comm.intra is not None:
-        n = min(n, int((comm.intra_GBps + 1e-3) // speed))
     if comm.nodes > 1:
         n = min(n, comm.nics * int((comm.nic_GBps + 1e-3) // speed))
+    if comm.local:
+        n = _graph_rings(comm, speed, n)
+    elif comm.intra is not None:
+        n = min(n, int((comm.intra_GBps + 1e-3) // speed))
     return n
+
+
+def _graph_rings(comm: Comm, speed: float, most: int) -> int:
+    """The ring channels of ``speed`` (at most ``most``) that fit through each
+    node's members on its link graph (:func:`synth.linkgraph.rings_with_type`),
+    the fewest over the nodes (init.cc:1007 takes the minimum over ranks)."""
+    return min([most] + [rings_with_type(m, speed, most)[0] for m in comm.local if most > 0])
 
 
 @lru_cache(maxsize=4096)
@@ -225,13 +254,16 @@ def ring_graph(comm: Comm) -> Graph:
     than 4 channels; pass 2 raises the speed while the channels still fit (from
     NCCL 2.21; before, pass 2 raises only the tree's speed)."""
     speeds = _speeds(comm)
-    max_bw = comm.nic_GBps if comm.nodes > 1 else comm.intra_GBps
+    max_bw = comm.nic_GBps if comm.nodes > 1 else (
+        min(m.max_path_GBps for m in comm.local) if comm.local else comm.intra_GBps)
     total = comm.intra_GBps if comm.intra is not None else comm.nic_GBps * comm.nics
-    i = next((j for j, s in enumerate(speeds) if s <= max_bw + 1e-3 and s <= total + 1e-3), len(speeds) - 1)
+    # search.cc:1024-1031: two NVLink domains joined by a slower link want two ring channels at least
+    least = 2 if any(m.split_nvlink for m in comm.local) else 1
+    i = next((j for j, s in enumerate(speeds) if s <= max_bw + 1e-3 and s * least <= total + 1e-3), len(speeds) - 1)
     best: tuple[int, float] | None = None
     while True:
         n = _ring_capacity(comm, speeds[i])
-        if n >= 1 and (best is None or n * speeds[i] > best[0] * best[1]):
+        if n >= least and (best is None or n * speeds[i] > best[0] * best[1]):
             best = (n, speeds[i])
         if best is not None and (best[0] * best[1] >= total - 1e-3 or best[0] == comm.rules.max_graph_channels):
             break
@@ -240,15 +272,19 @@ def ring_graph(comm: Comm) -> Graph:
             continue
         break
     if best is None:
-        return Graph(1, 0.1, 0.1)  # NCCL falls back to a simple order at 0.1 GB/s
+        return Graph(1, 0.1, 0.1, PATH_TYPES[-1] if comm.local else "nvl")  # a simple order at 0.1 GB/s, SYS
     n, bw = best
+    path_type = "nvl"
+    if comm.local:  # the worst over the nodes of the path type their rings of this speed need
+        path_type = max((rings_with_type(m, bw, comm.rules.max_graph_channels)[1] for m in comm.local),
+                        key=PATH_TYPES.index)
     if bw >= 25.0 and not (comm.rules.dup_sm_exception and comm.sm > 80 and bw < 50.0 and n > 4):  # DupChannels
         doubled = min(2 * n, comm.rules.max_graph_channels)
         bw, n = (bw / 2, doubled) if doubled > n else (bw, n)
     for s in speeds if comm.rules.ring_pass2 else ():  # pass 2: a higher speed with at least as many channels
         if s > bw and _ring_capacity(comm, s) >= n and _ring_capacity(comm, s) * s > n * bw:
             n, bw = _ring_capacity(comm, s), s
-    return Graph(n, bw, bw)
+    return Graph(n, bw, bw, path_type)
 
 
 @lru_cache(maxsize=4096)
@@ -259,9 +295,11 @@ def tree_graph(comm: Comm, ring: Graph) -> Graph:
     intra = inter
     if comm.intra is not None:
         for s in sorted(_speeds(comm)):
-            if inter < s < 2 * inter and _fits(n * s, comm.intra_GBps):
+            if not inter < s < 2 * inter:
+                continue
+            if (_graph_rings(comm, s, n) >= n) if comm.local else _fits(n * s, comm.intra_GBps):
                 intra = s
-    return Graph(n, intra, inter)
+    return Graph(n, intra, inter, ring.path_type)
 
 
 @lru_cache(maxsize=4096)
@@ -348,12 +386,15 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
     nsteps = {Collective.ALLREDUCE: 2 * (ranks - 1), Collective.REDUCESCATTER: ranks - 1,
               Collective.ALLGATHER: ranks - 1}.get(collective, ranks)
     intra_hw = "nvlink" if comm.intra == "nvlink" else "pcie"  # tuning.cc: NVLink only for PATH_NVL; one GPU per node (PATH_LOC) and PCIe take the PCI row
+    if comm.local and graphs["ring"].path_type != "nvl":  # tuning.cc:246: a ring through NVB or PCIe paths
+        intra_hw = "pcie"
     pat = rules.pat_factor is not None and nodes == ranks and (comm.sm >= 60 or not rules.pat_needs_sm60)
     # search.cc:1017: a node with one GPU of the communicator makes every non-ring graph a plain TREE, and
     # maxTreePattern (init.cc:1015) is the largest over the ranks. (The sm >= 90 fallback from a balanced tree to a
     # plain one, search.cc:1093, depends on the recursive search and is not modelled.)
     tree_pattern_is_tree = nodes > 1 and ranks == nodes
     ll128 = comm.intra != "pcie" and (comm.sm >= 70 if rules.ll128_archs is None else comm.sm in rules.ll128_archs)
+    ll128 = ll128 and graphs["ring"].path_type != "pci"  # tuning.cc:468: LL128 only up to PATH_NVB inside a node
     out = {}
     for a in ALGORITHMS:
         if collective in (Collective.BROADCAST, Collective.REDUCE) and a != "ring":

@@ -31,7 +31,7 @@ from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal, Hierarchy, Loads, resolve
 from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
-from .links import Links, RoundGeometry, canonical_devices, links_of, round_cost, round_geometry
+from .links import Links, RoundGeometry, canonical_devices, group_scales, links_of, round_cost, round_geometry
 from .model import Algorithm, Model
 from .nccl import PROTOCOLS, call_channels, choose, comm_of, node_level
 from .profile import Profile
@@ -80,14 +80,16 @@ def _ordered_step_cost(
     same, to the bit, as that of the sorted rows)."""
     links = links_of(topology)
     nbytes = np.asarray(nbytes, dtype=float)
+    scales = group_scales(topology, groups) if links.graph_level is not None else None
     if algorithm is Algorithm.MPI:
-        return _mpi_step(links, profile, collective, groups, nbytes)
+        return _mpi_step(links, profile, collective, groups, nbytes, scales)
     features = Features.zero(len(topology.levels))
     if groups.shape[1] < 2:
         return 0.0, features
     plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), algorithm.forced,
                       nvls_enabled, nccl_version, dtype, op)
-    total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True)
+    total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True,
+                        scales=scales)
     if plan.channel_factor != 1.0:  # a small call runs on fewer channels: its bytes move that much slower
         total *= plan.channel_factor
         features.load = {k: x * plan.channel_factor for k, x in features.load.items()}
@@ -138,9 +140,9 @@ def clear_caches() -> None:
     """Forget the memoised NCCL choices, group shapes, synthesis groups, round
     geometries and the step costs shared between predictors (for timing cold
     predictions)."""
-    from . import nccl
+    from . import links, nccl
 
-    for cached in (nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph, nccl.runtime_channels,
+    for cached in (links.graph_scale, nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph, nccl.runtime_channels,
                    nccl.call_channels,
                    nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan, _synthesis_groups):
         cached.cache_clear()
@@ -149,22 +151,23 @@ def clear_caches() -> None:
 
 
 def _mpi_step(links: Links, profile: Profile, collective: Collective, groups: np.ndarray,
-              nbytes: np.ndarray) -> tuple[float, Features]:
+              nbytes: np.ndarray, scales: np.ndarray | None = None) -> tuple[float, Features]:
     """A step of the MPI model: OpenMPI's algorithm for the group size and the
     largest message, latency per level crossed and round, a call overhead."""
     features = Features.zero(len(links.counts))
     m = groups.shape[1]
     pattern = rounds_of(mpi_algorithm(collective, m, float(nbytes.max())), collective, m)
-    total = _add_rounds(links, profile, collective.value, pattern, groups, nbytes, features)
+    total = _add_rounds(links, profile, collective.value, pattern, groups, nbytes, features, scales=scales)
     features.calls = 1.0
     return total + profile.call_overhead_us * 1e-6, features
 
 
 def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, ...], groups: np.ndarray,
                 nbytes: np.ndarray, features: Features, lanes: np.ndarray | None = None,
-                nccl: bool = False) -> float:
+                nccl: bool = False, scales: np.ndarray | None = None) -> float:
     """Seconds of ``pattern`` run by every group at once; adds its features.
-    ``nccl``: transfer times only (latency is counted per step), GPUDirect RDMA."""
+    ``nccl``: transfer times only (latency is counted per step), GPUDirect RDMA.
+    ``scales``: per group, its share of the link-graph level (links.group_scales)."""
     total = 0.0
     for rnd in pattern:
         if not rnd.src:
@@ -173,7 +176,8 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
         src = groups[:, src_i].ravel()
         dst = groups[:, dst_i].ravel()
         flow_bytes = (nbytes[:, None] * fraction[None, :]).ravel()
-        geometry = _geometry(links, profile, rnd, groups, src, dst, lanes, nccl)
+        flow_scale = None if scales is None else np.repeat(scales, len(src_i))
+        geometry = _geometry(links, profile, rnd, groups, src, dst, lanes, nccl, flow_scale)
         seconds, f = round_cost(links, profile, key, src, dst, flow_bytes, lanes, latency=not nccl, rdma=nccl,
                                 geometry=geometry)
         total += rnd.repeat * seconds
@@ -194,7 +198,7 @@ _GEOMETRIES_LIMIT = 1 << 14
 
 
 def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, src: np.ndarray, dst: np.ndarray,
-              lanes: np.ndarray | None, rdma: bool) -> RoundGeometry:
+              lanes: np.ndarray | None, rdma: bool, scale: np.ndarray | None = None) -> RoundGeometry:
     """:func:`~synth.cost.links.round_geometry` of a round of ``groups``, memoised."""
     key = (id(links), profile.bandwidth_GBps, groups.dtype.str, groups.shape, groups.tobytes(), rnd.src, rnd.dst,
            None if lanes is None else lanes.tobytes(), rdma)
@@ -203,7 +207,7 @@ def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, sr
         return found[1]
     if len(_GEOMETRIES) >= _GEOMETRIES_LIMIT:
         _GEOMETRIES.clear()
-    geometry = round_geometry(links, profile.bandwidth_Bps, src, dst, lanes, rdma)
+    geometry = round_geometry(links, profile.bandwidth_Bps, src, dst, lanes, rdma, scale)
     _GEOMETRIES[key] = (links, geometry)
     return geometry
 
