@@ -142,9 +142,9 @@ def clear_caches() -> None:
     predictions)."""
     from . import links, nccl
 
-    for cached in (links.graph_scale, nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph, nccl.runtime_channels,
-                   nccl.call_channels,
-                   nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan, _synthesis_groups):
+    for cached in (links.graph_scale, nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph,
+                   nccl.runtime_channels, nccl.call_channels, nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan,
+                   _synthesis_groups):
         cached.cache_clear()
     _SHARED_STEPS.clear()
     _GEOMETRIES.clear()
