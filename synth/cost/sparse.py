@@ -17,9 +17,11 @@ steps (:mod:`synth.cost.predict`), every group of the step at once:
   member's bytes (both move ``(m - 1) / m`` of a member's data to the others;
   at density 1, where every partition falls back to dense, the two are the
   same step and cost the same);
-* GatherPartitions, GatherSum, GatherSumRoot (allgatherv, gatherv): the dense
-  AllGather step of ``members x`` the largest member's bytes (a ring
-  all-gather is paced by its largest block);
+* GatherPartitions, GatherSum (allgatherv): the dense AllGather step of
+  ``members x`` the largest member's bytes (a ring all-gather is paced by its
+  largest block);
+* GatherSumRoot (gatherv): the dense Reduce step of ``members x`` the largest
+  member's bytes (an upper bound: the root receives ``members - 1`` of them);
 * BroadcastSet: the dense Broadcast step of the root's bytes;
 
 plus ``merge_s_per_byte`` per byte a member receives (decoding and summing;
@@ -93,8 +95,11 @@ class SparseSpec:
 @dataclass(frozen=True)
 class SparseStepBytes:
     """One step of a sparse program on one reduction group: the sparse step's
-    collective and, per synthesis group, the largest member's bytes sent (or
-    contributed) and the bytes received by the busiest member."""
+    collective and, per synthesis group, the largest member's bytes in the step
+    (``send_bytes``: for PartitionSum, GatherSum and GatherSumRoot all it holds
+    of the group's partitions, its own part included, as a dense step's buffer;
+    for GatherPartitions its part; for BroadcastSet the root's) and the bytes
+    the busiest member receives."""
 
     collective: Collective
     send_bytes: tuple[float, ...]
@@ -126,7 +131,7 @@ def step_bytes(program: Program, reduction: Reduction, spec: SparseSpec) -> list
             size = np.vectorize(by_count.get, otypes=[float])(held)
             if collective is Collective.REDUCESCATTER:
                 mine = np.asarray(owner)[None, :] == np.arange(m)[:, None]
-                send = float(np.where(mine, 0.0, size).sum(axis=1).max())
+                send = float(size.sum(axis=1).max())  # what it holds of the list, its own part included
                 receive = float(max(size[:, mine[i]].sum() - size[i, mine[i]].sum() for i in range(m)))
                 total = held.sum(axis=0)
                 for position, c in enumerate(chunks):
@@ -182,9 +187,9 @@ class SparsePredictor:
         if not len(groups):
             seconds = 0.0
         else:
-            dense = {Collective.BROADCAST: Collective.BROADCAST,
+            dense = {Collective.BROADCAST: Collective.BROADCAST, Collective.REDUCE: Collective.REDUCE,
                      Collective.REDUCESCATTER: Collective.REDUCESCATTER}.get(collective, Collective.ALLGATHER)
-            nbytes = per_row if dense is not Collective.ALLGATHER else per_row * members
+            nbytes = per_row if dense in (Collective.BROADCAST, Collective.REDUCESCATTER) else per_row * members
             seconds = _shared_step_cost(self.reduction.topology, self._dense.profile, self.model.algorithm, dense,
                                         groups, nbytes, self.model.rules_version)[0]
         self._memo[key] = seconds
