@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -272,3 +273,44 @@ def test_cli_ranks_verified_sparse_programs_beside_the_dense_default(capsys):
 def test_cli_errors_name_the_option_and_the_fix(capsys, extra, message):
     code, _, err = run_cli(capsys, *BASE, *extra)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- runtime
+
+
+@pytest.mark.parametrize("encoding", list(Encoding))
+def test_the_executor_on_thread_ranks_gives_every_rank_the_dense_sums_non_zeros(encoding):
+    from synth.runtime.backends import run_local
+    from synth.runtime.sparse import SparseExecutor
+
+    for result in reductions("dp=4,mp=2", 3):
+        n = 499
+        partition = HashPartition(n, result.reduction.hierarchy.sizes)
+        inputs = sparse_inputs(8, n, 0.1, Skew.parse("zipf:1.1"), seed=2, dtype="float32")
+        for program in result.programs:
+            lowered = lower(program, result.reduction)
+            out = run_local(8, lambda world: SparseExecutor(lowered, world, partition, encoding).run(
+                *inputs[world.rank]))
+            for row in lowered.reduction_groups:
+                want_idx, want_val = dense_sum([inputs[d] for d in row], n)
+                for d in row:
+                    assert np.array_equal(out[d][0], want_idx) and np.array_equal(out[d][1], want_val)
+
+
+def test_bench_density_under_mpi_prints_zero_wrong_beside_the_dense_default():
+    from test_runtime import mpirun
+
+    done = mpirun(4, "-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--scale", "node=1",
+                  "--axes", "dp=4", "--density", "0.02", "--skew", "zipf:1.1", "--sizes", "64K", "--iters", "2",
+                  "--warmup", "0", "--top", "2", timeout_s=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    wrong = re.findall(r"\d\.\d\dx +(\d+)  (?:dense default|PartitionSum|Gather|BroadcastSet)", done.stdout)
+    assert wrong == ["0", "0", "0"], done.stdout  # the #wrong column of the default and two sparse programs
+    assert "dense default" in done.stdout and "predicted crossover density" in done.stdout
+
+
+def test_bench_density_errors_name_the_option():
+    from test_runtime import mpirun
+
+    done = mpirun(1, "-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--axes", "dp=8", "--skew", "zipf:1")
+    assert done.returncode == 2 and "--skew applies to a sparse gradient: add --density D" in done.stderr

@@ -193,9 +193,11 @@ class SparseExecutor:
 
     # ------------------------------------------------------------ running
 
-    def run(self, indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, indices: np.ndarray, values: np.ndarray, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """This rank's sparse tensor (unique indices, values) -> the reduction
-        group's sum (indices increasing, values of the same dtype, no zeros)."""
+        group's sum (unique indices, values of the same dtype, no zeros); the
+        indices increase, or with ``ordered=False`` come partition by partition
+        (increasing within each; no final sort)."""
         values = np.asarray(values)
         dtype = values.dtype
         state = self.partition.split(indices, values)
@@ -203,7 +205,7 @@ class SparseExecutor:
             if step.comm is None or not step.chunks:
                 continue
             self._step(step, state, dtype)
-        return self.partition.join(state)
+        return self.partition.join(state, ordered)
 
     def _step(self, step: _Step, state: list[Entries], dtype: np.dtype) -> None:
         c, comm, chunks, owner = step.collective, step.comm, step.chunks, step.owner

@@ -9,8 +9,8 @@ it). Each rank draws its own sparse gradient (density ``D``, uniform or
 Zipf-skewed indices, integer values, seeded by rank); the ranks all-gather the
 inputs once and compute the expected dense sum with numpy, independently of
 any program. ``#wrong`` counts positions where a result differs from it (summed
-over ranks and iterations). A sparse program is timed from (indices, values)
-in to (indices, values) out, its partitioning and merging included; times are
+over ranks and iterations, checked after the timed loop). A sparse program is timed from (indices, values)
+in to (indices, values) out (grouped by partition, not sorted), its partitioning and merging included; times are
 the max over ranks per iteration; median, min and max are printed.
 """
 
@@ -66,8 +66,11 @@ class SparseRow:
         return statistics.median(self.times_s)
 
 
-def _timed(world: Any, fn: Callable[[], Any], iters: int, warmup: int) -> tuple[tuple[float, ...], list[Any]]:
-    times, results = [], []
+def _timed(world: Any, fn: Callable[[], Any], wrong: Callable[[Any], int], iters: int,
+           warmup: int) -> tuple[tuple[float, ...], int]:
+    """Per-iteration times (max over ranks) and ``wrong`` of each timed result,
+    computed after its iteration's clock stopped (summed over ranks and iterations)."""
+    times, wrongs = [], 0
     for iteration in range(warmup + iters):
         world.barrier()
         start = world.wtime()
@@ -75,9 +78,9 @@ def _timed(world: Any, fn: Callable[[], Any], iters: int, warmup: int) -> tuple[
         elapsed = world.wtime() - start
         if iteration >= warmup:
             times.append(elapsed)
-            results.append(out)
-    everyone = world.allgather(times)
-    return tuple(max(t[i] for t in everyone) for i in range(iters)), results
+            wrongs += wrong(out)
+    everyone = world.allgather((times, wrongs))
+    return tuple(max(t[i] for t, _ in everyone) for i in range(iters)), sum(w for _, w in everyone)
 
 
 def run_sparse_bench(world: Any, request: SparseBenchRequest, out: Callable[[str], None] = print) -> list[SparseRow]:
@@ -122,13 +125,12 @@ def run_sparse_bench(world: Any, request: SparseBenchRequest, out: Callable[[str
             buffer = dense_in.copy()
             executor(buffer, check=True)
 
-            def dense() -> int:
+            def dense() -> np.ndarray:
                 buffer[...] = dense_in
                 executor(buffer, check=False)
-                return int((buffer != expected).sum())
+                return buffer
 
-            times, wrongs = _timed(world, dense, request.iters, request.warmup)
-            wrong = sum(sum(w) for w in world.allgather(wrongs))
+            times, wrong = _timed(world, dense, lambda b: int((b != expected).sum()), request.iters, request.warmup)
             rows.append(SparseRow(index, "dense default (AllReduce(root, inside))", size, ranking.dense_default_s,
                                   times, wrong))
             dense_median = rows[-1].median_s
@@ -136,8 +138,7 @@ def run_sparse_bench(world: Any, request: SparseBenchRequest, out: Callable[[str
             partition = HashPartition(n, reduction.hierarchy.sizes)
             for program, predicted in list(zip(ranking.programs, ranking.predicted_s))[:request.top]:
                 sparse = _SparseRun(lower(program, reduction), world, partition, request.encoding, idx, val, expected)
-                times, wrongs = _timed(world, sparse, request.iters, request.warmup)
-                wrong = sum(sum(w) for w in world.allgather(wrongs))
+                times, wrong = _timed(world, sparse, sparse.wrong, request.iters, request.warmup)
                 rows.append(SparseRow(index, format_sparse(program, " ; "), size, predicted, times, wrong,
                                       sparse.executor.sent_bytes))
                 say(_row(index, rows[-1], dense_median))
@@ -154,8 +155,12 @@ class _SparseRun:
         self.executor = SparseExecutor(lowered, world, partition, encoding)
         self.idx, self.val, self.expected = idx, val, expected
 
-    def __call__(self) -> int:
-        got_idx, got_val = self.executor.run(self.idx, self.val)
+    def __call__(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.executor.run(self.idx, self.val, ordered=False)
+
+    def wrong(self, result: tuple[np.ndarray, np.ndarray]) -> int:
+        """Positions where ``result`` differs from the dense sum."""
+        got_idx, got_val = result
         got = np.zeros(len(self.expected), dtype=np.float64)
         got[got_idx] = got_val
         return int((got != self.expected).sum())
