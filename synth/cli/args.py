@@ -9,6 +9,7 @@ from ..cost.nccl_rules import NCCL_VERSION, RULES
 from ..errors import SynthError
 from ..synthesis.problem import MAX_STEPS_DEFAULT, ProblemSpec
 from ..synthesis.semantics import Goal
+from ..synthesis.sparse import SPARSE_ALLREDUCE, check_density
 from ..topology import Topology, load_topology, parse_scale
 
 
@@ -25,9 +26,16 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduce", help="reduction axes, e.g. dp or dp,mp (default: the first axis)")
     p.add_argument(
         "--collective",
-        choices=[g.value for g in Goal],
-        help="the reduction to implement (default: allreduce)",
+        choices=[g.value for g in Goal] + [SPARSE_ALLREDUCE],
+        help="the reduction to implement (default: allreduce; sparse-allreduce with --density)",
     )
+    p.add_argument("--density", metavar="D",
+                   help="fraction of non-zeros per rank of a sparse gradient, in (0, 1] (implies --collective "
+                        "sparse-allreduce)")
+    p.add_argument("--encoding", choices=("auto", "coo", "bitmap"), default="auto",
+                   help="sparse-allreduce: how indices travel: coo (4-byte index per entry), bitmap (Zen's hash "
+                        "bitmap per partition), auto (fewest bytes); all fall back to dense when smaller "
+                        "(default: auto)")
     p.add_argument(
         "--constrain",
         action="append",
@@ -53,13 +61,36 @@ def scaled_topology(args: argparse.Namespace) -> Topology:
     return topology
 
 
+def sparse_density(args: argparse.Namespace) -> float | None:
+    """The density of a sparse all-reduce the arguments ask for, or None for a
+    dense goal; SynthError when --density and --collective disagree."""
+    density = getattr(args, "density", None)
+    collective = args.collective
+    if density is None:
+        if collective == SPARSE_ALLREDUCE:
+            raise SynthError("--collective sparse-allreduce needs --density D, the fraction of non-zeros per rank, "
+                             "e.g. --density 0.01")
+        return None
+    if collective not in (None, SPARSE_ALLREDUCE):
+        raise SynthError(f"--density applies to sparse-allreduce, not --collective {collective}; drop one of them")
+    try:
+        value = float(density)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise SynthError(f"--density {density}: outside (0, 1]; give the fraction of non-zeros per rank, e.g. 0.01")
+    return check_density(value)
+
+
 def problem_spec(args: argparse.Namespace) -> ProblemSpec:
-    """The problem the arguments of :func:`add_problem_arguments` describe."""
+    """The problem the arguments of :func:`add_problem_arguments` describe (a
+    sparse all-reduce searches the dense all-reduce programs it lowers)."""
+    sparse = sparse_density(args) is not None
     return ProblemSpec(
         topology=args.topology,
         axes=args.axes,
         reduce=args.reduce,
-        goal=args.collective,
+        goal="allreduce" if sparse else args.collective,
         constraints=tuple(args.constrain),
         scale=tuple(args.scale),
         max_steps=args.max_steps,

@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
+from ..errors import SynthError
 from ..runtime.backends import BACKENDS
 from ..runtime.bench import BenchRequest, parse_sizes, run
-from .args import Parser, add_problem_arguments, problem_spec
+from .args import Parser, add_problem_arguments, problem_spec, sparse_density
 
 
 def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
@@ -44,6 +45,9 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
     p.add_argument("--jsonl", metavar="FILE", help="append one measurement record per (placement, program, size)")
     p.add_argument("--no-nccl-log", dest="nccl_log", action="store_false",
                    help="on NCCL, do not log NCCL's tuning choices (NCCL_DEBUG=INFO) to record them")
+    if not plan_mode and not tune:
+        p.add_argument("--skew", metavar="uniform|zipf:S",
+                       help="with --density: how the sparse gradient's indices are drawn (default: uniform)")
     if tune:
         p.add_argument("--out", required=True, metavar="PLAN.json", help="write the plan of the measured winner")
     else:
@@ -88,7 +92,42 @@ def pipelined_schedule(reduction, lowered, member: int):
 
 
 def run_bench(argv: Sequence[str]) -> int:
+    plan_mode = bool(argv) and not argv[0].startswith("-")
+    if not plan_mode:
+        args = parser("synth-reduce bench", False, False).parse_args(argv)
+        density = sparse_density(args)
+        if density is not None:
+            return _run_sparse_bench(args, density)
+        if args.skew is not None:
+            raise SynthError("--skew applies to a sparse gradient: add --density D")
     return run(request_of(argv, tune=False), pipelined_schedule)
+
+
+def _run_sparse_bench(args: argparse.Namespace, density: float) -> int:
+    from ..runtime.backends import make_world
+    from ..runtime.sparse_bench import SparseBenchRequest, run_sparse_bench
+    from ..synthesis.hashing import Encoding
+    from ..synthesis.sparse import Skew
+
+    if args.backend != "mpi":
+        raise SynthError(f"bench --density runs on --backend mpi only so far, not {args.backend}")
+    request = SparseBenchRequest(problem=problem_spec(args), density=density, skew=Skew.parse(args.skew),
+                                 encoding=Encoding.of(args.encoding), sizes=tuple(parse_sizes(args.sizes)),
+                                 placement=args.placement, top=args.top, iters=args.iters, warmup=args.warmup,
+                                 dtype=args.dtype)
+    world = make_world(args.backend)
+    try:
+        run_sparse_bench(world, request)
+    except SynthError:
+        raise
+    except BaseException:
+        if world.size > 1:
+            import traceback
+
+            traceback.print_exc()
+            world.abort(1)
+        raise
+    return 0
 
 
 def run_tune(argv: Sequence[str]) -> int:

@@ -19,7 +19,7 @@ from ..planner.workload import parse_workload
 from ..synthesis.language import format_program
 from ..synthesis.placement import axes_have_sizes
 from ..units import format_seconds, format_size, parse_size
-from .args import Parser, add_model_arguments, add_problem_arguments, model_of, problem_spec
+from .args import Parser, add_model_arguments, add_problem_arguments, model_of, problem_spec, sparse_density
 from .commands import commands_text
 
 
@@ -97,6 +97,9 @@ def run(argv: Sequence[str]) -> int:
         raise SynthError(f"--top {args.top}: must be >= 0")
     if not axes_have_sizes(args.axes):
         return _run_sizes(args)
+    density = sparse_density(args)
+    if density is not None:
+        return _run_sparse(args, density)
     if args.out:
         check_writable(args.out, "--out")  # before the work, not after it
     if args.workload:
@@ -260,6 +263,83 @@ def print_table(solution: Solution) -> None:
         for r in p.programs[1:]:
             print(f"{'':>4} {'':>3}  {'':<{mw}} {'':<{cw}} {'':>5} {'':>11} {format_seconds(r.predicted_s):>11} "
                   f"{'':>7}  {format_program(r.program, ' ; ')}")
+
+
+# ---------------------------------------------------------------- sparse all-reduce
+
+
+def _run_sparse(args: argparse.Namespace, density: float) -> int:
+    from ..api import solve_sparse_problem
+    from ..synthesis.sparse import format_sparse
+
+    for option, given in (("--workload", args.workload), ("--out", args.out), ("--program", args.program)):
+        if given is not None:
+            raise SynthError(f"{option} is not available for sparse-allreduce yet; run 'synth-reduce bench "
+                             f"--density D' to time its programs")
+    size_bytes = parse_size(args.size or "256MiB")
+    model = model_of(args)
+    top = args.top if args.top is not None else 3
+    progress = ProgressLine()
+    solution = solve_sparse_problem(problem_spec(args).build(), model, size_bytes, density, args.encoding,
+                                    verify=not args.no_verify, top=top, progress=progress)
+    progress("")
+    if args.json:
+        print(dumps(sparse_document(solution)))
+        return 0
+    problem, spec = solution.problem, solution.spec
+    print(f"sparse-allreduce over {','.join(problem.reduce_axes)}: density {density:g} per rank of "
+          f"{format_size(size_bytes)} ({spec.n} values of {spec.value_bytes} bytes), encoding {spec.encoding.value}")
+    print(f"predicted with {solution.model.describe()}")
+    if solution.verified:
+        print("listed programs verified: dense form proved (numpy reference + z3), sparse form exact against the "
+              "dense sum (uniform and zipf integer data)")
+    print(f"\nmatrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)}); dense = one "
+          f"AllReduce of the dense buffer; crossover = density where the best sparse program meets it (predicted)")
+    rows = solution.by_speed
+    matrices = [p.reduction.placement.matrix_text() for p in rows]
+    mw = _width("matrix", matrices)
+    header = (f"{'rank':>4} {'#':>3}  {'matrix':<{mw}} {'dense':>11} {'best':>11} {'speedup':>7} "
+              f"{'crossover':>9}  sparse programs, fastest first")
+    print(header)
+    print("-" * len(header))
+    for n, p in enumerate(rows):
+        r = p.ranking
+        crossing = "> 1" if r.crossover_density is None else f"{r.crossover_density:.3g}"
+        first = format_sparse(p.listed[0], " ; ") if p.listed else "(none within the step limit)"
+        print(f"{n + 1:>4} {p.index:>3}  {matrices[n]:<{mw}} {format_seconds(r.dense_default_s):>11} "
+              f"{format_seconds(r.best_s):>11} {r.speedup:>6.2f}x {crossing:>9}  {first}")
+        for program, seconds in zip(p.listed[1:], r.predicted_s[1:]):
+            print(f"{'':>4} {'':>3}  {'':<{mw}} {'':>11} {format_seconds(seconds):>11} {'':>7} {'':>9}  "
+                  f"{format_sparse(program, ' ; ')}")
+    return 0
+
+
+def sparse_document(solution) -> dict:
+    """The ``--json`` document of a sparse all-reduce."""
+    from ..synthesis.sparse import format_sparse
+
+    spec = solution.spec
+    return {
+        "version": __version__,
+        "collective": "sparse-allreduce",
+        "density": spec.density,
+        "encoding": spec.encoding.value,
+        "values": spec.n,
+        "value_bytes": spec.value_bytes,
+        "algo": solution.model.algorithm.value,
+        "verified": solution.verified,
+        "placements": [{
+            "index": p.index,
+            "matrix": [list(row) for row in p.matrix],
+            "dense_default_s": p.ranking.dense_default_s,
+            "dense_best_s": p.ranking.dense_best_s,
+            "crossover_density": p.ranking.crossover_density,
+            "crossover_density_vs_best_dense": p.ranking.crossover_best_density,
+            "programs": [{"text": format_sparse(program), "dense_text": format_program(program),
+                          "predicted_s": seconds, **({"checked_entries": p.checked[i]} if p.checked else {})}
+                         for i, (program, seconds) in enumerate(zip(p.listed, p.ranking.predicted_s))],
+        } for p in solution.by_speed],
+    }
 
 
 # ---------------------------------------------------------------- axes without sizes
