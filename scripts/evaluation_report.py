@@ -3,6 +3,7 @@
 scripts/run_evaluation.py measured (``<data>/<cluster>-<baseline>.jsonl``).
 
     python scripts/evaluation_report.py [--data docs/results/data] [--out docs/results.md]
+                                        [--sparse docs/results/sparse.jsonl]
 
 Every number in the report is computed here from the records; nothing is typed in
 by hand except P2's published figures, which are marked as such. Needs matplotlib
@@ -29,6 +30,7 @@ from synth.cost.fit import samples_of  # noqa: E402
 from synth.cost.records import read_records  # noqa: E402
 from synth.testbed.evaluation import (  # noqa: E402
     case_results,
+    crossover_density,  # noqa: E402
     data_files,
     default_ratios,
     distribution,
@@ -142,7 +144,7 @@ def met(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
-def report(data: Path, out_md: Path) -> str:
+def report(data: Path, out_md: Path, sparse: Path | None = None) -> str:
     files = data_files(data)
     if not files:
         raise SystemExit(f"evaluation_report: no <cluster>-<baseline>.jsonl in {data}; run scripts/run_evaluation.py")
@@ -384,17 +386,54 @@ def report(data: Path, out_md: Path) -> str:
         x = noise(rs)
         w(f"| {c} | {format_size(z)} | {x.median:.2f}x | {x.max:.2f}x |")
     w("")
+    if sparse is not None and sparse.exists():
+        sparse_section(w, [json.loads(line) for line in sparse.read_text().splitlines() if line.strip()])
     text = "\n".join(L) + "\n"
     out_md.write_text(text)
     return text
+
+
+def sparse_section(w, rows: list[dict]) -> None:
+    """Section 5: sparse all-reduce against the dense default by density, from
+    scripts/bench_sparse.py's records, with the measured crossover density
+    beside the predicted one."""
+    w("## 5. Sparse all-reduce against the dense default")
+    w("")
+    w("`scripts/bench_sparse.py` (its own runs, not part of the cases above): 8 MPI ranks on testbed-2x4 "
+      "(`--axes dp=8`), a sparse gradient per rank, the dense default all-reduce and the best of the predicted "
+      "sparse programs timed side by side in one run; every result checked exactly (`#wrong` 0). "
+      "docs/sparse.md has the method and what the numbers mean.")
+    w("")
+    w("| setting | date | size | encoding | density | dense | best sparse | dense / sparse | program |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    settings: dict[str, list[dict]] = {}
+    for r in rows:
+        settings.setdefault(r["setting"], []).append(r)
+    for setting, rs in settings.items():
+        for r in sorted(rs, key=lambda r: r["density"]):
+            w(f"| {setting} | {r['date']} | {r['size']} | {r['encoding']} | {r['density']:g} | "
+              f"{r['dense_median_s'] * 1e3:.1f} ms | {r['sparse_median_s'] * 1e3:.1f} ms | "
+              f"{r['dense_median_s'] / r['sparse_median_s']:.2f}x | `{r['program']}` |")
+    w("")
+    w("| setting | measured crossover density | predicted |")
+    w("| --- | --- | --- |")
+    for setting, rs in settings.items():
+        rs = sorted(rs, key=lambda r: r["density"])
+        found = crossover_density([(r["density"], r["dense_median_s"] / r["sparse_median_s"]) for r in rs])
+        predicted = {r["predicted_crossover"] for r in rs}
+        shown = ", ".join("> 1" if p is None else f"{p:.3g}" for p in sorted(predicted, key=lambda p: p or 2))
+        w(f"| {setting} | {'not crossed' if found is None else f'{found:.3g}'} | {shown} |")
+    w("")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=ROOT / "docs" / "results" / "data")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md")
+    p.add_argument("--sparse", type=Path, default=ROOT / "docs" / "results" / "sparse.jsonl",
+                   help="scripts/bench_sparse.py's records (section 5; skipped when absent)")
     args = p.parse_args()
-    report(args.data, args.out)
+    report(args.data, args.out, args.sparse)
     print(f"wrote {args.out} and its plots in {args.out.parent / 'results'}", file=sys.stderr)
     return 0
 

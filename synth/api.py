@@ -575,7 +575,7 @@ def solve_sparse(
     reduce: str | Sequence[str] | None = None,
     density: float = 0.01,
     size: int | str = DEFAULT_SIZE_BYTES,
-    encoding: str = "auto",
+    encoding: str = "coo",
     model: Model | str | None = None,
     max_steps: int = 5,
     constraints: Sequence[Constraint | str] = (),
@@ -597,7 +597,7 @@ def solve_sparse(
                                 value_bytes, progress)
 
 
-def solve_sparse_problem(problem: Problem, model: Model, size_bytes: int, density: float, encoding: str = "auto",
+def solve_sparse_problem(problem: Problem, model: Model, size_bytes: int, density: float, encoding: str = "coo",
                          verify: bool = True, top: int | None = 3, value_bytes: int = 4,
                          progress: Progress | None = None) -> SparseSolution:
     """:func:`solve_sparse` on a checked all-reduce :class:`~synth.synthesis.problem.Problem`."""

@@ -163,3 +163,13 @@ def test_repeats_compare_one_program_on_the_same_ranks_across_cases(tmp_path):
     from synth.cost.fit import load_samples
 
     assert rep.repeats(load_samples(path)[1]) == [1.5]
+
+
+def test_the_crossover_density_is_interpolated_in_log_density():
+    from synth.testbed.evaluation import crossover_density
+
+    # ratio 2 at 1%, 0.5 at 10%: 1 is two thirds of the way, in log density: 0.01 x 10^(2/3)
+    assert crossover_density([(0.01, 2.0), (0.1, 0.5)]) == pytest.approx(0.01 * 10 ** (2 / 3))
+    assert crossover_density([(0.01, 2.0), (0.05, 1.5), (0.1, 1.0), (0.2, 0.5)]) == pytest.approx(0.05 * 2 ** 1.0)
+    assert crossover_density([(0.01, 3.0), (0.1, 1.5)]) is None  # sparse faster everywhere
+    assert crossover_density([(0.01, 0.9), (0.1, 0.5)]) is None  # slower everywhere

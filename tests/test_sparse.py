@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import usage_error
 
 from synth.cli import main as cli_main
 from synth.cost import Model
@@ -314,3 +315,13 @@ def test_bench_density_errors_name_the_option():
 
     done = mpirun(1, "-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--axes", "dp=8", "--skew", "zipf:1")
     assert done.returncode == 2 and "--skew applies to a sparse gradient: add --density D" in done.stderr
+
+
+def test_bench_density_refuses_the_dense_only_options(cli, tmp_path):
+    """--jsonl (fit's measurement records) and --pipelined (MSCCL schedules)
+    describe dense collectives: said, not silently dropped."""
+    common = ("bench", "--topology", "testbed-2x4", "--axes", "dp=8", "--density", "0.01")
+    assert "--jsonl writes measurement records of dense collectives for fit" in usage_error(
+        cli, *common, "--jsonl", tmp_path / "r.jsonl")
+    assert "--pipelined times MSCCL schedules of dense all-reduces; drop it with --density" in usage_error(
+        cli, *common, "--pipelined")

@@ -32,10 +32,11 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--density", metavar="D",
                    help="fraction of non-zeros per rank of a sparse gradient, in (0, 1] (implies --collective "
                         "sparse-allreduce)")
-    p.add_argument("--encoding", choices=("auto", "coo", "bitmap"), default="auto",
-                   help="sparse-allreduce: how indices travel: coo (4-byte index per entry), bitmap (Zen's hash "
-                        "bitmap per partition), auto (fewest bytes); all fall back to dense when smaller "
-                        "(default: auto)")
+    p.add_argument("--encoding", choices=("coo", "bitmap", "auto"), default="coo",
+                   help="sparse-allreduce: how indices travel: coo (4-byte index per entry; nothing to scan on "
+                        "receipt), bitmap (Zen's hash bitmap per partition: fewer bytes once merged sets are dense, "
+                        "a scan of the partition's slots to decode), auto (fewest bytes); all fall back to dense "
+                        "when smaller (default: coo)")
     p.add_argument(
         "--constrain",
         action="append",

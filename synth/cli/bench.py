@@ -111,6 +111,11 @@ def _run_sparse_bench(args: argparse.Namespace, density: float) -> int:
 
     if args.backend != "mpi":
         raise SynthError(f"bench --density runs on --backend mpi only so far, not {args.backend}")
+    if args.jsonl:  # said, not dropped: fit's records describe dense collectives
+        raise SynthError("--jsonl writes measurement records of dense collectives for fit; sparse-allreduce rows "
+                         "are not such records: drop --jsonl (the table is the bench's output)")
+    if args.pipelined:
+        raise SynthError("--pipelined times MSCCL schedules of dense all-reduces; drop it with --density")
     request = SparseBenchRequest(problem=problem_spec(args), density=density, skew=Skew.parse(args.skew),
                                  encoding=Encoding.of(args.encoding), sizes=tuple(parse_sizes(args.sizes)),
                                  placement=args.placement, top=args.top, iters=args.iters, warmup=args.warmup,

@@ -69,7 +69,7 @@ class SparseSpec:
     n: int
     density: float
     value_bytes: int = 4
-    encoding: Encoding = Encoding.AUTO
+    encoding: Encoding = Encoding.COO
     merge_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:

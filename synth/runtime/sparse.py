@@ -13,9 +13,10 @@ proved dense all-reduce program), on this rank's sub-communicators:
 A message is a list of partitions, each a 16-byte header (partition id, format,
 entries, payload bytes: int32 x 4) and its payload in the format
 :func:`~synth.synthesis.hashing.encode` picks for its entry count (coo, hash
-bitmap or dense, whichever is fewest bytes under the chosen encoding). Sums go
-through a dense scratch of the partition's slots: ``scratch[slots] += values``
-for each contribution (slots are unique within one), then its non-zeros.
+bitmap or dense, whichever is fewest bytes under the chosen encoding). Sums
+(:func:`sum_entries`) merge the contributions' sorted runs by a stable sort and
+a segmented sum while they hold at most a quarter of the partition's slots,
+else go through a dense scratch and a mask of the touched slots.
 
 Backends: ``mpi`` (mpi4py; :class:`~synth.runtime.backends.MPIWorld`) and the
 in-process ``numpy`` threads (:class:`~synth.runtime.backends.LocalWorld`, for
@@ -115,6 +116,40 @@ class _MPISparseComm:
         return buffer
 
 
+def sum_entries(parts: Sequence[Entries], size: int, dtype: np.dtype) -> Entries:
+    """The sum of sparse contributions to one partition of ``size`` slots
+    (each: slots increasing and unique, values): (slots increasing, sums),
+    sums that cancel to zero dropped. Few entries (a quarter of the slots at
+    most) are merged by a stable sort of the concatenated runs and summed per
+    slot, O(entries log runs); more through a dense scratch of the slots and a
+    mask of those touched, O(slots)."""
+    parts = [p for p in parts if len(p[0])]
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=dtype)
+    if len(parts) == 1:
+        slots, values = parts[0]
+        keep = values != 0
+        return slots[keep], values[keep]
+    entries = sum(len(p[0]) for p in parts)
+    if entries * 4 <= size:
+        slots = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts])
+        values = np.concatenate([p[1] for p in parts]).astype(dtype, copy=False)
+        order = np.argsort(slots, kind="stable")
+        slots, values = slots[order], values[order]
+        starts = np.flatnonzero(np.concatenate([[True], slots[1:] != slots[:-1]]))
+        slots, sums = slots[starts], np.add.reduceat(values, starts)
+    else:
+        scratch = np.zeros(size, dtype=dtype)
+        touched = np.zeros(size, dtype=bool)
+        for part_slots, part_values in parts:
+            scratch[part_slots] += part_values
+            touched[part_slots] = True
+        slots = np.flatnonzero(touched)
+        sums = scratch[slots]
+    keep = sums != 0
+    return slots[keep], sums[keep]
+
+
 def sparse_comm(world: Any, groups: Sequence[tuple[int, ...]]) -> Any:
     """This rank's byte-message communicator among ``groups`` (collective over
     the world), or None if it is in none of them."""
@@ -142,7 +177,7 @@ class SparseExecutor:
     :meth:`run` on every rank."""
 
     def __init__(self, lowered: LoweredProgram, world: Any, partition: HashPartition,
-                 encoding: Encoding = Encoding.AUTO) -> None:
+                 encoding: Encoding = Encoding.COO) -> None:
         if lowered.goal is not Goal.ALLREDUCE:
             raise SynthError(f"sparse-allreduce lowers all-reduce programs, not {lowered.goal.value}")
         if partition.k != lowered.num_chunks:
@@ -185,11 +220,7 @@ class SparseExecutor:
         return out
 
     def _sum(self, j: int, parts: Sequence[Entries], dtype: np.dtype) -> Entries:
-        scratch = np.zeros(int(self.sizes[j]), dtype=dtype)
-        for slots, values in parts:
-            scratch[slots] += values
-        nz = np.flatnonzero(scratch)
-        return nz, scratch[nz]
+        return sum_entries(parts, int(self.sizes[j]), dtype)
 
     # ------------------------------------------------------------ running
 

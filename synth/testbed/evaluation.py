@@ -281,3 +281,16 @@ def repeats(samples: Sequence[Sample]) -> list[float]:
 def noise(records: Sequence[ProgramTime]) -> Distribution:
     """Max over min of each measurement's iterations."""
     return distribution([r.max_s / r.min_s for r in records])
+
+
+def crossover_density(points: Sequence[tuple[float, float]]) -> float | None:
+    """Where a measured ratio (dense time / sparse time) crosses 1 over density:
+    ``points`` are (density, ratio) in increasing density; the crossing is
+    interpolated linearly in log density between the first two neighbouring
+    points on either side of 1. None when the ratios never cross 1 (the caller
+    says whether sparse won or lost everywhere)."""
+    for (d0, r0), (d1, r1) in zip(points, points[1:]):
+        if (r0 - 1) * (r1 - 1) <= 0 and r0 != r1:
+            x = math.log(d0) + (1 - r0) / (r1 - r0) * (math.log(d1) - math.log(d0))
+            return math.exp(x)
+    return None
