@@ -408,7 +408,8 @@ def test_unknown_key_in_topology(cli, tmp_path):
     msg = usage_error(cli, "--topology", path, "--axes", "dp=4")
     assert msg == (
         f"{path}: levels[0] (node): unknown key 'colour'; allowed keys are "
-        "name, count, bandwidth_GBps, latency_us, ports, fabric, link, nvlinks, nvls, compute_capability, transport"
+        "name, count, bandwidth_GBps, latency_us, ports, fabric, link, nvlinks, nvls, compute_capability, transport, "
+        "graph"
     )
 
 

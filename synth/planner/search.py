@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..cost import AllToAll, Model, Predictor, alltoall_of, step_cost
+from ..cost import AllToAll, Model, Predictor, alltoall_of, default_program, step_cost
 from ..errors import SynthError
 from ..plan import Plan, PlannedProgram, PlannedReduction, one_chunk_layout
 from ..synthesis.language import Collective, Program, format_program
@@ -113,7 +113,8 @@ class CollectiveCosts:
         self._best: dict[tuple, BestProgram] = {}
         self._sends: dict[tuple, float] = {}
         self._alltoalls: dict[tuple, AllToAll] = {}
-        self._on: dict[int, PlacementCollectives] = {}  # by the placement's id; the value keeps it alive
+        self._on: dict[tuple[int, bool], PlacementCollectives] = {}  # by (placement's id, default only)
+        self._defaults: dict[tuple, tuple[Predictor, float]] = {}
         self._hsdp: dict[tuple, Placement] = {}
         self._proved: dict[tuple, LoweredProgram] = {}
 
@@ -162,6 +163,21 @@ class CollectiveCosts:
             best = self._best[at] = _fastest(programs, predictor, size_bytes)
         return best
 
+    def default(self, placement: Placement, axis: str, goal: Goal, size_bytes: int) -> BestProgram:
+        """The library's one-call collective for the reduction over ``axis``
+        (:func:`~synth.cost.predict.default_program`), priced without any
+        program search: what a configuration that does not fit is priced with."""
+        placement = self.placement_for(placement, axis)
+        axes = reduce_axes(placement, axis)
+        key = (self._key(placement, axes), goal)
+        found = self._defaults.get(key)
+        if found is None:
+            reduction = Reduction(placement, axes, goal)
+            found = self._defaults[key] = (Predictor(reduction, self.model), reduction.k)
+        predictor, k = found
+        # the one call's single group moves all k chunks of every device
+        return BestProgram(predictor.program(default_program(goal), ((k,),), size_bytes), default_program(goal))
+
     def send(self, placement: Placement, axis: str, size_bytes: int) -> float:
         """Every device sends ``size_bytes`` to the device of the next ``axis``
         rank (same other coordinates), all pairs at once: a Broadcast over each
@@ -185,12 +201,15 @@ class CollectiveCosts:
             found = self._alltoalls[key] = alltoall_of(self.topology, self.profile, mesh.reshape(-1, mesh.shape[-1]))
         return found.seconds(size_bytes)
 
-    def on(self, placement: Placement) -> "PlacementCollectives":
+    def on(self, placement: Placement, default_only: bool = False) -> "PlacementCollectives":
         """The collectives of ``placement``, one object per placement (it
-        memoises the step model's many calls at the same sizes)."""
-        found = self._on.get(id(placement))
+        memoises the step model's many calls at the same sizes); with
+        ``default_only`` its reductions are the library's default collectives
+        (:meth:`default`), not the best synthesized programs."""
+        key = (id(placement), default_only)
+        found = self._on.get(key)
         if found is None or found.placement is not placement:
-            found = self._on[id(placement)] = PlacementCollectives(self, placement)
+            found = self._on[key] = PlacementCollectives(self, placement, default_only=default_only)
         return found
 
     def proved(self, placement: Placement, axis: str, goal: Goal, program: Program) -> LoweredProgram:
@@ -233,6 +252,7 @@ class PlacementCollectives:
 
     costs: CollectiveCosts
     placement: Placement
+    default_only: bool = False  # reductions priced as the library's default collective (CollectiveCosts.default)
     _seconds: dict[tuple[str, Goal, int], float] = field(default_factory=dict, compare=False, repr=False)
     step_memo: dict = field(default_factory=dict, compare=False, repr=False)  # step_time's memo for this placement
 
@@ -240,7 +260,8 @@ class PlacementCollectives:
         key = (axis, goal, size_bytes)
         seconds = self._seconds.get(key)
         if seconds is None:
-            seconds = self._seconds[key] = self.costs.best(self.placement, axis, goal, size_bytes).seconds
+            price = self.costs.default if self.default_only else self.costs.best
+            seconds = self._seconds[key] = price(self.placement, axis, goal, size_bytes).seconds
         return seconds
 
     def send(self, axis: str, size_bytes: int) -> float:
@@ -605,17 +626,21 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     else:
         memories = [memory_per_device(model, training, config)] * len(placements)
     fits = [m.total <= usable for m in memories]
+    # A configuration that fits on no placement cannot run as planned: its reductions are priced as the
+    # library's default collectives, and no program is searched for it (on large jobs most of the searches).
+    default_only = not any(fits)
 
     # Branch and bound over the placements, feasible ones first: the step without its data-parallel term
     # bounds it from below (dp_s >= 0 and no other term depends on it), and costs no dp synthesis; a
     # placement whose (not feasible, bound) is above the best (not feasible, step) found cannot be the best.
     # In that order; ties to the enumeration order, as the plain scan over every placement would choose.
-    bounds = sorted((not fits[i], timed(costs.on(p), data_parallel=False).total_s, i) for i, p in enumerate(placements))
+    bounds = sorted((not fits[i], timed(costs.on(p, default_only), data_parallel=False).total_s, i)
+                    for i, p in enumerate(placements))
     best: tuple[bool, float, int, StepTime] | None = None
     for infeasible, bound, i in bounds:
         if best is not None and (infeasible, bound) > best[:2]:
             break
-        step = timed(costs.on(placements[i]))
+        step = timed(costs.on(placements[i], default_only))
         if best is None or (infeasible, step.total_s, i) < best[:3]:
             best = (infeasible, step.total_s, i, step)
     assert best is not None
@@ -626,8 +651,8 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
         f"needs {_gib(memory.total)} per device ({memory.stage} stage: weights {_gib(memory.weights)}, gradients "
         f"{_gib(memory.gradients)}, optimizer {_gib(memory.optimizer)}, activations {_gib(memory.activations)}) "
         f"> {device.memory_GiB:g} GiB{margin}")
-    programs = tuple((axis, goal, size, costs.best(placement, axis, goal, size))
-                     for axis, goal, size in step.reductions)
+    price = costs.default if default_only else costs.best
+    programs = tuple((axis, goal, size, price(placement, axis, goal, size)) for axis, goal, size in step.reductions)
     flops = model.training_flops(training.global_batch, training.recompute)
     return Candidate(config, training, placement, step, memory, feasible, reason, programs, len(placements),
                      flops.model, flops.total)
