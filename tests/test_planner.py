@@ -338,6 +338,31 @@ def test_pipeline_parallelism_appears_when_the_model_does_not_fit_otherwise():
     assert any(c.config.pp == 1 for c in large.candidates)
 
 
+def test_configurations_that_fit_nowhere_are_priced_with_the_default_collectives():
+    """A configuration whose memory fits no placement gets the library's
+    one-call collective for each reduction, at the default's own predicted
+    price (no program search); one that fits gets the best synthesized
+    program, at least as fast as the default."""
+    from synth.cost import Predictor, default_program
+    from synth.planner.search import reduce_axes
+    from synth.synthesis.reduction import Reduction
+
+    solution = plan("dgx-a100", "gpt3-175b", 128, micro_batches=(1,), recompute=Recompute.FULL)
+    infeasible = [c for c in solution.candidates if not c.feasible]
+    assert infeasible and solution.feasible
+    for c in infeasible + list(solution.feasible[:3]):
+        for axis, goal, size, best in c.programs:
+            reduction = Reduction(c.placement, reduce_axes(c.placement, axis), goal)
+            default_s = Predictor(reduction).program(default_program(goal), ((reduction.k,),), size)
+            if c.feasible:
+                assert best.seconds <= default_s * (1 + 1e-12)
+            else:
+                assert best.program == default_program(goal) and best.seconds == pytest.approx(default_s, rel=1e-12)
+    # the search would have found other programs for some of them (what they were priced with before)
+    assert any(solution.costs.best(c.placement, axis, goal, size).program != default_program(goal)
+               for c in infeasible for axis, goal, size, _ in c.programs)
+
+
 def test_175b_with_tp_and_pp_one_is_infeasible_on_80_GiB(cli):
     code, out, _ = cli("plan", "--topology", "dgx-a100", "--model", "gpt3-175b", "--global-batch", "128",
                        "--axes", "tp=1,dp,pp=1", "--micro-batch", "1", "--json", "--no-verify")
