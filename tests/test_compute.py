@@ -692,3 +692,23 @@ def test_context_parallel_per_operation_compute():
             assert b.seconds == pytest.approx(max(p.attention.forward_floor_s, a.seconds / 2))
         elif a.name != "host_issue":
             assert b.seconds == pytest.approx(c.seconds)
+
+
+def test_the_h200_fp8_records_bound_the_planners_fp8_speed_up():
+    """data/calibration/h200-fp8.jsonl (scripts/fp8_gemm_check.py): each
+    record's TFLOP/s are its FLOPs over its seconds, and on the large shapes
+    (FBGEMM's and the 8,192-token layer GEMMs) the FP8 GEMM alone is faster than
+    the planner's FP8 speed-up with scaling included (FP8_GEMM_SPEEDUP), which
+    it must leave room for; the small tensor-parallel slice is not (docs say so)."""
+    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+
+    rows = [r for _, _, r in _json_lines(REPO / "data" / "calibration" / "h200-fp8.jsonl")]
+    assert len(rows) == 9
+    for r in rows:
+        m, n, k = r["shape_mnk"]
+        for kind in ("bf16", "fp8_rowwise_gemm_only", "fp8_rowwise_eager_quantised"):
+            assert r[f"{kind}_tflops"] == pytest.approx(2 * m * n * k / r[f"{kind}_s"] / 1e12, rel=1e-9)
+        gemm_speed_up = r["bf16_s"] / r["fp8_rowwise_gemm_only_s"]
+        if m >= 8192:
+            assert gemm_speed_up > FP8_GEMM_SPEEDUP, r["why"]
+    assert min(r["bf16_s"] / r["fp8_rowwise_gemm_only_s"] for r in rows) < 1  # the 2048 x 1024 x 4096 slice
