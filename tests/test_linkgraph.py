@@ -1,4 +1,4 @@
-"""The intra-node link graph (synth.linkgraph): parsing, NCCL's view of a sub-group, the links model."""
+"""The intra-node link graph (synth.linkgraph, synth.cost.rings): parsing, NCCL's view of a sub-group, the links model."""
 
 import copy
 import itertools
@@ -10,8 +10,8 @@ from synth.cost.links import graph_scale
 from synth.cost.model import Algorithm, Model
 from synth.cost.nccl import comm_of, ring_graph
 from synth.cost.predict import step_cost
+from synth.cost.rings import Members, best_ring, rings_at, rings_with_type
 from synth.errors import SynthError
-from synth.linkgraph import Members, best_ring, rings_at, rings_with_type
 from synth.synthesis.language import Collective
 from synth.topology import load_topology, topology_from_dict
 

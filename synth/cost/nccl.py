@@ -31,8 +31,8 @@ Simplifications of the topology search (documented in docs/simulator.md): the
 search is reduced to channel capacities (how many channels of a given speed the
 GPUs' NVLink bandwidth and the NICs carry; where the topology gives a node's
 link graph, how many rings fit through the links among the group's GPUs,
-:mod:`synth.linkgraph`, and the ring's path type there: ``Comm.local``); GPU-to-NIC PCIe paths are assumed
-as fast as the NIC (GPUDirect RDMA through a PCIe switch); CPUs are assumed not
+:mod:`synth.cost.rings`, and the ring's path type there: ``Comm.local``);
+GPU-to-NIC PCIe paths are assumed as fast as the NIC (GPUDirect RDMA through a PCIe switch); CPUs are assumed not
 to be AMD (Intel/ARM rows of the LL table, 1 us network overhead); ring graphs
 use the same channels on every node (``sameChannels``). No tuner plugin: cloud
 images that install one (AWS's ``NCCL_TUNER_PLUGIN=ofi``) may choose otherwise.
@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import SynthError
-from ..linkgraph import PATH_TYPES, Members, rings_with_type
 from ..synthesis.language import Collective
 from ..topology import Topology
 from .nccl_rules import NCCL_2_27_7, NCCL_VERSION, RULES, NcclRules, rules_for
+from .rings import PATH_TYPES, Members, rings_with_type
 
 ALGORITHMS = ("tree", "ring", "nvls", "nvlstree", "pat")  # the ones modelled (CollNet is off by default)
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -89,7 +89,7 @@ class Comm:
     nics: int  # NICs per node the group's GPUs use (0 on one node)
     nic_GBps: float
     version: str = NCCL_VERSION  # the NCCL release whose rules apply (a key of synth.cost.nccl_rules.RULES)
-    local: tuple[Members, ...] = ()  # per node (distinct), the members on the node's link graph (synth.linkgraph)
+    local: tuple[Members, ...] = ()  # per node (distinct), the members on the node's link graph (synth.cost.rings)
 
     @property
     def rules(self) -> NcclRules:
