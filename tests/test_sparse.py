@@ -325,3 +325,21 @@ def test_bench_density_refuses_the_dense_only_options(cli, tmp_path):
         cli, *common, "--jsonl", tmp_path / "r.jsonl")
     assert "--pipelined times MSCCL schedules of dense all-reduces; drop it with --density" in usage_error(
         cli, *common, "--pipelined")
+
+
+def test_bench_density_under_torchrun_runs_every_sparse_step_exactly():
+    """torch.distributed (gloo): the sparse steps as all_to_all_single with
+    split sizes, all_gather, gather and broadcast of padded byte messages
+    (synth.runtime.torch_world.TorchSparseComm); the top three programs use
+    every one of them, and every result equals the numpy dense sum."""
+    from test_torch import torchrun
+
+    done = torchrun(4, "-m", "synth.cli", "bench", "--backend", "torch", "--topology", "testbed-2x4", "--scale",
+                    "node=1", "--axes", "dp=4", "--density", "0.02", "--skew", "zipf:1.1", "--sizes", "64K",
+                    "--iters", "2", "--warmup", "0", "--top", "3", timeout_s=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = re.findall(r"\d\.\d\dx +(\d+)  (.+)", done.stdout)
+    assert [w for w, _ in rows] == ["0"] * 4, done.stdout  # the default and three sparse programs
+    steps = " ".join(p for _, p in rows)
+    for step in ("PartitionSum", "GatherPartitions", "GatherSum(", "GatherSumRoot", "BroadcastSet"):
+        assert step in steps, done.stdout

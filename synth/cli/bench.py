@@ -109,8 +109,9 @@ def _run_sparse_bench(args: argparse.Namespace, density: float) -> int:
     from ..synthesis.hashing import Encoding
     from ..synthesis.sparse import Skew
 
-    if args.backend != "mpi":
-        raise SynthError(f"bench --density runs on --backend mpi only so far, not {args.backend}")
+    if args.backend not in ("mpi", "torch"):
+        raise SynthError(f"bench --density runs on --backend mpi or torch (the sparse steps' byte messages), not "
+                         f"{args.backend}")
     if args.jsonl:  # said, not dropped: fit's records describe dense collectives
         raise SynthError("--jsonl writes measurement records of dense collectives for fit; sparse-allreduce rows "
                          "are not such records: drop --jsonl (the table is the bench's output)")

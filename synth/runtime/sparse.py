@@ -20,8 +20,9 @@ else go through a dense scratch and a mask of the touched slots.
 
 Backends: ``mpi`` (mpi4py; :class:`~synth.runtime.backends.MPIWorld`) and the
 in-process ``numpy`` threads (:class:`~synth.runtime.backends.LocalWorld`, for
-the tests). torch.distributed (``all_to_all_single`` with split sizes) is not
-wired yet: SynthError.
+the tests) and ``torch`` (torch.distributed: ``all_to_all_single`` with split
+sizes, all_gather / gather / broadcast of padded messages;
+:class:`~synth.runtime.torch_world.TorchSparseComm`).
 """
 
 from __future__ import annotations
@@ -159,8 +160,13 @@ def sparse_comm(world: Any, groups: Sequence[tuple[int, ...]]) -> Any:
     if world.name == "numpy":
         mine = [g for g in groups if world.rank in g]
         return _LocalSparseComm(world.shared.group(mine[0]), mine[0].index(world.rank)) if mine else None
-    raise SynthError(f"sparse-allreduce runs on --backend mpi (or the in-process numpy reference), not "
-                     f"{world.name}; use --backend mpi")
+    if world.name == "torch":
+        from .torch_world import TorchSparseComm
+
+        comm = world.split(groups)
+        return None if comm is None else TorchSparseComm(comm, world.device)
+    raise SynthError(f"sparse-allreduce runs on --backend mpi or torch (or the in-process numpy reference), not "
+                     f"{world.name}; use --backend mpi or torch")
 
 
 @dataclass(frozen=True)

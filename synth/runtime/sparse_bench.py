@@ -119,18 +119,22 @@ def run_sparse_bench(world: Any, request: SparseBenchRequest, out: Callable[[str
             for d in next(g for g in default.reduction_groups if world.rank in g):
                 expected[inputs[d][0]] += inputs[d][1]
             # the dense default
-            dense_in = np.zeros(n, dtype=dtype)
-            dense_in[idx] = val
+            host_in = np.zeros(n, dtype=dtype)
+            host_in[idx] = val
+            dense_in = world.xp.asarray(host_in)  # the world's buffers (torch tensors under --backend torch)
             executor = Executor(default, world)
-            buffer = dense_in.copy()
+            buffer = world.xp.empty_like(dense_in)
+            buffer[...] = dense_in
             executor(buffer, check=True)
 
-            def dense() -> np.ndarray:
+            def dense() -> Any:
                 buffer[...] = dense_in
                 executor(buffer, check=False)
+                world.synchronize()
                 return buffer
 
-            times, wrong = _timed(world, dense, lambda b: int((b != expected).sum()), request.iters, request.warmup)
+            times, wrong = _timed(world, dense, lambda b: int((_host(b) != expected).sum()), request.iters,
+                                  request.warmup)
             rows.append(SparseRow(index, "dense default (AllReduce(root, inside))", size, ranking.dense_default_s,
                                   times, wrong))
             dense_median = rows[-1].median_s
@@ -146,6 +150,11 @@ def run_sparse_bench(world: Any, request: SparseBenchRequest, out: Callable[[str
                 f"{'> 1' if ranking.crossover_density is None else f'{ranking.crossover_density:.3g}'} against the "
                 f"dense default")
     return rows
+
+
+def _host(buffer: Any) -> np.ndarray:
+    """A world's buffer as a numpy array (torch tensors are copied to the host)."""
+    return buffer.cpu().numpy() if hasattr(buffer, "cpu") else np.asarray(buffer)
 
 
 class _SparseRun:

@@ -83,6 +83,76 @@ class _TorchComm:
         dist.broadcast(a, src=self.root, group=self.pg)
 
 
+class TorchSparseComm:
+    """The byte-message collectives of the sparse executor
+    (:mod:`synth.runtime.sparse`) on one process group: uint8 numpy messages in
+    and out, moved as uint8 tensors on the world's device. Variable lengths are
+    exchanged first: ``all_to_all_single`` with split sizes for alltoallv;
+    all_gather, gather and broadcast of messages padded to the longest."""
+
+    def __init__(self, comm: _TorchComm, device: torch.device) -> None:
+        self.pg, self.group, self.member = comm.pg, comm.group, comm.member
+        self.size, self.device = len(comm.group), device
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8)).to(self.device)
+
+    @staticmethod
+    def _array(t: torch.Tensor) -> np.ndarray:
+        return t.cpu().numpy()
+
+    def _lengths(self, n: int) -> list[int]:
+        lengths = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(self.size)]
+        dist.all_gather(lengths, torch.tensor([n], dtype=torch.int64, device=self.device), group=self.pg)
+        return [int(t.item()) for t in lengths]
+
+    def _padded(self, message: np.ndarray, longest: int) -> torch.Tensor:
+        padded = np.zeros(longest, dtype=np.uint8)
+        padded[:len(message)] = message
+        return self._tensor(padded)
+
+    def alltoallv(self, messages: list[np.ndarray]) -> list[np.ndarray]:
+        send_counts = [len(m) for m in messages]
+        counts = torch.tensor(send_counts, dtype=torch.int64, device=self.device)
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.pg)
+        recv_counts = [int(x) for x in received.tolist()]
+        send = self._tensor(np.concatenate(messages) if messages else np.zeros(0, np.uint8))
+        recv = torch.empty(sum(recv_counts), dtype=torch.uint8, device=self.device)
+        dist.all_to_all_single(recv, send, output_split_sizes=recv_counts, input_split_sizes=send_counts,
+                               group=self.pg)
+        return np.split(self._array(recv), np.cumsum(recv_counts)[:-1])
+
+    def allgatherv(self, message: np.ndarray) -> list[np.ndarray]:
+        lengths = self._lengths(len(message))
+        longest = max(lengths)
+        if longest == 0:
+            return [np.zeros(0, np.uint8) for _ in lengths]
+        out = [torch.empty(longest, dtype=torch.uint8, device=self.device) for _ in lengths]
+        dist.all_gather(out, self._padded(message, longest), group=self.pg)
+        return [self._array(t)[:n] for t, n in zip(out, lengths)]
+
+    def gatherv(self, message: np.ndarray) -> list[np.ndarray] | None:
+        lengths = self._lengths(len(message))
+        longest = max(lengths)
+        if longest == 0:
+            return [np.zeros(0, np.uint8) for _ in lengths] if self.member == 0 else None
+        out = ([torch.empty(longest, dtype=torch.uint8, device=self.device) for _ in lengths]
+               if self.member == 0 else None)
+        dist.gather(self._padded(message, longest), out, dst=self.group[0], group=self.pg)
+        return [self._array(t)[:n] for t, n in zip(out, lengths)] if out is not None else None
+
+    def bcast(self, message: np.ndarray | None) -> np.ndarray:
+        n = torch.tensor([0 if message is None else len(message)], dtype=torch.int64, device=self.device)
+        dist.broadcast(n, src=self.group[0], group=self.pg)
+        if int(n.item()) == 0:
+            return np.zeros(0, np.uint8)
+        buffer = (self._tensor(message) if self.member == 0
+                  else torch.empty(int(n.item()), dtype=torch.uint8, device=self.device))
+        dist.broadcast(buffer, src=self.group[0], group=self.pg)
+        return self._array(buffer)
+
+
 def _new_group(ranks: Group) -> Any:
     """A process group whose rank ``i`` is ``ranks[i]`` (``new_group`` sorts
     ranks unless told not to; plans list groups in ascending order anyway)."""
