@@ -30,6 +30,7 @@ import socket
 import threading
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -204,6 +205,23 @@ def _queue_of(w: TorchWorld) -> _BucketQueue:
     return entry[1]
 
 
+def _sparse_executors(executor: Executor) -> dict[int, Any]:
+    """The sparse form of each of the executor's plan programs
+    (:class:`~synth.runtime.sparse.SparseExecutor`, coo wire format, hashed
+    over the program's chunks), by ``id`` of its lowered program; built on
+    every rank at once (its communicators are collective)."""
+    from .runtime.sparse import SparseExecutor
+    from .synthesis.hashing import Encoding, HashPartition
+
+    out = {}
+    for planned in executor.programs:
+        lowered = planned.lowered
+        out[id(lowered)] = SparseExecutor(lowered, executor.world, HashPartition(lowered.num_chunks,
+                                                                                 (lowered.num_chunks,)),
+                                          Encoding.COO)
+    return out
+
+
 def _group_problem(state: Any, group: Sequence[int]) -> str | None:
     """Why DDP's process group ``state`` (what the hook was registered with)
     is not the plan's reduction group ``group`` of this rank, or None."""
@@ -223,7 +241,7 @@ def _group_problem(state: Any, group: Sequence[int]) -> str | None:
 
 
 def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None = None,
-              process_group: Any = None) -> Callable[..., Any]:
+              process_group: Any = None, sparse: bool = False) -> Callable[..., Any]:
     """A DDP communication hook that runs the plan's allreduce over ``reduce``
     (default: the plan's only allreduce) on each gradient bucket, averaging like
     DDP's default hook (divide by the reduction group size, then sum). The
@@ -239,7 +257,17 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
     bucket after the last step; on
     CUDA tensors (NCCL) the steps are enqueued on the GPU's streams and the CPU
     goes on at once. Building it is collective; so is every bucket (as with any
-    DDP hook)."""
+    DDP hook).
+
+    ``sparse=True``: a bucket holding a sparse gradient (DDP gives each
+    parameter with a sparse gradient, such as ``nn.Embedding(sparse=True)``, a
+    bucket of its own) runs the sparse form of the plan's program for that
+    gradient's dense size (:mod:`synth.synthesis.sparse`: the rows are hashed
+    over the program's chunks, each step moves and sums only the rows present;
+    docs/sparse.md), averaged like the dense buckets; the hook returns the
+    coalesced sparse sum. Its communicators are built here, so building the
+    hook stays the only collective set-up. Without it such a bucket is a
+    SynthError naming this option."""
     executor = Executor(plan, reduce, Goal.ALLREDUCE)
     lowered = executor.programs[0].lowered
     group_size = lowered.num_chunks
@@ -249,6 +277,19 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
         w.agree(_group_problem(process_group, mine))
     checked: set[int] = set()
     threaded = _queue_of(w) if w.device.type == "cpu" else None
+    sparse_runs = _sparse_executors(executor) if sparse else None
+
+    def run_sparse(tensor: torch.Tensor) -> torch.Tensor:
+        assert sparse_runs is not None
+        grad = tensor.coalesce()
+        dense_bytes = grad.numel() * grad.element_size()
+        run = sparse_runs[id(executor.program_for(dense_bytes))].for_positions(grad.shape[0])
+        rows = grad.indices()[0].cpu().numpy()
+        values = (grad.values() / group_size).cpu().numpy()
+        out_rows, out_values = run.run(rows, values)
+        indices = torch.from_numpy(np.asarray(out_rows, dtype=np.int64)).unsqueeze(0)
+        return torch.sparse_coo_tensor(indices, torch.from_numpy(np.ascontiguousarray(out_values)), grad.shape,
+                                       device=tensor.device).coalesce()
 
     def run(tensor: torch.Tensor) -> None:
         executor(tensor, check=False)  # DDP gives every rank of a group the same buckets
@@ -260,6 +301,14 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
                 raise SynthError(problem)
             checked.add(id(state))
         tensor = bucket.buffer()
+        if tensor.is_sparse:
+            if sparse_runs is None:
+                raise SynthError("a DDP bucket holds a sparse gradient (nn.Embedding(sparse=True) or the like): "
+                                 "build the hook with comm_hook(plan, sparse=True) to run the plan's program in "
+                                 "sparse form (docs/sparse.md)")
+            future = torch.futures.Future()
+            future.set_result(run_sparse(tensor))
+            return future
         problem = w.buffer_problem(tensor)
         if problem is not None:
             raise SynthError(problem)

@@ -164,6 +164,16 @@ def test_executor_is_exact_on_every_allreduce_program_at_odd_lengths(checks):
 
 
 @pytest.mark.timeout(600)
+def test_ddp_sparse_embedding_gradients_run_the_plans_program_in_sparse_form(checks):
+    """comm_hook(plan, sparse=True) under DDP: nn.Embedding(sparse=True)'s
+    gradient equals default DDP's exactly, and without sparse=True the hook
+    refuses the sparse bucket by name (tests/torch_worker.py)."""
+    detail = assert_check(checks, "ddp_sparse_embedding")
+    assert re.fullmatch(r"\d+ gradient rows equal default DDP's; a hook without sparse=True refuses the sparse bucket",
+                        detail), detail
+
+
+@pytest.mark.timeout(600)
 def test_executor_is_exact_on_reducescatter_and_allgather_plans(checks):
     assert re.fullmatch(r"\d+ programs", assert_check(checks, "shard_programs"))
 

@@ -291,6 +291,50 @@ def check_ddp_dp_mp(rank: int) -> str:
     return f"max |difference| {difference:.1e}; hook calls per step {per_step}"
 
 
+def check_ddp_sparse_embedding(rank: int) -> str:
+    """nn.Embedding(sparse=True) under DDP with the plan's hook built with
+    sparse=True: the embedding's sparse gradient runs the sparse form of the
+    plan's dp program, the linear layer's dense buckets the program itself.
+    With integer-valued gradients (integer weights and loss coefficients) both
+    equal default DDP's (gloo's sparse all-reduce, divided by the group)
+    exactly; a hook built without sparse=True refuses the sparse bucket."""
+    plan = single(BLUECONNECT, Reduction.of(placement("dp=8", ((2, 4),)), ["dp"]))
+    group = synth.torch.device_mesh(plan, "cpu").get_group("dp")
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Embedding(1000, 16, sparse=True), nn.Linear(16, 4))
+        with torch.no_grad():
+            module[0].weight.copy_(torch.randint(-3, 4, (1000, 16)).float())
+            module[1].weight.copy_(torch.randint(-3, 4, (4, 16)).float())
+        return module
+
+    def backward(ddp) -> None:
+        g = torch.Generator().manual_seed(rank)
+        tokens = torch.randint(0, 1000, (64,), generator=g)
+        coefficients = torch.randint(-2, 3, (64, 4), generator=g).float()
+        (ddp(tokens) * coefficients).sum().backward()
+
+    reference = DDP(net(), process_group=group)
+    backward(reference)
+    hooked = DDP(net(), process_group=group)
+    hooked.register_comm_hook(hooked.process_group, synth.torch.comm_hook(plan, sparse=True))
+    backward(hooked)
+    want, got = reference.module[0].weight.grad, hooked.module[0].weight.grad
+    assert got.is_sparse and torch.equal(want.coalesce().to_dense(), got.coalesce().to_dense())
+    for p, q in zip(reference.module[1].parameters(), hooked.module[1].parameters()):
+        assert torch.equal(p.grad, q.grad)
+    refusing = DDP(net(), process_group=group)
+    refusing.register_comm_hook(refusing.process_group, synth.torch.comm_hook(plan))
+    try:
+        backward(refusing)
+        raise AssertionError("a sparse bucket ran without sparse=True")
+    except Exception as exc:  # DDP re-raises the hook's error from backward
+        assert "build the hook with comm_hook(plan, sparse=True)" in str(exc), exc
+    rows = int(got.coalesce().indices().shape[1])
+    return f"{rows} gradient rows equal default DDP's; a hook without sparse=True refuses the sparse bucket"
+
+
 def check_trainer_mesh(rank: int) -> str:
     """The trainer mesh's dims have fixed names whatever the placement; on an
     interleaved placement (dp over 2 nodes x 2 ranks, tp inside the node) each
@@ -386,7 +430,8 @@ def run_checks(directory: Path) -> int:
               ("ddp_dp_mp", lambda: check_ddp_dp_mp(rank)),
               ("hsdp", lambda: check_hsdp(rank)),
               ("hook_group", lambda: check_hook_group(rank)),
-              ("trainer_mesh", lambda: check_trainer_mesh(rank))]
+              ("trainer_mesh", lambda: check_trainer_mesh(rank)),
+              ("ddp_sparse_embedding", lambda: check_ddp_sparse_embedding(rank))]  # last: it makes DDP raise
     failed = False
     for name, check in checks:
         try:

@@ -27,6 +27,7 @@ sizes, all_gather / gather / broadcast of padded messages;
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -119,17 +120,22 @@ class _MPISparseComm:
 
 def sum_entries(parts: Sequence[Entries], size: int, dtype: np.dtype) -> Entries:
     """The sum of sparse contributions to one partition of ``size`` slots
-    (each: slots increasing and unique, values): (slots increasing, sums),
-    sums that cancel to zero dropped. Few entries (a quarter of the slots at
+    (each: slots increasing and unique, values: one per slot, or a row per
+    slot): (slots increasing, sums), sums (rows) that cancel to zero dropped. Few entries (a quarter of the slots at
     most) are merged by a stable sort of the concatenated runs and summed per
     slot, O(entries log runs); more through a dense scratch of the slots and a
     mask of those touched, O(slots)."""
+    row = parts[0][1].shape[1:] if parts else ()  # () for one value per entry, (width,) for rows
     parts = [p for p in parts if len(p[0])]
     if not parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=dtype)
+        return np.zeros(0, dtype=np.int64), np.zeros((0,) + row, dtype=dtype)
+
+    def nonzero(values: np.ndarray) -> np.ndarray:
+        return values != 0 if values.ndim == 1 else (values != 0).any(axis=1)
+
     if len(parts) == 1:
         slots, values = parts[0]
-        keep = values != 0
+        keep = nonzero(values)
         return slots[keep], values[keep]
     entries = sum(len(p[0]) for p in parts)
     if entries * 4 <= size:
@@ -138,16 +144,16 @@ def sum_entries(parts: Sequence[Entries], size: int, dtype: np.dtype) -> Entries
         order = np.argsort(slots, kind="stable")
         slots, values = slots[order], values[order]
         starts = np.flatnonzero(np.concatenate([[True], slots[1:] != slots[:-1]]))
-        slots, sums = slots[starts], np.add.reduceat(values, starts)
+        slots, sums = slots[starts], np.add.reduceat(values, starts, axis=0)
     else:
-        scratch = np.zeros(size, dtype=dtype)
+        scratch = np.zeros((size,) + row, dtype=dtype)
         touched = np.zeros(size, dtype=bool)
         for part_slots, part_values in parts:
             scratch[part_slots] += part_values
             touched[part_slots] = True
         slots = np.flatnonzero(touched)
         sums = scratch[slots]
-    keep = sums != 0
+    keep = nonzero(sums)
     return slots[keep], sums[keep]
 
 
@@ -191,6 +197,7 @@ class SparseExecutor:
         self.partition, self.encoding, self.rank = partition, encoding, world.rank
         self.sizes = partition.partition_sizes
         self.sent_bytes = 0
+        self._width = 1  # values per entry of the run in progress (rows of an embedding gradient: its width)
         steps = []
         for step in lowered.steps:
             comm = sparse_comm(world, step.groups)
@@ -202,6 +209,16 @@ class SparseExecutor:
                     chunks, owner = tuple(c), tuple(p // part for p in range(len(c)))
             steps.append(_Step(step.collective, comm, chunks, owner))
         self.steps = tuple(steps)
+
+    def for_positions(self, n: int) -> "SparseExecutor":
+        """This executor (the same communicators: nothing collective) over an
+        index space of ``n`` positions, hashed like this one's (same hierarchy
+        sizes and seed)."""
+        other = copy.copy(self)
+        other.partition = HashPartition(n, self.partition.sizes, self.partition.seed)
+        other.sizes = other.partition.partition_sizes
+        other.sent_bytes = 0
+        return other
 
     # ------------------------------------------------------------ messages
 
@@ -221,7 +238,8 @@ class SparseExecutor:
         head = message[:count * _HEADER * 4].view(np.int32).reshape(count, _HEADER)
         offset, out = count * _HEADER * 4, []
         for j, fmt, entries, nbytes in head.tolist():
-            out.append((j, decode(Format(fmt), entries, message[offset:offset + nbytes], int(self.sizes[j]), dtype)))
+            out.append((j, decode(Format(fmt), entries, message[offset:offset + nbytes], int(self.sizes[j]), dtype,
+                                  self._width)))
             offset += nbytes
         return out
 
@@ -231,12 +249,15 @@ class SparseExecutor:
     # ------------------------------------------------------------ running
 
     def run(self, indices: np.ndarray, values: np.ndarray, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's sparse tensor (unique indices, values) -> the reduction
-        group's sum (unique indices, values of the same dtype, no zeros); the
-        indices increase, or with ``ordered=False`` come partition by partition
-        (increasing within each; no final sort)."""
+        """This rank's sparse tensor (unique indices, values: one per index, or
+        a row per index) -> the reduction group's sum (unique indices, values
+        of the same dtype and row width, no zero values or rows); the indices
+        increase, or with ``ordered=False`` come partition by partition
+        (increasing within each; no final sort). Collective over the program's
+        groups."""
         values = np.asarray(values)
         dtype = values.dtype
+        self._width = values.shape[1] if values.ndim == 2 else 1
         state = self.partition.split(indices, values)
         for step in self.steps:
             if step.comm is None or not step.chunks:

@@ -216,37 +216,47 @@ def choose_format(encoding: Encoding, entries: float, slots: float, value_bytes:
 
 def encode(slots: np.ndarray, values: np.ndarray, size: int, encoding: Encoding) -> tuple[Format, np.ndarray]:
     """One partition's entries (``slots`` increasing, unique, ``< size``) as
-    bytes (uint8) in the format :func:`choose_format` picks."""
+    bytes (uint8) in the format :func:`choose_format` picks. ``values`` is one
+    value per entry, or a row per entry (2-D: an embedding gradient's rows,
+    each entry then carries ``width`` values)."""
     values = np.ascontiguousarray(values)
-    fmt = choose_format(encoding, len(slots), size, values.dtype.itemsize)
+    width = values.shape[1] if values.ndim == 2 else 1
+    fmt = choose_format(encoding, len(slots), size, values.dtype.itemsize * width)
+    flat = values.reshape(-1).view(np.uint8)
     if fmt is Format.COO:
-        payload = [np.asarray(slots, dtype=np.int32).view(np.uint8), values.view(np.uint8)]
+        payload = [np.asarray(slots, dtype=np.int32).view(np.uint8), flat]
     elif fmt is Format.BITMAP:
         bits = np.zeros(size, dtype=bool)
         bits[slots] = True
-        payload = [np.packbits(bits), values.view(np.uint8)]
+        payload = [np.packbits(bits), flat]
     else:
-        dense = np.zeros(size, dtype=values.dtype)
+        dense = np.zeros((size,) + values.shape[1:], dtype=values.dtype)
         dense[slots] = values
-        payload = [dense.view(np.uint8)]
+        payload = [dense.reshape(-1).view(np.uint8)]
     return fmt, np.concatenate(payload) if len(payload) > 1 else payload[0]
 
 
-def decode(fmt: Format, count: int, blob: np.ndarray, size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """The inverse of :func:`encode`: (slots increasing, values); a dense
-    partition gives its non-zero slots (zeros are not entries)."""
+def decode(fmt: Format, count: int, blob: np.ndarray, size: int, dtype: np.dtype,
+           width: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of :func:`encode`: (slots increasing, values), the values a
+    row of ``width`` per entry when ``width`` > 1; a dense partition gives its
+    non-zero slots (rows of zeros are not entries)."""
     dtype = np.dtype(dtype)
     blob = np.ascontiguousarray(blob)
+
+    def rows(flat: np.ndarray) -> np.ndarray:
+        return flat if width == 1 else flat.reshape(-1, width)
+
     # (flatnonzero of a boolean array takes numpy's fast path: several times a float scan's speed)
     if fmt is Format.COO:
         slots = blob[:count * INDEX_BYTES].view(np.int32)
-        return slots, blob[count * INDEX_BYTES:].view(dtype)
+        return slots, rows(blob[count * INDEX_BYTES:].view(dtype))
     if fmt is Format.BITMAP:
         head = math.ceil(size / 8)
         slots = np.flatnonzero(np.unpackbits(blob[:head], count=size).view(bool))
-        return slots, blob[head:].view(dtype)
-    dense = blob.view(dtype)
-    slots = np.flatnonzero(dense != 0)
+        return slots, rows(blob[head:].view(dtype))
+    dense = rows(blob.view(dtype))
+    slots = np.flatnonzero(dense != 0 if width == 1 else (dense != 0).any(axis=1))
     return slots, dense[slots]
 
 
