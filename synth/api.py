@@ -518,12 +518,26 @@ def _workload_placement(cost: PlacementCost, items: Sequence[WorkloadItem], veri
             best = ProgramResult(ranked.result.programs[ranked.order[0]], ranked.result.reduction,
                                  ranked.predicted_s[0])
             best = best.verified() if verify else best
+            if verify and item.sparse:  # its sparse form too, exactly against the dense sum
+                _check_sparse_form(best.program, ranked.result.reduction)
         results.append(ItemResult(item, ranked, best))
     return WorkloadPlacement(cost.index, cost.placement, tuple(results), cost.total_s(items),
                              cost.default_total_s(items))
 
 
 # ---------------------------------------------------------------- sparse all-reduce
+
+
+def _check_sparse_form(program: Program, reduction: Reduction, encoding: str = "coo") -> int:
+    """The sparse form of ``program`` run exactly against the dense sum on
+    :data:`SPARSE_CHECKS` (entries compared; SynthError on a difference)."""
+    from .synthesis.hashing import Encoding
+    from .synthesis.sparse import Skew, check_sparse
+
+    lowered = lower(program, reduction)
+    return sum(check_sparse(lowered, positions, d, Skew.parse(skew), seed=s, encoding=Encoding.of(encoding),
+                            sizes=reduction.hierarchy.sizes)
+               for s, (positions, d, skew) in enumerate(SPARSE_CHECKS))
 
 
 @dataclass(frozen=True)
@@ -603,7 +617,7 @@ def solve_sparse_problem(problem: Problem, model: Model, size_bytes: int, densit
     """:func:`solve_sparse` on a checked all-reduce :class:`~synth.synthesis.problem.Problem`."""
     from .cost.sparse import SparseSpec, rank_sparse
     from .synthesis.hashing import Encoding
-    from .synthesis.sparse import Skew, check_density, check_sparse
+    from .synthesis.sparse import check_density
 
     check_density(density)
     spec = SparseSpec(max(size_bytes // value_bytes, 1), density, value_bytes, Encoding.of(encoding))
@@ -623,9 +637,6 @@ def solve_sparse_problem(problem: Problem, model: Model, size_bytes: int, densit
         if verify:
             for program in listed:
                 verify_program(program, result.reduction)
-                lowered = lower(program, result.reduction)
-                checked.append(sum(check_sparse(lowered, positions, d, Skew.parse(skew), seed=s,
-                                                encoding=spec.encoding, sizes=result.reduction.hierarchy.sizes)
-                                   for s, (positions, d, skew) in enumerate(SPARSE_CHECKS)))
+                checked.append(_check_sparse_form(program, result.reduction, spec.encoding.value))
         out.append(SparsePlacementResult(n, ranking, tuple(listed), tuple(checked)))
     return SparseSolution(problem, model, spec, tuple(out), verify)

@@ -343,3 +343,45 @@ def test_bench_density_under_torchrun_runs_every_sparse_step_exactly():
     steps = " ".join(p for _, p in rows)
     for step in ("PartitionSum", "GatherPartitions", "GatherSum(", "GatherSumRoot", "BroadcastSet"):
         assert step in steps, done.stdout
+
+
+def test_a_workload_takes_sparse_items_priced_by_their_sparse_form(cli):
+    """--workload dp:sparse-allreduce:SIZE@D*REPS: the item is the dense
+    all-reduce's programs ranked by their sparse form's prediction (the same
+    ranking solve_sparse makes), beside the dense default, times its
+    repetitions in the placement's total."""
+    from synth.synthesis.problem import ProblemSpec
+    from synth.synthesis.reduction import Reduction
+    from synth.synthesis.search import synthesize_reduction
+    from synth.synthesis.semantics import Goal
+
+    code, out, _ = cli("--topology", "testbed-2x4", "--axes", "dp=4,mp=2", "--workload",
+                       "dp:sparse-allreduce:64MiB@0.01*3,mp:allreduce:1MiB", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["workload"][0] == {"reduce": ["dp"], "collective": "sparse-allreduce", "size_bytes": 64 << 20,
+                                  "repetitions": 3, "density": 0.01}
+    placements = ProblemSpec(topology="testbed-2x4", axes="dp=4,mp=2").build().placements()
+    for p in doc["placements"]:
+        reduction = Reduction(placements[p["index"]], ("dp",), Goal.ALLREDUCE)
+        ranking = rank_sparse(reduction, synthesize_reduction(reduction, 5).programs, SparseSpec((64 << 20) // 4, 0.01))
+        sparse_item, dense_item = p["items"]
+        assert sparse_item["best_predicted_s"] == ranking.predicted_s[0]
+        assert sparse_item["default_predicted_s"] == ranking.dense_default_s
+        assert sparse_item["best_sparse_program"] == format_sparse(ranking.programs[0], " ; ")
+        assert p["total_predicted_s"] == pytest.approx(3 * ranking.predicted_s[0] + dense_item["best_predicted_s"])
+
+
+def test_sparse_workload_items_name_their_mistakes(cli):
+    common = ("--topology", "testbed-2x4", "--axes", "dp=4,mp=2", "--workload")
+    assert usage_error(cli, *common, "dp:sparse-allreduce:64MiB") == (
+        "--workload 'dp:sparse-allreduce:64MiB': give the sparse gradient's density after the size, e.g. "
+        "dp:sparse-allreduce:64MiB@0.01")
+    assert "'@0.01' is the density of a sparse-allreduce item" in usage_error(cli, *common, "dp:allreduce:1M@0.01")
+    assert "density 'x' is not a number" in usage_error(cli, *common, "dp:sparse-allreduce:1M@x")
+    assert "in (0, 1]" in usage_error(cli, *common, "dp:sparse-allreduce:1M@1.5")
+    assert "use one of allreduce, reducescatter, allgather, sparse-allreduce" in usage_error(cli, *common, "dp:bcast:1M")
+    assert "--workload replaces --reduce, --collective, --size and --density" in usage_error(
+        cli, *common, "dp:sparse-allreduce:1M@0.1", "--density", "0.1")
+    assert "--out: a plan holds dense programs" in usage_error(cli, *common, "dp:sparse-allreduce:1M@0.1", "--out",
+                                                              "/tmp/never-written.json")

@@ -18,6 +18,7 @@ from ..plan import program_document, write_plan
 from ..planner.workload import parse_workload
 from ..synthesis.language import format_program
 from ..synthesis.placement import axes_have_sizes
+from ..synthesis.sparse import format_sparse
 from ..units import format_seconds, format_size, parse_size
 from .args import Parser, add_model_arguments, add_problem_arguments, model_of, problem_spec, sparse_density
 from .commands import commands_text
@@ -272,7 +273,9 @@ def _run_sparse(args: argparse.Namespace, density: float) -> int:
     from ..api import solve_sparse_problem
     from ..synthesis.sparse import format_sparse
 
-    for option, given in (("--workload", args.workload), ("--out", args.out), ("--program", args.program)):
+    if args.workload is not None:
+        raise SynthError(WORKLOAD_REPLACES)
+    for option, given in (("--out", args.out), ("--program", args.program)):
         if given is not None:
             raise SynthError(f"{option} is not available for sparse-allreduce yet; run 'synth-reduce bench "
                              f"--density D' to time its programs")
@@ -418,15 +421,23 @@ def print_sizes_table(solution: SizesSolution) -> None:
 # ---------------------------------------------------------------- workload
 
 
+WORKLOAD_REPLACES = ("--workload replaces --reduce, --collective, --size and --density (a sparse item takes its "
+                     "density after its size: dp:sparse-allreduce:256MiB@0.01); give one or the other")
+
+
 def _run_workload(args: argparse.Namespace) -> int:
-    if args.reduce is not None or args.collective is not None or args.size is not None:
-        raise SynthError("--workload replaces --reduce, --collective and --size; give one or the other")
+    if args.reduce is not None or args.collective is not None or args.size is not None or args.density is not None:
+        raise SynthError(WORKLOAD_REPLACES)
     for option, value in (("--top", args.top), ("--program", args.program)):
         if value is not None:
             raise SynthError(f"{option} lists or picks programs of one reduction; with --workload every item uses "
                              "its best predicted program (leave out --workload to list the programs of one)")
     problem = problem_spec(args).build()
     workload = parse_workload(args.workload, problem.axes)
+    if args.out and any(item.sparse for item in workload):
+        raise SynthError("--out: a plan holds dense programs, and the workload has a sparse-allreduce item; plan the "
+                         "dense items alone, or run a dense all-reduce plan's program in sparse form with "
+                         "synth.torch.comm_hook(plan, sparse=True) (docs/sparse.md)")
     model = model_of(args)
     progress = ProgressLine()
     solution = rank_problem_placements(problem, workload, model, verify=not args.no_verify, progress=progress)
@@ -449,8 +460,9 @@ def workload_document(solution: WorkloadSolution) -> dict[str, Any]:
     return {
         "topology": solution.topology.to_dict(),
         "axes": [{"name": a.name, "size": a.size} for a in solution.axes],
-        "workload": [{"reduce": list(w.reduce_axes), "collective": w.goal.value, "size_bytes": w.size_bytes,
-                      "repetitions": w.repetitions} for w in solution.workload],
+        "workload": [{"reduce": list(w.reduce_axes), "collective": w.collective, "size_bytes": w.size_bytes,
+                      "repetitions": w.repetitions, **({"density": w.density} if w.sparse else {})}
+                     for w in solution.workload],
         "model": {"algo": solution.model.algorithm.value, "profile": solution.model.profile_path},
         "elapsed_s": round(solution.elapsed_s, 6),
         "placements": [
@@ -461,8 +473,10 @@ def workload_document(solution: WorkloadSolution) -> dict[str, Any]:
                 "total_predicted_s": c.total_s,
                 "default_total_predicted_s": c.default_total_s,
                 "items": [
-                    {"reduce": list(r.item.reduce_axes), "collective": r.item.goal.value,
+                    {"reduce": list(r.item.reduce_axes), "collective": r.item.collective,
                      "size_bytes": r.item.size_bytes, "repetitions": r.item.repetitions,
+                     **({"density": r.item.density, "best_sparse_program": format_sparse(r.best.program, " ; ")}
+                        if r.item.sparse and r.best else {}),
                      "default_predicted_s": r.default_s, "best_predicted_s": r.best_s,
                      "best_program": _program_document(r.best) if r.best else None}
                     for r in c.items
@@ -474,7 +488,8 @@ def workload_document(solution: WorkloadSolution) -> dict[str, Any]:
 
 
 def print_workload_table(solution: WorkloadSolution) -> None:
-    items = ", ".join(f"{'+'.join(w.reduce_axes)} {w.goal.value} {format_size(w.size_bytes)}"
+    items = ", ".join(f"{'+'.join(w.reduce_axes)} {w.collective} {format_size(w.size_bytes)}"
+                      + (f" at density {w.density:g}" if w.sparse else "")
                       + (f" x{w.repetitions}" if w.repetitions > 1 else "") for w in solution.workload)
     print(f"topology {solution.topology.name} ({solution.topology.num_devices} devices); "
           f"axes {' '.join(f'{a.name}={a.size}' for a in solution.axes)}")
@@ -494,5 +509,7 @@ def print_workload_table(solution: WorkloadSolution) -> None:
         print(f"{n + 1:>4} {c.index:>3}  {matrices[n]:<{mw}} "
               f"{format_seconds(c.total_s):>11} {format_seconds(c.default_total_s):>13}  "
               + " | ".join(
-                  f"{'+'.join(r.item.reduce_axes)}: " + (format_program(r.best.program, ' ; ') if r.best else "-")
+                  f"{'+'.join(r.item.reduce_axes)}: " + (
+                      "-" if not r.best else format_sparse(r.best.program, " ; ") if r.item.sparse
+                      else format_program(r.best.program, " ; "))
                   for r in c.items))
