@@ -89,31 +89,33 @@ class HashPartition:
         order = np.argsort(part, kind="stable")  # indices grouped by partition, increasing within
         counts = np.bincount(part, minlength=self.k)
         starts = np.concatenate([[0], np.cumsum(counts)])
-        slot = np.empty(self.n, dtype=np.int32)  # int32 tables: n < 2^31 positions, half the memory
+        slot = np.empty(self.n, dtype=np.int64)
         slot[order] = np.arange(self.n) - starts[part[order]]
-        part, order = part.astype(np.int32), order.astype(np.int32)
-        for a in (part, order, slot, starts):
+        # one lookup gives both: code = slot x k + partition (< n + k, so int64 only past 2^31 positions)
+        code = (slot * self.k + part).astype(np.int32 if self.n + self.k < 2**31 else np.int64)
+        order = order.astype(np.int32 if self.n < 2**31 else np.int64)
+        for a in (order, code, starts):
             a.setflags(write=False)
-        return part, order, slot, starts
+        return code, order, starts, counts
 
     @property
     def partition_of_index(self) -> np.ndarray:
         """``(n,)``: the partition of every index."""
-        return self._tables[0]
+        return self._tables[0] % self.k
 
     @property
     def slot_of_index(self) -> np.ndarray:
         """``(n,)``: every index's slot within its partition."""
-        return self._tables[2]
+        return self._tables[0] // self.k
 
     @property
     def partition_sizes(self) -> np.ndarray:
         """``(k,)``: slots per partition."""
-        return np.diff(self._tables[3])
+        return self._tables[3]
 
     def members(self, partition: int) -> np.ndarray:
         """The indices of ``partition``, increasing (slot ``s`` is element ``s``)."""
-        _, order, _, starts = self._tables
+        _, order, starts, _ = self._tables
         return order[starts[partition]:starts[partition + 1]]
 
     def split(self, indices: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -125,8 +127,8 @@ class HashPartition:
         partition, a radix sort on the small partition ids; other orders
         are sorted by (partition, slot)."""
         indices = np.asarray(indices, dtype=np.int64)
-        part = self.partition_of_index[indices]
-        slots = self.slot_of_index[indices]
+        code = self._tables[0][indices]
+        part, slots = code % self.k, code // self.k
         if len(indices) < 2 or bool(np.all(indices[1:] > indices[:-1])):
             small = np.uint8 if self.k <= 1 << 8 else np.uint16 if self.k <= 1 << 16 else np.int32
             order = np.argsort(part.astype(small), kind="stable")
@@ -134,8 +136,8 @@ class HashPartition:
             order = np.lexsort((slots, part))
         counts = np.bincount(part, minlength=self.k)
         bounds = np.concatenate([[0], np.cumsum(counts)])
-        values = np.asarray(values)
-        return [(slots[order[a:b]], values[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:])]
+        slots, values = slots[order], np.asarray(values)[order]  # one gather each; the partitions are slices
+        return [(slots[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def join(self, parts: Sequence[tuple[np.ndarray, np.ndarray]] | dict,
              ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
