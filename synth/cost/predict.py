@@ -236,7 +236,7 @@ _SHARED_STEPS: dict[tuple, tuple[float, Features]] = {}
 _SHARED_STEPS_LIMIT = 1 << 16
 
 
-def _shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm, collective: Collective,
+def shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm, collective: Collective,
                       groups: np.ndarray, nbytes: np.ndarray, nccl_version: str | None = None
                       ) -> tuple[float, Features]:
     """:func:`_ordered_step_cost` (rows in ring and tree order) memoised on the
@@ -298,7 +298,7 @@ class Predictor:
             nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, len(self.reduction.synthesis_groups))
             if not nbytes.all():  # groups that move nothing (an AllGather of empty members) are idle
                 groups, nbytes = groups[nbytes > 0], nbytes[nbytes > 0]
-            cost = self._memo[key] = _shared_step_cost(
+            cost = self._memo[key] = shared_step_cost(
                 self.reduction.topology, self.profile, self.model.algorithm, instruction.collective, groups, nbytes,
                 self.model.rules_version,
             )

@@ -51,7 +51,7 @@ from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal
 from ..synthesis.sparse import check_density
 from .model import Model
-from .predict import Predictor, _shared_step_cost, default_program, predict_program
+from .predict import Predictor, default_program, predict_program, shared_step_cost
 
 
 def expected_entries(slots: float, density: float, contributors: int) -> float:
@@ -190,7 +190,7 @@ class SparsePredictor:
             dense = {Collective.BROADCAST: Collective.BROADCAST, Collective.REDUCE: Collective.REDUCE,
                      Collective.REDUCESCATTER: Collective.REDUCESCATTER}.get(collective, Collective.ALLGATHER)
             nbytes = per_row if dense in (Collective.BROADCAST, Collective.REDUCESCATTER) else per_row * members
-            seconds = _shared_step_cost(self.reduction.topology, self._dense.profile, self.model.algorithm, dense,
+            seconds = shared_step_cost(self.reduction.topology, self._dense.profile, self.model.algorithm, dense,
                                         groups, nbytes, self.model.rules_version)[0]
         self._memo[key] = seconds
         return seconds
