@@ -269,7 +269,7 @@ def test_cli_ranks_verified_sparse_programs_beside_the_dense_default(capsys):
     (("--density", "x"), "--density x: outside (0, 1]"),
     (("--collective", "sparse-allreduce"), "--collective sparse-allreduce needs --density D"),
     (("--collective", "allgather", "--density", "0.1"), "--density applies to sparse-allreduce, not --collective allgather"),
-    (("--density", "0.1", "--out", "p.json"), "--out is not available for sparse-allreduce"),
+    (("--density", "0.1", "--out", "p.json"), "--out: a plan holds dense programs: write the dense all-reduce's plan"),
 ])
 def test_cli_errors_name_the_option_and_the_fix(capsys, extra, message):
     code, _, err = run_cli(capsys, *BASE, *extra)
@@ -383,5 +383,5 @@ def test_sparse_workload_items_name_their_mistakes(cli):
     assert "use one of allreduce, reducescatter, allgather, sparse-allreduce" in usage_error(cli, *common, "dp:bcast:1M")
     assert "--workload replaces --reduce, --collective, --size and --density" in usage_error(
         cli, *common, "dp:sparse-allreduce:1M@0.1", "--density", "0.1")
-    assert "--out: a plan holds dense programs" in usage_error(cli, *common, "dp:sparse-allreduce:1M@0.1", "--out",
-                                                              "/tmp/never-written.json")
+    assert "--out: the workload has a sparse-allreduce item; a plan holds dense programs" in usage_error(
+        cli, *common, "dp:sparse-allreduce:1M@0.1", "--out", "/tmp/never-written.json")

@@ -46,7 +46,8 @@ def test_workload_item_text():
     assert str(WorkloadItem(("dp",), Goal.ALLGATHER, 10)) == "dp:allgather:10"
 
 
-FORMAT = "expected AXES:GOAL:SIZE[*REPS], e.g. dp:allreduce:1GiB or mp:allreduce:64MiB*48"
+FORMAT = ("expected AXES:GOAL:SIZE[*REPS], e.g. dp:allreduce:1GiB or mp:allreduce:64MiB*48 "
+          "(a sparse all-reduce: dp:sparse-allreduce:256MiB@0.01)")
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,8 @@ FORMAT = "expected AXES:GOAL:SIZE[*REPS], e.g. dp:allreduce:1GiB or mp:allreduce
         ("zz:allreduce:1M", "--workload 'zz:allreduce:1M': unknown axis 'zz'; declared axes are dp, mp"),
         ("dp+zz:allreduce:1M", "--workload 'dp+zz:allreduce:1M': unknown axis 'zz'; declared axes are dp, mp"),
         ("dp:allsum:1M",
-         "--workload 'dp:allsum:1M': unknown collective 'allsum'; use one of allreduce, reducescatter, allgather"),
+         "--workload 'dp:allsum:1M': unknown collective 'allsum'; use one of allreduce, reducescatter, allgather, "
+         "sparse-allreduce"),
         ("dp:allreduce:abc", "--workload 'abc': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"),
         ("dp:allreduce:-1M", "--workload '-1M': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"),
         ("dp:allreduce:1XB", "--workload '1XB': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"),
@@ -210,14 +212,16 @@ def test_workload_programs_are_verified_by_default(cli):
 )
 def test_workload_replaces_reduce_collective_and_size(cli, extra):
     assert usage_error(cli, *P2, "--workload", JOB, *extra) == (
-        "--workload replaces --reduce, --collective and --size; give one or the other"
+        "--workload replaces --reduce, --collective, --size and --density (a sparse item takes its density after "
+        "its size: dp:sparse-allreduce:256MiB@0.01); give one or the other"
     )
 
 
 @pytest.mark.parametrize("extra", [("--size", "256MiB"), ("--collective", "allreduce")])
 def test_workload_with_an_explicit_default_size_or_collective(cli, extra):
     assert usage_error(cli, *P2, "--workload", JOB, *extra) == (
-        "--workload replaces --reduce, --collective and --size; give one or the other"
+        "--workload replaces --reduce, --collective, --size and --density (a sparse item takes its density after "
+        "its size: dp:sparse-allreduce:256MiB@0.01); give one or the other"
     )
 
 

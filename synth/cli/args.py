@@ -9,7 +9,7 @@ from ..cost.nccl_rules import NCCL_VERSION, RULES
 from ..errors import SynthError
 from ..synthesis.problem import MAX_STEPS_DEFAULT, ProblemSpec
 from ..synthesis.semantics import Goal
-from ..synthesis.sparse import SPARSE_ALLREDUCE, check_density
+from ..synthesis.sparse import SPARSE_ALLREDUCE
 from ..topology import Topology, load_topology, parse_scale
 
 
@@ -80,7 +80,7 @@ def sparse_density(args: argparse.Namespace) -> float | None:
         value = float("nan")
     if not 0 < value <= 1:
         raise SynthError(f"--density {density}: outside (0, 1]; give the fraction of non-zeros per rank, e.g. 0.01")
-    return check_density(value)
+    return value
 
 
 def problem_spec(args: argparse.Namespace) -> ProblemSpec:

@@ -271,14 +271,14 @@ def print_table(solution: Solution) -> None:
 
 def _run_sparse(args: argparse.Namespace, density: float) -> int:
     from ..api import solve_sparse_problem
-    from ..synthesis.sparse import format_sparse
 
     if args.workload is not None:
         raise SynthError(WORKLOAD_REPLACES)
-    for option, given in (("--out", args.out), ("--program", args.program)):
-        if given is not None:
-            raise SynthError(f"{option} is not available for sparse-allreduce yet; run 'synth-reduce bench "
-                             f"--density D' to time its programs")
+    if args.out is not None:
+        raise SynthError(f"--out: {PLANS_ARE_DENSE}")
+    if args.program is not None:
+        raise SynthError("--program is not available for sparse-allreduce yet; run 'synth-reduce bench --density D' "
+                         "to time its programs")
     size_bytes = parse_size(args.size or "256MiB")
     model = model_of(args)
     top = args.top if args.top is not None else 3
@@ -319,8 +319,6 @@ def _run_sparse(args: argparse.Namespace, density: float) -> int:
 
 def sparse_document(solution) -> dict:
     """The ``--json`` document of a sparse all-reduce."""
-    from ..synthesis.sparse import format_sparse
-
     spec = solution.spec
     return {
         "version": __version__,
@@ -421,6 +419,9 @@ def print_sizes_table(solution: SizesSolution) -> None:
 # ---------------------------------------------------------------- workload
 
 
+PLANS_ARE_DENSE = ("a plan holds dense programs: write the dense all-reduce's plan (without --density or the "
+                   "sparse item) and run its program in sparse form with synth.torch.comm_hook(plan, sparse=True) "
+                   "(docs/sparse.md)")
 WORKLOAD_REPLACES = ("--workload replaces --reduce, --collective, --size and --density (a sparse item takes its "
                      "density after its size: dp:sparse-allreduce:256MiB@0.01); give one or the other")
 
@@ -435,9 +436,7 @@ def _run_workload(args: argparse.Namespace) -> int:
     problem = problem_spec(args).build()
     workload = parse_workload(args.workload, problem.axes)
     if args.out and any(item.sparse for item in workload):
-        raise SynthError("--out: a plan holds dense programs, and the workload has a sparse-allreduce item; plan the "
-                         "dense items alone, or run a dense all-reduce plan's program in sparse form with "
-                         "synth.torch.comm_hook(plan, sparse=True) (docs/sparse.md)")
+        raise SynthError(f"--out: the workload has a sparse-allreduce item; {PLANS_ARE_DENSE}")
     model = model_of(args)
     progress = ProgressLine()
     solution = rank_problem_placements(problem, workload, model, verify=not args.no_verify, progress=progress)
