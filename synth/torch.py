@@ -278,12 +278,16 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
     checked: set[int] = set()
     threaded = _queue_of(w) if w.device.type == "cpu" else None
     sparse_runs = _sparse_executors(executor) if sparse else None
+    sized_runs: dict[tuple[int, int], Any] = {}
 
     def run_sparse(tensor: torch.Tensor) -> torch.Tensor:
         assert sparse_runs is not None
         grad = tensor.coalesce()
         dense_bytes = grad.numel() * grad.element_size()
-        run = sparse_runs[id(executor.program_for(dense_bytes))].for_positions(grad.shape[0])
+        key = (id(executor.program_for(dense_bytes)), grad.shape[0])
+        run = sized_runs.get(key)
+        if run is None:  # the partition tables of this many rows, built once per (program, rows)
+            run = sized_runs[key] = sparse_runs[key[0]].for_positions(grad.shape[0])
         rows = grad.indices()[0].cpu().numpy()
         values = (grad.values() / group_size).cpu().numpy()
         out_rows, out_values = run.run(rows, values)
