@@ -80,23 +80,26 @@ class _MPISparseComm:
     def _split(buffer: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
         return np.split(buffer, np.cumsum(counts)[:-1])
 
+    @staticmethod
+    def _layout(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(counts, displacements) of messages laid end to end (mpi4py's v-collective form)."""
+        return counts, np.concatenate([[0], np.cumsum(counts)[:-1]])
+
     def alltoallv(self, messages: list[np.ndarray]) -> list[np.ndarray]:
         send_counts = np.array([len(m) for m in messages], dtype=np.int64)
         recv_counts = np.empty_like(send_counts)
         self.comm.Alltoall(send_counts, recv_counts)
         send = np.concatenate(messages) if messages else np.zeros(0, np.uint8)
         recv = np.empty(int(recv_counts.sum()), dtype=np.uint8)
-        displ = lambda c: np.concatenate([[0], np.cumsum(c)[:-1]])  # noqa: E731
-        self.comm.Alltoallv([send, (send_counts, displ(send_counts)), self.MPI.BYTE],
-                            [recv, (recv_counts, displ(recv_counts)), self.MPI.BYTE])
+        self.comm.Alltoallv([send, self._layout(send_counts), self.MPI.BYTE],
+                            [recv, self._layout(recv_counts), self.MPI.BYTE])
         return self._split(recv, recv_counts)
 
     def allgatherv(self, message: np.ndarray) -> list[np.ndarray]:
         counts = np.empty(self.size, dtype=np.int64)
         self.comm.Allgather(np.array([len(message)], dtype=np.int64), counts)
         recv = np.empty(int(counts.sum()), dtype=np.uint8)
-        self.comm.Allgatherv(message, [recv, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])),
-                                       self.MPI.BYTE])
+        self.comm.Allgatherv(message, [recv, self._layout(counts), self.MPI.BYTE])
         return self._split(recv, counts)
 
     def gatherv(self, message: np.ndarray) -> list[np.ndarray] | None:
@@ -106,8 +109,7 @@ class _MPISparseComm:
             self.comm.Gatherv(message, None, root=0)
             return None
         recv = np.empty(int(counts.sum()), dtype=np.uint8)
-        self.comm.Gatherv(message, [recv, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])), self.MPI.BYTE],
-                          root=0)
+        self.comm.Gatherv(message, [recv, self._layout(counts), self.MPI.BYTE], root=0)
         return self._split(recv, counts)
 
     def bcast(self, message: np.ndarray | None) -> np.ndarray:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -180,15 +180,3 @@ def _row(index: int, row: SparseRow, dense_median_s: float) -> str:
     return (f"{index:>3} {format_size(row.size_bytes):>9} {format_seconds(row.median_s):>11} "
             f"{format_seconds(min(row.times_s)):>11} {format_seconds(max(row.times_s)):>11} "
             f"{format_seconds(row.predicted_s):>11} {ratio:>7.2f}x {row.wrong:>7}  {row.program}")
-
-
-def sizes_of(text: str) -> tuple[int, ...]:
-    from .bench import parse_sizes
-
-    return tuple(parse_sizes(text))
-
-
-def bench_rows_document(rows: Sequence[SparseRow]) -> list[dict]:
-    return [{"placement": r.placement, "program": r.program, "size_bytes": r.size_bytes,
-             "predicted_s": r.predicted_s, "median_s": r.median_s, "times_s": list(r.times_s), "wrong": r.wrong}
-            for r in rows]

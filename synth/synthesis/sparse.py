@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import SynthError
 from .hashing import Encoding, HashPartition, decode, encode
-from .language import Collective, Program, format_program, read_program
+from .language import Collective, Program, read_program
 from .lowering import LoweredProgram, check_structure
 from .semantics import Goal
 
@@ -136,17 +136,6 @@ def dense_sum(inputs: Sequence[tuple[np.ndarray, np.ndarray]], n: int) -> tuple[
 
 
 # ---------------------------------------------------------------- the sparse form of a program
-
-
-@dataclass(frozen=True)
-class SparseProgram:
-    """A dense all-reduce program and its sparse reading (one sparse step per
-    dense instruction, same level and form)."""
-
-    dense: Program
-
-    def __str__(self) -> str:
-        return format_sparse(self.dense)
 
 
 def format_sparse(program: Program, sep: str = "\n") -> str:
@@ -266,7 +255,3 @@ def check_sparse(lowered: LoweredProgram, n: int, density: float, skew: Skew, se
             checked += len(idx)
     return checked
 
-
-def describe(program: Program) -> str:
-    """One line: the sparse steps, then the dense program they come from."""
-    return f"{format_sparse(program, ' ; ')}  (from {format_program(program, ' ; ')})"
