@@ -72,6 +72,13 @@ def test_split_and_join_are_inverse_and_slots_name_the_partitions_members():
         assert np.all(part.partition_of_index[part.members(j)[slots]] == j)
     back_idx, back_val = part.join(pieces)
     assert np.array_equal(back_idx, idx) and np.array_equal(back_val, val)
+    # the runtime's form keeps the indices themselves, in the same order; any input order gives it
+    shuffled = rng.permutation(700)
+    for order in (np.arange(700), shuffled):
+        by_index = part.split_indices(idx[order], val[order])
+        for j, ((slots, values), (keys, same)) in enumerate(zip(pieces, by_index)):
+            assert keys.dtype == np.int32 and np.array_equal(keys, part.members(j)[slots])
+            assert np.array_equal(same, values) and np.array_equal(part.slots_of(keys), slots)
 
 
 @pytest.mark.parametrize("sizes", [(8,), (2, 4), (4, 4), (2, 2, 4)])
@@ -280,14 +287,14 @@ def test_cli_errors_name_the_option_and_the_fix(capsys, extra, message):
 
 
 @pytest.mark.parametrize("encoding", list(Encoding))
-def test_the_executor_on_thread_ranks_gives_every_rank_the_dense_sums_non_zeros(encoding):
+@pytest.mark.parametrize("n, density", [(499, 0.1), (40_000, 0.004)])  # merged sums dense / by sorted runs
+def test_the_executor_on_thread_ranks_gives_every_rank_the_dense_sums_non_zeros(encoding, n, density):
     from synth.runtime.backends import run_local
     from synth.runtime.sparse import SparseExecutor
 
     for result in reductions("dp=4,mp=2", 3):
-        n = 499
         partition = HashPartition(n, result.reduction.hierarchy.sizes)
-        inputs = sparse_inputs(8, n, 0.1, Skew.parse("zipf:1.1"), seed=2, dtype="float32")
+        inputs = sparse_inputs(8, n, density, Skew.parse("zipf:1.1"), seed=2, dtype="float32")
         for program in result.programs:
             lowered = lower(program, result.reduction)
             out = run_local(8, lambda world: SparseExecutor(lowered, world, partition, encoding).run(

@@ -34,14 +34,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import SynthError
-from ..synthesis.hashing import Encoding, Format, HashPartition, decode, encode
+from ..synthesis.hashing import INDEX_BYTES, Encoding, Format, HashPartition, choose_format, decode, encode
 from ..synthesis.language import Collective
 from ..synthesis.lowering import LoweredProgram
 from ..synthesis.semantics import Goal
 
 _HEADER = 4  # int32s per partition header: partition, format, entries, payload bytes
 
-Entries = tuple[np.ndarray, np.ndarray]  # (slots increasing, values) of one partition
+Entries = tuple[np.ndarray, np.ndarray]  # (indices or slots increasing, values) of one partition
 
 
 class _LocalSparseComm:
@@ -122,40 +122,63 @@ class _MPISparseComm:
 
 def sum_entries(parts: Sequence[Entries], size: int, dtype: np.dtype) -> Entries:
     """The sum of sparse contributions to one partition of ``size`` slots
-    (each: slots increasing and unique, values: one per slot, or a row per
-    slot): (slots increasing, sums), sums (rows) that cancel to zero dropped. Few entries (a quarter of the slots at
-    most) are merged by a stable sort of the concatenated runs and summed per
-    slot, O(entries log runs); more through a dense scratch of the slots and a
-    mask of those touched, O(slots)."""
+    (each: slots increasing and unique, ``< size``; values: one per slot, or a
+    row per slot): (slots increasing, sums), sums (rows) that cancel to zero
+    dropped. Few entries (a quarter of the slots at most) are merged by
+    :func:`merge_runs`, O(entries log runs); more through a dense scratch of
+    the slots and a mask of those touched (:func:`sum_dense`), O(slots)."""
+    if sum(len(p[0]) for p in parts) * 4 <= size:
+        return merge_runs(parts, dtype)
+    return sum_dense(parts, size, dtype)
+
+
+def _empty(parts: Sequence[Entries], dtype: np.dtype) -> Entries:
     row = parts[0][1].shape[1:] if parts else ()  # () for one value per entry, (width,) for rows
-    parts = [p for p in parts if len(p[0])]
-    if not parts:
-        return np.zeros(0, dtype=np.int64), np.zeros((0,) + row, dtype=dtype)
+    keys = parts[0][0].dtype if parts else np.int64
+    return np.zeros(0, dtype=keys), np.zeros((0,) + row, dtype=dtype)
 
-    def nonzero(values: np.ndarray) -> np.ndarray:
-        return values != 0 if values.ndim == 1 else (values != 0).any(axis=1)
 
-    if len(parts) == 1:
-        slots, values = parts[0]
-        keep = nonzero(values)
-        return slots[keep], values[keep]
-    entries = sum(len(p[0]) for p in parts)
-    if entries * 4 <= size:
-        slots = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts])
-        values = np.concatenate([p[1] for p in parts]).astype(dtype, copy=False)
-        order = np.argsort(slots, kind="stable")
-        slots, values = slots[order], values[order]
-        starts = np.flatnonzero(np.concatenate([[True], slots[1:] != slots[:-1]]))
-        slots, sums = slots[starts], np.add.reduceat(values, starts, axis=0)
-    else:
-        scratch = np.zeros((size,) + row, dtype=dtype)
-        touched = np.zeros(size, dtype=bool)
-        for part_slots, part_values in parts:
-            scratch[part_slots] += part_values
-            touched[part_slots] = True
-        slots = np.flatnonzero(touched)
-        sums = scratch[slots]
-    keep = nonzero(sums)
+def _nonzero(values: np.ndarray) -> np.ndarray:
+    return values != 0 if values.ndim == 1 else (values != 0).any(axis=1)
+
+
+def merge_runs(parts: Sequence[Entries], dtype: np.dtype) -> Entries:
+    """The sum of sparse contributions keyed by any increasing unique integers
+    (slots or the indices themselves): their runs concatenated in the order
+    given, merged by a stable sort (timsort: O(entries log runs)) and summed per
+    key in that order, so every rank that merges the same contributions in the
+    same order gets the same bits; zero sums dropped."""
+    nonempty = [p for p in parts if len(p[0])]
+    if not nonempty:
+        return _empty(parts, dtype)
+    if len(nonempty) == 1:
+        keys, values = nonempty[0]
+        keep = _nonzero(values)
+        return keys[keep], values[keep].astype(dtype, copy=False)
+    keys = np.concatenate([p[0] for p in nonempty])
+    values = np.concatenate([p[1] for p in nonempty]).astype(dtype, copy=False)
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], values[order]
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    keys, sums = keys[starts], np.add.reduceat(values, starts, axis=0)
+    keep = _nonzero(sums)
+    return keys[keep], sums[keep]
+
+
+def sum_dense(parts: Sequence[Entries], size: int, dtype: np.dtype) -> Entries:
+    """:func:`sum_entries` through a dense scratch of ``size`` slots (every
+    slot ``< size``), contributions added in the order given."""
+    nonempty = [p for p in parts if len(p[0])]
+    if not nonempty:
+        return _empty(parts, dtype)
+    scratch = np.zeros((size,) + nonempty[0][1].shape[1:], dtype=dtype)
+    touched = np.zeros(size, dtype=bool)
+    for part_slots, part_values in nonempty:
+        scratch[part_slots] += part_values
+        touched[part_slots] = True
+    slots = np.flatnonzero(touched)
+    sums = scratch[slots]
+    keep = _nonzero(sums)
     return slots[keep], sums[keep]
 
 
@@ -224,12 +247,33 @@ class SparseExecutor:
 
     # ------------------------------------------------------------ messages
 
+    def _encode(self, j: int, keys: np.ndarray, values: np.ndarray) -> tuple[Format, np.ndarray]:
+        """Partition ``j``'s entries (indices increasing) as bytes: coo sends
+        each index itself as its int32 (the slot past 2^31 positions), the
+        hash bitmap and dense formats go through the partition's slots."""
+        size = int(self.sizes[j])
+        values = np.ascontiguousarray(values)
+        fmt = choose_format(self.encoding, len(keys), size, values.dtype.itemsize * self._width)
+        if fmt is Format.COO and self.partition.key_dtype is np.int32:
+            return fmt, np.concatenate([np.asarray(keys, dtype=np.int32).view(np.uint8),
+                                        values.reshape(-1).view(np.uint8)])
+        return encode(self.partition.slots_of(keys), values, size, self.encoding)
+
+    def _decode(self, j: int, fmt: Format, count: int, blob: np.ndarray, dtype: np.dtype) -> Entries:
+        """The inverse of :meth:`_encode`: (indices increasing, values)."""
+        if fmt is Format.COO and self.partition.key_dtype is np.int32:
+            values = blob[count * INDEX_BYTES:].view(dtype)
+            return blob[:count * INDEX_BYTES].view(np.int32), values if self._width == 1 else \
+                values.reshape(-1, self._width)
+        slots, values = decode(fmt, count, blob, int(self.sizes[j]), dtype, self._width)
+        return self.partition.members(j)[slots], values
+
     def _pack(self, state: list[Entries], chunks: Sequence[int]) -> np.ndarray:
         headers, payloads = [], []
         for j in chunks:
-            slots, values = state[j]
-            fmt, blob = encode(slots, values, int(self.sizes[j]), self.encoding)
-            headers.append((j, int(fmt), len(slots), len(blob)))
+            keys, values = state[j]
+            fmt, blob = self._encode(j, keys, values)
+            headers.append((j, int(fmt), len(keys), len(blob)))
             payloads.append(blob)
         head = np.asarray(headers, dtype=np.int32).reshape(-1, _HEADER).view(np.uint8).ravel()
         message = np.concatenate([head, *payloads]) if payloads else head
@@ -237,16 +281,23 @@ class SparseExecutor:
         return message
 
     def _unpack(self, message: np.ndarray, count: int, dtype: np.dtype) -> list[tuple[int, Entries]]:
+        message = np.ascontiguousarray(message)
         head = message[:count * _HEADER * 4].view(np.int32).reshape(count, _HEADER)
         offset, out = count * _HEADER * 4, []
         for j, fmt, entries, nbytes in head.tolist():
-            out.append((j, decode(Format(fmt), entries, message[offset:offset + nbytes], int(self.sizes[j]), dtype,
-                                  self._width)))
+            out.append((j, self._decode(j, Format(fmt), entries, message[offset:offset + nbytes], dtype)))
             offset += nbytes
         return out
 
     def _sum(self, j: int, parts: Sequence[Entries], dtype: np.dtype) -> Entries:
-        return sum_entries(parts, int(self.sizes[j]), dtype)
+        """The sum of partition ``j``'s contributions (indices increasing):
+        merged by index while they are few (a quarter of the partition's
+        slots), else summed over the partition's slots."""
+        size = int(self.sizes[j])
+        if sum(len(p[0]) for p in parts) * 4 <= size:
+            return merge_runs(parts, dtype)
+        slots, sums = sum_dense([(self.partition.slots_of(keys), values) for keys, values in parts], size, dtype)
+        return self.partition.members(j)[slots], sums
 
     # ------------------------------------------------------------ running
 
@@ -260,12 +311,17 @@ class SparseExecutor:
         values = np.asarray(values)
         dtype = values.dtype
         self._width = values.shape[1] if values.ndim == 2 else 1
-        state = self.partition.split(indices, values)
+        state = self.partition.split_indices(indices, values)
         for step in self.steps:
             if step.comm is None or not step.chunks:
                 continue
             self._step(step, state, dtype)
-        return self.partition.join(state, ordered)
+        out_indices = np.concatenate([keys for keys, _ in state])
+        out_values = np.concatenate([v for _, v in state])
+        if ordered:
+            order = np.argsort(out_indices, kind="stable")
+            out_indices, out_values = out_indices[order], out_values[order]
+        return out_indices, out_values
 
     def _step(self, step: _Step, state: list[Entries], dtype: np.dtype) -> None:
         c, comm, chunks, owner = step.collective, step.comm, step.chunks, step.owner

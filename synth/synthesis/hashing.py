@@ -113,6 +113,25 @@ class HashPartition:
         """``(k,)``: slots per partition."""
         return self._tables[3]
 
+    @property
+    def key_dtype(self) -> type:
+        """The dtype of an index as the runtime carries it (int32 below 2^31 positions)."""
+        return np.int32 if self.n < 2**31 else np.int64
+
+    @cached_property
+    def _partition_table(self) -> np.ndarray:
+        """``(n,)``: the partition of every index in the smallest unsigned type
+        that holds ``k`` (one byte for up to 256 partitions: a quarter of the
+        code table's cache footprint)."""
+        small = np.uint8 if self.k <= 1 << 8 else np.uint16 if self.k <= 1 << 16 else np.int32
+        table = (self._tables[0] % self.k).astype(small)
+        table.setflags(write=False)
+        return table
+
+    def slots_of(self, indices: np.ndarray) -> np.ndarray:
+        """The slot of each index within its own partition."""
+        return self._tables[0][indices] // self.k
+
     def members(self, partition: int) -> np.ndarray:
         """The indices of ``partition``, increasing (slot ``s`` is element ``s``)."""
         _, order, starts, _ = self._tables
@@ -138,6 +157,23 @@ class HashPartition:
         bounds = np.concatenate([[0], np.cumsum(counts)])
         slots, values = slots[order], np.asarray(values)[order]  # one gather each; the partitions are slices
         return [(slots[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def split_indices(self, indices: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A sparse tensor (unique indices, values) cut into its ``k``
+        partitions by index: per partition (indices increasing, as
+        :attr:`key_dtype`; values). Within a partition slots and indices
+        increase together, so this is :meth:`split` with the indices kept
+        instead of their slots (the runtime's form: no slot lookup on the way
+        in, none on the way out)."""
+        keys = np.asarray(indices).astype(self.key_dtype, copy=False)
+        part = self._partition_table[keys]
+        if len(keys) < 2 or bool(np.all(keys[1:] > keys[:-1])):
+            order = np.argsort(part, kind="stable")  # a radix sort on the small partition ids
+        else:
+            order = np.lexsort((keys, part))
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(part, minlength=self.k))])
+        keys, values = keys[order], np.asarray(values)[order]
+        return [(keys[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def join(self, parts: Sequence[tuple[np.ndarray, np.ndarray]] | dict,
              ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
