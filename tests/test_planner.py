@@ -1506,7 +1506,7 @@ def test_the_memory_model_against_peaks_measured_on_an_h100(cli):
     """data/calibration/h100-memory.jsonl (scripts/memory_check.py, docs/planner.md):
     the model's weights + gradients + optimizer (16 bytes per parameter) are the
     measured states less 65-156 MiB of workspaces in every case; its total is never above the measured peak by more than 1 GiB
-    (full recomputation of 2.7B: 0.4 GiB) and below it by at most the 10.1 GiB
+    (full recomputation of 2.7B: 0.4 GiB) and below it by at most the 10.3 GiB
     the docs explain (the eager loss path and autocast's weight copies)."""
     import sys
 
@@ -1525,4 +1525,4 @@ def test_the_memory_model_against_peaks_measured_on_an_h100(cli):
         memory = json.loads(out)["configurations"][0]["memory"]
         states = memory["weights"] + memory["gradients"] + memory["optimizer"]
         assert 0 <= row["states_bytes"] - states < 200 * 2**20, row  # cuBLAS's and the allocator's 65-156 MiB
-        assert -1 * gib < row["peak_bytes"] - memory["total"] < 10.2 * gib, row
+        assert -1 * gib < row["peak_bytes"] - memory["total"] < 10.5 * gib, row
