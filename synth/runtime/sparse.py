@@ -10,13 +10,17 @@ proved dense all-reduce program), on this rank's sub-communicators:
 * GatherSumRoot: ``Gatherv`` to the group's first member; BroadcastSet:
   ``Bcast`` of the size, then of the bytes.
 
-A message is a list of partitions, each a 16-byte header (partition id, format,
-entries, payload bytes: int32 x 4) and its payload in the format
-:func:`~synth.synthesis.hashing.encode` picks for its entry count (coo, hash
-bitmap or dense, whichever is fewest bytes under the chosen encoding). Sums
-(:func:`sum_entries`) merge the contributions' sorted runs by a stable sort and
-a segmented sum while they hold at most a quarter of the partition's slots,
-else go through a dense scratch and a mask of the touched slots.
+A rank keeps each partition as (indices increasing, values). A message is a
+list of partitions, each a 16-byte header (partition id, format, entries,
+payload bytes: int32 x 4) and its payload in the format
+:func:`~synth.synthesis.hashing.choose_format` picks for its entry count (coo,
+hash bitmap or dense, whichever is fewest bytes under the chosen encoding);
+coo carries the int32 indices themselves, the bitmap and dense formats the
+partition's slots (:meth:`SparseExecutor._encode`). Sums merge the
+contributions' sorted runs by index (:func:`merge_runs`: a stable sort and a
+segmented sum) while they hold at most a quarter of the partition's slots,
+else go through a dense scratch of its slots and a mask of those touched
+(:func:`sum_dense`).
 
 Backends: ``mpi`` (mpi4py; :class:`~synth.runtime.backends.MPIWorld`) and the
 in-process ``numpy`` threads (:class:`~synth.runtime.backends.LocalWorld`, for

@@ -18,8 +18,10 @@ uniform ones: a partition's load is the number of distinct indices that hash to
 it (binomial around ``nnz / k``), whatever the indices' popularity.
 
 Slots. The indices of partition ``j``, in increasing order, are its slots
-``0..size_j-1``; an entry travels as (slot, value) and the receiver maps the slot
-back to the index. The hash-bitmap encoding sends, for a partition, a bitmap of
+``0..size_j-1``; :func:`encode` writes an entry as (int32 slot, value) and the
+receiver maps the slot back to the index (the runtime's coo sends the index
+itself instead, the same 4 bytes below 2^31 positions, and so needs no table
+lookup at either end). The hash-bitmap encoding sends, for a partition, a bitmap of
 ``ceil(size_j / 8)`` bytes over its slots (bit set = entry present) and the
 values in slot order, instead of 4 bytes of index per entry: cheaper once more
 than one slot in 32 holds an entry.
@@ -37,7 +39,7 @@ import numpy as np
 
 from ..errors import SynthError
 
-#: bytes of one index on the wire (a slot within its partition, int32)
+#: bytes of one index on the wire (int32: a slot within its partition, or the index itself in the runtime)
 INDEX_BYTES = 4
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
