@@ -393,6 +393,11 @@ def report(data: Path, out_md: Path, sparse: Path | None = None) -> str:
     return text
 
 
+def _rank(record: dict) -> str:
+    """The measured best program's place in the model's ranking, of the programs timed."""
+    return f"{record['predicted_rank']} of {record['top']}" if "predicted_rank" in record else "-"
+
+
 def sparse_section(w, rows: list[dict]) -> None:
     """Section 5: sparse all-reduce against the dense default by density, from
     scripts/bench_sparse.py's records, with the measured crossover density
@@ -400,12 +405,13 @@ def sparse_section(w, rows: list[dict]) -> None:
     w("## 5. Sparse all-reduce against the dense default")
     w("")
     w("`scripts/bench_sparse.py` (its own runs, not part of the cases above): 8 MPI ranks on testbed-2x4 "
-      "(`--axes dp=8`), a sparse gradient per rank, the dense default all-reduce and the best of the predicted "
-      "sparse programs timed side by side in one run; every result checked exactly (`#wrong` 0). "
+      "(`--axes dp=8`), a sparse gradient per rank, the dense default all-reduce and the programs the model "
+      "predicts fastest timed side by side in one run (the best of them shown, with its place in the model's "
+      "ranking); every result checked exactly (`#wrong` 0). "
       "docs/sparse.md has the method and what the numbers mean.")
     w("")
-    w("| setting | date | size | encoding | density | dense | best sparse | dense / sparse | program |")
-    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    w("| setting | date | size | encoding | density | dense | best sparse | dense / sparse | predicted rank | program |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     settings: dict[str, list[dict]] = {}
     for r in rows:
         settings.setdefault(r["setting"], []).append(r)
@@ -413,7 +419,7 @@ def sparse_section(w, rows: list[dict]) -> None:
         for r in sorted(rs, key=lambda r: r["density"]):
             w(f"| {setting} | {r['date']} | {r['size']} | {r['encoding']} | {r['density']:g} | "
               f"{r['dense_median_s'] * 1e3:.1f} ms | {r['sparse_median_s'] * 1e3:.1f} ms | "
-              f"{r['dense_median_s'] / r['sparse_median_s']:.2f}x | `{r['program']}` |")
+              f"{r['dense_median_s'] / r['sparse_median_s']:.2f}x | {_rank(r)} | `{r['program']}` |")
     w("")
     w("| setting | measured crossover density | predicted |")
     w("| --- | --- | --- |")

@@ -173,3 +173,21 @@ def test_the_crossover_density_is_interpolated_in_log_density():
     assert crossover_density([(0.01, 2.0), (0.05, 1.5), (0.1, 1.0), (0.2, 0.5)]) == pytest.approx(0.05 * 2 ** 1.0)
     assert crossover_density([(0.01, 3.0), (0.1, 1.5)]) is None  # sparse faster everywhere
     assert crossover_density([(0.01, 0.9), (0.1, 0.5)]) is None  # slower everywhere
+
+
+def test_the_sparse_section_shows_each_density_with_the_best_programs_rank_and_the_crossovers():
+    sys.path.insert(0, str(SCRIPTS))
+    from evaluation_report import sparse_section
+
+    def record(density, dense_s, sparse_s, rank):
+        return {"setting": "one box", "date": "2026-11-27", "size": "64M", "encoding": "coo", "density": density,
+                "dense_median_s": dense_s, "sparse_median_s": sparse_s, "program": "P", "predicted_rank": rank,
+                "top": 8, "predicted_crossover": 0.154}
+
+    lines: list[str] = []
+    sparse_section(lines.append, [record(0.1, 0.3, 0.6, 1), record(0.01, 0.3, 0.1, 6)])
+    text = "\n".join(lines)
+    assert "| one box | 2026-11-27 | 64M | coo | 0.01 | 300.0 ms | 100.0 ms | 3.00x | 6 of 8 | `P` |" in text
+    assert "| one box | 2026-11-27 | 64M | coo | 0.1 | 300.0 ms | 600.0 ms | 0.50x | 1 of 8 | `P` |" in text
+    # ratio 3 at 1%, 0.5 at 10%: 1 is (3 - 1) / (3 - 0.5) of the way, in log density
+    assert f"| one box | {0.01 * 10 ** 0.8:.3g} | 0.154 |" in text
