@@ -124,18 +124,6 @@ class _MPISparseComm:
         return buffer
 
 
-def sum_entries(parts: Sequence[Entries], size: int, dtype: np.dtype) -> Entries:
-    """The sum of sparse contributions to one partition of ``size`` slots
-    (each: slots increasing and unique, ``< size``; values: one per slot, or a
-    row per slot): (slots increasing, sums), sums (rows) that cancel to zero
-    dropped. Few entries (a quarter of the slots at most) are merged by
-    :func:`merge_runs`, O(entries log runs); more through a dense scratch of
-    the slots and a mask of those touched (:func:`sum_dense`), O(slots)."""
-    if sum(len(p[0]) for p in parts) * 4 <= size:
-        return merge_runs(parts, dtype)
-    return sum_dense(parts, size, dtype)
-
-
 def _empty(parts: Sequence[Entries], dtype: np.dtype) -> Entries:
     row = parts[0][1].shape[1:] if parts else ()  # () for one value per entry, (width,) for rows
     keys = parts[0][0].dtype if parts else np.int64
@@ -170,8 +158,11 @@ def merge_runs(parts: Sequence[Entries], dtype: np.dtype) -> Entries:
 
 
 def sum_dense(parts: Sequence[Entries], size: int, dtype: np.dtype) -> Entries:
-    """:func:`sum_entries` through a dense scratch of ``size`` slots (every
-    slot ``< size``), contributions added in the order given."""
+    """The sum of sparse contributions to one partition of ``size`` slots
+    (each: slots increasing and unique, ``< size``; values: one per slot, or a
+    row per slot) through a dense scratch of the slots and a mask of those
+    touched, O(slots), contributions added in the order given: (slots
+    increasing, sums), zero sums (rows) dropped."""
     nonempty = [p for p in parts if len(p[0])]
     if not nonempty:
         return _empty(parts, dtype)

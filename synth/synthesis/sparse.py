@@ -163,7 +163,7 @@ Entries = tuple[np.ndarray, np.ndarray]  # (slots increasing, values) of one par
 
 def _merge(parts: Sequence[Entries]) -> Entries:
     """The sum of sparse partitions, zeros dropped (the reference's own merge:
-    np.unique and np.add.at, not the runtime's sum_entries)."""
+    np.unique and np.add.at, not the runtime's merge_runs)."""
     slots = np.concatenate([p[0] for p in parts])
     values = np.concatenate([p[1] for p in parts]).astype(np.int64)
     uniq, inverse = np.unique(slots, return_inverse=True)
