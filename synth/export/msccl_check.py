@@ -73,6 +73,12 @@ STEP_TYPES = ("s", "r", "rcs", "rrs", "rrc", "rrcs", "cpy", "re", "nop")
 SENDS = ("s", "rcs", "rrs", "rrcs")
 RECEIVES = ("r", "rcs", "rrs", "rrc", "rrcs")
 UNSET = ("uninitialised",)
+# what execute does with each step type: which read their source, which write their destination, how values combine
+_READS_SOURCE = frozenset(("rrs", "rrc", "rrcs", "re", "s", "cpy"))
+_WRITES = frozenset(("r", "rcs", "rrc", "rrcs", "cpy", "re"))
+_ADD_RECEIVED, _TAKE_RECEIVED, _ADD_DESTINATION = 1, 2, 3
+_COMBINE = {"rrs": _ADD_RECEIVED, "rrc": _ADD_RECEIVED, "rrcs": _ADD_RECEIVED, "r": _TAKE_RECEIVED,
+            "rcs": _TAKE_RECEIVED, "re": _ADD_DESTINATION}
 
 _TAG = re.compile(r"<(/?)([A-Za-z_][\w-]*)((?:\s+[\w-]+=\"[^\"\n]*\")*)\s*(/?)>")
 _ATTR = re.compile(r"([\w-]+)=\"([^\"\n]*)\"")
@@ -507,59 +513,80 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values
     add = values.add
     gpus = sorted(algo.gpus, key=lambda x: x.id)
     buffers = _initial(algo, in_place, values)
-    pc = {(g.id, b.id): 0 for g in gpus for b in g.blocks}
-    wires: dict[tuple[int, int, int], deque] = {}
     keys = [(g.id, b.id) for g in gpus for b in g.blocks]
     if order == 1:
         keys.reverse()
     elif order > 1:
         random.Random(order).shuffle(keys)
     blocks = {key: b for key in keys for b in [next(x for x in gpus[key[0]].blocks if x.id == key[1])]}
-
-    def done_through(gpu: int, tb: int) -> int:
-        return pc[(gpu, tb)] - 1
+    slot = {key: i for i, key in enumerate(keys)}  # a thread block's place in pc and in the schedule
+    pc = [0] * len(keys)
+    wires: dict[tuple[int, int, int], deque] = {}
+    # each thread block's steps with what the loop asks of them, the buffers and connections bound once
+    compiled = []
+    for (gid, bid), b in blocks.items():
+        mine = buffers[gid]
+        inbox = wires.setdefault((b.recv, gid, b.chan), deque())
+        outbox = wires.setdefault((gid, b.send, b.chan), deque())
+        steps = []
+        for st in b.steps:
+            waits = tuple((slot[(gid, d)], s) for d, s in st.waits)
+            t = st.type
+            src = mine[st.srcbuf] if t in _READS_SOURCE else None
+            dst = mine[st.dstbuf] if t in _WRITES else None
+            steps.append((st, t == "nop", waits, t in RECEIVES, t in SENDS, _COMBINE.get(t, 0), src, st.srcoff,
+                          dst, st.dstoff, st.cnt, t in _WRITES))
+        compiled.append((gid, bid, b, steps, inbox, outbox, (gid, b.send, b.chan)))
+    opened: dict[tuple[int, int, int], None] = {}  # connections in the order a send first reached them
 
     moved = True
     while moved:
         moved = False
-        for (gid, bid), b in blocks.items():
-            while pc[(gid, bid)] < len(b.steps):
-                st = b.steps[pc[(gid, bid)]]
-                if st.type == "nop":
-                    pc[(gid, bid)] += 1
+        for i, (gid, bid, b, steps, inbox, outbox, send_key) in enumerate(compiled):
+            at = pc[i]
+            while at < len(steps):
+                st, nop, waits, receives, sends, combine, src, srcoff, dst, dstoff, cnt, writes = steps[at]
+                if nop:
+                    at += 1
+                    pc[i] = at
                     continue
-                if any(done_through(gid, d) < s for d, s in st.waits):
+                if waits and any(pc[d] - 1 < s for d, s in waits):
                     break
-                inbox = wires.get((b.recv, gid, b.chan))
-                if st.type in RECEIVES and not inbox:
+                if receives and not inbox:
                     break
-                outbox = wires.setdefault((gid, b.send, b.chan), deque()) if st.type in SENDS else None
-                if outbox is not None and len(outbox) >= CONNECTION_MESSAGES:
-                    break  # the connection's buffer is full until the receiver takes a message
-                mine = buffers[gid]
+                if sends:
+                    opened[send_key] = None
+                    if len(outbox) >= CONNECTION_MESSAGES:
+                        break  # the connection's buffer is full until the receiver takes a message
                 received = None
-                if st.type in RECEIVES:
+                if receives:
                     received = inbox.popleft()
-                    if len(received) != st.cnt:
+                    if len(received) != cnt:
                         raise SynthError(f"{source}:{st.line}: gpu {gid} tb {bid} step {st.s} ({st.type}) receives "
-                                         f"{st.cnt} chunk(s) but gpu {b.recv} sent {len(received)} on chan {b.chan}")
-                if st.type in ("rrs", "rrc", "rrcs", "re", "s", "cpy"):
-                    local = _read(mine, st.srcbuf, st.srcoff, st.cnt)
-                if st.type in ("rrs", "rrc", "rrcs"):
+                                         f"{cnt} chunk(s) but gpu {b.recv} sent {len(received)} on chan {b.chan}")
+                local = [src[srcoff + j][0] for j in range(cnt)] if src is not None else None
+                if combine == _ADD_RECEIVED:
                     value = [add(x, y) for x, y in zip(received, local)]
-                elif st.type in ("r", "rcs"):
+                elif combine == _TAKE_RECEIVED:
                     value = list(received)
-                elif st.type == "re":
-                    value = [add(x, y) for x, y in zip(_read(mine, st.dstbuf, st.dstoff, st.cnt), local)]
+                elif combine == _ADD_DESTINATION:
+                    value = [add(dst[dstoff + j][0], y) for j, y in enumerate(local)]
                 else:
                     value = local
-                if st.type in ("r", "rcs", "rrc", "rrcs", "cpy", "re"):
-                    _write(mine, st.dstbuf, st.dstoff, value)
-                if outbox is not None:
+                if writes:
+                    for j, v in enumerate(value):
+                        dst[dstoff + j][0] = v
+                if sends:
                     outbox.append(value)
-                pc[(gid, bid)] += 1
+                at += 1
+                pc[i] = at
                 moved = True
-    stuck = [(gid, b, b.steps[pc[(gid, b.id)]]) for (gid, _), b in blocks.items() if pc[(gid, b.id)] < len(b.steps)]
+
+    def done_through(gpu: int, tb: int) -> int:
+        return pc[slot[(gpu, tb)]] - 1
+
+    stuck = [(gid, b, b.steps[pc[slot[(gid, b.id)]]]) for (gid, _), b in blocks.items()
+             if pc[slot[(gid, b.id)]] < len(b.steps)]
     if stuck:
         described = []
         for gid, b, st in stuck[:6]:
@@ -574,7 +601,7 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values
             described.append(f"gpu {gid} tb {b.id} step {st.s} ({st.type}, line {st.line}): {'; '.join(reason)}")
         raise SynthError(f"{source}: deadlock ({len(stuck)} thread block(s) stuck): " + " | ".join(described)
                          + (" | ..." if len(stuck) > 6 else ""))
-    leftover = [(k, len(v)) for k, v in wires.items() if v]
+    leftover = [(k, len(wires[k])) for k in opened if wires[k]]
     if leftover:
         (src, dst, chan), count = leftover[0]
         raise SynthError(f"{source}: gpu {src} sent {count} message(s) to gpu {dst} on chan {chan} that no step "
