@@ -7,8 +7,10 @@ memory model (`synth-reduce plan ... --json`, ``memory``).
 ``measure`` trains each case once as issue 27 describes the measurement it
 quotes: eager PyTorch, fp32 weights under bf16 autocast, fused AdamW,
 ``scaled_dot_product_attention`` (flash under bf16), global batch 8 sequences
-of 2048 accumulated in micro-batches, GPT-3 350M/760M/1.3B at micro-batch 8
-and 2.7B at micro-batch 4 (the network of ``scripts/layer_accuracy.py``). A
+of the model's length accumulated in micro-batches, GPT-3 350M/760M/1.3B at
+micro-batch 8 and 2.7B at micro-batch 4, then full recomputation, the unfused
+attention, and four layers of Llama 3 8B at sequence 8192 (the network of
+``scripts/layer_accuracy.py``). A
 first step creates the optimizer's states; then, per case, one JSON line:
 
 * ``states_bytes``: allocated after that step, gradients still held
@@ -48,7 +50,18 @@ from synth.planner.transformer import load_model  # noqa: E402
 CASES = (("gpt3-350m", 8, "flash"), ("gpt3-760m", 8, "flash"), ("gpt3-1.3b", 8, "flash"), ("gpt3-2.7b", 4, "flash"),
          ("gpt3-1.3b", 8, "full-recompute"), ("gpt3-2.7b", 8, "full-recompute"), ("gpt3-350m", 2, "unfused"),
          ("gpt3-760m", 2, "unfused"))
+# Llama 3 8B's layer (RMSNorm, rotary, grouped-query attention, SwiGLU, untied head) with 4 of its 32 layers: its
+# fp32 states (16 bytes per parameter) fit one 80 GB GPU; sequence 8192, micro-batches 1 and 2
+MODELS = {"llama3-8b-4layers": "layers=4,hidden=4096,heads=32,kv_heads=8,ffn=14336,gated_mlp=true,"
+                               "tied_embeddings=false,seq=8192,vocab=128256"}
+CASES += (("llama3-8b-4layers", 1, "flash"), ("llama3-8b-4layers", 2, "flash"),
+          ("llama3-8b-4layers", 2, "full-recompute"))
 PLAN_OPTIONS = {"flash": (), "full-recompute": ("--recompute", "full"), "unfused": ("--attention", "unfused")}
+
+
+def model_spec(name: str) -> str:
+    """What --model takes for a case's model: a shipped name, or the inline fields of :data:`MODELS`."""
+    return MODELS.get(name, name)
 GLOBAL_BATCH = 8
 # the topology whose device stands for each measured GPU (compare)
 TOPOLOGY_OF_GPU = {"H100": "dgx-h100", "H200": "hgx-h200"}
@@ -67,7 +80,7 @@ def measure_case(name: str, micro_batch: int, variant: str) -> dict:
     sys.path.insert(0, str(REPO / "scripts"))
     from layer_accuracy import build_network
 
-    model = load_model(name)
+    model = load_model(model_spec(name))
     gc.collect()
     torch.cuda.empty_cache()
     net = build_network(model, "cuda", torch.float32)
@@ -144,7 +157,7 @@ def topology_of(gpu: str) -> str:
 def predicted(row: dict) -> dict:
     """The planner's memory breakdown (bytes) for the measured case."""
     command = [sys.executable, "-m", "synth.cli", "plan", "--topology", topology_of(row["gpu"]), "--scale",
-               "node=1,gpu=1", "--model", row["model"], "--global-batch", str(row["global_batch"]), "--axes",
+               "node=1,gpu=1", "--model", model_spec(row["model"]), "--global-batch", str(row["global_batch"]), "--axes",
                "tp=1,dp=1,pp=1", "--micro-batch", str(row["micro_batch"]), "--memory-margin", "0", "--no-verify",
                "--json", *PLAN_OPTIONS[row.get("variant", "flash")]]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)

@@ -1505,24 +1505,31 @@ def test_the_frontier_models_plan_as_documented(cli):
 def test_the_memory_model_against_peaks_measured_on_an_h100(cli):
     """data/calibration/h100-memory.jsonl (scripts/memory_check.py, docs/planner.md):
     the model's weights + gradients + optimizer (16 bytes per parameter) are the
-    measured states less 65-156 MiB of workspaces in every case; its total is never above the measured peak by more than 1 GiB
-    (full recomputation of 2.7B: 0.4 GiB) and below it by at most the 10.3 GiB
-    the docs explain (the eager loss path and autocast's weight copies)."""
+    measured states less 65-156 MiB of workspaces in every case; its total is
+    never above the measured peak by more than 1 GiB (full recomputation of
+    2.7B: 0.4 GiB) and below it by less than what the docs say it leaves out
+    (the eager loss path and autocast's weight copies: 8 to 25.5 GiB here, the
+    most for Llama's vocabulary at sequence 8192)."""
     import sys
 
     sys.path.insert(0, str(REPO / "scripts"))
-    from memory_check import PLAN_OPTIONS, TOPOLOGY_OF_GPU
+    from memory_check import PLAN_OPTIONS, TOPOLOGY_OF_GPU, model_spec
 
     rows = [json.loads(line) for line in (REPO / "data/calibration/h100-memory.jsonl").read_text().splitlines()]
-    assert len(rows) == 8 and {r["variant"] for r in rows} == set(PLAN_OPTIONS)
+    assert len(rows) == 11 and {r["variant"] for r in rows} == set(PLAN_OPTIONS)
     gib = 2**30
     for row in rows:
         code, out, err = cli("plan", "--topology", TOPOLOGY_OF_GPU["H100"], "--scale", "node=1,gpu=1", "--model",
-                             row["model"], "--global-batch", row["global_batch"], "--axes", "tp=1,dp=1,pp=1",
+                             model_spec(row["model"]), "--global-batch", row["global_batch"], "--axes",
+                             "tp=1,dp=1,pp=1",
                              "--micro-batch", row["micro_batch"], "--memory-margin", "0", "--no-verify", "--json",
                              *PLAN_OPTIONS[row["variant"]])
         assert code == 0, err
         memory = json.loads(out)["configurations"][0]["memory"]
         states = memory["weights"] + memory["gradients"] + memory["optimizer"]
         assert 0 <= row["states_bytes"] - states < 200 * 2**20, row  # cuBLAS's and the allocator's 65-156 MiB
-        assert -1 * gib < row["peak_bytes"] - memory["total"] < 10.5 * gib, row
+        # what the model leaves out in this eager recipe (docs/planner.md): up to 10 s b V bytes more of the
+        # loss path than its 4 s b V fp32 logits, autocast's 2-byte weight copies, and a few GiB besides
+        s, b, vocab = row["seq"], row["micro_batch"], load_model(model_spec(row["model"])).vocab
+        unmodelled = 10 * s * b * vocab + 2 * row["parameters"] + 3 * gib
+        assert -1 * gib < row["peak_bytes"] - memory["total"] < unmodelled, row
