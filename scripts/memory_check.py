@@ -24,7 +24,7 @@ first step creates the optimizer's states; then, per case, one JSON line:
 
 ``compare`` (anywhere) asks the planner for the same configuration (one
 device of the GPU's topology, ``tp=dp=pp=1``, the measured micro-batch,
-``--memory-margin 0``) and prints, per case, the model's weights + gradients +
+``--memory-margin 0``, ``--cross-entropy eager`` as measured) and prints, per case, the model's weights + gradients +
 optimizer beside ``states_bytes``, its activations beside ``peak_bytes -
 states_bytes``, and its total beside the peak, the reservation and the
 device's use. docs/planner.md ("Memory per device") holds the results.
@@ -159,7 +159,7 @@ def predicted(row: dict) -> dict:
     command = [sys.executable, "-m", "synth.cli", "plan", "--topology", topology_of(row["gpu"]), "--scale",
                "node=1,gpu=1", "--model", model_spec(row["model"]), "--global-batch", str(row["global_batch"]), "--axes",
                "tp=1,dp=1,pp=1", "--micro-batch", str(row["micro_batch"]), "--memory-margin", "0", "--no-verify",
-               "--json", *PLAN_OPTIONS[row.get("variant", "flash")]]
+               "--json", "--cross-entropy", "eager", *PLAN_OPTIONS[row.get("variant", "flash")]]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"memory_check: {' '.join(command[2:])} failed: {done.stderr.strip()}")

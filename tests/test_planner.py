@@ -1505,11 +1505,12 @@ def test_the_frontier_models_plan_as_documented(cli):
 def test_the_memory_model_against_peaks_measured_on_an_h100(cli):
     """data/calibration/h100-memory.jsonl (scripts/memory_check.py, docs/planner.md):
     the model's weights + gradients + optimizer (16 bytes per parameter) are the
-    measured states less 65-156 MiB of workspaces in every case; its total is
-    never above the measured peak by more than 1 GiB (full recomputation of
-    2.7B: 0.4 GiB) and below it by less than what the docs say it leaves out
-    (the eager loss path and autocast's weight copies: 8 to 25.5 GiB here, the
-    most for Llama's vocabulary at sequence 8192)."""
+    measured states less 65-156 MiB of workspaces in every case; with the
+    measured loss (--cross-entropy eager) its total is below the peak by less
+    than autocast's weight copies and 3 GiB, and above it by less than 2 GiB,
+    or with full recomputation by less than the fp32 gradients this recipe
+    has not made yet at the loss. With the default fused loss the Llama
+    layers' peak is 25.5 GiB above the model at micro-batch 2."""
     import sys
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -1519,17 +1520,22 @@ def test_the_memory_model_against_peaks_measured_on_an_h100(cli):
     assert len(rows) == 11 and {r["variant"] for r in rows} == set(PLAN_OPTIONS)
     gib = 2**30
     for row in rows:
-        code, out, err = cli("plan", "--topology", TOPOLOGY_OF_GPU["H100"], "--scale", "node=1,gpu=1", "--model",
-                             model_spec(row["model"]), "--global-batch", row["global_batch"], "--axes",
-                             "tp=1,dp=1,pp=1",
-                             "--micro-batch", row["micro_batch"], "--memory-margin", "0", "--no-verify", "--json",
-                             *PLAN_OPTIONS[row["variant"]])
+        argv = ("plan", "--topology", TOPOLOGY_OF_GPU["H100"], "--scale", "node=1,gpu=1", "--model",
+                model_spec(row["model"]), "--global-batch", row["global_batch"], "--axes", "tp=1,dp=1,pp=1",
+                "--micro-batch", row["micro_batch"], "--memory-margin", "0", "--no-verify", "--json",
+                *PLAN_OPTIONS[row["variant"]], "--cross-entropy", "eager")
+        code, out, err = cli(*argv)
         assert code == 0, err
         memory = json.loads(out)["configurations"][0]["memory"]
         states = memory["weights"] + memory["gradients"] + memory["optimizer"]
         assert 0 <= row["states_bytes"] - states < 200 * 2**20, row  # cuBLAS's and the allocator's 65-156 MiB
-        # what the model leaves out in this eager recipe (docs/planner.md): up to 10 s b V bytes more of the
-        # loss path than its 4 s b V fp32 logits, autocast's 2-byte weight copies, and a few GiB besides
-        s, b, vocab = row["seq"], row["micro_batch"], load_model(model_spec(row["model"])).vocab
-        unmodelled = 10 * s * b * vocab + 2 * row["parameters"] + 3 * gib
-        assert -1 * gib < row["peak_bytes"] - memory["total"] < unmodelled, row
+        if row["model"] == "llama3-8b-4layers" and row["micro_batch"] == 2 and row["variant"] == "flash":
+            fused = json.loads(cli(*argv[:-2])[1])["configurations"][0]["memory"]["total"]
+            assert round((row["peak_bytes"] - fused) / gib, 1) == 25.5
+            s, b, vocab = row["seq"], row["micro_batch"], load_model(model_spec(row["model"])).vocab
+            assert memory["total"] - fused == 10 * s * b * vocab  # 14 s b V instead of 4 (tp = cp = 1)
+        # with --cross-entropy eager (the measured loss) the model leaves out autocast's 2-byte weight copies and
+        # a few GiB besides; with full recomputation it counts the fp32 gradients (4 bytes per parameter) at the
+        # loss, where this recipe has not made them yet (docs/planner.md)
+        over = 4 * row["parameters"] + gib if row["variant"] == "full-recompute" else 2 * gib
+        assert -over < row["peak_bytes"] - memory["total"] < 2 * row["parameters"] + 3 * gib, row

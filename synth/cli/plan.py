@@ -64,6 +64,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
                         "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")
+    p.add_argument("--cross-entropy", default="fused", choices=("fused", "eager"),
+                   help="the loss, for memory: fused keeps the fp32 logits, 4 s b V / tp bytes (Megatron-LM's "
+                        "vocabulary-parallel cross-entropy; default); eager is F.cross_entropy on logits.float() "
+                        "(torchtitan, plain PyTorch loops): 14 s b V / tp at the start of the backward")
     p.add_argument("--sequence-parallel", choices=("on", "off"), default="on",
                    help="Megatron-LM's sequence parallelism where tp > 1 (default on): norms, residuals and their "
                         "activations split over the tensor-parallel group, each tp all-reduce an all-gather and a "
@@ -161,7 +165,8 @@ def request_of(args: argparse.Namespace) -> JobRequest:
     search_recompute = args.recompute == "search"
     training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
                         Recompute.NONE if search_recompute else Recompute.from_text(args.recompute),
-                        not args.no_overlap, args.attention, args.sequence_parallel == "on", args.tp_overlap)
+                        not args.no_overlap, args.attention, args.sequence_parallel == "on", args.tp_overlap,
+                        args.cross_entropy)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
     compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device

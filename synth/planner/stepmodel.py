@@ -99,6 +99,11 @@ from .transformer import Recompute, Transformer
 # FP8 (Transformer Engine's and torchtitan's float8 recipes), with the same 16-bit tensors around them
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 ATTENTIONS = ("flash", "unfused")
+# the loss's memory at the start of the backward, in bytes per logit (s b V / (t cp) of them): Megatron-LM's fused
+# vocabulary-parallel cross-entropy keeps the fp32 logits and overwrites them with their gradient (4); PyTorch's
+# F.cross_entropy on ``logits.float()`` (torchtitan, plain eager loops) keeps the bf16 logits (2), the fp32
+# log-softmax it saved (4), and makes the fp32 gradients of its output and of its input (4 + 4)
+CROSS_ENTROPY_BYTES = {"fused": 4, "eager": 14}
 MiB = 2**20
 # DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
 BUCKET_GRID_BYTES = tuple(MiB * 4**k for k in range(7))
@@ -132,8 +137,9 @@ class Training:
     """How the job trains: global batch (sequences per step), dtype, optimizer
     sharding, recomputation, whether DP reductions overlap the backward, the
     attention kernel, sequence parallelism (Megatron-LM's, applied where
-    tp > 1: :func:`sequence_parallel`) and whether its collectives overlap
-    their GEMMs (:func:`tp_overlap_exposed_s`)."""
+    tp > 1: :func:`sequence_parallel`), whether its collectives overlap
+    their GEMMs (:func:`tp_overlap_exposed_s`) and how the loss is computed,
+    for its memory (:data:`CROSS_ENTROPY_BYTES`)."""
 
     global_batch: int
     dtype: str = "bf16"
@@ -143,6 +149,7 @@ class Training:
     attention: str = "flash"  # flash: no s x s scores stored; unfused: they are (Megatron-LM before flash attention)
     sequence_parallel: bool = True
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs (with sequence parallelism)
+    cross_entropy: str = "fused"  # the loss's memory: CROSS_ENTROPY_BYTES
 
     def __post_init__(self) -> None:
         if self.tp_overlap and not self.sequence_parallel:
@@ -150,6 +157,8 @@ class Training:
                              "all-gathers and reduce-scatters of sequence parallelism with their GEMMs")
         if self.attention not in ATTENTIONS:
             raise SynthError(f"--attention {self.attention}: choose one of {', '.join(ATTENTIONS)}")
+        if self.cross_entropy not in CROSS_ENTROPY_BYTES:
+            raise SynthError(f"--cross-entropy {self.cross_entropy}: choose one of {', '.join(CROSS_ENTROPY_BYTES)}")
         if self.dtype not in DTYPE_BYTES:
             raise SynthError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPE_BYTES)}")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
@@ -169,7 +178,8 @@ class Training:
     def to_dict(self) -> dict:
         return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
                 "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
-                "sequence_parallel": self.sequence_parallel, "tp_overlap": self.tp_overlap}
+                "sequence_parallel": self.sequence_parallel, "tp_overlap": self.tp_overlap,
+                "cross_entropy": self.cross_entropy}
 
 
 @dataclass(frozen=True)
@@ -392,7 +402,8 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
         dense_layers, moe_layers = mix[stage]
         activations = in_flight * (dense_layers * per_layer + moe_layers * per_moe_layer) + working
         if stage in ("last", "only"):
-            activations += model.logits_bytes(config.micro_batch, config.tp, config.cp)
+            activations += model.logits_bytes(config.micro_batch, config.tp, config.cp) \
+                * CROSS_ENTROPY_BYTES[training.cross_entropy] / 4
         memory = Memory(weights, gradients, optimizer, activations, stage)
         if worst is None or memory.total > worst.total:
             worst = memory
