@@ -494,15 +494,6 @@ def _initial(algo: Algorithm, in_place: bool, values) -> list[dict[str, list]]:
     return out
 
 
-def _read(buffers: dict[str, list], buf: str, off: int, cnt: int) -> list:
-    return [buffers[buf][off + j][0] for j in range(cnt)]
-
-
-def _write(buffers: dict[str, list], buf: str, off: int, values: list) -> None:
-    for j, v in enumerate(values):
-        buffers[buf][off + j][0] = v
-
-
 def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values=None) -> list[dict[str, list]]:
     """Run the algorithm (see the module docstring); SynthError on a count
     mismatch or a deadlock. ``order`` picks which thread blocks run first
