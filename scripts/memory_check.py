@@ -10,8 +10,8 @@ quotes: eager PyTorch, fp32 weights under bf16 autocast, fused AdamW,
 of the model's length accumulated in micro-batches, GPT-3 350M/760M/1.3B at
 micro-batch 8 and 2.7B at micro-batch 4, then full recomputation, the unfused
 attention, and four layers of Llama 3 8B at sequence 8192 (the network of
-``scripts/layer_accuracy.py``). A
-first step creates the optimizer's states; then, per case, one JSON line:
+``scripts/layer_accuracy.py``). A first step creates the optimizer's states;
+then, per case, one JSON line:
 
 * ``states_bytes``: allocated after that step, gradients still held
   (weights, gradients and AdamW's two moments);
@@ -24,10 +24,10 @@ first step creates the optimizer's states; then, per case, one JSON line:
 
 ``compare`` (anywhere) asks the planner for the same configuration (one
 device of the GPU's topology, ``tp=dp=pp=1``, the measured micro-batch,
-``--memory-margin 0``, ``--cross-entropy eager`` as measured) and prints, per case, the model's weights + gradients +
-optimizer beside ``states_bytes``, its activations beside ``peak_bytes -
-states_bytes``, and its total beside the peak, the reservation and the
-device's use. docs/planner.md ("Memory per device") holds the results.
+``--memory-margin 0``, ``--cross-entropy eager`` as measured) and prints, per
+case, the model's weights + gradients + optimizer beside ``states_bytes``, its
+activations beside ``peak_bytes - states_bytes``, and its total beside the
+peak, the reservation and the device's use. docs/planner.md ("Memory per device") holds the results.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from synth.planner.transformer import load_model  # noqa: E402
 
 # (model, micro-batch, variant): issue 27's four measurements, then the planner's other memory options
 # (--recompute full: every layer checkpointed; --attention unfused: the math attention, scores stored);
-# global batch 8 sequences of the model's 2048
+# global batch 8 sequences of the model's length
 CASES = (("gpt3-350m", 8, "flash"), ("gpt3-760m", 8, "flash"), ("gpt3-1.3b", 8, "flash"), ("gpt3-2.7b", 4, "flash"),
          ("gpt3-1.3b", 8, "full-recompute"), ("gpt3-2.7b", 8, "full-recompute"), ("gpt3-350m", 2, "unfused"),
          ("gpt3-760m", 2, "unfused"))
@@ -59,12 +59,14 @@ CASES += (("llama3-8b-4layers", 1, "flash"), ("llama3-8b-4layers", 2, "flash"),
 PLAN_OPTIONS = {"flash": (), "full-recompute": ("--recompute", "full"), "unfused": ("--attention", "unfused")}
 
 
-def model_spec(name: str) -> str:
-    """What --model takes for a case's model: a shipped name, or the inline fields of :data:`MODELS`."""
-    return MODELS.get(name, name)
 GLOBAL_BATCH = 8
 # the topology whose device stands for each measured GPU (compare)
 TOPOLOGY_OF_GPU = {"H100": "dgx-h100", "H200": "hgx-h200"}
+
+
+def model_spec(name: str) -> str:
+    """What --model takes for a case's model: a shipped name, or the inline fields of :data:`MODELS`."""
+    return MODELS.get(name, name)
 
 
 def measure_case(name: str, micro_batch: int, variant: str) -> dict:
@@ -87,6 +89,7 @@ def measure_case(name: str, micro_batch: int, variant: str) -> dict:
     if variant == "full-recompute":  # each layer keeps its input; its inside is recomputed in the backward
         for layer in net.layers:
             layer.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(layer.forward)
+
     def attention():  # a fresh context each time (sdpa_kernel's is single-use)
         return sdpa_kernel(SDPBackend.MATH) if variant == "unfused" else contextlib.nullcontext()
 
@@ -115,8 +118,8 @@ def measure_case(name: str, micro_batch: int, variant: str) -> dict:
     step()
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
-    row = {"kind": "memory", "model": name, "micro_batch": micro_batch, "variant": variant, "global_batch": GLOBAL_BATCH,
-           "seq": model.seq, "parameters": sum(p.numel() for p in net.parameters()),
+    row = {"kind": "memory", "model": name, "micro_batch": micro_batch, "variant": variant,
+           "global_batch": GLOBAL_BATCH, "seq": model.seq, "parameters": sum(p.numel() for p in net.parameters()),
            "states_bytes": states, "peak_bytes": torch.cuda.max_memory_allocated(),
            "reserved_bytes": torch.cuda.max_memory_reserved(), "device_used_bytes": total - free,
            "device_total_bytes": total, "seconds": round(time.perf_counter() - started, 2)}
@@ -157,9 +160,9 @@ def topology_of(gpu: str) -> str:
 def predicted(row: dict) -> dict:
     """The planner's memory breakdown (bytes) for the measured case."""
     command = [sys.executable, "-m", "synth.cli", "plan", "--topology", topology_of(row["gpu"]), "--scale",
-               "node=1,gpu=1", "--model", model_spec(row["model"]), "--global-batch", str(row["global_batch"]), "--axes",
-               "tp=1,dp=1,pp=1", "--micro-batch", str(row["micro_batch"]), "--memory-margin", "0", "--no-verify",
-               "--json", "--cross-entropy", "eager", *PLAN_OPTIONS[row.get("variant", "flash")]]
+               "node=1,gpu=1", "--model", model_spec(row["model"]), "--global-batch", str(row["global_batch"]),
+               "--axes", "tp=1,dp=1,pp=1", "--micro-batch", str(row["micro_batch"]), "--memory-margin", "0",
+               "--no-verify", "--json", "--cross-entropy", "eager", *PLAN_OPTIONS[row.get("variant", "flash")]]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"memory_check: {' '.join(command[2:])} failed: {done.stderr.strip()}")
