@@ -1526,6 +1526,7 @@ def test_the_memory_model_against_peaks_measured_on_an_h100(cli):
                 *PLAN_OPTIONS[row["variant"]], "--cross-entropy", "eager")
         code, out, err = cli(*argv)
         assert code == 0, err
+        assert json.loads(out)["training"]["cross_entropy"] == "eager"
         memory = json.loads(out)["configurations"][0]["memory"]
         states = memory["weights"] + memory["gradients"] + memory["optimizer"]
         assert 0 <= row["states_bytes"] - states < 200 * 2**20, row  # cuBLAS's and the allocator's 65-156 MiB
