@@ -141,38 +141,24 @@ class HashPartition:
 
     def split(self, indices: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """A sparse tensor (unique indices, values) cut into its ``k``
-        partitions: per partition (slots increasing, values).
-
-        Slots increase with the index inside a partition, so increasing
-        indices (the usual coalesced form) need only a stable sort by
-        partition, a radix sort on the small partition ids; other orders
-        are sorted by (partition, slot)."""
-        indices = np.asarray(indices, dtype=np.int64)
-        code = self._tables[0][indices]
-        part, slots = code % self.k, code // self.k
-        if len(indices) < 2 or bool(np.all(indices[1:] > indices[:-1])):
-            small = np.uint8 if self.k <= 1 << 8 else np.uint16 if self.k <= 1 << 16 else np.int32
-            order = np.argsort(part.astype(small), kind="stable")
-        else:
-            order = np.lexsort((slots, part))
-        counts = np.bincount(part, minlength=self.k)
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        slots, values = slots[order], np.asarray(values)[order]  # one gather each; the partitions are slices
-        return [(slots[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        partitions: per partition (slots increasing, values):
+        :meth:`split_indices` with each index replaced by its slot (slots
+        increase with the index inside a partition)."""
+        return [(self.slots_of(keys), part_values) for keys, part_values in self.split_indices(indices, values)]
 
     def split_indices(self, indices: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """A sparse tensor (unique indices, values) cut into its ``k``
         partitions by index: per partition (indices increasing, as
         :attr:`key_dtype`; values). Within a partition slots and indices
-        increase together, so this is :meth:`split` with the indices kept
-        instead of their slots (the runtime's form: no slot lookup on the way
-        in, none on the way out)."""
+        increase together, so the order is the slots' too. The runtime keeps
+        partitions in this form: no slot lookup on the way in, none on the way
+        out."""
         keys = np.asarray(indices).astype(self.key_dtype, copy=False)
         part = self._partition_table[keys]
         if len(keys) < 2 or bool(np.all(keys[1:] > keys[:-1])):
-            order = np.argsort(part, kind="stable")  # a radix sort on the small partition ids
+            order = np.argsort(part, kind="stable")  # increasing indices: a radix sort on the small partition ids
         else:
-            order = np.lexsort((keys, part))
+            order = np.lexsort((keys, part))  # other orders: by (partition, index)
         bounds = np.concatenate([[0], np.cumsum(np.bincount(part, minlength=self.k))])
         keys, values = keys[order], np.asarray(values)[order]
         return [(keys[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
