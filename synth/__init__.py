@@ -41,7 +41,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: less start-up befor
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "solve": "api", "solve_problem": "api", "solve_sparse": "api", "SparseSolution": "api", "solve_sizes": "api", "rank_placements": "api", "Solution": "api",
+    "solve": "api", "solve_problem": "api", "solve_sparse": "api", "SparseSolution": "api",
+    "solve_alltoall": "api", "AllToAllSolution": "api", "solve_sizes": "api", "rank_placements": "api", "Solution": "api",
     "SizesSolution": "api", "PlacementResult": "api", "ProgramResult": "api", "WorkloadSolution": "api",
     "plan_job": "planner.search", "JobRequest": "planner.search", "JobSolution": "planner.search",
     "load_plan": "plan", "write_plan": "plan", "Plan": "plan",
@@ -54,16 +55,17 @@ _EXPORTS = {
 _SUBMODULES = ("torch", "jax")
 
 __all__ = [
-    "Algorithm", "Executor", "Goal", "JobRequest", "JobSolution", "Model", "Plan", "PlacementResult", "Profile",
+    "AllToAllSolution", "Algorithm", "Executor", "Goal", "JobRequest", "JobSolution", "Model", "Plan", "PlacementResult", "Profile",
     "ProgramResult", "Reduction", "SizesSolution", "Solution", "SparseSolution", "SynthError", "Topology", "WorkloadSolution",
     "__version__", "load_plan", "load_topology", "plan_job", "rank_placements", "solve", "solve_problem",
-    "solve_sizes", "solve_sparse", "verify_plan", "write_plan",
+    "solve_alltoall", "solve_sizes", "solve_sparse", "verify_plan", "write_plan",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from typing import Any
 
     from .api import (
+        AllToAllSolution,
         PlacementResult,
         ProgramResult,
         SizesSolution,
@@ -72,6 +74,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         WorkloadSolution,
         rank_placements,
         solve,
+        solve_alltoall,
         solve_problem,
         solve_sizes,
         solve_sparse,

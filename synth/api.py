@@ -48,6 +48,7 @@ from .units import parse_size
 
 if TYPE_CHECKING:
     from .cost.sparse import SparseRanking, SparseSpec
+    from .synthesis.alltoall import AllToAllProgram
 
 DEFAULT_SIZE_BYTES = 256 * 2**20
 Progress = Callable[[str], None]
@@ -640,3 +641,106 @@ def solve_sparse_problem(problem: Problem, model: Model, size_bytes: int, densit
                 checked.append(_check_sparse_form(program, result.reduction, spec.encoding.value))
         out.append(SparsePlacementResult(n, ranking, tuple(listed), tuple(checked)))
     return SparseSolution(problem, model, spec, tuple(out), verify)
+
+
+# ---------------------------------------------------------------- all-to-all
+
+
+@dataclass(frozen=True)
+class AllToAllPlacementResult:
+    """One placement's all-to-all programs over the problem's axes, fastest
+    predicted first (``listed``: the first ``top`` of them), the one-call
+    all-to-all's time (``direct_s``), and per listed program the blocks its
+    proof checked (:func:`~synth.synthesis.alltoall.check_alltoall`; empty when
+    not verified)."""
+
+    index: int
+    groups: Reduction  # the all-to-all's groups, as a reduction over its axes (tables only)
+    listed: tuple["AllToAllProgram", ...]
+    predicted_s: tuple[float, ...]
+    direct_s: float
+    programs_found: int
+    checked: tuple[int, ...] = ()
+
+    @property
+    def best_s(self) -> float:
+        return self.predicted_s[0] if self.predicted_s else self.direct_s
+
+    @property
+    def speedup(self) -> float:
+        """The one-call all-to-all's time over the best program's (1 when both are 0)."""
+        return self.direct_s / self.best_s if self.best_s > 0 else 1.0
+
+    @property
+    def matrix(self) -> tuple[tuple[int, ...], ...]:
+        return self.groups.placement.matrix
+
+
+@dataclass(frozen=True)
+class AllToAllSolution:
+    """:func:`solve_alltoall`'s answer: per placement, its ranked all-to-all programs."""
+
+    problem: Problem
+    model: Model
+    size_bytes: int
+    placements: tuple[AllToAllPlacementResult, ...]
+    verified: bool
+
+    @cached_property
+    def by_speed(self) -> tuple[AllToAllPlacementResult, ...]:
+        return tuple(sorted(self.placements, key=lambda p: (p.best_s, p.index)))
+
+    @property
+    def best(self) -> AllToAllPlacementResult:
+        return self.by_speed[0]
+
+
+def solve_alltoall(
+    topology: TopologySpec,
+    axes: AxesSpec,
+    over: str | Sequence[str] | None = None,
+    size: int | str = DEFAULT_SIZE_BYTES,
+    model: Model | str | None = None,
+    max_steps: int = 5,
+    constraints: Sequence[Constraint | str] = (),
+    verify: bool = True,
+    top: int | None = 3,
+    progress: Progress | None = None,
+) -> AllToAllSolution:
+    """Placements and programs of an all-to-all of ``size`` bytes per device
+    over the axes ``over`` (default: the first axis), ranked by predicted time
+    beside the one-call all-to-all: the one call first, then the hierarchical
+    decompositions (inside the node, then across, ...) of
+    :mod:`synth.synthesis.alltoall`, priced by :mod:`synth.cost.alltoall`.
+    With ``verify`` every listed program is proved by running it on distinct
+    block labels."""
+    problem = make_problem(topology, axes, over, Goal.ALLREDUCE, constraints, max_steps)
+    return solve_alltoall_problem(problem, _model(model), _size_bytes(size), verify, top, progress)
+
+
+def solve_alltoall_problem(problem: Problem, model: Model, size_bytes: int, verify: bool = True,
+                           top: int | None = 3, progress: Progress | None = None) -> AllToAllSolution:
+    """:func:`solve_alltoall` on a checked :class:`~synth.synthesis.problem.Problem`
+    (its reduction axes are the all-to-all's axes; its goal is not read)."""
+    from .cost.alltoall import peer_seconds, program_alltoalls, program_seconds
+    from .synthesis.alltoall import check_alltoall, synthesize_alltoall
+
+    if top is not None and top < 0:
+        raise SynthError(f"--top {top}: must be >= 0")
+    profile = model.profile_for(problem.topology)
+    peer_s = peer_seconds(model.algorithm)
+    out = []
+    placements = problem.placements()
+    for n, placement in enumerate(placements):
+        if progress is not None:
+            progress(f"pricing all-to-all programs of placement {n + 1}/{len(placements)}")
+        groups = problem.reduction(placement)
+        programs = synthesize_alltoall(groups.hierarchy, problem.max_steps).programs
+        seconds = [program_seconds(program_alltoalls(problem.topology, profile, groups, p, peer_s), size_bytes)
+                   for p in programs]
+        order = sorted(range(len(programs)), key=lambda i: (seconds[i], i))
+        listed = order if top is None else order[:top]
+        checked = tuple(check_alltoall(programs[i], groups.hierarchy) for i in listed) if verify else ()
+        out.append(AllToAllPlacementResult(n, groups, tuple(programs[i] for i in listed),
+                                           tuple(seconds[i] for i in listed), seconds[0], len(programs), checked))
+    return AllToAllSolution(problem, model, size_bytes, tuple(out), verify)

@@ -1201,18 +1201,21 @@ def test_alltoall_cost_by_hand():
     """An all-to-all is every member's n - 1 sends of size / n at once: inside
     a node each GPU's flows share its NVLink port; across nodes they share the
     node's NICs (GPUDirect RDMA), so groups spread over nodes pay the
-    network."""
+    network. Each member also pays NCCL's measured cost per peer: (28.20 -
+    11.75) us over (32 - 8) GPUs (NVIDIA/nccl's contrib all-to-all README)."""
     from synth.cost import Model, alltoall_s
 
     topo = load_topology("dgx-h100").scaled({"node": 2})
     profile = Model().profile_for(topo)
     size = 64 * 2**20
+    peer = (28.20e-6 - 11.75e-6) / 24
     inside = np.arange(16).reshape(2, 8)
     nvlink = 450e9  # dgx-h100.yaml's GPU level, bytes per second per direction
-    assert alltoall_s(topo, profile, inside, size) == pytest.approx(1e-6 + 7 * (size / 8) / nvlink)
+    assert alltoall_s(topo, profile, inside, size) == pytest.approx(7 * peer + 1e-6 + 7 * (size / 8) / nvlink)
+    assert alltoall_s(topo, profile, inside, size, peer_s=0.0) == pytest.approx(1e-6 + 7 * (size / 8) / nvlink)
     across = np.arange(16).reshape(2, 8).T.copy()  # 8 groups of 2, one GPU in each node
     # each node sends 8 flows of size / 2 through its 8 NICs of 47 GB/s: one NIC each
-    assert alltoall_s(topo, profile, across, size) == pytest.approx(5e-6 + (size / 2) / 47e9, rel=1e-9)
+    assert alltoall_s(topo, profile, across, size) == pytest.approx(peer + 5e-6 + (size / 2) / 47e9, rel=1e-9)
     assert alltoall_s(topo, profile, np.arange(16).reshape(1, 16), size) > alltoall_s(topo, profile, inside, size)
     assert alltoall_s(topo, profile, np.arange(8).reshape(8, 1), size) == 0.0
 

@@ -7,6 +7,7 @@ import argparse
 from ..cost import ALGORITHMS, Model
 from ..cost.nccl_rules import NCCL_VERSION, RULES
 from ..errors import SynthError
+from ..synthesis.alltoall import ALLTOALL
 from ..synthesis.problem import MAX_STEPS_DEFAULT, ProblemSpec
 from ..synthesis.semantics import Goal
 from ..synthesis.sparse import SPARSE_ALLREDUCE
@@ -26,8 +27,9 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduce", help="reduction axes, e.g. dp or dp,mp (default: the first axis)")
     p.add_argument(
         "--collective",
-        choices=[g.value for g in Goal] + [SPARSE_ALLREDUCE],
-        help="the reduction to implement (default: allreduce; sparse-allreduce with --density)",
+        choices=[g.value for g in Goal] + [SPARSE_ALLREDUCE, ALLTOALL],
+        help="the collective to implement over the --reduce axes (default: allreduce; sparse-allreduce with "
+             "--density; alltoall: the main command only)",
     )
     p.add_argument("--density", metavar="D",
                    help="fraction of non-zeros per rank of a sparse gradient, in (0, 1] (implies --collective "
@@ -83,15 +85,20 @@ def sparse_density(args: argparse.Namespace) -> float | None:
     return value
 
 
-def problem_spec(args: argparse.Namespace) -> ProblemSpec:
+def problem_spec(args: argparse.Namespace, alltoall: bool = False) -> ProblemSpec:
     """The problem the arguments of :func:`add_problem_arguments` describe (a
-    sparse all-reduce searches the dense all-reduce programs it lowers)."""
+    sparse all-reduce searches the dense all-reduce programs it lowers). An
+    all-to-all (``--collective alltoall``) is the main command's only
+    (``alltoall``: its caller; the problem's axes are the all-to-all's)."""
+    if args.collective == ALLTOALL and not alltoall:
+        raise SynthError("--collective alltoall: this command runs reductions; list and price all-to-all programs "
+                         "with the main command (synth-reduce --topology T --axes ep=64 --collective alltoall)")
     sparse = sparse_density(args) is not None
     return ProblemSpec(
         topology=args.topology,
         axes=args.axes,
         reduce=args.reduce,
-        goal="allreduce" if sparse else args.collective,
+        goal="allreduce" if sparse or alltoall else args.collective,
         constraints=tuple(args.constrain),
         scale=tuple(args.scale),
         max_steps=args.max_steps,

@@ -16,6 +16,7 @@ from ..documents import check_writable
 from ..errors import SynthError
 from ..plan import program_document, write_plan
 from ..planner.workload import parse_workload
+from ..synthesis.alltoall import ALLTOALL, format_alltoall
 from ..synthesis.language import format_program
 from ..synthesis.placement import axes_have_sizes
 from ..synthesis.sparse import format_sparse
@@ -96,6 +97,8 @@ def run(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv)
     if args.top is not None and args.top < 0:
         raise SynthError(f"--top {args.top}: must be >= 0")
+    if args.collective == ALLTOALL:
+        return _run_alltoall(args)
     if not axes_have_sizes(args.axes):
         return _run_sizes(args)
     density = sparse_density(args)
@@ -339,6 +342,81 @@ def sparse_document(solution) -> dict:
             "programs": [{"text": format_sparse(program), "dense_text": format_program(program),
                           "predicted_s": seconds, **({"checked_entries": p.checked[i]} if p.checked else {})}
                          for i, (program, seconds) in enumerate(zip(p.listed, p.ranking.predicted_s))],
+        } for p in solution.by_speed],
+    }
+
+
+# ---------------------------------------------------------------- all-to-all
+
+
+def _run_alltoall(args: argparse.Namespace) -> int:
+    from ..api import solve_alltoall_problem
+
+    for option, given in (("--workload", args.workload), ("--density", getattr(args, "density", None)),
+                          ("--program", args.program), ("--placement", args.placement)):
+        if given is not None:
+            raise SynthError(f"{option} does not apply to --collective alltoall; drop it")
+    if args.out is not None:
+        raise SynthError("--out: a plan holds reductions; --collective alltoall lists and prices all-to-all programs "
+                         "(the planner prices expert parallelism's all-to-alls with them: synth-reduce plan)")
+    if not axes_have_sizes(args.axes):
+        raise SynthError(f"--collective alltoall needs axis sizes (e.g. --axes ep=64); --axes {args.axes} leaves "
+                         "them to choose")
+    size_bytes = parse_size(args.size or "256MiB")
+    model = model_of(args)
+    top = args.top if args.top is not None else (None if args.json else 3)
+    progress = ProgressLine()
+    solution = solve_alltoall_problem(problem_spec(args, alltoall=True).build(), model, size_bytes,
+                                      verify=not args.no_verify, top=top, progress=progress)
+    progress("")
+    if args.json:
+        print(dumps(alltoall_document(solution)))
+        return 0
+    problem = solution.problem
+    print(f"alltoall over {','.join(problem.reduce_axes)}: {format_size(size_bytes)} per device, 1/k of it to each "
+          f"of the k members of its group")
+    print(f"predicted with {solution.model.describe()}")
+    if solution.verified:
+        print("listed programs proved: run once on distinct block labels (programs move blocks without reading "
+              "them, so one run decides every input)")
+    print(f"\nmatrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)}); direct = one "
+          f"all-to-all over each group (NCCL: grouped sends to every peer)")
+    rows = solution.by_speed
+    matrices = [p.groups.placement.matrix_text() for p in rows]
+    mw = _width("matrix", matrices)
+    header = (f"{'rank':>4} {'#':>3}  {'matrix':<{mw}} {'direct':>11} {'best':>11} {'speedup':>7}  "
+              f"programs, fastest first")
+    print(header)
+    print("-" * len(header))
+    for n, p in enumerate(rows):
+        first = format_alltoall(p.listed[0], " ; ") if p.listed else "-"
+        print(f"{n + 1:>4} {p.index:>3}  {matrices[n]:<{mw}} {format_seconds(p.direct_s):>11} "
+              f"{format_seconds(p.best_s):>11} {p.speedup:>6.2f}x  {first}")
+        for program, seconds in zip(p.listed[1:], p.predicted_s[1:]):
+            print(f"{'':>4} {'':>3}  {'':<{mw}} {'':>11} {format_seconds(seconds):>11} {'':>7}  "
+                  f"{format_alltoall(program, ' ; ')}")
+    return 0
+
+
+def alltoall_document(solution) -> dict:
+    """The ``--json`` document of an all-to-all."""
+    return {
+        "version": __version__,
+        "collective": ALLTOALL,
+        "axes": list(solution.problem.reduce_axes),
+        "size_bytes": solution.size_bytes,
+        "algo": solution.model.algorithm.value,
+        "verified": solution.verified,
+        "placements": [{
+            "index": p.index,
+            "matrix": [list(row) for row in p.matrix],
+            "direct_s": p.direct_s,
+            "best_s": p.best_s,
+            "speedup": p.speedup,
+            "programs_found": p.programs_found,
+            "programs": [{"text": format_alltoall(program), "predicted_s": seconds,
+                          **({"checked_blocks": p.checked[i]} if p.checked else {})}
+                         for i, (program, seconds) in enumerate(zip(p.listed, p.predicted_s))],
         } for p in solution.by_speed],
     }
 

@@ -39,9 +39,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..cost import AllToAll, Model, Predictor, alltoall_of, default_program, step_cost
+from ..cost import AllToAll, Model, Predictor, default_program, step_cost
+from ..cost.alltoall import peer_seconds, program_alltoalls, program_seconds
 from ..errors import SynthError
 from ..plan import Plan, PlannedProgram, PlannedReduction, one_chunk_layout
+from ..synthesis.alltoall import ALLTOALL, AllToAllProgram, format_alltoall, synthesize_alltoall
 from ..synthesis.language import Collective, Program, format_program
 from ..synthesis.lowering import LoweredProgram, lower
 from ..synthesis.placement import (
@@ -112,7 +114,7 @@ class CollectiveCosts:
         self._reductions: dict[tuple, tuple[ReductionPrograms, Predictor]] = {}
         self._best: dict[tuple, BestProgram] = {}
         self._sends: dict[tuple, float] = {}
-        self._alltoalls: dict[tuple, AllToAll] = {}
+        self._alltoalls: dict[tuple, tuple[tuple[AllToAllProgram, tuple[AllToAll, ...]], ...]] = {}
         self._on: dict[tuple[int, bool], PlacementCollectives] = {}  # by (placement's id, default only)
         self._defaults: dict[tuple, tuple[Predictor, float]] = {}
         self._hsdp: dict[tuple, Placement] = {}
@@ -191,15 +193,31 @@ class CollectiveCosts:
                                          pairs, nbytes)[0]
         return self._sends[key]
 
-    def alltoall(self, placement: Placement, axis: str, size_bytes: int) -> float:
-        """An all-to-all of ``size_bytes`` per device in every ``axis`` group
-        at once (:func:`synth.cost.alltoall_s`)."""
+    def alltoall_programs(self, placement: Placement, axis: str) -> tuple[tuple[AllToAllProgram, tuple[AllToAll, ...]], ...]:
+        """The all-to-all programs of the ``axis`` groups of ``placement``
+        (:func:`~synth.synthesis.alltoall.synthesize_alltoall` on their
+        hierarchy: the one-call all-to-all first, then the hierarchical ones),
+        each with its priced steps (:func:`synth.cost.alltoall.program_alltoalls`)."""
         key = self._key(placement, (axis,))
         found = self._alltoalls.get(key)
         if found is None:
-            mesh = np.moveaxis(placement.mesh, placement.axis_names.index(axis), -1)
-            found = self._alltoalls[key] = alltoall_of(self.topology, self.profile, mesh.reshape(-1, mesh.shape[-1]))
-        return found.seconds(size_bytes)
+            groups = Reduction.of(placement, (axis,))
+            peer_s = peer_seconds(self.model.algorithm)
+            found = self._alltoalls[key] = tuple(
+                (program, program_alltoalls(self.topology, self.profile, groups, program, peer_s))
+                for program in synthesize_alltoall(groups.hierarchy, self.max_steps).programs)
+        return found
+
+    def best_alltoall(self, placement: Placement, axis: str, size_bytes: int) -> tuple[float, AllToAllProgram]:
+        """The fastest predicted all-to-all program of ``size_bytes`` per device
+        in every ``axis`` group at once, and its seconds (ties: the earlier,
+        shorter program)."""
+        return min(((program_seconds(steps, size_bytes), program)
+                    for program, steps in self.alltoall_programs(placement, axis)), key=lambda sp: sp[0])
+
+    def alltoall(self, placement: Placement, axis: str, size_bytes: int) -> float:
+        """Seconds of :meth:`best_alltoall`."""
+        return self.best_alltoall(placement, axis, size_bytes)[0]
 
     def on(self, placement: Placement, default_only: bool = False) -> "PlacementCollectives":
         """The collectives of ``placement``, one object per placement (it
@@ -386,6 +404,7 @@ class Candidate:
     placements_tried: int
     model_flops: float  # per step, without recomputation
     hardware_flops: float  # per step, with recomputation
+    alltoall_programs: tuple[tuple[str, int, AllToAllProgram], ...] = ()  # (axis, bytes, fastest program)
 
     @property
     def predicted_step_s(self) -> float:
@@ -396,11 +415,13 @@ class Candidate:
         return flops / (self.step.total_s * self.config.devices) / 1e12
 
     def program_texts(self) -> dict[str, str]:
-        """``axis`` (all-reduce) or ``axis/goal`` -> program text."""
+        """``axis`` (all-reduce), ``axis/goal`` or ``axis/alltoall`` -> program text."""
         out = {}
         for axis, goal, _, best in self.programs:
             key = axis if goal is Goal.ALLREDUCE else f"{axis}/{goal.value}"
             out[key] = format_program(best.program, " ; ") if best.program else "(none within the step limit)"
+        for axis, _, program in self.alltoall_programs:
+            out[f"{axis}/{ALLTOALL}"] = format_alltoall(program, " ; ")
         return out
 
 
@@ -653,9 +674,10 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
         f"> {device.memory_GiB:g} GiB{margin}")
     price = costs.default if default_only else costs.best
     programs = tuple((axis, goal, size, price(placement, axis, goal, size)) for axis, goal, size in step.reductions)
+    alltoalls = tuple((axis, size, costs.best_alltoall(placement, axis, size)[1]) for axis, size in step.alltoalls)
     flops = model.training_flops(training.global_batch, training.recompute)
     return Candidate(config, training, placement, step, memory, feasible, reason, programs, len(placements),
-                     flops.model, flops.total)
+                     flops.model, flops.total, alltoalls)
 
 
 # ---------------------------------------------------------------- job plans

@@ -489,6 +489,7 @@ class StepTime:
     optimizer_s: float = 0.0  # the optimizer step (per-operation model; the curve folds it into compute)
     ep_s: float = 0.0  # expert parallelism's all-to-alls, on the critical path
     cp_s: float = 0.0  # context parallelism's ring of keys and values, what the attention does not hide
+    alltoalls: tuple[tuple[str, int], ...] = ()  # (axis, bytes per device) of the step's all-to-alls
 
     @property
     def total_s(self) -> float:
@@ -717,6 +718,7 @@ def step_time(
         optimizer_s=optimizer_s,
         ep_s=m * ep_mb,
         cp_s=m * cp_mb,
+        alltoalls=(("ep", shape.alltoall_bytes),) if shape.alltoall_bytes else (),
     )
 
 
