@@ -276,3 +276,58 @@ def test_an_alltoall_too_large_to_price_is_refused_with_the_count(cli):
                           "--collective", "alltoall", "--no-verify")
     assert "an all-to-all over 1 group(s) of 4096 devices is 16,773,120 flows" in message
     assert "limit of 4,192,256" in message
+
+
+def _expected(table: np.ndarray, device: int, block: int) -> np.ndarray:
+    """What the one-call all-to-all gives ``device``: from each member i of its
+    group (all-to-all rank order), the block i addressed to ``device``'s rank."""
+    row, rank = (int(v[0]) for v in np.nonzero(table == device))
+    return np.concatenate([np.arange(rank * block, (rank + 1) * block) + 1000 * int(d) for d in table[row]])
+
+
+@pytest.mark.parametrize("axes", ["ep=8", "ep=4,tp=2", "tp=2,ep=4"])
+def test_every_program_runs_exactly_on_thread_ranks(axes):
+    """synth.runtime.alltoall on 8 thread ranks of the emulated 2 x 4 testbed:
+    every program of every placement gives each device, block for block, what
+    the one-call all-to-all over its group gives (the direct transpose)."""
+    from synth.runtime.alltoall import run_alltoall
+    from synth.runtime.backends import run_local
+    from synth.synthesis.placement import enumerate_placements, parse_axes
+    from synth.synthesis.reduction import Reduction
+
+    topology = load_topology("testbed-2x4")
+    checked = 0
+    for placement in enumerate_placements(topology, parse_axes(axes)):
+        groups = Reduction.of(placement, ("ep",))
+        table = groups.reduction_groups
+        k = table.shape[1]
+        for program in synthesize_alltoall(groups.hierarchy, 5).programs:
+            for block in (1, 5):
+                results = run_local(8, lambda world: run_alltoall(
+                    world, groups, program, np.arange(k * block, dtype=np.int64) + 1000 * world.rank))
+                for device, got in enumerate(results):
+                    assert np.array_equal(got, _expected(table, device, block)), (placement.matrix, str(program))
+                checked += 1
+    assert checked >= 6  # at least one placement with the one call and both hierarchical orders
+
+
+def test_a_wrong_buffer_is_refused():
+    from synth.runtime.alltoall import run_alltoall
+    from synth.runtime.backends import run_local
+    from synth.synthesis.reduction import Reduction
+
+    topology = load_topology("testbed-2x4")
+    (placement,) = make_problem(topology, {"ep": 8}, "ep", "allreduce").placements()
+    groups = Reduction.of(placement, ("ep",))
+    with pytest.raises(SynthError, match=r"a multiple of the group size 8"):
+        run_local(8, lambda world: run_alltoall(world, groups, parse_alltoall("AllToAll(root, inside)"),
+                                                np.zeros(12)))
+
+
+def test_every_program_runs_exactly_under_mpi():
+    from processes import run_watched
+    from test_runtime import REPO, mpi_env, mpiexec_command
+
+    done = run_watched(mpiexec_command(8, "tests/mpi_worker.py", "alltoall"), stall_s=120, cwd=REPO, env=mpi_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all exact" in done.stdout and "ok: " in done.stdout, done.stdout

@@ -174,6 +174,12 @@ def test_ddp_sparse_embedding_gradients_run_the_plans_program_in_sparse_form(che
 
 
 @pytest.mark.timeout(600)
+def test_alltoall_programs_run_exactly_on_gloo(checks):
+    """synth.runtime.alltoall on the torch world: the one call and both
+    hierarchical programs of ep=8 over 2 x 4 (tests/torch_worker.py)."""
+    assert assert_check(checks, "alltoall_programs") == "3 all-to-all programs exact"
+
+
 def test_executor_is_exact_on_reducescatter_and_allgather_plans(checks):
     assert re.fullmatch(r"\d+ programs", assert_check(checks, "shard_programs"))
 

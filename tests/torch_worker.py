@@ -100,6 +100,22 @@ def check_allreduce_programs(rank: int) -> str:
     return f"{len(result.programs)} programs, {runs} runs per rank"
 
 
+def check_alltoall_programs(rank: int) -> str:
+    """Every all-to-all program of ep over both nodes (ep=8 on 2 x 4), on int64
+    tensors: block i of the result is what rank i addressed to this rank."""
+    from synth.runtime.alltoall import run_alltoall
+    from synth.synthesis.alltoall import synthesize_alltoall
+
+    groups = Reduction.of(placement("ep=8", ((2, 4),)), ["ep"])
+    programs = synthesize_alltoall(groups.hierarchy, 5).programs
+    for program in programs:
+        got = run_alltoall(synth.torch.world(), groups, program, torch.arange(24, dtype=torch.int64) + 1000 * rank)
+        want = torch.cat([torch.arange(rank * 3, rank * 3 + 3) + 1000 * i for i in range(8)])
+        if not torch.equal(got, want):
+            raise AssertionError(f"rank {rank}: {program}: {got.tolist()} != {want.tolist()}")
+    return f"{len(programs)} all-to-all programs exact"
+
+
 def check_shard_programs(rank: int) -> str:
     """Every reducescatter and allgather program of every placement of dp=8 and
     of dp=4,mp=2 over dp, at lengths 7 and 4099."""
@@ -423,6 +439,7 @@ def run_checks(directory: Path) -> int:
     rank = dist.get_rank()
     checks = [("allreduce_programs", lambda: check_allreduce_programs(rank)),
               ("shard_programs", lambda: check_shard_programs(rank)),
+              ("alltoall_programs", lambda: check_alltoall_programs(rank)),
               ("plan_file_with_size_ranges", lambda: check_plan_file_with_size_ranges(rank, directory)),
               ("job_plan", lambda: check_job_plan(rank, directory)),
               ("device_mesh", lambda: check_device_mesh(rank)),

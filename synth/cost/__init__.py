@@ -20,7 +20,8 @@ The package, one concern per module:
 * :mod:`~synth.cost.predict`: step and program predictions (:class:`Predictor`);
 * :mod:`~synth.cost.pipeline`: the price of a program run pipelined over pieces;
 * :mod:`~synth.cost.alltoall`: the all-to-all of expert parallelism (grouped
-  point-to-point sends) on the links;
+  point-to-point sends) on the links, with NCCL's measured cost per peer, and
+  the price of all-to-all programs (:mod:`synth.synthesis.alltoall`);
 * :mod:`~synth.cost.ranking`: programs of a reduction sorted by prediction;
 * :mod:`~synth.cost.records`: measurement records (what ``bench`` writes and
   ``fit`` reads), with :mod:`~synth.cost.nccl_log` (what NCCL's tuning log says

@@ -11,7 +11,10 @@
 * :mod:`~synth.runtime.bench`: ``bench`` and ``tune``, nccl-tests style;
 * :mod:`~synth.runtime.pipelined`: a chunk-level schedule (an MSCCL
   algorithm's thread blocks) run with non-blocking point-to-point (MPI or
-  torch.distributed).
+  torch.distributed);
+* :mod:`~synth.runtime.sparse`, :mod:`~synth.runtime.sparse_bench`: sparse
+  programs and their benchmark; :mod:`~synth.runtime.alltoall`: all-to-all
+  programs on a world's sub-groups.
 
 Imports: the shared top-level values (including ``plan``), ``synthesis`` and
 ``cost``; nothing of ``planner``, ``export``, ``testbed`` or ``cli``. The

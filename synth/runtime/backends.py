@@ -100,6 +100,12 @@ class _LocalComm:
     def bcast(self, a: np.ndarray) -> None:
         a[...] = self._collect(a, lambda xs: xs[0].copy())
 
+    def alltoall(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """Equal parts: part ``j`` of ``send`` to member ``j``; part ``i`` of ``recv`` from member ``i``."""
+        n = recv.shape[0] // len(self.r.slots)
+        me = slice(self.rank * n, (self.rank + 1) * n)
+        recv[...] = self._collect(send, lambda xs: np.concatenate([x[me] for x in xs]))
+
 
 class _LocalShared:
     def __init__(self, size: int, timeout_s: float) -> None:
@@ -205,6 +211,7 @@ class _MPIComm:
         else:
             self.reduce = lambda a: comm.Reduce(a, None, op=MPI.SUM, root=0)
         self.bcast = partial(comm.Bcast, root=0)
+        self.alltoall = comm.Alltoall  # (send, recv): equal parts in member order
 
 
 class MPIWorld(World):

@@ -82,6 +82,10 @@ class _TorchComm:
     def bcast(self, a: torch.Tensor) -> None:
         dist.broadcast(a, src=self.root, group=self.pg)
 
+    def alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        """Equal parts: part ``j`` of ``send`` to member ``j``; part ``i`` of ``recv`` from member ``i``."""
+        dist.all_to_all_single(recv, send, group=self.pg)
+
 
 class TorchSparseComm:
     """The byte-message collectives of the sparse executor

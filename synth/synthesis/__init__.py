@@ -20,7 +20,10 @@ The stage, one concept per module, each importing only those before it:
   device ids and chunk runs;
 * :mod:`~synth.synthesis.execute` (numpy reference executor, the first
   verifier), :mod:`~synth.synthesis.prove` (z3, the second) and
-  :mod:`~synth.synthesis.verify` (both, memoised; also of a plan's programs).
+  :mod:`~synth.synthesis.verify` (both, memoised; also of a plan's programs);
+* :mod:`~synth.synthesis.hashing` and :mod:`~synth.synthesis.sparse`: sparse
+  all-reduce, a program's sparse form; :mod:`~synth.synthesis.alltoall`:
+  all-to-all programs (their language, search and labelled-block proof).
 
 Imports: the shared top-level values only (``errors``, ``units``,
 ``resources``, ``documents``, ``topology``); nothing of ``cost``, ``planner``,
