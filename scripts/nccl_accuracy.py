@@ -93,6 +93,8 @@ NOT_EVALUATED = {
     "coreweave-gb200-nvl72-20racks": "the source states neither the racks' NICs nor their rate",
     "nccl1801-gb200-3partitions-ring-vs-tree": "the source states neither the partitions' NICs nor their rate",
     "liplus-a100x8-sendrecv": "send/receive is not a collective the model has",
+    **{f"nvidia-contrib-gb200-{n}-alltoall": "all-to-all lines set the per-peer cost (synth/cost/alltoall.py), "
+                                              "not the collective model's fit" for n in (8, 32)},
 }
 NOTES = {
     "stas00-p6b200-nvls-ramp-8g": "NCCL's choice came from AWS's tuner plugin (NCCL_TUNER_PLUGIN=ofi)",

@@ -20,7 +20,7 @@ and channel), so a small all-to-all takes longer the more peers it has even
 when every flow is tiny: NCCL's own measurement of ``ncclAlltoAll`` inside one
 GB200 NVLink domain (NVIDIA/nccl ``contrib/custom_algos/alltoall/README.md``,
 the "NCCL_baseline" column at 16 B per pair, transcribed in
-``data/nccl/nvidia-contrib-gb200-alltoall.jsonl``) is 11.75 us over 8 GPUs and
+``data/nccl/nvidia-contrib-gb200-{8,32}-alltoall.jsonl``) is 11.75 us over 8 GPUs and
 28.20 us over 32: :data:`NCCL_PEER_S` = (28.20 - 11.75) / (32 - 8) us per peer
 beyond the first. The source's 64-GPU plot (about 48.5 us) lies on the same
 line. Each member pays it for its ``n - 1`` peers, in every NCCL model (the

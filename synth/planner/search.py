@@ -115,6 +115,7 @@ class CollectiveCosts:
         self._best: dict[tuple, BestProgram] = {}
         self._sends: dict[tuple, float] = {}
         self._alltoalls: dict[tuple, tuple[tuple[AllToAllProgram, tuple[AllToAll, ...]], ...]] = {}
+        self._best_alltoalls: dict[tuple, tuple[float, AllToAllProgram]] = {}
         self._on: dict[tuple[int, bool], PlacementCollectives] = {}  # by (placement's id, default only)
         self._defaults: dict[tuple, tuple[Predictor, float]] = {}
         self._hsdp: dict[tuple, Placement] = {}
@@ -212,8 +213,13 @@ class CollectiveCosts:
         """The fastest predicted all-to-all program of ``size_bytes`` per device
         in every ``axis`` group at once, and its seconds (ties: the earlier,
         shorter program)."""
-        return min(((program_seconds(steps, size_bytes), program)
-                    for program, steps in self.alltoall_programs(placement, axis)), key=lambda sp: sp[0])
+        key = (self._key(placement, (axis,)), size_bytes)
+        found = self._best_alltoalls.get(key)
+        if found is None:
+            found = self._best_alltoalls[key] = min(
+                ((program_seconds(steps, size_bytes), program) for program, steps in
+                 self.alltoall_programs(placement, axis)), key=lambda sp: sp[0])
+        return found
 
     def alltoall(self, placement: Placement, axis: str, size_bytes: int) -> float:
         """Seconds of :meth:`best_alltoall`."""
