@@ -311,7 +311,10 @@ def test_every_program_runs_exactly_on_thread_ranks(axes):
     assert checked >= 6  # at least one placement with the one call and both hierarchical orders
 
 
-def test_a_wrong_buffer_is_refused():
+def test_a_wrong_buffer_is_refused_alike_on_every_rank():
+    """A buffer that does not divide into blocks, or one rank's buffer or program
+    differing from the others': every rank raises the same SynthError (they agree
+    before any all-to-all, so none waits in one)."""
     from synth.runtime.alltoall import run_alltoall
     from synth.runtime.backends import run_local
     from synth.synthesis.reduction import Reduction
@@ -319,9 +322,24 @@ def test_a_wrong_buffer_is_refused():
     topology = load_topology("testbed-2x4")
     (placement,) = make_problem(topology, {"ep": 8}, "ep", "allreduce").placements()
     groups = Reduction.of(placement, ("ep",))
-    with pytest.raises(SynthError, match=r"a multiple of the group size 8"):
-        run_local(8, lambda world: run_alltoall(world, groups, parse_alltoall("AllToAll(root, inside)"),
-                                                np.zeros(12)))
+    one_call = parse_alltoall("AllToAll(root, inside)")
+    hierarchical = parse_alltoall("AllToAll(node, inside) ; AllToAll(node, parallel(root))")
+
+    def messages(program_of, length_of) -> set[str]:
+        def rank(world):
+            try:
+                run_alltoall(world, groups, program_of(world.rank), np.zeros(length_of(world.rank)))
+            except SynthError as exc:
+                return str(exc)
+            return "no error"
+        return set(run_local(8, rank))
+
+    (message,) = messages(lambda r: one_call, lambda r: 12)
+    assert "buffer of shape (12,): give a flat buffer whose length is a multiple of the group size 8" in message
+    (message,) = messages(lambda r: one_call, lambda r: 24 if r == 3 else 16)
+    assert message.startswith("all-to-all: rank 3 passed 'AllToAll(root, inside)' on a buffer of shape (24,)")
+    (message,) = messages(lambda r: hierarchical if r == 5 else one_call, lambda r: 16)
+    assert "rank 5 passed 'AllToAll(node, inside) ; AllToAll(node, parallel(root))'" in message
 
 
 def test_every_program_runs_exactly_under_mpi():

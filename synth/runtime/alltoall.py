@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import SynthError
-from ..synthesis.alltoall import AllToAllProgram, exchange_step, initial_blocks, resolve_exchange
+from ..synthesis.alltoall import (
+    AllToAllProgram,
+    exchange_step,
+    format_alltoall,
+    initial_blocks,
+    receivers,
+    resolve_exchange,
+)
 from ..synthesis.reduction import Reduction
 
 
@@ -33,11 +40,22 @@ def run_alltoall(world: Any, groups: Reduction, program: AllToAllProgram, buffer
     over its group of ``groups``, run as ``program``; returns a new array (a
     numpy array on thread and MPI worlds, a torch tensor on the torch world).
     Every rank of the world must call it with the same program and a buffer of
-    the same length, a multiple of ``k``."""
+    the same length, a multiple of ``k``: the ranks first agree on the program,
+    the buffer's shape and dtype (one all-gather), so that a rank that differs
+    gives every rank the same SynthError instead of a hang."""
     hierarchy = groups.hierarchy
     k = hierarchy.k
+    # agree before any collective: every rank raises the same error, none waits in an all-to-all
+    mine = (format_alltoall(program, " ; "), tuple(int(n) for n in buffer.shape), str(buffer.dtype))
+    everyone = world.allgather(mine)
+    differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+    if differing:
+        r = differing[0]
+        raise SynthError(f"all-to-all: rank {r} passed {everyone[r][0]!r} on a buffer of shape {everyone[r][1]} "
+                         f"({everyone[r][2]}), rank 0 {everyone[0][0]!r} on {everyone[0][1]} ({everyone[0][2]}); "
+                         "every rank must pass the same program and buffer shape and dtype")
     if len(buffer.shape) != 1 or buffer.shape[0] % k:
-        raise SynthError(f"all-to-all buffer of {buffer.shape} elements: give a flat buffer whose length is a "
+        raise SynthError(f"all-to-all buffer of shape {tuple(buffer.shape)}: give a flat buffer whose length is a "
                          f"multiple of the group size {k}")
     table = groups.synthesis_groups  # (groups, k) device ids by synthesis index
     rows, columns = np.nonzero(table == world.rank)
@@ -61,20 +79,21 @@ def run_alltoall(world: Any, groups: Reduction, program: AllToAllProgram, buffer
             assert comm is not None
             members = np.asarray(mine)
             # what every member sends, in the reference's order: by receiver, destination, source
-            position = {int(d): i for i, d in enumerate(members)}
             new_sources, new_destinations = outcome
-            receiver = np.array([_receiver(hierarchy, members, int(e)) for e in destinations[me]])
-            order = np.lexsort((sources[me], destinations[me], receiver))
+            targets = receivers(hierarchy, members, destinations[members])  # (m, k) receiving positions
+            mine_at = int(np.flatnonzero(members == me)[0])
+            order = np.lexsort((sources[me], destinations[me], targets[mine_at]))
             send = _take(data, order)
             recv = _empty_like(send)
             comm.alltoall(send.reshape(-1), recv.reshape(-1))
             # received: from each member in turn, its blocks for me in (destination, source) order
+            to_me = targets == mine_at
             got_src, got_dst = [], []
-            for d in members:
-                to_me = np.array([_receiver(hierarchy, members, int(e)) for e in destinations[d]]) == position[me]
-                o = np.lexsort((sources[d][to_me], destinations[d][to_me]))
-                got_src.append(sources[d][to_me][o])
-                got_dst.append(destinations[d][to_me][o])
+            for position, d in enumerate(members):
+                src, dst = sources[d][to_me[position]], destinations[d][to_me[position]]
+                o = np.lexsort((src, dst))
+                got_src.append(src[o])
+                got_dst.append(dst[o])
             got_src, got_dst = np.concatenate(got_src), np.concatenate(got_dst)
             final = np.lexsort((got_src, got_dst))
             assert (got_src[final] == new_sources[me]).all() and (got_dst[final] == new_destinations[me]).all()
@@ -100,11 +119,3 @@ def _empty_like(data: Any) -> Any:
 
     return torch.empty_like(data)
 
-
-def _receiver(hierarchy, members: np.ndarray, destination: int) -> int:
-    """The position in ``members`` of the member agreeing with ``destination`` on
-    the digits the group varies (the step rule)."""
-    digits = np.array(np.unravel_index(np.concatenate([members, [destination]]), hierarchy.sizes)).T
-    varies = (digits[:-1] != digits[0]).any(axis=0)
-    matches = np.flatnonzero((digits[:-1][:, varies] == digits[-1][varies]).all(axis=1))
-    return int(matches[0])

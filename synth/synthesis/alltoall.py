@@ -50,7 +50,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import SynthError
-from .language import ROOT, Form
+from .language import Form
 from .semantics import Hierarchy, distinct_groupings, groups_of
 
 #: the goal's name on the command line
@@ -225,25 +225,32 @@ def initial_blocks(k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.repeat(index[:, None], k, axis=1), np.repeat(index[None, :], k, axis=0)
 
 
+def receivers(hierarchy: Hierarchy, members: np.ndarray, destinations: np.ndarray) -> np.ndarray:
+    """For each of ``destinations`` (synthesis indices, any shape), the position
+    in ``members`` (one group, synthesis indices) of the member that agrees with
+    it on the digits the group varies: where the step rule sends a block."""
+    sizes = tuple(hierarchy.sizes)
+    member_digits = np.array(np.unravel_index(members, sizes))  # (depth, m)
+    varies = np.flatnonzero((member_digits != member_digits[:, :1]).any(axis=1))
+    radices = tuple(sizes[v] for v in varies)
+    member_of_key = np.full(int(np.prod(radices)), -1)
+    member_of_key[np.ravel_multi_index(tuple(member_digits[varies]), radices)] = np.arange(len(members))
+    destination_digits = np.array(np.unravel_index(np.asarray(destinations).ravel(), sizes))
+    keys = np.ravel_multi_index(tuple(destination_digits[varies]), radices)
+    return member_of_key[keys].reshape(np.shape(destinations))
+
+
 def exchange_step(hierarchy: Hierarchy, sources: np.ndarray, destinations: np.ndarray,
                   groups: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray] | str:
     """One step of the explicit rule (module docstring) on labelled blocks
     (``(k, k)``: per device, the source and destination of each block it holds),
     or the reason it is not valid. Devices outside the groups keep their blocks."""
-    sizes = np.asarray(hierarchy.sizes, dtype=np.int64)
-    k = hierarchy.k
-    digits = np.array(np.unravel_index(np.arange(k), tuple(sizes))).T if len(sizes) else np.zeros((1, 0), np.int64)
     new_sources, new_destinations = sources.copy(), destinations.copy()
     for group in groups:
         members = np.asarray(group)
         m = len(members)
-        varies = np.flatnonzero((digits[members] != digits[members[0]]).any(axis=0))
-        # every device's coordinates on the varied levels, as one number; the member with those coordinates
-        key = np.ravel_multi_index(tuple(digits[:, varies].T), tuple(sizes[varies]))
-        member_of_key = np.full(int(np.prod(sizes[varies])), -1)
-        member_of_key[key[members]] = np.arange(m)
         held_dest = destinations[members]  # (m, k)
-        target = member_of_key[key[held_dest]]
+        target = receivers(hierarchy, members, held_dest)
         counts = np.bincount((np.arange(m)[:, None] * m + target).ravel(), minlength=m * m).reshape(m, m)
         off = counts[~np.eye(m, dtype=bool)]
         where = f"group {tuple(int(d) for d in members)}"
@@ -293,9 +300,4 @@ def check_alltoall(program: AllToAllProgram, hierarchy: Hierarchy) -> int:
         raise SynthError(f"{format_alltoall(program, ' ; ')}: device {wrong} does not end with one block from "
                          f"every device addressed to it")
     return int(destinations.size)
-
-
-def describe_levels(hierarchy: Hierarchy, levels: frozenset[int]) -> str:
-    """``node+gpu``: the level names of a set of digits (``root`` for none)."""
-    return "+".join(hierarchy.names[i] for i in sorted(levels)) or ROOT
 
