@@ -29,6 +29,13 @@ the hardware the way NCCL's topology detection sees it:
   a ``net`` level; not stated: unknown. The NCCL choice does not read it; the
   cost parameters shared across systems are per transport
   (:mod:`synth.cost.transfer`), since each network stack has its own latency.
+* ``nic_path``: the PCIe path between a GPU and its NIC, as ``nvidia-smi topo -m``
+  and NCCL's topology name it: ``pix`` (one PCIe switch), ``pxb`` (several),
+  ``p2c`` (through the CPU's C2C link: Grace), ``pxn`` (through another GPU over
+  NVLink, NCCL's PXN), ``phb`` (the CPU's host bridge) or ``sys`` (across CPU
+  sockets). Only on a ``net`` level; not stated: ``pxb`` or better, as in DGX
+  nodes. NCCL turns LL128 off across nodes on paths worse than PXB (Hopper and
+  newer: worse than PXN) (:func:`synth.cost.nccl.ll128_over_network`).
 * ``graph``: the link graph among the GPUs of one node (:mod:`synth.linkgraph`):
   ``kind`` ``nvswitch``, ``mesh`` (point-to-point NVLinks: ``nvlinks`` maps GPU
   pairs ``A-B`` to their NVLink counts) or ``pcie``, and ``pcie_GBps``, what NCCL
@@ -72,6 +79,7 @@ MAX_DEVICES = 2**18
 FABRICS = ("switch", "ring")
 LINKS = ("net", "nvlink", "pcie")
 TRANSPORTS = ("ib", "roce", "efa", "tcp")  # of a net level (Level.transport)
+NIC_PATHS = ("pix", "pxb", "p2c", "pxn", "phb", "sys")  # of a net level (Level.nic_path), best first (NCCL's order)
 DEFAULT_COMPUTE_CAPABILITY = 8.0
 RESERVED_NAMES = ("root", "inside", "parallel", "master")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -97,6 +105,7 @@ class Level:
     nvls: bool = False  # the parent switch is an NVSwitch with NVLink SHARP
     compute_capability: float | None = None  # of the devices; innermost level only
     transport: str | None = None  # of a net level: ib, roce, efa, tcp (None: not stated)
+    nic_path: str | None = None  # of a net level: the GPU-NIC path type (NIC_PATHS; None: not stated)
     graph: NodeGraph | None = None  # the link graph among the GPUs of a node (innermost level only)
 
 
@@ -232,7 +241,7 @@ def _level_dict(lv: Level) -> dict[str, Any]:
         "ports": lv.ports,
         "fabric": lv.fabric,
     }
-    for key in ("link", "nvlinks", "compute_capability", "transport"):
+    for key in ("link", "nvlinks", "compute_capability", "transport", "nic_path"):
         if getattr(lv, key) is not None:
             out[key] = getattr(lv, key)
     if lv.graph is not None:
@@ -255,6 +264,7 @@ _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
     "nvls": (bool, False, "nvls: true"),
     "compute_capability": (float, False, "compute_capability: 9.0"),
     "transport": (str, False, "transport: ib"),
+    "nic_path": (str, False, "nic_path: pxb"),
     "graph": (dict, False, "graph: {kind: mesh, pcie_GBps: 10.0, nvlinks: {0-1: 2}}"),
 }
 _TOP_FIELDS = ("name", "description", "levels", "device")
@@ -389,6 +399,9 @@ def _check_nccl_keys(where: str, fields: dict[str, Any], innermost: bool) -> Non
     if "transport" in fields and (link != "net" or fields["transport"] not in TRANSPORTS):
         raise SynthError(f"{where}: 'transport' must be one of {', '.join(TRANSPORTS)}, on a level with link: net; "
                          f"got {fields['transport']!r} on link: {link}")
+    if "nic_path" in fields and (link != "net" or fields["nic_path"] not in NIC_PATHS):
+        raise SynthError(f"{where}: 'nic_path' must be one of {', '.join(NIC_PATHS)} (the GPU-NIC path as nvidia-smi "
+                         f"topo -m names it), on a level with link: net; got {fields['nic_path']!r} on link: {link}")
     if "compute_capability" in fields:
         cc = fields["compute_capability"]
         if not innermost:

@@ -21,11 +21,13 @@ from synth.cost.nccl import (
     choose,
     comm_of,
     cost_table,
+    ll128_over_network,
     nvls_graph,
     ring_graph,
     runtime_channels,
     tree_graph,
 )
+from synth.errors import SynthError
 from synth.synthesis.language import Collective
 from synth.topology import load_topology, topology_from_dict
 
@@ -359,3 +361,40 @@ def test_the_accuracy_section_of_docs_simulator_is_what_the_script_generates():
     run = subprocess.run([sys.executable, str(root / "scripts" / "nccl_accuracy.py"), "--check"],
                          capture_output=True, text=True, cwd=root, timeout=limit_s(300))
     assert run.returncode == 0, run.stderr
+
+
+def _with_nic_path(topology, path):
+    net = [i for i, lv in enumerate(topology.levels) if topology.link(i) == "net"][-1]
+    levels = list(topology.levels)
+    levels[net] = replace(levels[net], nic_path=path)
+    return replace(topology, levels=tuple(levels))
+
+
+@pytest.mark.parametrize("name, path, version, ll128", [
+    ("dgx-a100", None, "2.27.7", True), ("dgx-a100", "pxb", "2.27.7", True), ("dgx-a100", "pix", "2.27.7", True),
+    ("dgx-a100", "pxn", "2.27.7", False), ("dgx-a100", "phb", "2.27.7", False), ("dgx-a100", "sys", "2.27.7", False),
+    ("dgx-h100", "pxn", "2.27.7", True), ("dgx-h100", "p2c", "2.27.7", True), ("dgx-h100", "phb", "2.27.7", False),
+    ("dgx-h100", "pxn", "2.18.5", True), ("dgx-h100", "p2c", "2.23.4", False), ("dgx-a100", "phb", "2.8.4", False),
+    ("dgx-a100", "pxb", "2.8.4", True)])
+def test_ll128_across_nodes_follows_the_gpu_nic_path(name, path, version, ll128):
+    """tuning.cc: LL128 across nodes only when the GPU-NIC path (typeInter) is
+    PXB or better, or on sm90+ PXN or better (P2C from 2.27); a node alone is
+    not affected."""
+    topology = _with_nic_path(load_topology(name).scaled({"node": 2}), path)
+    comm = comm_of(topology, tuple(range(16)), version=version)
+    assert comm.nic_path == path
+    assert ll128_over_network(comm) is ll128
+    chosen = {choose(comm, AR, float(2**e)).protocol for e in range(10, 31)}
+    assert ("LL128" in chosen) is ll128, chosen
+    assert comm_of(topology, tuple(range(8)), version=version).nic_path is None  # one node: no NIC path
+
+
+def test_nic_path_is_checked_where_it_is_given():
+    base = {"name": "t", "levels": [{"name": "node", "count": 2, "bandwidth_GBps": 25.0, "latency_us": 5.0},
+                                    {"name": "gpu", "count": 8, "bandwidth_GBps": 300.0, "latency_us": 1.0}]}
+    ok = topology_from_dict({**base, "levels": [{**base["levels"][0], "nic_path": "phb"}, base["levels"][1]]}, "t.yaml")
+    assert ok.levels[0].nic_path == "phb"
+    with pytest.raises(SynthError, match=r"'nic_path' must be one of pix, pxb, p2c, pxn, phb, sys .* got 'node'"):
+        topology_from_dict({**base, "levels": [{**base["levels"][0], "nic_path": "node"}, base["levels"][1]]}, "t.yaml")
+    with pytest.raises(SynthError, match=r"'nic_path' must be .* on a level with link: net; got 'pix' on link: nvlink"):
+        topology_from_dict({**base, "levels": [base["levels"][0], {**base["levels"][1], "nic_path": "pix"}]}, "t.yaml")

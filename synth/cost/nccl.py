@@ -90,6 +90,7 @@ class Comm:
     nic_GBps: float
     version: str = NCCL_VERSION  # the NCCL release whose rules apply (a key of synth.cost.nccl_rules.RULES)
     local: tuple[Members, ...] = ()  # per node (distinct), the members on the node's link graph (synth.cost.rings)
+    nic_path: str | None = None  # across nodes: the GPU-NIC path type (Level.nic_path; None: not stated)
 
     @property
     def rules(self) -> NcclRules:
@@ -205,8 +206,26 @@ def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool, version: str)
         gpus = math.prod(topology.counts[net + 1:])
         nics = min(level.ports, max(1, math.ceil(per_node * level.ports / gpus)))
         nic_GBps = level.bandwidth_GBps
+    nic_path = topology.levels[net].nic_path if nodes > 1 else None
     return Comm(ranks, nodes, sm, intra, nvswitch, nvls, intra_GBps if spanned else 0.0, nics, nic_GBps, version,
-                local)
+                local, nic_path)
+
+
+def ll128_over_network(comm: Comm) -> bool:
+    """Whether NCCL allows LL128 across nodes on ``comm``'s GPU-NIC path
+    (``graphs[a]->typeInter``; the same for every graph here). src/graph/tuning.cc:
+    ``typeInter <= PATH_PXB``, or on compute capability 9.0 and newer
+    ``<= PATH_PXN`` (2.18.5:285, 2.21.5:308, 2.23.4:327; 2.27.7:457-464, where
+    ``NCCL_LL128_C2C``, default 1, also admits ``PATH_P2C``, a path NCCL has
+    since 2.27); 2.8.4:194 has only ``<= PATH_PXB`` (and no sm90 LL128). A path
+    not stated counts as PXB or better (DGX nodes)."""
+    path = comm.nic_path
+    if path is None or path in ("pix", "pxb"):
+        return True
+    if comm.sm < 90 or path not in ("pxn", "p2c"):
+        return False
+    major, minor = (int(v) for v in comm.version.split(".")[:2])
+    return path == "pxn" and (major, minor) >= (2, 18) or path == "p2c" and (major, minor) >= (2, 27)
 
 
 # ---------------------------------------------------------------- the graphs (ncclTopoCompute, in closed form)
@@ -395,6 +414,7 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
     tree_pattern_is_tree = nodes > 1 and ranks == nodes
     ll128 = comm.intra != "pcie" and (comm.sm >= 70 if rules.ll128_archs is None else comm.sm in rules.ll128_archs)
     ll128 = ll128 and graphs["ring"].path_type != "pci"  # tuning.cc:468: LL128 only up to PATH_NVB inside a node
+    ll128 = ll128 and (nodes == 1 or ll128_over_network(comm))
     out = {}
     for a in ALGORITHMS:
         if collective in (Collective.BROADCAST, Collective.REDUCE) and a != "ring":
