@@ -42,7 +42,7 @@ except ImportError:  # running from a checkout without installing
 from synth.cost import Algorithm, Profile  # noqa: E402
 from synth.cost.corpus import read_corpus  # noqa: E402
 from synth.cost.fit import CallSample, call_samples, fit_profile, predict_all  # noqa: E402
-from synth.cost.nccl import NCCL_VERSION, choose, comm_of  # noqa: E402
+from synth.cost.nccl import NCCL_VERSION, choose, comm_of, node_level  # noqa: E402
 from synth.cost.transfer import fit_shared, predict_calls  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 
@@ -217,11 +217,62 @@ def unseen_report(sets: dict[str, list[CallSample]]) -> list[str]:
         cells = _bucket_cells(rows)
         lines.append(f"| {algorithm} | {len(rows)} | {_pct(float(np.median([e for e, _, _ in rows])))} | "
                      + " | ".join(cells) + " |")
+    lines += why_not(sets, predicted, errors)
     worst = max(medians)
     met = sum(m <= TARGET_SOURCE for m in medians)
     lines += ["", f"Per source: {met} of {len(medians)} within {TARGET_SOURCE:.0%}; the worst source "
               f"{_pct(worst)} (target {TARGET_WORST:.0%}: {'met' if worst <= TARGET_WORST else 'not met'}); "
               f"all calls {_pct(float(np.median([e for e, _, _ in pooled])))}."]
+    return lines
+
+
+def network_of(sample: CallSample) -> str:
+    """The network a call crosses: its node level's transport (``ib``, ``roce``,
+    ``efa``, ``tcp``, ``net`` when not stated), or ``nvlink`` on one node."""
+    topology = sample.topology
+    net = node_level(topology)
+    if net is None or sample.call.ranks <= math.prod(topology.counts[net + 1:]):
+        return "nvlink"
+    return topology.levels[net].transport or "net"
+
+
+def why_not(sets: dict[str, list[CallSample]], predicted: dict[str, np.ndarray],
+            errors: dict[str, list[tuple[float, int, str]]]) -> list[str]:
+    """Source by source, the evidence for each target not met: per size bucket
+    whose median error is over the target, which way the held-out prediction
+    errs (median of predicted / measured - 1) and how many calls of the other
+    sources measured the same network at those sizes (what the held-out fit
+    had to learn that network from)."""
+    calls: list[tuple[str, str, int, float]] = []  # (source, network, bytes, predicted / measured - 1)
+    for name, samples in sets.items():
+        for s, p in zip(samples, predicted[name]):
+            calls.append((origin(samples), network_of(s), s.size_bytes, p / s.median_s - 1))
+    failing = sorted(src for src, rows in errors.items() if float(np.median([e for e, _, _ in rows])) > TARGET_SOURCE)
+    if not failing:
+        return []
+    lines = ["", "Why not, source by source: each size bucket of a source over the target, its median error, which "
+             "way the held-out prediction errs (median of predicted / measured - 1: + too slow, - too fast) and "
+             "the calls of *other* sources on the same network at those sizes, from which the held-out fit learns "
+             "it (none: nothing to learn from).", "",
+             "| source | networks | " + " | ".join(b for b, _ in BUCKETS) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in BUCKETS) + " |"]
+    for source in failing:
+        mine = [c for c in calls if c[0] == source]
+        networks = sorted({c[1] for c in mine})
+        cells = []
+        for _, pick in BUCKETS:
+            rows = [c for c in mine if pick(c[2])]
+            errs = [abs(c[3]) for c in rows]
+            if not rows or float(np.median(errs)) <= TARGET_SOURCE:
+                cells.append(_pct(float(np.median(errs))) if rows else "")
+                continue
+            bias = float(np.median([c[3] for c in rows]))
+            others = {n: sum(1 for c in calls if c[0] != source and c[1] == n and pick(c[2]))
+                      for n in sorted({c[1] for c in rows})}
+            elsewhere = ", ".join(f"{n} {k or 'none'}" for n, k in others.items())
+            cells.append(f"{_pct(float(np.median(errs)))} ({'+' if bias >= 0 else '-'}{_pct(abs(bias))}; "
+                         f"elsewhere: {elsewhere})")
+        lines.append(f"| {source} | {', '.join(networks)} | " + " | ".join(cells) + " |")
     return lines
 
 
