@@ -295,12 +295,10 @@ def _run_sparse(args: argparse.Namespace, density: float) -> int:
     problem, spec = solution.problem, solution.spec
     print(f"sparse-allreduce over {','.join(problem.reduce_axes)}: density {density:g} per rank of "
           f"{format_size(size_bytes)} ({spec.n} values of {spec.value_bytes} bytes), encoding {spec.encoding.value}")
-    print(f"predicted with {solution.model.describe()}")
-    if solution.verified:
-        print("listed programs verified: dense form proved (numpy reference + z3), sparse form exact against the "
-              "dense sum (uniform and zipf integer data)")
-    print(f"\nmatrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)}); dense = one "
-          f"AllReduce of the dense buffer; crossover = density where the best sparse program meets it (predicted)")
+    _preamble(solution, "listed programs verified: dense form proved (numpy reference + z3), sparse form exact "
+              "against the dense sum (uniform and zipf integer data)",
+              "dense = one AllReduce of the dense buffer; crossover = density where the best sparse program meets "
+              "it (predicted)")
     rows = solution.by_speed
     matrices = [p.reduction.placement.matrix_text() for p in rows]
     mw = _width("matrix", matrices)
@@ -318,6 +316,15 @@ def _run_sparse(args: argparse.Namespace, density: float) -> int:
             print(f"{'':>4} {'':>3}  {'':<{mw}} {'':>11} {format_seconds(seconds):>11} {'':>7} {'':>9}  "
                   f"{format_sparse(program, ' ; ')}")
     return 0
+
+
+def _preamble(solution, proved: str, legend: str) -> None:
+    """The lines between a goal's title and its table: the model, what the
+    listed programs were checked by (when they were), and the columns."""
+    print(f"predicted with {solution.model.describe()}")
+    if solution.verified:
+        print(proved)
+    print(f"\nmatrix rows are axes, columns are levels ({' '.join(solution.problem.topology.level_names)}); {legend}")
 
 
 def sparse_document(solution) -> dict:
@@ -375,12 +382,9 @@ def _run_alltoall(args: argparse.Namespace) -> int:
     problem = solution.problem
     print(f"alltoall over {','.join(problem.reduce_axes)}: {format_size(size_bytes)} per device, 1/k of it to each "
           f"of the k members of its group")
-    print(f"predicted with {solution.model.describe()}")
-    if solution.verified:
-        print("listed programs proved: run once on distinct block labels (programs move blocks without reading "
-              "them, so one run decides every input)")
-    print(f"\nmatrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)}); direct = one "
-          f"all-to-all over each group (NCCL: grouped sends to every peer)")
+    _preamble(solution, "listed programs proved: run once on distinct block labels (programs move blocks without "
+              "reading them, so one run decides every input)",
+              "direct = one all-to-all over each group (NCCL: grouped sends to every peer)")
     rows = solution.by_speed
     matrices = [p.groups.placement.matrix_text() for p in rows]
     mw = _width("matrix", matrices)
