@@ -349,3 +349,19 @@ def test_every_program_runs_exactly_under_mpi():
     done = run_watched(mpiexec_command(8, "tests/mpi_worker.py", "alltoall"), stall_s=120, cwd=REPO, env=mpi_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all exact" in done.stdout and "ok: " in done.stdout, done.stdout
+
+
+def test_a_configuration_that_fits_nowhere_is_priced_with_the_one_call():
+    """Like its reductions (the library's one-call collectives), the all-to-all
+    of a configuration that fits on no placement is the one call, not the
+    fastest program."""
+    from synth.planner.search import CollectiveCosts
+
+    topology = load_topology("dgx-h100").scaled({"node": 16})
+    costs = CollectiveCosts(topology)
+    spread = Placement(topology, (Axis("ep", 64), Axis("tp", 2)), ((8, 8), (2, 1)))
+    size = 64 * 2**10
+    one_call_s, program = costs.default_alltoall(spread, "ep", size)
+    assert str(program) == "AllToAll(root, inside)"
+    assert costs.on(spread, default_only=True).alltoall("ep", size) == one_call_s
+    assert costs.on(spread).alltoall("ep", size) == costs.best_alltoall(spread, "ep", size)[0] < one_call_s

@@ -225,6 +225,13 @@ class CollectiveCosts:
         """Seconds of :meth:`best_alltoall`."""
         return self.best_alltoall(placement, axis, size_bytes)[0]
 
+    def default_alltoall(self, placement: Placement, axis: str, size_bytes: int) -> tuple[float, AllToAllProgram]:
+        """The library's one-call all-to-all over the ``axis`` groups (the first
+        synthesized program), and its seconds: what a configuration that fits on
+        no placement is priced with, like its reductions (:meth:`default`)."""
+        program, steps = self.alltoall_programs(placement, axis)[0]
+        return program_seconds(steps, size_bytes), program
+
     def on(self, placement: Placement, default_only: bool = False) -> "PlacementCollectives":
         """The collectives of ``placement``, one object per placement (it
         memoises the step model's many calls at the same sizes); with
@@ -292,7 +299,8 @@ class PlacementCollectives:
         return self.costs.send(self.placement, axis, size_bytes)
 
     def alltoall(self, axis: str, size_bytes: int) -> float:
-        return self.costs.alltoall(self.placement, axis, size_bytes)
+        price = self.costs.default_alltoall if self.default_only else self.costs.best_alltoall
+        return price(self.placement, axis, size_bytes)[0]
 
     def size(self, axis: str) -> int:
         """The size of ``axis`` (HSDP's sub-axes of dp included)."""
@@ -680,7 +688,8 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
         f"> {device.memory_GiB:g} GiB{margin}")
     price = costs.default if default_only else costs.best
     programs = tuple((axis, goal, size, price(placement, axis, goal, size)) for axis, goal, size in step.reductions)
-    alltoalls = tuple((axis, size, costs.best_alltoall(placement, axis, size)[1]) for axis, size in step.alltoalls)
+    alltoall_price = costs.default_alltoall if default_only else costs.best_alltoall
+    alltoalls = tuple((axis, size, alltoall_price(placement, axis, size)[1]) for axis, size in step.alltoalls)
     flops = model.training_flops(training.global_batch, training.recompute)
     return Candidate(config, training, placement, step, memory, feasible, reason, programs, len(placements),
                      flops.model, flops.total, alltoalls)
