@@ -409,7 +409,7 @@ def test_unknown_key_in_topology(cli, tmp_path):
     assert msg == (
         f"{path}: levels[0] (node): unknown key 'colour'; allowed keys are "
         "name, count, bandwidth_GBps, latency_us, ports, fabric, link, nvlinks, nvls, compute_capability, transport, "
-        "graph"
+        "nic_path, graph"
     )
 
 
