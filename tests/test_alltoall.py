@@ -337,9 +337,11 @@ def test_a_wrong_buffer_is_refused_alike_on_every_rank():
     (message,) = messages(lambda r: one_call, lambda r: 12)
     assert "buffer of shape (12,): give a flat buffer whose length is a multiple of the group size 8" in message
     (message,) = messages(lambda r: one_call, lambda r: 24 if r == 3 else 16)
-    assert message.startswith("all-to-all: rank 3 passed 'AllToAll(root, inside)' on a buffer of shape (24,)")
+    assert message == ("all-to-all: rank 3 passed a buffer of shape (24,) (float64), rank 0 (16,) (float64); every "
+                       "rank must pass the same shape and dtype")
     (message,) = messages(lambda r: hierarchical if r == 5 else one_call, lambda r: 16)
-    assert "rank 5 passed 'AllToAll(node, inside) ; AllToAll(node, parallel(root))'" in message
+    assert message == ("all-to-all: rank 5 runs 'AllToAll(node, inside) ; AllToAll(node, parallel(root))', rank 0 "
+                       "'AllToAll(root, inside)'; every rank must run the same program")
 
 
 def test_every_program_runs_exactly_under_mpi():

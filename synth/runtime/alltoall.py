@@ -14,11 +14,14 @@ then destination, then source) and after (received blocks in (destination,
 source) order). Which block sits where is known on every device without
 communication: the labelled-block reference (:func:`~synth.synthesis.alltoall.exchange_step`)
 is run on (source, destination) labels, the same rule that proved the program,
-so the runtime's moves are the proof's moves.
+so the runtime's moves are the proof's moves. :class:`AllToAllRunner` does
+this once per (world, groups, program) and keeps the communicators and
+permutations for every call.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,72 +38,115 @@ from ..synthesis.alltoall import (
 from ..synthesis.reduction import Reduction
 
 
-def run_alltoall(world: Any, groups: Reduction, program: AllToAllProgram, buffer: Any) -> Any:
-    """The all-to-all of ``buffer`` (this rank's ``k`` blocks, module docstring)
-    over its group of ``groups``, run as ``program``; returns a new array (a
-    numpy array on thread and MPI worlds, a torch tensor on the torch world).
-    Every rank of the world must call it with the same program and a buffer of
-    the same length, a multiple of ``k``: the ranks first agree on the program,
-    the buffer's shape and dtype (one all-gather), so that a rank that differs
-    gives every rank the same SynthError instead of a hang."""
-    hierarchy = groups.hierarchy
-    k = hierarchy.k
-    # agree before any collective: every rank raises the same error, none waits in an all-to-all
-    mine = (format_alltoall(program, " ; "), tuple(int(n) for n in buffer.shape), str(buffer.dtype))
-    everyone = world.allgather(mine)
-    differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
-    if differing:
-        r = differing[0]
-        raise SynthError(f"all-to-all: rank {r} passed {everyone[r][0]!r} on a buffer of shape {everyone[r][1]} "
-                         f"({everyone[r][2]}), rank 0 {everyone[0][0]!r} on {everyone[0][1]} ({everyone[0][2]}); "
-                         "every rank must pass the same program and buffer shape and dtype")
-    if len(buffer.shape) != 1 or buffer.shape[0] % k:
-        raise SynthError(f"all-to-all buffer of shape {tuple(buffer.shape)}: give a flat buffer whose length is a "
-                         f"multiple of the group size {k}")
-    table = groups.synthesis_groups  # (groups, k) device ids by synthesis index
-    rows, columns = np.nonzero(table == world.rank)
-    if len(rows) != 1:
-        raise SynthError(f"rank {world.rank} is not a device of the placement ({table.size} devices)")
-    me = int(columns[0])
-    sigma = np.asarray(groups.rank_to_synthesis_index)  # all-to-all rank -> synthesis index
-    block = buffer.shape[0] // k
-    # blocks held, in label order: entry j of the input is addressed to synthesis index sigma[j]
-    data = _take(buffer.reshape(k, block), np.argsort(sigma))  # row e: the block for synthesis index e
-    sources, destinations = initial_blocks(k)
-    for step in program.steps:
-        synthesis_groups = resolve_exchange(step, hierarchy).groups
-        outcome = exchange_step(hierarchy, sources, destinations, synthesis_groups)
-        if isinstance(outcome, str):
-            raise SynthError(f"{step}: not valid: {outcome}")
-        device_groups = [tuple(int(d) for d in table[r, list(g)]) for r in range(len(table)) for g in synthesis_groups]
-        comm = world.split(device_groups)
-        mine = next((g for g in synthesis_groups if me in g), None)
-        if mine is not None:
-            assert comm is not None
-            members = np.asarray(mine)
-            # what every member sends, in the reference's order: by receiver, destination, source
+@dataclass(frozen=True)
+class _Step:
+    """One step as this rank runs it: its sub-group's communicator and the rows
+    to take, from the blocks as they arrived in the previous step (from the
+    input, for the first), to make this step's send buffer (None: they are in
+    order already)."""
+
+    comm: Any
+    take: np.ndarray | None
+
+
+def _permutation(index: np.ndarray) -> np.ndarray | None:
+    """``index``, or None when it is the identity (no copy needed)."""
+    return None if np.array_equal(index, np.arange(len(index))) else index
+
+
+class AllToAllRunner:
+    """A program prepared on a world for repeated all-to-alls: the ranks agree
+    on the program once, every step's sub-communicator is made once, and the
+    block permutations (pure functions of the labels, not of the data) are
+    computed once. Calls with ``check`` (the default) first agree on the
+    buffer's shape and dtype: a rank that differs gives every rank the same
+    SynthError, never a hang."""
+
+    def __init__(self, world: Any, groups: Reduction, program: AllToAllProgram) -> None:
+        self.world, self.groups, self.program = world, groups, program
+        hierarchy = groups.hierarchy
+        self.k = hierarchy.k
+        text = format_alltoall(program, " ; ")
+        everyone = world.allgather(text)
+        differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+        if differing:
+            r = differing[0]
+            raise SynthError(f"all-to-all: rank {r} runs {everyone[r]!r}, rank 0 {everyone[0]!r}; every rank must "
+                             "run the same program")
+        table = groups.synthesis_groups  # (groups, k) device ids by synthesis index
+        _, columns = np.nonzero(table == world.rank)
+        if len(columns) != 1:
+            raise SynthError(f"rank {world.rank} is not a device of the placement ({table.size} devices)")
+        me = int(columns[0])
+        self.sigma = np.asarray(groups.rank_to_synthesis_index)  # all-to-all rank -> synthesis index
+        steps = []
+        sources, destinations = initial_blocks(self.k)
+        # rows of what this rank holds now (the input, then each step's received buffer) in label order
+        to_labels = np.argsort(self.sigma)  # input row j is addressed to synthesis index sigma[j]
+        for step in program.steps:
+            synthesis_groups = resolve_exchange(step, hierarchy).groups
+            outcome = exchange_step(hierarchy, sources, destinations, synthesis_groups)
+            if isinstance(outcome, str):
+                raise SynthError(f"{step}: not valid: {outcome}")
+            comm = world.split([tuple(int(d) for d in table[r, list(g)]) for r in range(len(table))
+                                for g in synthesis_groups])
+            # inside and parallel groups cover every device: this rank is in one group of every step
+            members = np.asarray(next(g for g in synthesis_groups if me in g))
             new_sources, new_destinations = outcome
             targets = receivers(hierarchy, members, destinations[members])  # (m, k) receiving positions
-            mine_at = int(np.flatnonzero(members == me)[0])
-            order = np.lexsort((sources[me], destinations[me], targets[mine_at]))
-            send = _take(data, order)
-            recv = _empty_like(send)
-            comm.alltoall(send.reshape(-1), recv.reshape(-1))
+            at = int(np.flatnonzero(members == me)[0])
+            # sent by receiver, destination, source (each member's part in the reference's order)
+            send_order = np.lexsort((sources[me], destinations[me], targets[at]))
+            steps.append(_Step(comm, _permutation(to_labels[send_order])))
             # received: from each member in turn, its blocks for me in (destination, source) order
-            to_me = targets == mine_at
             got_src, got_dst = [], []
             for position, d in enumerate(members):
-                src, dst = sources[d][to_me[position]], destinations[d][to_me[position]]
+                src, dst = sources[d][targets[position] == at], destinations[d][targets[position] == at]
                 o = np.lexsort((src, dst))
                 got_src.append(src[o])
                 got_dst.append(dst[o])
             got_src, got_dst = np.concatenate(got_src), np.concatenate(got_dst)
-            final = np.lexsort((got_src, got_dst))
-            assert (got_src[final] == new_sources[me]).all() and (got_dst[final] == new_destinations[me]).all()
-            data = _take(recv, final)
-        sources, destinations = outcome
-    # row i now holds the block from synthesis index i: back to all-to-all rank order
-    return _take(data, sigma).reshape(-1)
+            to_labels = np.lexsort((got_src, got_dst))
+            assert (got_src[to_labels] == new_sources[me]).all() and (got_dst[to_labels] == new_destinations[me]).all()
+            sources, destinations = outcome
+        self.steps = tuple(steps)
+        # at the end label row i holds the block from synthesis index i: out row r is label row sigma[r]
+        self.final = _permutation(to_labels[self.sigma])
+
+    def __call__(self, buffer: Any, check: bool = True) -> Any:
+        """The all-to-all of ``buffer`` (this rank's ``k`` blocks, module
+        docstring); returns a new array (numpy on thread and MPI worlds, a torch
+        tensor on the torch world)."""
+        if check:
+            mine = (tuple(int(n) for n in buffer.shape), str(buffer.dtype))
+            everyone = self.world.allgather(mine)
+            differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+            if differing:
+                r = differing[0]
+                raise SynthError(f"all-to-all: rank {r} passed a buffer of shape {everyone[r][0]} ({everyone[r][1]}), "
+                                 f"rank 0 {everyone[0][0]} ({everyone[0][1]}); every rank must pass the same shape "
+                                 "and dtype")
+        if len(buffer.shape) != 1 or buffer.shape[0] % self.k:
+            raise SynthError(f"all-to-all buffer of shape {tuple(buffer.shape)}: give a flat buffer whose length is a "
+                             f"multiple of the group size {self.k}")
+        data = buffer.reshape(self.k, -1)
+        for step in self.steps:
+            send = data if step.take is None else _take(data, step.take)
+            data = _empty_like(send)
+            step.comm.alltoall(send.reshape(-1), data.reshape(-1))
+        if self.final is not None:
+            data = _take(data, self.final)
+        elif not self.steps:
+            data = _take(data, np.arange(self.k))  # a new array, as promised
+        return data.reshape(-1)
+
+
+def run_alltoall(world: Any, groups: Reduction, program: AllToAllProgram, buffer: Any) -> Any:
+    """One all-to-all of ``buffer`` over its group of ``groups`` run as
+    ``program`` (:class:`AllToAllRunner`, prepared and called once). Every rank
+    of the world calls it with the same program and a buffer of the same shape
+    and dtype, a multiple of ``k`` long."""
+    return AllToAllRunner(world, groups, program)(buffer)
 
 
 def _take(data: Any, index: np.ndarray) -> Any:
