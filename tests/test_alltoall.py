@@ -342,6 +342,19 @@ def test_a_wrong_buffer_is_refused_alike_on_every_rank():
     (message,) = messages(lambda r: hierarchical if r == 5 else one_call, lambda r: 16)
     assert message == ("all-to-all: rank 5 runs 'AllToAll(node, inside) ; AllToAll(node, parallel(root))', rank 0 "
                        "'AllToAll(root, inside)'; every rank must run the same program")
+    # a world larger than the placement: every rank is told, none waits in a split
+    small = Reduction.of(make_problem(load_topology("testbed-2x4").scaled({"node": 1}), {"ep": 4}, "ep",
+                                      "allreduce").placements()[0], ("ep",))
+    found = set(run_local(8, lambda world: _error_of(lambda: run_alltoall(world, small, one_call, np.zeros(8)))))
+    assert found == {"all-to-all: rank 4 is not a device of the placement (4 devices); launch 4 ranks"}
+
+
+def _error_of(fn) -> str:
+    try:
+        fn()
+    except SynthError as exc:
+        return str(exc)
+    return "no error"
 
 
 def test_every_program_runs_exactly_under_mpi():

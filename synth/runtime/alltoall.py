@@ -66,17 +66,18 @@ class AllToAllRunner:
         self.world, self.groups, self.program = world, groups, program
         hierarchy = groups.hierarchy
         self.k = hierarchy.k
-        text = format_alltoall(program, " ; ")
-        everyone = world.allgather(text)
-        differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
-        if differing:
-            r = differing[0]
-            raise SynthError(f"all-to-all: rank {r} runs {everyone[r]!r}, rank 0 {everyone[0]!r}; every rank must "
-                             "run the same program")
         table = groups.synthesis_groups  # (groups, k) device ids by synthesis index
         _, columns = np.nonzero(table == world.rank)
-        if len(columns) != 1:
-            raise SynthError(f"rank {world.rank} is not a device of the placement ({table.size} devices)")
+        everyone = world.allgather((format_alltoall(program, " ; "), len(columns) == 1))
+        strangers = [r for r, (_, device) in enumerate(everyone) if not device]
+        if strangers:
+            raise SynthError(f"all-to-all: rank {strangers[0]} is not a device of the placement ({table.size} "
+                             f"devices); launch {table.size} ranks")
+        differing = [r for r, theirs in enumerate(everyone) if theirs[0] != everyone[0][0]]
+        if differing:
+            r = differing[0]
+            raise SynthError(f"all-to-all: rank {r} runs {everyone[r][0]!r}, rank 0 {everyone[0][0]!r}; every rank "
+                             "must run the same program")
         me = int(columns[0])
         self.sigma = np.asarray(groups.rank_to_synthesis_index)  # all-to-all rank -> synthesis index
         steps = []
