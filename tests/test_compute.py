@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -574,7 +575,9 @@ def test_calibrate_on_the_cpu_measures_and_fits(tmp_path):
 
     out, records = tmp_path / "cpu.compute.json", tmp_path / "ops.jsonl"
     done = subprocess.run([sys.executable, "-m", "synth.cli", "calibrate", "--device", "cpu", "--out", str(out),
-                           "--records-out", str(records)], capture_output=True, text=True, cwd=REPO, timeout=280)
+                           "--records-out", str(records)], capture_output=True, text=True, cwd=REPO, timeout=280,
+                          # one intra-op thread: the suite's two workers share the machine's cores
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     progress = [line for line in done.stderr.splitlines() if line.startswith("calibrate: ")]
     assert len(progress) == 4 and "GEMM shapes measured" in progress[1], done.stderr
