@@ -4,7 +4,7 @@ point-to-point, synth.runtime.pipelined) and the default all-reduce
 (MPI_Allreduce), measured side by side in one run under mpiexec.
 
     mpiexec -n 8 python scripts/bench_pipelined.py [--topology testbed-2x4] [--axes dp=8]
-        [--sizes 1M,16M,64M] [--iters 10] [--program N]
+        [--sizes 1M,16M,64M] [--iters 10] [--program N] [--pieces P] [--instances I] [--uplink-gbit R]
 
 Prints, per size, the median of the per-iteration maximum over ranks of each
 variant and the ratios, and checks every result exactly (int32 data; #wrong).
@@ -66,6 +66,12 @@ def main() -> int:
     p.add_argument("--sizes", default="1M,16M,64M")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--pieces", type=int, default=None, help="sub-chunks per chunk (default: the most that fit)")
+    p.add_argument("--instances", type=int, default=1,
+                   help="channels per step: piece p runs on the (p mod N)-th (default 1)")
+    p.add_argument("--uplink-gbit", type=float, default=None,
+                   help="the node uplink's shaped rate (emulate's): adds the NIC bound, the least time any "
+                        "all-reduce takes, 2 (N-1)/N x size per direction of each of N nodes' uplinks, and each "
+                        "variant's ratio to it")
     p.add_argument("--program", type=int, default=None,
                    help="index of the program among those synthesized (default: the first with 3 steps)")
     args = p.parse_args()
@@ -76,10 +82,12 @@ def main() -> int:
     index = args.program if args.program is not None else next(
         i for i, prog in enumerate(programs) if len(prog.instructions) == 3)
     program = programs[index]
-    algorithm = compile_program(program, reduction, "bench", pieces=args.pieces)
+    algorithm = compile_program(program, reduction, "bench", pieces=args.pieces, instances=args.instances)
     check_algorithm(algorithm.xml(), "bench")
     groups = [tuple(int(d) for d in g) for g in reduction.reduction_groups]
     group = next(g for g in groups if world.rank in g)
+    topology = load_topology(args.topology)
+    nodes = len({d // topology.levels[-1].count for d in group})  # nodes the reduction group spans
     comm = world.mpi_split(groups)
     schedule = schedule_of(algorithm, group.index(world.rank))
     executor = Executor(lower(program, reduction), world)
@@ -87,9 +95,10 @@ def main() -> int:
         print(f"{args.topology} {args.axes}, {placement.describe()}; program {index}: "
               f"{format_program(program, ' ; ')}; MSCCL schedule: {algorithm.pieces} pieces per chunk, "
               f"{len(algorithm.thread_blocks[0])} streams on rank 0; {world.size} MPI ranks, int32, median of "
-              f"{args.iters}")
+              f"{args.iters}" + (f"; NIC bound at {args.uplink_gbit:g} Gbit/s over {nodes} nodes" if args.uplink_gbit else ""))
         print(f"{'size':>8} {'default':>10} {'steps':>10} {'pipelined':>10} {'steps/def':>10} {'pipe/def':>9} "
-              f"{'pipe/steps':>10} {'#wrong':>7}")
+              f"{'pipe/steps':>10} {'#wrong':>7}" + (f" {'bound':>10} {'def/bnd':>8} {'steps/bnd':>9} {'pipe/bnd':>8}"
+                                                     if args.uplink_gbit else ""))
     for size in parse_sizes(args.sizes):
         n = size // 4
         data = rank_input(world.rank, n)
@@ -101,9 +110,14 @@ def main() -> int:
         steps_s, w2 = timed(world, lambda b: executor(b, check=False), data, expected, args.iters)
         pipe_s, w3 = timed(world, lambda b: allreduce(schedule, comm, b), data, expected, args.iters)
         if world.rank == 0:
-            print(f"{size:>8} {default_s * 1e3:>8.2f}ms {steps_s * 1e3:>8.2f}ms {pipe_s * 1e3:>8.2f}ms "
-                  f"{steps_s / default_s:>10.2f} {pipe_s / default_s:>9.2f} {pipe_s / steps_s:>10.2f} "
-                  f"{w1 + w2 + w3:>7}", flush=True)
+            row = (f"{size:>8} {default_s * 1e3:>8.2f}ms {steps_s * 1e3:>8.2f}ms {pipe_s * 1e3:>8.2f}ms "
+                   f"{steps_s / default_s:>10.2f} {pipe_s / default_s:>9.2f} {pipe_s / steps_s:>10.2f} "
+                   f"{w1 + w2 + w3:>7}")
+            if args.uplink_gbit:
+                bound_s = 2 * (nodes - 1) / nodes * size * 8 / (args.uplink_gbit * 1e9)
+                row += (f" {bound_s * 1e3:>8.2f}ms {default_s / bound_s:>8.3f} {steps_s / bound_s:>9.3f} "
+                        f"{pipe_s / bound_s:>8.3f}")
+            print(row, flush=True)
     return 0
 
 

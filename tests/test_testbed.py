@@ -26,7 +26,7 @@ from synth.cli.emulate import emulate_main
 from synth.errors import SynthError
 from synth.testbed import commands, description, namespaces
 from synth.testbed.commands import RANK_GUARD, agent_script, build_commands, hostfile_text, mpiexec_command
-from synth.testbed.description import SUBNET, describe_cluster
+from synth.testbed.description import SUBNET, describe_cluster, describe_text
 from synth.testbed.names import Names, link_owner, namespace_owner, workdir_owner
 from synth.testbed.namespaces import Leftovers, down, find_mpiexec, scan
 from synth.testbed.watch import JobWatch, Process
@@ -123,6 +123,30 @@ def test_racks_get_their_own_bridge_and_shaped_uplink():
     fast_racks = topology(("rack", 2, 1.0), ("node", 2, 0.25), ("rank", 2, 2.0))
     c = describe_cluster(fast_racks, 42)
     assert (c.rack_shaping.rate_bit_s, c.node_shaping.rate_bit_s) == (1e9, 2.5e8)
+
+
+@pytest.mark.parametrize("mtu", [1500, 9000])
+def test_every_link_and_bridge_gets_the_mtu(mtu):
+    """Both ends of every veth and every bridge carry the MTU (a path takes the
+    smallest of its links'), and the description names it."""
+    c = describe_cluster(RACKS, 42, mtu_bytes=mtu)
+    created = [cmd for cmd in build_commands(c) if "add" in cmd and "type" in cmd]
+    bridges = [cmd for cmd in created if cmd[-1] == "bridge"]
+    veths = [cmd for cmd in created if "veth" in cmd]
+    assert len(bridges) == 1 + len(c.racks) and len(veths) == len(c.racks) + len(c.nodes)
+    for cmd in bridges:
+        assert cmd[cmd.index("mtu") + 1] == str(mtu)
+    for cmd in veths:  # the link's own end, then the peer's
+        ends = [i for i, word in enumerate(cmd) if word == "mtu"]
+        assert len(ends) == 2 and ends[0] < cmd.index("peer") < ends[1]
+        assert all(cmd[i + 1] == str(mtu) for i in ends)
+    assert f"links: MTU {mtu} bytes" in describe_text(c)
+
+
+@pytest.mark.parametrize("mtu", [0, 576, 65536])
+def test_an_mtu_out_of_range_is_refused_with_the_range(mtu):
+    with pytest.raises(SynthError, match=rf"--mtu {mtu}: must be between 1280 and 65535 bytes"):
+        describe_cluster(RACKS, 42, mtu_bytes=mtu)
 
 
 def test_commands_touch_only_the_clusters_own_namespaces():
@@ -365,6 +389,34 @@ def test_bench_on_a_two_node_cluster_is_exact_and_leaves_nothing(emulate, tmp_pa
     timed = [row for row in rows if len(row) == 10]
     assert len(timed) >= 2, out  # the default and the best predicted other program
     assert all(row[-1] == "0" for row in timed), out
+    assert_nothing_left(proc.pid)
+
+
+def test_the_links_a_rank_sees_carry_the_requested_mtu(emulate, tmp_path):
+    (tmp_path / "2x2.yaml").write_text(TWO_BY_TWO)
+    proc = emulate("--topology", "2x2.yaml", "--mtu", "9000", "--", "ip", "-o", "link", "show")
+    code, out, err = finish(proc, timeout_s=60)
+    assert code == 0, out + err
+    assert "links: MTU 9000 bytes" in err
+    links = [line for line in out.splitlines() if ": lo:" not in line and " mtu " in line]
+    assert len(links) == 4, out  # each rank sees its node's end of the uplink, nothing else
+    assert all(" mtu 9000 " in line for line in links), out
+    assert_nothing_left(proc.pid)
+
+
+def test_the_uplink_benchmark_runs_across_two_nodes(emulate, tmp_path):
+    """scripts/bench_uplink.py (docs/testbed.md): a raw TCP stream and MPI
+    pairs across the emulated nodes, each row with its ratio to the bound."""
+    (tmp_path / "2x2.yaml").write_text(TWO_BY_TWO)
+    proc = emulate("--topology", "2x2.yaml", "--mtu", "9000", "--", sys.executable,
+                   str(REPO / "scripts" / "bench_uplink.py"), "--size", "2M", "--iters", "1")
+    code, out, err = finish(proc, timeout_s=90)
+    assert code == 0, out + err
+    rows = [line for line in out.splitlines() if "ratio" in line]
+    assert [row.split("  ")[0].strip() for row in rows] == [
+        "raw TCP, one stream", "MPI_Sendrecv, 2 pair(s) at once", "MPI_Sendrecv, 1 pair(s) at once"], out
+    assert all(float(re.search(r"ratio (\d+\.\d+)", row).group(1)) > 0 for row in rows), out
+    assert "bound 16.8 ms" in rows[0], out  # 2 MiB at 1 Gbit/s
     assert_nothing_left(proc.pid)
 
 

@@ -24,19 +24,20 @@ def build_commands(c: Cluster) -> list[tuple[str, ...]]:
     """The ``ip``/``tc`` commands that create ``c``, in order; each touches only
     the cluster's own namespaces."""
     sw = c.switch_namespace
+    mtu = ("mtu", str(c.mtu_bytes))  # every link and bridge of the cluster: a path takes its smallest
     cmds: list[tuple[str, ...]] = [("ip", "netns", "add", ns) for ns in c.namespaces]
     cmds += [_ip(ns, "link", "set", "lo", "up") for ns in c.namespaces]
     cmds += [
-        _ip(sw, "link", "add", c.top_bridge, "type", "bridge"),
+        _ip(sw, "link", "add", c.top_bridge, *mtu, "type", "bridge"),
         _ip(sw, "addr", "add", f"{c.launcher_address}/{SUBNET.prefixlen}", "dev", c.top_bridge),
         _ip(sw, "link", "set", c.top_bridge, "up"),
     ]
     for r in c.racks:
         assert c.rack_shaping is not None
         cmds += [
-            _ip(sw, "link", "add", r.bridge, "type", "bridge"),
+            _ip(sw, "link", "add", r.bridge, *mtu, "type", "bridge"),
             _ip(sw, "link", "set", r.bridge, "up"),
-            _ip(sw, "link", "add", r.link, "type", "veth", "peer", "name", r.peer),
+            _ip(sw, "link", "add", r.link, *mtu, "type", "veth", "peer", "name", r.peer, *mtu),
             _ip(sw, "link", "set", r.link, "master", r.bridge, "up"),
             _ip(sw, "link", "set", r.peer, "master", c.top_bridge, "up"),
             _tbf(sw, r.link, c.rack_shaping),
@@ -44,7 +45,8 @@ def build_commands(c: Cluster) -> list[tuple[str, ...]]:
         ]
     for n in c.nodes:
         cmds += [
-            ("ip", "link", "add", n.link, "netns", n.namespace, "type", "veth", "peer", "name", n.peer, "netns", sw),
+            ("ip", "link", "add", n.link, "netns", n.namespace, *mtu, "type", "veth", "peer", "name", n.peer,
+             "netns", sw, *mtu),
             _ip(sw, "link", "set", n.peer, "master", n.bridge, "up"),
             _ip(n.namespace, "addr", "add", f"{n.address}/{SUBNET.prefixlen}", "dev", n.link),
             _ip(n.namespace, "link", "set", n.link, "up"),
