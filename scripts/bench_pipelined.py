@@ -5,6 +5,7 @@ point-to-point, synth.runtime.pipelined) and the default all-reduce
 
     mpiexec -n 8 python scripts/bench_pipelined.py [--topology testbed-2x4] [--axes dp=8]
         [--sizes 1M,16M,64M] [--iters 10] [--program N] [--pieces P] [--instances I] [--uplink-gbit R]
+        [--predict]
 
 Prints, per size, the median of the per-iteration maximum over ranks of each
 variant and the ratios, and checks every result exactly (int32 data; #wrong).
@@ -16,12 +17,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from synth.cost.pipeline import predict_pipelined  # noqa: E402
 from synth.export.msccl import compile_program, schedule_of  # noqa: E402
 from synth.export.msccl_check import check_algorithm  # noqa: E402
 from synth.runtime.backends import MPIWorld  # noqa: E402
@@ -72,6 +75,10 @@ def main() -> int:
                    help="the node uplink's shaped rate (emulate's): adds the NIC bound, the least time any "
                         "all-reduce takes, 2 (N-1)/N x size per direction of each of N nodes' uplinks, and each "
                         "variant's ratio to it")
+    p.add_argument("--predict", action="store_true",
+                   help="also print the cost model's step-by-step and pipelined times (synth.cost.pipeline, the "
+                        "topology's parameters; its node uplink at --uplink-gbit when given) and their errors "
+                        "against the measured ones")
     p.add_argument("--program", type=int, default=None,
                    help="index of the program among those synthesized (default: the first with 3 steps)")
     args = p.parse_args()
@@ -90,6 +97,17 @@ def main() -> int:
     nodes = len({d // topology.levels[-1].count for d in group})  # nodes the reduction group spans
     comm = world.mpi_split(groups)
     schedule = schedule_of(algorithm, group.index(world.rank))
+    priced = lowered = None
+    if args.predict:  # the same program on the topology as the model sees it (the node uplink as shaped)
+        seen = topology
+        if args.uplink_gbit:
+            node = topology.levels[-2]
+            levels = list(topology.levels)
+            levels[-2] = replace(node, bandwidth_GBps=args.uplink_gbit / 8 / node.ports)
+            seen = replace(topology, levels=tuple(levels))
+        priced = Reduction.of(enumerate_placements(seen, parse_axes(args.axes))[0], placement.axes[0].name,
+                              Goal.ALLREDUCE)
+        lowered = lower(program, priced)
     executor = Executor(lower(program, reduction), world)
     if world.rank == 0:
         print(f"{args.topology} {args.axes}, {placement.describe()}; program {index}: "
@@ -98,7 +116,8 @@ def main() -> int:
               f"{args.iters}" + (f"; NIC bound at {args.uplink_gbit:g} Gbit/s over {nodes} nodes" if args.uplink_gbit else ""))
         print(f"{'size':>8} {'default':>10} {'steps':>10} {'pipelined':>10} {'steps/def':>10} {'pipe/def':>9} "
               f"{'pipe/steps':>10} {'#wrong':>7}" + (f" {'bound':>10} {'def/bnd':>8} {'steps/bnd':>9} {'pipe/bnd':>8}"
-                                                     if args.uplink_gbit else ""))
+                                                     if args.uplink_gbit else "")
+              + (f" {'model:steps':>11} {'model:pipe':>10} {'err:steps':>9} {'err:pipe':>8}" if args.predict else ""))
     for size in parse_sizes(args.sizes):
         n = size // 4
         data = rank_input(world.rank, n)
@@ -117,6 +136,10 @@ def main() -> int:
                 bound_s = 2 * (nodes - 1) / nodes * size * 8 / (args.uplink_gbit * 1e9)
                 row += (f" {bound_s * 1e3:>8.2f}ms {default_s / bound_s:>8.3f} {steps_s / bound_s:>9.3f} "
                         f"{pipe_s / bound_s:>8.3f}")
+            if args.predict:
+                model = predict_pipelined(lowered, priced, size, algorithm.pieces)
+                row += (f" {model.step_by_step_s * 1e3:>9.2f}ms {model.pipelined_s * 1e3:>8.2f}ms "
+                        f"{model.step_by_step_s / steps_s - 1:>+9.1%} {model.pipelined_s / pipe_s - 1:>+8.1%}")
             print(row, flush=True)
     return 0
 
