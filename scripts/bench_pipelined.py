@@ -24,7 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from synth.cost.model import Algorithm, Model  # noqa: E402
 from synth.cost.pipeline import predict_pipelined  # noqa: E402
+from synth.cost.predict import Predictor, lowered_loads  # noqa: E402
 from synth.export.msccl import compile_program, schedule_of  # noqa: E402
 from synth.export.msccl_check import check_algorithm  # noqa: E402
 from synth.runtime.backends import MPIWorld  # noqa: E402
@@ -76,14 +78,16 @@ def main() -> int:
                         "all-reduce takes, 2 (N-1)/N x size per direction of each of N nodes' uplinks, and each "
                         "variant's ratio to it")
     p.add_argument("--predict", action="store_true",
-                   help="also print the cost model's step-by-step and pipelined times (synth.cost.pipeline, the "
-                        "topology's parameters; its node uplink at --uplink-gbit when given) and their errors "
-                        "against the measured ones")
+                   help="also print the cost model's times, with the topology's parameters (its node uplink at "
+                        "--uplink-gbit when given): step by step with the MPI model (what the executor runs), "
+                        "pipelined with synth.cost.pipeline (rings, as the schedule runs them); and their errors "
+                        "against the measured times")
     p.add_argument("--program", type=int, default=None,
                    help="index of the program among those synthesized (default: the first with 3 steps)")
     args = p.parse_args()
     world = MPIWorld()
-    placement = enumerate_placements(load_topology(args.topology), parse_axes(args.axes))[0]
+    topology = load_topology(args.topology)
+    placement = enumerate_placements(topology, parse_axes(args.axes))[0]
     reduction = Reduction.of(placement, placement.axes[0].name, Goal.ALLREDUCE)
     programs = synthesize_reduction(reduction, 5).programs
     index = args.program if args.program is not None else next(
@@ -93,7 +97,6 @@ def main() -> int:
     check_algorithm(algorithm.xml(), "bench")
     groups = [tuple(int(d) for d in g) for g in reduction.reduction_groups]
     group = next(g for g in groups if world.rank in g)
-    topology = load_topology(args.topology)
     nodes = len({d // topology.levels[-1].count for d in group})  # nodes the reduction group spans
     comm = world.mpi_split(groups)
     schedule = schedule_of(algorithm, group.index(world.rank))
@@ -108,12 +111,15 @@ def main() -> int:
         priced = Reduction.of(enumerate_placements(seen, parse_axes(args.axes))[0], placement.axes[0].name,
                               Goal.ALLREDUCE)
         lowered = lower(program, priced)
+        # step by step runs MPI's collectives: priced with the MPI model; pipelined, rings (predict_pipelined)
+        mpi = Predictor(priced, Model(Algorithm.MPI))
     executor = Executor(lower(program, reduction), world)
     if world.rank == 0:
         print(f"{args.topology} {args.axes}, {placement.describe()}; program {index}: "
               f"{format_program(program, ' ; ')}; MSCCL schedule: {algorithm.pieces} pieces per chunk, "
               f"{len(algorithm.thread_blocks[0])} streams on rank 0; {world.size} MPI ranks, int32, median of "
-              f"{args.iters}" + (f"; NIC bound at {args.uplink_gbit:g} Gbit/s over {nodes} nodes" if args.uplink_gbit else ""))
+              f"{args.iters}" + (f"; NIC bound at {args.uplink_gbit:g} Gbit/s over {nodes} nodes"
+                                 if args.uplink_gbit else ""))
         print(f"{'size':>8} {'default':>10} {'steps':>10} {'pipelined':>10} {'steps/def':>10} {'pipe/def':>9} "
               f"{'pipe/steps':>10} {'#wrong':>7}" + (f" {'bound':>10} {'def/bnd':>8} {'steps/bnd':>9} {'pipe/bnd':>8}"
                                                      if args.uplink_gbit else "")
@@ -137,9 +143,10 @@ def main() -> int:
                 row += (f" {bound_s * 1e3:>8.2f}ms {default_s / bound_s:>8.3f} {steps_s / bound_s:>9.3f} "
                         f"{pipe_s / bound_s:>8.3f}")
             if args.predict:
-                model = predict_pipelined(lowered, priced, size, algorithm.pieces)
-                row += (f" {model.step_by_step_s * 1e3:>9.2f}ms {model.pipelined_s * 1e3:>8.2f}ms "
-                        f"{model.step_by_step_s / steps_s - 1:>+9.1%} {model.pipelined_s / pipe_s - 1:>+8.1%}")
+                model_steps_s = mpi.program(lowered.program, lowered_loads(lowered), float(size))
+                model_pipe_s = predict_pipelined(lowered, priced, size, algorithm.pieces).pipelined_s
+                row += (f" {model_steps_s * 1e3:>9.2f}ms {model_pipe_s * 1e3:>8.2f}ms "
+                        f"{model_steps_s / steps_s - 1:>+9.1%} {model_pipe_s / pipe_s - 1:>+8.1%}")
             print(row, flush=True)
     return 0
 
