@@ -437,6 +437,42 @@ def test_pipelined_schedules_are_exact_under_mpi():
     assert re.search(r"ok: \d+ pipelined runs on 8 ranks, all exact", done.stdout), done.stdout
 
 
+def test_the_pipelined_benchmark_script_checks_every_result_and_prints_bound_and_model():
+    """scripts/bench_pipelined.py (docs/nccl-programs.md) under mpiexec: the
+    default, the program step by step and pipelined, all exact; with
+    ``--uplink-gbit`` the NIC bound (2 (N-1)/N x size per uplink direction) and
+    with ``--predict`` the model's times, the pipelined one as
+    synth.cost.pipeline prices it."""
+    from dataclasses import replace
+
+    from processes import run_watched
+    from test_runtime import REPO, mpi_env, mpiexec_command
+
+    from synth.cost.pipeline import predict_pipelined
+    from synth.synthesis.lowering import lower
+    from synth.synthesis.placement import enumerate_placements, parse_axes
+    from synth.synthesis.reduction import Reduction
+    from synth.synthesis.search import synthesize_reduction
+    from synth.synthesis.semantics import Goal
+    from synth.topology import load_topology
+
+    done = run_watched(mpiexec_command(8, "scripts/bench_pipelined.py", "--sizes", "64K", "--iters", "1",
+                                       "--program", "16", "--uplink-gbit", "0.5", "--predict"),
+                       stall_s=120, cwd=REPO, env=mpi_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "NIC bound at 0.5 Gbit/s over 2 nodes" in done.stdout, done.stdout
+    row = next(line.split() for line in done.stdout.splitlines() if line.strip().startswith("65536 "))
+    assert row[7] == "0", done.stdout  # #wrong over the three variants
+    assert row[8] == f"{65536 * 8 / 0.5e9 * 1e3:.2f}ms"  # 2 nodes: the whole buffer crosses each uplink once
+    topology = load_topology("testbed-2x4")
+    node = topology.levels[0]
+    seen = replace(topology, levels=(replace(node, bandwidth_GBps=0.5 / 8 / node.ports), *topology.levels[1:]))
+    reduction = Reduction.of(enumerate_placements(seen, parse_axes("dp=8"))[0], "dp", Goal.ALLREDUCE)
+    program = synthesize_reduction(reduction, 5).programs[16]
+    priced = predict_pipelined(lower(program, reduction), reduction, 65536, 8).pipelined_s
+    assert row[13] == f"{priced * 1e3:.2f}ms", done.stdout
+
+
 def test_bench_times_the_pipelined_schedule_beside_the_program(tmp_path):
     """``bench --pipelined`` under mpiexec: each synthesized all-reduce is
     followed by itself run as its schedule (``~p``), checked exactly every
