@@ -100,7 +100,8 @@ def main() -> int:
     nodes = len({d // topology.levels[-1].count for d in group})  # nodes the reduction group spans
     comm = world.mpi_split(groups)
     schedule = schedule_of(algorithm, group.index(world.rank))
-    priced = lowered = None
+    lowered = lower(program, reduction)  # device groups only: the same on the topology the model prices
+    priced = None
     if args.predict:  # the same program on the topology as the model sees it (the node uplink as shaped)
         seen = topology
         if args.uplink_gbit:
@@ -110,10 +111,9 @@ def main() -> int:
             seen = replace(topology, levels=tuple(levels))
         priced = Reduction.of(enumerate_placements(seen, parse_axes(args.axes))[0], placement.axes[0].name,
                               Goal.ALLREDUCE)
-        lowered = lower(program, priced)
         # step by step runs MPI's collectives: priced with the MPI model; pipelined, rings (predict_pipelined)
         mpi = Predictor(priced, Model(Algorithm.MPI))
-    executor = Executor(lower(program, reduction), world)
+    executor = Executor(lowered, world)
     if world.rank == 0:
         print(f"{args.topology} {args.axes}, {placement.describe()}; program {index}: "
               f"{format_program(program, ' ; ')}; MSCCL schedule: {algorithm.pieces} pieces per chunk, "

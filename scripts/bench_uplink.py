@@ -11,7 +11,7 @@ Rank 0 (node 0) and the first rank of node 1 time a raw TCP stream of
 every rank of node 0 exchanges ``--size / ranks-per-node`` bytes with its
 counterpart on node 1 (``MPI_Sendrecv``), all at once and then one pair alone,
 so each direction of the uplink carries ``--size`` bytes. Prints each time (the
-slowest rank) and its ratio to the bound. docs/nccl-programs.md records runs.
+slowest rank) and its ratio to the bound. docs/testbed.md records runs.
 """
 
 from __future__ import annotations
