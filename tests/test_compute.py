@@ -430,6 +430,13 @@ def test_stages_add_embedding_head_recomputation_and_the_fixed_cost():
     assert middle.total_s == pytest.approx(3 * layer.total_s + 1e-3)
     full = stage_compute(p, model, shard, 3, Recompute.FULL, False, False)
     assert full.total_s == pytest.approx(middle.total_s + 3 * layer.forward_s)
+    # selective: the attention core's forward again in each layer's backward, nothing else
+    selective = stage_compute(p, model, shard, 3, Recompute.SELECTIVE, False, False)
+    core_s = max(p.attention.forward_floor_s,
+                 p.attention.forward_gpu_s(2, model.heads, model.seq, model.hidden // model.heads))
+    assert core_s > p.attention.forward_floor_s  # above the floor: the shape's own time
+    assert selective.total_s == pytest.approx(middle.total_s + 3 * core_s)
+    assert selective.forward_s == pytest.approx(middle.forward_s)
     last = stage_compute(p, model, shard, 3, Recompute.NONE, False, True)
     head = head_compute(p, model, shard)
     assert last.total_s == pytest.approx(middle.total_s + head.total_s)

@@ -941,6 +941,110 @@ def test_zero2_shards_gradients_and_reduce_scatters_every_micro_batch():
                                                                      ("dp", Goal.ALLGATHER)}
 
 
+class Linear(Recording):
+    """Collectives priced by their bytes (10 us + 1 GB/s), so that the
+    bucket size and the window they overlap with both matter."""
+
+    @staticmethod
+    def price(size_bytes):
+        return 1e-5 + size_bytes / 1e9
+
+    def reduce(self, axis, goal, size_bytes):
+        super().reduce(axis, goal, size_bytes)
+        return self.price(size_bytes)
+
+
+def _exposed_by_hand(count, each, window):
+    """``count`` equal transfers ready evenly over ``window``, one at a time
+    (written out here, not the step model's helper): transfer ``i`` starts at
+    the later of its readiness ``(i + 1) window / count`` and the previous
+    one's end; what runs past the window shows, and the last never overlaps."""
+    end = 0.0
+    for i in range(count):
+        end = max(end, (i + 1) * window / count) + each
+    return end - window
+
+
+def test_zero3_step_by_hand():
+    """ZeRO-3 (FSDP): per micro-batch every layer's weights are all-gathered
+    before its forward and again before its backward, and its gradients
+    reduce-scattered after it; the forward's gathers overlap the forward, the
+    backward's gathers and scatters the backward; no gradient buckets. The
+    memory: weights and gradients of the stage over dp (one layer's whole
+    weights gathered for the forward and the backward, its gradients whole
+    once), optimizer states over dp."""
+    L, h, s, V = 4, 64, 32, 100
+    m = gpt(L, h, 4, s, V)
+    tp, dp, b, B = 2, 2, 1, 8  # 8 / (2 x 1) = 4 micro-batches, all 4 layers on the one stage
+    training = Training(B, sharding=Sharding.ZERO3, sequence_parallel=False)
+    config = Configuration(tp, dp, 1, b)
+    layer_params = 12 * h * h + 13 * h
+    layer_bytes = math.ceil(layer_params / tp) * 2
+    each = 1e-3 * (1 + layer_bytes / 2**30)  # Recording's price of one all-gather or reduce-scatter
+    t_mb = 8e-3  # forward 1/3 of it, backward 2/3 (no recomputation): both windows partly hide the transfers
+    rec = Recording()
+    step = step_time(m, training, config, rec, t_mb)
+    forward = _exposed_by_hand(L, each, t_mb / 3)
+    backward = _exposed_by_hand(L, 2 * each, 2 * t_mb / 3)
+    assert each < forward < L * each and 2 * each < backward < 2 * L * each  # partly hidden, as chosen
+    assert step.dp_s == pytest.approx(4 * (forward + backward))
+    assert step.bucket_bytes is None
+    assert step.compute_s == pytest.approx(4 * t_mb) and step.bubble_s == 0 and step.pp_s == 0
+    assert step.tp_s == pytest.approx(4 * L * 2 * 2 * 1e-3 * (1 + b * s * h * 2 / 2**30))
+    assert step.total_s == pytest.approx(step.compute_s + step.tp_s + step.dp_s)
+    memory = memory_per_device(m, training, config)
+    stage = (L * layer_params + V * h + s * h + 2 * h) / tp  # embedding (tied head) and final norm
+    assert memory.weights == pytest.approx(2 * stage / dp + 2 * 2 * layer_params / tp)
+    assert memory.gradients == pytest.approx(2 * stage / dp + 2 * layer_params / tp)
+    assert memory.optimizer == pytest.approx(12 * stage / dp)
+
+
+@pytest.mark.parametrize("attention", ["unfused", "flash"])
+def test_selective_recomputation_step_and_memory_by_hand(attention):
+    """Selective recomputation (Korthikanti et al. 2022, Section 5): the
+    attention core is not stored (no 5 a s^2 b of scores, whatever the
+    kernel) and its forward runs again in the backward: 4 T s h FLOPs per
+    layer more, all of them in the backward window the gradients' buckets
+    overlap with; the tensor-parallel calls stay those of two passes."""
+    L, h, a, s, V = 8, 256, 4, 64, 1000
+    m = gpt(L, h, a, s, V)
+    tp, dp, b, B = 1, 2, 2, 16  # 16 / (2 x 2) = 4 micro-batches
+    config = Configuration(tp, dp, 1, b)
+    none = Training(B, attention=attention, sequence_parallel=False)
+    selective = replace(none, recompute=Recompute.SELECTIVE)
+    act = s * b * h * (10 + 24 / tp)  # no scores
+    scores = 5 * a * s * s * b / tp if attention == "unfused" else 0
+    mem_none, mem_sel = memory_per_device(m, none, config), memory_per_device(m, selective, config)
+    assert mem_sel.activations == pytest.approx(L * act + 4 * s * b * V / tp)
+    assert mem_none.activations == pytest.approx(L * (act + scores) + 4 * s * b * V / tp)
+    assert mem_sel.weights == mem_none.weights and mem_sel.optimizer == mem_none.optimizer
+    # the step: the backward window is (backward + recomputation) / total of the FLOPs
+    T = b * s
+    forward = 2 * T * L * 12 * h * h + L * 4 * T * s * h + 2 * T * h * V
+    recomputed = L * 4 * T * s * h
+    window_share = (2 * forward + recomputed) / (3 * forward + recomputed)
+    t_mb = 0.015
+    step = step_time(m, selective, config, Linear(), t_mb)
+    grads = (L * (12 * h * h + 13 * h) + V * h + s * h + 2 * h) * 2  # bf16, one stage, tp 1
+
+    def by_hand(share):
+        return min(_exposed_by_hand(math.ceil(grads / bucket), Linear.price(bucket), t_mb * share)
+                   for bucket in BUCKET_GRID_BYTES if bucket <= grads)
+    assert step.dp_s == pytest.approx(by_hand(window_share))
+    assert step.compute_s == pytest.approx(4 * t_mb)
+    plain = step_time(m, none, config, Linear(), t_mb)
+    assert plain.dp_s == pytest.approx(by_hand(2 / 3)) and plain.dp_s > step.dp_s  # a shorter window
+    # the efficiency curve prices the recomputed FLOPs like the others
+    device = load_topology("dgx-a100").device
+    est_none = compute_estimate(m, none, config, device, DEFAULT_COMPUTE)
+    est_sel = compute_estimate(m, selective, config, device, DEFAULT_COMPUTE)
+    total = 3 * forward + recomputed  # the curve's argument is the FLOPs per layer of the stage
+    assert est_sel.micro_batch_s == pytest.approx(total / (device.peak_flops * DEFAULT_COMPUTE.efficiency(total / L)))
+    assert est_sel.micro_batch_s > est_none.micro_batch_s
+    wide = Configuration(2, 2, 1, b)
+    assert step_time(m, selective, wide, Recording(), t_mb).tp_s == step_time(m, none, wide, Recording(), t_mb).tp_s
+
+
 def _plan_json(cli, *extra):
     common = ["plan", "--topology", "dgx-a100", "--scale", "node=1", "--model", "layers=8,hidden=256,heads=8,seq=128,"
               "vocab=1000", "--global-batch", "32", "--axes", "tp=2,dp=1,pp=4", "--no-verify", "--json"]
@@ -969,6 +1073,19 @@ def test_plan_schedule_option_and_json(cli):
         assert zb[c["micro_batch"]]["breakdown"]["bubble"] < c["breakdown"]["bubble"]
     assert any("interleaved schedule needs the micro-batches per step" in r["reason"]
                for r in by["interleaved"]["skipped"])  # mb 2 gives 16, mb 16 gives 2 micro-batches: not a multiple
+
+
+def test_plan_json_names_each_option_per_configuration(cli):
+    """The options of a plan are named the same way in the request's
+    training and in every configuration of --json."""
+    out = json.loads(cli("plan", "--topology", "dgx-h100", "--scale", "node=1", "--model", TINY, "--global-batch",
+                         "16", "--axes", "tp,dp", "--sharding", "zero2", "--dtype", "fp8", "--recompute", "selective",
+                         "--schedule", "1f1b", "--no-verify", "--json")[1])
+    assert {"sharding": "zero2", "dtype": "fp8", "recompute": "selective"}.items() <= out["training"].items()
+    assert out["configurations"]
+    for c in out["configurations"]:
+        assert (c["sharding"], c["dtype"], c["recompute"], c["schedule"]) == ("zero2", "fp8", "selective", "1f1b")
+        assert c["sequence_parallel"] is (c["axes"]["tp"] > 1) and c["tp_overlap"] is False
 
 
 def test_recompute_search_picks_the_least_recomputation_that_fits(cli):
@@ -1195,6 +1312,41 @@ def test_expert_parallel_step_by_hand():
     pipelined = step_time(m, training, Configuration(tp, 2, 2, 1, ep=2), WithAllToAll(), t_mb)
     assert pipelined.bubble_s == pytest.approx(
         (2 - 1) * (t_mb + pipelined.tp_s / 4 + pipelined.ep_s / 4 + pipelined.pp_s / 4))
+
+
+def test_capacity_factor_pads_what_the_experts_compute_keep_and_send(tmp_path):
+    """moe.capacity_factor c (drop-and-pad): every expert is padded to c
+    times its even share, so per token top_k x c routed copies are computed,
+    kept for the backward and carried by both all-to-alls; without a factor
+    (dropless) c = 1. Checked on a model file too, and refused out of range."""
+    dropless = parse_inline_model(MOE)
+    padded = parse_inline_model(MOE + ",capacity_factor=1.5")
+    assert padded.moe.capacity_factor == 1.5 and dropless.moe.capacity_factor is None
+    h, fe, s, b, E, tp, L = 64, 48, 32, 2, 8, 2, 4
+    T = b * s
+    # forward FLOPs: each of the L MoE layers computes one routed copy more per token (2 x 1.5 - 2)
+    extra = padded.training_flops(b).forward - dropless.training_flops(b).forward
+    assert extra == pytest.approx(L * 2 * T * (3 - 2) * 3 * h * fe)
+
+    def moe_activations(routed):
+        return 10 * s * b * h + (2 * s * b * h + 4 * s * b * h + 2 * s * b * h + 2 * 3 * s * b * (routed + 1) * fe
+                                 + 2 * s * b * h * routed + 4 * s * b * E) / tp
+    assert padded.activation_bytes_per_layer(b, tp, Recompute.NONE, scores=False, moe=True) == pytest.approx(
+        moe_activations(3))
+    assert dropless.activation_bytes_per_layer(b, tp, Recompute.NONE, scores=False, moe=True) == pytest.approx(
+        moe_activations(2))
+    rec = WithAllToAll()
+    step_time(padded, Training(16), Configuration(tp, 2, 1, b, ep=2), rec, 0.01)
+    assert {c[1:] for c in rec.calls if c[0] == "alltoall"} == {("ep", b * s * 3 * h * 2 // tp)}
+    spec = dict(name="padded", layers=4, hidden=64, heads=4, ffn=96, mlp="swiglu", seq=32, vocab=100,
+                moe=dict(experts=8, top_k=2, expert_ffn=48, shared_experts=1, capacity_factor=1.5))
+    path = tmp_path / "padded.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert load_model(str(path)).training_flops(b).forward == padded.training_flops(b).forward
+    path.write_text(yaml.safe_dump({**spec, "moe": {**spec["moe"], "capacity_factor": 0.5}}))
+    with pytest.raises(SynthError, match=r"field 'moe.capacity_factor' must be a number from 1 to 64 or null "
+                                         r"\(dropless\), got 0.5"):
+        load_model(str(path))
 
 
 def test_alltoall_cost_by_hand():
