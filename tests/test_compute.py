@@ -112,6 +112,13 @@ def test_tiled_flops_against_a_work_item_schedule(seed):
     assert float(tiled_flops(256 * 10, 4096, 128 * 10, 100, TILES, 256)) == 2 * 2560 * 4096 * 1280
     assert float(tiled_flops(300, 999, 700, 7, TILES, 128)) == min(
         _scheduled_flops(300, 999, 700, 7, *t, 128) for t in TILES)
+    # one shape (the planner's memoised path) gives the array path's value to the bit, at shapes
+    # whose products pass 2**53 too
+    rng = np.random.default_rng(7)
+    shapes = rng.integers(1, 1 << 21, size=(200, 3))
+    shapes[:20] *= 64
+    whole = tiled_flops(shapes[:, 0], shapes[:, 1], shapes[:, 2], 132, DEFAULT_TILES, 256)
+    assert [tiled_flops(int(m), int(k), int(n), 132, DEFAULT_TILES, 256) for m, k, n in shapes] == list(whole)
 
 
 def test_gemm_time_is_the_slower_of_compute_and_memory_and_never_below_its_floor():

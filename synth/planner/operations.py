@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,8 @@ def tiled_flops(m, k, n, units: int, tiles: tuple[tuple[int, int], ...], split_k
     ran it: ``waves x tile FLOPs x units`` for the best of ``tiles`` (split-K
     when there are fewer tiles than units). ``2 m k n`` when tiles and waves
     divide evenly; seconds = this / the device's sustained FLOP/s."""
+    if all(isinstance(x, (int, float)) for x in (m, k, n)):  # one shape: the planner asks for the same ones often
+        return np.float64(_tiled_flops_one(float(m), float(k), float(n), units, tiles, split_k_min))
     m, k, n = (np.asarray(x, dtype=float) for x in (m, k, n))
     best = np.full(np.broadcast(m, k, n).shape, np.inf)
     for tm, tn in tiles:
@@ -79,6 +82,20 @@ def tiled_flops(m, k, n, units: int, tiles: tuple[tuple[int, int], ...], split_k
         split = np.clip(np.floor(units / count), 1, np.maximum(1, np.floor(k / split_k_min)))
         waves = np.ceil(count * split / units)
         best = np.minimum(best, waves * 2 * tm * tn * np.ceil(k / split) * units)
+    return best
+
+
+@lru_cache(maxsize=1 << 14)
+def _tiled_flops_one(m: float, k: float, n: float, units: int, tiles: tuple[tuple[int, int], ...],
+                     split_k_min: int) -> float:
+    """:func:`tiled_flops` of one shape in Python floats: the same operations
+    in the same order, hence the same value as the array path."""
+    best = math.inf
+    for tm, tn in tiles:
+        count = math.ceil(m / tm) * math.ceil(n / tn)
+        split = min(max(math.floor(units / count), 1), max(1, math.floor(k / split_k_min)))
+        waves = math.ceil(count * split / units)
+        best = min(best, float(waves) * 2 * tm * tn * float(math.ceil(k / split)) * units)  # in float, in order
     return best
 
 
