@@ -227,6 +227,12 @@ def _synthesis_groups(instruction: Instruction, hierarchy: Hierarchy) -> np.ndar
     return groups
 
 
+def group_members(instruction: Instruction, hierarchy: Hierarchy) -> int:
+    """Members of each group ``instruction`` forms on ``hierarchy`` (all its
+    groups have the same size)."""
+    return int(_synthesis_groups(instruction, hierarchy).shape[1])
+
+
 # Step costs shared between predictors (the placements of one configuration often
 # run the same groups, or groups placed alike on other devices): (topology,
 # profile, algorithm, collective, canonical groups' dtype, shape and bytes,
@@ -271,7 +277,7 @@ class Predictor:
         self._encoded_table: np.ndarray | None = None  # device id x devices + its canonical image
         self._links = links_of(reduction.topology)
 
-    def _global_groups(self, instruction: Instruction) -> np.ndarray:
+    def global_groups(self, instruction: Instruction) -> np.ndarray:
         """(synthesis groups x reduction groups, members): the global device ids
         of each group sorted (ring and tree order), mapped by the symmetry
         :func:`~synth.cost.links.canonical_devices` picks for the reduction's
@@ -293,7 +299,7 @@ class Predictor:
         key = (instruction, loads, size_bytes)
         cost = self._memo.get(key)
         if cost is None:
-            groups = self._global_groups(instruction)
+            groups = self.global_groups(instruction)
             chunk_bytes = size_bytes / self.reduction.k
             nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, len(self.reduction.synthesis_groups))
             if not nbytes.all():  # groups that move nothing (an AllGather of empty members) are idle
@@ -303,6 +309,12 @@ class Predictor:
                 self.model.rules_version,
             )
         return cost
+
+    def default(self, goal: Goal, size_bytes: float) -> float:
+        """Predicted seconds of the library's one-call collective for ``goal``
+        (:func:`default_program`): one synthesis group of every device, moving
+        all ``k`` chunks."""
+        return self.program(default_program(goal), ((self.reduction.k,),), size_bytes)
 
     def program(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> float:
         """Predicted seconds of ``program`` whose steps move ``loads`` chunks: the

@@ -46,12 +46,12 @@ import numpy as np
 from ..errors import SynthError
 from ..synthesis.hashing import Encoding, choose_format, format_bytes
 from ..synthesis.language import Collective, Program
-from ..synthesis.lowering import lower, trace
+from ..synthesis.lowering import trace
 from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal
 from ..synthesis.sparse import check_density
 from .model import Model
-from .predict import Predictor, default_program, predict_program, shared_step_cost
+from .predict import Predictor, group_members, shared_step_cost
 
 
 def expected_entries(slots: float, density: float, contributors: int) -> float:
@@ -179,7 +179,7 @@ class SparsePredictor:
         seconds = self._memo.get(key)
         if seconds is not None:
             return seconds
-        groups = self._dense._global_groups(instruction)
+        groups = self._dense.global_groups(instruction)
         repeat = len(self.reduction.synthesis_groups)
         per_row = np.repeat(np.asarray(send, dtype=float), repeat)
         keep = per_row > 0
@@ -199,21 +199,14 @@ class SparsePredictor:
         """Predicted seconds of ``program``'s sparse form under ``spec``."""
         total = 0.0
         for instruction, b in zip(program.instructions, step_bytes(program, self.reduction, spec)):
-            members = _members(instruction, self.reduction)
+            members = group_members(instruction, self.reduction.hierarchy)
             total += self._step_s(instruction, b.collective, tuple(round(x) for x in b.send_bytes), members)
             total += spec.merge_s_per_byte * max(b.receive_bytes, default=0.0)
         return total
 
     def dense_default_s(self, spec: SparseSpec) -> float:
         """The dense default all-reduce of ``n x value_bytes`` per rank."""
-        program = default_program(Goal.ALLREDUCE)
-        return predict_program(lower(program, self.reduction), self.reduction, spec.dense_bytes, self.model)
-
-
-def _members(instruction, reduction: Reduction) -> int:
-    from .predict import _synthesis_groups
-
-    return int(_synthesis_groups(instruction, reduction.hierarchy).shape[1])
+        return self._dense.default(Goal.ALLREDUCE, spec.dense_bytes)
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ class CollectiveCosts:
         self._alltoalls: dict[tuple, tuple[tuple[AllToAllProgram, tuple[AllToAll, ...]], ...]] = {}
         self._best_alltoalls: dict[tuple, tuple[float, AllToAllProgram]] = {}
         self._on: dict[tuple[int, bool], PlacementCollectives] = {}  # by (placement's id, default only)
-        self._defaults: dict[tuple, tuple[Predictor, float]] = {}
+        self._defaults: dict[tuple, Predictor] = {}
         self._hsdp: dict[tuple, Placement] = {}
         self._proved: dict[tuple, LoweredProgram] = {}
 
@@ -173,13 +173,10 @@ class CollectiveCosts:
         placement = self.placement_for(placement, axis)
         axes = reduce_axes(placement, axis)
         key = (self._key(placement, axes), goal)
-        found = self._defaults.get(key)
-        if found is None:
-            reduction = Reduction(placement, axes, goal)
-            found = self._defaults[key] = (Predictor(reduction, self.model), reduction.k)
-        predictor, k = found
-        # the one call's single group moves all k chunks of every device
-        return BestProgram(predictor.program(default_program(goal), ((k,),), size_bytes), default_program(goal))
+        predictor = self._defaults.get(key)
+        if predictor is None:
+            predictor = self._defaults[key] = Predictor(Reduction(placement, axes, goal), self.model)
+        return BestProgram(predictor.default(goal, size_bytes), default_program(goal))
 
     def send(self, placement: Placement, axis: str, size_bytes: int) -> float:
         """Every device sends ``size_bytes`` to the device of the next ``axis``
