@@ -650,24 +650,50 @@ def test_fp8_speedup_is_the_median_of_the_transcribed_measurements():
     "shared_experts=1"])
 def test_fp8_runs_the_layers_gemms_faster_and_nothing_else(spec):
     """With --dtype fp8 every GEMM of a layer (dense, shared and routed
-    experts) takes 1 / FP8_GEMM_SPEEDUP of its 16-bit time; attention,
+    experts) runs its tiles at FP8_GEMM_SPEEDUP x the 16-bit rate and reads
+    its operands at one byte a value, while the call's fixed cost stays (by
+    hand: max(floor, tile FLOPs / FP8 rate, bytes / bandwidth)); attention,
     elementwise passes, the router and the logits are unchanged."""
     from synth.planner.layercompute import FP8_GEMM_SPEEDUP
 
     p, model = known_profile(), parse_inline_model(spec)
     moe = model.moe is not None
-    plain = layer_compute(p, model, Shard(2, 2, 128, ep=2 if moe else 1), moe)
-    fp8 = layer_compute(p, model, Shard(2, 2, 128, ep=2 if moe else 1, fp8=True), moe)
-    assert [op.name for op in plain.ops] == [op.name for op in fp8.ops]
-    gemms = 0
-    for a, b in zip(plain.ops, fp8.ops):
-        is_gemm = a.name.split(".")[0] in ("qkv", "attention_projection", "mlp_up", "mlp_down", "shared_up",
-                                           "shared_down", "expert_up", "expert_down")
-        gemms += is_gemm
-        assert b.seconds == pytest.approx(a.seconds / FP8_GEMM_SPEEDUP if is_gemm else a.seconds)
-    assert gemms == (18 if moe else 12)  # QKV, projection and the MLP's two or the experts' four, x3
-    head = head_compute(p, model, Shard(2, 2, 128, fp8=True))
-    assert head == head_compute(p, model, Shard(2, 2, 128))  # the logits GEMM stays 16-bit
+    for shard in (Shard(2, 2, 128, ep=2 if moe else 1), Shard(2, 64, 128, ep=2 if moe else 1)):
+        plain = layer_compute(p, model, shard, moe)
+        fp8 = layer_compute(p, model, replace(shard, fp8=True), moe)
+        assert [op.name for op in plain.ops] == [op.name for op in fp8.ops]
+        gemms = 0
+        for a, b in zip(plain.ops, fp8.ops):
+            is_gemm = a.name.split(".")[0] in ("qkv", "attention_projection", "mlp_up", "mlp_down", "shared_up",
+                                               "shared_down", "expert_up", "expert_down")
+            gemms += is_gemm
+            if not is_gemm:
+                assert b.seconds == a.seconds
+                continue
+            m, k, n = b.shape  # each call's shape; count calls (the device's experts)
+            tiles = float(tiled_flops(m, k, n, 100, DEFAULT_TILES, 256))
+            fp8_bytes_s = (m * k + k * n + 2 * m * n) / 2e12  # FP8 operands, a 16-bit product
+            assert b.seconds == pytest.approx(b.count * max(2e-5, tiles / (5e14 * FP8_GEMM_SPEEDUP), fp8_bytes_s))
+            assert a.seconds == pytest.approx(a.count * max(2e-5, tiles / 5e14, 2 * (m * k + k * n + m * n) / 2e12))
+        assert gemms == (18 if moe else 12)  # QKV, projection and the MLP's two or the experts' four, x3
+    head = head_compute(p, model, Shard(2, 64, 128, fp8=True))
+    assert head == head_compute(p, model, Shard(2, 64, 128))  # the logits GEMM stays 16-bit
+
+
+def test_fp8_gains_where_the_tiles_bound_a_gemm():
+    """A layer of hidden 4096 at 8,192 tokens: every GEMM is bound by its
+    tiles, and FP8 divides each by FP8_GEMM_SPEEDUP; at 256 tokens of hidden
+    256 the calls' fixed cost bounds them and FP8 gains nothing."""
+    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+
+    p = known_profile()
+    big = parse_inline_model("layers=2,hidden=4096,heads=32,seq=2048,vocab=1000")
+    small = parse_inline_model("layers=2,hidden=256,heads=4,seq=128,vocab=1000")
+    for model, shard, gain in ((big, Shard(1, 4, 2048), FP8_GEMM_SPEEDUP), (small, Shard(2, 2, 128), 1.0)):
+        plain, fp8 = layer_compute(p, model, shard), layer_compute(p, model, replace(shard, fp8=True))
+        ratios = [a.seconds / b.seconds for a, b in zip(plain.ops, fp8.ops) if a.seconds != b.seconds or
+                  a.name.split(".")[0] in ("qkv", "attention_projection", "mlp_up", "mlp_down")]
+        assert len(ratios) == 12 and ratios == pytest.approx([gain] * 12)
 
 
 def test_fp8_with_the_efficiency_curve_by_hand():

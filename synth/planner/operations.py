@@ -124,16 +124,20 @@ class GemmModel:
                                                     for x in t) for t in self.tiles):
             raise SynthError("compute profile: gemm.tiles must be a non-empty list of [rows, columns] integers >= 1")
 
-    def gpu_s(self, m, k, n):
-        """GPU seconds of ``C[m, n] = A[m, k] @ B[k, n]`` (no floor)."""
+    def gpu_s(self, m, k, n, rate_scale: float = 1.0, operand_bytes: int | None = None):
+        """GPU seconds of ``C[m, n] = A[m, k] @ B[k, n]`` (no floor). FP8:
+        the tiles run at ``rate_scale`` x ``rate_flops`` (its own sustained
+        rate) and A and B take ``operand_bytes`` per value (1), C the
+        profile's ``bytes_per_value``."""
         work = tiled_flops(m, k, n, self.units, self.tiles, self.split_k_min)
         m, k, n = (np.asarray(x, dtype=float) for x in (m, k, n))
-        memory = self.bytes_per_value * (m * k + k * n + m * n) / self.bandwidth_Bps
-        return np.maximum(work / self.rate_flops, memory)
+        operand = self.bytes_per_value if operand_bytes is None else operand_bytes
+        memory = (operand * (m * k + k * n) + self.bytes_per_value * m * n) / self.bandwidth_Bps
+        return np.maximum(work / (self.rate_flops * rate_scale), memory)
 
-    def seconds(self, m, k, n):
+    def seconds(self, m, k, n, rate_scale: float = 1.0, operand_bytes: int | None = None):
         """Seconds of one GEMM call: ``max(floor_s, gpu_s)``."""
-        return np.maximum(self.floor_s, self.gpu_s(m, k, n))
+        return np.maximum(self.floor_s, self.gpu_s(m, k, n, rate_scale, operand_bytes))
 
     def to_dict(self) -> dict[str, Any]:
         return {"rate_flops": self.rate_flops, "units": self.units, "tiles": [list(t) for t in self.tiles],
