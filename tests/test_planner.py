@@ -761,6 +761,34 @@ def test_balanced_stages_are_optimal_among_first_middle_last_layouts(layers, pp,
         assert layout == (layers // pp,) * pp
 
 
+def _every_split_layout(layers, pp, costs):
+    """Reference for balanced_layers: every (middle, first) split tried, the
+    least (slowest stage, spread of the counts, first count) kept."""
+    best = None
+    for middle in ([0] if pp == 2 else range(1, (layers - 2) // (pp - 2) + 1)):
+        rest = layers - (pp - 2) * middle
+        for first in range(1, rest):
+            layout = (first,) + (middle,) * (pp - 2) + (rest - first,)
+            counts = (first, rest - first, middle) if pp > 2 else (first, rest - first)
+            key = (slowest_stage(layout, costs), max(counts) - min(counts), first)
+            best = min(best, (key, layout)) if best else (key, layout)
+    return best[1]
+
+
+def test_balanced_stages_equal_the_every_split_reference():
+    """The bisection over first-stage counts picks the layout the full scan
+    picks, ties included (whole and decimal costs make many ties)."""
+    rng = np.random.default_rng(11)
+    for _ in range(400):
+        layers = int(rng.integers(2, 90))
+        pp = int(rng.integers(2, min(layers, 24) + 1))
+        if rng.random() < 0.5:
+            costs = StageCosts(*(round(float(x), 1) for x in rng.uniform([0.1, 0, 0], [3, 6, 6])))
+        else:
+            costs = StageCosts(*(float(x) for x in rng.uniform([1e-4, 0, 0], [1e-2, 0.05, 0.05])))
+        assert balanced_layers(layers, pp, costs) == _every_split_layout(layers, pp, costs), (layers, pp, costs)
+
+
 def test_llama3_405b_stages_are_metas():
     """126 layers on 16 stages with the embedding and the output layer about
     one layer each: one layer fewer on the first and the last stage, as Llama

@@ -19,6 +19,7 @@ A program's cost is the sum of its steps'.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -147,6 +148,7 @@ def clear_caches() -> None:
                    _synthesis_groups):
         cached.cache_clear()
     _SHARED_STEPS.clear()
+    _MODEL_IDS.clear()
     _GEOMETRIES.clear()
 
 
@@ -242,15 +244,34 @@ _SHARED_STEPS: dict[tuple, tuple[float, Features]] = {}
 _SHARED_STEPS_LIMIT = 1 << 16
 
 
+_MODEL_IDS: dict[tuple, int] = {}  # (topology, profile, algorithm, NCCL version) -> id, never reused
+_NEXT_MODEL_ID = itertools.count()
+
+
+def model_id(topology: Topology, profile: Profile, algorithm: Algorithm, nccl_version: str | None) -> int:
+    """A small id for what prices a step besides its groups and bytes, so
+    that a key need not hash the topology and profile (frozen dataclasses
+    hash every field each time). Ids are never reused, so forgetting the
+    table (clear_caches) cannot make two models share shared-step entries."""
+    key = (topology, profile, algorithm, nccl_version)
+    found = _MODEL_IDS.get(key)
+    if found is None:
+        found = _MODEL_IDS[key] = next(_NEXT_MODEL_ID)
+    return found
+
+
 def shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm, collective: Collective,
-                      groups: np.ndarray, nbytes: np.ndarray, nccl_version: str | None = None
-                      ) -> tuple[float, Features]:
+                      groups: np.ndarray, nbytes: np.ndarray, nccl_version: str | None = None,
+                      key: tuple | None = None) -> tuple[float, Features]:
     """:func:`_ordered_step_cost` (rows in ring and tree order) memoised on the
     values of its arguments in ``_SHARED_STEPS``. Callers pass the canonical image
     of their groups (:func:`~synth.cost.links.canonical_devices`), so that steps
-    over groups placed alike on other devices share one entry."""
-    key = (topology, profile, algorithm, collective, groups.dtype.str, groups.shape, groups.tobytes(),
-           nbytes.dtype.str, nbytes.tobytes(), nccl_version)
+    over groups placed alike on other devices share one entry. ``key``: a
+    caller's own key that determines every argument (it starts with
+    :func:`model_id`'s id and the collective; :meth:`Predictor.step`'s)."""
+    if key is None:
+        key = (topology, profile, algorithm, collective, groups.dtype.str, groups.shape, groups.tobytes(),
+               nbytes.dtype.str, nbytes.tobytes(), nccl_version)
     cost = _SHARED_STEPS.get(key)
     if cost is None:
         if len(_SHARED_STEPS) >= _SHARED_STEPS_LIMIT:
@@ -276,6 +297,8 @@ class Predictor:
         self._groups: dict[Instruction, np.ndarray] = {}
         self._encoded_table: np.ndarray | None = None  # device id x devices + its canonical image
         self._links = links_of(reduction.topology)
+        self._group_keys: dict[Instruction, tuple] = {}
+        self._model_id = model_id(reduction.topology, self.profile, self.model.algorithm, self.model.rules_version)
 
     def global_groups(self, instruction: Instruction) -> np.ndarray:
         """(synthesis groups x reduction groups, members): the global device ids
@@ -301,14 +324,27 @@ class Predictor:
         if cost is None:
             groups = self.global_groups(instruction)
             chunk_bytes = size_bytes / self.reduction.k
-            nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, len(self.reduction.synthesis_groups))
+            repeat = len(self.reduction.synthesis_groups)
+            # the step's groups and bytes follow from these (the groups' bytes object is kept, so its hash is
+            # computed once): placements whose groups have the same canonical image share the entry
+            shared = (self._model_id, instruction.collective, self._group_bytes(instruction, groups), loads,
+                      chunk_bytes, repeat)
+            nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, repeat)
             if not nbytes.all():  # groups that move nothing (an AllGather of empty members) are idle
                 groups, nbytes = groups[nbytes > 0], nbytes[nbytes > 0]
             cost = self._memo[key] = shared_step_cost(
                 self.reduction.topology, self.profile, self.model.algorithm, instruction.collective, groups, nbytes,
-                self.model.rules_version,
+                self.model.rules_version, key=shared,
             )
         return cost
+
+    def _group_bytes(self, instruction: Instruction, groups: np.ndarray) -> tuple:
+        """The value of :meth:`global_groups` as a hashable key (shape and
+        bytes), one object per instruction."""
+        found = self._group_keys.get(instruction)
+        if found is None:
+            found = self._group_keys[instruction] = (groups.dtype.str, groups.shape, groups.tobytes())
+        return found
 
     def default(self, goal: Goal, size_bytes: float) -> float:
         """Predicted seconds of the library's one-call collective for ``goal``

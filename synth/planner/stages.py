@@ -65,7 +65,14 @@ def balanced_layers(layers: int, pp: int, costs: StageCosts) -> tuple[int, ...]:
     stage at least one layer, minimising the slowest stage; ties go to the
     layout whose layer counts differ least, then to the one with fewer layers
     on the first stage (its activations are held longest). SynthError when
-    there are fewer layers than stages."""
+    there are fewer layers than stages.
+
+    Per middle count the first stage's cost rises with its layers and the
+    last stage's falls, so the first counts at which the slowest stage is
+    least form one interval, found by bisection; inside it the counts differ
+    least at the point nearest an even split of the rest (the spread falls
+    strictly up to it), so each middle count looks at a few layouts, not at
+    every split."""
     if pp < 1 or layers < pp:
         raise SynthError(f"pp={pp}: {layers} layers cannot give every pipeline stage at least one layer")
     if pp == 1:
@@ -75,7 +82,7 @@ def balanced_layers(layers: int, pp: int, costs: StageCosts) -> tuple[int, ...]:
     for middle in middle_counts:
         rest = layers - (pp - 2) * middle  # for the first and the last stage together
         middle_cost = costs.stage(middle, False, False) if pp > 2 else 0.0
-        for first in range(1, rest):
+        for first in _least_slowest_candidates(rest, middle_cost, costs):
             last = rest - first
             # slowest_stage of the layout, from its three kinds of stage
             slowest = max(costs.stage(first, True, False), middle_cost, costs.stage(last, False, True))
@@ -86,3 +93,38 @@ def balanced_layers(layers: int, pp: int, costs: StageCosts) -> tuple[int, ...]:
     assert best is not None
     first, middle, last = best[1]
     return (first,) + (middle,) * (pp - 2) + (last,)
+
+
+def _least_slowest_candidates(rest: int, middle_cost: float, costs: StageCosts) -> set[int]:
+    """First-stage counts in ``1..rest-1`` among which :func:`balanced_layers`'
+    best split of ``rest`` layers between the first and the last stage lies:
+    the ends of the interval where the slowest of the three stages is least,
+    and its points nearest ``rest / 2``."""
+
+    def first_cost(first: int) -> float:
+        return costs.stage(first, True, False)
+
+    def last_cost(first: int) -> float:
+        return costs.stage(rest - first, False, True)
+
+    def bisect(low: int, high: int, holds) -> int:
+        """The least ``first`` in ``low..high`` where ``holds`` (monotone
+        from false to true) holds; ``high + 1`` if none."""
+        high += 1
+        while low < high:
+            mid = (low + high) // 2
+            if holds(mid):
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    top = rest - 1
+    cross = bisect(1, top, lambda f: first_cost(f) >= last_cost(f))  # where the first stage becomes the slower
+    least = min(max(first_cost(f), last_cost(f)) for f in (cross - 1, cross) if 1 <= f <= top)
+    target = max(middle_cost, least)
+    # first counts whose first and last stage are both within the target: an interval
+    low = bisect(1, top, lambda f: last_cost(f) <= target)
+    high = bisect(1, top, lambda f: first_cost(f) > target) - 1
+    nearest = {min(max(f, low), high) for f in (rest // 2, (rest + 1) // 2)}
+    return nearest | {low, high}
