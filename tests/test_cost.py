@@ -703,21 +703,25 @@ def _numpy_hops(links, members: np.ndarray, algorithm: str, collective: Collecti
     return counts
 
 
-@pytest.mark.parametrize("name", ["p2-a100", "dgx-a100", "rack", "testbed-2x2x2"])
-def test_nccl_group_shape_matches_its_vectorised_form(name):
+@pytest.mark.parametrize("name, scale", [("p2-a100", None), ("dgx-a100", None), ("rack", None),
+                                         ("testbed-2x2x2", None), ("dgx-a100", {"node": 96})])
+def test_nccl_group_shape_matches_its_vectorised_form(name, scale):
     """nccl_hops, buckets_at and rail_lanes over sorted device-id tuples give what
     their numpy definitions gave (ancestor tables, np.add.at, np.diff, np.unique),
     on random groups of every size and on whole elements."""
-    from synth.cost.algorithms import buckets_at, hop_level, nccl_hops, rail_lanes
+    from synth.cost.algorithms import NUMPY_MEMBERS_FROM, buckets_at, hop_level, nccl_hops, rail_lanes
     from synth.cost.links import links_of
     from synth.cost.nccl import node_level
 
-    t = load_topology(name)
+    t = load_topology(name) if scale is None else load_topology(name).scaled(scale)
     links = links_of(t)
     rng = random.Random(7)
     n = t.num_devices
     groups = [tuple(range(n)), tuple(range(0, n, 2)), (0, n - 1), (3 % n, 3 % n)]
     groups += [tuple(sorted(rng.sample(range(n), rng.randint(2, min(n, 24))))) for _ in range(40)]
+    if n > NUMPY_MEMBERS_FROM:  # groups large enough for the numpy counts, from the threshold up
+        groups += [tuple(sorted(rng.sample(range(n), rng.randint(NUMPY_MEMBERS_FROM, n)))) for _ in range(6)]
+        groups += [tuple(range(NUMPY_MEMBERS_FROM)), tuple(range(NUMPY_MEMBERS_FROM - 1))]
     level = node_level(t) if node_level(t) is not None else 0
     for members in groups:
         ids = np.asarray(members)

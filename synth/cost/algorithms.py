@@ -204,11 +204,24 @@ def nccl_rounds(algorithm: str, collective: Collective, m: int, buckets: tuple[i
 def hop_level(links: Links, a: int, b: int) -> int:
     """The outermost level where devices ``a`` and ``b`` differ (the level whose
     link a step between them crosses last and slowest); the innermost level when
-    ``a == b``. Pure Python: the groups NCCL's tuning looks at are small."""
+    ``a == b``. Pure Python: most groups NCCL's tuning looks at are small."""
     for level, stride in enumerate(links.strides):
         if a // stride != b // stride:
             return level
     return len(links.strides) - 1
+
+
+#: from this many members on, a group's hop levels, buckets and lanes are counted with numpy (one pass
+#: over arrays instead of a Python loop per member; below it the Python loop is the cheaper)
+NUMPY_MEMBERS_FROM = 256
+
+
+def _hop_levels(links: Links, a: Sequence[int], b: Sequence[int]) -> list[int]:
+    """:func:`hop_level` of each pair ``(a[i], b[i])``."""
+    if len(a) < NUMPY_MEMBERS_FROM:
+        return [hop_level(links, x, y) for x, y in zip(a, b)]
+    differ = links.stacked[:, np.asarray(a)] != links.stacked[:, np.asarray(b)]
+    return np.where(differ.any(axis=0), differ.argmax(axis=0), len(links.strides) - 1).tolist()
 
 
 def nccl_hops(links: Links, members: Sequence[int], algorithm: str, collective: Collective,
@@ -230,12 +243,12 @@ def nccl_hops(links: Links, members: Sequence[int], algorithm: str, collective: 
 
     def add_chain(chain: Sequence[int], times: int, closed: bool = False) -> None:
         """Add ``times`` per hop between consecutive members (and last to first if ``closed``)."""
-        for a, b in zip(chain, chain[1:]):
-            counts[hop_level(links, a, b)] += times
+        for level, hops in Counter(_hop_levels(links, chain[:-1], chain[1:])).items():
+            counts[level] += hops * times
         if closed:
             counts[hop_level(links, chain[-1], chain[0])] += times
 
-    outermost = min(hop_level(links, members[0], b) for b in members[1:])
+    outermost = min(_hop_levels(links, [members[0]] * (m - 1), members[1:]))
     if algorithm == "ring" or (algorithm == "tree" and collective is not Collective.ALLREDUCE):
         if collective in (Collective.REDUCE, Collective.BROADCAST):
             add_chain(members, 1)
@@ -264,6 +277,9 @@ def buckets_at(links: Links, members: Sequence[int], level: int | None) -> tuple
     if level is None:
         return (len(members),)
     stride = links.strides[level]
+    if len(members) >= NUMPY_MEMBERS_FROM:
+        cuts = np.flatnonzero(np.diff(np.asarray(members) // stride)) + 1
+        return tuple(np.diff(np.concatenate(([0], cuts, [len(members)]))).tolist())
     return tuple(len(list(run)) for _, run in itertools.groupby(d // stride for d in members))
 
 
@@ -276,6 +292,9 @@ def rail_lanes(links: Links, members: Sequence[int]) -> np.ndarray:
     for l, ports in enumerate(links.ports):
         if ports > 1:
             per_element = devices // links.elements[l]
-            k = max(Counter(d // links.strides[l] for d in members).values())
+            if len(members) >= NUMPY_MEMBERS_FROM:
+                k = int(np.unique(np.asarray(members) // links.strides[l], return_counts=True)[1].max())
+            else:
+                k = max(Counter(d // links.strides[l] for d in members).values())
             lanes[l] = min(ports, max(1, math.ceil(k * ports / per_element)))
     return lanes
