@@ -684,6 +684,11 @@ def test_a_memory_margin_keeps_room_free(cli):
     assert tight["memory_margin_GiB"] == 20 and not tight["configurations"][0]["feasible"]
     assert tight["configurations"][0]["reason"].endswith("> 79.647 GiB - 20 GiB margin")
     assert json.loads(cli(*common, "--memory-margin", "12")[1])["configurations"][0]["feasible"]
+    # the boundary, from the counted memory (which no margin changes): fits up to capacity - memory
+    room_GiB = 79.647 - memory / 2**30
+    for margin, fits_then in ((room_GiB - 0.01, True), (room_GiB + 0.01, False)):
+        c = json.loads(cli(*common, "--memory-margin", f"{margin:.3f}")[1])["configurations"][0]
+        assert c["feasible"] is fits_then and c["memory_bytes_per_device"] == memory
     assert "--memory-margin 80: GiB kept free per device, >= 0 and below the device's 79.647 GiB" in usage_error(
         cli, *common, "--memory-margin", "80")
     assert "--memory-margin 'lots': a number of GiB" in usage_error(cli, *common, "--memory-margin", "lots")
@@ -1167,6 +1172,9 @@ def test_tp_overlap_hides_what_each_gemm_can_by_hand():
             assert off.tp_s == pytest.approx(4 * 4 * 2 * passes * (gather + scatter))
             if t_mb == 1.0:
                 assert on.tp_s == pytest.approx(off.tp_s / tp)
+            # the overlap moves no tensor: the memory is the same term by term
+            assert memory_per_device(m, Training(8, recompute=recompute, tp_overlap=True), config) == \
+                memory_per_device(m, Training(8, recompute=recompute), config)
     with pytest.raises(SynthError, match="--tp-overlap needs --sequence-parallel on"):
         Training(8, sequence_parallel=False, tp_overlap=True)
 
