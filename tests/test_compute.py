@@ -724,17 +724,39 @@ def test_fp8_with_the_efficiency_curve_by_hand():
         JobRequest(topology, topology.device, model, Training(8, dtype="fp8"), (AxisRange("dp"),))
 
 
-def test_context_parallel_per_operation_compute():
+def _attention_by_hand(b, h, queries, d, causal=True, keys=None):
+    """known_profile's attention (block 128, 100 units, 2 row blocks, 4e14 and
+    3e14 FLOP/s, the backward 2.5x the forward's FLOPs): forward and backward
+    GPU seconds of ``queries`` against ``keys`` (None: self-attention)."""
+    q_blocks = math.ceil(queries / 128)
+    k_blocks = q_blocks if keys is None else math.ceil(keys / 128)
+    pairs = (q_blocks * (q_blocks + 1) / 2 if causal else q_blocks * q_blocks) if keys is None else q_blocks * k_blocks
+    critical = max(math.ceil(b * h * (pairs + 2 * q_blocks) / 100), k_blocks + 2) * 4 * 128 * 128 * d
+    return critical * 100 / 4e14, critical * 2.5 * 100 / 3e14
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_per_operation_compute(cp):
     """With cp each device runs b s / cp tokens through the GEMMs and
-    elementwise passes, and 1 / cp of the causal attention (above its floor)."""
+    elementwise passes, and ring attention's cp calls per pass (by hand): the
+    causal attention of its own s / cp queries and keys, then per ring step
+    its s / cp queries against s / (2 cp) keys, each above the floor; their
+    block pairs are 1 / cp of the whole sequence's causal ones."""
     p, model = known_profile(), parse_inline_model("layers=2,hidden=256,heads=4,seq=1024,vocab=1000")
-    whole, half = layer_compute(p, model, Shard(1, 2, 1024)), layer_compute(p, model, Shard(1, 2, 1024, cp=2))
-    shorter = layer_compute(p, model, Shard(1, 1, 1024))  # the same tokens: one sequence
-    for a, b, c in zip(whole.ops, half.ops, shorter.ops):
-        if a.name.startswith("attention") and "projection" not in a.name:
-            assert b.seconds == pytest.approx(max(p.attention.forward_floor_s, a.seconds / 2))
+    split = layer_compute(p, model, Shard(1, 2, 1024, cp=cp))
+    shorter = layer_compute(p, model, Shard(1, 1, 2048 // cp))  # the same b s / cp tokens in one sequence
+    local = 1024 // cp
+    diagonal, step = _attention_by_hand(2, 4, local, 64), _attention_by_hand(2, 4, local, 64, keys=local // 2)
+    floor = p.attention.forward_floor_s
+    expected = {"attention": max(floor, diagonal[0]) + (cp - 1) * max(floor, step[0]),
+                "attention.backward": max(floor, diagonal[1]) + (cp - 1) * max(floor, step[1])}
+    blocks, key_blocks, whole = local // 128, local // 256, 1024 // 128
+    assert blocks * (blocks + 1) / 2 + (cp - 1) * blocks * key_blocks == whole * (whole + 1) / 2 / cp
+    for a, c in zip(split.ops, shorter.ops):
+        if a.name in expected:
+            assert a.seconds == pytest.approx(expected[a.name])
         elif a.name != "host_issue":
-            assert b.seconds == pytest.approx(c.seconds)
+            assert a.seconds == pytest.approx(c.seconds), a.name
 
 
 def test_the_h200_fp8_records_bound_the_planners_fp8_speed_up():

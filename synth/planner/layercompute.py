@@ -268,13 +268,29 @@ def layer_launches(model: Transformer) -> tuple[int, int]:
 
 
 def attention_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> list[OpTime]:
-    """The attention core forward and backward; with context parallelism each
-    device computes ``1 / cp`` of the causal attention of the whole sequence
-    (its queries' rows, balanced by Megatron-LM's split), above the floor."""
+    """The attention core forward and backward, each call above the floor.
+    With context parallelism (Megatron-LM's ring attention, Transformer
+    Engine's load-balanced split: each device holds two chunks of ``s / (2 cp)``
+    tokens, one from each end of the sequence) each pass runs ``cp`` calls: the
+    causal attention of the device's own ``s / cp`` queries and keys, then per
+    ring step the ``s / cp`` queries against half a step's keys (``s / (2 cp)``,
+    every pair: the steps whose queries are the second chunk against both key
+    chunks do as much work and are priced alike). Together they are ``1 / cp``
+    of the whole sequence's causal attention, in shorter kernels."""
     a = profile.attention
-    shape = (shard.micro_batch, model.heads // shard.tp, shard.seq, model.hidden // model.heads)
-    forward = max(a.forward_floor_s, float(a.forward_gpu_s(*shape)) / shard.cp)
-    backward = max(a.forward_floor_s, float(a.backward_gpu_s(*shape)) / shard.cp)
+    b, heads, head_dim = shard.micro_batch, model.heads // shard.tp, model.hidden // model.heads
+    shape = (b, heads, shard.seq, head_dim)
+    if shard.cp == 1:
+        forward = max(a.forward_floor_s, float(a.forward_gpu_s(*shape)))
+        backward = max(a.forward_floor_s, float(a.backward_gpu_s(*shape)))
+    else:
+        local = shard.seq // shard.cp
+        steps = shard.cp - 1
+        forward = (max(a.forward_floor_s, float(a.forward_gpu_s(b, heads, local, head_dim)))
+                   + steps * max(a.forward_floor_s, float(a.forward_gpu_s(b, heads, local, head_dim, False, local // 2))))
+        backward = (max(a.forward_floor_s, float(a.backward_gpu_s(b, heads, local, head_dim)))
+                    + steps * max(a.forward_floor_s,
+                                  float(a.backward_gpu_s(b, heads, local, head_dim, False, local // 2))))
     return [OpTime("attention", "forward", shape, forward), OpTime("attention.backward", "backward", shape, backward)]
 
 

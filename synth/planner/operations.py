@@ -168,22 +168,29 @@ class AttentionModel:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SynthError(f"compute profile: attention.{name} must be an integer >= 1, got {value!r}")
 
-    def critical_flops(self, batch, heads, seq, head_dim, causal: bool = True):
+    def critical_flops(self, batch, heads, seq, head_dim, causal: bool = True, keys=None):
         """Forward FLOPs on the critical path of one unit: the larger of the
         block pairs per unit and the longest query row, each query row costing
         ``row_blocks`` pairs more (loading Q, the softmax statistics, writing
-        the output)."""
+        the output). ``keys``: a block of ``seq`` queries against ``keys``
+        keys, every pair computed (a ring attention step between two chunks;
+        ``causal`` does not apply); None: self-attention over ``seq``."""
         batch, heads, seq, head_dim = (np.asarray(x, dtype=float) for x in (batch, heads, seq, head_dim))
         blocks = np.ceil(seq / self.block)
-        pairs = (blocks * (blocks + 1) / 2 if causal else blocks * blocks) + self.row_blocks * blocks
-        critical = np.maximum(np.ceil(batch * heads * pairs / self.units), blocks + self.row_blocks)
+        if keys is None:
+            key_blocks = blocks
+            pairs = (blocks * (blocks + 1) / 2 if causal else blocks * blocks) + self.row_blocks * blocks
+        else:
+            key_blocks = np.ceil(np.asarray(keys, dtype=float) / self.block)
+            pairs = blocks * key_blocks + self.row_blocks * blocks
+        critical = np.maximum(np.ceil(batch * heads * pairs / self.units), key_blocks + self.row_blocks)
         return critical * 4 * self.block * self.block * head_dim
 
-    def forward_gpu_s(self, batch, heads, seq, head_dim, causal: bool = True):
-        return self.critical_flops(batch, heads, seq, head_dim, causal) * self.units / self.forward_rate_flops
+    def forward_gpu_s(self, batch, heads, seq, head_dim, causal: bool = True, keys=None):
+        return self.critical_flops(batch, heads, seq, head_dim, causal, keys) * self.units / self.forward_rate_flops
 
-    def backward_gpu_s(self, batch, heads, seq, head_dim, causal: bool = True):
-        flops = self.critical_flops(batch, heads, seq, head_dim, causal) * ATTENTION_BACKWARD_FLOPS_RATIO
+    def backward_gpu_s(self, batch, heads, seq, head_dim, causal: bool = True, keys=None):
+        flops = self.critical_flops(batch, heads, seq, head_dim, causal, keys) * ATTENTION_BACKWARD_FLOPS_RATIO
         return flops * self.units / self.backward_rate_flops
 
     def forward_s(self, batch, heads, seq, head_dim, causal: bool = True):
