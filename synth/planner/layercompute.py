@@ -280,18 +280,17 @@ def attention_ops(profile: OperationProfile, model: Transformer, shard: Shard) -
     a = profile.attention
     b, heads, head_dim = shard.micro_batch, model.heads // shard.tp, model.hidden // model.heads
     shape = (b, heads, shard.seq, head_dim)
-    if shard.cp == 1:
-        forward = max(a.forward_floor_s, float(a.forward_gpu_s(*shape)))
-        backward = max(a.forward_floor_s, float(a.backward_gpu_s(*shape)))
-    else:
-        local = shard.seq // shard.cp
-        steps = shard.cp - 1
-        forward = (max(a.forward_floor_s, float(a.forward_gpu_s(b, heads, local, head_dim)))
-                   + steps * max(a.forward_floor_s, float(a.forward_gpu_s(b, heads, local, head_dim, False, local // 2))))
-        backward = (max(a.forward_floor_s, float(a.backward_gpu_s(b, heads, local, head_dim)))
-                    + steps * max(a.forward_floor_s,
-                                  float(a.backward_gpu_s(b, heads, local, head_dim, False, local // 2))))
-    return [OpTime("attention", "forward", shape, forward), OpTime("attention.backward", "backward", shape, backward)]
+    local = shard.seq // shard.cp
+
+    def calls_s(gpu_s) -> float:
+        """The pass's calls, each above the floor (one call without cp)."""
+        own = max(a.forward_floor_s, float(gpu_s(b, heads, local, head_dim)))
+        if shard.cp == 1:
+            return own
+        return own + (shard.cp - 1) * max(a.forward_floor_s, float(gpu_s(b, heads, local, head_dim, False, local // 2)))
+
+    return [OpTime("attention", "forward", shape, calls_s(a.forward_gpu_s)),
+            OpTime("attention.backward", "backward", shape, calls_s(a.backward_gpu_s))]
 
 
 def recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard, recompute: Recompute,
