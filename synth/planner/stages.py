@@ -13,6 +13,7 @@ as it can be; pp need not divide L.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from ..errors import SynthError
@@ -107,24 +108,17 @@ def _least_slowest_candidates(rest: int, middle_cost: float, costs: StageCosts) 
     def last_cost(first: int) -> float:
         return costs.stage(rest - first, False, True)
 
-    def bisect(low: int, high: int, holds) -> int:
-        """The least ``first`` in ``low..high`` where ``holds`` (monotone
-        from false to true) holds; ``high + 1`` if none."""
-        high += 1
-        while low < high:
-            mid = (low + high) // 2
-            if holds(mid):
-                high = mid
-            else:
-                low = mid + 1
-        return low
+    counts = range(1, rest)
 
-    top = rest - 1
-    cross = bisect(1, top, lambda f: first_cost(f) >= last_cost(f))  # where the first stage becomes the slower
-    least = min(max(first_cost(f), last_cost(f)) for f in (cross - 1, cross) if 1 <= f <= top)
+    def first_where(holds) -> int:
+        """The least count where ``holds`` (false, then true) holds; ``rest`` if none."""
+        return counts[0] + bisect_left(counts, True, key=holds)
+
+    cross = first_where(lambda f: first_cost(f) >= last_cost(f))  # where the first stage becomes the slower
+    least = min(max(first_cost(f), last_cost(f)) for f in (cross - 1, cross) if f in counts)
     target = max(middle_cost, least)
     # first counts whose first and last stage are both within the target: an interval
-    low = bisect(1, top, lambda f: last_cost(f) <= target)
-    high = bisect(1, top, lambda f: first_cost(f) > target) - 1
+    low = first_where(lambda f: last_cost(f) <= target)
+    high = first_where(lambda f: first_cost(f) > target) - 1
     nearest = {min(max(f, low), high) for f in (rest // 2, (rest + 1) // 2)}
     return nearest | {low, high}
