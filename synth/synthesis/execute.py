@@ -60,11 +60,18 @@ def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarr
     """Run ``steps`` in place; with ``sample`` (sorted chunk ids), buffer column
     ``j`` holds chunk ``sample[j]`` and only those chunks are computed. The
     groups of a step act at once (they are disjoint), so those with as many
-    members and columns are computed together."""
+    members and columns are computed together. Groups that hold the same
+    chunk runs (the parallel groups of a step, and the same runs in later
+    steps) share one computation of their columns."""
+    columns: dict[tuple[Runs, int], tuple[np.ndarray, np.ndarray]] = {}
     for collective, groups in steps:
         alike: dict[tuple[int, int], list[tuple[Sequence[int], np.ndarray, np.ndarray]]] = {}
         for members, runs in groups:
-            cols, owner = _columns(runs, len(members), sample)
+            key = (runs, len(members))
+            found = columns.get(key)
+            if found is None:
+                found = columns[key] = _columns(runs, len(members), sample)
+            cols, owner = found
             if len(cols):
                 alike.setdefault((len(members), len(cols)), []).append((members, cols, owner))
         for items in alike.values():
