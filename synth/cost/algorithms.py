@@ -289,11 +289,12 @@ def rail_lanes(links: Links, members: Sequence[int]) -> np.ndarray:
     their rails), between 1 and ``ports``. A new float array (levels,)."""
     lanes = np.ones(len(links.counts))
     devices = len(links.ancestors[0])
+    ids = np.asarray(members) if len(members) >= NUMPY_MEMBERS_FROM else None  # converted once for every level
     for l, ports in enumerate(links.ports):
         if ports > 1:
             per_element = devices // links.elements[l]
-            if len(members) >= NUMPY_MEMBERS_FROM:
-                k = int(np.unique(np.asarray(members) // links.strides[l], return_counts=True)[1].max())
+            if ids is not None:
+                k = int(np.unique(ids // links.strides[l], return_counts=True)[1].max())
             else:
                 k = max(Counter(d // links.strides[l] for d in members).values())
             lanes[l] = min(ports, max(1, math.ceil(k * ports / per_element)))
