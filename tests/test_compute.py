@@ -777,3 +777,55 @@ def test_the_h200_fp8_records_bound_the_planners_fp8_speed_up():
         if m >= 8192:
             assert gemm_speed_up > FP8_GEMM_SPEEDUP, r["why"]
     assert min(r["bf16_s"] / r["fp8_rowwise_gemm_only_s"] for r in rows) < 1  # the 2048 x 1024 x 4096 slice
+
+
+def test_the_h200_ring_attention_records_agree_with_the_planners_ring_pass():
+    """data/calibration/h200-ring-attention.jsonl (scripts/ring_attention_check.py
+    on an H200): each configuration's calls have the shapes of Transformer
+    Engine's load-balanced ring (own: s / cp causal; step: s / cp queries
+    against s / (2 cp) keys; whole: s causal), and its measured forward pass,
+    own + (cp - 1) steps, is within 15% of attention_ops with the shipped H200
+    profile (the measured ratios were 0.96-1.14; docs/planner.md)."""
+    from synth.planner.compute import default_compute
+    from synth.planner.layercompute import attention_ops
+    from synth.planner.transformer import load_model
+
+    rows = [r for _, _, r in _json_lines(REPO / "data" / "calibration" / "h200-ring-attention.jsonl")]
+    configs: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        configs.setdefault((r["model"], r["tp"], r["seq"], r["cp"]), {})[r["call"]] = r
+    assert len(configs) == 6 and all(set(calls) == {"own", "step", "whole"} for calls in configs.values())
+    profile = default_compute(rows[0]["gpu"])
+    assert profile.name == "h200-sxm-141gb"
+    for (name, tp, seq, cp), calls in configs.items():
+        model = load_model(name)
+        for call, queries, keys, causal in (("own", seq // cp, seq // cp, True), ("step", seq // cp, seq // (2 * cp),
+                                                                                  False), ("whole", seq, seq, True)):
+            r = calls[call]
+            assert (r["queries"], r["keys"], r["causal"]) == (queries, keys, causal)
+            assert (r["heads"], r["head_dim"]) == (model.heads // tp, model.hidden // model.heads)
+        measured_s = calls["own"]["fwd_s"] + (cp - 1) * calls["step"]["fwd_s"]
+        forward = [op for op in attention_ops(profile, model, Shard(tp, 1, seq, cp=cp)) if op.phase == "forward"]
+        assert forward[0].seconds == pytest.approx(measured_s, rel=0.15), (name, seq, cp)
+
+
+def test_the_ring_attention_script_compares_and_names_a_missing_profile(tmp_path):
+    """scripts/ring_attention_check.py compare on the committed records: a row
+    per call and per ring pass; records of a GPU no shipped profile names are
+    refused with the option to pass."""
+    import subprocess
+    import sys
+    script, records = REPO / "scripts" / "ring_attention_check.py", REPO / "data/calibration/h200-ring-attention.jsonl"
+    done = subprocess.run([sys.executable, str(script), "compare", str(records)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    passes = done.stdout.split("ring pass")[1].splitlines()[2:]
+    assert len([line for line in passes if line.strip()]) == 6
+    assert len([line for line in done.stdout.split("ring pass")[0].splitlines() if " cp" in line]) == 18
+    other = tmp_path / "other.jsonl"
+    other.write_text(records.read_text().replace("NVIDIA H200", "Some GPU"))
+    done = subprocess.run([sys.executable, str(script), "compare", str(other)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("ring_attention_check: no per-operation profile for 'Some GPU': "
+                                   "pass --profile P.compute.json")
