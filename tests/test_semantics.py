@@ -296,8 +296,16 @@ def test_groups_that_are_chunk_shifts_of_one_another_share_one_computation(sizes
     assert _check_space_against_rules(space, steps) > 20
     looked_up = sum(len(memo) for memos in space._memos for memo in memos)
     shifted = sum(len(memo) for memos in space._shifted_memos for memo in memos)
-    assert shifted > 0 and space._placed
-    assert len(computed) < looked_up
+    assert shifted > 0 and len(computed) < looked_up
+    # a state is stored once for every chunk position it is seen at ("Positions")
+    ids = list(space.device_states)
+    assert len({i // space._stride for i in ids}) < len(ids)
+    from synth.synthesis.semantics import _first_held, _shifted
+    for i in ids:
+        s, first = space.device_states[i], i % space._stride - 1
+        assert _first_held(s) == first and space.runs(i) == runs_of(s) and space.intern(s) == i
+        if first > 0:  # the same shape at chunk 0 has the id of this one less first
+            assert space.device_states[i - first] == _shifted(s, -first, space.k)
 
 
 def test_a_chunk_shift_moves_every_held_run_and_keeps_states_canonical():
@@ -453,3 +461,45 @@ def test_held_chunk_runs_agree_with_chunk_sets():
         passing.add(want)
     assert outcomes == {True, False}
     assert len(passing) >= 4  # several different combinations of passing collectives were met
+
+
+def test_moving_a_state_to_chunk_0_and_back_agrees_with_a_chunk_shift():
+    """The device frame's positions (_down to chunk 0, _at a first chunk) are
+    _shifted without building runs: the same canonical states on random
+    states, seeded, including ones that hold the last chunk."""
+    import random
+
+    from synth.synthesis.semantics import _at, _down, _first_held, _make, _shifted
+
+    rng = random.Random(5)
+    k = 16
+    for _ in range(3000):
+        stops = sorted(rng.sample(range(1, k), rng.randint(0, 6))) + [k]
+        s = _make(stops, [rng.choice((0, 0, 0b1, 0b110, 0b1011)) for _ in stops])
+        first = _first_held(s)
+        if first <= 0:
+            continue
+        base = _down(s, first, k)
+        assert base == _shifted(s, -first, k) and _first_held(base) == 0
+        assert _at(base, first, k) == s
+        last = max(b for a, b, _ in runs_of(base))
+        for x in range(1, k - last + 1):
+            assert _at(base, x, k) == _shifted(base, x, k)
+
+
+@pytest.mark.parametrize("sizes", [(32,), (16, 2), (2, 16), (4, 8)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, goal):
+    """Groups of more than 16 members that hold one run at many positions (a
+    ReduceScatter's parts) are checked and split without building each
+    member's state ("Positions"): the space still follows the rules exactly,
+    and those paths ran."""
+    space = StateSpace(sizes, goal, "device")
+    copies, splits = [], []
+    copies_shape, split_ids = space._copies_shape, space._split_ids
+    space._copies_shape = lambda counted: copies.append(copies_shape(counted)) or copies[-1]
+    space._split_ids = lambda total, parts: splits.append(split_ids(total, parts)) or splits[-1]
+    assert _check_space_against_rules(space, 3) >= 4
+    if max(sizes) > 16:
+        assert any(c is not None for c in copies)
+    assert any(ids is not None for ids in splits)

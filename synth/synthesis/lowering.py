@@ -34,7 +34,6 @@ from .semantics import (
     Hierarchy,
     StateSpace,
     resolve,
-    runs_of,
     state_space,
 )
 
@@ -126,7 +125,7 @@ class LoweredProgram:
 def _describe_state(space: StateSpace, state: tuple[int, ...]) -> str:
     parts = []
     for d, i in enumerate(state[:4]):
-        runs = runs_of(space.device_states[i])
+        runs = space.runs(i)
         held = ", ".join(
             f"chunks {a}..{b - 1} summed over {m.bit_count()} device(s)" for a, b, m in runs[:2]
         )  # contributor counts and chunks are the same in every frame of the space
@@ -165,7 +164,7 @@ def trace(program: Program, hierarchy: Hierarchy, goal: Goal) -> Trace:
             f"({hierarchy.describe()}): it ends with {_describe_state(space, state)}"
         )
     if goal is Goal.REDUCESCATTER:
-        owned = tuple(runs_of(space.device_states[i])[0][0] for i in state)
+        owned = tuple(space.runs(i)[0][0] for i in state)
     else:
         owned = tuple(range(hierarchy.k))
     return Trace(hierarchy, goal, program, tuple(steps), owned)

@@ -358,30 +358,29 @@ def _shifted(s: DeviceState, x: int, k: int) -> DeviceState:
     return _from_runs([(a + x, b + x, v) for a, b, v in runs_of(s)], k)
 
 
-def _moved_down(i: int, memo: dict[int, int], firsts: Sequence[int], values: Sequence[DeviceState],
-                intern: Callable[[DeviceState], int], k: int) -> int:
-    """The id of ``values[i]`` (a device state or a profile) moved to start at
-    chunk 0, interned with ``intern`` and memoised in ``memo``; ``firsts``
-    gives each id's first held chunk (-1: none, nothing to move)."""
-    out = memo.get(i)
-    if out is None:
-        first = firsts[i]
-        out = memo[i] = i if first <= 0 else intern(_shifted(values[i], -first, k))
-    return out
+def _at(base: DeviceState, first: int, k: int) -> DeviceState:
+    """A base state (held chunks starting at chunk 0, or none) moved to start
+    at chunk ``first`` (-1 or 0: as it is); :func:`_shifted` without building
+    runs: a run of nothing goes in front and the last run, which holds
+    nothing if the move fits, ends at ``k``."""
+    if first <= 0:
+        return base
+    stops, masks = base
+    assert not masks[-1], "a state moved past the last chunk"
+    moved = (first, *[x + first for x in stops[:-1]])
+    if moved[-1] == k:  # the held chunks now end at the last one
+        return moved, (0, *masks[:-1])
+    return (*moved, k), (0, *masks)
 
 
-def _shift_key(ids: tuple[int, ...], firsts: Sequence[int],
-               canonical: Callable[[int], int]) -> tuple[int, tuple[tuple[int, ...], tuple[int, ...]] | None]:
-    """For group members ``ids`` (state or profile ids): ``base``, the first
-    chunk any of them holds, and the key shared by every group that is a shift
-    of this one: the members moved to start at chunk 0 (``canonical``) and
-    their first chunks relative to ``base`` (-1: holds nothing). The key is
-    None where ``base`` is 0 (nothing to move)."""
-    shifts = [firsts[i] for i in ids]
-    base = min((f for f in shifts if f >= 0), default=0)
-    if base <= 0:
-        return base, None
-    return base, (tuple(map(canonical, ids)), tuple(f - base if f >= 0 else -1 for f in shifts))
+def _down(s: DeviceState, first: int, k: int) -> DeviceState:
+    """``s``, whose first held chunk is ``first`` > 0, moved to start at chunk
+    0 (:func:`_shifted` by ``-first`` without building runs): its leading run
+    of nothing goes, and the end fills with nothing up to ``k``."""
+    stops, masks = s
+    if masks[-1]:
+        return ((*[x - first for x in stops[1:]], k), (*masks[1:], 0))
+    return ((*[x - first for x in stops[1:-1]], k), masks[1:])
 
 
 def _contains(big: DeviceState, small: DeviceState) -> bool:
@@ -779,6 +778,22 @@ DEVICE_FRAME_FROM = 512
 SHIFTED_GROUPS_UPTO = 64
 
 
+class _Derived(dict):
+    """A table over the device frame's encoded ids (:class:`StateSpace`,
+    "Positions"): a value is computed by ``fill`` on its first look-up and kept,
+    so later look-ups (``map(table.__getitem__, ...)`` too) run at dict speed."""
+
+    __slots__ = ("fill",)
+
+    def __init__(self, fill: Callable[[int], object]) -> None:
+        super().__init__()
+        self.fill = fill
+
+    def __missing__(self, key: int):
+        value = self[key] = self.fill(key)
+        return value
+
+
 class StateSpace:
     """The semantics as the search and the tracer use it, on one synthesis
     hierarchy (its sizes) and goal.
@@ -821,6 +836,16 @@ class StateSpace:
     that holds nothing below some chunk is computed once, moved down to chunk
     0, for every group that is a shift of it (:meth:`_compute_shifted`, and
     :meth:`_passes_shifted` for the profile checks).
+
+    **Positions** (device frame). An id names a device state as its shape
+    moved to start at chunk 0 (a *base* state, interned once) and where it
+    starts: ``id = base * (k + 1) + first + 1`` (``first`` = -1: holds
+    nothing). So the ``k`` states that one ReduceScatter leaves at ``k``
+    positions are one base state, not ``k`` interned ones; moving a state by
+    ``x`` chunks adds ``x`` to its id; and whatever does not depend on where the
+    chunks lie (masks, counts, the lookahead's flags) is read from the base.
+    Tables per id are filled on first look-up (:class:`_Derived`). The chunk
+    and absolute frames number their states densely.
 
     **Masks.** A contributor mask has ``k`` bits, so anything done per member
     of a group of ``k`` members costs ``k**2``: held chunks are runs, not
@@ -868,15 +893,39 @@ class StateSpace:
         self._mask_values: dict[int, int] = {}
         self._mask_ids: dict[int, tuple[int, int]] = {}
         self._mask_counts: list[int] = []  # per mask id: its number of contributors
-        self.device_states: list[DeviceState] = []
-        # profiles (profile_of) of the device states, interned
+        # base states (see "Positions"; every state where ids are dense) and their profile ids
+        self._base_states: list[DeviceState] = []
+        self._base_profile: list[int] = []
+        # profiles (profile_of) of the device states, interned likewise: base profiles,
+        # their held runs, held chunk counts and lookahead flags (see _delta)
         self._profile_ids: dict[Profile, int] = {}
-        self._profiles: list[Profile] = []
-        self._profile: list[int] = []  # device state id -> profile id
-        self._held: list[HeldRuns] = []  # profile id -> held_runs
-        self._held_count: list[int] = []  # profile id -> number of held chunks
+        self._base_profiles: list[Profile] = []
+        self._base_held: list[HeldRuns] = []
+        self._base_held_count: list[int] = []
+        self._base_packed: list[int] = []
+        self._encoded = self._device_frame  # ids encode positions ("Positions")
+        self._stride = self.k + 1
+        if self._encoded:
+            stride = self._stride
+            base_states, base_profile = self._base_states, self._base_profile
+            base_profiles, base_held = self._base_profiles, self._base_held
+            base_held_count, base_packed = self._base_held_count, self._base_packed
+            self.device_states: Sequence[DeviceState] = _Derived(
+                lambda i: _at(base_states[i // stride], i % stride - 1, self.k))
+            self._profile: Sequence[int] = _Derived(lambda i: base_profile[i // stride] + max(i % stride - 1, 0))
+            self._profiles: Sequence[Profile] = _Derived(lambda p: _at(base_profiles[p // stride], p % stride - 1, self.k))
+            self._held: Sequence[HeldRuns] = _Derived(
+                lambda p: tuple((a + max(p % stride - 1, 0), b + max(p % stride - 1, 0)) for a, b in base_held[p // stride]))
+            self._held_count: Sequence[int] = _Derived(lambda p: base_held_count[p // stride])
+            self._packed: Sequence[int] = _Derived(lambda p: base_packed[p // stride])
+        else:
+            self.device_states = self._base_states
+            self._profile = self._base_profile  # device state id -> profile id
+            self._profiles = self._base_profiles
+            self._held = self._base_held  # profile id -> held_runs
+            self._held_count = self._base_held_count  # profile id -> number of held chunks
+            self._packed = self._base_packed  # per profile: holds all, complete, done, final, packed (see _delta)
         self._passing: dict[tuple[int, ...], int] = {}  # member profiles -> bit set of collectives that pass them
-        self._packed: list[int] = []  # per profile: holds all, complete, done, final, packed (see _delta)
         self._deltas: list[dict[tuple[int, ...], int]] = [{} for _ in Collective]  # per collective (see _delta)
         # per collective and grouping: group members' ids -> outcome; in the
         # device frame a group's outcome depends on its grouping (the members'
@@ -891,13 +940,7 @@ class StateSpace:
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
         self._moved: dict[tuple[int, int], DeviceState] = {}  # see _move
-        # chunk shifts (see _compute_shifted): per state and profile id the first
-        # held chunk; the id moved to start at chunk 0; (id, shift) -> moved id
-        self._first: list[int] = []
-        self._profile_first: list[int] = []
-        self._canonical: dict[int, int] = {}
-        self._placed: dict[tuple[int, int], int] = {}
-        self._profile_canonical: dict[int, int] = {}
+        # chunk shifts (see _compute_shifted; device frame, where ids move by adding)
         self._shifted_memos: list[list[dict[tuple, Outcome]]] = [[{} for _ in self.groupings] for _ in _COLLECTIVES]
         self._shifted_passing: dict[tuple, int] = {}
         self._done_profile = self._intern_profile(((self.k,), (self.k,)))  # every chunk from every device
@@ -915,26 +958,45 @@ class StateSpace:
     # ---- device states
 
     def intern(self, s: DeviceState) -> int:
+        """The id of device state ``s`` (see "Positions")."""
+        if not self._encoded:
+            return self._intern_base(s)
+        first = _first_held(s)
+        return self._intern_base(_down(s, first, self.k) if first > 0 else s) * self._stride + first + 1
+
+    def _intern_base(self, s: DeviceState) -> int:
+        """The dense id of ``s`` among the base states."""
+        states = self._base_states
         if self._by_value:
             i = self._ids.get(s)
             if i is None:
-                i = self._ids[s] = len(self.device_states)
-                self.device_states.append(s)
-                self._first.append(_first_held(s))
-                self._profile.append(self._intern_profile(profile_of(s)))
+                i = self._ids[s] = len(states)
+                states.append(s)
+                self._base_profile.append(self._intern_profile(profile_of(s)))
             return i
         masks = self._mask_ids
         mask_ids = tuple(masks[id(m)][1] if id(m) in masks and masks[id(m)][0] is m else self._mask_id(m)
                          for m in s[1])
-        i = self._ids.setdefault((s[0], mask_ids), len(self.device_states))
-        if i == len(self.device_states):
-            self.device_states.append(s)
+        i = self._ids.setdefault((s[0], mask_ids), len(states))
+        if i == len(states):
+            states.append(s)
             for m, mask_id in zip(s[1], mask_ids):  # stored for good: later states sharing these objects skip hashing
                 masks[id(m)] = (m, mask_id)
-            self._first.append(_first_held(s))
             counts = self._mask_counts
-            self._profile.append(self._intern_profile(_make(s[0], [counts[m] for m in mask_ids])))
+            self._base_profile.append(self._intern_profile(_make(s[0], [counts[m] for m in mask_ids])))
         return i
+
+    def _masks(self, i: int) -> tuple[int, ...]:
+        """The contributor masks of device state ``i`` (where its chunks lie
+        does not change them)."""
+        return self._base_states[i // self._stride][1] if self._encoded else self.device_states[i][1]
+
+    def runs(self, i: int) -> list[Run]:
+        """:func:`runs_of` device state ``i``, without building the state."""
+        if not self._encoded:
+            return runs_of(self.device_states[i])
+        x = max(i % self._stride - 1, 0)
+        return [(a + x, b + x, m) for a, b, m in runs_of(self._base_states[i // self._stride])]
 
     def _mask_id(self, mask: int) -> int:
         """A small id per distinct mask value (hashing a mask of ``k`` bits
@@ -946,24 +1008,33 @@ class StateSpace:
         return out
 
     def _intern_profile(self, profile: Profile) -> int:
+        """The id of a profile (encoded like device states, "Positions")."""
+        if not self._encoded:
+            return self._intern_base_profile(profile)
+        first = _first_held(profile)
+        base = self._intern_base_profile(_down(profile, first, self.k) if first > 0 else profile)
+        return base * self._stride + first + 1
+
+    def _intern_base_profile(self, profile: Profile) -> int:
         p = self._profile_ids.get(profile)
         if p is None:
             k = self.k
-            p = self._profile_ids[profile] = len(self._profiles)
-            self._profiles.append(profile)
-            self._profile_first.append(_first_held(profile))
-            self._held.append(held_runs(profile))
-            self._held_count.append(_count(profile))
+            p = self._profile_ids[profile] = len(self._base_profiles)
+            self._base_profiles.append(profile)
+            held = held_runs(profile)
+            self._base_held.append(held)
+            self._base_held_count.append(_count(profile))
             runs = runs_of(profile)
-            holds_all = self._held[p] == ((0, k),)
+            holds_all = held == ((0, k),)
             complete = all(count in (0, k) for count in profile[1])
             done = profile == ((k,), (k,))
             if self.goal is Goal.REDUCESCATTER:
                 final = len(runs) == 1 and runs[0][1] - runs[0][0] == 1 and runs[0][2] == k
             else:
                 final = profile == ((k,), (1 if self.goal is Goal.ALLGATHER else k,))
-            self._packed.append(sum(int(flag) << (_FIELD * i)
-                                    for i, flag in enumerate((holds_all, complete, done, final))))
+            # the four flags do not depend on where the chunks lie (the same for every position)
+            self._base_packed.append(sum(int(flag) << (_FIELD * i)
+                                         for i, flag in enumerate((holds_all, complete, done, final))))
         return p
 
     # The lookahead counts, per state, the devices whose profile holds every
@@ -1014,7 +1085,7 @@ class StateSpace:
             return state.count(self._goal_id) == self.k
         full, chunk = self.translations.full, {}
         for i in set(state):
-            runs = runs_of(self.device_states[i])
+            runs = self.runs(i)
             if len(runs) != 1 or runs[0][1] - runs[0][0] != 1 or runs[0][2] != full:
                 return False
             chunk[i] = runs[0][0]
@@ -1026,7 +1097,7 @@ class StateSpace:
             return True
         ids = set(state)
         full = self.translations.full
-        masks = [self.device_states[i][1] for i in ids]
+        masks = [self._masks(i) for i in ids]
         return (all(all(m) for m in masks) or all(x in (0, full) for m in masks for x in m)
                 or self._goal_id in ids)
 
@@ -1039,7 +1110,7 @@ class StateSpace:
         every frame)."""
         members = self.groupings[grouping].groups[group]
         listed = members if collective is Collective.ALLGATHER else members[:1]
-        return tuple((a, b) for d in listed for a, b, _ in runs_of(self.device_states[state[d]]))
+        return tuple((a, b) for d in listed for a, b, _ in self.runs(state[d]))
 
     def _passes(self, profiles: tuple[int, ...]) -> int:
         """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) whose
@@ -1063,21 +1134,21 @@ class StateSpace:
     def _passes_shifted(self, profiles: tuple[int, ...]) -> int:
         """:meth:`_check_profiles`, shared by groups whose members' profiles are
         the same up to one chunk shift (device frame; see :meth:`_compute_shifted`)."""
-        _, key = _shift_key(profiles, self._profile_first, self._canonical_profile)
-        if key is None:
+        base, key = self._moved_down(profiles)
+        if not base:
             return self._check_profiles(profiles)
         bits = self._shifted_passing.get(key)
         if bits is None:
             bits = self._shifted_passing[key] = self._check_profiles(profiles)
         return bits
 
-    def _canonical_profile(self, p: int) -> int:
-        """Profile ``p`` moved to start at chunk 0."""
-        return _moved_down(p, self._profile_canonical, self._profile_first, self._profiles, self._intern_profile, self.k)
-
     def _check_profiles(self, profiles: tuple[int, ...]) -> int:
         """See :meth:`_passes` (not memoised)."""
         counted = self._counted(profiles)
+        if self._encoded and len(counted) > 16:
+            copies = self._copies_shape(counted)
+            if copies is not None:
+                return copies
         held = [self._held[p] for p, _ in counted]
         if len(held) > 16:  # rare and large: hashing would cost more than checking
             shape = _shape_bits(held, len(profiles))
@@ -1095,6 +1166,25 @@ class StateSpace:
             if not any(exceeds[p, root] if (p, root) in exceeds else self._exceeding(p, root) for p, _ in counted):
                 bits |= _BROADCASTING
         return bits
+
+    def _copies_shape(self, counted: list[tuple[int, int]]) -> int | None:
+        """:meth:`_check_profiles` where the members hold one run of chunks of
+        one profile at several positions (device frame, "Positions"; after a
+        ReduceScatter every member's held run lies elsewhere), without building
+        their runs: no summing collective (the members hold different chunks)
+        and no Broadcast (no shift of a finite set of chunks lies within it);
+        AllGather exactly when the runs are disjoint, each position at least a
+        run's length after the one before. None for other members."""
+        stride = self._stride
+        base = counted[0][0] // stride
+        held = self._base_held[base]
+        if len(held) != 1 or any(p // stride != base for p, _ in counted):
+            return None
+        if any(n > 1 for _, n in counted):  # two members hold the same chunks: they overlap
+            return 0
+        length = held[0][1]  # the base's run starts at chunk 0
+        firsts = sorted(p % stride for p, _ in counted)
+        return _COUNT_FREE if all(b - a >= length for a, b in zip(firsts, firsts[1:])) else 0
 
     def _exceeding(self, p: int, root: int) -> bool:
         """Whether profile ``p`` carries more contributors than profile ``root``
@@ -1138,33 +1228,30 @@ class StateSpace:
         group's ids differ while the groups are shifts of one another.
 
         A step that fails is computed again unshifted: its reason names chunks."""
-        base, shifted = _shift_key(key, self._first, self._canonical_state)
-        if shifted is None:
+        base, down = self._moved_down(key)
+        if not base:
             return self._compute_here(grouping, collective, key)
         memo = self._shifted_memos[_BIT[collective]][grouping]
-        out = memo.get(shifted)
+        out = memo.get(down)
         if out is None:
-            down = tuple(c if f < 0 else self._place(c, f) for c, f in zip(*shifted))
-            out = memo[shifted] = self._compute_here(grouping, collective, down)
+            out = memo[down] = self._compute_here(grouping, collective, down)
         if out.__class__ is str:
             return self._compute_here(grouping, collective, key)
         ids, load = out
-        firsts = self._first
-        up = tuple(r if firsts[r] < 0 else self._place(self._canonical_state(r), firsts[r] + base) for r in ids)
-        return up, load
+        stride = self._stride
+        return tuple(r + base if r % stride else r for r in ids), load  # back up by base
 
-    def _canonical_state(self, i: int) -> int:
-        """Device state ``i`` moved to start at chunk 0."""
-        return _moved_down(i, self._canonical, self._first, self.device_states, self.intern, self.k)
+    def _moved_down(self, ids: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """For group members ``ids`` (encoded state or profile ids, "Positions"):
+        ``base``, the first chunk any of them holds (0 if none), and the members
+        moved down by ``base``, which every group that is a chunk shift of this
+        one shares (moving an encoded id by ``x`` chunks adds ``x``)."""
+        stride = self._stride
+        base = min([i % stride for i in ids if i % stride], default=1) - 1
+        if base <= 0:
+            return 0, ids
+        return base, tuple([i - base if i % stride else i for i in ids])
 
-    def _place(self, c: int, x: int) -> int:
-        """Device state ``c`` (starting at chunk 0) moved up by ``x`` chunks."""
-        if x == 0:
-            return c
-        out = self._placed.get((c, x))
-        if out is None:
-            out = self._placed[c, x] = self.intern(_shifted(self.device_states[c], x, self.k))
-        return out
 
     def _compute_here(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
         """:meth:`_compute` once the profile checks have passed."""
@@ -1176,7 +1263,16 @@ class StateSpace:
             result = self._rule(collective, members, key)
         else:
             distinct = tuple(dict.fromkeys(key))
-            if len(distinct) == 1:
+            if len(distinct) == 1 and collective is Collective.REDUCESCATTER:
+                # the AllReduce's union, split: its parts are often one shape at many positions
+                total = self._uniform(grouping, Collective.ALLREDUCE, members[0], len(key))
+                if isinstance(total, str):
+                    return total
+                ids = self._split_ids(total[0], len(key))
+                if ids is not None:
+                    return ids, self._held_count[self._profile[key[0]]]
+                result = _reduced(collective, total[0], len(key))
+            elif len(distinct) == 1:
                 result = self._uniform(grouping, collective, members[0], len(key))
             else:
                 result = self._general(grouping, collective, key, distinct, members)
@@ -1194,6 +1290,20 @@ class StateSpace:
         else:
             load = self._held_count[self._profile[key[0]]]
         return ids, load
+
+    def _split_ids(self, total: DeviceState, parts: int) -> tuple[int, ...] | None:
+        """The ids of :func:`_split` ``(total, parts)`` where ``total`` holds one
+        run of chunks with one mask (device frame): every part is the same
+        shape, one run of ``size`` chunks, at ``parts`` positions, so one state
+        is interned and the others are its id plus their first chunk ("Positions").
+        None for other totals."""
+        runs = runs_of(total)
+        if len(runs) != 1:
+            return None
+        first, stop, mask = runs[0]
+        size, k = (stop - first) // parts, self.k
+        at0 = self.intern(((size, k), (mask, 0)) if size < k else ((k,), (mask,)))
+        return tuple(range(at0 + first, at0 + first + parts * size, size))
 
     def _broadcast(self, key: tuple[int, ...]) -> Outcome:
         """A Broadcast's outcome (chunk and absolute frames, where a state's
@@ -1275,12 +1385,11 @@ class StateSpace:
     def _invariant(self, grouping: int, i: int) -> bool:
         """Whether every mask of device state ``i`` is invariant under the
         translations of ``grouping``'s varied digits."""
-        key = (grouping, i)
+        key = (grouping, i // self._stride if self._encoded else i)  # masks do not depend on chunk positions
         out = self._invariants.get(key)
         if out is None:
             varied = self._varied[grouping]
-            out = self._invariants[key] = all(self.translations.invariant(m, varied)
-                                              for m in self.device_states[i][1])
+            out = self._invariants[key] = all(self.translations.invariant(m, varied) for m in self._masks(i))
         return out
 
     def _uniform(self, grouping: int, collective: Collective, s: DeviceState, size: int):
