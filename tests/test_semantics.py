@@ -491,15 +491,50 @@ def test_moving_a_state_to_chunk_0_and_back_agrees_with_a_chunk_shift():
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
 def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, goal):
     """Groups of more than 16 members that hold one run at many positions (a
-    ReduceScatter's parts) are checked and split without building each
-    member's state ("Positions"): the space still follows the rules exactly,
-    and those paths ran."""
+    ReduceScatter's parts) are checked, split and gathered without building
+    each member's state ("Positions"): the space still follows the rules
+    exactly, and those paths ran."""
     space = StateSpace(sizes, goal, "device")
-    copies, splits = [], []
-    copies_shape, split_ids = space._copies_shape, space._split_ids
+    copies, splits, gathers = [], [], []
+    copies_shape, split_ids, gathered = space._copies_shape, space._split_ids, space._gathered
     space._copies_shape = lambda counted: copies.append(copies_shape(counted)) or copies[-1]
     space._split_ids = lambda total, parts: splits.append(split_ids(total, parts)) or splits[-1]
+    space._gathered = lambda grouping, key: gathers.append(gathered(grouping, key)) or gathers[-1]
     assert _check_space_against_rules(space, 3) >= 4
     if max(sizes) > 16:
         assert any(c is not None for c in copies)
     assert any(ids is not None for ids in splits)
+    assert any(s is not None for s in gathers)
+
+
+@pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((2, 4), 4), ((4, 2), 4), ((16, 2), 3), ((2, 3, 2), 3)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, steps, goal, monkeypatch):
+    """Groupings of many groups are stepped with numpy in the device frame
+    (groups classed up to chunk shifts, one look-up per class): with the
+    threshold lowered to 2 groups the space still follows the rules exactly,
+    with and without the lookahead, and the numpy path ran."""
+    import synth.synthesis.semantics as semantics
+
+    monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
+    space = StateSpace(sizes, goal, "device")
+    stepped = []
+    vector = space._vector_successors
+    space._vector_successors = lambda g, *rest: stepped.append(g) or vector(g, *rest)
+    assert _check_space_against_rules(space, steps) > 10
+    assert stepped
+    frontier, seen = [space.start], {space.start}
+    for _ in range(steps):
+        nxt = []
+        for state in frontier:
+            for lookahead in (None, "finish", "goal"):  # the same steps in the same order either way
+                by_class = space.successors(state, list(Collective), lookahead)
+                monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 1 << 30)
+                by_group = space.successors(state, list(Collective), lookahead)
+                monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
+                assert by_class == by_group
+            for _, _, new, _ in space.successors(state, list(Collective)):
+                if new not in seen:
+                    seen.add(new)
+                    nxt.append(new)
+        frontier = nxt

@@ -131,7 +131,7 @@ def groups_of(sizes: Sequence[int], level: int, form: Form, ancestor: int | None
         rows = cube.transpose(0, 2, 1).reshape(-1, cube.shape[1])
     if rows.shape[1] < 2:
         return ()
-    return tuple(tuple(int(v) for v in row) for row in rows)
+    return tuple(map(tuple, rows.tolist()))  # Python ints
 
 
 @dataclass(frozen=True)
@@ -772,6 +772,12 @@ Outcome = Union[tuple[tuple[int, ...], int], str]  # (members' new ids, chunks m
 DEVICE_FRAME_FROM = 512
 
 
+#: in the device frame, groupings of at least this many groups are stepped with
+#: numpy (:meth:`StateSpace._vector_successors`): their groups fall into a few
+#: classes up to chunk shifts, and per-group Python would cost more
+VECTOR_GROUPS_FROM = 256
+
+
 #: groups of at most this many members are shared across chunk shifts
 #: (:meth:`StateSpace._compute_shifted`): larger groups are few per step, and
 #: normalising them costs more than sharing saves
@@ -936,6 +942,7 @@ class StateSpace:
         self._contained: dict[tuple[int, int], bool] = {}  # (root id, member id) -> _contains, see _broadcast
         self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
+        self._member_arrays: dict[int, np.ndarray] = {}  # see _member_array
         self._shapes: dict[tuple[tuple[int, ...], int], int] = {}  # (held chunks of the distinct profiles, size) -> _shape_bits
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
@@ -1097,7 +1104,11 @@ class StateSpace:
             return True
         ids = set(state)
         full = self.translations.full
-        masks = [self._masks(i) for i in ids]
+        if self._encoded:  # masks do not depend on where the chunks lie: one look per base
+            stride = self._stride
+            masks = [self._base_states[b][1] for b in {i // stride for i in ids}]
+        else:
+            masks = [self.device_states[i][1] for i in ids]
         return (all(all(m) for m in masks) or all(x in (0, full) for m in masks for x in m)
                 or self._goal_id in ids)
 
@@ -1252,20 +1263,18 @@ class StateSpace:
             return 0, ids
         return base, tuple([i - base if i % stride else i for i in ids])
 
-
     def _compute_here(self, grouping: int, collective: Collective, key: tuple[int, ...]) -> Outcome:
         """:meth:`_compute` once the profile checks have passed."""
         if collective is Collective.BROADCAST and not self._device_frame:
             return self._broadcast(key)
         states = self.device_states
-        members = [states[i] for i in key]
         if not self._device_frame:
-            result = self._rule(collective, members, key)
+            result = self._rule(collective, [states[i] for i in key], key)
         else:
             distinct = tuple(dict.fromkeys(key))
             if len(distinct) == 1 and collective is Collective.REDUCESCATTER:
                 # the AllReduce's union, split: its parts are often one shape at many positions
-                total = self._uniform(grouping, Collective.ALLREDUCE, members[0], len(key))
+                total = self._uniform(grouping, Collective.ALLREDUCE, states[key[0]], len(key))
                 if isinstance(total, str):
                     return total
                 ids = self._split_ids(total[0], len(key))
@@ -1273,9 +1282,12 @@ class StateSpace:
                     return ids, self._held_count[self._profile[key[0]]]
                 result = _reduced(collective, total[0], len(key))
             elif len(distinct) == 1:
-                result = self._uniform(grouping, collective, members[0], len(key))
+                result = self._uniform(grouping, collective, states[key[0]], len(key))
+            elif collective is Collective.ALLGATHER and (gathered := self._gathered(grouping, key)) is not None:
+                # one base at many positions: every member holds as many chunks as the first
+                return (self.intern(gathered),) * len(key), len(key) * self._held_count[self._profile[key[0]]]
             else:
-                result = self._general(grouping, collective, key, distinct, members)
+                result = self._general(grouping, collective, key, distinct, [states[i] for i in key])
         if isinstance(result, str):
             return result
         first = result[0]
@@ -1290,6 +1302,23 @@ class StateSpace:
         else:
             load = self._held_count[self._profile[key[0]]]
         return ids, load
+
+    def _gathered(self, grouping: int, key: tuple[int, ...]) -> DeviceState | None:
+        """The state every member of an AllGather ends with, where the members
+        hold one base state of one run at several positions and its masks are
+        the same in every member's frame (:meth:`_invariant`; device frame,
+        "Positions"): the runs at the members' positions, one mask, without
+        building each member's state (the profile checks passed: they are
+        disjoint). None for other members."""
+        stride = self._stride
+        base = key[0] // stride
+        if any(i // stride != base for i in key) or not self._invariant(grouping, key[0]):
+            return None
+        runs = runs_of(self._base_states[base])
+        if len(runs) != 1:
+            return None
+        _, length, mask = runs[0]
+        return _from_runs([(f, f + length, mask) for f in sorted(i % stride - 1 for i in key)], self.k)
 
     def _split_ids(self, total: DeviceState, parts: int) -> tuple[int, ...] | None:
         """The ids of :func:`_split` ``(total, parts)`` where ``total`` holds one
@@ -1437,7 +1466,13 @@ class StateSpace:
         passing, passes = self._passing, self._passes
         chosen = self._chosen.get(tuple(collectives), {})
         k = self.k
+        arrays: list[np.ndarray] = []  # the state's and its profiles' ids as arrays, once a grouping needs them
         for g, flat in enumerate(self._flat):
+            if self._encoded and len(self.groupings[g].groups) >= VECTOR_GROUPS_FROM:
+                if not arrays:
+                    arrays += [np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)]
+                out += self._vector_successors(g, state, arrays[0], arrays[1], collectives, wanted, totals, lookahead)
+                continue
             m = self._size[g]
             members = flat(profiles)
             counted = list(zip(*[iter(members)] * m)) if m < k else [members]  # each group's members' profiles
@@ -1464,6 +1499,87 @@ class StateSpace:
                     out.append((g, c) + done)
         return out
 
+    def _vector_successors(self, g: int, state: tuple[int, ...], ids: np.ndarray, profiles: np.ndarray,
+                           collectives: Sequence[Collective], wanted: int, totals: int,
+                           lookahead: str | None) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
+        """:meth:`successors` on grouping ``g`` (device frame, many groups), with
+        numpy: each group's members are moved down by its first held chunk
+        (:meth:`_moved_down`, one subtraction per id), so groups that are chunk
+        shifts of one another fall into one class; the profile checks, the
+        lookahead and the outcomes are looked up once per class (the same
+        memos as the per-group path), and each group's results are moved back
+        up. ``ids``, ``profiles``: the state's and its profiles' ids."""
+        members = self._member_array(g)
+        base, profile_rows, profile_class = self._classes(profiles[members])
+        ok = wanted
+        for row in profile_rows:
+            key = tuple(row)
+            bits = self._passing.get(key)
+            ok &= self._passes(key) if bits is None else bits
+            if not ok:
+                return []
+        per_class = np.bincount(profile_class)
+        out: list[tuple[int, Collective, tuple[int, ...], Loads]] = []
+        id_rows = None
+        for c in self._chosen[tuple(collectives)][ok] if ok in self._chosen.get(tuple(collectives), {}) \
+                else self._choose(collectives, ok):
+            if lookahead is not None:
+                deltas, delta = self._deltas[_BIT[c]], self._delta
+                change = sum(n * (deltas[key] if key in deltas else delta(c, key))
+                             for n, key in zip(per_class.tolist(), map(tuple, profile_rows)))
+                if not self._after_passes(totals + change - len(members) * _OFFSETS, lookahead):
+                    continue
+            if id_rows is None:
+                _, id_rows, id_class = self._classes(ids[members])
+                id_keys = [tuple(row) for row in id_rows]
+            memo = self._memos[_BIT[c]][g]
+            results, loads = [], []
+            for key in id_keys:
+                outcome = memo.get(key)
+                if outcome is None:
+                    outcome = memo[key] = self._compute(g, c, key, True)
+                if outcome.__class__ is str:
+                    break
+                results.append(outcome[0])
+                loads.append(outcome[1])
+            else:
+                moved = np.array(results, dtype=np.int64)[id_class]
+                moved += base[:, None] * (moved % self._stride > 0)  # back up by each group's first chunk
+                nxt = ids.copy()
+                nxt[members] = moved
+                if not np.array_equal(nxt, ids):
+                    out.append((g, c, tuple(nxt.tolist()), tuple(np.array(loads)[id_class].tolist())))
+        return out
+
+    def _member_array(self, g: int) -> np.ndarray:
+        """Grouping ``g``'s groups as a (groups, members) array, memoised."""
+        found = self._member_arrays.get(g)
+        if found is None:
+            found = self._member_arrays[g] = np.array(self.groupings[g].groups, dtype=np.int64)
+        return found
+
+    def _classes(self, rows: np.ndarray) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
+        """Per row (a group's members' encoded ids): its base, the first chunk
+        any member holds (0 if none holds any), and its class: the distinct rows
+        once moved down by their base (:meth:`_moved_down`), as lists, and each
+        row's index among them."""
+        position = rows % self._stride  # first held chunk + 1; 0: holds nothing
+        held = position > 0
+        first = np.where(held, position, np.iinfo(np.int64).max).min(axis=1)
+        base = np.where(held.any(axis=1), first - 1, 0)
+        down = np.ascontiguousarray(rows - base[:, None] * held)
+        flat = down.view(np.dtype((np.void, down.dtype.itemsize * down.shape[1]))).ravel()
+        _, index, inverse = np.unique(flat, return_index=True, return_inverse=True)
+        return base, down[index].tolist(), inverse.ravel()
+
+    def _after_passes(self, after: int, lookahead: str) -> bool:
+        """Whether packed counts ``after`` a step can pass :meth:`may_finish`
+        (``"finish"``) or be the goal (``"goal"``), see :meth:`_ahead`."""
+        if lookahead == "goal":
+            return (after >> (_FIELD * 3)) & _MASK == self.k
+        return (self.goal is not Goal.ALLREDUCE or after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k
+                or (after >> (_FIELD * 2)) & _MASK > 0)
+
     def _keys(self, grouping: int, flat: tuple[int, ...]) -> list[tuple[int, ...]]:
         """``flat`` (a value per member of every group of ``grouping``,
         group-major) cut into one tuple per group."""
@@ -1485,11 +1601,7 @@ class StateSpace:
             change = sum(map(deltas.__getitem__, keys))
         except KeyError:
             change = sum(self._delta(collective, key) for key in keys)
-        after = totals + change - len(keys) * _OFFSETS
-        if lookahead == "goal":
-            return (after >> (_FIELD * 3)) & _MASK == self.k
-        return (self.goal is not Goal.ALLREDUCE or after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k
-                or (after >> (_FIELD * 2)) & _MASK > 0)
+        return self._after_passes(totals + change - len(keys) * _OFFSETS, lookahead)
 
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
                keys: list[tuple[int, ...]], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
