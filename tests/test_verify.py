@@ -237,3 +237,32 @@ def test_verify_program_proves_once_what_verify_lowered_proves_per_placement(blu
     assert shared.elements_checked == whole.elements_checked == 4 * (2 * 4 + 1)
     with pytest.raises(SynthError, match="the program does not implement allreduce"):
         verify_program(parse_program("ReduceScatter(node, inside)\nAllReduce(node, parallel(root))"), reduction)
+
+
+def test_a_sampled_run_computes_the_sampled_columns_of_the_whole_run():
+    """Chunks never mix: running a sample of the chunks (groups that hold
+    none of them are skipped) gives exactly those columns of the full run,
+    for every program of a two-level placement and random samples, seeded."""
+    from synth.synthesis.execute import _samples_in, execute_runs, run_steps
+
+    rng = np.random.default_rng(3)
+    topology = load_topology("p2-a100")
+    results = synthesize_all(enumerate_placements(topology, parse_axes("dp=4,mp=16")), ["dp", "mp"],
+                             Goal.ALLREDUCE, 4)
+    runs = 0
+    for result in results:
+        for program in result.programs[:20]:
+            lowered = lower(program, result.reduction)
+            steps = run_steps(lowered.steps)
+            n, k = lowered.num_devices, lowered.num_chunks
+            data = rng.integers(-100, 100, size=(n, k, 2))
+            whole = data.copy()
+            execute_runs(steps, whole)
+            for size in (1, 3, k // 2):
+                sample = np.sort(rng.choice(k, size, replace=False))
+                part = data[:, sample].copy()
+                execute_runs(steps, part, sample)
+                assert (part == whole[:, sample]).all(), str(program)
+                runs += 1
+    assert runs > 30
+    assert _samples_in(((0, 4), (10, 12)), [5, 11]) and not _samples_in(((0, 4), (10, 12)), [4, 9, 12])

@@ -25,6 +25,7 @@ the chunks of a reduction group too large to hold whole.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import numpy as np
@@ -64,13 +65,17 @@ def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarr
     chunk runs (the parallel groups of a step, and the same runs in later
     steps) share one computation of their columns."""
     columns: dict[tuple[Runs, int], tuple[np.ndarray, np.ndarray]] = {}
+    sampled = None if sample is None else sample.tolist()
     for collective, groups in steps:
         alike: dict[tuple[int, int], list[tuple[Sequence[int], np.ndarray, np.ndarray]]] = {}
         for members, runs in groups:
             key = (runs, len(members))
             found = columns.get(key)
             if found is None:
-                found = columns[key] = _columns(runs, len(members), sample)
+                if sampled is not None and not _samples_in(runs, sampled):
+                    found = columns[key] = _NO_COLUMNS  # most groups of a large step hold no sampled chunk
+                else:
+                    found = columns[key] = _columns(runs, len(members), sample)
             cols, owner = found
             if len(cols):
                 alike.setdefault((len(members), len(cols)), []).append((members, cols, owner))
@@ -122,6 +127,18 @@ def _run_from_prefix(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.n
         execute_runs(steps[number:number + 1], buffers, sample)
         _PREFIXES[keys[number + 1]] = buffers.copy()
     return buffers
+
+
+_NO_COLUMNS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def _samples_in(runs: Runs, sampled: list[int]) -> bool:
+    """Whether some chunk of ``sampled`` (sorted) lies in one of ``runs``."""
+    for first, stop in runs:
+        i = bisect_left(sampled, first)
+        if i < len(sampled) and sampled[i] < stop:
+            return True
+    return False
 
 
 def _columns(runs: Runs, members: int, sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

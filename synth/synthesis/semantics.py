@@ -775,7 +775,7 @@ DEVICE_FRAME_FROM = 512
 #: in the device frame, groupings of at least this many groups are stepped with
 #: numpy (:meth:`StateSpace._vector_successors`): their groups fall into a few
 #: classes up to chunk shifts, and per-group Python would cost more
-VECTOR_GROUPS_FROM = 256
+VECTOR_GROUPS_FROM = 1024
 
 
 #: groups of at most this many members are shared across chunk shifts
@@ -943,6 +943,9 @@ class StateSpace:
         self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
         self._member_arrays: dict[int, np.ndarray] = {}  # see _member_array
+        # per device state id: its held runs (first, stop), each run of one mask (chunk_runs)
+        self._held_runs: dict[int, tuple[tuple[int, int], ...]] = _Derived(
+            lambda i: tuple((a, b) for a, b, _ in self.runs(i)))
         self._shapes: dict[tuple[tuple[int, ...], int], int] = {}  # (held chunks of the distinct profiles, size) -> _shape_bits
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
@@ -1120,8 +1123,10 @@ class StateSpace:
         stop)`` runs (:func:`step_chunks`; which chunks are held is the same in
         every frame)."""
         members = self.groupings[grouping].groups[group]
-        listed = members if collective is Collective.ALLGATHER else members[:1]
-        return tuple((a, b) for d in listed for a, b, _ in self.runs(state[d]))
+        if collective is not Collective.ALLGATHER:
+            return self._held_runs[state[members[0]]]
+        held = self._held_runs
+        return tuple(run for d in members for run in held[state[d]])
 
     def _passes(self, profiles: tuple[int, ...]) -> int:
         """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) whose
@@ -1476,11 +1481,13 @@ class StateSpace:
             m = self._size[g]
             members = flat(profiles)
             counted = list(zip(*[iter(members)] * m)) if m < k else [members]  # each group's members' profiles
+            if lookahead is not None:  # the groups counted once per class: the lookahead looks at each collective
+                counted = Counter(counted)
             try:
                 ok = reduce(and_, map(passing.__getitem__, counted), wanted)
             except KeyError:  # some group's profiles are new: check each distinct group
                 ok = wanted
-                for key in dict.fromkeys(counted):
+                for key in counted if lookahead is not None else dict.fromkeys(counted):
                     bits = passing.get(key)
                     ok &= passes(key) if bits is None else bits
                     if not ok:
@@ -1592,16 +1599,14 @@ class StateSpace:
         out = self._chosen.setdefault(tuple(collectives), {})[ok] = tuple(c for c in collectives if ok >> _BIT[c] & 1)
         return out
 
-    def _ahead(self, totals: int, collective: Collective, keys: list[tuple[int, ...]], lookahead: str) -> bool:
-        """Whether the state after ``collective`` on groups with profile ids
-        ``keys`` can pass :meth:`may_finish` (``"finish"``) or be the goal
-        (``"goal"``): both depend on the four counts only."""
-        deltas = self._deltas[_BIT[collective]]
-        try:
-            change = sum(map(deltas.__getitem__, keys))
-        except KeyError:
-            change = sum(self._delta(collective, key) for key in keys)
-        return self._after_passes(totals + change - len(keys) * _OFFSETS, lookahead)
+    def _ahead(self, totals: int, collective: Collective, classes: Counter, lookahead: str) -> bool:
+        """Whether the state after ``collective`` on groups whose members'
+        profile ids are ``classes``' keys (each counting its groups) can pass
+        :meth:`may_finish` (``"finish"``) or be the goal (``"goal"``): both
+        depend on the four counts only."""
+        deltas, delta = self._deltas[_BIT[collective]], self._delta
+        change = sum(n * (deltas[key] if key in deltas else delta(collective, key)) for key, n in classes.items())
+        return self._after_passes(totals + change - classes.total() * _OFFSETS, lookahead)
 
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
                keys: list[tuple[int, ...]], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
