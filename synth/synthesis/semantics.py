@@ -880,10 +880,13 @@ class StateSpace:
         self._device_frame = self.frame == "device"
         t = self.translations
         # member offsets from the root, per grouping (the same in all its groups)
-        self._offsets = [tuple(t.digits(m) for m in g.groups[0]) for g in self.groupings]
-        self._inverse_offsets = [tuple(t.inverse(o) for o in offsets) for offsets in self._offsets]
-        self._varied = [tuple(l for l in range(len(self.sizes)) if any(o[l] for o in offsets))
-                        for offsets in self._offsets]
+        # per grouping, the inverse offsets of its group 0's members (built when first needed:
+        # a grouping of 131,072 members takes a while) and the levels whose digits vary
+        self._inverse_offsets: dict[int, tuple[tuple[int, ...], ...]] = _Derived(
+            lambda g: tuple(t.inverse(t.digits(m)) for m in self.groupings[g].groups[0]))
+        strides, sizes = np.array(t.strides), np.array(self.sizes)
+        digits = [(np.array(g.groups[0])[:, None] // strides) % sizes for g in self.groupings]
+        self._varied = [tuple(np.flatnonzero(d.any(axis=0)).tolist()) for d in digits]
         # per grouping: the members of all its groups in one tuple (group-major),
         # the group size, and the picker that assembles the next state from
         # (members' new ids + old state)
@@ -1161,14 +1164,12 @@ class StateSpace:
     def _check_profiles(self, profiles: tuple[int, ...]) -> int:
         """See :meth:`_passes` (not memoised)."""
         counted = self._counted(profiles)
-        if self._encoded and len(counted) > 16:
-            copies = self._copies_shape(counted)
-            if copies is not None:
-                return copies
-        held = [self._held[p] for p, _ in counted]
-        if len(held) > 16:  # rare and large: hashing would cost more than checking
-            shape = _shape_bits(held, len(profiles))
+        if self._encoded and len(counted) > 16:  # many positions: from the base states' runs
+            shape = self._positions_shape(counted, len(profiles))
+        elif len(counted) > 16:  # rare and large: hashing would cost more than checking
+            shape = _shape_bits([self._held[p] for p, _ in counted], len(profiles))
         else:
+            held = [self._held[p] for p, _ in counted]
             shape_key = (tuple(held), len(profiles))
             shape = self._shapes.get(shape_key)
             if shape is None:
@@ -1183,24 +1184,47 @@ class StateSpace:
                 bits |= _BROADCASTING
         return bits
 
-    def _copies_shape(self, counted: list[tuple[int, int]]) -> int | None:
-        """:meth:`_check_profiles` where the members hold one run of chunks of
-        one profile at several positions (device frame, "Positions"; after a
-        ReduceScatter every member's held run lies elsewhere), without building
-        their runs: no summing collective (the members hold different chunks)
-        and no Broadcast (no shift of a finite set of chunks lies within it);
-        AllGather exactly when the runs are disjoint, each position at least a
-        run's length after the one before. None for other members."""
+    def _positions_shape(self, counted: list[tuple[int, int]], size: int) -> int:
+        """:func:`_shape_bits` of members with these encoded profile ids (each
+        with how many members have it, root first) without building their held
+        runs: each distinct base's runs moved to each of its positions, with
+        numpy ("Positions"; after a ReduceScatter every member's runs lie
+        elsewhere). The same bits: summing when every member holds the root's
+        runs at the root's position (a run set moved elsewhere is another set),
+        Broadcast when every member's runs lie within the root's, AllGather when
+        the counts are equal and no two members' runs overlap."""
         stride = self._stride
-        base = counted[0][0] // stride
-        held = self._base_held[base]
-        if len(held) != 1 or any(p // stride != base for p, _ in counted):
-            return None
-        if any(n > 1 for _, n in counted):  # two members hold the same chunks: they overlap
-            return 0
-        length = held[0][1]  # the base's run starts at chunk 0
-        firsts = sorted(p % stride for p, _ in counted)
-        return _COUNT_FREE if all(b - a >= length for a, b in zip(firsts, firsts[1:])) else 0
+        by_base: dict[int, list[tuple[int, int]]] = {}
+        for p, n in counted:
+            by_base.setdefault(p // stride, []).append((p % stride - 1, n))
+        root_base, root_first = divmod(counted[0][0], stride)
+        root_first -= 1
+        root_held = self._base_held[root_base]
+        if root_first < 0 or not root_held:  # the root holds nothing: at most AllGather, if none holds any
+            return _COUNT_FREE if all(not self._base_held[b] for b in by_base) else 0
+        bits = 0
+        if all(self._base_held[b] == root_held and all(f == root_first for f, _ in at) for b, at in by_base.items()):
+            count = self._base_held_count[root_base]
+            bits |= _SUMMING if count % size == 0 else _SUMMING & ~(1 << _BIT[Collective.REDUCESCATTER])
+        starts, stops, copies = [], [], 0
+        for b, at in by_base.items():
+            held = np.array(self._base_held[b], dtype=np.int64).reshape(-1, 2)
+            firsts = np.array([f for f, _ in at if f >= 0], dtype=np.int64)
+            copies += sum(n - 1 for f, n in at if f >= 0)
+            starts.append((firsts[:, None] + held[None, :, 0]).ravel())
+            stops.append((firsts[:, None] + held[None, :, 1]).ravel())
+        start, stop = np.concatenate(starts), np.concatenate(stops)
+        root_runs = np.array(root_held, dtype=np.int64) + root_first
+        inside = np.searchsorted(root_runs[:, 0], start, side="right") - 1  # the root run each could lie in
+        if ((inside >= 0) & (stop <= root_runs[np.maximum(inside, 0), 1])).all():
+            bits |= _BROADCASTING
+        counts = {self._base_held_count[b] for b in by_base}
+        if len(counts) == 1 and not copies:  # equal counts, and no two members at one place
+            order = np.argsort(start, kind="stable")
+            start, stop = start[order], stop[order]
+            if (start[1:] >= np.maximum.accumulate(stop)[:-1]).all():  # pairwise disjoint
+                bits |= _COUNT_FREE
+        return bits
 
     def _exceeding(self, p: int, root: int) -> bool:
         """Whether profile ``p`` carries more contributors than profile ``root``
