@@ -1505,13 +1505,14 @@ class StateSpace:
             m = self._size[g]
             members = flat(profiles)
             counted = list(zip(*[iter(members)] * m)) if m < k else [members]  # each group's members' profiles
-            if lookahead is not None:  # the groups counted once per class: the lookahead looks at each collective
+            classes = lookahead is not None and self._device_frame
+            if classes:  # the groups counted once per class (they repeat there): the lookahead looks at each collective
                 counted = Counter(counted)
             try:
                 ok = reduce(and_, map(passing.__getitem__, counted), wanted)
             except KeyError:  # some group's profiles are new: check each distinct group
                 ok = wanted
-                for key in counted if lookahead is not None else dict.fromkeys(counted):
+                for key in counted if classes else dict.fromkeys(counted):
                     bits = passing.get(key)
                     ok &= passes(key) if bits is None else bits
                     if not ok:
@@ -1623,14 +1624,21 @@ class StateSpace:
         out = self._chosen.setdefault(tuple(collectives), {})[ok] = tuple(c for c in collectives if ok >> _BIT[c] & 1)
         return out
 
-    def _ahead(self, totals: int, collective: Collective, classes: Counter, lookahead: str) -> bool:
-        """Whether the state after ``collective`` on groups whose members'
-        profile ids are ``classes``' keys (each counting its groups) can pass
-        :meth:`may_finish` (``"finish"``) or be the goal (``"goal"``): both
-        depend on the four counts only."""
+    def _ahead(self, totals: int, collective: Collective, groups: list[tuple[int, ...]] | Counter,
+               lookahead: str) -> bool:
+        """Whether the state after ``collective`` on groups whose members have
+        profile ids ``groups`` (one tuple per group, or a Counter of them) can
+        pass :meth:`may_finish` (``"finish"``) or be the goal (``"goal"``):
+        both depend on the four counts only."""
         deltas, delta = self._deltas[_BIT[collective]], self._delta
-        change = sum(n * (deltas[key] if key in deltas else delta(collective, key)) for key, n in classes.items())
-        return self._after_passes(totals + change - classes.total() * _OFFSETS, lookahead)
+        if isinstance(groups, Counter):
+            change = sum(n * (deltas[key] if key in deltas else delta(collective, key)) for key, n in groups.items())
+            return self._after_passes(totals + change - groups.total() * _OFFSETS, lookahead)
+        try:
+            change = sum(map(deltas.__getitem__, groups))
+        except KeyError:
+            change = sum(delta(collective, key) for key in groups)
+        return self._after_passes(totals + change - len(groups) * _OFFSETS, lookahead)
 
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
                keys: list[tuple[int, ...]], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
