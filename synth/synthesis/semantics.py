@@ -946,6 +946,7 @@ class StateSpace:
         self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
         self._member_arrays: dict[int, np.ndarray] = {}  # see _member_array
+        self._base_profile_array = np.zeros(0, dtype=np.int64)  # _base_profile as an array (_profile_ids_of)
         # per device state id: its held runs (first, stop), each run of one mask (chunk_runs)
         self._held_runs: dict[int, tuple[tuple[int, int], ...]] = _Derived(
             lambda i: tuple((a, b) for a, b, _ in self.runs(i)))
@@ -1490,17 +1491,25 @@ class StateSpace:
         counts of :meth:`_delta`, from profiles alone."""
         out = []
         wanted = sum(1 << _BIT[c] for c in collectives)
-        profiles = tuple(map(self._profile.__getitem__, state))
-        totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
+        k = self.k
+        if self._encoded:  # profile ids with numpy: a new state often holds k new ids
+            id_array = np.fromiter(state, np.int64, k)
+            profile_ids = self._profile_ids_of(id_array)
+            profiles = tuple(profile_ids.tolist())
+            if lookahead:  # the lookahead's flags are the base profiles': count the devices per base
+                bases, counts = np.unique(profile_ids // self._stride, return_counts=True)
+                totals = sum(n * self._base_packed[b] for b, n in zip(bases.tolist(), counts.tolist()))
+            else:
+                totals = 0
+        else:
+            profiles = tuple(map(self._profile.__getitem__, state))
+            totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
         passing, passes = self._passing, self._passes
         chosen = self._chosen.get(tuple(collectives), {})
-        k = self.k
-        arrays: list[np.ndarray] = []  # the state's and its profiles' ids as arrays, once a grouping needs them
         for g, flat in enumerate(self._flat):
             if self._encoded and len(self.groupings[g].groups) >= VECTOR_GROUPS_FROM:
-                if not arrays:
-                    arrays += [np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)]
-                out += self._vector_successors(g, state, arrays[0], arrays[1], collectives, wanted, totals, lookahead)
+                out += self._vector_successors(g, state, id_array, profile_ids, collectives, wanted, totals,
+                                               lookahead)
                 continue
             m = self._size[g]
             members = flat(profiles)
@@ -1582,6 +1591,13 @@ class StateSpace:
                 if not np.array_equal(nxt, ids):
                     out.append((g, c, tuple(nxt.tolist()), tuple(np.array(loads)[id_class].tolist())))
         return out
+
+    def _profile_ids_of(self, ids: np.ndarray) -> np.ndarray:
+        """The profile ids of encoded device state ids (``_profile``, with numpy):
+        the base state's profile moved to the state's first chunk."""
+        if len(self._base_profile_array) != len(self._base_profile):
+            self._base_profile_array = np.array(self._base_profile, dtype=np.int64)
+        return self._base_profile_array[ids // self._stride] + np.maximum(ids % self._stride - 1, 0)
 
     def _member_array(self, g: int) -> np.ndarray:
         """Grouping ``g``'s groups as a (groups, members) array, memoised."""
