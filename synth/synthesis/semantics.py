@@ -778,6 +778,14 @@ DEVICE_FRAME_FROM = 512
 VECTOR_GROUPS_FROM = 1024
 
 
+#: device-frame spaces of at least this many devices compute a state's profile
+#: ids with numpy in :meth:`StateSpace.successors` (a new state there often
+#: holds ``k`` new ids); below, the memoised per-id table is cheaper, and it
+#: keeps one int object per id, which the memo keys share (new ints per state
+#: cost 1.6x the time and memory at 1,024 devices)
+NUMPY_PROFILES_FROM = 8192
+
+
 #: groups of at most this many members are shared across chunk shifts
 #: (:meth:`StateSpace._compute_shifted`): larger groups are few per step, and
 #: normalising them costs more than sharing saves
@@ -1492,7 +1500,7 @@ class StateSpace:
         out = []
         wanted = sum(1 << _BIT[c] for c in collectives)
         k = self.k
-        if self._encoded:  # profile ids with numpy: a new state often holds k new ids
+        if self._encoded and k >= NUMPY_PROFILES_FROM:  # profile ids with numpy: a new state often holds k new ids
             id_array = np.fromiter(state, np.int64, k)
             profile_ids = self._profile_ids_of(id_array)
             profiles = tuple(profile_ids.tolist())
@@ -1504,6 +1512,8 @@ class StateSpace:
         else:
             profiles = tuple(map(self._profile.__getitem__, state))
             totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
+            if self._encoded and any(len(g.groups) >= VECTOR_GROUPS_FROM for g in self.groupings):
+                id_array, profile_ids = np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)
         passing, passes = self._passing, self._passes
         chosen = self._chosen.get(tuple(collectives), {})
         for g, flat in enumerate(self._flat):
