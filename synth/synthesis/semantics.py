@@ -373,6 +373,11 @@ def _at(base: DeviceState, first: int, k: int) -> DeviceState:
     return (*moved, k), (0, *masks)
 
 
+def _moved_runs(held: HeldRuns, first: int) -> HeldRuns:
+    """A base state's held runs moved to start at chunk ``first`` (-1 or 0: as they are)."""
+    return tuple((a + first, b + first) for a, b in held) if first > 0 else held
+
+
 def _down(s: DeviceState, first: int, k: int) -> DeviceState:
     """``s``, whose first held chunk is ``first`` > 0, moved to start at chunk
     0 (:func:`_shifted` by ``-first`` without building runs): its leading run
@@ -930,9 +935,9 @@ class StateSpace:
             self.device_states: Sequence[DeviceState] = _Derived(
                 lambda i: _at(base_states[i // stride], i % stride - 1, self.k))
             self._profile: Sequence[int] = _Derived(lambda i: base_profile[i // stride] + max(i % stride - 1, 0))
-            self._profiles: Sequence[Profile] = _Derived(lambda p: _at(base_profiles[p // stride], p % stride - 1, self.k))
-            self._held: Sequence[HeldRuns] = _Derived(
-                lambda p: tuple((a + max(p % stride - 1, 0), b + max(p % stride - 1, 0)) for a, b in base_held[p // stride]))
+            self._profiles: Sequence[Profile] = _Derived(
+                lambda p: _at(base_profiles[p // stride], p % stride - 1, self.k))
+            self._held: Sequence[HeldRuns] = _Derived(lambda p: _moved_runs(base_held[p // stride], p % stride - 1))
             self._held_count: Sequence[int] = _Derived(lambda p: base_held_count[p // stride])
             self._packed: Sequence[int] = _Derived(lambda p: base_packed[p // stride])
         else:
