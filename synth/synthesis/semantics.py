@@ -354,7 +354,9 @@ def _shifted(s: DeviceState, x: int, k: int) -> DeviceState:
     """``s`` with every held chunk ``c`` moved to ``c + x`` (the caller keeps
     them inside ``0..k-1``). Works on profiles too. The rules commute with such
     a move applied to every member of a group: they compare and combine
-    contributors chunk by chunk and split the held chunks in order."""
+    contributors chunk by chunk and split the held chunks in order. The
+    definition that :func:`_at` and :func:`_down` (what the state space uses)
+    are tested against."""
     return _from_runs([(a + x, b + x, v) for a, b, v in runs_of(s)], k)
 
 
@@ -1523,8 +1525,7 @@ class StateSpace:
         chosen = self._chosen.get(tuple(collectives), {})
         for g, flat in enumerate(self._flat):
             if self._encoded and len(self.groupings[g].groups) >= VECTOR_GROUPS_FROM:
-                out += self._vector_successors(g, state, id_array, profile_ids, collectives, wanted, totals,
-                                               lookahead)
+                out += self._vector_successors(g, id_array, profile_ids, collectives, wanted, totals, lookahead)
                 continue
             m = self._size[g]
             members = flat(profiles)
@@ -1555,8 +1556,8 @@ class StateSpace:
                     out.append((g, c) + done)
         return out
 
-    def _vector_successors(self, g: int, state: tuple[int, ...], ids: np.ndarray, profiles: np.ndarray,
-                           collectives: Sequence[Collective], wanted: int, totals: int,
+    def _vector_successors(self, g: int, ids: np.ndarray, profiles: np.ndarray, collectives: Sequence[Collective],
+                           wanted: int, totals: int,
                            lookahead: str | None) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
         """:meth:`successors` on grouping ``g`` (device frame, many groups), with
         numpy: each group's members are moved down by its first held chunk
@@ -1577,8 +1578,8 @@ class StateSpace:
         per_class = np.bincount(profile_class)
         out: list[tuple[int, Collective, tuple[int, ...], Loads]] = []
         id_rows = None
-        for c in self._chosen[tuple(collectives)][ok] if ok in self._chosen.get(tuple(collectives), {}) \
-                else self._choose(collectives, ok):
+        chosen = self._chosen.get(tuple(collectives), {})
+        for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
             if lookahead is not None:
                 deltas, delta = self._deltas[_BIT[c]], self._delta
                 change = sum(n * (deltas[key] if key in deltas else delta(c, key))
