@@ -46,7 +46,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, reduce
 from operator import and_, itemgetter
@@ -1568,9 +1568,9 @@ class StateSpace:
         up. ``ids``, ``profiles``: the state's and its profiles' ids."""
         members = self._member_array(g)
         base, profile_rows, profile_class = self._classes(profiles[members])
+        profile_keys = [tuple(row) for row in profile_rows]
         ok = wanted
-        for row in profile_rows:
-            key = tuple(row)
+        for key in profile_keys:
             bits = self._passing.get(key)
             ok &= self._passes(key) if bits is None else bits
             if not ok:
@@ -1580,12 +1580,9 @@ class StateSpace:
         id_rows = None
         chosen = self._chosen.get(tuple(collectives), {})
         for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
-            if lookahead is not None:
-                deltas, delta = self._deltas[_BIT[c]], self._delta
-                change = sum(n * (deltas[key] if key in deltas else delta(c, key))
-                             for n, key in zip(per_class.tolist(), map(tuple, profile_rows)))
-                if not self._after_passes(totals + change - len(members) * _OFFSETS, lookahead):
-                    continue
+            if lookahead is not None and not self._ahead_by_class(totals, c, zip(profile_keys, per_class.tolist()),
+                                                                  len(members), lookahead):
+                continue
             if id_rows is None:
                 _, id_rows, id_class = self._classes(ids[members])
                 id_keys = [tuple(row) for row in id_rows]
@@ -1662,15 +1659,22 @@ class StateSpace:
         profile ids ``groups`` (one tuple per group, or a Counter of them) can
         pass :meth:`may_finish` (``"finish"``) or be the goal (``"goal"``):
         both depend on the four counts only."""
-        deltas, delta = self._deltas[_BIT[collective]], self._delta
         if isinstance(groups, Counter):
-            change = sum(n * (deltas[key] if key in deltas else delta(collective, key)) for key, n in groups.items())
-            return self._after_passes(totals + change - groups.total() * _OFFSETS, lookahead)
+            return self._ahead_by_class(totals, collective, groups.items(), groups.total(), lookahead)
+        deltas = self._deltas[_BIT[collective]]
         try:
             change = sum(map(deltas.__getitem__, groups))
         except KeyError:
-            change = sum(delta(collective, key) for key in groups)
+            change = sum(self._delta(collective, key) for key in groups)
         return self._after_passes(totals + change - len(groups) * _OFFSETS, lookahead)
+
+    def _ahead_by_class(self, totals: int, collective: Collective, classes: Iterable[tuple[tuple[int, ...], int]],
+                        groups: int, lookahead: str) -> bool:
+        """:meth:`_ahead` of ``groups`` groups given as classes: (members'
+        profile ids, how many groups have them)."""
+        deltas, delta = self._deltas[_BIT[collective]], self._delta
+        change = sum(n * (deltas[key] if key in deltas else delta(collective, key)) for key, n in classes)
+        return self._after_passes(totals + change - groups * _OFFSETS, lookahead)
 
     def _apply(self, state: tuple[int, ...], grouping: int, collective: Collective,
                keys: list[tuple[int, ...]], explain: bool = False) -> tuple[tuple[int, ...], Loads] | str:
