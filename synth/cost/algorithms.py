@@ -64,20 +64,42 @@ def tree_rounds(buckets: tuple[int, ...]) -> tuple[Round, ...]:
     rotated by one), ``S/2`` per tree. Pipelined: the broadcast down runs while the
     reduce goes up, on the other direction of each link, so both are one round
     (its latency is counted by :func:`nccl_hops`)."""
-    starts = list(itertools.accumulate(buckets, initial=0))[:-1]  # each bucket's first member
-    chain = [(s + j + 1, s + j) for s, size in zip(starts, buckets) for j in range(size - 1)]
-    tree = double_binary_tree(starts) if len(starts) > 1 else []
-    up = chain + tree
-    both = up + [(b, a) for a, b in up]  # the broadcast down overlaps the reduce up
-    fractions = ((1.0,) * len(chain) + (0.5,) * len(tree)) * 2
-    return (Round(tuple(a for a, _ in both), tuple(b for _, b in both), fractions),)
+    sizes = np.asarray(buckets, dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))  # each bucket's first member
+    # the chain: every member but its bucket's first sends to the member before it
+    chain_dst = np.delete(np.arange(int(sizes.sum())), np.cumsum(sizes) - 1)
+    tree_src, tree_dst = _double_binary_tree(starts) if len(starts) > 1 else (starts[:0], starts[:0])
+    up_src, up_dst = np.concatenate((chain_dst + 1, tree_src)), np.concatenate((chain_dst, tree_dst))
+    fractions = np.concatenate((np.full(len(chain_dst), 1.0), np.full(len(tree_src), 0.5)))
+    # the broadcast down overlaps the reduce up
+    return (_round_of(np.concatenate((up_src, up_dst)), np.concatenate((up_dst, up_src)),
+                      np.concatenate((fractions, fractions))),)
 
 
 def double_binary_tree(members: list[int]) -> list[tuple[int, int]]:
     """(child, parent) edges of two binary trees over ``members``: the heap-ordered
     tree and the same tree over the members rotated by one."""
+    child, parent = _double_binary_tree(np.asarray(members, dtype=np.int64))
+    return list(zip(child.tolist(), parent.tolist()))
+
+
+def _double_binary_tree(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`double_binary_tree` as two arrays (children, parents), in its order."""
     n = len(members)
-    return [(members[(i + shift) % n], members[((i - 1) // 2 + shift) % n]) for shift in (0, 1) for i in range(1, n)]
+    i = np.arange(1, n)
+    child = np.concatenate([members[(i + shift) % n] for shift in (0, 1)])
+    parent = np.concatenate([members[((i - 1) // 2 + shift) % n] for shift in (0, 1)])
+    return child, parent
+
+
+def _round_of(src: np.ndarray, dst: np.ndarray, fraction: np.ndarray, repeat: int = 1, extra: int = 0) -> Round:
+    """A :class:`Round` built from integer arrays (many members: one pass in
+    numpy instead of a Python loop per flow), its :attr:`Round.arrays` set."""
+    src, dst = src.astype(int), dst.astype(int)
+    fraction = np.asarray(fraction, dtype=float)
+    out = Round(tuple(src.tolist()), tuple(dst.tolist()), tuple(fraction.tolist()), repeat, extra)
+    out.__dict__["arrays"] = (src, dst, fraction)  # what the cached property computes from the tuples
+    return out
 
 
 def mpi_algorithm(collective: Collective, m: int, nbytes: float) -> str:
@@ -122,7 +144,7 @@ def rounds_of(name: str, collective: Collective, m: int) -> tuple[Round, ...]:
     """The rounds of ``collective`` over ``m`` members by algorithm ``name``
     (see the module docstring; NCCL's tree and NVLS: :func:`nccl_rounds`)."""
     ring = tuple(range(m))
-    nxt = tuple((i + 1) % m for i in range(m))
+    nxt = ring[1:] + ring[:1]
     steps = range(math.ceil(math.log2(m)))
     if name == "linear":  # everyone <-> member 0 at once
         others = ring[1:]
@@ -142,17 +164,20 @@ def rounds_of(name: str, collective: Collective, m: int) -> tuple[Round, ...]:
         halving = [uniform(ring, tuple(r ^ (1 << i) for r in ring), 1.0 / (2 << i)) for i in steps]
         return tuple(halving + halving[::-1])
     rounds = []  # recursive doubling and binomial trees, ceil(log2 m) rounds
+    members = np.arange(m)
     for i in steps:
         d = 1 << i
         if collective in (Collective.ALLREDUCE, Collective.ALLGATHER):
-            pairs = [(r, r ^ d) for r in range(m) if (r ^ d) < m]
+            a = members[(members ^ d) < m]
+            b = a ^ d
             fraction = 1.0 if collective is Collective.ALLREDUCE else d / m
         else:
-            pairs = [(r, r + d) for r in range(0, m, 2 * d) if r + d < m]
+            a = np.arange(0, m - d, 2 * d)
+            b = a + d
             fraction = 1.0
             if collective is Collective.REDUCE:  # children send partial sums to rank 0
-                pairs = [(b, a) for a, b in pairs]
-        rounds.append(uniform(tuple(a for a, _ in pairs), tuple(b for _, b in pairs), fraction))
+                a, b = b, a
+        rounds.append(_round_of(a, b, np.full(len(a), fraction)))
     if collective is Collective.REDUCE:
         rounds.reverse()
     return tuple(rounds)
@@ -185,16 +210,22 @@ def nccl_rounds(algorithm: str, collective: Collective, m: int, buckets: tuple[i
     if algorithm == "nvls":
         ring = tuple(range(m))
         fraction = (m + 1) / m if collective is Collective.ALLREDUCE else 1.0
-        return (uniform(ring, tuple((i + 1) % m for i in range(m)), fraction),)
+        return (uniform(ring, ring[1:] + ring[:1], fraction),)
     if algorithm == "nvlstree":
         b = min(buckets)
-        starts = list(itertools.accumulate(buckets, initial=0))[:-1]  # each bucket's first member
-        intra = [(s + j, s + (j + 1) % b) for s in starts for j in range(b)] if b > 1 else []
-        up = [edge for j in range(b) for edge in double_binary_tree([s + j for s in starts])]
-        inter = up + [(c, a) for a, c in up]
-        fractions = ((b + 1) / b,) * len(intra) + (1 / (2 * b),) * len(inter)
-        flows = intra + inter
-        return (Round(tuple(a for a, _ in flows), tuple(c for _, c in flows), fractions),)
+        starts = np.concatenate(([0], np.cumsum(np.asarray(buckets, dtype=np.int64))[:-1]))  # first members
+        j = np.arange(b)
+        if b > 1:  # per bucket, its first b members in a ring
+            intra_src, intra_dst = (starts[:, None] + j).ravel(), (starts[:, None] + (j + 1) % b).ravel()
+        else:
+            intra_src = intra_dst = starts[:0]
+        trees = [_double_binary_tree(starts + x) for x in range(b)]  # per local index, over the buckets
+        up_src = np.concatenate([c for c, _ in trees])
+        up_dst = np.concatenate([p for _, p in trees])
+        src = np.concatenate((intra_src, up_src, up_dst))
+        dst = np.concatenate((intra_dst, up_dst, up_src))
+        fractions = np.concatenate((np.full(len(intra_src), (b + 1) / b), np.full(2 * len(up_src), 1 / (2 * b))))
+        return (_round_of(src, dst, fractions),)
     if algorithm == "pat":
         doubling = rounds_of("recursive_doubling", Collective.ALLGATHER, m)
         return doubling if collective is Collective.ALLGATHER else tuple(reversed(doubling))
@@ -220,8 +251,14 @@ def _hop_levels(links: Links, a: Sequence[int], b: Sequence[int]) -> list[int]:
     """:func:`hop_level` of each pair ``(a[i], b[i])``."""
     if len(a) < NUMPY_MEMBERS_FROM:
         return [hop_level(links, x, y) for x, y in zip(a, b)]
-    differ = links.stacked[:, np.asarray(a)] != links.stacked[:, np.asarray(b)]
-    return np.where(differ.any(axis=0), differ.argmax(axis=0), len(links.strides) - 1).tolist()
+    return _hop_level_array(links, np.asarray(a), np.asarray(b)).tolist()
+
+
+def _hop_level_array(links: Links, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`hop_level` of each pair ``(a[i], b[i])`` of device-id arrays
+    (``a`` of length 1 pairs its device with every one of ``b``)."""
+    differ = links.stacked[:, a] != links.stacked[:, b]
+    return np.where(differ.any(axis=0), differ.argmax(axis=0), len(links.strides) - 1)
 
 
 def nccl_hops(links: Links, members: Sequence[int], algorithm: str, collective: Collective,
@@ -243,12 +280,22 @@ def nccl_hops(links: Links, members: Sequence[int], algorithm: str, collective: 
 
     def add_chain(chain: Sequence[int], times: int, closed: bool = False) -> None:
         """Add ``times`` per hop between consecutive members (and last to first if ``closed``)."""
-        for level, hops in Counter(_hop_levels(links, chain[:-1], chain[1:])).items():
-            counts[level] += hops * times
+        if len(chain) >= NUMPY_MEMBERS_FROM:
+            ids = np.asarray(chain)
+            per_level = np.bincount(_hop_level_array(links, ids[:-1], ids[1:]), minlength=levels).tolist()
+            for level, hops in enumerate(per_level):
+                counts[level] += hops * times
+        else:
+            for level, hops in Counter(_hop_levels(links, chain[:-1], chain[1:])).items():
+                counts[level] += hops * times
         if closed:
             counts[hop_level(links, chain[-1], chain[0])] += times
 
-    outermost = min(_hop_levels(links, [members[0]] * (m - 1), members[1:]))
+    if m >= NUMPY_MEMBERS_FROM:
+        ids = np.asarray(members)
+        outermost = int(_hop_level_array(links, ids[:1], ids[1:]).min())
+    else:
+        outermost = min(_hop_levels(links, [members[0]] * (m - 1), members[1:]))
     if algorithm == "ring" or (algorithm == "tree" and collective is not Collective.ALLREDUCE):
         if collective in (Collective.REDUCE, Collective.BROADCAST):
             add_chain(members, 1)

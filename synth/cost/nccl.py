@@ -45,6 +45,8 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from ..errors import SynthError
 from ..synthesis.language import Collective
 from ..topology import Topology
@@ -155,9 +157,15 @@ def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
     of that level among the members and the most members in one of them."""
     counts = topology.counts
     shape = []
+    ids = np.asarray(members) if len(members) >= 256 else None  # many members: counted with numpy
     for l in range(len(counts)):
-        per = Counter(d // math.prod(counts[l + 1:]) for d in members)
-        shape.append((len(per), max(per.values())))
+        stride = math.prod(counts[l + 1:])
+        if ids is not None:
+            per_element = np.unique(ids // stride, return_counts=True)[1]
+            shape.append((len(per_element), int(per_element.max())))
+        else:
+            per = Counter(d // stride for d in members)
+            shape.append((len(per), max(per.values())))
     graph = topology.levels[-1].graph
     if graph is None or graph.kind == "nvswitch":
         return (len(members), tuple(shape))

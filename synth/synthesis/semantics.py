@@ -342,6 +342,36 @@ def _from_runs(runs: Sequence[Run], k: int) -> DeviceState:
     return _make(stops, masks)
 
 
+def _runs_at(firsts: np.ndarray, length: int, mask: int, k: int) -> DeviceState:
+    """:func:`_from_runs` of one run of ``length`` chunks with contributors
+    ``mask`` (non-zero) at each of ``firsts`` (sorted, runs disjoint), with
+    numpy: touching runs merge into blocks, and the state alternates between
+    nothing and ``mask``."""
+    ends = firsts + length
+    opens = np.ones(len(firsts), dtype=bool)
+    opens[1:] = firsts[1:] != ends[:-1]  # a run that does not touch the one before opens a block
+    starts, stops = firsts[opens], ends[np.append(opens[1:], True)]
+    gap = starts > np.append(0, stops[:-1])  # a run of nothing before the block (every block but maybe the first)
+    held = np.stack((np.where(gap, starts, -1), stops), axis=1).ravel()
+    out_stops = held[held >= 0].tolist()
+    out_masks = [0, mask] * len(starts)
+    if not gap[0]:
+        del out_masks[0]
+    if out_stops[-1] < k:
+        out_stops.append(k)
+        out_masks.append(0)
+    return (tuple(out_stops), tuple(out_masks))
+
+
+def _first_occurrences(values: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``values`` in order of first occurrence and how many times
+    each occurs (what ``Counter(values).items()`` lists), with numpy."""
+    array = np.fromiter(values, np.int64, len(values))
+    distinct, first, counts = np.unique(array, return_index=True, return_counts=True)
+    order = np.argsort(first, kind="stable")
+    return distinct[order], counts[order]
+
+
 def _first_held(s: DeviceState) -> int:
     """The first chunk ``s`` holds, or -1 if it holds none (runs are merged,
     so only the first two runs need looking at). Works on profiles too."""
@@ -793,6 +823,11 @@ VECTOR_GROUPS_FROM = 1024
 NUMPY_PROFILES_FROM = 8192
 
 
+#: groups of at least this many members have their members' profiles counted
+#: with numpy (:meth:`StateSpace._check_profiles`); below, a Counter is cheaper
+NUMPY_MEMBERS_FROM = 2048
+
+
 #: groups of at most this many members are shared across chunk shifts
 #: (:meth:`StateSpace._compute_shifted`): larger groups are few per step, and
 #: normalising them costs more than sharing saves
@@ -1179,9 +1214,16 @@ class StateSpace:
 
     def _check_profiles(self, profiles: tuple[int, ...]) -> int:
         """See :meth:`_passes` (not memoised)."""
-        counted = self._counted(profiles)
+        if self._encoded and len(profiles) >= NUMPY_MEMBERS_FROM:  # counted with numpy
+            ids, counts = _first_occurrences(profiles)
+            counted = list(zip(ids.tolist(), counts.tolist()))
+        else:
+            counted = self._counted(profiles)
+            ids = counts = None
         if self._encoded and len(counted) > 16:  # many positions: from the base states' runs
-            shape = self._positions_shape(counted, len(profiles))
+            if ids is None:
+                ids, counts = (np.array(column, dtype=np.int64) for column in zip(*counted))
+            shape = self._positions_shape(ids, counts, len(profiles))
         elif len(counted) > 16:  # rare and large: hashing would cost more than checking
             shape = _shape_bits([self._held[p] for p, _ in counted], len(profiles))
         else:
@@ -1200,42 +1242,41 @@ class StateSpace:
                 bits |= _BROADCASTING
         return bits
 
-    def _positions_shape(self, counted: list[tuple[int, int]], size: int) -> int:
-        """:func:`_shape_bits` of members with these encoded profile ids (each
-        with how many members have it, root first) without building their held
-        runs: each distinct base's runs moved to each of its positions, with
-        numpy ("Positions"; after a ReduceScatter every member's runs lie
-        elsewhere). The same bits: summing when every member holds the root's
-        runs at the root's position (a run set moved elsewhere is another set),
-        Broadcast when every member's runs lie within the root's, AllGather when
-        the counts are equal and no two members' runs overlap."""
-        stride = self._stride
-        by_base: dict[int, list[tuple[int, int]]] = {}
-        for p, n in counted:
-            by_base.setdefault(p // stride, []).append((p % stride - 1, n))
-        root_base, root_first = divmod(counted[0][0], stride)
-        root_first -= 1
+    def _positions_shape(self, ids: np.ndarray, counts: np.ndarray, size: int) -> int:
+        """:func:`_shape_bits` of members with encoded profile ids ``ids``
+        (distinct, root first; ``counts``: how many members have each) without
+        building their held runs: each distinct base's runs moved to each of its
+        positions, with numpy ("Positions"; after a ReduceScatter every member's
+        runs lie elsewhere). The same bits: summing when every member holds the
+        root's runs at the root's position (a run set moved elsewhere is another
+        set), Broadcast when every member's runs lie within the root's,
+        AllGather when the counts are equal and no two members' runs overlap."""
+        bases, firsts = np.divmod(ids, self._stride)
+        firsts -= 1  # the first held chunk; -1: holds none
+        distinct = np.unique(bases).tolist()
+        root_base, root_first = int(bases[0]), int(firsts[0])
         root_held = self._base_held[root_base]
         if root_first < 0 or not root_held:  # the root holds nothing: at most AllGather, if none holds any
-            return _COUNT_FREE if all(not self._base_held[b] for b in by_base) else 0
+            return _COUNT_FREE if all(not self._base_held[b] for b in distinct) else 0
         bits = 0
-        if all(self._base_held[b] == root_held and all(f == root_first for f, _ in at) for b, at in by_base.items()):
+        if (firsts == root_first).all() and all(self._base_held[b] == root_held for b in distinct):
             count = self._base_held_count[root_base]
             bits |= _SUMMING if count % size == 0 else _SUMMING & ~(1 << _BIT[Collective.REDUCESCATTER])
-        starts, stops, copies = [], [], 0
-        for b, at in by_base.items():
-            held = np.array(self._base_held[b], dtype=np.int64).reshape(-1, 2)
-            firsts = np.array([f for f, _ in at if f >= 0], dtype=np.int64)
-            copies += sum(n - 1 for f, n in at if f >= 0)
-            starts.append((firsts[:, None] + held[None, :, 0]).ravel())
-            stops.append((firsts[:, None] + held[None, :, 1]).ravel())
+        holding = firsts >= 0
+        copies = int((counts[holding] - 1).sum())
+        starts, stops = [], []
+        for b in distinct:
+            at = firsts[holding & (bases == b)]
+            if len(at):
+                held = np.array(self._base_held[b], dtype=np.int64).reshape(-1, 2)
+                starts.append((at[:, None] + held[None, :, 0]).ravel())
+                stops.append((at[:, None] + held[None, :, 1]).ravel())
         start, stop = np.concatenate(starts), np.concatenate(stops)
         root_runs = np.array(root_held, dtype=np.int64) + root_first
         inside = np.searchsorted(root_runs[:, 0], start, side="right") - 1  # the root run each could lie in
         if ((inside >= 0) & (stop <= root_runs[np.maximum(inside, 0), 1])).all():
             bits |= _BROADCASTING
-        counts = {self._base_held_count[b] for b in by_base}
-        if len(counts) == 1 and not copies:  # equal counts, and no two members at one place
+        if len({self._base_held_count[b] for b in distinct}) == 1 and not copies:  # equal counts, none at one place
             order = np.argsort(start, kind="stable")
             start, stop = start[order], stop[order]
             if (start[1:] >= np.maximum.accumulate(stop)[:-1]).all():  # pairwise disjoint
@@ -1362,8 +1403,9 @@ class StateSpace:
         runs = runs_of(self._base_states[base])
         if len(runs) != 1:
             return None
-        _, length, mask = runs[0]
-        return _from_runs([(f, f + length, mask) for f in sorted(i % stride - 1 for i in key)], self.k)
+        first, stop, mask = runs[0]
+        firsts = np.sort(np.fromiter(key, np.int64, len(key)) % stride - 1)
+        return _runs_at(firsts, stop - first, mask, self.k)
 
     def _split_ids(self, total: DeviceState, parts: int) -> tuple[int, ...] | None:
         """The ids of :func:`_split` ``(total, parts)`` where ``total`` holds one
