@@ -839,3 +839,55 @@ def test_canonical_groups_are_a_symmetric_image_with_the_same_step_cost(name):
                     (name, groups.tolist(), algorithm, collective)
                 clear_caches()
                 assert _same_step(_ordered_step_cost(t, prior, algorithm, collective, moved, nbytes), want)
+
+
+def _reference_rounds(algorithm: str, collective, m: int, buckets: tuple[int, ...]):
+    """The flows of nccl_rounds as their definitions state them, one Python
+    tuple per flow: (src, dst, fraction) lists per round, repeat and extra."""
+    def binary_trees(members):
+        n = len(members)
+        return [(members[(i + s) % n], members[((i - 1) // 2 + s) % n]) for s in (0, 1) for i in range(1, n)]
+
+    starts = [sum(buckets[:i]) for i in range(len(buckets))]
+    if algorithm == "tree" and collective is AR:
+        chain = [(s + j + 1, s + j) for s, size in zip(starts, buckets) for j in range(size - 1)]
+        tree = binary_trees(starts) if len(starts) > 1 else []
+        up = [(a, b, 1.0) for a, b in chain] + [(a, b, 0.5) for a, b in tree]
+        return [(up + [(b, a, f) for a, b, f in up], 1, 0)]
+    if algorithm == "nvlstree":
+        b = min(buckets)
+        intra = [(s + j, s + (j + 1) % b, (b + 1) / b) for s in starts for j in range(b)] if b > 1 else []
+        up = [e for j in range(b) for e in binary_trees([s + j for s in starts])]
+        inter = [(a, c, 1 / (2 * b)) for a, c in up] + [(c, a, 1 / (2 * b)) for a, c in up]
+        return [(intra + inter, 1, 0)]
+    if algorithm == "pat":
+        rounds = []
+        for i in range(math.ceil(math.log2(m))):
+            d = 1 << i
+            rounds.append(([(r, r ^ d, d / m) for r in range(m) if r ^ d < m], 1, 0))
+        return rounds if collective is AG else rounds[::-1]
+    if algorithm == "nvls":
+        f = (m + 1) / m if collective is AR else 1.0
+        return [([(i, (i + 1) % m, f) for i in range(m)], 1, 0)]
+    if collective in (RED, BC):  # ring: a pipelined chain
+        pairs = [(i + 1, i) if collective is RED else (i, i + 1) for i in range(m - 1)]
+        return [([(a, b, 1.0) for a, b in pairs], 1, m - 2)]
+    return [([(i, (i + 1) % m, 1.0 / m) for i in range(m)], 2 * (m - 1) if collective is AR else m - 1, 0)]
+
+
+@pytest.mark.parametrize("m, buckets", [(2, (2,)), (5, (2, 3)), (12, (3, 4, 5)), (16, (8, 8)), (7, (1,) * 7),
+                                        (300, (100, 100, 100)), (1024, (8,) * 128), (1000, (4,) * 250)])
+def test_nccl_rounds_are_their_definitions(m, buckets):
+    """nccl_rounds (built with numpy for any group size) lists exactly the flows
+    its definitions state, in their order, with the arrays the cost model reads."""
+    from synth.cost.algorithms import nccl_rounds
+
+    for algorithm in ("ring", "tree", "nvls", "nvlstree", "pat"):
+        for collective in (AR, RS, AG, RED, BC):
+            got = nccl_rounds(algorithm, collective, m, buckets)
+            want = _reference_rounds(algorithm, collective, m, buckets)
+            assert [(list(zip(r.src, r.dst, r.fraction)), r.repeat, r.extra) for r in got] == want
+            for r in got:
+                src, dst, fraction = r.arrays
+                assert (src.dtype, dst.dtype, fraction.dtype) == (np.int64, np.int64, np.float64)
+                assert (src.tolist(), dst.tolist(), fraction.tolist()) == (list(r.src), list(r.dst), list(r.fraction))

@@ -489,11 +489,17 @@ def test_moving_a_state_to_chunk_0_and_back_agrees_with_a_chunk_shift():
 
 @pytest.mark.parametrize("sizes", [(32,), (16, 2), (2, 16), (4, 8)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, goal):
+@pytest.mark.parametrize("numpy_counts_from", [2048, 2])
+def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, goal, numpy_counts_from,
+                                                                         monkeypatch):
     """Groups of more than 16 members that hold one run at many positions (a
     ReduceScatter's parts) are checked, split and gathered without building
     each member's state ("Positions"): the space still follows the rules
-    exactly, and those paths ran."""
+    exactly, and those paths ran; also with the members' profiles counted with
+    numpy from 2 members on (NUMPY_MEMBERS_FROM lowered)."""
+    import synth.synthesis.semantics as semantics
+
+    monkeypatch.setattr(semantics, "NUMPY_MEMBERS_FROM", numpy_counts_from)
     space = StateSpace(sizes, goal, "device")
     copies, splits, gathers = [], [], []
     positions_shape, split_ids, gathered = space._positions_shape, space._split_ids, space._gathered
@@ -538,3 +544,40 @@ def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, ste
                     seen.add(new)
                     nxt.append(new)
         frontier = nxt
+
+
+def test_runs_at_many_positions_is_the_state_of_those_runs():
+    """_runs_at (an AllGather's result where members hold one run at many
+    positions, built with numpy) is the canonical state _from_runs builds from
+    the same runs: touching runs merge, gaps hold nothing, on random layouts."""
+    import random
+
+    import numpy as np
+
+    from synth.synthesis.semantics import _from_runs, _runs_at
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        k = rng.randint(1, 48)
+        length = rng.randint(1, max(1, k // 2))
+        firsts: list[int] = []
+        for f in sorted(rng.sample(range(k - length + 1), rng.randint(1, k - length + 1))):
+            if not firsts or f >= firsts[-1] + length:
+                firsts.append(f)
+        mask = rng.randint(1, (1 << k) - 1)
+        want = _from_runs([(f, f + length, mask) for f in firsts], k)
+        assert _runs_at(np.array(firsts, dtype=np.int64), length, mask, k) == want
+
+
+def test_first_occurrences_count_like_a_counter():
+    from collections import Counter
+
+    import numpy as np
+
+    from synth.synthesis.semantics import _first_occurrences
+
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 17, 3000):
+        values = tuple(rng.integers(0, max(2, n // 3), n).tolist())
+        distinct, counts = _first_occurrences(values)
+        assert list(zip(distinct.tolist(), counts.tolist())) == list(Counter(values).items())
