@@ -143,22 +143,24 @@ def _samples_in(runs: Runs, sampled: list[int]) -> bool:
 
 def _columns(runs: Runs, members: int, sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """The buffer columns of a group's chunk list and, per column, the member
-    whose part holds it (its position in the list divided by the part size)."""
-    total = sum(b - a for a, b in runs)
-    part = max(total // members, 1)
-    cols, positions, offset = [], [], 0
-    for first, stop in runs:
-        if sample is None:
-            cols.append(np.arange(first, stop))
-            positions.append(np.arange(offset, offset + stop - first))
-        else:
-            lo, hi = np.searchsorted(sample, (first, stop))
-            cols.append(np.arange(lo, hi))
-            positions.append(offset + sample[lo:hi] - first)
-        offset += stop - first
-    if not cols:
+    whose part holds it (its position in the list divided by the part size);
+    every run at once with numpy (an AllGather over many devices lists a run
+    per member)."""
+    if not runs:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(cols), np.concatenate(positions) // part
+    bounds = np.array(runs, dtype=np.int64).reshape(-1, 2)
+    first, stop = bounds[:, 0], bounds[:, 1]
+    lengths = stop - first
+    part = max(int(lengths.sum()) // members, 1)
+    shift = first - (np.cumsum(lengths) - lengths)  # a chunk's position in the list is the chunk minus its run's shift
+    if sample is None:
+        lo, hi = first, stop
+    else:
+        lo, hi = np.searchsorted(sample, first), np.searchsorted(sample, stop)
+    counts = hi - lo
+    cols = np.arange(int(counts.sum())) + np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    chunks = cols if sample is None else sample[cols]
+    return cols, (chunks - np.repeat(shift, counts)) // part
 
 
 def numeric_scope(num_devices: int, k: int, groups: int) -> tuple[str, int]:

@@ -206,8 +206,9 @@ def group_runs(program: Program, reduction: Reduction) -> tuple[tuple[int, ...],
     rank_of_index = [0] * traced.k
     for rank, index in enumerate(reduction.rank_to_synthesis_index):
         rank_of_index[index] = rank
-    steps = [(t.instruction.collective, [(tuple(rank_of_index[s] for s in group), runs)
-                                         for group, runs in zip(t.groups, t.runs)]) for t in traced.steps]
+    rank = rank_of_index.__getitem__
+    steps = [(t.instruction.collective, [(tuple(map(rank, group)), runs) for group, runs in zip(t.groups, t.runs)])
+             for t in traced.steps]
     return _chunk_of_rank(traced, reduction), steps
 
 

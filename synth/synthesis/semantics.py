@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, reduce
+from itertools import chain
 from operator import and_, itemgetter
 from typing import Union
 
@@ -997,9 +998,11 @@ class StateSpace:
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
         self._member_arrays: dict[int, np.ndarray] = {}  # see _member_array
         self._base_profile_array = np.zeros(0, dtype=np.int64)  # _base_profile as an array (_profile_ids_of)
-        # per device state id: its held runs (first, stop), each run of one mask (chunk_runs)
-        self._held_runs: dict[int, tuple[tuple[int, int], ...]] = _Derived(
-            lambda i: tuple((a, b) for a, b, _ in self.runs(i)))
+        # per device state id: its held runs (first, stop), each run of one mask (chunk_runs); encoded
+        # ids move their base's runs (one per base) to their first chunk
+        self._base_run_bounds: dict[int, tuple[tuple[int, int], ...]] = _Derived(
+            lambda b: tuple((a, e) for a, e, _ in runs_of(self._base_states[b])))
+        self._held_runs: dict[int, tuple[tuple[int, int], ...]] = _Derived(self._run_bounds)
         self._shapes: dict[tuple[tuple[int, ...], int], int] = {}  # (held chunks of the distinct profiles, size) -> _shape_bits
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
@@ -1061,6 +1064,13 @@ class StateSpace:
             return runs_of(self.device_states[i])
         x = max(i % self._stride - 1, 0)
         return [(a + x, b + x, m) for a, b, m in runs_of(self._base_states[i // self._stride])]
+
+    def _run_bounds(self, i: int) -> tuple[tuple[int, int], ...]:
+        """The ``(first, stop)`` of each of :meth:`runs` ``(i)``."""
+        if not self._encoded:
+            return tuple((a, b) for a, b, _ in self.runs(i))
+        bounds, x = self._base_run_bounds[i // self._stride], i % self._stride - 1
+        return tuple([(a + x, b + x) for a, b in bounds]) if x > 0 else bounds
 
     def _mask_id(self, mask: int) -> int:
         """A small id per distinct mask value (hashing a mask of ``k`` bits
@@ -1179,8 +1189,7 @@ class StateSpace:
         members = self.groupings[grouping].groups[group]
         if collective is not Collective.ALLGATHER:
             return self._held_runs[state[members[0]]]
-        held = self._held_runs
-        return tuple(run for d in members for run in held[state[d]])
+        return tuple(chain.from_iterable(map(self._held_runs.__getitem__, map(state.__getitem__, members))))
 
     def _passes(self, profiles: tuple[int, ...]) -> int:
         """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) whose
