@@ -29,7 +29,7 @@ import numpy as np
 from ..synthesis.language import Collective, Form, Instruction, Program
 from ..synthesis.lowering import LoweredProgram
 from ..synthesis.reduction import Reduction
-from ..synthesis.semantics import Goal, Hierarchy, Loads, resolve
+from ..synthesis.semantics import Goal, Hierarchy, Loads, resolve_rows
 from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
 from .links import Links, RoundGeometry, canonical_devices, group_scales, links_of, round_cost, round_geometry
@@ -175,8 +175,8 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
         if not rnd.src:
             continue
         src_i, dst_i, fraction = rnd.arrays
-        src = groups[:, src_i].ravel()
-        dst = groups[:, dst_i].ravel()
+        src = np.take(groups, src_i, axis=1).ravel()  # take: several times faster than groups[:, src_i]
+        dst = np.take(groups, dst_i, axis=1).ravel()
         flow_bytes = (nbytes[:, None] * fraction[None, :]).ravel()
         flow_scale = None if scales is None else np.repeat(scales, len(src_i))
         geometry = _geometry(links, profile, rnd, groups, src, dst, lanes, nccl, flow_scale)
@@ -224,7 +224,7 @@ def _synthesis_groups(instruction: Instruction, hierarchy: Hierarchy) -> np.ndar
     """The (groups, members) synthesis indices of ``instruction`` on ``hierarchy``
     (:func:`synth.synthesis.semantics.resolve`), read-only: a pure function of the
     hierarchy's sizes, shared by the predictors of every placement."""
-    groups = np.asarray(resolve(instruction, hierarchy).groups)
+    groups = resolve_rows(instruction, hierarchy)
     groups.setflags(write=False)
     return groups
 

@@ -118,6 +118,13 @@ def groups_of(sizes: Sequence[int], level: int, form: Form, ancestor: int | None
     * ``(i, parallel(j))``: fix digits ``1..j`` and ``i+1..n``, vary ``j+1..i``;
     * ``(i, master(j))``: the parallel groups whose digits ``i+1..n`` are all 0.
     """
+    rows = group_rows(sizes, level, form, ancestor)
+    return tuple(map(tuple, rows.tolist())) if len(rows) else ()  # Python ints
+
+
+def group_rows(sizes: Sequence[int], level: int, form: Form, ancestor: int | None) -> np.ndarray:
+    """:func:`groups_of` as a (groups, members) array; (0, 0) when its groups
+    have one member (the step is a no-op)."""
     k = math.prod(sizes)
     index = np.arange(k)
     if form is Form.INSIDE:
@@ -130,9 +137,7 @@ def groups_of(sizes: Sequence[int], level: int, form: Form, ancestor: int | None
         if form is Form.MASTER:
             cube = cube[:, :, :1]
         rows = cube.transpose(0, 2, 1).reshape(-1, cube.shape[1])
-    if rows.shape[1] < 2:
-        return ()
-    return tuple(map(tuple, rows.tolist()))  # Python ints
+    return rows if rows.shape[1] >= 2 else np.zeros((0, 0), dtype=rows.dtype)
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,18 @@ class Grouping:
 
 def resolve(instruction: Instruction, hierarchy: Hierarchy) -> Grouping:
     """The groups of an instruction on ``hierarchy``; errors name the problem."""
+    level, ancestor = _slice_of(instruction, hierarchy)
+    return Grouping(level, instruction.form, ancestor, groups_of(hierarchy.sizes, level, instruction.form, ancestor))
+
+
+def resolve_rows(instruction: Instruction, hierarchy: Hierarchy) -> np.ndarray:
+    """:func:`resolve`'s groups as a (groups, members) array (the same errors)."""
+    level, ancestor = _slice_of(instruction, hierarchy)
+    return group_rows(hierarchy.sizes, level, instruction.form, ancestor)
+
+
+def _slice_of(instruction: Instruction, hierarchy: Hierarchy) -> tuple[int, int | None]:
+    """The level index and ancestor index (or None) an instruction names."""
     level = hierarchy.level_index(instruction.level)
     ancestor = None
     if instruction.ancestor is not None:
@@ -160,7 +177,7 @@ def resolve(instruction: Instruction, hierarchy: Hierarchy) -> Grouping:
                 f"{instruction}: {instruction.form.value}({instruction.ancestor}) needs a level "
                 f"above '{instruction.level}'"
             )
-    return Grouping(level, instruction.form, ancestor, groups_of(hierarchy.sizes, level, instruction.form, ancestor))
+    return level, ancestor
 
 
 def distinct_groupings(hierarchy: Hierarchy) -> tuple[Grouping, ...]:
