@@ -61,13 +61,15 @@ def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarr
     """Run ``steps`` in place; with ``sample`` (sorted chunk ids), buffer column
     ``j`` holds chunk ``sample[j]`` and only those chunks are computed. The
     groups of a step act at once (they are disjoint), so those with as many
-    members and columns are computed together. Groups that hold the same
+    members are computed together, every (group, column) pair in one array
+    operation. Groups that hold the same
     chunk runs (the parallel groups of a step, and the same runs in later
     steps) share one computation of their columns."""
     columns: dict[tuple[Runs, int], tuple[np.ndarray, np.ndarray]] = {}
     sampled = None if sample is None else sample.tolist()
     for collective, groups in steps:
-        alike: dict[tuple[int, int], list[tuple[Sequence[int], np.ndarray, np.ndarray]]] = {}
+        # per group size: the groups' members, and per (group, column) pair its column and owner
+        alike: dict[int, tuple[list[Sequence[int]], list[np.ndarray], list[np.ndarray]]] = {}
         for members, runs in groups:
             key = (runs, len(members))
             found = columns.get(key)
@@ -78,25 +80,43 @@ def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarr
                     found = columns[key] = _columns(runs, len(members), sample)
             cols, owner = found
             if len(cols):
-                alike.setdefault((len(members), len(cols)), []).append((members, cols, owner))
-        for items in alike.values():
-            g = np.array([m for m, _, _ in items])  # (groups, members)
-            c = np.stack([c for _, c, _ in items])  # (groups, columns)
-            every = (g[:, :, None], c[:, None, :])  # every member x every column
-            if collective is Collective.BROADCAST:
-                buffers[every] = buffers[g[:, :1], c][:, None]
-            elif collective is Collective.ALLGATHER:
-                owner = np.stack([o for _, _, o in items])
-                buffers[every] = buffers[np.take_along_axis(g, owner, axis=1), c][:, None]
-            else:
-                total = buffers[every].sum(axis=1)  # (groups, columns, elements)
-                if collective is Collective.ALLREDUCE:
-                    buffers[every] = total[:, None]
-                elif collective is Collective.REDUCE:
-                    buffers[g[:, :1], c] = total
-                else:  # ReduceScatter: each column to the member whose part holds it
-                    owner = np.stack([o for _, _, o in items])
-                    buffers[np.take_along_axis(g, owner, axis=1), c] = total
+                same = alike.setdefault(len(members), ([], [], []))
+                same[0].append(members)
+                same[1].append(cols)
+                same[2].append(owner)
+        for member_lists, col_lists, owner_lists in alike.values():
+            if len({len(c) for c in col_lists}) == 1:  # as many columns each: (groups, members, columns) at once
+                _apply_columns(collective, buffers, np.array(member_lists)[:, :, None], np.stack(col_lists)[:, None, :],
+                               np.stack(owner_lists)[:, None, :], axis=1)
+            else:  # every (group, column) pair at once, members outermost (a member's columns are read in a row)
+                which = np.repeat(np.arange(len(member_lists)), [len(c) for c in col_lists])
+                _apply_columns(collective, buffers, np.array(member_lists).T[:, which],
+                               np.concatenate(col_lists)[None, :], np.concatenate(owner_lists)[None, :], axis=0)
+
+
+def _apply_columns(collective: Collective, buffers: np.ndarray, members: np.ndarray, cols: np.ndarray,
+                   owner: np.ndarray, axis: int) -> None:
+    """One collective on buffer columns: ``members`` and ``cols`` broadcast to
+    index every member's copy of every column its group acts on, the members
+    along ``axis`` (of size 1 in ``cols`` and ``owner``); ``owner``: per
+    column, the index along ``axis`` of the member whose part holds it."""
+    every = (members, cols)
+    root = np.take(members, [0], axis=axis)
+    if collective is Collective.BROADCAST:
+        buffers[every] = buffers[root, cols]
+        return
+    if collective in (Collective.ALLGATHER, Collective.REDUCESCATTER):
+        owner = np.take_along_axis(members, owner, axis=axis)  # the members broadcast along the columns
+    if collective is Collective.ALLGATHER:
+        buffers[every] = buffers[owner, cols]
+        return
+    total = np.expand_dims(buffers[every].sum(axis=axis), axis)
+    if collective is Collective.ALLREDUCE:
+        buffers[every] = total
+    elif collective is Collective.REDUCE:
+        buffers[root, cols] = total
+    else:  # ReduceScatter: each column to the member whose part holds it
+        buffers[owner, cols] = total
 
 
 #: buffers after each prefix of steps run so far, for small checks (the programs

@@ -846,6 +846,11 @@ NUMPY_PROFILES_FROM = 8192
 NUMPY_MEMBERS_FROM = 2048
 
 
+#: an AllGather of one base at this many positions or more builds its result
+#: with numpy (:func:`_runs_at`); below, the loop over runs is cheaper
+NUMPY_RUNS_FROM = 64
+
+
 #: groups of at most this many members are shared across chunk shifts
 #: (:meth:`StateSpace._compute_shifted`): larger groups are few per step, and
 #: normalising them costs more than sharing saves
@@ -1430,6 +1435,8 @@ class StateSpace:
         if len(runs) != 1:
             return None
         first, stop, mask = runs[0]
+        if len(key) < NUMPY_RUNS_FROM:
+            return _from_runs([(f, f + stop - first, mask) for f in sorted(i % stride - 1 for i in key)], self.k)
         firsts = np.sort(np.fromiter(key, np.int64, len(key)) % stride - 1)
         return _runs_at(firsts, stop - first, mask, self.k)
 
