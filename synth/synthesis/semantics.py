@@ -963,7 +963,7 @@ class StateSpace:
         # per grouping: the members of all its groups in one tuple (group-major),
         # the group size, and the picker that assembles the next state from
         # (members' new ids + old state)
-        self._flat = [itemgetter(*(d for group in g.groups for d in group)) for g in self.groupings]
+        self._flat = [itemgetter(*chain.from_iterable(g.groups)) for g in self.groupings]
         self._size = [len(g.groups[0]) for g in self.groupings]
         self._pickers = [_picker(g.groups, self.k) for g in self.groupings]
         # device state ids by (stops, mask ids), or by value (_by_value); mask
@@ -1804,9 +1804,10 @@ _OFFSETS = sum((1 << 32) << (_FIELD * i) for i in range(4))
 def _picker(groups: Sequence[Group], k: int):
     """A callable taking ``(new ids of the members, group-major) + state`` to
     the next state: members take their new ids, other devices keep theirs."""
-    flat = [d for group in groups for d in group]
-    where = {d: i for i, d in enumerate(flat)}
-    return itemgetter(*(where[d] if d in where else len(flat) + d for d in range(k)))
+    flat = np.fromiter(chain.from_iterable(groups), np.int64)
+    where = len(flat) + np.arange(k)  # a device in no group keeps its own id (after the members' new ids)
+    where[flat] = np.arange(len(flat))
+    return itemgetter(*where.tolist())
 
 
 @lru_cache(maxsize=32)
