@@ -207,8 +207,8 @@ def round_cost(
     links: Links,
     profile: Profile,
     key: str,
-    src: np.ndarray,
-    dst: np.ndarray,
+    src: np.ndarray | None,
+    dst: np.ndarray | None,
     nbytes: np.ndarray,
     lanes: np.ndarray | None = None,
     latency: bool = True,
@@ -226,9 +226,10 @@ def round_cost(
     With ``rdma`` (NCCL: GPUDirect RDMA) a flow that leaves through a network
     level goes from the GPU to its NIC over PCIe, not over the GPU's NVLink: it
     does not load the ``nvlink`` levels. ``geometry``: the flows'
-    :func:`round_geometry` (with ``profile``'s bandwidths), if known."""
+    :func:`round_geometry` (with ``profile``'s bandwidths), if known (then
+    ``src`` and ``dst`` are not read and may be None); ``nbytes``: per flow."""
     levels = len(links.counts)
-    if len(src) == 0:
+    if len(nbytes) == 0:
         return 0.0, Features.zero(levels)
     if geometry is None:
         geometry = round_geometry(links, profile.bandwidth_Bps, src, dst, lanes, rdma)

@@ -174,13 +174,11 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
     for rnd in pattern:
         if not rnd.src:
             continue
-        src_i, dst_i, fraction = rnd.arrays
-        src = np.take(groups, src_i, axis=1).ravel()  # take: several times faster than groups[:, src_i]
-        dst = np.take(groups, dst_i, axis=1).ravel()
+        src_i, _, fraction = rnd.arrays
         flow_bytes = (nbytes[:, None] * fraction[None, :]).ravel()
         flow_scale = None if scales is None else np.repeat(scales, len(src_i))
-        geometry = _geometry(links, profile, rnd, groups, src, dst, lanes, nccl, flow_scale)
-        seconds, f = round_cost(links, profile, key, src, dst, flow_bytes, lanes, latency=not nccl, rdma=nccl,
+        geometry = _geometry(links, profile, rnd, groups, lanes, nccl, flow_scale)
+        seconds, f = round_cost(links, profile, key, None, None, flow_bytes, lanes, latency=not nccl, rdma=nccl,
                                 geometry=geometry)
         total += rnd.repeat * seconds
         features.add(f, rnd.repeat)
@@ -199,9 +197,10 @@ _GEOMETRIES: dict[tuple, tuple[Links, RoundGeometry]] = {}
 _GEOMETRIES_LIMIT = 1 << 14
 
 
-def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, src: np.ndarray, dst: np.ndarray,
-              lanes: np.ndarray | None, rdma: bool, scale: np.ndarray | None = None) -> RoundGeometry:
-    """:func:`~synth.cost.links.round_geometry` of a round of ``groups``, memoised."""
+def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, lanes: np.ndarray | None, rdma: bool,
+              scale: np.ndarray | None = None) -> RoundGeometry:
+    """:func:`~synth.cost.links.round_geometry` of a round of ``groups`` (its
+    flows, group-major: every group's ``rnd.src[i] -> rnd.dst[i]``), memoised."""
     key = (id(links), profile.bandwidth_GBps, groups.dtype.str, groups.shape, groups.tobytes(), rnd.src, rnd.dst,
            None if lanes is None else lanes.tobytes(), rdma)
     found = _GEOMETRIES.get(key)
@@ -209,6 +208,9 @@ def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, sr
         return found[1]
     if len(_GEOMETRIES) >= _GEOMETRIES_LIMIT:
         _GEOMETRIES.clear()
+    src_i, dst_i, _ = rnd.arrays
+    src = np.take(groups, src_i, axis=1).ravel()  # take: several times faster than groups[:, src_i]
+    dst = np.take(groups, dst_i, axis=1).ravel()
     geometry = round_geometry(links, profile.bandwidth_Bps, src, dst, lanes, rdma, scale)
     _GEOMETRIES[key] = (links, geometry)
     return geometry
