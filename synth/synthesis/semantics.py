@@ -1245,16 +1245,14 @@ class StateSpace:
 
     def _check_profiles(self, profiles: tuple[int, ...]) -> int:
         """See :meth:`_passes` (not memoised)."""
+        arrays = None
         if self._encoded and len(profiles) >= NUMPY_MEMBERS_FROM:  # counted with numpy
-            ids, counts = _first_occurrences(profiles)
-            counted = list(zip(ids.tolist(), counts.tolist()))
+            arrays = _first_occurrences(profiles)
+            counted = list(zip(arrays[0].tolist(), arrays[1].tolist()))
         else:
             counted = self._counted(profiles)
-            ids = counts = None
         if self._encoded and len(counted) > 16:  # many positions: from the base states' runs
-            if ids is None:
-                ids, counts = (np.array(column, dtype=np.int64) for column in zip(*counted))
-            shape = self._positions_shape(ids, counts, len(profiles))
+            shape = self._positions_shape(counted, len(profiles), arrays)
         elif len(counted) > 16:  # rare and large: hashing would cost more than checking
             shape = _shape_bits([self._held[p] for p, _ in counted], len(profiles))
         else:
@@ -1273,31 +1271,44 @@ class StateSpace:
                 bits |= _BROADCASTING
         return bits
 
-    def _positions_shape(self, ids: np.ndarray, counts: np.ndarray, size: int) -> int:
-        """:func:`_shape_bits` of members with encoded profile ids ``ids``
-        (distinct, root first; ``counts``: how many members have each) without
-        building their held runs: each distinct base's runs moved to each of its
-        positions, with numpy ("Positions"; after a ReduceScatter every member's
-        runs lie elsewhere). The same bits: summing when every member holds the
-        root's runs at the root's position (a run set moved elsewhere is another
-        set), Broadcast when every member's runs lie within the root's,
-        AllGather when the counts are equal and no two members' runs overlap."""
-        bases, firsts = np.divmod(ids, self._stride)
-        firsts -= 1  # the first held chunk; -1: holds none
-        distinct = np.unique(bases).tolist()
-        root_base, root_first = int(bases[0]), int(firsts[0])
+    def _positions_shape(self, counted: list[tuple[int, int]], size: int,
+                         arrays: tuple[np.ndarray, np.ndarray] | None = None) -> int:
+        """:func:`_shape_bits` of members with these encoded profile ids (each
+        with how many members have it, root first; ``arrays``: the same as two
+        arrays, for many members) without building their held runs: each
+        distinct base's runs moved to each of its positions, with numpy
+        ("Positions"; after a ReduceScatter every member's runs lie elsewhere).
+        The same bits: summing when every member holds the root's runs at the
+        root's position (a run set moved elsewhere is another set), Broadcast
+        when every member's runs lie within the root's, AllGather when the
+        counts are equal and no two members' runs overlap."""
+        stride = self._stride
+        root_base, root_first = divmod(counted[0][0], stride)
+        root_first -= 1
+        if arrays is None:  # a loop over the few distinct profiles
+            by_base: dict[int, list[tuple[int, int]]] = {}
+            for p, n in counted:
+                by_base.setdefault(p // stride, []).append((p % stride - 1, n))
+            firsts_of = {b: np.array([f for f, _ in at if f >= 0], dtype=np.int64) for b, at in by_base.items()}
+            copies = sum(n - 1 for at in by_base.values() for f, n in at if f >= 0)
+            at_root = all(f == root_first for at in by_base.values() for f, _ in at)
+        else:  # many: grouped by base with numpy
+            ids, counts = arrays
+            bases, firsts = np.divmod(ids, stride)
+            firsts -= 1  # the first held chunk; -1: holds none
+            holding = firsts >= 0
+            firsts_of = {b: firsts[holding & (bases == b)] for b in np.unique(bases).tolist()}
+            copies = int((counts[holding] - 1).sum())
+            at_root = bool((firsts == root_first).all())
         root_held = self._base_held[root_base]
         if root_first < 0 or not root_held:  # the root holds nothing: at most AllGather, if none holds any
-            return _COUNT_FREE if all(not self._base_held[b] for b in distinct) else 0
+            return _COUNT_FREE if all(not self._base_held[b] for b in firsts_of) else 0
         bits = 0
-        if (firsts == root_first).all() and all(self._base_held[b] == root_held for b in distinct):
+        if at_root and all(self._base_held[b] == root_held for b in firsts_of):
             count = self._base_held_count[root_base]
             bits |= _SUMMING if count % size == 0 else _SUMMING & ~(1 << _BIT[Collective.REDUCESCATTER])
-        holding = firsts >= 0
-        copies = int((counts[holding] - 1).sum())
         starts, stops = [], []
-        for b in distinct:
-            at = firsts[holding & (bases == b)]
+        for b, at in firsts_of.items():
             if len(at):
                 held = np.array(self._base_held[b], dtype=np.int64).reshape(-1, 2)
                 starts.append((at[:, None] + held[None, :, 0]).ravel())
@@ -1307,7 +1318,7 @@ class StateSpace:
         inside = np.searchsorted(root_runs[:, 0], start, side="right") - 1  # the root run each could lie in
         if ((inside >= 0) & (stop <= root_runs[np.maximum(inside, 0), 1])).all():
             bits |= _BROADCASTING
-        if len({self._base_held_count[b] for b in distinct}) == 1 and not copies:  # equal counts, none at one place
+        if len({self._base_held_count[b] for b in firsts_of}) == 1 and not copies:  # equal counts, none at one place
             order = np.argsort(start, kind="stable")
             start, stop = start[order], stop[order]
             if (start[1:] >= np.maximum.accumulate(stop)[:-1]).all():  # pairwise disjoint
