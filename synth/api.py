@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from .collector import collector_paused
 from .cost import Model, Predictor, Ranked, default_program, rank
 from .errors import SynthError
 from .plan import Plan, PlannedProgram, PlannedReduction, one_chunk_layout
@@ -293,9 +294,16 @@ def solve_problem(
     top: int | None = None,
     progress: Progress | None = None,
 ) -> Solution:
-    """:func:`solve` on a checked :class:`~synth.synthesis.problem.Problem`."""
+    """:func:`solve` on a checked :class:`~synth.synthesis.problem.Problem`
+    (the cyclic garbage collector paused throughout: see :mod:`synth.collector`)."""
     if top is not None and top < 0:
         raise SynthError(f"--top {top}: must be >= 0")
+    with collector_paused():
+        return _solve_problem(problem, model, size_bytes, verify, top, progress)
+
+
+def _solve_problem(problem: Problem, model: Model, size_bytes: int, verify: bool, top: int | None,
+                   progress: Progress | None) -> Solution:
     model.profile_for(problem.topology)  # a profile of another topology fails before any work
     started = time.perf_counter()
     placements = problem.placements()

@@ -401,3 +401,29 @@ def test_each_program_is_proved_once_per_hierarchy_sizes(monkeypatch):
     scope = solution.placements[0].programs[0].verification.proof.scope
     assert scope == "reduction group 0 of 2; the others run the same program (checked)"
     synth.synthesis.verify.clear_cache()
+
+
+def test_the_cyclic_collector_is_paused_while_solving_and_restored(monkeypatch):
+    """solve() pauses Python's cyclic garbage collector for its search, ranking
+    and verification (synth.collector) and restores it as it was, also when
+    the work fails; a caller's own pause is left alone."""
+    import gc
+
+    import synth.api as api
+    from synth.collector import collector_paused
+
+    during = []
+    of = api.Ranking.of
+    monkeypatch.setattr(api.Ranking, "of", lambda *a, **k: during.append(gc.isenabled()) or of(*a, **k))
+    assert gc.isenabled()
+    synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp")
+    assert during and not any(during) and gc.isenabled()
+    monkeypatch.setattr(api.Ranking, "of", lambda *a, **k: (_ for _ in ()).throw(SynthError("ranking failed")))
+    with pytest.raises(SynthError, match="ranking failed"):
+        synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp")
+    assert gc.isenabled()
+    with collector_paused():
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner pause leaves it to the outer one
+    assert gc.isenabled()

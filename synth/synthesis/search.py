@@ -20,14 +20,13 @@ paths over the layers).
 
 from __future__ import annotations
 
-import gc
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..collector import collector_paused
 from ..errors import SynthError
 from .language import Collective, Instruction, Program
 from .placement import Placement
@@ -223,26 +222,11 @@ def search(sizes: tuple[int, ...], goal: Goal, max_steps: int,
     if key in _SEARCHES:
         _SEARCHES.move_to_end(key)
         return _SEARCHES[key]
-    with _collector_paused():
+    with collector_paused():
         found = _SEARCHES[key] = _search(*key, progress)
     if len(_SEARCHES) > 256:
         _SEARCHES.popitem(last=False)
     return found
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused (and restored as it was): a
-    search allocates millions of tuples and dict entries that it keeps, and
-    makes no garbage cycles, so each full collection walks everything it built
-    for nothing (20-30% of a search of 16,384 or 131,072 devices)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _search(sizes: tuple[int, ...], goal: Goal, max_steps: int, progress: Callable[[str], None] | None) -> Search:
