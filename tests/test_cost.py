@@ -891,3 +891,24 @@ def test_nccl_rounds_are_their_definitions(m, buckets):
                 src, dst, fraction = r.arrays
                 assert (src.dtype, dst.dtype, fraction.dtype) == (np.int64, np.int64, np.float64)
                 assert (src.tolist(), dst.tolist(), fraction.tolist()) == (list(r.src), list(r.dst), list(r.fraction))
+
+
+def test_communicator_shapes_of_large_groups_count_like_the_loop():
+    """NCCL's view of a communicator (per level: how many elements the members
+    span and the most members in one) is counted with numpy from 256 members
+    on: the same shape as counting each member, on random and whole groups."""
+    from collections import Counter
+
+    from synth.cost.nccl import _shape
+
+    t = load_topology("dgx-a100").scaled({"node": 96})
+    rng = random.Random(11)
+    n = t.num_devices
+    groups = [tuple(range(n)), tuple(range(0, n, 3))]
+    groups += [tuple(sorted(rng.sample(range(n), rng.randint(256, n)))) for _ in range(8)]
+    for members in groups:
+        want = []
+        for level in range(len(t.counts)):
+            per = Counter(d // math.prod(t.counts[level + 1:]) for d in members)
+            want.append((len(per), max(per.values())))
+        assert _shape(t, members) == (len(members), tuple(want))

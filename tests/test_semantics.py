@@ -496,10 +496,10 @@ def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, g
     ReduceScatter's parts) are checked, split and gathered without building
     each member's state ("Positions"): the space still follows the rules
     exactly, and those paths ran; also with the members' profiles counted with
-    numpy from 2 members on (NUMPY_MEMBERS_FROM lowered)."""
+    numpy from 2 members on (NUMPY_COUNTS_FROM lowered)."""
     import synth.synthesis.semantics as semantics
 
-    monkeypatch.setattr(semantics, "NUMPY_MEMBERS_FROM", numpy_counts_from)
+    monkeypatch.setattr(semantics, "NUMPY_COUNTS_FROM", numpy_counts_from)
     space = StateSpace(sizes, goal, "device")
     copies, splits, gathers = [], [], []
     positions_shape, split_ids, gathered = space._positions_shape, space._split_ids, space._gathered

@@ -157,7 +157,9 @@ def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
     of that level among the members and the most members in one of them."""
     counts = topology.counts
     shape = []
-    ids = np.asarray(members) if len(members) >= 256 else None  # many members: counted with numpy
+    # many members: counted with numpy (from algorithms.NUMPY_MEMBERS_FROM on; algorithms imports links, which
+    # imports this module, so the value is repeated here)
+    ids = np.asarray(members) if len(members) >= 256 else None
     for l in range(len(counts)):
         stride = math.prod(counts[l + 1:])
         if ids is not None:

@@ -843,7 +843,7 @@ NUMPY_PROFILES_FROM = 8192
 
 #: groups of at least this many members have their members' profiles counted
 #: with numpy (:meth:`StateSpace._check_profiles`); below, a Counter is cheaper
-NUMPY_MEMBERS_FROM = 2048
+NUMPY_COUNTS_FROM = 2048
 
 
 #: an AllGather of one base at this many positions or more builds its result
@@ -1246,7 +1246,7 @@ class StateSpace:
     def _check_profiles(self, profiles: tuple[int, ...]) -> int:
         """See :meth:`_passes` (not memoised)."""
         arrays = None
-        if self._encoded and len(profiles) >= NUMPY_MEMBERS_FROM:  # counted with numpy
+        if self._encoded and len(profiles) >= NUMPY_COUNTS_FROM:  # counted with numpy
             arrays = _first_occurrences(profiles)
             counted = list(zip(arrays[0].tolist(), arrays[1].tolist()))
         else:
