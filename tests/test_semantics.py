@@ -1,6 +1,7 @@
 """Groups, collective rules (valid/invalid pairs), and the state search."""
 
 import itertools
+from collections.abc import Iterator
 
 import pytest
 
@@ -210,16 +211,8 @@ def test_device_0_never_empties_so_no_allgather_step_is_a_noop():
         assert all(0 in g.groups[0] for g in distinct_groupings(h))
         for goal in Goal:
             space = StateSpace(sizes, goal)
-            frontier, seen = [space.start], {space.start}
-            for _ in range(3):
-                nxt = []
-                for state in frontier:
-                    assert runs_of(space.absolute(state)[0]), state
-                    for _, _, new, _ in space.successors(state, list(Collective)):
-                        if new not in seen:
-                            seen.add(new)
-                            nxt.append(new)
-                frontier = nxt
+            for state in _reachable(space, 3):
+                assert runs_of(space.absolute(state)[0]), state
 
 
 def test_the_issue_example_uses_an_idle_allgather_group():
@@ -244,29 +237,40 @@ def _check_space_against_rules(space: StateSpace, steps: int) -> int:
     valid steps, next states and loads; returns how many states it checked."""
     h = space.hierarchy
     assert space.absolute(space.start) == initial_state(space.goal, h.k)
-    frontier, seen, checked = [space.start], {space.start}, 0
+    checked = 0
+    for state in _reachable(space, steps):
+        absolute = space.absolute(state)
+        got = {(g, c): (space.absolute(new), loads)
+               for g, c, new, loads in space.successors(state, list(Collective))}
+        want = {}
+        for g, grouping in enumerate(space.groupings):
+            for c in Collective:
+                new = apply_step(absolute, c, grouping.groups)
+                if not isinstance(new, str):
+                    want[g, c] = (new, tuple(step_load(c, [absolute[d] for d in group])
+                                             for group in grouping.groups))
+        assert got == want, (space.frame, absolute)
+        assert space.is_goal(state) == is_goal(absolute, space.goal)
+        checked += 1
+    return checked
+
+
+def _reachable(space: StateSpace, steps: int, seen: set | None = None) -> Iterator[tuple[int, ...]]:
+    """Every state of ``space`` reachable in fewer than ``steps`` steps,
+    breadth first, each once (a state is expanded after the caller has looked
+    at it); ``seen`` receives every state reached within ``steps`` steps."""
+    seen = set() if seen is None else seen
+    seen.add(space.start)
+    frontier = [space.start]
     for _ in range(steps):
         nxt = []
         for state in frontier:
-            absolute = space.absolute(state)
-            got = {(g, c): (space.absolute(new), loads)
-                   for g, c, new, loads in space.successors(state, list(Collective))}
-            want = {}
-            for g, grouping in enumerate(space.groupings):
-                for c in Collective:
-                    new = apply_step(absolute, c, grouping.groups)
-                    if not isinstance(new, str):
-                        want[g, c] = (new, tuple(step_load(c, [absolute[d] for d in group])
-                                                 for group in grouping.groups))
-            assert got == want, (space.frame, absolute)
-            assert space.is_goal(state) == is_goal(absolute, space.goal)
-            checked += 1
-            for g, c, new, _ in space.successors(state, list(Collective)):
+            yield state
+            for _, _, new, _ in space.successors(state, list(Collective)):
                 if new not in seen:
                     seen.add(new)
                     nxt.append(new)
         frontier = nxt
-    return checked
 
 
 @pytest.mark.parametrize("sizes", [(4,), (2, 2), (2, 3), (3, 2), (2, 2, 2)])
@@ -399,21 +403,15 @@ def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the
     keep exactly the valid steps whose next state may finish in one step
     ("finish") or is the goal ("goal"), on every state reachable in 3 steps."""
     space = StateSpace(sizes, Goal.ALLREDUCE, frame)
-    frontier, seen, kept = [space.start], {space.start}, 0
-    for _ in range(3):
-        nxt = []
-        for state in frontier:
-            every = space.successors(state, list(Collective))
-            finish = [s for s in every if space.may_finish(s[2])]
-            goal = [s for s in every if space.is_goal(s[2])]
-            assert space.successors(state, list(Collective), "finish") == finish
-            assert space.successors(state, list(Collective), "goal") == goal
-            kept += len(finish) + len(goal)
-            for _, _, new, _ in every:
-                if new not in seen:
-                    seen.add(new)
-                    nxt.append(new)
-        frontier = nxt
+    seen: set = set()
+    kept = 0
+    for state in _reachable(space, 3, seen):
+        every = space.successors(state, list(Collective))
+        finish = [s for s in every if space.may_finish(s[2])]
+        goal = [s for s in every if space.is_goal(s[2])]
+        assert space.successors(state, list(Collective), "finish") == finish
+        assert space.successors(state, list(Collective), "goal") == goal
+        kept += len(finish) + len(goal)
     assert kept > 0 and len(seen) > 30
 
 
@@ -529,21 +527,13 @@ def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, ste
     space._vector_successors = lambda g, *rest: stepped.append(g) or vector(g, *rest)
     assert _check_space_against_rules(space, steps) > 10
     assert stepped
-    frontier, seen = [space.start], {space.start}
-    for _ in range(steps):
-        nxt = []
-        for state in frontier:
-            for lookahead in (None, "finish", "goal"):  # the same steps in the same order either way
-                by_class = space.successors(state, list(Collective), lookahead)
-                monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 1 << 30)
-                by_group = space.successors(state, list(Collective), lookahead)
-                monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
-                assert by_class == by_group
-            for _, _, new, _ in space.successors(state, list(Collective)):
-                if new not in seen:
-                    seen.add(new)
-                    nxt.append(new)
-        frontier = nxt
+    for state in _reachable(space, steps):
+        for lookahead in (None, "finish", "goal"):  # the same steps in the same order either way
+            by_class = space.successors(state, list(Collective), lookahead)
+            monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 1 << 30)
+            by_group = space.successors(state, list(Collective), lookahead)
+            monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
+            assert by_class == by_group
 
 
 def test_runs_at_many_positions_is_the_state_of_those_runs():
