@@ -912,3 +912,55 @@ def test_communicator_shapes_of_large_groups_count_like_the_loop():
             per = Counter(d // math.prod(t.counts[level + 1:]) for d in members)
             want.append((len(per), max(per.values())))
         assert _shape(t, members) == (len(members), tuple(want))
+
+
+@pytest.mark.parametrize("name", ["dgx-h100", "p2-a100", "rack"])
+def test_a_geometry_keeps_alike_flows_as_one_column_and_costs_the_same(name):
+    """A memoised round geometry keeps an array whose flows are all alike as a
+    broadcast of one column (a ring of 131,072 flows otherwise held megabytes
+    of one number): each field has the values of the full computation, and
+    ``round_cost`` gives the same seconds and features, to the bit, with it as
+    with full copies of its arrays, with and without latency."""
+    from synth.cost.links import RoundGeometry, links_of, round_cost, round_geometry
+
+    topology = load_topology(name)
+    links = links_of(topology)
+    profile = model("nccl").profile_for(topology)
+    n = len(links.ancestors[0])
+    rng = np.random.default_rng(3)
+    ring = np.arange(n)
+    cases = [(ring, np.roll(ring, -1)), (ring, ring), (ring, rng.permutation(n))]
+    broadcast = 0
+    for src, dst in cases:
+        kept = round_geometry(links, profile.bandwidth_Bps, src, dst)
+        full = RoundGeometry(*(np.ascontiguousarray(a) for a in (kept.rate, kept.bottleneck, kept.share,
+                                                                 kept.crossing)))
+        for field in ("rate", "bottleneck", "share", "crossing"):
+            a = getattr(kept, field)
+            assert a.shape[-1] == n
+            alike = bool((a == a[..., :1]).all())
+            assert (a.strides[-1] == 0) == alike  # one column where every flow is alike, else the array itself
+            broadcast += alike
+        for nbytes in (np.full(n, 1 << 20, dtype=float), rng.integers(1, 1 << 20, n).astype(float)):
+            for latency in (True, False):
+                a = round_cost(links, profile, "ring.Simple", None, None, nbytes, latency=latency, geometry=kept)
+                b = round_cost(links, profile, "ring.Simple", None, None, nbytes, latency=latency, geometry=full)
+                assert a[0] == b[0]
+                assert a[1].latency_count.tolist() == b[1].latency_count.tolist()
+                assert {k: v.tolist() for k, v in a[1].load.items()} == {k: v.tolist() for k, v in b[1].load.items()}
+    assert broadcast >= 4  # the ring and the flows that stay put are alike in every field
+
+
+def test_content_keys_tell_arrays_apart_by_value_dtype_and_shape():
+    """Memos of step costs and round geometries key group arrays by
+    ``content_key`` (a digest, not a megabyte of bytes per entry)."""
+    from synth.cost.predict import content_key
+
+    a = np.arange(12, dtype=np.int64).reshape(3, 4)
+    assert content_key(a) == content_key(a.copy()) == content_key(np.ascontiguousarray(a.T).T)
+    assert hash(content_key(a)) == hash(content_key(a.copy()))
+    b = a.copy()
+    b[2, 3] += 1
+    assert content_key(b) != content_key(a)
+    assert content_key(a.reshape(4, 3)) != content_key(a)
+    assert content_key(a.astype(np.int32)) != content_key(a)

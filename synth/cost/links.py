@@ -152,7 +152,8 @@ class RoundGeometry:
     its ``rate`` (B/s: the smallest bandwidth x share over the levels it
     crosses; inf if it crosses none), its ``bottleneck`` level, its ``share``
     there (1 if it crosses nothing), and which levels it crosses (``crossing``,
-    (levels, flows))."""
+    (levels, flows)). An array whose flows are all alike may be a read-only
+    broadcast of one column (:func:`_kept`): read them, do not write them."""
 
     rate: np.ndarray
     bottleneck: np.ndarray
@@ -182,7 +183,7 @@ def round_geometry(
     # per flow, the level of its smallest rate (bandwidth x share of a level it crosses; inf elsewhere), the
     # first one on ties (argmin's choice), kept level by level instead of (levels, flows) tables
     rate = np.full(len(src), np.inf)
-    bottleneck = np.zeros(len(src), dtype=np.intp)
+    bottleneck = np.zeros(len(src), dtype=np.int8)  # a level index (few levels): a byte per flow, not eight
     share = np.ones(len(src))  # the share at the bottleneck, where it is crossed
     for l in np.flatnonzero(crossing.any(axis=1)).tolist():
         lane = 1.0 if lanes is None else lanes[l]
@@ -200,7 +201,17 @@ def round_geometry(
         bottleneck[lower] = l
         share = np.where(lower, level_share, share)  # crossed wherever its rate is finite, hence lower
     # a flow that crosses no level (src == dst) has share 1 and no bottleneck (level 0)
-    return RoundGeometry(rate, bottleneck, share, crossing)
+    return RoundGeometry(_kept(rate), _kept(bottleneck), _kept(share), _kept(crossing))
+
+
+def _kept(values: np.ndarray) -> np.ndarray:
+    """``values`` (per flow along its last axis) as the geometry keeps it: a
+    read-only view of one column when every flow has the same column (most
+    rounds: every flow of a ring is alike), so that memoised geometries of
+    131,072 flows do not hold megabytes of copies of one number."""
+    if values.shape[-1] > 1 and (values == values[..., :1]).all():
+        return np.broadcast_to(values[..., :1].copy(), values.shape)
+    return values
 
 
 def round_cost(
@@ -235,7 +246,8 @@ def round_cost(
         geometry = round_geometry(links, profile.bandwidth_Bps, src, dst, lanes, rdma)
     seconds = nbytes / (geometry.rate * profile.efficiency_of(key))
     if latency:
-        seconds = seconds + profile.latency_s @ geometry.crossing
+        # a contiguous copy of a broadcast crossing: the product sums in the same order as on a full array
+        seconds = seconds + profile.latency_s @ np.ascontiguousarray(geometry.crossing)
     worst = int(seconds.argmax())
     load = np.zeros(levels)
     load[int(geometry.bottleneck[worst])] = nbytes[worst] / geometry.share[worst]

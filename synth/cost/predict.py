@@ -19,6 +19,7 @@ A program's cost is the sum of its steps'.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass
 from functools import lru_cache
@@ -171,13 +172,14 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
     ``nccl``: transfer times only (latency is counted per step), GPUDirect RDMA.
     ``scales``: per group, its share of the link-graph level (links.group_scales)."""
     total = 0.0
+    groups_key = content_key(groups)  # one digest for every round of the step
     for rnd in pattern:
         if not rnd.src:
             continue
         src_i, _, fraction = rnd.arrays
         flow_bytes = (nbytes[:, None] * fraction[None, :]).ravel()
         flow_scale = None if scales is None else np.repeat(scales, len(src_i))
-        geometry = _geometry(links, profile, rnd, groups, lanes, nccl, flow_scale)
+        geometry = _geometry(links, profile, rnd, groups, groups_key, lanes, nccl, flow_scale)
         seconds, f = round_cost(links, profile, key, None, None, flow_bytes, lanes, latency=not nccl, rdma=nccl,
                                 geometry=geometry)
         total += rnd.repeat * seconds
@@ -191,17 +193,27 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
 
 # Round geometries shared by the steps that send the same flows, whatever their
 # bytes (the ring of an AllReduce, a ReduceScatter and an AllGather over the same
-# groups; the same groups at other sizes): (links' identity, bandwidths, flows,
-# lanes, rdma) -> (links, geometry); emptied past _GEOMETRIES_LIMIT and by clear_caches
+# groups; the same groups at other sizes): (links' identity, bandwidths, groups'
+# content key, round, lanes, rdma) -> (links, geometry); emptied past
+# _GEOMETRIES_LIMIT and by clear_caches
 _GEOMETRIES: dict[tuple, tuple[Links, RoundGeometry]] = {}
 _GEOMETRIES_LIMIT = 1 << 14
 
 
-def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, lanes: np.ndarray | None, rdma: bool,
-              scale: np.ndarray | None = None) -> RoundGeometry:
+def content_key(array: np.ndarray) -> tuple:
+    """A hashable key of ``array``'s value: dtype, shape and the SHA-256 digest
+    of its bytes (32 bytes, where the bytes themselves are up to a megabyte per
+    step at 131,072 devices and were kept by every memo entry; a collision
+    would need two distinct arrays with one SHA-256 digest)."""
+    data = np.ascontiguousarray(array)
+    return array.dtype.str, array.shape, hashlib.sha256(data.data).digest()
+
+
+def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, groups_key: tuple,
+              lanes: np.ndarray | None, rdma: bool, scale: np.ndarray | None = None) -> RoundGeometry:
     """:func:`~synth.cost.links.round_geometry` of a round of ``groups`` (its
     flows, group-major: every group's ``rnd.src[i] -> rnd.dst[i]``), memoised."""
-    key = (id(links), profile.bandwidth_GBps, groups.dtype.str, groups.shape, groups.tobytes(), rnd.src, rnd.dst,
+    key = (id(links), profile.bandwidth_GBps, groups_key, rnd.src, rnd.dst,
            None if lanes is None else lanes.tobytes(), rdma)
     found = _GEOMETRIES.get(key)
     if found is not None and found[0] is links:
@@ -272,8 +284,8 @@ def shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm,
     caller's own key that determines every argument (it starts with
     :func:`model_id`'s id and the collective; :meth:`Predictor.step`'s)."""
     if key is None:
-        key = (topology, profile, algorithm, collective, groups.dtype.str, groups.shape, groups.tobytes(),
-               nbytes.dtype.str, nbytes.tobytes(), nccl_version)
+        key = (topology, profile, algorithm, collective, content_key(groups), nbytes.dtype.str, nbytes.tobytes(),
+               nccl_version)
     cost = _SHARED_STEPS.get(key)
     if cost is None:
         if len(_SHARED_STEPS) >= _SHARED_STEPS_LIMIT:
@@ -341,11 +353,11 @@ class Predictor:
         return cost
 
     def _group_bytes(self, instruction: Instruction, groups: np.ndarray) -> tuple:
-        """The value of :meth:`global_groups` as a hashable key (shape and
-        bytes), one object per instruction."""
+        """The value of :meth:`global_groups` as a hashable key
+        (:func:`content_key`), one object per instruction."""
         found = self._group_keys.get(instruction)
         if found is None:
-            found = self._group_keys[instruction] = (groups.dtype.str, groups.shape, groups.tobytes())
+            found = self._group_keys[instruction] = content_key(groups)
         return found
 
     def default(self, goal: Goal, size_bytes: float) -> float:
