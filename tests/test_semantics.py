@@ -1,6 +1,7 @@
 """Groups, collective rules (valid/invalid pairs), and the state search."""
 
 import itertools
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -534,6 +535,30 @@ def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, ste
             by_group = space.successors(state, list(Collective), lookahead)
             monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
             assert by_class == by_group
+
+
+@pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_groups_of_every_device_are_not_memoised_on_large_systems(sizes, goal, monkeypatch):
+    """From NUMPY_PROFILES_FROM devices (lowered here to the hierarchy's) a
+    group of every device is checked and stepped without being memoised (its
+    key is a whole state): the space still follows the rules exactly, with and
+    without the lookahead the same steps as a space that memoises them, and no
+    memo holds a key of every device."""
+    import synth.synthesis.semantics as semantics
+
+    k = math.prod(sizes)
+    memoising = StateSpace(sizes, goal, "device")
+    monkeypatch.setattr(semantics, "NUMPY_PROFILES_FROM", k)
+    space = StateSpace(sizes, goal, "device")
+    assert _check_space_against_rules(space, 3) >= 4
+    for state in _reachable(space, 3):
+        for lookahead in (None, "finish", "goal"):
+            assert space.successors(state, list(Collective), lookahead) == \
+                memoising.successors(state, list(Collective), lookahead)
+    memos = [space._passing, *space._deltas, *(m for per in space._memos for m in per)]
+    assert all(len(key) < k for memo in memos for key in memo)
+    assert any(len(key) == k for memo in [memoising._passing, *memoising._deltas] for key in memo)
 
 
 def test_runs_at_many_positions_is_the_state_of_those_runs():

@@ -1008,6 +1008,9 @@ class StateSpace:
             self._held_count = self._base_held_count  # profile id -> number of held chunks
             self._packed = self._base_packed  # per profile: holds all, complete, done, final, packed (see _delta)
         self._passing: dict[tuple[int, ...], int] = {}  # member profiles -> bit set of collectives that pass them
+        # from NUMPY_PROFILES_FROM devices a group of every device is not memoised (here and in _deltas and
+        # _memos): its key is a whole state, met once by the search, and megabytes of integers to keep
+        self._whole_key = self.k if self.k >= NUMPY_PROFILES_FROM else self.k + 1
         self._deltas: list[dict[tuple[int, ...], int]] = [{} for _ in Collective]  # per collective (see _delta)
         # per collective and grouping: group members' ids -> outcome; in the
         # device frame a group's outcome depends on its grouping (the members'
@@ -1151,7 +1154,9 @@ class StateSpace:
             else:
                 members = [self._profiles[p] for p in profiles]
                 gained = sum(packed[self._intern_profile(r)] for r in _profile_results(collective, members, self.k))
-            out = deltas[profiles] = gained - sum(map(packed.__getitem__, profiles)) + _OFFSETS
+            out = gained - sum(map(packed.__getitem__, profiles)) + _OFFSETS
+            if len(profiles) < self._whole_key:
+                deltas[profiles] = out
         return out
 
     def absolute(self, state: tuple[int, ...]) -> State:
@@ -1229,7 +1234,8 @@ class StateSpace:
                 bits = self._passes_shifted(profiles)
             else:
                 bits = self._check_profiles(profiles)
-            self._passing[profiles] = bits
+            if len(profiles) < self._whole_key:
+                self._passing[profiles] = bits
         return bits
 
     def _passes_shifted(self, profiles: tuple[int, ...]) -> int:
@@ -1780,7 +1786,9 @@ class StateSpace:
         for j, key in enumerate(uniform or keys):
             outcome = memo.get(key)
             if outcome is None:
-                outcome = memo[key] = self._compute(grouping, collective, key, not explain)
+                outcome = self._compute(grouping, collective, key, not explain)
+                if len(key) < self._whole_key:
+                    memo[key] = outcome
             if outcome.__class__ is str:
                 return f"group {list(self.groupings[grouping].groups[j])}: {outcome}" if explain else outcome
             result += outcome[0]
