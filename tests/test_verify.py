@@ -266,3 +266,35 @@ def test_a_sampled_run_computes_the_sampled_columns_of_the_whole_run():
                 runs += 1
     assert runs > 30
     assert _samples_in(((0, 4), (10, 12)), [5, 11]) and not _samples_in(((0, 4), (10, 12)), [4, 9, 12])
+
+
+@pytest.mark.parametrize("collective", list(Collective))
+def test_steps_that_tile_the_devices_run_on_a_view_with_the_same_result(collective, monkeypatch):
+    """A step whose groups are consecutive devices acting on the same columns
+    runs on a reshaped view of the buffers (``_apply_tiled``) instead of
+    gathering every (member, column) pair: on random data, columns and owners,
+    the buffers end the same as on the gathered path; steps that do not tile
+    (groups on other columns, devices out of order) take the gathered path."""
+    import synth.synthesis.execute as execute
+
+    tiled_runs = []
+    tiled = execute._apply_tiled
+    rng = np.random.default_rng(5)
+    for g, m in ((1, 2), (1, 5), (3, 2), (2, 4), (4, 3)):
+        n, width, q = g * m, 7, 3
+        for _ in range(6):
+            buffers = rng.integers(-1000, 1000, size=(n, width, q), dtype=np.int32)
+            col = np.sort(rng.choice(width, int(rng.integers(1, width + 1)), replace=False))
+            cols, owner = np.tile(col, (g, 1)), np.tile(rng.integers(0, m, len(col)), (g, 1))
+            members = np.arange(n).reshape(g, m)
+            shuffled = rng.permutation(n).reshape(g, m)
+            if g > 1 and rng.random() < 0.3:  # another column set in one group: not a tiling
+                cols[-1] = np.sort(rng.choice(width, len(col), replace=False))
+            for rows in (members, shuffled):
+                got, want = buffers.copy(), buffers.copy()
+                monkeypatch.setattr(execute, "_apply_tiled", lambda *a: tiled_runs.append(tiled(*a)) or tiled_runs[-1])
+                execute._apply_columns(collective, got, rows[:, :, None], cols[:, None, :], owner[:, None, :], axis=1)
+                monkeypatch.setattr(execute, "_apply_tiled", lambda *a: False)
+                execute._apply_columns(collective, want, rows[:, :, None], cols[:, None, :], owner[:, None, :], axis=1)
+                assert np.array_equal(got, want), (g, m, col.tolist(), rows.tolist())
+    assert True in tiled_runs and False in tiled_runs
