@@ -260,6 +260,15 @@ def check_numerically(lowered: LoweredProgram, length: int | None = None, seed: 
     return check_runs(lowered.goal, rows, lowered.chunk_of_rank, steps, chunks, length, seed)
 
 
+def _rows_of(buffers: np.ndarray, devices: np.ndarray) -> np.ndarray:
+    """``buffers[devices]``, as a view (no copy) when the devices are
+    consecutive (a reduction group renumbered to 0..k-1 is): read it, do not
+    write it."""
+    if len(devices) and devices[-1] - devices[0] == len(devices) - 1 and (np.diff(devices) == 1).all():
+        return buffers[devices[0]:devices[-1] + 1]
+    return buffers[devices]
+
+
 def check_runs(goal: Goal, rows: np.ndarray, chunk_of_rank: Sequence[int], steps: Sequence[RunStep],
                chunks: int | None = None, length: int | None = None, seed: int = 0) -> int:
     """:func:`check_numerically` of steps on the devices of ``rows`` (one row
@@ -288,7 +297,8 @@ def check_runs(goal: Goal, rows: np.ndarray, chunk_of_rank: Sequence[int], steps
         valid = (rank_of_chunk[:, None] * q + np.arange(q)[None, :]) < length  # beyond length: padding
         buffers = rng.integers(-1000, 1000, size=(n, len(cols), q), dtype=np.int32)  # sums fit: k < 2**21
         buffers[:, ~valid] = 0
-        totals = np.stack([buffers[row].sum(axis=0, dtype=np.int64) for row in rows])  # (groups, columns, q)
+        # (groups, columns, q)
+        totals = np.stack([_rows_of(buffers, row).sum(axis=0, dtype=np.int64) for row in rows])
     base = (goal, rows.tobytes(), rows.shape, tuple(chunk_of_rank), chunks, length, seed)
     buffers = _run_from_prefix(steps, buffers, sample, base)
     checked = 0
@@ -296,7 +306,7 @@ def check_runs(goal: Goal, rows: np.ndarray, chunk_of_rank: Sequence[int], steps
         devices = rows[g]
         if goal is Goal.ALLGATHER:
             want = shards[devices[rank_of_chunk]][None]  # chunk j holds the shard of rank rank_of_chunk[j]
-            got = buffers[devices]
+            got = _rows_of(buffers, devices)
             mask = np.broadcast_to(valid, got.shape)
         else:
             total = totals[g]
@@ -308,7 +318,7 @@ def check_runs(goal: Goal, rows: np.ndarray, chunk_of_rank: Sequence[int], steps
                 want = total[mine[r]][:, None]
                 mask = valid[mine[r]][:, None]
             else:
-                got = buffers[devices]
+                got = _rows_of(buffers, devices)
                 want = total[None]
                 mask = np.broadcast_to(valid, got.shape)
         wrong = (got != want) & mask
