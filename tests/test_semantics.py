@@ -561,6 +561,36 @@ def test_groups_of_every_device_are_not_memoised_on_large_systems(sizes, goal, m
     assert any(len(key) == k for memo in [memoising._passing, *memoising._deltas] for key in memo)
 
 
+@pytest.mark.parametrize("sizes", [(16, 2), (2, 16), (4, 2, 2), (8, 4)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_a_member_holding_every_chunk_does_not_set_the_shift_of_a_profile_check(sizes, goal):
+    """The profile checks of a grouping's groups are looked up once per class
+    of groups moved down by their first held chunk, where a member that holds
+    one run over every chunk stays put (``_check_classes``): on every group of
+    every grouping of every reachable state, the check of the class is the
+    check of the group itself, and classes of that kind occur."""
+    import numpy as np
+
+    space = StateSpace(sizes, goal, "device")
+    fixed_whole = 0
+    for state in _reachable(space, 5):
+        profiles = np.array([space._profile[i] for i in state], dtype=np.int64)
+        for g in range(len(space.groupings)):
+            rows = profiles[space._member_array(g)]
+            classes = space._check_classes(rows)
+            fixed_whole += len(classes) < len(space._classes(rows)[1])
+            for row in rows.tolist():
+                key = tuple(row)
+                position = [p % space._stride for p in key]
+                whole = [space._base_whole[p // space._stride] for p in key]
+                shifts = [x - 1 for x, w in zip(position, whole) if x > 0 and not w]
+                b = min(shifts) if shifts else 0
+                moved = tuple(p - b if x > 0 and not w else p for p, x, w in zip(key, position, whole))
+                assert moved in classes
+                assert space._check_profiles(moved) == space._check_profiles(key), (state, g, key)
+    assert fixed_whole > 0
+
+
 def test_runs_at_many_positions_is_the_state_of_those_runs():
     """_runs_at (an AllGather's result where members hold one run at many
     positions, built with numpy) is the canonical state _from_runs builds from

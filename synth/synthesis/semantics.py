@@ -984,6 +984,8 @@ class StateSpace:
         self._base_profiles: list[Profile] = []
         self._base_held: list[HeldRuns] = []
         self._base_held_count: list[int] = []
+        self._base_whole: list[bool] = []  # per base profile: one run over every chunk (see _check_classes)
+        self._base_whole_array = np.zeros(0, dtype=bool)
         self._base_packed: list[int] = []
         self._encoded = self._device_frame  # ids encode positions ("Positions")
         self._stride = self.k + 1
@@ -1123,6 +1125,7 @@ class StateSpace:
             held = held_runs(profile)
             self._base_held.append(held)
             self._base_held_count.append(_count(profile))
+            self._base_whole.append(len(profile[0]) == 1 and profile[1][0] > 0)
             runs = runs_of(profile)
             holds_all = held == ((0, k),)
             complete = all(count in (0, k) for count in profile[1])
@@ -1659,14 +1662,15 @@ class StateSpace:
         memos as the per-group path), and each group's results are moved back
         up. ``ids``, ``profiles``: the state's and its profiles' ids."""
         members = self._member_array(g)
-        base, profile_rows, profile_class = self._classes(profiles[members])
-        profile_keys = [tuple(row) for row in profile_rows]
+        profile_rows = profiles[members]
         ok = wanted
-        for key in profile_keys:
+        for key in self._check_classes(profile_rows):
             bits = self._passing.get(key)
             ok &= self._passes(key) if bits is None else bits
             if not ok:
                 return []
+        _, profile_rows, profile_class = self._classes(profile_rows)
+        profile_keys = [tuple(row) for row in profile_rows]
         per_class = np.bincount(profile_class)
         out: list[tuple[int, Collective, tuple[int, ...], Loads]] = []
         id_rows = None
@@ -1676,7 +1680,7 @@ class StateSpace:
                                                                   len(members), lookahead):
                 continue
             if id_rows is None:
-                _, id_rows, id_class = self._classes(ids[members])
+                base, id_rows, id_class = self._classes(ids[members])
                 id_keys = [tuple(row) for row in id_rows]
             memo = self._memos[_BIT[c]][g]
             results, loads = [], []
@@ -1724,6 +1728,28 @@ class StateSpace:
         flat = down.view(np.dtype((np.void, down.dtype.itemsize * down.shape[1]))).ravel()
         _, index, inverse = np.unique(flat, return_index=True, return_inverse=True)
         return base, down[index].tolist(), inverse.ravel()
+
+    def _check_classes(self, rows: np.ndarray) -> list[tuple[int, ...]]:
+        """The distinct groups that :meth:`_passes` must see for groups whose
+        members have the encoded profile ids ``rows`` (one row per group): each
+        row moved down by the first chunk that its members hold, as in
+        :meth:`_classes`, except that a member holding one run over every
+        chunk stays where it is and does not set the shift. The profile checks
+        compare members chunk by chunk and split held chunks in order; such a
+        member holds every chunk with one count, the same at every position,
+        so moving the others together keeps every comparison (a group of one
+        whole member and one part at each of 8,192 positions is one check, not
+        8,192; tests compare both on every reachable group)."""
+        if len(self._base_whole_array) != len(self._base_whole):
+            self._base_whole_array = np.array(self._base_whole, dtype=bool)
+        position = rows % self._stride  # first held chunk + 1; 0: holds nothing
+        moved = (position > 0) & ~self._base_whole_array[rows // self._stride]
+        first = np.where(moved, position, np.iinfo(np.int64).max).min(axis=1)
+        base = np.where(moved.any(axis=1), first - 1, 0)
+        down = np.ascontiguousarray(rows - base[:, None] * moved)
+        flat = down.view(np.dtype((np.void, down.dtype.itemsize * down.shape[1]))).ravel()
+        _, index = np.unique(flat, return_index=True)
+        return [tuple(row) for row in down[np.sort(index)].tolist()]
 
     def _after_passes(self, after: int, lookahead: str) -> bool:
         """Whether packed counts ``after`` a step can pass :meth:`may_finish`
