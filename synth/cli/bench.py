@@ -133,6 +133,11 @@ def _run_sparse_bench(args: argparse.Namespace, density: float) -> int:
             traceback.print_exc()
             world.abort(1)
         raise
+    finally:
+        # the torch backend's process groups, destroyed here as the dense bench does: left to the
+        # interpreter's exit, a gloo group's teardown aborted rank 0 under torchrun on a loaded machine
+        # ("terminate called without an active exception") after a complete, correct run
+        getattr(world, "close", lambda: None)()
     return 0
 
 
