@@ -566,7 +566,7 @@ def test_groups_of_every_device_are_not_memoised_on_large_systems(sizes, goal, m
 def test_a_member_holding_every_chunk_does_not_set_the_shift_of_a_profile_check(sizes, goal):
     """The profile checks of a grouping's groups are looked up once per class
     of groups moved down by their first held chunk, where a member that holds
-    one run over every chunk stays put (``_check_classes``): on every group of
+    one run over every chunk stays put (``_whole_members``): on every group of
     every grouping of every reachable state, the check of the class is the
     check of the group itself, and classes of that kind occur."""
     import numpy as np
@@ -577,7 +577,7 @@ def test_a_member_holding_every_chunk_does_not_set_the_shift_of_a_profile_check(
         profiles = np.array([space._profile[i] for i in state], dtype=np.int64)
         for g in range(len(space.groupings)):
             rows = profiles[space._member_array(g)]
-            classes = space._check_classes(rows)
+            classes = {tuple(row) for row in space._classes(rows, space._whole_members(rows))[1]}
             fixed_whole += len(classes) < len(space._classes(rows)[1])
             for row in rows.tolist():
                 key = tuple(row)

@@ -984,7 +984,7 @@ class StateSpace:
         self._base_profiles: list[Profile] = []
         self._base_held: list[HeldRuns] = []
         self._base_held_count: list[int] = []
-        self._base_whole: list[bool] = []  # per base profile: one run over every chunk (see _check_classes)
+        self._base_whole: list[bool] = []  # per base profile: one run over every chunk (see _whole_members)
         self._base_whole_array = np.zeros(0, dtype=bool)
         self._base_packed: list[int] = []
         self._encoded = self._device_frame  # ids encode positions ("Positions")
@@ -1664,7 +1664,7 @@ class StateSpace:
         members = self._member_array(g)
         profile_rows = profiles[members]
         ok = wanted
-        for key in self._check_classes(profile_rows):
+        for key in map(tuple, self._classes(profile_rows, self._whole_members(profile_rows))[1]):
             bits = self._passing.get(key)
             ok &= self._passes(key) if bits is None else bits
             if not ok:
@@ -1715,41 +1715,36 @@ class StateSpace:
             found = self._member_arrays[g] = np.array(self.groupings[g].groups, dtype=np.int64)
         return found
 
-    def _classes(self, rows: np.ndarray) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
+    def _classes(self, rows: np.ndarray, still: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
         """Per row (a group's members' encoded ids): its base, the first chunk
         any member holds (0 if none holds any), and its class: the distinct rows
         once moved down by their base (:meth:`_moved_down`), as lists, and each
-        row's index among them."""
+        row's index among them. Members marked in ``still`` (same shape) are
+        neither moved nor looked at for the base (:meth:`_whole_members`)."""
         position = rows % self._stride  # first held chunk + 1; 0: holds nothing
-        held = position > 0
-        first = np.where(held, position, np.iinfo(np.int64).max).min(axis=1)
-        base = np.where(held.any(axis=1), first - 1, 0)
-        down = np.ascontiguousarray(rows - base[:, None] * held)
-        flat = down.view(np.dtype((np.void, down.dtype.itemsize * down.shape[1]))).ravel()
-        _, index, inverse = np.unique(flat, return_index=True, return_inverse=True)
-        return base, down[index].tolist(), inverse.ravel()
-
-    def _check_classes(self, rows: np.ndarray) -> list[tuple[int, ...]]:
-        """The distinct groups that :meth:`_passes` must see for groups whose
-        members have the encoded profile ids ``rows`` (one row per group): each
-        row moved down by the first chunk that its members hold, as in
-        :meth:`_classes`, except that a member holding one run over every
-        chunk stays where it is and does not set the shift. The profile checks
-        compare members chunk by chunk and split held chunks in order; such a
-        member holds every chunk with one count, the same at every position,
-        so moving the others together keeps every comparison (a group of one
-        whole member and one part at each of 8,192 positions is one check, not
-        8,192; tests compare both on every reachable group)."""
-        if len(self._base_whole_array) != len(self._base_whole):
-            self._base_whole_array = np.array(self._base_whole, dtype=bool)
-        position = rows % self._stride  # first held chunk + 1; 0: holds nothing
-        moved = (position > 0) & ~self._base_whole_array[rows // self._stride]
+        moved = position > 0
+        if still is not None:
+            moved &= ~still
         first = np.where(moved, position, np.iinfo(np.int64).max).min(axis=1)
         base = np.where(moved.any(axis=1), first - 1, 0)
         down = np.ascontiguousarray(rows - base[:, None] * moved)
         flat = down.view(np.dtype((np.void, down.dtype.itemsize * down.shape[1]))).ravel()
-        _, index = np.unique(flat, return_index=True)
-        return [tuple(row) for row in down[np.sort(index)].tolist()]
+        _, index, inverse = np.unique(flat, return_index=True, return_inverse=True)
+        return base, down[index].tolist(), inverse.ravel()
+
+    def _whole_members(self, rows: np.ndarray) -> np.ndarray:
+        """Which of the encoded profile ids ``rows`` hold one run over every
+        chunk. The profile checks compare members chunk by chunk and split held
+        chunks in order; such a member holds every chunk with one count, the
+        same at every position, so moving the other members of its group
+        together keeps every comparison: the groups' checks are looked up per
+        class with these members kept still (:meth:`_classes`), and a group of
+        one whole member and one part at each of 8,192 positions is one check,
+        not 8,192 (tests compare both on every reachable group)."""
+        if len(self._base_whole_array) != len(self._base_whole):
+            self._base_whole_array = np.array(self._base_whole, dtype=bool)
+        return self._base_whole_array[rows // self._stride]
 
     def _after_passes(self, after: int, lookahead: str) -> bool:
         """Whether packed counts ``after`` a step can pass :meth:`may_finish`
