@@ -339,9 +339,9 @@ class Predictor:
             groups = self.global_groups(instruction)
             chunk_bytes = size_bytes / self.reduction.k
             repeat = len(self.reduction.synthesis_groups)
-            # the step's groups and bytes follow from these (the groups' bytes object is kept, so its hash is
-            # computed once): placements whose groups have the same canonical image share the entry
-            shared = (self._model_id, instruction.collective, self._group_bytes(instruction, groups), loads,
+            # the step's groups and bytes follow from these (the groups' content key is kept per instruction,
+            # so its digest is computed once): placements whose groups have the same canonical image share it
+            shared = (self._model_id, instruction.collective, self._group_key(instruction, groups), loads,
                       chunk_bytes, repeat)
             nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, repeat)
             if not nbytes.all():  # groups that move nothing (an AllGather of empty members) are idle
@@ -352,7 +352,7 @@ class Predictor:
             )
         return cost
 
-    def _group_bytes(self, instruction: Instruction, groups: np.ndarray) -> tuple:
+    def _group_key(self, instruction: Instruction, groups: np.ndarray) -> tuple:
         """The value of :meth:`global_groups` as a hashable key
         (:func:`content_key`), one object per instruction."""
         found = self._group_keys.get(instruction)
