@@ -1669,14 +1669,15 @@ class StateSpace:
             ok &= self._passes(key) if bits is None else bits
             if not ok:
                 return []
-        _, profile_rows, profile_class = self._classes(profile_rows)
-        profile_keys = [tuple(row) for row in profile_rows]
-        per_class = np.bincount(profile_class)
+        if lookahead is not None:  # the lookahead counts the groups per class of profiles, whole members moved too
+            _, class_rows, profile_class = self._classes(profile_rows)
+            profile_keys = [tuple(row) for row in class_rows]
+            per_class = np.bincount(profile_class).tolist()
         out: list[tuple[int, Collective, tuple[int, ...], Loads]] = []
         id_rows = None
         chosen = self._chosen.get(tuple(collectives), {})
         for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
-            if lookahead is not None and not self._ahead_by_class(totals, c, zip(profile_keys, per_class.tolist()),
+            if lookahead is not None and not self._ahead_by_class(totals, c, zip(profile_keys, per_class),
                                                                   len(members), lookahead):
                 continue
             if id_rows is None:
