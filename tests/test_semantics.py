@@ -522,6 +522,7 @@ def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, ste
     import synth.synthesis.semantics as semantics
 
     monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
+    monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", 0)  # every state on the per-device path
     space = StateSpace(sizes, goal, "device")
     stepped = []
     vector = space._vector_successors
@@ -535,6 +536,40 @@ def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, ste
             by_group = space.successors(state, list(Collective), lookahead)
             monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
             assert by_class == by_group
+
+
+@pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((4, 4), 4), ((4, 2, 2), 4), ((2, 3, 2), 3), ((8, 4), 3)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_states_of_few_distinct_ids_stepped_per_pattern_follow_the_rules(sizes, steps, goal, monkeypatch):
+    """A device-frame state holding few distinct ids is stepped per pattern
+    (which devices hold equal ids; one look-up per class of groups through
+    the state's distinct ids): the space follows the rules exactly, and on
+    every reachable state, with and without the lookahead, it gives the same
+    steps in the same order as the per-device path; patterns are shared by
+    states that differ in their ids, and states of more distinct ids than
+    the threshold take the per-device path."""
+    import synth.synthesis.semantics as semantics
+
+    space = StateSpace(sizes, goal, "device")
+    assert _check_space_against_rules(space, steps) > 10
+    reachable = list(_reachable(space, steps))
+    patterned, stepped = space._pattern_successors, []
+    space._pattern_successors = lambda state, *rest: stepped.append(state) or patterned(state, *rest)
+    default = semantics.PATTERN_IDS_UPTO
+    for state in reachable:
+        for lookahead in (None, "finish", "goal"):  # the same space: ids mean the same on both paths
+            by_pattern = space.successors(state, list(Collective), lookahead)
+            monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", 0)
+            assert space.successors(state, list(Collective), lookahead) == by_pattern
+            monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", 3)  # some states on each path
+            assert space.successors(state, list(Collective), lookahead) == by_pattern
+            monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", default)
+    distinct = {state: len(set(state)) for state in reachable}
+    assert max(distinct.values()) <= default and len(space._patterns) < len(reachable)
+    # with the threshold at 3, states of more distinct ids took the per-device path
+    assert any(distinct[s] > 3 for s in reachable)
+    assert {s for s in reachable if distinct[s] <= 3} < set(reachable)
+    assert len(stepped) == 3 * len(reachable) + sum(3 for s in reachable if distinct[s] <= 3)
 
 
 @pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])

@@ -46,9 +46,9 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache, reduce
+from functools import lru_cache, partial, reduce
 from itertools import chain
 from operator import and_, itemgetter
 from typing import Union
@@ -851,6 +851,16 @@ NUMPY_COUNTS_FROM = 2048
 NUMPY_RUNS_FROM = 64
 
 
+#: device-frame states of fewer than :data:`NUMPY_PROFILES_FROM` devices that
+#: hold at most this many distinct ids are stepped per *pattern*
+#: (:meth:`StateSpace._pattern_successors`): which devices hold equal ids, the
+#: same for many states, so each grouping's classes of groups are found once per
+#: pattern and a state costs per class, not per device. States with more
+#: distinct ids (after a ReduceScatter every device holds other chunks) have as
+#: many classes as groups, and the per-device path shares them across chunk shifts
+PATTERN_IDS_UPTO = 255
+
+
 #: groups of at most this many members are shared across chunk shifts
 #: (:meth:`StateSpace._compute_shifted`): larger groups are few per step, and
 #: normalising them costs more than sharing saves
@@ -915,6 +925,15 @@ class StateSpace:
     that holds nothing below some chunk is computed once, moved down to chunk
     0, for every group that is a shift of it (:meth:`_compute_shifted`, and
     :meth:`_passes_shifted` for the profile checks).
+
+    **Patterns** (device frame, fewer than :data:`NUMPY_PROFILES_FROM`
+    devices). A state that holds at most :data:`PATTERN_IDS_UPTO` distinct ids
+    is its *pattern* (which devices hold equal ids) and its distinct ids. At
+    five levels of 4, 12,487 states share about 2,200 patterns, and a state
+    holds 15 distinct ids on average. Per pattern and grouping, the groups fall
+    into classes that hold equal ids (about 5); the checks, the lookahead and the
+    outcomes are looked up once per class through the state's distinct ids, so
+    a state costs per class, not per device (:meth:`_pattern_successors`).
 
     **Positions** (device frame). An id names a device state as its shape
     moved to start at chunk 0 (a *base* state, interned once) and where it
@@ -1024,6 +1043,7 @@ class StateSpace:
         self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
         self._member_arrays: dict[int, np.ndarray] = {}  # see _member_array
+        self._patterns: dict[bytes, _Pattern] = {}  # see _pattern_successors
         self._base_profile_array = np.zeros(0, dtype=np.int64)  # _base_profile as an array (_profile_ids_of)
         # per device state id: its held runs (first, stop), each run of one mask (chunk_runs); encoded
         # ids move their base's runs (one per base) to their first chunk
@@ -1602,6 +1622,10 @@ class StateSpace:
         out = []
         wanted = sum(1 << _BIT[c] for c in collectives)
         k = self.k
+        if self._encoded and k < NUMPY_PROFILES_FROM:
+            labels = dict.fromkeys(state)
+            if len(labels) <= PATTERN_IDS_UPTO:
+                return self._pattern_successors(state, tuple(labels), collectives, wanted, lookahead)
         if self._encoded and k >= NUMPY_PROFILES_FROM:  # profile ids with numpy: a new state often holds k new ids
             id_array = np.fromiter(state, np.int64, k)
             profile_ids = self._profile_ids_of(id_array)
@@ -1616,7 +1640,6 @@ class StateSpace:
             totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
             if self._encoded and any(len(g.groups) >= VECTOR_GROUPS_FROM for g in self.groupings):
                 id_array, profile_ids = np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)
-        passing, passes = self._passing, self._passes
         chosen = self._chosen.get(tuple(collectives), {})
         for g, flat in enumerate(self._flat):
             if self._encoded and len(self.groupings[g].groups) >= VECTOR_GROUPS_FROM:
@@ -1628,15 +1651,7 @@ class StateSpace:
             classes = lookahead is not None and self._device_frame
             if classes:  # the groups counted once per class (they repeat there): the lookahead looks at each collective
                 counted = Counter(counted)
-            try:
-                ok = reduce(and_, map(passing.__getitem__, counted), wanted)
-            except KeyError:  # some group's profiles are new: check each distinct group
-                ok = wanted
-                for key in counted if classes else dict.fromkeys(counted):
-                    bits = passing.get(key)
-                    ok &= passes(key) if bits is None else bits
-                    if not ok:
-                        break
+            ok = self._passing_all(counted, wanted)
             if not ok:
                 continue
             keys = None  # the groups' members' ids, once a step gets past the lookahead
@@ -1651,6 +1666,91 @@ class StateSpace:
                     out.append((g, c) + done)
         return out
 
+    def _passing_all(self, keys: Collection[tuple[int, ...]], wanted: int) -> int:
+        """The collectives of ``wanted`` (bit set) that pass the profile checks
+        (:meth:`_passes`) of every group in ``keys`` (members' profile ids,
+        repeats allowed); when some key is new, each distinct key is checked
+        until none is left."""
+        try:
+            return reduce(and_, map(self._passing.__getitem__, keys), wanted)
+        except KeyError:
+            ok = wanted
+            for key in dict.fromkeys(keys):
+                bits = self._passing.get(key)
+                ok &= self._passes(key) if bits is None else bits
+                if not ok:
+                    break
+            return ok
+
+    def _pattern_successors(self, state: tuple[int, ...], palette: tuple[int, ...], collectives: Sequence[Collective],
+                            wanted: int, lookahead: str | None) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
+        """:meth:`successors` of a state holding few distinct ids, ``palette``
+        (first occurrence first). The state is its *pattern* (each device's
+        index into the palette) and the palette; the pattern says which groups
+        of a grouping hold equal ids (:class:`_Pattern`, found once per
+        pattern), so the profile checks, the lookahead and the outcomes are
+        looked up once per class of groups, through the palette, with the same
+        memos as the per-device path, and the next state is assembled from
+        the classes' outcomes."""
+        pattern = self._pattern(state, palette)
+        profiles = tuple(map(self._profile.__getitem__, palette))
+        if lookahead:
+            packed = self._packed
+            totals = sum(n * packed[p] for p, n in zip(profiles, pattern.counts))
+        chosen = self._chosen.get(tuple(collectives), {})
+        out = []
+        for g in range(len(self.groupings)):
+            classes, counts, group_class = pattern.classes(g)
+            keys = [take(profiles) for take in classes]  # each class's members' profile ids
+            ok = self._passing_all(keys, wanted)
+            if not ok:
+                continue
+            ids = ahead = None  # each class's members' ids, once a step gets past the lookahead
+            for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
+                if lookahead is not None:
+                    if ahead is None:  # classes of ids that hold equal profiles count as one
+                        ahead = {}
+                        for key, n in zip(keys, counts):
+                            ahead[key] = ahead.get(key, 0) + n
+                    if not self._ahead_by_class(totals, c, ahead.items(), len(group_class), lookahead):
+                        continue
+                if ids is None:
+                    ids = [take(palette) for take in classes]
+                done = self._apply_classes(state, g, c, ids, group_class)
+                if done.__class__ is not str:
+                    out.append((g, c) + done)
+        return out
+
+    def _pattern(self, state: tuple[int, ...], palette: tuple[int, ...]) -> _Pattern:
+        """The :class:`_Pattern` of ``state`` (whose distinct ids are ``palette``), memoised."""
+        index = {i: n for n, i in enumerate(palette)}
+        labels = bytes(map(index.__getitem__, state))
+        found = self._patterns.get(labels)
+        if found is None:
+            found = self._patterns[labels] = _Pattern(self, labels)
+        return found
+
+    def _apply_classes(self, state: tuple[int, ...], grouping: int, collective: Collective,
+                       keys: list[tuple[int, ...]], group_class: Sequence[int]) -> tuple[tuple[int, ...], Loads] | str:
+        """:meth:`_apply` (the search's, without ``explain``) of a step whose
+        groups fall into classes: ``keys`` the members' ids per class,
+        ``group_class`` each group's class, in group order."""
+        memo = self._memos[_BIT[collective]][grouping]
+        results, loads = [], []
+        for key in keys:
+            outcome = memo.get(key)
+            if outcome is None:
+                outcome = self._compute(grouping, collective, key, True)
+                if len(key) < self._whole_key:
+                    memo[key] = outcome
+            if outcome.__class__ is str:
+                return outcome
+            results.append(outcome[0])
+            loads.append(outcome[1])
+        result = tuple(chain.from_iterable(map(results.__getitem__, group_class)))
+        nxt = self._pickers[grouping](result + state)
+        return NO_CHANGE if nxt == state else (nxt, tuple(map(loads.__getitem__, group_class)))
+
     def _vector_successors(self, g: int, ids: np.ndarray, profiles: np.ndarray, collectives: Sequence[Collective],
                            wanted: int, totals: int,
                            lookahead: str | None) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
@@ -1663,12 +1763,10 @@ class StateSpace:
         up. ``ids``, ``profiles``: the state's and its profiles' ids."""
         members = self._member_array(g)
         profile_rows = profiles[members]
-        ok = wanted
-        for key in map(tuple, self._classes(profile_rows, self._whole_members(profile_rows))[1]):
-            bits = self._passing.get(key)
-            ok &= self._passes(key) if bits is None else bits
-            if not ok:
-                return []
+        ok = self._passing_all(list(map(tuple, self._classes(profile_rows, self._whole_members(profile_rows))[1])),
+                               wanted)
+        if not ok:
+            return []
         if lookahead is not None:  # the lookahead counts the groups per class of profiles, whole members moved too
             _, class_rows, profile_class = self._classes(profile_rows)
             profile_keys = [tuple(row) for row in class_rows]
@@ -1840,6 +1938,53 @@ _MASK = (1 << _FIELD) - 1
 #: added to each group's change of the packed counts: the sum over a step's
 #: groups (fewer than 2**18 of them: topology.MAX_DEVICES) stays below 2**51 per field
 _OFFSETS = sum((1 << 32) << (_FIELD * i) for i in range(4))
+
+
+class _Pattern:
+    """Which devices of a state hold equal ids: per device, the index of its id
+    among the state's distinct ids (first occurrence first), as bytes. Many
+    states share a pattern (they differ in what the ids are, not in where they
+    repeat), and per grouping the pattern fixes which groups are alike: for
+    each grouping (filled on first use) the classes of groups, each as a
+    callable that takes its members' values (ids, profile ids) from the
+    state's distinct ones, the number of groups in each class, and each
+    group's class in group order. Classes of many members keep their indices
+    as bytes (an itemgetter keeps 8 bytes per member, and thousands of
+    patterns are kept)."""
+
+    __slots__ = ("space", "labels", "counts", "_classes")
+
+    def __init__(self, space: StateSpace, labels: bytes) -> None:
+        self.space = space
+        self.labels = labels
+        self.counts = [labels.count(n) for n in range(max(labels) + 1)]  # devices per distinct id
+        self._classes: list[tuple[list[Callable], list[int], Sequence[int]] | None] = [None] * len(space.groupings)
+
+    def classes(self, g: int) -> tuple[list[Callable], list[int], Sequence[int]]:
+        found = self._classes[g]
+        if found is None:
+            space = self.space
+            m = space._size[g]
+            members = space._flat[g](self.labels)
+            members = bytes(members)  # the itemgetter gives a tuple of indices
+            index: dict[bytes, int] = {}
+            group_class = [index.setdefault(members[i:i + m], len(index)) for i in range(0, len(members), m)]
+            counts = [0] * len(index)
+            for n in group_class:
+                counts[n] += 1
+            takes = [itemgetter(*key) if m <= _GETTER_MEMBERS_UPTO else partial(_take, key) for key in index]
+            found = self._classes[g] = (takes, counts, bytes(group_class) if len(index) < 256 else group_class)
+        return found
+
+
+#: a pattern's class of at most this many members takes its values with an itemgetter (fast), a larger one
+#: with :func:`_take` over its indices as bytes (small)
+_GETTER_MEMBERS_UPTO = 64
+
+
+def _take(indices: bytes, values: tuple[int, ...]) -> tuple[int, ...]:
+    """``values`` at ``indices``, as a tuple."""
+    return tuple(map(values.__getitem__, indices))
 
 
 def _picker(groups: Sequence[Group], k: int):
