@@ -961,6 +961,12 @@ class StateSpace:
         self.hierarchy = Hierarchy(tuple(f"l{i}" for i in range(len(self.sizes))), self.sizes)
         self.k = self.hierarchy.k
         self.groupings = distinct_groupings(self.hierarchy)
+        # the masses a state that the last step (AllReduce or AllGather) finishes can have (see may_finish)
+        k = self.k
+        self._finishing_masses = frozenset((len(g.groups) + k - len(g.groups) * len(g.groups[0])) * k * k
+                                           for g in self.groupings)
+        # per grouping: (members per group, groups, devices in its groups), for _hopeful
+        self._shapes_of = [(len(g.groups[0]), len(g.groups), len(g.groups) * len(g.groups[0])) for g in self.groupings]
         self.translations = Translations(self.sizes)
         # the frame (see the class docstring); "absolute" (no translation) where
         # few devices make orbits small and translating costs more than it saves
@@ -1154,14 +1160,16 @@ class StateSpace:
                 final = len(runs) == 1 and runs[0][1] - runs[0][0] == 1 and runs[0][2] == k
             else:
                 final = profile == ((k,), (1 if self.goal is Goal.ALLGATHER else k,))
-            # the four flags do not depend on where the chunks lie (the same for every position)
-            self._base_packed.append(sum(int(flag) << (_FIELD * i)
-                                         for i, flag in enumerate((holds_all, complete, done, final))))
+            mass = sum((stop - first) * count for first, stop, count in runs)  # contributors over the chunks
+            # the four flags and the mass do not depend on where the chunks lie (the same for every position)
+            self._base_packed.append(sum(int(value) << (_FIELD * i)
+                                         for i, value in enumerate((holds_all, complete, done, final, mass))))
         return p
 
     # The lookahead counts, per state, the devices whose profile holds every
-    # chunk, is complete (counts 0 or k), is done, is final (:meth:`_intern_profile`):
-    # four counts packed in one integer (fields of _FIELD bits). A step changes
+    # chunk, is complete (counts 0 or k), is done, is final, and sums their
+    # contributor counts over devices and chunks, the mass (:meth:`_intern_profile`):
+    # five numbers packed in one integer (fields of _FIELD bits). A step changes
     # them by the sum over its groups of what each group changes, which depends
     # on the members' profiles only.
 
@@ -1216,18 +1224,21 @@ class StateSpace:
         return len({chunk[i] for i in state}) == self.k
 
     def may_finish(self, state: tuple[int, ...]) -> bool:
-        """:func:`may_finish_in_one_step` (masks 0 and full look the same in every frame)."""
+        """A necessary condition for reaching the AllReduce goal in one step,
+        on the state's packed profile counts (:meth:`_after_passes`), stronger
+        than :func:`may_finish_in_one_step`: the last step is an AllReduce
+        (every device holds every chunk), an AllGather (every held sum is
+        complete) or a Broadcast (some device is done), and a last AllReduce
+        or AllGather on a grouping of ``G`` groups over ``n`` devices leaves
+        the ``k - n`` others as they are, so they are done, and gives each
+        group ``k`` chunks of ``k`` contributors: the state's mass (its
+        contributor counts summed over devices and chunks) is
+        ``(G + k - n) * k**2`` for one of the groupings."""
         if self.goal is not Goal.ALLREDUCE:
             return True
-        ids = set(state)
-        full = self.translations.full
-        if self._encoded:  # masks do not depend on where the chunks lie: one look per base
-            stride = self._stride
-            masks = [self._base_states[b][1] for b in {i // stride for i in ids}]
-        else:
-            masks = [self.device_states[i][1] for i in ids]
-        return (all(all(m) for m in masks) or all(x in (0, full) for m in masks for x in m)
-                or self._goal_id in ids)
+        packed = self._packed
+        profile = self._profile
+        return self._after_passes(sum(n * packed[profile[i]] for i, n in Counter(state).items()), "finish")
 
     # ---- steps
 
@@ -1641,9 +1652,13 @@ class StateSpace:
             if self._encoded and any(len(g.groups) >= VECTOR_GROUPS_FROM for g in self.groupings):
                 id_array, profile_ids = np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)
         chosen = self._chosen.get(tuple(collectives), {})
+        hopeful = self._hopeful(totals, lookahead)
         for g, flat in enumerate(self._flat):
+            if not wanted & hopeful[g]:
+                continue
             if self._encoded and len(self.groupings[g].groups) >= VECTOR_GROUPS_FROM:
-                out += self._vector_successors(g, id_array, profile_ids, collectives, wanted, totals, lookahead)
+                out += self._vector_successors(g, id_array, profile_ids, collectives, wanted & hopeful[g], totals,
+                                               lookahead)
                 continue
             m = self._size[g]
             members = flat(profiles)
@@ -1651,7 +1666,7 @@ class StateSpace:
             classes = lookahead is not None and self._device_frame
             if classes:  # the groups counted once per class (they repeat there): the lookahead looks at each collective
                 counted = Counter(counted)
-            ok = self._passing_all(counted, wanted)
+            ok = self._passing_all(counted, wanted & hopeful[g])
             if not ok:
                 continue
             keys = None  # the groups' members' ids, once a step gets past the lookahead
@@ -1694,15 +1709,18 @@ class StateSpace:
         the classes' outcomes."""
         pattern = self._pattern(state, palette)
         profiles = tuple(map(self._profile.__getitem__, palette))
+        totals = 0
         if lookahead:
             packed = self._packed
             totals = sum(n * packed[p] for p, n in zip(profiles, pattern.counts))
         chosen = self._chosen.get(tuple(collectives), {})
         out = []
-        for g in range(len(self.groupings)):
+        for g, hope in enumerate(self._hopeful(totals, lookahead)):
+            if not wanted & hope:
+                continue
             classes, counts, group_class = pattern.classes(g)
             keys = [take(profiles) for take in classes]  # each class's members' profile ids
-            ok = self._passing_all(keys, wanted)
+            ok = self._passing_all(keys, wanted & hope)
             if not ok:
                 continue
             ids = ahead = None  # each class's members' ids, once a step gets past the lookahead
@@ -1845,13 +1863,75 @@ class StateSpace:
             self._base_whole_array = np.array(self._base_whole, dtype=bool)
         return self._base_whole_array[rows // self._stride]
 
+    def _hopeful(self, totals: int, lookahead: str | None) -> list[int]:
+        """Per grouping, the collectives (bit set) whose step from a state of
+        packed counts ``totals`` may pass the lookahead (:meth:`_after_passes`),
+        judged on the counts and the mass alone, before any group is looked
+        at. A necessary condition (the lookahead itself still decides); for the
+        AllReduce goal, with ``H`` devices holding every chunk, ``C`` complete,
+        ``D`` done, mass ``M``, on a grouping of ``G`` groups of ``m`` over ``n``
+        devices (the ``k - n`` others keep their state):
+
+        * a step keeps every done device done (a done member fails every
+          collective's precondition but a Broadcast's, whose root is then done);
+        * a ReduceScatter or Reduce keeps the mass; an AllReduce or AllGather
+          multiplies the mass of its members by ``m``: ``m * M`` when every
+          device is in a group, between ``M`` and ``m * M`` otherwise;
+        * "finish" (no device done yet): the next state has a done device (an
+          AllReduce or Reduce group of ``m`` devices holding every chunk, an
+          AllGather group of ``m`` complete ones), or it holds every chunk
+          everywhere or is complete everywhere with a finishing mass
+          (:meth:`may_finish`): a Broadcast needs its roots and the others to
+          hold every chunk or be complete and a mass below some finishing one;
+        * "goal": the next state is done everywhere (mass ``k**3``): an
+          AllReduce needs ``H = k``, an AllGather ``C = k``, both ``D >= k - n``;
+          a Broadcast needs ``D >= G + k - n``."""
+        every = (1 << len(_COLLECTIVES)) - 1
+        if lookahead is None or self.goal is not Goal.ALLREDUCE:
+            return [every] * len(self.groupings)
+        k = self.k
+        holds, complete, done = totals & _MASK, (totals >> _FIELD) & _MASK, (totals >> (_FIELD * 2)) & _MASK
+        mass = totals >> (_FIELD * 4)
+        masses = self._finishing_masses
+        out = []
+        for m, groups, n in self._shapes_of:
+            if n == k:
+                gathering = mass * m  # the mass after an AllReduce or AllGather, exactly
+                low = high = gathering
+            else:
+                low, high = mass, mass * m
+            bits = 0
+            if lookahead == "goal":
+                if done >= k - n and low <= k * k * k <= high:
+                    bits |= (_BIT_ALLREDUCE if holds == k else 0) | (_BIT_ALLGATHER if complete == k else 0)
+                if done >= groups + k - n:
+                    bits |= _BROADCASTING
+            elif done:
+                bits = every
+            else:
+                if holds >= m:
+                    bits |= _BIT_ALLREDUCE | _BIT_REDUCE
+                if complete >= m:
+                    bits |= _BIT_ALLGATHER
+                if complete >= k - n and mass in masses:
+                    bits |= _BIT_REDUCESCATTER | _BIT_REDUCE
+                if any(low <= t <= high for t in masses):
+                    bits |= ((_BIT_ALLREDUCE if holds == k or complete >= k - n else 0)
+                             | (_BIT_ALLGATHER if holds >= k - n or complete == k else 0))
+                if (holds >= groups + k - n or complete >= groups + k - n) and any(t >= mass for t in masses):
+                    bits |= _BROADCASTING
+            out.append(bits)
+        return out
+
     def _after_passes(self, after: int, lookahead: str) -> bool:
         """Whether packed counts ``after`` a step can pass :meth:`may_finish`
         (``"finish"``) or be the goal (``"goal"``), see :meth:`_ahead`."""
         if lookahead == "goal":
             return (after >> (_FIELD * 3)) & _MASK == self.k
-        return (self.goal is not Goal.ALLREDUCE or after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k
-                or (after >> (_FIELD * 2)) & _MASK > 0)
+        if self.goal is not Goal.ALLREDUCE or (after >> (_FIELD * 2)) & _MASK > 0:  # some device is done
+            return True
+        return ((after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k)
+                and after >> (_FIELD * 4) in self._finishing_masses)
 
     def _keys(self, grouping: int, flat: tuple[int, ...]) -> list[tuple[int, ...]]:
         """``flat`` (a value per member of every group of ``grouping``,
@@ -1870,7 +1950,7 @@ class StateSpace:
         """Whether the state after ``collective`` on groups whose members have
         profile ids ``groups`` (one tuple per group, or a Counter of them) can
         pass :meth:`may_finish` (``"finish"``) or be the goal (``"goal"``):
-        both depend on the four counts only."""
+        both depend on the packed counts only."""
         if isinstance(groups, Counter):
             return self._ahead_by_class(totals, collective, groups.items(), groups.total(), lookahead)
         deltas = self._deltas[_BIT[collective]]
@@ -1933,11 +2013,14 @@ _BIT = {c: i for i, c in enumerate(_COLLECTIVES)}
 _COUNT_FREE = 1 << _BIT[Collective.ALLGATHER]
 _SUMMING = sum(1 << _BIT[c] for c in _REDUCING)
 _BROADCASTING = 1 << _BIT[Collective.BROADCAST]
+_BIT_ALLREDUCE, _BIT_REDUCESCATTER, _BIT_ALLGATHER, _BIT_REDUCE = (
+    1 << _BIT[c] for c in (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER, Collective.REDUCE))
 _FIELD = 64
 _MASK = (1 << _FIELD) - 1
 #: added to each group's change of the packed counts: the sum over a step's
-#: groups (fewer than 2**18 of them: topology.MAX_DEVICES) stays below 2**51 per field
-_OFFSETS = sum((1 << 32) << (_FIELD * i) for i in range(4))
+#: groups (fewer than 2**18 of them: topology.MAX_DEVICES) stays below 2**51 per field;
+#: the mass (the last field, at most k**3) has no field above it
+_OFFSETS = sum((1 << 32) << (_FIELD * i) for i in range(5))
 
 
 class _Pattern:
