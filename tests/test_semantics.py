@@ -607,17 +607,21 @@ def test_states_of_few_distinct_ids_stepped_per_pattern_follow_the_rules(sizes, 
 
 @pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-def test_groups_of_every_device_are_not_memoised_on_large_systems(sizes, goal, monkeypatch):
-    """From NUMPY_PROFILES_FROM devices (lowered here to the hierarchy's) a
-    group of every device is checked and stepped without being memoised (its
-    key is a whole state): the space still follows the rules exactly, with and
+@pytest.mark.parametrize("numpy_profiles", [False, True])
+def test_groups_of_every_device_are_not_memoised_on_large_systems(sizes, goal, numpy_profiles, monkeypatch):
+    """From WHOLE_KEYS_FROM devices (lowered here to the hierarchy's) a group
+    of every device is checked and stepped without being memoised (its key is
+    a whole state): the space still follows the rules exactly, with and
     without the lookahead the same steps as a space that memoises them, and no
-    memo holds a key of every device."""
+    memo holds a key of every device; per pattern, and on the per-device path
+    with the profile ids taken with numpy (NUMPY_PROFILES_FROM lowered too)."""
     import synth.synthesis.semantics as semantics
 
     k = math.prod(sizes)
     memoising = StateSpace(sizes, goal, "device")
-    monkeypatch.setattr(semantics, "NUMPY_PROFILES_FROM", k)
+    monkeypatch.setattr(semantics, "WHOLE_KEYS_FROM", k)
+    if numpy_profiles:
+        monkeypatch.setattr(semantics, "NUMPY_PROFILES_FROM", k)
     space = StateSpace(sizes, goal, "device")
     assert _check_space_against_rules(space, 3) >= 4
     for state in _reachable(space, 3):
