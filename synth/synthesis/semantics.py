@@ -610,22 +610,26 @@ def _more_contributors(small: Profile, big: Profile) -> bool:
     return False
 
 
-def _profile_results(collective: Collective, members: Sequence[Profile], k: int) -> list[Profile]:
+def _profile_results(collective: Collective, members: Sequence[tuple[Profile, int]], k: int) -> list[Profile]:
     """The members' profiles after ``collective``, from their profiles alone
     (for members that pass :func:`_profile_reason`): counts add where masks
-    are united, and everything else moves as the masks do."""
+    are united, and everything else moves as the masks do. ``members`` are
+    ``(profile, how many members have it)``, root first; the result has one
+    profile per member, one object for members that end alike."""
+    size = sum(n for _, n in members)
+    root = members[0][0]
     if collective is Collective.BROADCAST:
-        return [members[0]] * len(members)
+        return [root] * size
     if collective is Collective.ALLGATHER:
-        if not any(members[0][1]):
-            return list(members)
-        return [_from_runs(sorted(run for p in members for run in runs_of(p)), k)] * len(members)
-    stops = tuple(sorted(set().union(*(p[0] for p in members))))
+        if not any(root[1]):  # nobody holds anything (else the held chunk sets are disjoint: no profile repeats)
+            return [p for p, n in members for _ in range(n)]
+        return [_from_runs(sorted(run for p, _ in members for run in runs_of(p)), k)] * size
+    stops = tuple(sorted(set().union(*(p[0] for p, _ in members))))
     counts = [0] * len(stops)
-    for p in members:
+    for p, n in members:
         for i, count in enumerate(_refine(p, stops)):
-            counts[i] += count
-    result = _reduced(collective, _make(stops, counts), len(members))
+            counts[i] += n * count
+    result = _reduced(collective, _make(stops, counts), size)
     assert not isinstance(result, str)  # the profile check passed: the counts divide
     return result
 
@@ -1191,9 +1195,14 @@ class StateSpace:
             packed = self._packed
             if collective is Collective.BROADCAST:  # every member ends with the root's profile
                 gained = len(profiles) * packed[profiles[0]]
-            else:
-                members = [self._profiles[p] for p in profiles]
-                gained = sum(packed[self._intern_profile(r)] for r in _profile_results(collective, members, self.k))
+            else:  # members that end alike often share one result object: intern it once
+                members = [(self._profiles[p], n) for p, n in self._counted(profiles)]
+                gained, interned = 0, {}
+                for result in _profile_results(collective, members, self.k):
+                    flags = interned.get(id(result))
+                    if flags is None:
+                        flags = interned[id(result)] = packed[self._intern_profile(result)]
+                    gained += flags
             out = gained - sum(map(packed.__getitem__, profiles)) + _OFFSETS
             if len(profiles) < self._whole_key:
                 deltas[profiles] = out
