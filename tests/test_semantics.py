@@ -580,7 +580,8 @@ def test_states_of_few_distinct_ids_stepped_per_pattern_follow_the_rules(sizes, 
     every reachable state, with and without the lookahead, it gives the same
     steps in the same order as the per-device path; patterns are shared by
     states that differ in their ids, and states of more distinct ids than
-    the threshold take the per-device path."""
+    the threshold take the per-device path; classes found with numpy (as
+    for many groups) follow the rules as well."""
     import synth.synthesis.semantics as semantics
 
     space = StateSpace(sizes, goal, "device")
@@ -603,6 +604,9 @@ def test_states_of_few_distinct_ids_stepped_per_pattern_follow_the_rules(sizes, 
     assert any(distinct[s] > 3 for s in reachable)
     assert {s for s in reachable if distinct[s] <= 3} < set(reachable)
     assert len(stepped) == 3 * len(reachable) + sum(3 for s in reachable if distinct[s] <= 3)
+    # the classes of a pattern's groupings found with numpy (here every grouping's) follow the rules too
+    monkeypatch.setattr(semantics, "_NUMPY_CLASSES_FROM", 1)
+    assert _check_space_against_rules(StateSpace(sizes, goal, "device"), steps) == len(reachable)
 
 
 @pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])

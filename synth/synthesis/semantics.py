@@ -2066,21 +2066,34 @@ class _Pattern:
         if found is None:
             space = self.space
             m = space._size[g]
-            members = space._flat[g](self.labels)
-            members = bytes(members)  # the itemgetter gives a tuple of indices
-            index: dict[bytes, int] = {}
-            group_class = [index.setdefault(members[i:i + m], len(index)) for i in range(0, len(members), m)]
-            counts = [0] * len(index)
-            for n in group_class:
-                counts[n] += 1
-            takes = [itemgetter(*key) if m <= _GETTER_MEMBERS_UPTO else partial(_take, key) for key in index]
-            found = self._classes[g] = (takes, counts, bytes(group_class) if len(index) < 256 else group_class)
+            if m * len(space.groupings[g].groups) >= _NUMPY_CLASSES_FROM:  # the groups' rows told apart by np.unique
+                rows = np.ascontiguousarray(np.frombuffer(self.labels, np.uint8)[space._member_array(g)])
+                _, first, inverse, many = np.unique(rows.view(np.dtype((np.void, m))).ravel(), return_index=True,
+                                                    return_inverse=True, return_counts=True)
+                keys = [rows[i].tobytes() for i in first.tolist()]
+                counts = many.tolist()
+                group_class = inverse.ravel().astype(np.uint8).tobytes() if len(keys) < 256 else inverse.tolist()
+            else:
+                members = bytes(space._flat[g](self.labels))  # the itemgetter gives a tuple of indices
+                index: dict[bytes, int] = {}
+                group_class = [index.setdefault(members[i:i + m], len(index)) for i in range(0, len(members), m)]
+                keys = list(index)
+                counts = [0] * len(keys)
+                for n in group_class:
+                    counts[n] += 1
+                group_class = bytes(group_class) if len(keys) < 256 else group_class
+            takes = [itemgetter(*key) if m <= _GETTER_MEMBERS_UPTO else partial(_take, key) for key in keys]
+            found = self._classes[g] = (takes, counts, group_class)
         return found
 
 
 #: a pattern's class of at most this many members takes its values with an itemgetter (fast), a larger one
 #: with :func:`_take` over its indices as bytes (small)
 _GETTER_MEMBERS_UPTO = 64
+
+#: a pattern's grouping whose groups hold at least this many members in all finds its classes with numpy (one
+#: sort of the groups' rows of indices, 2.5x faster at 4,096 devices); below, a dict over the rows is cheaper
+_NUMPY_CLASSES_FROM = 1024
 
 
 def _take(indices: bytes, values: tuple[int, ...]) -> tuple[int, ...]:
