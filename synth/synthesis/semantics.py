@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import math
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -978,6 +979,7 @@ class StateSpace:
         k = self.k
         self._finishing_masses = frozenset((len(g.groups) + k - len(g.groups) * len(g.groups[0])) * k * k
                                            for g in self.groupings)
+        self._ordered_masses = sorted(self._finishing_masses)
         # per grouping: (members per group, groups, devices in its groups), for _hopeful
         self._shapes_of = [(len(g.groups[0]), len(g.groups), len(g.groups) * len(g.groups[0])) for g in self.groupings]
         self.translations = Translations(self.sizes)
@@ -1911,6 +1913,8 @@ class StateSpace:
         holds, complete, done = totals & _MASK, (totals >> _FIELD) & _MASK, (totals >> (_FIELD * 2)) & _MASK
         mass = totals >> (_FIELD * 4)
         masses = self._finishing_masses
+        ordered = self._ordered_masses
+        largest = ordered[-1]
         out = []
         for m, groups, n in self._shapes_of:
             if n == k:
@@ -1933,10 +1937,11 @@ class StateSpace:
                     bits |= _BIT_ALLGATHER
                 if complete >= k - n and mass in masses:
                     bits |= _BIT_REDUCESCATTER | _BIT_REDUCE
-                if any(low <= t <= high for t in masses):
+                at = bisect_left(ordered, low)  # some finishing mass in [low, high]: the first one from low
+                if at < len(ordered) and ordered[at] <= high:
                     bits |= ((_BIT_ALLREDUCE if holds == k or complete >= k - n else 0)
                              | (_BIT_ALLGATHER if holds >= k - n or complete == k else 0))
-                if (holds >= groups + k - n or complete >= groups + k - n) and any(t >= mass for t in masses):
+                if (holds >= groups + k - n or complete >= groups + k - n) and largest >= mass:
                     bits |= _BROADCASTING
             out.append(bits)
         return out
