@@ -1917,11 +1917,8 @@ class StateSpace:
         largest = ordered[-1]
         out = []
         for m, groups, n in self._shapes_of:
-            if n == k:
-                gathering = mass * m  # the mass after an AllReduce or AllGather, exactly
-                low = high = gathering
-            else:
-                low, high = mass, mass * m
+            # the mass after an AllReduce or AllGather: exactly m * M when every device is in a group
+            low, high = (mass * m, mass * m) if n == k else (mass, mass * m)
             bits = 0
             if lookahead == "goal":
                 if done >= k - n and low <= k * k * k <= high:
@@ -2067,6 +2064,9 @@ class _Pattern:
         self._classes: list[tuple[list[Callable], list[int], Sequence[int]] | None] = [None] * len(space.groupings)
 
     def classes(self, g: int) -> tuple[list[Callable], list[int], Sequence[int]]:
+        """Grouping ``g``'s classes of groups: (one callable per class taking
+        its members' values from the state's distinct ones, groups per class,
+        each group's class in group order), found on first use."""
         found = self._classes[g]
         if found is None:
             space = self.space
