@@ -420,32 +420,29 @@ def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the
 @pytest.mark.parametrize("sizes, frame", [((2, 2, 2), "absolute"), ((2, 2, 2), "device"), ((2, 3, 2), "absolute"),
                                           ((4, 2), "device"), ((4, 4), "device"), ((2, 2, 2, 2), "absolute")])
 def test_may_finish_is_necessary_and_checks_the_mass_a_last_step_needs(sizes, frame):
-    """``may_finish`` is necessary: every reachable state (4 steps) from which
-    one valid step reaches the goal passes it. It is the reference condition
-    written out on absolute states (every device holds every chunk or every
-    held sum is complete, and the contributors summed over devices and chunks
-    are ``(G + k - n) * k**2`` for a grouping of ``G`` groups over ``n``
-    devices; or some device is done), and it turns away states that the
-    weaker ``may_finish_in_one_step`` lets through."""
+    """``may_finish`` (on packed profile counts) is ``may_finish_in_one_step``
+    (on absolute states), and it is necessary: every reachable state (4 steps)
+    from which one valid step reaches the goal passes it. Beyond "every device
+    holds every chunk, or every held sum is complete, or some device is done"
+    it asks for the mass a last AllReduce or AllGather needs (contributors
+    summed over devices and chunks: ``(G + k - n) * k**2`` for a grouping of
+    ``G`` groups over ``n`` devices), and that turns some states away."""
     space = StateSpace(sizes, Goal.ALLREDUCE, frame)
     k = space.k
     full = (1 << k) - 1
-    masses = {(len(g.groups) + k - len(g.groups) * len(g.groups[0])) * k * k for g in space.groupings}
     finishing = stronger = 0
     for state in _reachable(space, 5):
         absolute = space.absolute(state)
         reaches = any(space.is_goal(new) for _, _, new, _ in space.successors(state, list(Collective)))
-        masks = [m for s in absolute for m in s[1]]
-        holds_all = all(masks)
-        complete = all(m in (0, full) for m in masks)
-        done = any(s == ((k,), (full,)) for s in absolute)
-        mass = sum((stop - first) * m.bit_count() for s in absolute
-                   for first, stop, m in zip((0,) + s[0][:-1], s[0], s[1]))
-        want = done or ((holds_all or complete) and mass in masses)
+        want = may_finish_in_one_step(absolute, Goal.ALLREDUCE, space.hierarchy)
         assert space.may_finish(state) == want, absolute
         assert want or not reaches, absolute
+        masks = [m for s in absolute for m in s[1]]
+        counts_only = (all(masks) or all(m in (0, full) for m in masks)
+                       or any(s == ((k,), (full,)) for s in absolute))
+        assert want <= counts_only
         finishing += reaches
-        stronger += may_finish_in_one_step(absolute, Goal.ALLREDUCE) and not want
+        stronger += counts_only and not want
     assert finishing > 0 and stronger > 0
 
 

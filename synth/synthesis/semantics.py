@@ -707,21 +707,28 @@ def apply_step(state: State, collective: Collective, groups: Sequence[Group]) ->
     return NO_CHANGE if out == state else out
 
 
-def may_finish_in_one_step(state: State, goal: Goal) -> bool:
-    """A cheap necessary condition for reaching the AllReduce goal in one step.
+def may_finish_in_one_step(state: State, goal: Goal, hierarchy: Hierarchy) -> bool:
+    """A cheap necessary condition for reaching the AllReduce goal in one step
+    (the reference that :meth:`StateSpace.may_finish` computes on profiles).
 
     The last step is an AllReduce (it keeps every device's chunks, so all devices
     hold all chunks), an AllGather (it copies sums, so every held sum is complete)
-    or a Broadcast (its roots gain nothing, so some device is already done)."""
+    or a Broadcast (its roots gain nothing, so some device is already done). A
+    last AllReduce or AllGather on a grouping of ``G`` groups over ``n`` devices
+    leaves the ``k - n`` others as they are (so they are done) and gives each
+    group ``k`` chunks of ``k`` contributors: the contributor counts summed over
+    devices and chunks are ``(G + k - n) * k**2`` for one of the groupings."""
     if goal is not Goal.ALLREDUCE:
         return True
     k = len(state)
     full = (1 << k) - 1
-    return (
-        all(all(s[1]) for s in state)
-        or all(mask in (0, full) for s in state for mask in s[1])
-        or any(s == ((k,), (full,)) for s in state)
-    )
+    if any(s == ((k,), (full,)) for s in state):
+        return True
+    if not (all(all(s[1]) for s in state) or all(mask in (0, full) for s in state for mask in s[1])):
+        return False
+    mass = sum((stop - first) * mask.bit_count() for s in state for first, stop, mask in runs_of(s))
+    return any(mass == (len(g.groups) + k - len(g.groups) * len(g.groups[0])) * k * k
+               for g in distinct_groupings(hierarchy))
 
 
 def final_collectives(goal: Goal) -> tuple[Collective, ...]:
@@ -1244,9 +1251,8 @@ class StateSpace:
         return len({chunk[i] for i in state}) == self.k
 
     def may_finish(self, state: tuple[int, ...]) -> bool:
-        """A necessary condition for reaching the AllReduce goal in one step,
-        on the state's packed profile counts (:meth:`_after_passes`), stronger
-        than :func:`may_finish_in_one_step`: the last step is an AllReduce
+        """:func:`may_finish_in_one_step`, on the state's packed profile
+        counts (:meth:`_after_passes`): the last step is an AllReduce
         (every device holds every chunk), an AllGather (every held sum is
         complete) or a Broadcast (some device is done), and a last AllReduce
         or AllGather on a grouping of ``G`` groups over ``n`` devices leaves
