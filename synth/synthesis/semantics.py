@@ -727,8 +727,16 @@ def may_finish_in_one_step(state: State, goal: Goal, hierarchy: Hierarchy) -> bo
     if not (all(all(s[1]) for s in state) or all(mask in (0, full) for s in state for mask in s[1])):
         return False
     mass = sum((stop - first) * mask.bit_count() for s in state for first, stop, mask in runs_of(s))
-    return any(mass == (len(g.groups) + k - len(g.groups) * len(g.groups[0])) * k * k
-               for g in distinct_groupings(hierarchy))
+    return mass in finishing_masses(distinct_groupings(hierarchy), k)
+
+
+def finishing_masses(groupings: Sequence[Grouping], k: int) -> frozenset[int]:
+    """The masses (contributor counts summed over devices and chunks) a state
+    can have when a last AllReduce or AllGather on one of ``groupings``
+    finishes it: ``(G + k - n) * k**2`` for ``G`` groups over ``n`` devices
+    (the others are done already; each group ends with ``k`` chunks of ``k``
+    contributors)."""
+    return frozenset((len(g.groups) + k - len(g.groups) * len(g.groups[0])) * k * k for g in groupings)
 
 
 def final_collectives(goal: Goal) -> tuple[Collective, ...]:
@@ -984,8 +992,7 @@ class StateSpace:
         self.groupings = distinct_groupings(self.hierarchy)
         # the masses a state that the last step (AllReduce or AllGather) finishes can have (see may_finish)
         k = self.k
-        self._finishing_masses = frozenset((len(g.groups) + k - len(g.groups) * len(g.groups[0])) * k * k
-                                           for g in self.groupings)
+        self._finishing_masses = finishing_masses(self.groupings, k)
         self._ordered_masses = sorted(self._finishing_masses)
         # per grouping: (members per group, groups, devices in its groups), for _hopeful
         self._shapes_of = [(len(g.groups[0]), len(g.groups), len(g.groups) * len(g.groups[0])) for g in self.groupings]
