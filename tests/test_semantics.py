@@ -4,6 +4,7 @@ import itertools
 import math
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from synth.synthesis.language import Collective, Form, format_program, parse_program
@@ -398,15 +399,18 @@ def test_containment_walk_agrees_with_a_chunk_by_chunk_check():
 
 
 @pytest.mark.parametrize("sizes, frame", [((2, 2, 2), "absolute"), ((2, 2, 2), "device"), ((2, 3, 2), "absolute"),
-                                          ((4, 2), "device")])
+                                          ((4, 2), "device"), ((4, 4), "device"), ((2, 2, 2, 2), "absolute")])
 def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the_goal(sizes, frame):
-    """The search's lookahead judges a step on packed profile counts (memoised
-    per group, Broadcast taking the root's profile without the rules): it must
-    keep exactly the valid steps whose next state may finish in one step
-    ("finish") or is the goal ("goal"), on every state reachable in 3 steps."""
+    """The search's lookahead judges a step first on the counts and grouping
+    sums of the state (``_hopeful``: necessary conditions, and the steps that
+    surely leave device 0 done), then on packed profile counts (memoised per
+    group, Broadcast taking the root's profile without the rules): it must keep
+    exactly the valid steps whose next state may finish in one step ("finish")
+    or is the goal ("goal"), on every state reachable in 3 steps; and
+    ``_hopeful`` must turn valid steps away before any group is looked at."""
     space = StateSpace(sizes, Goal.ALLREDUCE, frame)
     seen: set = set()
-    kept = 0
+    kept = turned_away = 0
     for state in _reachable(space, 3, seen):
         every = space.successors(state, list(Collective))
         finish = [s for s in every if space.may_finish(s[2])]
@@ -414,7 +418,49 @@ def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the
         assert space.successors(state, list(Collective), "finish") == finish
         assert space.successors(state, list(Collective), "goal") == goal
         kept += len(finish) + len(goal)
-    assert kept > 0 and len(seen) > 30
+        palette = list(dict.fromkeys(state))
+        sums = space._grouping_sums(np.array([palette.index(i) for i in state]), palette)
+        hopeful, _ = space._hopeful(_packed_totals(space, state), "finish", sums)
+        turned_away += sum(1 for g, c, _, _ in every if not hopeful[g] >> list(Collective).index(c) & 1)
+    assert kept > 0 and len(seen) > 30 and turned_away > 0
+
+
+def _packed_totals(space: StateSpace, state: tuple[int, ...]) -> int:
+    """The packed profile counts of a state, summed over its devices."""
+    return sum(space._packed[space._profile[i]] for i in state)
+
+
+@pytest.mark.parametrize("sizes, frame", [((2, 2, 2), "absolute"), ((2, 3, 2), "absolute"), ((4, 2), "device"),
+                                          ((4, 4), "device")])
+def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
+    """The lookahead's grouping sums (per grouping: its group 0's, its roots'
+    and its members' devices holding every chunk, complete, held chunks and
+    mass; device 0's alone) equal the same quantities summed over the devices
+    of the absolute state, on every state reachable in 3 steps."""
+    space = StateSpace(sizes, Goal.ALLREDUCE, frame)
+    k = space.k
+    for state in _reachable(space, 3):
+        absolute = space.absolute(state)
+
+        def quantities(devices):
+            out = [0, 0, 0, 0]
+            for d in devices:
+                runs = [(b - a, mask.bit_count()) for a, b, mask in runs_of(absolute[d]) if mask]
+                out[0] += sum(n for n, _ in runs) == k
+                out[1] += all(count == k for _, count in runs)
+                out[2] += sum(n for n, _ in runs)
+                out[3] += sum(n * count for n, count in runs)
+            return out
+
+        palette = list(dict.fromkeys(state))
+        device0, per_grouping = space._grouping_sums(np.array([palette.index(i) for i in state]), palette)
+        assert device0 == quantities([0])
+        for grouping, (first, roots, members) in zip(space.groupings, per_grouping):
+            groups = grouping.groups
+            every = [d for group in groups for d in group]
+            assert first == quantities(groups[0])
+            assert roots == quantities([group[0] for group in groups])
+            assert members == (quantities(every) if len(every) < k else [0, 0, 0, 0])
 
 
 @pytest.mark.parametrize("sizes, frame", [((2, 2, 2), "absolute"), ((2, 2, 2), "device"), ((2, 3, 2), "absolute"),
@@ -423,7 +469,7 @@ def test_may_finish_is_necessary_and_checks_the_mass_a_last_step_needs(sizes, fr
     """``may_finish`` (on packed profile counts) is ``may_finish_in_one_step``
     (on absolute states), and it is necessary: every reachable state (4 steps)
     from which one valid step reaches the goal passes it. Beyond "every device
-    holds every chunk, or every held sum is complete, or some device is done"
+    holds every chunk, or every held sum is complete, or device 0 is done"
     it asks for the mass a last AllReduce or AllGather needs (contributors
     summed over devices and chunks: ``(G + k - n) * k**2`` for a grouping of
     ``G`` groups over ``n`` devices), and that turns some states away."""
@@ -439,7 +485,7 @@ def test_may_finish_is_necessary_and_checks_the_mass_a_last_step_needs(sizes, fr
         assert want or not reaches, absolute
         masks = [m for s in absolute for m in s[1]]
         counts_only = (all(masks) or all(m in (0, full) for m in masks)
-                       or any(s == ((k,), (full,)) for s in absolute))
+                       or absolute[0] == ((k,), (full,)))
         assert want <= counts_only
         finishing += reaches
         stronger += counts_only and not want

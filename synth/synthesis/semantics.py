@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import enum
 import math
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -713,7 +712,8 @@ def may_finish_in_one_step(state: State, goal: Goal, hierarchy: Hierarchy) -> bo
 
     The last step is an AllReduce (it keeps every device's chunks, so all devices
     hold all chunks), an AllGather (it copies sums, so every held sum is complete)
-    or a Broadcast (its roots gain nothing, so some device is already done). A
+    or a Broadcast (its roots gain nothing, and device 0 is the root of its group
+    in every grouping, so device 0 is already done). A
     last AllReduce or AllGather on a grouping of ``G`` groups over ``n`` devices
     leaves the ``k - n`` others as they are (so they are done) and gives each
     group ``k`` chunks of ``k`` contributors: the contributor counts summed over
@@ -722,7 +722,7 @@ def may_finish_in_one_step(state: State, goal: Goal, hierarchy: Hierarchy) -> bo
         return True
     k = len(state)
     full = (1 << k) - 1
-    if any(s == ((k,), (full,)) for s in state):
+    if state[0] == ((k,), (full,)):
         return True
     if not (all(all(s[1]) for s in state) or all(mask in (0, full) for s in state for mask in s[1])):
         return False
@@ -993,7 +993,6 @@ class StateSpace:
         # the masses a state that the last step (AllReduce or AllGather) finishes can have (see may_finish)
         k = self.k
         self._finishing_masses = finishing_masses(self.groupings, k)
-        self._ordered_masses = sorted(self._finishing_masses)
         # per grouping: (members per group, groups, devices in its groups), for _hopeful
         self._shapes_of = [(len(g.groups[0]), len(g.groups), len(g.groups) * len(g.groups[0])) for g in self.groupings]
         self.translations = Translations(self.sizes)
@@ -1041,6 +1040,13 @@ class StateSpace:
         self._base_whole: list[bool] = []  # per base profile: one run over every chunk (see _whole_members)
         self._base_whole_array = np.zeros(0, dtype=bool)
         self._base_packed: list[int] = []
+        # per base profile: (holds every chunk, complete, held chunks, mass), and per base device state its
+        # profile's, as rows of an array grown as states are interned (see _device_quantities)
+        self._base_quantities: list[tuple[int, int, int, int]] = []
+        self._quantity_rows = np.zeros((0, 4), dtype=np.int64)
+        self._quantities_filled = 0
+        self._set_index: tuple[np.ndarray, np.ndarray] | None = None  # see _grouping_sums
+        self._exact_in_floats = self.k**3 < 2**53  # sums of quantities (at most k**3) are exact as floats
         self._encoded = self._device_frame  # ids encode positions ("Positions")
         self._stride = self.k + 1
         if self._encoded:
@@ -1190,6 +1196,7 @@ class StateSpace:
             else:
                 final = profile == ((k,), (1 if self.goal is Goal.ALLGATHER else k,))
             mass = sum((stop - first) * count for first, stop, count in runs)  # contributors over the chunks
+            self._base_quantities.append((int(holds_all), int(complete), self._base_held_count[-1], mass))
             # the four flags and the mass do not depend on where the chunks lie (the same for every position)
             self._base_packed.append(sum(int(value) << (_FIELD * i)
                                          for i, value in enumerate((holds_all, complete, done, final, mass))))
@@ -1259,18 +1266,21 @@ class StateSpace:
 
     def may_finish(self, state: tuple[int, ...]) -> bool:
         """:func:`may_finish_in_one_step`, on the state's packed profile
-        counts (:meth:`_after_passes`): the last step is an AllReduce
-        (every device holds every chunk), an AllGather (every held sum is
-        complete) or a Broadcast (some device is done), and a last AllReduce
-        or AllGather on a grouping of ``G`` groups over ``n`` devices leaves
-        the ``k - n`` others as they are, so they are done, and gives each
-        group ``k`` chunks of ``k`` contributors: the state's mass (its
-        contributor counts summed over devices and chunks) is
-        ``(G + k - n) * k**2`` for one of the groupings."""
+        counts (:meth:`_after_passes`) and device 0: the last step is an
+        AllReduce (every device holds every chunk), an AllGather (every held
+        sum is complete) or a Broadcast (device 0, the root of its group in
+        every grouping, is done already), and a last AllReduce or AllGather on
+        a grouping of ``G`` groups over ``n`` devices leaves the ``k - n``
+        others as they are, so they are done, and gives each group ``k`` chunks
+        of ``k`` contributors: the state's mass (its contributor counts summed
+        over devices and chunks) is ``(G + k - n) * k**2`` for one of the
+        groupings."""
         if self.goal is not Goal.ALLREDUCE:
             return True
         packed = self._packed
         profile = self._profile
+        if (packed[profile[state[0]]] >> (_FIELD * 2)) & _MASK:  # device 0 is done
+            return True
         return self._after_passes(sum(n * packed[profile[i]] for i, n in Counter(state).items()), "finish")
 
     # ---- steps
@@ -1685,13 +1695,17 @@ class StateSpace:
             if self._encoded and any(len(g.groups) >= VECTOR_GROUPS_FROM for g in self.groupings):
                 id_array, profile_ids = np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)
         chosen = self._chosen.get(tuple(collectives), {})
-        hopeful = self._hopeful(totals, lookahead)
+        sums = None
+        if lookahead is not None and self.goal is Goal.ALLREDUCE:
+            palette, labels = np.unique(np.fromiter(state, np.int64, k), return_inverse=True)
+            sums = self._grouping_sums(labels.ravel(), palette)
+        hopeful, sure = self._hopeful(totals, lookahead, sums)
         for g, flat in enumerate(self._flat):
             if not wanted & hopeful[g]:
                 continue
             if self._encoded and len(self.groupings[g].groups) >= VECTOR_GROUPS_FROM:
-                out += self._vector_successors(g, id_array, profile_ids, collectives, wanted & hopeful[g], totals,
-                                               lookahead)
+                out += self._vector_successors(g, id_array, profile_ids, collectives, wanted & hopeful[g], sure[g],
+                                               totals, lookahead)
                 continue
             m = self._size[g]
             members = flat(profiles)
@@ -1704,7 +1718,8 @@ class StateSpace:
                 continue
             keys = None  # the groups' members' ids, once a step gets past the lookahead
             for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
-                if lookahead is not None and not self._ahead(totals, c, counted, lookahead):
+                if lookahead is not None and not sure[g] >> _BIT[c] & 1 and not self._ahead(totals, c, counted,
+                                                                                             lookahead):
                     continue
                 if keys is None:
                     ids = flat(state)
@@ -1747,8 +1762,12 @@ class StateSpace:
             packed = self._packed
             totals = sum(n * packed[p] for p, n in zip(profiles, pattern.counts))
         chosen = self._chosen.get(tuple(collectives), {})
+        sums = None
+        if lookahead is not None and self.goal is Goal.ALLREDUCE:
+            sums = self._grouping_sums(np.frombuffer(pattern.labels, np.uint8), palette)
         out = []
-        for g, hope in enumerate(self._hopeful(totals, lookahead)):
+        hopeful, sure = self._hopeful(totals, lookahead, sums)
+        for g, hope in enumerate(hopeful):
             if not wanted & hope:
                 continue
             classes, counts, group_class = pattern.classes(g)
@@ -1763,7 +1782,8 @@ class StateSpace:
                         ahead = {}
                         for key, n in zip(keys, counts):
                             ahead[key] = ahead.get(key, 0) + n
-                    if not self._ahead_by_class(totals, c, ahead.items(), len(group_class), lookahead):
+                    if not sure[g] >> _BIT[c] & 1 and not self._ahead_by_class(totals, c, ahead.items(),
+                                                                                 len(group_class), lookahead):
                         continue
                 if ids is None:
                     ids = [take(palette) for take in classes]
@@ -1803,7 +1823,7 @@ class StateSpace:
         return NO_CHANGE if nxt == state else (nxt, tuple(map(loads.__getitem__, group_class)))
 
     def _vector_successors(self, g: int, ids: np.ndarray, profiles: np.ndarray, collectives: Sequence[Collective],
-                           wanted: int, totals: int,
+                           wanted: int, sure: int, totals: int,
                            lookahead: str | None) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
         """:meth:`successors` on grouping ``g`` (device frame, many groups), with
         numpy: each group's members are moved down by its first held chunk
@@ -1811,7 +1831,8 @@ class StateSpace:
         shifts of one another fall into one class; the profile checks, the
         lookahead and the outcomes are looked up once per class (the same
         memos as the per-group path), and each group's results are moved back
-        up. ``ids``, ``profiles``: the state's and its profiles' ids."""
+        up. ``ids``, ``profiles``: the state's and its profiles' ids; ``sure``: the
+        collectives whose valid step passes the lookahead (:meth:`_hopeful`)."""
         members = self._member_array(g)
         profile_rows = profiles[members]
         ok = self._passing_all(list(map(tuple, self._classes(profile_rows, self._whole_members(profile_rows))[1])),
@@ -1826,8 +1847,8 @@ class StateSpace:
         id_rows = None
         chosen = self._chosen.get(tuple(collectives), {})
         for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
-            if lookahead is not None and not self._ahead_by_class(totals, c, zip(profile_keys, per_class),
-                                                                  len(members), lookahead):
+            if lookahead is not None and not sure >> _BIT[c] & 1 and not self._ahead_by_class(
+                    totals, c, zip(profile_keys, per_class), len(members), lookahead):
                 continue
             if id_rows is None:
                 base, id_rows, id_class = self._classes(ids[members])
@@ -1896,72 +1917,143 @@ class StateSpace:
             self._base_whole_array = np.array(self._base_whole, dtype=bool)
         return self._base_whole_array[rows // self._stride]
 
-    def _hopeful(self, totals: int, lookahead: str | None) -> list[int]:
-        """Per grouping, the collectives (bit set) whose step from a state of
-        packed counts ``totals`` may pass the lookahead (:meth:`_after_passes`),
-        judged on the counts and the mass alone, before any group is looked
-        at. A necessary condition (the lookahead itself still decides); for the
-        AllReduce goal, with ``H`` devices holding every chunk, ``C`` complete,
-        ``D`` done, mass ``M``, on a grouping of ``G`` groups of ``m`` over ``n``
-        devices (the ``k - n`` others keep their state):
+    def _device_quantities(self, ids: np.ndarray) -> np.ndarray:
+        """Per device state id in ``ids``: its profile's (holds every chunk,
+        complete, held chunks, mass), one row each. The rows per base state
+        are kept in an array that grows (doubling) as states are interned."""
+        n = len(self._base_profile)
+        if self._quantities_filled < n:
+            rows = self._quantity_rows
+            if len(rows) < n:
+                rows = self._quantity_rows = np.concatenate([rows, np.zeros((max(n, 2 * len(rows)) - len(rows), 4),
+                                                                            dtype=np.int64)])
+            base = self._stride if self._encoded else 1
+            profiles = self._base_profile[self._quantities_filled:n]
+            rows[self._quantities_filled:n] = [self._base_quantities[p // base] for p in profiles]
+            self._quantities_filled = n
+        return self._quantity_rows[ids // self._stride if self._encoded else ids]
 
-        * a step keeps every done device done (a done member fails every
-          collective's precondition but a Broadcast's, whose root is then done);
-        * a ReduceScatter or Reduce keeps the mass; an AllReduce or AllGather
-          multiplies the mass of its members by ``m``: ``m * M`` when every
-          device is in a group, between ``M`` and ``m * M`` otherwise;
-        * "finish" (no device done yet): the next state has a done device (an
-          AllReduce or Reduce group of ``m`` devices holding every chunk, an
-          AllGather group of ``m`` complete ones), or it holds every chunk
-          everywhere or is complete everywhere with a finishing mass
-          (:meth:`may_finish`): a Broadcast needs its roots and the others to
-          hold every chunk or be complete and a mass below some finishing one;
-        * "goal": the next state is done everywhere (mass ``k**3``): an
-          AllReduce needs ``H = k``, an AllGather ``C = k``, both ``D >= k - n``;
-          a Broadcast needs ``D >= G + k - n``."""
+    def _grouping_sets(self) -> tuple[np.ndarray, np.ndarray]:
+        """The devices :meth:`_grouping_sums` sums over, one set after the
+        other (device 0; then per grouping its group 0, its roots, and its
+        members when some device is in no group, else none), and each
+        device's set number times the number of sets (see
+        :meth:`_grouping_sums`)."""
+        if self._set_index is None:
+            parts = [np.zeros(1, dtype=np.int64)]
+            for g in range(len(self.groupings)):
+                rows = self._member_array(g)
+                parts += [rows[0], rows[:, 0], rows.ravel() if rows.size < self.k else rows[:0, 0]]
+            sets = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+            self._set_index = (np.concatenate(parts), sets)
+        return self._set_index
+
+    def _grouping_sums(self, labels: np.ndarray, palette: Sequence[int]) -> tuple[list[int], list[list[list[int]]]]:
+        """Device 0's quantities (:meth:`_device_quantities`) and, per grouping,
+        the sums of its group 0's, its roots' and its members' (all zero when
+        every device is in a group), for the state whose device ``d`` holds id
+        ``palette[labels[d]]``: how many devices of each set hold each id, times
+        the ids' quantities (a sum is at most ``k**3``)."""
+        index, sets = self._grouping_sets()
+        width = len(palette)
+        count = 3 * len(self.groupings) + 1
+        held = np.bincount(sets * width + labels[index], minlength=count * width).reshape(count, width)
+        quantities = self._device_quantities(np.array(palette, dtype=np.int64))
+        if self._exact_in_floats:  # a float product (BLAS) is exact and several times faster
+            held, quantities = held.astype(np.float64), quantities.astype(np.float64)
+        sums = (held @ quantities).astype(np.int64).tolist()
+        return sums[0], [sums[i:i + 3] for i in range(1, count, 3)]
+
+    def _hopeful(self, totals: int, lookahead: str | None,
+                 sums: tuple[list[int], list[list[list[int]]]] | None) -> tuple[list[int], list[int]]:
+        """Per grouping, the collectives (bit sets) whose step from a state of
+        packed counts ``totals`` and grouping sums ``sums``
+        (:meth:`_grouping_sums`) may pass the lookahead, and those whose
+        valid step surely passes it ("finish": device 0 ends done), judged
+        before any group is looked at: a step whose next state passes
+        :meth:`may_finish` (``"finish"``) or is the goal (``"goal"``) has its
+        bit in the first list, and ``successors`` keeps exactly the valid steps
+        with a bit in the second or whose counts pass :meth:`_after_passes`.
+
+        For the AllReduce goal, on a grouping of ``G`` groups of ``m`` over
+        ``n`` devices (``k - n`` others keep their state), with ``H`` devices
+        holding every chunk, ``C`` complete, mass ``M`` (contributor counts
+        summed over devices and chunks), ``N`` the others' mass, ``S = M - N``
+        the members', ``R`` the roots' held chunks and ``F`` the finishing
+        masses (:func:`finishing_masses`); every device's mass is at most
+        ``k**2``, exactly when it is done:
+
+        * device 0 is the root of group 0 in every grouping: it ends done when
+          it is done already (a valid step keeps it: an AllReduce, Reduce,
+          ReduceScatter or AllGather with it would double count or overlap, a
+          Broadcast keeps its root), or after an AllReduce or Reduce of a
+          group 0 whose members hold every chunk, or an AllGather of complete
+          ones, with group 0's mass ``k**2``. These are sure;
+        * otherwise ("finish") every device must end holding every chunk or
+          complete, with mass in ``F``. An AllReduce or AllGather gives each
+          member its group's mass (``m * S + N`` after), a Broadcast its root's,
+          a ReduceScatter or Reduce keeps ``M``. Every sum ends complete when the
+          others are complete and ``S = k * R`` (a valid group's mass is at most
+          ``k`` per chunk its root holds, so the sum is met only with equality
+          in every group); an AllGather gives every chunk when each group's
+          ``m`` equal shares add to ``k``; a Broadcast when roots and others
+          hold every chunk (or are complete); a ReduceScatter or Reduce leaves
+          members with part or nothing, so only completeness can hold;
+        * "goal": the others are done (``N = (k - n) * k**2``) and the mass
+          after is ``k**3``: an AllReduce needs ``H = k``, an AllGather
+          ``C = k``; a Broadcast needs its roots and the others done."""
         every = (1 << len(_COLLECTIVES)) - 1
+        groupings = len(self.groupings)
         if lookahead is None or self.goal is not Goal.ALLREDUCE:
-            return [every] * len(self.groupings)
+            return [every] * groupings, [0] * groupings
         k = self.k
-        holds, complete, done = totals & _MASK, (totals >> _FIELD) & _MASK, (totals >> (_FIELD * 2)) & _MASK
-        mass = totals >> (_FIELD * 4)
+        kk = k * k
+        holds, complete, mass = totals & _MASK, (totals >> _FIELD) & _MASK, totals >> (_FIELD * 4)
+        device0, per_grouping = sums
+        if lookahead == "finish" and device0[3] == kk:  # device 0 is done and stays done
+            return [every] * groupings, [every] * groupings
         masses = self._finishing_masses
-        ordered = self._ordered_masses
-        largest = ordered[-1]
-        out = []
-        for m, groups, n in self._shapes_of:
-            # the mass after an AllReduce or AllGather: exactly m * M when every device is in a group
-            low, high = (mass * m, mass * m) if n == k else (mass, mass * m)
-            bits = 0
+        possible, sure = [], []
+        for (m, groups, n), (first, roots, members) in zip(self._shapes_of, per_grouping):
+            others = k - n
+            others_holding, others_complete, others_mass = holds - members[0], complete - members[1], mass - members[3]
+            if not others:
+                others_holding = others_complete = others_mass = 0
+            grouped = mass - others_mass
+            bits = certain = 0
             if lookahead == "goal":
-                if done >= k - n and low <= k * k * k <= high:
+                if others_mass == others * kk and m * grouped + others_mass == k * kk:
                     bits |= (_BIT_ALLREDUCE if holds == k else 0) | (_BIT_ALLGATHER if complete == k else 0)
-                if done >= groups + k - n:
+                if roots[3] + others_mass == (groups + others) * kk:
                     bits |= _BROADCASTING
-            elif done:
-                bits = every
             else:
-                if holds >= m:
-                    bits |= _BIT_ALLREDUCE | _BIT_REDUCE
-                if complete >= m:
-                    bits |= _BIT_ALLGATHER
-                if complete >= k - n and mass in masses:
+                if first[3] == kk:
+                    certain = ((_BIT_ALLREDUCE | _BIT_REDUCE if first[0] == m else 0)
+                               | (_BIT_ALLGATHER if first[1] == m else 0))
+                bits = certain
+                complete_sums = others_complete == others and grouped == k * roots[2]
+                if m * grouped + others_mass in masses:
+                    if holds == k or complete_sums:
+                        bits |= _BIT_ALLREDUCE
+                    if (others_holding == others and m * roots[2] == groups * k) or complete == k:
+                        bits |= _BIT_ALLGATHER
+                if complete_sums and mass in masses:
                     bits |= _BIT_REDUCESCATTER | _BIT_REDUCE
-                at = bisect_left(ordered, low)  # some finishing mass in [low, high]: the first one from low
-                if at < len(ordered) and ordered[at] <= high:
-                    bits |= ((_BIT_ALLREDUCE if holds == k or complete >= k - n else 0)
-                             | (_BIT_ALLGATHER if holds >= k - n or complete == k else 0))
-                if (holds >= groups + k - n or complete >= groups + k - n) and largest >= mass:
+                if (m * roots[3] + others_mass in masses
+                        and (roots[0] + others_holding == groups + others or roots[1] + others_complete == groups + others)):
                     bits |= _BROADCASTING
-            out.append(bits)
-        return out
+            possible.append(bits)
+            sure.append(certain)
+        return possible, sure
 
     def _after_passes(self, after: int, lookahead: str) -> bool:
-        """Whether packed counts ``after`` a step can pass :meth:`may_finish`
-        (``"finish"``) or be the goal (``"goal"``), see :meth:`_ahead`."""
+        """Whether packed counts ``after`` a step make the next state the goal
+        (``"goal"``) or pass :meth:`may_finish` without device 0 being done
+        (``"finish"``: every device holds every chunk or is complete, and the
+        mass is a finishing one), see :meth:`_ahead`."""
         if lookahead == "goal":
             return (after >> (_FIELD * 3)) & _MASK == self.k
-        if self.goal is not Goal.ALLREDUCE or (after >> (_FIELD * 2)) & _MASK > 0:  # some device is done
+        if self.goal is not Goal.ALLREDUCE:
             return True
         return ((after & _MASK == self.k or (after >> _FIELD) & _MASK == self.k)
                 and after >> (_FIELD * 4) in self._finishing_masses)
