@@ -420,14 +420,9 @@ def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the
         kept += len(finish) + len(goal)
         palette = list(dict.fromkeys(state))
         sums = space._grouping_sums(np.array([palette.index(i) for i in state]), palette)
-        hopeful, _ = space._hopeful(_packed_totals(space, state), "finish", sums)
+        hopeful = space._hopeful("finish", sums)
         turned_away += sum(1 for g, c, _, _ in every if not hopeful[g] >> list(Collective).index(c) & 1)
     assert kept > 0 and len(seen) > 30 and turned_away > 0
-
-
-def _packed_totals(space: StateSpace, state: tuple[int, ...]) -> int:
-    """The packed profile counts of a state, summed over its devices."""
-    return sum(space._packed[space._profile[i]] for i in state)
 
 
 @pytest.mark.parametrize("sizes, frame", [((2, 2, 2), "absolute"), ((2, 3, 2), "absolute"), ((4, 2), "device"),
@@ -435,8 +430,9 @@ def _packed_totals(space: StateSpace, state: tuple[int, ...]) -> int:
 def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
     """The lookahead's grouping sums (per grouping: its group 0's, its roots'
     and its members' devices holding every chunk, complete, held chunks and
-    mass; device 0's alone) equal the same quantities summed over the devices
-    of the absolute state, on every state reachable in 3 steps."""
+    mass; device 0's alone; every device's) equal the same quantities summed
+    over the devices of the absolute state, on every state reachable in 3
+    steps."""
     space = StateSpace(sizes, Goal.ALLREDUCE, frame)
     k = space.k
     for state in _reachable(space, 3):
@@ -453,14 +449,14 @@ def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
             return out
 
         palette = list(dict.fromkeys(state))
-        device0, per_grouping = space._grouping_sums(np.array([palette.index(i) for i in state]), palette)
+        device0, everything, per_grouping = space._grouping_sums(np.array([palette.index(i) for i in state]), palette)
         assert device0 == quantities([0])
+        assert everything == quantities(range(k))
         for grouping, (first, roots, members) in zip(space.groupings, per_grouping):
             groups = grouping.groups
-            every = [d for group in groups for d in group]
             assert first == quantities(groups[0])
             assert roots == quantities([group[0] for group in groups])
-            assert members == (quantities(every) if len(every) < k else [0, 0, 0, 0])
+            assert members == quantities([d for group in groups for d in group])
 
 
 @pytest.mark.parametrize("sizes, frame", [((2, 2, 2), "absolute"), ((2, 2, 2), "device"), ((2, 3, 2), "absolute"),

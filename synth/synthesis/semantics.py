@@ -839,6 +839,10 @@ class Translations:
 
 
 Outcome = Union[tuple[tuple[int, ...], int], str]  # (members' new ids, chunks moved) or why not
+#: a state's (holds every chunk, complete, held chunks, mass) at device 0, summed over every device, and per
+#: grouping summed over its group 0, its roots and its members (StateSpace._grouping_sums)
+Quantities = list[int]
+GroupingSums = tuple[Quantities, Quantities, list[tuple[Quantities, Quantities, Quantities]]]
 
 
 #: allreduce and reducescatter spaces of at least this many devices use the
@@ -1670,9 +1674,12 @@ class StateSpace:
         Per grouping the members' profiles are checked first (memoised per
         group's profiles, stopping at the first group that fails), then each
         passing collective's outcome per group (memoised per members' ids). With
-        ``lookahead`` (``"finish"``: the next state can pass :meth:`may_finish`;
-        ``"goal"``: it can be the goal), a step is first judged on the four
-        counts of :meth:`_delta`, from profiles alone."""
+        ``lookahead`` (``"finish"``: the next state passes :meth:`may_finish`;
+        ``"goal"``: it is the goal) only the steps whose next state does are
+        kept, judged before any group is looked at: on sums of per-device
+        quantities over fixed sets of devices for the AllReduce goal
+        (:meth:`_hopeful`), else on the packed counts of :meth:`_delta`, from
+        profiles alone."""
         out = []
         wanted = sum(1 << _BIT[c] for c in collectives)
         k = self.k
@@ -1680,18 +1687,19 @@ class StateSpace:
             labels = dict.fromkeys(state)
             if len(labels) <= PATTERN_IDS_UPTO:
                 return self._pattern_successors(state, tuple(labels), collectives, wanted, lookahead)
+        counting = lookahead is not None and self.goal is not Goal.ALLREDUCE  # see _hopeful
         if self._encoded and k >= NUMPY_PROFILES_FROM:  # profile ids with numpy: a new state often holds k new ids
             id_array = np.fromiter(state, np.int64, k)
             profile_ids = self._profile_ids_of(id_array)
             profiles = tuple(profile_ids.tolist())
-            if lookahead:  # the lookahead's flags are the base profiles': count the devices per base
+            if counting:  # the lookahead's flags are the base profiles': count the devices per base
                 bases, counts = np.unique(profile_ids // self._stride, return_counts=True)
                 totals = sum(n * self._base_packed[b] for b, n in zip(bases.tolist(), counts.tolist()))
             else:
                 totals = 0
         else:
             profiles = tuple(map(self._profile.__getitem__, state))
-            totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if lookahead else 0
+            totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if counting else 0
             if self._encoded and any(len(g.groups) >= VECTOR_GROUPS_FROM for g in self.groupings):
                 id_array, profile_ids = np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)
         chosen = self._chosen.get(tuple(collectives), {})
@@ -1699,18 +1707,18 @@ class StateSpace:
         if lookahead is not None and self.goal is Goal.ALLREDUCE:
             palette, labels = np.unique(np.fromiter(state, np.int64, k), return_inverse=True)
             sums = self._grouping_sums(labels.ravel(), palette)
-        hopeful, sure = self._hopeful(totals, lookahead, sums)
+        hopeful = self._hopeful(lookahead, sums)
         for g, flat in enumerate(self._flat):
             if not wanted & hopeful[g]:
                 continue
             if self._encoded and len(self.groupings[g].groups) >= VECTOR_GROUPS_FROM:
-                out += self._vector_successors(g, id_array, profile_ids, collectives, wanted & hopeful[g], sure[g],
-                                               totals, lookahead)
+                out += self._vector_successors(g, id_array, profile_ids, collectives, wanted & hopeful[g], totals,
+                                               lookahead if counting else None)
                 continue
             m = self._size[g]
             members = flat(profiles)
             counted = list(zip(*[iter(members)] * m)) if m < k else [members]  # each group's members' profiles
-            classes = lookahead is not None and self._device_frame
+            classes = counting and self._device_frame
             if classes:  # the groups counted once per class (they repeat there): the lookahead looks at each collective
                 counted = Counter(counted)
             ok = self._passing_all(counted, wanted & hopeful[g])
@@ -1718,8 +1726,7 @@ class StateSpace:
                 continue
             keys = None  # the groups' members' ids, once a step gets past the lookahead
             for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
-                if lookahead is not None and not sure[g] >> _BIT[c] & 1 and not self._ahead(totals, c, counted,
-                                                                                             lookahead):
+                if counting and not self._ahead(totals, c, counted, lookahead):
                     continue
                 if keys is None:
                     ids = flat(state)
@@ -1757,8 +1764,9 @@ class StateSpace:
         the classes' outcomes."""
         pattern = self._pattern(state, palette)
         profiles = tuple(map(self._profile.__getitem__, palette))
+        counting = lookahead is not None and self.goal is not Goal.ALLREDUCE  # see _hopeful
         totals = 0
-        if lookahead:
+        if counting:
             packed = self._packed
             totals = sum(n * packed[p] for p, n in zip(profiles, pattern.counts))
         chosen = self._chosen.get(tuple(collectives), {})
@@ -1766,8 +1774,7 @@ class StateSpace:
         if lookahead is not None and self.goal is Goal.ALLREDUCE:
             sums = self._grouping_sums(np.frombuffer(pattern.labels, np.uint8), palette)
         out = []
-        hopeful, sure = self._hopeful(totals, lookahead, sums)
-        for g, hope in enumerate(hopeful):
+        for g, hope in enumerate(self._hopeful(lookahead, sums)):
             if not wanted & hope:
                 continue
             classes, counts, group_class = pattern.classes(g)
@@ -1777,13 +1784,12 @@ class StateSpace:
                 continue
             ids = ahead = None  # each class's members' ids, once a step gets past the lookahead
             for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
-                if lookahead is not None:
+                if counting:
                     if ahead is None:  # classes of ids that hold equal profiles count as one
                         ahead = {}
                         for key, n in zip(keys, counts):
                             ahead[key] = ahead.get(key, 0) + n
-                    if not sure[g] >> _BIT[c] & 1 and not self._ahead_by_class(totals, c, ahead.items(),
-                                                                                 len(group_class), lookahead):
+                    if not self._ahead_by_class(totals, c, ahead.items(), len(group_class), lookahead):
                         continue
                 if ids is None:
                     ids = [take(palette) for take in classes]
@@ -1823,7 +1829,7 @@ class StateSpace:
         return NO_CHANGE if nxt == state else (nxt, tuple(map(loads.__getitem__, group_class)))
 
     def _vector_successors(self, g: int, ids: np.ndarray, profiles: np.ndarray, collectives: Sequence[Collective],
-                           wanted: int, sure: int, totals: int,
+                           wanted: int, totals: int,
                            lookahead: str | None) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
         """:meth:`successors` on grouping ``g`` (device frame, many groups), with
         numpy: each group's members are moved down by its first held chunk
@@ -1831,8 +1837,8 @@ class StateSpace:
         shifts of one another fall into one class; the profile checks, the
         lookahead and the outcomes are looked up once per class (the same
         memos as the per-group path), and each group's results are moved back
-        up. ``ids``, ``profiles``: the state's and its profiles' ids; ``sure``: the
-        collectives whose valid step passes the lookahead (:meth:`_hopeful`)."""
+        up. ``ids``, ``profiles``: the state's and its profiles' ids; ``lookahead``:
+        the one the packed counts decide (None where :meth:`_hopeful` did)."""
         members = self._member_array(g)
         profile_rows = profiles[members]
         ok = self._passing_all(list(map(tuple, self._classes(profile_rows, self._whole_members(profile_rows))[1])),
@@ -1847,8 +1853,8 @@ class StateSpace:
         id_rows = None
         chosen = self._chosen.get(tuple(collectives), {})
         for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
-            if lookahead is not None and not sure >> _BIT[c] & 1 and not self._ahead_by_class(
-                    totals, c, zip(profile_keys, per_class), len(members), lookahead):
+            if lookahead is not None and not self._ahead_by_class(totals, c, zip(profile_keys, per_class),
+                                                                  len(members), lookahead):
                 continue
             if id_rows is None:
                 base, id_rows, id_class = self._classes(ids[members])
@@ -1935,12 +1941,11 @@ class StateSpace:
 
     def _grouping_sets(self) -> tuple[np.ndarray, np.ndarray]:
         """The devices :meth:`_grouping_sums` sums over, one set after the
-        other (device 0; then per grouping its group 0, its roots, and its
-        members when some device is in no group, else none), and each
-        device's set number times the number of sets (see
-        :meth:`_grouping_sums`)."""
+        other (device 0; every device; then per grouping its group 0, its
+        roots, and its members when some device is in no group, else none),
+        and each listed device's set number."""
         if self._set_index is None:
-            parts = [np.zeros(1, dtype=np.int64)]
+            parts = [np.zeros(1, dtype=np.int64), np.arange(self.k, dtype=np.int64)]
             for g in range(len(self.groupings)):
                 rows = self._member_array(g)
                 parts += [rows[0], rows[:, 0], rows.ravel() if rows.size < self.k else rows[:0, 0]]
@@ -1948,32 +1953,34 @@ class StateSpace:
             self._set_index = (np.concatenate(parts), sets)
         return self._set_index
 
-    def _grouping_sums(self, labels: np.ndarray, palette: Sequence[int]) -> tuple[list[int], list[list[list[int]]]]:
-        """Device 0's quantities (:meth:`_device_quantities`) and, per grouping,
-        the sums of its group 0's, its roots' and its members' (all zero when
-        every device is in a group), for the state whose device ``d`` holds id
-        ``palette[labels[d]]``: how many devices of each set hold each id, times
-        the ids' quantities (a sum is at most ``k**3``)."""
+    def _grouping_sums(self, labels: np.ndarray, palette: Sequence[int]) -> GroupingSums:
+        """Device 0's quantities (:meth:`_device_quantities`), every device's
+        summed, and per grouping those of its group 0, its roots and its
+        members (every device's when every device is in a group) summed, for
+        the state whose device ``d`` holds id ``palette[labels[d]]``: how many
+        devices of each set hold each id, times the ids' quantities (a sum is
+        at most ``k**3``)."""
         index, sets = self._grouping_sets()
         width = len(palette)
-        count = 3 * len(self.groupings) + 1
+        count = 3 * len(self.groupings) + 2
         held = np.bincount(sets * width + labels[index], minlength=count * width).reshape(count, width)
         quantities = self._device_quantities(np.array(palette, dtype=np.int64))
         if self._exact_in_floats:  # a float product (BLAS) is exact and several times faster
             held, quantities = held.astype(np.float64), quantities.astype(np.float64)
         sums = (held @ quantities).astype(np.int64).tolist()
-        return sums[0], [sums[i:i + 3] for i in range(1, count, 3)]
+        everything = sums[1]
+        return sums[0], everything, [(sums[i], sums[i + 1], sums[i + 2] if n < self.k else everything)
+                                     for i, (_, _, n) in zip(range(2, count, 3), self._shapes_of)]
 
-    def _hopeful(self, totals: int, lookahead: str | None,
-                 sums: tuple[list[int], list[list[list[int]]]] | None) -> tuple[list[int], list[int]]:
+    def _hopeful(self, lookahead: str | None, sums: GroupingSums | None) -> list[int]:
         """Per grouping, the collectives (bit sets) whose step from a state of
-        packed counts ``totals`` and grouping sums ``sums``
-        (:meth:`_grouping_sums`) may pass the lookahead, and those whose
-        valid step surely passes it ("finish": device 0 ends done), judged
-        before any group is looked at: a step whose next state passes
-        :meth:`may_finish` (``"finish"``) or is the goal (``"goal"``) has its
-        bit in the first list, and ``successors`` keeps exactly the valid steps
-        with a bit in the second or whose counts pass :meth:`_after_passes`.
+        grouping sums ``sums`` (:meth:`_grouping_sums`) may be valid and pass
+        the lookahead, judged before any group is looked at. For the AllReduce
+        goal this decides the lookahead: a valid step's bit is set exactly
+        when its next state passes :meth:`may_finish` (``"finish"``) or is the
+        goal (``"goal"``), so the packed counts (:meth:`_ahead`) need not be
+        looked at; for the other goals every bit is set and the packed counts
+        decide.
 
         For the AllReduce goal, on a grouping of ``G`` groups of ``m`` over
         ``n`` devices (``k - n`` others keep their state), with ``H`` devices
@@ -1983,54 +1990,67 @@ class StateSpace:
         masses (:func:`finishing_masses`); every device's mass is at most
         ``k**2``, exactly when it is done:
 
-        * device 0 is the root of group 0 in every grouping: it ends done when
-          it is done already (a valid step keeps it: an AllReduce, Reduce,
+        * validity (necessary): an AllReduce, ReduceScatter or Reduce needs the
+          members to hold their root's chunks (members' held chunks ``m * R``)
+          and at most ``k`` contributors per chunk (``S <= k * R``); an
+          AllGather equal shares (``m * R``) that fit (``m * R <= G * k``); a
+          Broadcast members contained in their root (held chunks at most ``m *
+          R``, mass at most ``m`` times the roots');
+        * device 0 is the root of group 0 in every grouping: after a valid step
+          it is done exactly when it was done (an AllReduce, Reduce,
           ReduceScatter or AllGather with it would double count or overlap, a
-          Broadcast keeps its root), or after an AllReduce or Reduce of a
-          group 0 whose members hold every chunk, or an AllGather of complete
-          ones, with group 0's mass ``k**2``. These are sure;
+          Broadcast keeps its root), or after an AllReduce or Reduce of a group
+          0 whose members hold every chunk, or an AllGather of complete ones,
+          with group 0's mass ``k**2``;
         * otherwise ("finish") every device must end holding every chunk or
-          complete, with mass in ``F``. An AllReduce or AllGather gives each
-          member its group's mass (``m * S + N`` after), a Broadcast its root's,
-          a ReduceScatter or Reduce keeps ``M``. Every sum ends complete when the
-          others are complete and ``S = k * R`` (a valid group's mass is at most
-          ``k`` per chunk its root holds, so the sum is met only with equality
-          in every group); an AllGather gives every chunk when each group's
-          ``m`` equal shares add to ``k``; a Broadcast when roots and others
-          hold every chunk (or are complete); a ReduceScatter or Reduce leaves
+          complete, with mass in ``F``. After a valid step: an AllReduce or
+          AllGather gives each member its group's mass (``m * S + N`` after),
+          a Broadcast its root's, a ReduceScatter or Reduce keeps ``M``; every
+          sum is complete exactly when the others are complete and ``S = k *
+          R`` (a group's mass is at most ``k`` per chunk its root holds, so the
+          sum is met only with equality in every group); an AllReduce keeps
+          who holds every chunk; an AllGather gives every chunk exactly when
+          each group's ``m`` equal shares add to ``k``, and keeps completeness;
+          a Broadcast gives its roots' state; a ReduceScatter or Reduce leaves
           members with part or nothing, so only completeness can hold;
         * "goal": the others are done (``N = (k - n) * k**2``) and the mass
-          after is ``k**3``: an AllReduce needs ``H = k``, an AllGather
-          ``C = k``; a Broadcast needs its roots and the others done."""
+          after is ``k**3`` (so every member ends with ``k**2``): an AllReduce
+          needs ``H = k``, an AllGather ``C = k``; a Broadcast needs its roots
+          and the others done."""
         every = (1 << len(_COLLECTIVES)) - 1
         groupings = len(self.groupings)
         if lookahead is None or self.goal is not Goal.ALLREDUCE:
-            return [every] * groupings, [0] * groupings
+            return [every] * groupings
         k = self.k
         kk = k * k
-        holds, complete, mass = totals & _MASK, (totals >> _FIELD) & _MASK, totals >> (_FIELD * 4)
-        device0, per_grouping = sums
-        if lookahead == "finish" and device0[3] == kk:  # device 0 is done and stays done
-            return [every] * groupings, [every] * groupings
+        device0, (holds, complete, _, mass), per_grouping = sums
+        done0 = lookahead == "finish" and device0[3] == kk  # device 0 is done and stays done
         masses = self._finishing_masses
-        possible, sure = [], []
+        possible = []
         for (m, groups, n), (first, roots, members) in zip(self._shapes_of, per_grouping):
             others = k - n
             others_holding, others_complete, others_mass = holds - members[0], complete - members[1], mass - members[3]
-            if not others:
-                others_holding = others_complete = others_mass = 0
-            grouped = mass - others_mass
-            bits = certain = 0
-            if lookahead == "goal":
+            grouped = members[3]
+            valid = 0
+            if members[2] == m * roots[2]:
+                if grouped <= k * roots[2]:
+                    valid |= _SUMMING
+                if m * roots[2] <= groups * k:
+                    valid |= _COUNT_FREE
+            if members[2] <= m * roots[2] and grouped <= m * roots[3]:
+                valid |= _BROADCASTING
+            bits = 0
+            if done0:
+                bits = valid
+            elif lookahead == "goal":
                 if others_mass == others * kk and m * grouped + others_mass == k * kk:
                     bits |= (_BIT_ALLREDUCE if holds == k else 0) | (_BIT_ALLGATHER if complete == k else 0)
                 if roots[3] + others_mass == (groups + others) * kk:
                     bits |= _BROADCASTING
             else:
-                if first[3] == kk:
-                    certain = ((_BIT_ALLREDUCE | _BIT_REDUCE if first[0] == m else 0)
-                               | (_BIT_ALLGATHER if first[1] == m else 0))
-                bits = certain
+                if first[3] == kk:  # device 0 ends done
+                    bits = ((_BIT_ALLREDUCE | _BIT_REDUCE if first[0] == m else 0)
+                            | (_BIT_ALLGATHER if first[1] == m else 0))
                 complete_sums = others_complete == others and grouped == k * roots[2]
                 if m * grouped + others_mass in masses:
                     if holds == k or complete_sums:
@@ -2042,9 +2062,8 @@ class StateSpace:
                 if (m * roots[3] + others_mass in masses
                         and (roots[0] + others_holding == groups + others or roots[1] + others_complete == groups + others)):
                     bits |= _BROADCASTING
-            possible.append(bits)
-            sure.append(certain)
-        return possible, sure
+            possible.append(bits & valid)
+        return possible
 
     def _after_passes(self, after: int, lookahead: str) -> bool:
         """Whether packed counts ``after`` a step make the next state the goal
