@@ -429,23 +429,26 @@ def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the
                                           ((4, 4), "device")])
 def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
     """The lookahead's grouping sums (per grouping: its group 0's, its roots'
-    and its members' devices holding every chunk, complete, held chunks and
-    mass; device 0's alone; every device's) equal the same quantities summed
-    over the devices of the absolute state, on every state reachable in 3
-    steps."""
+    and its members' devices holding every chunk, complete, held chunks, mass,
+    holding nothing, held chunks squared; device 0's alone; every device's)
+    equal the same quantities summed over the devices of the absolute state,
+    on every state reachable in 3 steps."""
     space = StateSpace(sizes, Goal.ALLREDUCE, frame)
     k = space.k
     for state in _reachable(space, 3):
         absolute = space.absolute(state)
 
         def quantities(devices):
-            out = [0, 0, 0, 0]
+            out = [0] * 6
             for d in devices:
                 runs = [(b - a, mask.bit_count()) for a, b, mask in runs_of(absolute[d]) if mask]
-                out[0] += sum(n for n, _ in runs) == k
+                held = sum(n for n, _ in runs)
+                out[0] += held == k
                 out[1] += all(count == k for _, count in runs)
-                out[2] += sum(n for n, _ in runs)
+                out[2] += held
                 out[3] += sum(n * count for n, count in runs)
+                out[4] += held == 0
+                out[5] += held * held
             return out
 
         palette = list(dict.fromkeys(state))

@@ -839,8 +839,12 @@ class Translations:
 
 
 Outcome = Union[tuple[tuple[int, ...], int], str]  # (members' new ids, chunks moved) or why not
-#: a state's (holds every chunk, complete, held chunks, mass) at device 0, summed over every device, and per
-#: grouping summed over its group 0, its roots and its members (StateSpace._grouping_sums)
+#: what the lookahead sums per device (StateSpace._grouping_sums): whether it holds every chunk, whether it
+#: is complete, its held chunks, its mass (contributor counts summed over chunks), whether it holds nothing,
+#: and its held chunks squared
+_QUANTITIES = ("holds every chunk", "complete", "held", "mass", "holds nothing", "held squared")
+#: a state's _QUANTITIES at device 0, summed over every device, and per grouping summed over its group 0, its
+#: roots and its members
 Quantities = list[int]
 GroupingSums = tuple[Quantities, Quantities, list[tuple[Quantities, Quantities, Quantities]]]
 
@@ -1044,10 +1048,10 @@ class StateSpace:
         self._base_whole: list[bool] = []  # per base profile: one run over every chunk (see _whole_members)
         self._base_whole_array = np.zeros(0, dtype=bool)
         self._base_packed: list[int] = []
-        # per base profile: (holds every chunk, complete, held chunks, mass), and per base device state its
-        # profile's, as rows of an array grown as states are interned (see _device_quantities)
-        self._base_quantities: list[tuple[int, int, int, int]] = []
-        self._quantity_rows = np.zeros((0, 4), dtype=np.int64)
+        # per base profile its _QUANTITIES, and per base device state its profile's, as rows of an array
+        # grown as states are interned (see _device_quantities)
+        self._base_quantities: list[tuple[int, ...]] = []
+        self._quantity_rows = np.zeros((0, len(_QUANTITIES)), dtype=np.int64)
         self._quantities_filled = 0
         self._set_index: tuple[np.ndarray, np.ndarray] | None = None  # see _grouping_sums
         self._exact_in_floats = self.k**3 < 2**53  # sums of quantities (at most k**3) are exact as floats
@@ -1200,7 +1204,9 @@ class StateSpace:
             else:
                 final = profile == ((k,), (1 if self.goal is Goal.ALLGATHER else k,))
             mass = sum((stop - first) * count for first, stop, count in runs)  # contributors over the chunks
-            self._base_quantities.append((int(holds_all), int(complete), self._base_held_count[-1], mass))
+            held_count = self._base_held_count[-1]
+            self._base_quantities.append((int(holds_all), int(complete), held_count, mass, int(not held_count),
+                                          held_count * held_count))
             # the four flags and the mass do not depend on where the chunks lie (the same for every position)
             self._base_packed.append(sum(int(value) << (_FIELD * i)
                                          for i, value in enumerate((holds_all, complete, done, final, mass))))
@@ -1703,10 +1709,8 @@ class StateSpace:
             if self._encoded and any(len(g.groups) >= VECTOR_GROUPS_FROM for g in self.groupings):
                 id_array, profile_ids = np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)
         chosen = self._chosen.get(tuple(collectives), {})
-        sums = None
-        if lookahead is not None and self.goal is Goal.ALLREDUCE:
-            palette, labels = np.unique(np.fromiter(state, np.int64, k), return_inverse=True)
-            sums = self._grouping_sums(labels.ravel(), palette)
+        palette, labels = np.unique(np.fromiter(state, np.int64, k), return_inverse=True)
+        sums = self._grouping_sums(labels.ravel(), palette)
         hopeful = self._hopeful(lookahead, sums)
         for g, flat in enumerate(self._flat):
             if not wanted & hopeful[g]:
@@ -1770,9 +1774,7 @@ class StateSpace:
             packed = self._packed
             totals = sum(n * packed[p] for p, n in zip(profiles, pattern.counts))
         chosen = self._chosen.get(tuple(collectives), {})
-        sums = None
-        if lookahead is not None and self.goal is Goal.ALLREDUCE:
-            sums = self._grouping_sums(np.frombuffer(pattern.labels, np.uint8), palette)
+        sums = self._grouping_sums(np.frombuffer(pattern.labels, np.uint8), palette)
         out = []
         for g, hope in enumerate(self._hopeful(lookahead, sums)):
             if not wanted & hope:
@@ -1924,15 +1926,15 @@ class StateSpace:
         return self._base_whole_array[rows // self._stride]
 
     def _device_quantities(self, ids: np.ndarray) -> np.ndarray:
-        """Per device state id in ``ids``: its profile's (holds every chunk,
-        complete, held chunks, mass), one row each. The rows per base state
-        are kept in an array that grows (doubling) as states are interned."""
+        """Per device state id in ``ids``: its profile's :data:`_QUANTITIES`,
+        one row each. The rows per base state are kept in an array that grows
+        (doubling) as states are interned."""
         n = len(self._base_profile)
         if self._quantities_filled < n:
             rows = self._quantity_rows
             if len(rows) < n:
-                rows = self._quantity_rows = np.concatenate([rows, np.zeros((max(n, 2 * len(rows)) - len(rows), 4),
-                                                                            dtype=np.int64)])
+                more = np.zeros((max(n, 2 * len(rows)) - len(rows), len(_QUANTITIES)), dtype=np.int64)
+                rows = self._quantity_rows = np.concatenate([rows, more])
             base = self._stride if self._encoded else 1
             profiles = self._base_profile[self._quantities_filled:n]
             rows[self._quantities_filled:n] = [self._base_quantities[p // base] for p in profiles]
@@ -1990,12 +1992,15 @@ class StateSpace:
         masses (:func:`finishing_masses`); every device's mass is at most
         ``k**2``, exactly when it is done:
 
-        * validity (necessary): an AllReduce, ReduceScatter or Reduce needs the
-          members to hold their root's chunks (members' held chunks ``m * R``)
-          and at most ``k`` contributors per chunk (``S <= k * R``); an
-          AllGather equal shares (``m * R``) that fit (``m * R <= G * k``); a
-          Broadcast members contained in their root (held chunks at most ``m *
-          R``, mass at most ``m`` times the roots');
+        * validity (necessary): an AllReduce, ReduceScatter or Reduce needs
+          members that hold their root's chunks (members' held chunks ``m *
+          R``, and squared ``m`` times the roots'), non-empty, with at most
+          ``k`` contributors per chunk (``S <= k * R``); an AllGather equal
+          shares (``m * R``, squared too) that fit (``m * R <= G * k``); a
+          Broadcast non-empty roots containing their members (held chunks at
+          most ``m * R``) and some member gaining (its mass below the root's:
+          ``S < m`` times the roots' mass). Group 0 is checked on its own as
+          well (its root is device 0);
         * device 0 is the root of group 0 in every grouping: after a valid step
           it is done exactly when it was done (an AllReduce, Reduce,
           ReduceScatter or AllGather with it would double count or overlap, a
@@ -2018,29 +2023,32 @@ class StateSpace:
           needs ``H = k``, an AllGather ``C = k``; a Broadcast needs its roots
           and the others done."""
         every = (1 << len(_COLLECTIVES)) - 1
-        groupings = len(self.groupings)
-        if lookahead is None or self.goal is not Goal.ALLREDUCE:
-            return [every] * groupings
+        if sums is None:
+            return [every] * len(self.groupings)
         k = self.k
         kk = k * k
-        device0, (holds, complete, _, mass), per_grouping = sums
+        device0, (holds, complete, _, mass, _, _), per_grouping = sums
+        deciding = lookahead is not None and self.goal is Goal.ALLREDUCE
         done0 = lookahead == "finish" and device0[3] == kk  # device 0 is done and stays done
         masses = self._finishing_masses
         possible = []
+        held0, mass0 = device0[2], device0[3]
         for (m, groups, n), (first, roots, members) in zip(self._shapes_of, per_grouping):
             others = k - n
             others_holding, others_complete, others_mass = holds - members[0], complete - members[1], mass - members[3]
             grouped = members[3]
             valid = 0
-            if members[2] == m * roots[2]:
-                if grouped <= k * roots[2]:
+            if (members[2] == m * roots[2] and members[5] == m * roots[5]
+                    and first[2] == m * held0 and first[5] == m * held0 * held0):  # equal held chunks per group
+                if grouped <= k * roots[2] and first[3] <= k * held0 and not roots[4]:
                     valid |= _SUMMING
-                if m * roots[2] <= groups * k:
+                if m * roots[2] <= groups * k and m * held0 <= k:
                     valid |= _COUNT_FREE
-            if members[2] <= m * roots[2] and grouped <= m * roots[3]:
+            if (members[2] <= m * roots[2] and grouped < m * roots[3] and first[2] <= m * held0
+                    and first[3] < m * mass0 and not roots[4]):
                 valid |= _BROADCASTING
             bits = 0
-            if done0:
+            if done0 or not deciding:
                 bits = valid
             elif lookahead == "goal":
                 if others_mass == others * kk and m * grouped + others_mass == k * kk:
