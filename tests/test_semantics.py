@@ -419,7 +419,8 @@ def test_lookahead_keeps_exactly_the_steps_whose_next_state_can_finish_or_is_the
         assert space.successors(state, list(Collective), "goal") == goal
         kept += len(finish) + len(goal)
         palette = list(dict.fromkeys(state))
-        sums = space._grouping_sums(np.array([palette.index(i) for i in state]), palette)
+        sums = space._grouping_sums(space._set_counts(np.array([palette.index(i) for i in state]), len(palette)),
+                                    palette)
         hopeful = space._hopeful("finish", sums)
         turned_away += sum(1 for g, c, _, _ in every if not hopeful[g] >> list(Collective).index(c) & 1)
     assert kept > 0 and len(seen) > 30 and turned_away > 0
@@ -452,7 +453,8 @@ def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
             return out
 
         palette = list(dict.fromkeys(state))
-        device0, everything, per_grouping = space._grouping_sums(np.array([palette.index(i) for i in state]), palette)
+        labels = np.array([palette.index(i) for i in state])
+        device0, everything, per_grouping = space._grouping_sums(space._set_counts(labels, len(palette)), palette)
         assert device0 == quantities([0])
         assert everything == quantities(range(k))
         for grouping, (first, roots, members) in zip(space.groupings, per_grouping):

@@ -1710,7 +1710,7 @@ class StateSpace:
                 id_array, profile_ids = np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)
         chosen = self._chosen.get(tuple(collectives), {})
         palette, labels = np.unique(np.fromiter(state, np.int64, k), return_inverse=True)
-        sums = self._grouping_sums(labels.ravel(), palette)
+        sums = self._grouping_sums(self._set_counts(labels.ravel(), len(palette)), palette)
         hopeful = self._hopeful(lookahead, sums)
         for g, flat in enumerate(self._flat):
             if not wanted & hopeful[g]:
@@ -1774,7 +1774,9 @@ class StateSpace:
             packed = self._packed
             totals = sum(n * packed[p] for p, n in zip(profiles, pattern.counts))
         chosen = self._chosen.get(tuple(collectives), {})
-        sums = self._grouping_sums(np.frombuffer(pattern.labels, np.uint8), palette)
+        if pattern.set_counts is None:
+            pattern.set_counts = self._set_counts(np.frombuffer(pattern.labels, np.uint8), len(palette))
+        sums = self._grouping_sums(pattern.set_counts, palette)
         out = []
         for g, hope in enumerate(self._hopeful(lookahead, sums)):
             if not wanted & hope:
@@ -1955,24 +1957,30 @@ class StateSpace:
             self._set_index = (np.concatenate(parts), sets)
         return self._set_index
 
-    def _grouping_sums(self, labels: np.ndarray, palette: Sequence[int]) -> GroupingSums:
+    def _set_counts(self, labels: np.ndarray, width: int) -> np.ndarray:
+        """How many devices of each set of :meth:`_grouping_sets` hold each of
+        ``width`` distinct ids, where device ``d`` holds the ``labels[d]``-th:
+        a (sets, width) array (16-bit below 65,536 devices), which depends
+        on which devices hold equal ids only (a :class:`_Pattern` keeps it)."""
+        index, sets = self._grouping_sets()
+        count = 3 * len(self.groupings) + 2
+        held = np.bincount(sets * width + labels[index], minlength=count * width).reshape(count, width)
+        return held.astype(np.uint16) if self.k < 1 << 16 else held
+
+    def _grouping_sums(self, held: np.ndarray, palette: Sequence[int]) -> GroupingSums:
         """Device 0's quantities (:meth:`_device_quantities`), every device's
         summed, and per grouping those of its group 0, its roots and its
         members (every device's when every device is in a group) summed, for
-        the state whose device ``d`` holds id ``palette[labels[d]]``: how many
-        devices of each set hold each id, times the ids' quantities (a sum is
-        at most ``k**3``)."""
-        index, sets = self._grouping_sets()
-        width = len(palette)
-        count = 3 * len(self.groupings) + 2
-        held = np.bincount(sets * width + labels[index], minlength=count * width).reshape(count, width)
+        a state of distinct ids ``palette`` held as :meth:`_set_counts` says:
+        how many devices of each set hold each id, times the ids' quantities
+        (a sum is at most ``k**3``)."""
         quantities = self._device_quantities(np.array(palette, dtype=np.int64))
         if self._exact_in_floats:  # a float product (BLAS) is exact and several times faster
             held, quantities = held.astype(np.float64), quantities.astype(np.float64)
         sums = (held @ quantities).astype(np.int64).tolist()
         everything = sums[1]
         return sums[0], everything, [(sums[i], sums[i + 1], sums[i + 2] if n < self.k else everything)
-                                     for i, (_, _, n) in zip(range(2, count, 3), self._shapes_of)]
+                                     for i, (_, _, n) in zip(range(2, len(sums), 3), self._shapes_of)]
 
     def _hopeful(self, lookahead: str | None, sums: GroupingSums | None) -> list[int]:
         """Per grouping, the collectives (bit sets) whose step from a state of
@@ -2185,13 +2193,16 @@ class _Pattern:
     state's distinct ones, the number of groups in each class, and each
     group's class in group order. Classes of many members keep their indices
     as bytes (an itemgetter keeps 8 bytes per member, and thousands of
-    patterns are kept)."""
+    patterns are kept). The lookahead's counts of devices per set and distinct
+    id (:meth:`StateSpace._set_counts`) depend on the pattern only and are
+    kept too (16-bit: six levels of 4, 6,532 patterns, +42 MiB, 9% faster)."""
 
-    __slots__ = ("space", "labels", "counts", "_classes")
+    __slots__ = ("space", "labels", "counts", "set_counts", "_classes")
 
     def __init__(self, space: StateSpace, labels: bytes) -> None:
         self.space = space
         self.labels = labels
+        self.set_counts: np.ndarray | None = None  # see StateSpace._set_counts
         self.counts = [labels.count(n) for n in range(max(labels) + 1)]  # devices per distinct id
         self._classes: list[tuple[list[Callable], list[int], Sequence[int]] | None] = [None] * len(space.groupings)
 
