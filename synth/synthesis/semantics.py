@@ -972,6 +972,16 @@ class StateSpace:
     outcomes are looked up once per class through the state's distinct ids, so
     a state costs per class, not per device (:meth:`_pattern_successors`).
 
+    **Grouping sums.** Before any group is looked at, a state's per-device
+    quantities (:data:`_QUANTITIES`) are summed over fixed sets of devices:
+    device 0, every device, and per grouping its group 0, its roots and its
+    members (:meth:`_grouping_sums`; one small matrix product per state, the
+    counts per set and distinct id kept per pattern). The sums bound each
+    collective's validity, and for the AllReduce goal they decide the
+    lookahead of the last two steps exactly (:meth:`_hopeful`): at five levels
+    of 4, 5,590 of the 7,675 states the step before last expands are done
+    with before any grouping's classes are found.
+
     **Positions** (device frame). An id names a device state as its shape
     moved to start at chunk 0 (a *base* state, interned once) and where it
     starts: ``id = base * (k + 1) + first + 1`` (``first`` = -1: holds
@@ -1053,7 +1063,7 @@ class StateSpace:
         self._base_quantities: list[tuple[int, ...]] = []
         self._quantity_rows = np.zeros((0, len(_QUANTITIES)), dtype=np.int64)
         self._quantities_filled = 0
-        self._set_index: tuple[np.ndarray, np.ndarray] | None = None  # see _grouping_sums
+        self._set_index: tuple[np.ndarray, np.ndarray] | None = None  # see _grouping_sets
         self._exact_in_floats = self.k**3 < 2**53  # sums of quantities (at most k**3) are exact as floats
         self._encoded = self._device_frame  # ids encode positions ("Positions")
         self._stride = self.k + 1
@@ -1985,12 +1995,13 @@ class StateSpace:
     def _hopeful(self, lookahead: str | None, sums: GroupingSums | None) -> list[int]:
         """Per grouping, the collectives (bit sets) whose step from a state of
         grouping sums ``sums`` (:meth:`_grouping_sums`) may be valid and pass
-        the lookahead, judged before any group is looked at. For the AllReduce
-        goal this decides the lookahead: a valid step's bit is set exactly
-        when its next state passes :meth:`may_finish` (``"finish"``) or is the
-        goal (``"goal"``), so the packed counts (:meth:`_ahead`) need not be
-        looked at; for the other goals every bit is set and the packed counts
-        decide.
+        the lookahead, judged before any group is looked at (every bit when
+        ``sums`` is None). For the AllReduce goal this decides the lookahead: a
+        valid step's bit is set exactly when its next state passes
+        :meth:`may_finish` (``"finish"``) or is the goal (``"goal"``), so the
+        packed counts (:meth:`_ahead`) need not be looked at; without a
+        lookahead, and for the other goals, the bits are the validity bounds
+        alone (and the packed counts decide the lookahead).
 
         For the AllReduce goal, on a grouping of ``G`` groups of ``m`` over
         ``n`` devices (``k - n`` others keep their state), with ``H`` devices
