@@ -433,7 +433,7 @@ def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
     and its members' devices holding every chunk, complete, held chunks, mass,
     holding nothing, held chunks squared; device 0's alone; every device's)
     equal the same quantities summed over the devices of the absolute state,
-    on every state reachable in 3 steps."""
+    on every state reachable in 3 steps, in floats and in integers alike."""
     space = StateSpace(sizes, Goal.ALLREDUCE, frame)
     k = space.k
     for state in _reachable(space, 3):
@@ -454,7 +454,11 @@ def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
 
         palette = list(dict.fromkeys(state))
         labels = np.array([palette.index(i) for i in state])
-        device0, everything, per_grouping = space._grouping_sums(space._set_counts(labels, len(palette)), palette)
+        sums = space._grouping_sums(space._set_counts(labels, len(palette)), palette)
+        space._exact_in_floats = False  # as from 208,064 devices, where sums of k**3 need 64-bit integers
+        assert space._grouping_sums(space._set_counts(labels, len(palette)), palette) == sums
+        space._exact_in_floats = True
+        device0, everything, per_grouping = sums
         assert device0 == quantities([0])
         assert everything == quantities(range(k))
         for grouping, (first, roots, members) in zip(space.groupings, per_grouping):
