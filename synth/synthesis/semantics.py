@@ -1058,9 +1058,8 @@ class StateSpace:
         self._base_whole: list[bool] = []  # per base profile: one run over every chunk (see _whole_members)
         self._base_whole_array = np.zeros(0, dtype=bool)
         self._base_packed: list[int] = []
-        # per base profile its _QUANTITIES, and per base device state its profile's, as rows of an array
-        # grown as states are interned (see _device_quantities)
-        self._base_quantities: list[tuple[int, ...]] = []
+        # per base device state its profile's _QUANTITIES, as rows of an array grown as states are interned
+        # (see _device_quantities)
         self._quantity_rows = np.zeros((0, len(_QUANTITIES)), dtype=np.int64)
         self._quantities_filled = 0
         self._set_index: tuple[np.ndarray, np.ndarray] | None = None  # see _grouping_sets
@@ -1214,9 +1213,6 @@ class StateSpace:
             else:
                 final = profile == ((k,), (1 if self.goal is Goal.ALLGATHER else k,))
             mass = sum((stop - first) * count for first, stop, count in runs)  # contributors over the chunks
-            held_count = self._base_held_count[-1]
-            self._base_quantities.append((int(holds_all), int(complete), held_count, mass, int(not held_count),
-                                          held_count * held_count))
             # the four flags and the mass do not depend on where the chunks lie (the same for every position)
             self._base_packed.append(sum(int(value) << (_FIELD * i)
                                          for i, value in enumerate((holds_all, complete, done, final, mass))))
@@ -1703,9 +1699,9 @@ class StateSpace:
             labels = dict.fromkeys(state)
             if len(labels) <= PATTERN_IDS_UPTO:
                 return self._pattern_successors(state, tuple(labels), collectives, wanted, lookahead)
-        counting = lookahead is not None and self.goal is not Goal.ALLREDUCE  # see _hopeful
+        counting = self._counts_decide(lookahead)
+        id_array = np.fromiter(state, np.int64, k)
         if self._encoded and k >= NUMPY_PROFILES_FROM:  # profile ids with numpy: a new state often holds k new ids
-            id_array = np.fromiter(state, np.int64, k)
             profile_ids = self._profile_ids_of(id_array)
             profiles = tuple(profile_ids.tolist())
             if counting:  # the lookahead's flags are the base profiles': count the devices per base
@@ -1717,9 +1713,9 @@ class StateSpace:
             profiles = tuple(map(self._profile.__getitem__, state))
             totals = sum(n * self._packed[p] for p, n in Counter(profiles).items()) if counting else 0
             if self._encoded and any(len(g.groups) >= VECTOR_GROUPS_FROM for g in self.groupings):
-                id_array, profile_ids = np.fromiter(state, np.int64, k), np.fromiter(profiles, np.int64, k)
+                profile_ids = np.fromiter(profiles, np.int64, k)
         chosen = self._chosen.get(tuple(collectives), {})
-        palette, labels = np.unique(np.fromiter(state, np.int64, k), return_inverse=True)
+        palette, labels = np.unique(id_array, return_inverse=True)
         sums = self._grouping_sums(self._set_counts(labels.ravel(), len(palette)), palette)
         hopeful = self._hopeful(lookahead, sums)
         for g, flat in enumerate(self._flat):
@@ -1778,7 +1774,7 @@ class StateSpace:
         the classes' outcomes."""
         pattern = self._pattern(state, palette)
         profiles = tuple(map(self._profile.__getitem__, palette))
-        counting = lookahead is not None and self.goal is not Goal.ALLREDUCE  # see _hopeful
+        counting = self._counts_decide(lookahead)
         totals = 0
         if counting:
             packed = self._packed
@@ -1948,8 +1944,13 @@ class StateSpace:
                 more = np.zeros((max(n, 2 * len(rows)) - len(rows), len(_QUANTITIES)), dtype=np.int64)
                 rows = self._quantity_rows = np.concatenate([rows, more])
             base = self._stride if self._encoded else 1
-            profiles = self._base_profile[self._quantities_filled:n]
-            rows[self._quantities_filled:n] = [self._base_quantities[p // base] for p in profiles]
+            packed, held = self._base_packed, self._base_held_count
+            new = []
+            for p in self._base_profile[self._quantities_filled:n]:
+                flags, count = packed[p // base], held[p // base]
+                new.append((flags & _MASK, (flags >> _FIELD) & _MASK, count, flags >> (_FIELD * 4), int(not count),
+                            count * count))
+            rows[self._quantities_filled:n] = new
             self._quantities_filled = n
         return self._quantity_rows[ids // self._stride if self._encoded else ids]
 
@@ -1992,16 +1993,17 @@ class StateSpace:
         return sums[0], everything, [(sums[i], sums[i + 1], sums[i + 2] if n < self.k else everything)
                                      for i, (_, _, n) in zip(range(2, len(sums), 3), self._shapes_of)]
 
-    def _hopeful(self, lookahead: str | None, sums: GroupingSums | None) -> list[int]:
+    def _hopeful(self, lookahead: str | None, sums: GroupingSums) -> list[int]:
         """Per grouping, the collectives (bit sets) whose step from a state of
         grouping sums ``sums`` (:meth:`_grouping_sums`) may be valid and pass
-        the lookahead, judged before any group is looked at (every bit when
-        ``sums`` is None). For the AllReduce goal this decides the lookahead: a
+        the lookahead, judged before any group is looked at. For the AllReduce
+        goal this decides the lookahead: a
         valid step's bit is set exactly when its next state passes
         :meth:`may_finish` (``"finish"``) or is the goal (``"goal"``), so the
         packed counts (:meth:`_ahead`) need not be looked at; without a
         lookahead, and for the other goals, the bits are the validity bounds
-        alone (and the packed counts decide the lookahead).
+        alone (and the packed counts decide the lookahead,
+        :meth:`_counts_decide`).
 
         For the AllReduce goal, on a grouping of ``G`` groups of ``m`` over
         ``n`` devices (``k - n`` others keep their state), with ``H`` devices
@@ -2041,9 +2043,6 @@ class StateSpace:
           after is ``k**3`` (so every member ends with ``k**2``): an AllReduce
           needs ``H = k``, an AllGather ``C = k``; a Broadcast needs its roots
           and the others done."""
-        every = (1 << len(_COLLECTIVES)) - 1
-        if sums is None:
-            return [every] * len(self.groupings)
         k = self.k
         kk = k * k
         device0, (holds, complete, _, mass, _, _), per_grouping = sums
@@ -2091,6 +2090,12 @@ class StateSpace:
                     bits |= _BROADCASTING
             possible.append(bits & valid)
         return possible
+
+    def _counts_decide(self, lookahead: str | None) -> bool:
+        """Whether the packed counts (:meth:`_ahead`) judge the lookahead: for
+        the AllReduce goal the grouping sums decide it (:meth:`_hopeful`), and
+        for the others every state may finish, so only "goal" is left."""
+        return lookahead == "goal" and self.goal is not Goal.ALLREDUCE
 
     def _after_passes(self, after: int, lookahead: str) -> bool:
         """Whether packed counts ``after`` a step make the next state the goal
