@@ -103,7 +103,8 @@ def points(workdir: Path) -> list[tuple[str, str, list[str]]]:
 CHILD = (
     "import sys; sys.path.insert(0, {tree!r}); import synth; "
     "assert synth.__file__.startswith({tree!r}), synth.__file__; "
-    "from synth.cli import main; sys.exit(main({argv!r}))"
+    "from synth import cli; sys.argv = ['synth-reduce'] + {argv!r}; "
+    "sys.exit(getattr(cli, 'console', cli.main)())"  # the installed program's entry (older trees: main)
 )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from ..collector import freeze_after_pauses
 from ..errors import SynthError
 from ..interrupts import holding_interrupts
 from .commands import COMMANDS
@@ -73,3 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+
+
+def console() -> int:
+    """The ``synth-reduce`` program (and ``python -m synth.cli``): :func:`main`
+    in a process of its own, which owns its garbage collector
+    (:func:`~synth.collector.freeze_after_pauses`), except under ``launch``,
+    which runs a training script in this process."""
+    if sys.argv[1:2] != ["launch"]:
+        freeze_after_pauses()
+    return main()

@@ -181,7 +181,8 @@ class Search:
         for layer in self._live[1:]:
             nxt: dict[int, list[float]] = {}
             for s, edges in layer.items():
-                candidates = [c + edge(index, loads) for prev, index, loads in edges for c in partial.get(prev, ())]
+                candidates = [c + w for prev, index, loads in edges if prev in partial
+                              for w in (edge(index, loads),) for c in partial[prev]]
                 if candidates:
                     candidates.sort()
                     nxt[s] = candidates[:top]
@@ -208,9 +209,10 @@ class Search:
             nxt: dict[int, list[Partial]] = {}
             for s, edges in layer.items():
                 candidates = [
-                    (c + edge(index, loads), p + (index,), l + (loads,))
-                    for prev, index, loads in edges
-                    for c, p, l in partial.get(prev, ())
+                    (c + w, p + (index,), l + (loads,))
+                    for prev, index, loads in edges if prev in partial
+                    for w in (edge(index, loads),)  # once per edge, not per partial path
+                    for c, p, l in partial[prev]
                 ]
                 if candidates:
                     nxt[s] = keep(candidates)
@@ -256,12 +258,14 @@ def _search(sizes: tuple[int, ...], goal: Goal, max_steps: int, progress: Callab
     expanded: dict[int, list[tuple[int, int, Loads]]] = {}  # state -> (instruction, next state, loads)
     transitions = 0
     shape = "x".join(map(str, sizes)) or "1"
+    vetted: set[int] = set()  # the states the step before last reached through its lookahead: they may finish
 
     for depth in range(1, max_steps + 1):
         last = depth == max_steps
         # the last step must reach the goal; the one before, a state that may finish
         lookahead = "goal" if last else "finish" if depth == max_steps - 1 else None
-        todo = [n for n in layers[-1] if n not in expanded and (not last or space.may_finish(states[n]))]
+        todo = [n for n in layers[-1]
+                if n not in expanded and (not last or n in vetted or space.may_finish(states[n]))]
         found: dict[int, list[tuple[int, int, Loads]]] = {}
         for count, node in enumerate(todo, 1):
             edges = found[node] = []
@@ -287,6 +291,8 @@ def _search(sizes: tuple[int, ...], goal: Goal, max_steps: int, progress: Callab
                 progress(f"searching {shape}: step {depth} of {max_steps}, {len(states)} states")
         if not last:
             expanded.update(found)
+        if lookahead == "finish":
+            vetted = {nid for edges in found.values() for _, nid, _ in edges}
         layer: dict[int, list[Edge]] = {}
         for node in layers[-1]:
             for index, nid, loads in expanded.get(node, found.get(node, ())):

@@ -1270,8 +1270,8 @@ class StateSpace:
     def is_goal(self, state: tuple[int, ...]) -> bool:
         """:func:`is_goal` of the absolute state (masks 0 and full, and chunk
         positions, look the same in every frame)."""
-        if self.goal is not Goal.REDUCESCATTER:
-            return state.count(self._goal_id) == self.k
+        if self.goal is not Goal.REDUCESCATTER:  # device 0 first: most states are told apart there
+            return state[0] == self._goal_id and state.count(self._goal_id) == self.k
         full, chunk = self.translations.full, {}
         for i in set(state):
             runs = self.runs(i)
@@ -2046,15 +2046,46 @@ class StateSpace:
         k = self.k
         kk = k * k
         device0, (holds, complete, _, mass, _, _), per_grouping = sums
-        deciding = lookahead is not None and self.goal is Goal.ALLREDUCE
-        done0 = lookahead == "finish" and device0[3] == kk  # device 0 is done and stays done
+        # the lookahead's bits first where they decide (most states the step before last meets have none);
+        # validity only where some bit is left
+        deciding = lookahead is not None and self.goal is Goal.ALLREDUCE and not (
+            lookahead == "finish" and device0[3] == kk)  # device 0 is done and stays done
+        finishing = lookahead == "finish"
         masses = self._finishing_masses
         possible = []
         held0, mass0 = device0[2], device0[3]
         for (m, groups, n), (first, roots, members) in zip(self._shapes_of, per_grouping):
-            others = k - n
-            others_holding, others_complete, others_mass = holds - members[0], complete - members[1], mass - members[3]
             grouped = members[3]
+            if deciding:
+                others = k - n
+                others_holding, others_complete, others_mass = holds - members[0], complete - members[1], mass - grouped
+                bits = 0
+                if not finishing:  # "goal"
+                    if others_mass == others * kk and m * grouped + others_mass == k * kk:
+                        bits |= (_BIT_ALLREDUCE if holds == k else 0) | (_BIT_ALLGATHER if complete == k else 0)
+                    if roots[3] + others_mass == (groups + others) * kk:
+                        bits |= _BROADCASTING
+                else:
+                    if first[3] == kk:  # device 0 ends done
+                        bits = ((_BIT_ALLREDUCE | _BIT_REDUCE if first[0] == m else 0)
+                                | (_BIT_ALLGATHER if first[1] == m else 0))
+                    complete_sums = others_complete == others and grouped == k * roots[2]
+                    if m * grouped + others_mass in masses:
+                        if holds == k or complete_sums:
+                            bits |= _BIT_ALLREDUCE
+                        if (others_holding == others and m * roots[2] == groups * k) or complete == k:
+                            bits |= _BIT_ALLGATHER
+                    if complete_sums and mass in masses:
+                        bits |= _BIT_REDUCESCATTER | _BIT_REDUCE
+                    if (m * roots[3] + others_mass in masses
+                            and (roots[0] + others_holding == groups + others
+                                 or roots[1] + others_complete == groups + others)):
+                        bits |= _BROADCASTING
+                if not bits:
+                    possible.append(0)
+                    continue
+            else:
+                bits = _ALL_BITS
             valid = 0
             if (members[2] == m * roots[2] and members[5] == m * roots[5]
                     and first[2] == m * held0 and first[5] == m * held0 * held0):  # equal held chunks per group
@@ -2065,29 +2096,6 @@ class StateSpace:
             if (members[2] <= m * roots[2] and grouped < m * roots[3] and first[2] <= m * held0
                     and first[3] < m * mass0 and not roots[4]):
                 valid |= _BROADCASTING
-            bits = 0
-            if done0 or not deciding:
-                bits = valid
-            elif lookahead == "goal":
-                if others_mass == others * kk and m * grouped + others_mass == k * kk:
-                    bits |= (_BIT_ALLREDUCE if holds == k else 0) | (_BIT_ALLGATHER if complete == k else 0)
-                if roots[3] + others_mass == (groups + others) * kk:
-                    bits |= _BROADCASTING
-            else:
-                if first[3] == kk:  # device 0 ends done
-                    bits = ((_BIT_ALLREDUCE | _BIT_REDUCE if first[0] == m else 0)
-                            | (_BIT_ALLGATHER if first[1] == m else 0))
-                complete_sums = others_complete == others and grouped == k * roots[2]
-                if m * grouped + others_mass in masses:
-                    if holds == k or complete_sums:
-                        bits |= _BIT_ALLREDUCE
-                    if (others_holding == others and m * roots[2] == groups * k) or complete == k:
-                        bits |= _BIT_ALLGATHER
-                if complete_sums and mass in masses:
-                    bits |= _BIT_REDUCESCATTER | _BIT_REDUCE
-                if (m * roots[3] + others_mass in masses
-                        and (roots[0] + others_holding == groups + others or roots[1] + others_complete == groups + others)):
-                    bits |= _BROADCASTING
             possible.append(bits & valid)
         return possible
 
@@ -2191,6 +2199,7 @@ _SUMMING = sum(1 << _BIT[c] for c in _REDUCING)
 _BROADCASTING = 1 << _BIT[Collective.BROADCAST]
 _BIT_ALLREDUCE, _BIT_REDUCESCATTER, _BIT_ALLGATHER, _BIT_REDUCE = (
     1 << _BIT[c] for c in (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER, Collective.REDUCE))
+_ALL_BITS = (1 << len(_COLLECTIVES)) - 1
 _FIELD = 64
 _MASK = (1 << _FIELD) - 1
 #: added to each group's change of the packed counts: the sum over a step's
