@@ -427,3 +427,37 @@ def test_the_cyclic_collector_is_paused_while_solving_and_restored(monkeypatch):
             assert not gc.isenabled()
         assert not gc.isenabled()  # the inner pause leaves it to the outer one
     assert gc.isenabled()
+
+
+def test_the_program_freezes_what_survives_a_pause_and_a_library_call_does_not(monkeypatch):
+    """A library call leaves the collector's generations alone; the
+    synth-reduce program (synth.cli.console) asks that what survives an
+    outermost pause be frozen (gc.freeze), except under ``launch``, which runs
+    a training script in its process; an inner pause freezes nothing."""
+    import gc
+
+    import synth.cli as cli
+    import synth.collector as collector
+
+    monkeypatch.setattr(collector, "_freezing", False)
+    gc.unfreeze()
+    kept = []
+    with collector.collector_paused():
+        kept.append([object()])  # a tracked container built during the pause
+    assert gc.get_freeze_count() == 0
+    asked = []
+    monkeypatch.setattr(cli, "main", lambda: asked.append(collector._freezing) or 0)
+    monkeypatch.setattr(sys, "argv", ["synth-reduce", "launch", "job.json", "--", "train.py"])
+    assert cli.console() == 0 and asked == [False]
+    monkeypatch.setattr(sys, "argv", ["synth-reduce", "--topology", "p2-a100", "--axes", "dp=4"])
+    assert cli.console() == 0 and asked == [False, True]
+    try:
+        with collector.collector_paused():
+            with collector.collector_paused():
+                kept.append([object()])
+            assert gc.get_freeze_count() == 0  # the inner pause left it to the outer one
+            kept.append([object()])
+        assert gc.get_freeze_count() > 0 and gc.isenabled()
+        assert gc.is_tracked(kept[-1]) and not any(o is kept[-1] for o in gc.get_objects())  # frozen: not walked
+    finally:
+        gc.unfreeze()
