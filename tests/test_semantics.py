@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
@@ -657,6 +658,44 @@ def test_states_of_few_distinct_ids_stepped_per_pattern_follow_the_rules(sizes, 
     # the classes of a pattern's groupings found with numpy (here every grouping's) follow the rules too
     monkeypatch.setattr(semantics, "_NUMPY_CLASSES_FROM", 1)
     assert _check_space_against_rules(StateSpace(sizes, goal, "device"), steps) == len(reachable)
+
+
+@pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((4, 4), 4), ((4, 2, 2), 4), ((8, 4), 3), ((2, 3, 2), 3)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_large_classes_of_a_pattern_are_checked_on_their_counted_profiles(sizes, steps, goal, monkeypatch):
+    """A pattern's classes of more than _GETTER_MEMBERS_UPTO members (lowered
+    here to 1) have their profile checks looked up on the members' distinct
+    profiles and counts (root first), built from the class's distinct ids, not
+    on a tuple of every member's profile: the space follows the rules exactly,
+    and on every reachable state, with and without the lookahead, it gives the
+    same steps in the same order as the per-member check."""
+    import synth.synthesis.semantics as semantics
+
+    monkeypatch.setattr(semantics, "_GETTER_MEMBERS_UPTO", 1)
+    space = StateSpace(sizes, goal, "device")
+    looked = []
+    passes_counted = space._passes_counted
+    space._passes_counted = lambda key, size: looked.append(size) or passes_counted(key, size)
+    assert _check_space_against_rules(space, steps) > 10
+    assert looked and min(looked) > 1
+    for state in _reachable(space, steps):
+        # each class's tally, through the state's distinct ids, counts its groups' members' profiles (root first)
+        palette = tuple(dict.fromkeys(state))
+        pattern = space._pattern(state, palette)
+        distinct_profiles = [space._profile[i] for i in palette]
+        for g, grouping in enumerate(space.groupings):
+            _, _, group_class = pattern.classes(g)
+            tallies = pattern.tallies(g)
+            for group, c in zip(grouping.groups, group_class):
+                profiles = [space._profile[state[d]] for d in group]
+                counted = semantics._tallied(distinct_profiles, tallies[c])
+                assert dict(counted) == Counter(profiles) and counted[0][0] == profiles[0]
+                assert space._passes_counted(counted, len(group)) == space._check_profiles(tuple(profiles))
+        for lookahead in (None, "finish", "goal"):  # the same space: ids mean the same either way
+            by_count = space.successors(state, list(Collective), lookahead)
+            monkeypatch.setattr(semantics, "_GETTER_MEMBERS_UPTO", 1 << 30)
+            assert space.successors(state, list(Collective), lookahead) == by_count
+            monkeypatch.setattr(semantics, "_GETTER_MEMBERS_UPTO", 1)
 
 
 @pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])

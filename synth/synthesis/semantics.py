@@ -1115,6 +1115,7 @@ class StateSpace:
         # chunk shifts (see _compute_shifted; device frame, where ids move by adding)
         self._shifted_memos: list[list[dict[tuple, Outcome]]] = [[{} for _ in self.groupings] for _ in _COLLECTIVES]
         self._shifted_passing: dict[tuple, int] = {}
+        self._counted_passing: dict[tuple[int, tuple[tuple[int, int], ...]], int] = {}  # see _passes_counted
         self._done_profile = self._intern_profile(((self.k,), (self.k,)))  # every chunk from every device
         k, full = self.k, t.full
         if goal is Goal.ALLGATHER:
@@ -1350,22 +1351,45 @@ class StateSpace:
             counted = list(zip(arrays[0].tolist(), arrays[1].tolist()))
         else:
             counted = self._counted(profiles)
+        return self._check_counted(counted, len(profiles), arrays)
+
+    def _passes_counted(self, counted: tuple[tuple[int, int], ...], size: int) -> int:
+        """:meth:`_passes` of a group of ``size`` members given as its distinct
+        profile ids and how many members hold each (root first, the others in
+        any order): the checks look at the root and the multiset of profiles
+        only. Memoised on ``(size, counted)``, a key of a few pairs however
+        many members the group has (a pattern's large classes, see
+        :meth:`_pattern_successors`)."""
+        key = (size, counted)
+        bits = self._counted_passing.get(key)
+        if bits is None:
+            if counted[0][0] == self._done_profile:
+                bits = _BROADCASTING
+            else:
+                bits = self._check_counted(list(counted), size)
+            self._counted_passing[key] = bits
+        return bits
+
+    def _check_counted(self, counted: list[tuple[int, int]], size: int,
+                       arrays: tuple[np.ndarray, np.ndarray] | None = None) -> int:
+        """:meth:`_check_profiles` of the members' distinct profile ids with
+        their counts (root first; ``arrays``: the same as two arrays, for many)."""
         if self._encoded and len(counted) > 16:  # many positions: from the base states' runs
-            shape = self._positions_shape(counted, len(profiles), arrays)
+            shape = self._positions_shape(counted, size, arrays)
         elif len(counted) > 16:  # rare and large: hashing would cost more than checking
-            shape = _shape_bits([self._held[p] for p, _ in counted], len(profiles))
+            shape = _shape_bits([self._held[p] for p, _ in counted], size)
         else:
             held = [self._held[p] for p, _ in counted]
-            shape_key = (tuple(held), len(profiles))
+            shape_key = (tuple(held), size)
             shape = self._shapes.get(shape_key)
             if shape is None:
-                shape = self._shapes[shape_key] = _shape_bits(held, len(profiles))
+                shape = self._shapes[shape_key] = _shape_bits(held, size)
         bits = shape & _COUNT_FREE
         if shape & _SUMMING:  # the same count check for the three summing collectives
             if _count_reason(Collective.ALLREDUCE, [(self._profiles[p], n) for p, n in counted]) is None:
                 bits |= shape & _SUMMING
         if shape & _BROADCASTING:  # _count_reason of Broadcast, one pair of profiles at a time
-            root, exceeds = profiles[0], self._exceeds
+            root, exceeds = counted[0][0], self._exceeds
             if not any(exceeds[p, root] if (p, root) in exceeds else self._exceeding(p, root) for p, _ in counted):
                 bits |= _BROADCASTING
         return bits
@@ -1788,8 +1812,15 @@ class StateSpace:
             if not wanted & hope:
                 continue
             classes, counts, group_class = pattern.classes(g)
-            keys = [take(profiles) for take in classes]  # each class's members' profile ids
-            ok = self._passing_all(keys, wanted & hope)
+            if counting or self._size[g] <= _GETTER_MEMBERS_UPTO:
+                keys = [take(profiles) for take in classes]  # each class's members' profile ids
+                ok = self._passing_all(keys, wanted & hope)
+            else:  # large groups: each class's profiles counted from its members' distinct ids (a few)
+                ok, m = wanted & hope, self._size[g]
+                for tally in pattern.tallies(g):
+                    ok &= self._passes_counted(_tallied(profiles, tally), m)
+                    if not ok:
+                        break
             if not ok:
                 continue
             ids = ahead = None  # each class's members' ids, once a step gets past the lookahead
@@ -2222,7 +2253,7 @@ class _Pattern:
     id (:meth:`StateSpace._set_counts`) depend on the pattern only and are
     kept too (16-bit: six levels of 4, 6,532 patterns, +42 MiB, 9% faster)."""
 
-    __slots__ = ("space", "labels", "counts", "set_counts", "_classes")
+    __slots__ = ("space", "labels", "counts", "set_counts", "_classes", "_tallies")
 
     def __init__(self, space: StateSpace, labels: bytes) -> None:
         self.space = space
@@ -2230,6 +2261,7 @@ class _Pattern:
         self.set_counts: np.ndarray | None = None  # see StateSpace._set_counts
         self.counts = [labels.count(n) for n in range(max(labels) + 1)]  # devices per distinct id
         self._classes: list[tuple[list[Callable], list[int], Sequence[int]] | None] = [None] * len(space.groupings)
+        self._tallies: dict[int, list[tuple[tuple[int, int], ...]]] = {}
 
     def classes(self, g: int) -> tuple[list[Callable], list[int], Sequence[int]]:
         """Grouping ``g``'s classes of groups: (one callable per class taking
@@ -2260,6 +2292,22 @@ class _Pattern:
         return found
 
 
+    def tallies(self, g: int) -> list[tuple[tuple[int, int], ...]]:
+        """Per class of grouping ``g`` (as :meth:`classes`), its members'
+        distinct ids as indices into the state's distinct ones, each with how
+        many members hold it, the root's first; found on first use."""
+        found = self._tallies.get(g)
+        if found is None:
+            space = self.space
+            rows = np.frombuffer(self.labels, np.uint8)[space._member_array(g)]
+            classes, _, group_class = self.classes(g)
+            first = {}
+            for group, c in enumerate(group_class):
+                first.setdefault(c, group)
+            found = self._tallies[g] = [tuple(Counter(rows[first[c]].tolist()).items()) for c in range(len(classes))]
+        return found
+
+
 #: a pattern's class of at most this many members takes its values with an itemgetter (fast), a larger one
 #: with :func:`_take` over its indices as bytes (small)
 _GETTER_MEMBERS_UPTO = 64
@@ -2267,6 +2315,17 @@ _GETTER_MEMBERS_UPTO = 64
 #: a pattern's grouping whose groups hold at least this many members in all finds its classes with numpy (one
 #: sort of the groups' rows of indices, 2.5x faster at 4,096 devices); below, a dict over the rows is cheaper
 _NUMPY_CLASSES_FROM = 1024
+
+
+def _tallied(values: Sequence[int], tally: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """A class's :meth:`_Pattern.tallies` entry through the state's distinct
+    ``values`` (profile ids): each distinct value and how many members hold
+    it, in first-occurrence order (distinct ids of equal value add up)."""
+    merged: dict[int, int] = {}
+    for label, n in tally:
+        v = values[label]
+        merged[v] = merged.get(v, 0) + n
+    return tuple(merged.items())
 
 
 def _take(indices: bytes, values: tuple[int, ...]) -> tuple[int, ...]:
