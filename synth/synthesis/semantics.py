@@ -1037,6 +1037,8 @@ class StateSpace:
         self._flat = [itemgetter(*chain.from_iterable(g.groups)) for g in self.groupings]
         self._size = [len(g.groups[0]) for g in self.groupings]
         self._pickers = [_picker(g.groups, self.k) for g in self.groupings]
+        # whether a grouping's groups hold every device: its picker then reads the members' new ids alone
+        self._covers = [len(g.groups) * len(g.groups[0]) == self.k for g in self.groupings]
         # device state ids by (stops, mask ids), or by value (_by_value); mask
         # ids by value, and by the identity of mask objects held in stored states
         self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]] | DeviceState, int] = {}
@@ -1866,7 +1868,7 @@ class StateSpace:
             results.append(outcome[0])
             loads.append(outcome[1])
         result = tuple(chain.from_iterable(map(results.__getitem__, group_class)))
-        nxt = self._pickers[grouping](result + state)
+        nxt = self._pickers[grouping](result if self._covers[grouping] else result + state)
         return NO_CHANGE if nxt == state else (nxt, tuple(map(loads.__getitem__, group_class)))
 
     def _vector_successors(self, g: int, ids: np.ndarray, profiles: np.ndarray, collectives: Sequence[Collective],
@@ -2211,7 +2213,7 @@ class StateSpace:
         if uniform:
             result, loads = result * len(keys), loads * len(keys)
         result, loads = tuple(result), tuple(loads)
-        nxt = self._pickers[grouping](result + state)
+        nxt = self._pickers[grouping](result if self._covers[grouping] else result + state)
         return NO_CHANGE if nxt == state else (nxt, loads)
 
     def step(self, state: tuple[int, ...], grouping: int, collective: Collective) -> tuple[int, ...] | str:
@@ -2273,8 +2275,9 @@ class _Pattern:
             m = space._size[g]
             if m * len(space.groupings[g].groups) >= _NUMPY_CLASSES_FROM:  # the groups' rows told apart by np.unique
                 rows = np.ascontiguousarray(np.frombuffer(self.labels, np.uint8)[space._member_array(g)])
-                _, first, inverse, many = np.unique(rows.view(np.dtype((np.void, m))).ravel(), return_index=True,
-                                                    return_inverse=True, return_counts=True)
+                # a row of 1, 2, 4 or 8 bytes sorts as one unsigned integer (2x faster than as bytes)
+                _, first, inverse, many = np.unique(rows.view(_ROW_TYPES.get(m, np.dtype((np.void, m)))).ravel(),
+                                                    return_index=True, return_inverse=True, return_counts=True)
                 keys = [rows[i].tobytes() for i in first.tolist()]
                 counts = many.tolist()
                 group_class = inverse.ravel().astype(np.uint8).tobytes() if len(keys) < 256 else inverse.tolist()
@@ -2308,6 +2311,8 @@ class _Pattern:
         return found
 
 
+_ROW_TYPES = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+
 #: a pattern's class of at most this many members takes its values with an itemgetter (fast), a larger one
 #: with :func:`_take` over its indices as bytes (small)
 _GETTER_MEMBERS_UPTO = 64
@@ -2335,7 +2340,8 @@ def _take(indices: bytes, values: tuple[int, ...]) -> tuple[int, ...]:
 
 def _picker(groups: Sequence[Group], k: int):
     """A callable taking ``(new ids of the members, group-major) + state`` to
-    the next state: members take their new ids, other devices keep theirs."""
+    the next state: members take their new ids, other devices keep theirs
+    (when the groups hold every device, the members' new ids alone do)."""
     flat = np.fromiter(chain.from_iterable(groups), np.int64)
     where = len(flat) + np.arange(k)  # a device in no group keeps its own id (after the members' new ids)
     where[flat] = np.arange(len(flat))
