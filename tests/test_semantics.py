@@ -698,6 +698,45 @@ def test_large_classes_of_a_pattern_are_checked_on_their_counted_profiles(sizes,
             monkeypatch.setattr(semantics, "_GETTER_MEMBERS_UPTO", 1)
 
 
+@pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((4, 4), 4), ((4, 2, 2), 4), ((8, 4), 3), ((2, 3, 2), 3)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_next_states_built_per_pattern_note_their_patterns_for_the_next_layer(sizes, steps, goal):
+    """While remembering, a step without a lookahead notes each next state's
+    pattern and distinct ids (found from its parent's classes): expanded
+    layer by layer as the search does, every noted entry is the state's own
+    labels and distinct ids (first occurrence first), the steps from it are
+    the same as when they are found from the state itself, and nothing is
+    left noted once the context ends."""
+    space = StateSpace(sizes, goal, "device")
+    used = 0
+    with space.remembering():
+        layer, seen = [space.start], {space.start}
+        for _ in range(steps):
+            space.next_layer()
+            following = []
+            for state in layer:
+                noted = space._noted.get(id(state))
+                got = space.successors(state, list(Collective))
+                if noted is not None:
+                    used += 1
+                    palette = tuple(dict.fromkeys(state))
+                    index = {i: n for n, i in enumerate(palette)}
+                    assert noted[0] is state and noted[1:] == (bytes(index[i] for i in state), palette)
+                    again = space.successors(state, list(Collective))  # from the state itself
+                    assert again == got
+                    for _, _, new, _ in again:
+                        space.forget(new)
+                for _, _, new, _ in got:
+                    if new in seen:
+                        space.forget(new)
+                    else:
+                        seen.add(new)
+                        following.append(new)
+            layer = following
+        assert used > len(seen) // 3
+    assert space._noting is None and not space._noted
+
+
 @pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
 @pytest.mark.parametrize("numpy_profiles", [False, True])

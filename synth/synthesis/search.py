@@ -35,6 +35,7 @@ from .semantics import (
     Goal,
     Hierarchy,
     Loads,
+    StateSpace,
     distinct_groupings,
     final_collectives,
     state_space,
@@ -249,6 +250,12 @@ def search(sizes: tuple[int, ...], goal: Goal, max_steps: int,
 
 def _search(sizes: tuple[int, ...], goal: Goal, max_steps: int, progress: Callable[[str], None] | None) -> Search:
     space = state_space(sizes, goal)
+    with space.remembering():  # next states note their patterns for the next layer's expansions
+        return _layers(space, sizes, goal, max_steps, progress)
+
+
+def _layers(space: StateSpace, sizes: tuple[int, ...], goal: Goal, max_steps: int,
+            progress: Callable[[str], None] | None) -> Search:
     collectives = tuple(Collective)
     finals = final_collectives(goal)
     ids: dict[tuple[int, ...], int] = {space.start: 0}
@@ -266,6 +273,7 @@ def _search(sizes: tuple[int, ...], goal: Goal, max_steps: int, progress: Callab
         lookahead = "goal" if last else "finish" if depth == max_steps - 1 else None
         todo = [n for n in layers[-1]
                 if n not in expanded and (not last or n in vetted or space.may_finish(states[n]))]
+        space.next_layer()
         found: dict[int, list[tuple[int, int, Loads]]] = {}
         for count, node in enumerate(todo, 1):
             edges = found[node] = []
@@ -281,6 +289,8 @@ def _search(sizes: tuple[int, ...], goal: Goal, max_steps: int, progress: Callab
                     states.append(child)
                     if reached:
                         goal_states.add(nid)
+                else:
+                    space.forget(child)  # met before: the stored state is expanded, not this copy
                 edges.append((g * len(collectives) + collectives.index(collective), nid, loads))
             if len(states) * space.k > STATE_BUDGET:
                 raise SynthError(
