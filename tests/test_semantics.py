@@ -737,6 +737,30 @@ def test_next_states_built_per_pattern_note_their_patterns_for_the_next_layer(si
     assert space._noting is None and not space._noted
 
 
+def test_translated_masks_are_memoised_up_to_a_cap(monkeypatch):
+    """Translations.state memoises each mask's translation per offset and
+    starts over past _MOVED_MASKS_UPTO masks (lowered here to 8): a state
+    translated through the memo is the state translated mask by mask, and a
+    device-frame space built on it still follows the rules exactly."""
+    import random
+
+    import synth.synthesis.semantics as semantics
+
+    monkeypatch.setattr(semantics, "_MOVED_MASKS_UPTO", 8)
+    space = StateSpace((4, 2, 2), Goal.ALLREDUCE, "device")
+    t = space.translations
+    rng = random.Random(7)
+    for _ in range(200):
+        masks = tuple(rng.getrandbits(t.k) for _ in range(rng.randint(1, 4)))
+        stops = tuple(sorted(rng.sample(range(1, t.k), len(masks) - 1))) + (t.k,)
+        offset = t.digits(rng.randrange(t.k))
+        moved = t.state((stops, masks), offset)
+        assert moved == (stops, tuple(t.mask(m, offset) for m in masks))
+        assert moved == t.state((stops, masks), offset)  # again, through the memo
+        assert len(t._moved) <= 9
+    assert _check_space_against_rules(space, 4) > 10
+
+
 @pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
 @pytest.mark.parametrize("numpy_profiles", [False, True])
