@@ -990,6 +990,12 @@ class StateSpace:
     classes that hold equal ids (6.5 on average); the checks, the lookahead and the
     outcomes are looked up once per class through the state's distinct ids, so
     a state costs per class, not per device (:meth:`_pattern_successors`).
+    A class of more than :data:`_GETTER_MEMBERS_UPTO` members is checked on
+    its members' distinct profiles and counts (:meth:`_Pattern.tallies`).
+    While a search steps layer by layer (:meth:`remembering`), a next state
+    built per pattern notes its own pattern and distinct ids, found from its
+    parent's classes with one bytes translation (:meth:`_tokens`,
+    :meth:`_note`), so its expansion skips a pass over its devices.
 
     **Grouping sums.** Before any group is looked at, a state's per-device
     quantities (:data:`_QUANTITIES`) are summed over fixed sets of devices:
