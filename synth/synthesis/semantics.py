@@ -1398,11 +1398,11 @@ class StateSpace:
             if counted[0][0] == self._done_profile:
                 bits = _BROADCASTING
             else:
-                bits = self._check_counted(list(counted), size)
+                bits = self._check_counted(counted, size)
             self._counted_passing[key] = bits
         return bits
 
-    def _check_counted(self, counted: list[tuple[int, int]], size: int,
+    def _check_counted(self, counted: Sequence[tuple[int, int]], size: int,
                        arrays: tuple[np.ndarray, np.ndarray] | None = None) -> int:
         """:meth:`_check_profiles` of the members' distinct profile ids with
         their counts (root first; ``arrays``: the same as two arrays, for many)."""
@@ -1426,7 +1426,7 @@ class StateSpace:
                 bits |= _BROADCASTING
         return bits
 
-    def _positions_shape(self, counted: list[tuple[int, int]], size: int,
+    def _positions_shape(self, counted: Sequence[tuple[int, int]], size: int,
                          arrays: tuple[np.ndarray, np.ndarray] | None = None) -> int:
         """:func:`_shape_bits` of members with these encoded profile ids (each
         with how many members have it, root first; ``arrays``: the same as two
@@ -2421,7 +2421,6 @@ class _Pattern:
             takes = [itemgetter(*key) if m <= _GETTER_MEMBERS_UPTO else partial(_take, key) for key in keys]
             found = self._classes[g] = (takes, counts, group_class)
         return found
-
 
     def tallies(self, g: int) -> list[tuple[tuple[int, int], ...]]:
         """Per class of grouping ``g`` (as :meth:`classes`), its members'
