@@ -737,6 +737,29 @@ def test_next_states_built_per_pattern_note_their_patterns_for_the_next_layer(si
     assert space._noting is None and not space._noted
 
 
+@pytest.mark.parametrize("sizes", [(4, 2, 2), (2, 4, 2), (8, 4)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_results_in_the_roots_frame_take_the_ids_of_their_members_translations(sizes, goal):
+    """A group's results computed in its root's frame get, per member, the id
+    of the result translated by that member's inverse offset: the memo per
+    (base state, offset) gives exactly the id of interning the translated
+    state, at the result's position, and the space follows the rules."""
+    space = StateSpace(sizes, goal, "device")
+    member_ids, checked = space._member_ids, []
+
+    def checking(grouping, result):
+        got = member_ids(grouping, result)
+        t = space.translations
+        want = tuple(space.intern(t.state(s, o)) for s, o in zip(result, space._inverse_offsets[grouping]))
+        assert got == want
+        checked.append(grouping)
+        return got
+
+    space._member_ids = checking
+    assert _check_space_against_rules(space, 4) > 10
+    assert checked and space._translated
+
+
 def test_translated_masks_are_memoised_up_to_a_cap(monkeypatch):
     """Translations.state memoises each mask's translation per offset and
     starts over past _MOVED_MASKS_UPTO masks (lowered here to 8): a state

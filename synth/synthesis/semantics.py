@@ -1144,6 +1144,7 @@ class StateSpace:
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
         self._moved: dict[tuple[int, int], DeviceState] = {}  # see _move
+        self._translated: dict[tuple[int, tuple[int, ...]], int] = {}  # (base, offset) -> base id, see _member_ids
         # chunk shifts (see _compute_shifted; device frame, where ids move by adding)
         self._shifted_memos: list[list[dict[tuple, Outcome]]] = [[{} for _ in self.groupings] for _ in _COLLECTIVES]
         self._shifted_passing: dict[tuple, int] = {}
@@ -1573,8 +1574,9 @@ class StateSpace:
                 result = self._general(grouping, collective, key, distinct, [states[i] for i in key])
         if isinstance(result, str):
             return result
-        first = result[0]
-        if result.count(first) == len(result):  # often one object for every member (count compares identity first)
+        if result.__class__ is _RootFrame:
+            ids = self._member_ids(grouping, result)
+        elif result.count(first := result[0]) == len(result):  # often one object for every member (count: identity first)
             ids = (self.intern(first),) * len(result)
         else:
             interned: dict[int, int] = {}  # results often repeat one object: hash it once
@@ -1664,7 +1666,7 @@ class StateSpace:
                     gains = True
             if not gains:
                 return "no member gains information"
-            return [t.state(root, o) for o in self._inverse_offsets[grouping]]
+            return _RootFrame([root] * len(key))
         if collective in _REDUCING and (grouping, key) in self._sums:
             aligned = members  # the sum is memoised: the members are not looked at again
         else:
@@ -1678,7 +1680,30 @@ class StateSpace:
         masks = {id(m): m for s in {id(s): s for s in result}.values() for m in s[1]}
         if all(t.invariant(m, varied) for m in masks.values()):
             return result
-        return [t.state(s, o) for s, o in zip(result, self._inverse_offsets[grouping])]
+        return _RootFrame(result)
+
+    def _member_ids(self, grouping: int, result: _RootFrame) -> tuple[int, ...]:
+        """The ids of a group's results given in its root's frame, each taken
+        into its member's frame (translated by the member's inverse offset).
+        A translation moves masks, not chunks, so a result's id is its base
+        state's translation's id at the result's position: memoised per
+        (base, offset), a result met at any position, or by several members,
+        is translated and interned once (capped at _MOVED_MASKS_UPTO)."""
+        stride, translated = self._stride, self._translated
+        if len(translated) > _MOVED_MASKS_UPTO:
+            translated.clear()
+        interned: dict[int, int] = {}  # results often repeat one object: intern it once
+        out = []
+        for s, o in zip(result, self._inverse_offsets[grouping]):
+            i = interned.get(id(s))
+            if i is None:
+                i = interned[id(s)] = self.intern(s)
+            base, position = divmod(i, stride)
+            moved = translated.get((base, o))
+            if moved is None:
+                moved = translated[base, o] = self._intern_base(self.translations.state(self._base_states[base], o))
+            out.append(moved * stride + position)
+        return tuple(out)
 
     def _move(self, i: int, d: int) -> DeviceState:
         """Device state ``i`` with its masks translated by the digits of device
@@ -2476,6 +2501,13 @@ def _picker(groups: Sequence[Group], k: int):
     where = len(flat) + np.arange(k)  # a device in no group keeps its own id (after the members' new ids)
     where[flat] = np.arange(len(flat))
     return itemgetter(*where.tolist())
+
+
+class _RootFrame(list):
+    """A group's results in its root's frame, for :meth:`StateSpace._member_ids`
+    to take into each member's frame."""
+
+    __slots__ = ()
 
 
 class _Remembering:
