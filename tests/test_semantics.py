@@ -700,41 +700,37 @@ def test_large_classes_of_a_pattern_are_checked_on_their_counted_profiles(sizes,
 
 @pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((4, 4), 4), ((4, 2, 2), 4), ((8, 4), 3), ((2, 3, 2), 3)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-def test_next_states_built_per_pattern_note_their_patterns_for_the_next_layer(sizes, steps, goal):
-    """While remembering, a step without a lookahead notes each next state's
-    pattern and distinct ids (found from its parent's classes): expanded
-    layer by layer as the search does, every noted entry is the state's own
-    labels and distinct ids (first occurrence first), the steps from it are
-    the same as when they are found from the state itself, and nothing is
-    left noted once the context ends."""
+@pytest.mark.parametrize("ids_upto", [255, 3])
+def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_upto, monkeypatch):
+    """The search keeps a state of few distinct ids as its pattern and
+    distinct ids (Packed) and steps it without a tuple of ids: on every
+    reachable state, with and without the lookahead, expanding its key gives
+    the keys of the same next states, with the same loads, in the same order,
+    as stepping the state itself; a key names one state (its devices' ids,
+    first occurrence first), states of more distinct ids than the threshold
+    (lowered to 3 too) are their own keys, and goal and may_finish read keys
+    as they read states."""
+    import synth.synthesis.semantics as semantics
+
+    monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", ids_upto)
     space = StateSpace(sizes, goal, "device")
-    used = 0
-    with space.remembering():
-        layer, seen = [space.start], {space.start}
-        for _ in range(steps):
-            space.next_layer()
-            following = []
-            for state in layer:
-                noted = space._noted.get(id(state))
-                got = space.successors(state, list(Collective))
-                if noted is not None:
-                    used += 1
-                    palette = tuple(dict.fromkeys(state))
-                    index = {i: n for n, i in enumerate(palette)}
-                    assert noted[0] is state and noted[1:] == (bytes(index[i] for i in state), palette)
-                    again = space.successors(state, list(Collective))  # from the state itself
-                    assert again == got
-                    for _, _, new, _ in again:
-                        space.forget(new)
-                for _, _, new, _ in got:
-                    if new in seen:
-                        space.forget(new)
-                    else:
-                        seen.add(new)
-                        following.append(new)
-            layer = following
-        assert used > len(seen) // 3
-    assert space._noting is None and not space._noted
+    packed = 0
+    for state in _reachable(space, steps):
+        key = space.key(state)
+        assert space.devices(key) == state and space.key(space.devices(key)) == key
+        if len(set(state)) <= ids_upto:
+            packed += 1
+            palette = tuple(dict.fromkeys(state))
+            assert key == semantics.Packed(bytes(palette.index(i) for i in state), palette)
+        else:
+            assert key is state
+        assert space.is_goal(key) == space.is_goal(state) and space.may_finish(key) == space.may_finish(state)
+        for lookahead in (None, "finish", "goal"):
+            by_key = space.expand(key, list(Collective), lookahead)
+            by_state = space.successors(state, list(Collective), lookahead)
+            assert [(g, c, space.devices(new), loads) for g, c, new, loads in by_key] == by_state
+            assert all(new == space.key(space.devices(new)) for _, _, new, _ in by_key)
+    assert packed > 5
 
 
 @pytest.mark.parametrize("sizes", [(4, 2, 2), (2, 4, 2), (8, 4)])

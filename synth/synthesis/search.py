@@ -35,7 +35,7 @@ from .semantics import (
     Goal,
     Hierarchy,
     Loads,
-    StateSpace,
+    StateKey,
     distinct_groupings,
     final_collectives,
     state_space,
@@ -250,17 +250,12 @@ def search(sizes: tuple[int, ...], goal: Goal, max_steps: int,
 
 def _search(sizes: tuple[int, ...], goal: Goal, max_steps: int, progress: Callable[[str], None] | None) -> Search:
     space = state_space(sizes, goal)
-    with space.remembering():  # next states note their patterns for the next layer's expansions
-        return _layers(space, sizes, goal, max_steps, progress)
-
-
-def _layers(space: StateSpace, sizes: tuple[int, ...], goal: Goal, max_steps: int,
-            progress: Callable[[str], None] | None) -> Search:
     collectives = tuple(Collective)
     finals = final_collectives(goal)
-    ids: dict[tuple[int, ...], int] = {space.start: 0}
-    states: list[tuple[int, ...]] = [space.start]
-    goal_states: set[int] = {0} if space.is_goal(space.start) else set()
+    start = space.key(space.start)  # states are kept as keys: few distinct ids as a pattern (StateSpace.key)
+    ids: dict[StateKey, int] = {start: 0}
+    states: list[StateKey] = [start]
+    goal_states: set[int] = {0} if space.is_goal(start) else set()
     layers: list[dict[int, tuple[Edge, ...]]] = [{0: ()}]
     expanded: dict[int, list[tuple[int, int, Loads]]] = {}  # state -> (instruction, next state, loads)
     transitions = 0
@@ -273,12 +268,10 @@ def _layers(space: StateSpace, sizes: tuple[int, ...], goal: Goal, max_steps: in
         lookahead = "goal" if last else "finish" if depth == max_steps - 1 else None
         todo = [n for n in layers[-1]
                 if n not in expanded and (not last or n in vetted or space.may_finish(states[n]))]
-        space.next_layer()
         found: dict[int, list[tuple[int, int, Loads]]] = {}
         for count, node in enumerate(todo, 1):
             edges = found[node] = []
-            for g, collective, child, loads in space.successors(states[node], finals if last else collectives,
-                                                                lookahead):
+            for g, collective, child, loads in space.expand(states[node], finals if last else collectives, lookahead):
                 transitions += 1
                 nid = ids.get(child)
                 if nid is None:
@@ -289,8 +282,6 @@ def _layers(space: StateSpace, sizes: tuple[int, ...], goal: Goal, max_steps: in
                     states.append(child)
                     if reached:
                         goal_states.add(nid)
-                else:
-                    space.forget(child)  # met before: the stored state is expanded, not this copy
                 edges.append((g * len(collectives) + collectives.index(collective), nid, loads))
             if len(states) * space.k > STATE_BUDGET:
                 raise SynthError(

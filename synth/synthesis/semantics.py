@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from functools import lru_cache, partial, reduce
 from itertools import chain
 from operator import and_, itemgetter
-from typing import Union
+from typing import NamedTuple, Union
 
 import numpy as np
 
@@ -64,6 +64,21 @@ DeviceState = tuple[tuple[int, ...], tuple[int, ...]]
 State = tuple[DeviceState, ...]
 Group = tuple[int, ...]
 Loads = tuple[int, ...]  # chunks one step moves, per synthesis group
+
+
+class Packed(NamedTuple):
+    """A state of a :class:`StateSpace` holding few distinct ids, as the
+    search keeps it: which devices hold equal ids (each device's index into
+    the distinct ids, first occurrence first, as bytes) and the distinct ids.
+    ``k / 8`` times smaller than the tuple of ids, hashed once, and stepped
+    without building that tuple (:meth:`StateSpace.expand`)."""
+
+    labels: bytes
+    palette: tuple[int, ...]
+
+
+#: what the search keeps per state: a :class:`Packed` state, or the tuple of its devices' ids (StateSpace.key)
+StateKey = Union[Packed, tuple[int, ...]]
 
 
 class Goal(enum.Enum):
@@ -992,10 +1007,10 @@ class StateSpace:
     a state costs per class, not per device (:meth:`_pattern_successors`).
     A class of more than :data:`_GETTER_MEMBERS_UPTO` members is checked on
     its members' distinct profiles and counts (:meth:`_Pattern.tallies`).
-    While a search steps layer by layer (:meth:`remembering`), a next state
-    built per pattern notes its own pattern and distinct ids, found from its
-    parent's classes with one bytes translation (:meth:`_tokens`,
-    :meth:`_note`), so its expansion skips a pass over its devices.
+    The search keeps such a state as its pattern and distinct ids
+    (:class:`Packed`, :meth:`key`) and steps it without a tuple of ``k`` ids:
+    each next state's pattern is found from its parent's classes with one
+    bytes translation (:meth:`expand`, :meth:`_tokens`, :meth:`_packed_key`).
 
     **Grouping sums.** Before any group is looked at, a state's per-device
     quantities (:data:`_QUANTITIES`) are summed over fixed sets of devices:
@@ -1129,10 +1144,6 @@ class StateSpace:
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
         self._member_arrays: dict[int, np.ndarray] = {}  # see _member_array
         self._patterns: dict[bytes, _Pattern] = {}  # see _pattern_successors
-        # while a search steps layer by layer (remembering): the labels and distinct ids of next states built
-        # per pattern, by the next state's id(): those noted in the layer being built, and in the one before
-        self._noting: dict[int, tuple[tuple[int, ...], bytes, tuple[int, ...]]] | None = None
-        self._noted: dict[int, tuple[tuple[int, ...], bytes, tuple[int, ...]]] = {}
         self._token_blocks: dict[tuple[int, int], list[bytes]] = {}  # see _class_tokens
         self._base_profile_array = np.zeros(0, dtype=np.int64)  # _base_profile as an array (_profile_ids_of)
         # per device state id: its held runs (first, stop), each run of one mask (chunk_runs); encoded
@@ -1301,9 +1312,14 @@ class StateSpace:
 
     # ---- goal
 
-    def is_goal(self, state: tuple[int, ...]) -> bool:
+    def is_goal(self, state: StateKey) -> bool:
         """:func:`is_goal` of the absolute state (masks 0 and full, and chunk
-        positions, look the same in every frame)."""
+        positions, look the same in every frame); ``state`` may be a search
+        key (:meth:`key`)."""
+        if state.__class__ is Packed:
+            if self.goal is not Goal.REDUCESCATTER:
+                return state.palette == (self._goal_id,)
+            state = self.devices(state)
         if self.goal is not Goal.REDUCESCATTER:  # device 0 first: most states are told apart there
             return state[0] == self._goal_id and state.count(self._goal_id) == self.k
         full, chunk = self.translations.full, {}
@@ -1314,7 +1330,7 @@ class StateSpace:
             chunk[i] = runs[0][0]
         return len({chunk[i] for i in state}) == self.k
 
-    def may_finish(self, state: tuple[int, ...]) -> bool:
+    def may_finish(self, state: StateKey) -> bool:
         """:func:`may_finish_in_one_step`, on the state's packed profile
         counts (:meth:`_after_passes`) and device 0: the last step is an
         AllReduce (every device holds every chunk), an AllGather (every held
@@ -1329,9 +1345,14 @@ class StateSpace:
             return True
         packed = self._packed
         profile = self._profile
-        if (packed[profile[state[0]]] >> (_FIELD * 2)) & _MASK:  # device 0 is done
+        if (packed[profile[state[0] if state.__class__ is not Packed else state.palette[0]]]
+                >> (_FIELD * 2)) & _MASK:  # device 0 is done (a Packed state's first distinct id is device 0's)
             return True
-        return self._after_passes(sum(n * packed[profile[i]] for i, n in Counter(state).items()), "finish")
+        if state.__class__ is Packed:
+            counted = zip(state.palette, self._pattern_of(state.labels).counts)
+        else:
+            counted = Counter(state).items()
+        return self._after_passes(sum(n * packed[profile[i]] for i, n in counted), "finish")
 
     # ---- steps
 
@@ -1777,9 +1798,6 @@ class StateSpace:
         wanted = sum(1 << _BIT[c] for c in collectives)
         k = self.k
         if self._encoded and k < NUMPY_PROFILES_FROM:
-            noted = self._noted.pop(id(state), None) if self._noted else None
-            if noted is not None and noted[0] is state:  # built per pattern in the layer before (remembering)
-                return self._pattern_successors(state, noted[2], collectives, wanted, lookahead, noted[1])
             labels = dict.fromkeys(state)
             if len(labels) <= PATTERN_IDS_UPTO:
                 return self._pattern_successors(state, tuple(labels), collectives, wanted, lookahead)
@@ -1846,9 +1864,9 @@ class StateSpace:
                     break
             return ok
 
-    def _pattern_successors(self, state: tuple[int, ...], palette: tuple[int, ...], collectives: Sequence[Collective],
-                            wanted: int, lookahead: str | None, labels: bytes | None = None
-                            ) -> list[tuple[int, Collective, tuple[int, ...], Loads]]:
+    def _pattern_successors(self, state: tuple[int, ...] | None, palette: tuple[int, ...],
+                            collectives: Sequence[Collective], wanted: int, lookahead: str | None,
+                            labels: bytes | None = None) -> list[tuple[int, Collective, StateKey, Loads]]:
         """:meth:`successors` of a state holding few distinct ids, ``palette``
         (first occurrence first). The state is its *pattern* (each device's
         index into the palette) and the palette; the pattern says which groups
@@ -1856,16 +1874,16 @@ class StateSpace:
         pattern), so the profile checks, the lookahead and the outcomes are
         looked up once per class of groups, through the palette, with the same
         memos as the per-device path, and the next state is assembled from
-        the classes' outcomes. ``labels``: the state's pattern when known
-        (noted when the state was built, see :meth:`remembering`).
+        the classes' outcomes.
 
-        While remembering, a step without a lookahead also notes each next
-        state's pattern and distinct ids, found from this state's through
-        the classes' outcomes (:meth:`_tokens`, :meth:`_note`) instead of a
-        pass over its devices when it is expanded."""
+        With ``state`` None the state is given as its pattern ``labels`` and
+        ``palette`` (a :class:`Packed` key, :meth:`expand`), and so are the
+        next states: each is found from this one's classes through per-pattern
+        tokens and one bytes translation (:meth:`_tokens`, :meth:`_packed_key`),
+        without a tuple of ``k`` ids."""
         pattern = self._pattern(state, palette) if labels is None else self._pattern_of(labels)
         profiles = tuple(map(self._profile.__getitem__, palette))
-        noting = self._noting is not None and lookahead is None
+        packing = state is None
         counting = self._counts_decide(lookahead)
         totals = 0
         if counting:
@@ -1902,9 +1920,16 @@ class StateSpace:
                         continue
                 if ids is None:
                     ids = [take(palette) for take in classes]
-                    if noting:
+                    if packing:
                         tokens = self._tokens(pattern, g, palette)
-                done = self._apply_classes(state, g, c, ids, group_class, tokens)
+                        if tokens is None and state is None:  # too many tokens: built from the devices' ids
+                            state = self.devices(Packed(pattern.labels, palette))
+                if tokens is not None:
+                    done = self._apply_packed(Packed(pattern.labels, palette), g, c, ids, group_class, tokens)
+                else:
+                    done = self._apply_classes(state, g, c, ids, group_class)
+                    if packing and done.__class__ is not str:
+                        done = (self.key(done[0]), done[1])
                 if done.__class__ is not str:
                     out.append((g, c) + done)
         return out
@@ -1912,7 +1937,7 @@ class StateSpace:
     def _tokens(self, pattern: _Pattern, g: int, palette: tuple[int, ...]
                 ) -> tuple[bytes, tuple[int, ...], tuple[int, ...]] | None:
         """Where each device of a next state on grouping ``g`` takes its id
-        from, for :meth:`_note`: one *token* per member position of each class
+        from, for :meth:`_packed_key`: one *token* per member position of each class
         of groups (``class * m + position``; the classes' outcomes, in order)
         and, when some device is in no group, one per distinct id of the
         state, which it keeps (after them). Returns each device's token as
@@ -1942,14 +1967,15 @@ class StateSpace:
             found = self._token_blocks[m, count] = [bytes(range(c * m, (c + 1) * m)) for c in range(count)]
         return found
 
-    def _note(self, nxt: tuple[int, ...], tokens: tuple[bytes, tuple[int, ...], tuple[int, ...]],
-              results: list[tuple[int, ...]]) -> None:
-        """Note the pattern and distinct ids of ``nxt``, a next state built from
-        its classes' outcomes ``results`` (new ids per class, by position),
-        from its tokens (:meth:`_tokens`): each token's new id is its class's
-        outcome at its position or the kept id; the distinct ids in order of
-        first device and a table from token to label give the labels with one
-        translation of the tokens."""
+    def _packed_key(self, tokens: tuple[bytes, tuple[int, ...], tuple[int, ...]],
+                results: list[tuple[int, ...]]) -> StateKey:
+        """The key of the next state built from its classes' outcomes
+        ``results`` (new ids per class, by position) and its tokens
+        (:meth:`_tokens`): each token's new id is its class's outcome at its
+        position or the kept id; the distinct ids in order of first device
+        and a table from token to label give the labels with one translation
+        of the tokens. A next state of more than :data:`PATTERN_IDS_UPTO`
+        distinct ids is its tuple of ids (:meth:`key`)."""
         device_tokens, order, kept = tokens
         values = tuple(chain.from_iterable(results)) + kept
         seen: dict[int, int] = {}
@@ -1960,28 +1986,54 @@ class StateSpace:
             if label is None:
                 label = seen[value] = len(seen)
             table[token] = label
-        if len(seen) <= PATTERN_IDS_UPTO:
-            self._noting[id(nxt)] = (nxt, device_tokens.translate(table), tuple(seen))
+        if len(seen) > PATTERN_IDS_UPTO:
+            return tuple(map(values.__getitem__, device_tokens))
+        return Packed(device_tokens.translate(table), tuple(seen))
 
-    def remembering(self) -> _Remembering:
-        """A context in which next states built per pattern without a
-        lookahead have their pattern noted (:meth:`_pattern_successors`), for
-        a caller that expands them in the next layer: call
-        :meth:`next_layer` as each layer starts, and :meth:`forget` a next
-        state that is not kept (a state met before); on exit everything
-        noted is dropped."""
-        return _Remembering(self)
+    def _apply_packed(self, parent: Packed, grouping: int, collective: Collective, keys: list[tuple[int, ...]],
+                      group_class: Sequence[int], tokens: tuple[bytes, tuple[int, ...], tuple[int, ...]]
+                      ) -> tuple[StateKey, Loads] | str:
+        """:meth:`_apply_classes` of a state given as its :class:`Packed` key,
+        the next state as its key too (:meth:`_packed_key`)."""
+        outcomes = self._class_outcomes(grouping, collective, keys)
+        if outcomes.__class__ is str:
+            return outcomes
+        results, loads = outcomes
+        nxt = self._packed_key(tokens, results)
+        if nxt == parent:
+            return NO_CHANGE
+        return nxt, tuple(map(loads.__getitem__, group_class))
 
-    def next_layer(self) -> None:
-        """What was noted for the layer just built becomes what the next
-        expansions look up; anything older is dropped."""
-        if self._noting is not None:
-            self._noted, self._noting = self._noting, {}
+    # ---- keys: what the search stores per state
 
-    def forget(self, state: tuple[int, ...]) -> None:
-        """Drop what was noted for ``state`` (a next state the caller does not keep)."""
-        if self._noting:
-            self._noting.pop(id(state), None)
+    def key(self, state: tuple[int, ...]) -> StateKey:
+        """The search's key of ``state``: its :class:`Packed` pattern and
+        distinct ids where the pattern path takes it (device frame, fewer than
+        :data:`NUMPY_PROFILES_FROM` devices, at most :data:`PATTERN_IDS_UPTO`
+        distinct ids), else the state itself. One state has one key."""
+        if self._encoded and self.k < NUMPY_PROFILES_FROM:
+            palette = tuple(dict.fromkeys(state))
+            if len(palette) <= PATTERN_IDS_UPTO:
+                index = {i: n for n, i in enumerate(palette)}
+                return Packed(bytes(map(index.__getitem__, state)), palette)
+        return state
+
+    def devices(self, key: StateKey) -> tuple[int, ...]:
+        """The state (each device's id) of a search key (:meth:`key`)."""
+        if key.__class__ is Packed:
+            return tuple(map(key.palette.__getitem__, key.labels))
+        return key
+
+    def expand(self, key: StateKey, collectives: Sequence[Collective], lookahead: str | None = None
+               ) -> list[tuple[int, Collective, StateKey, Loads]]:
+        """:meth:`successors` of the state of ``key`` with the next states as
+        keys: a :class:`Packed` state is stepped per pattern without building
+        a tuple of ``k`` ids (:meth:`_pattern_successors`), another one per
+        device and its next states keyed."""
+        if key.__class__ is Packed:
+            return self._pattern_successors(None, key.palette, collectives,
+                                            sum(1 << _BIT[c] for c in collectives), lookahead, key.labels)
+        return [(g, c, self.key(nxt), loads) for g, c, nxt, loads in self.successors(key, collectives, lookahead)]
 
     def _pattern(self, state: tuple[int, ...], palette: tuple[int, ...]) -> _Pattern:
         """The :class:`_Pattern` of ``state`` (whose distinct ids are ``palette``), memoised."""
@@ -1996,13 +2048,22 @@ class StateSpace:
         return found
 
     def _apply_classes(self, state: tuple[int, ...], grouping: int, collective: Collective,
-                       keys: list[tuple[int, ...]], group_class: Sequence[int],
-                       tokens: tuple[bytes, tuple[int, ...], tuple[int, ...]] | None = None
-                       ) -> tuple[tuple[int, ...], Loads] | str:
+                       keys: list[tuple[int, ...]], group_class: Sequence[int]) -> tuple[tuple[int, ...], Loads] | str:
         """:meth:`_apply` (the search's, without ``explain``) of a step whose
         groups fall into classes: ``keys`` the members' ids per class,
-        ``group_class`` each group's class, in group order; with ``tokens``
-        (:meth:`_tokens`) the next state's pattern is noted (:meth:`_note`)."""
+        ``group_class`` each group's class, in group order."""
+        outcomes = self._class_outcomes(grouping, collective, keys)
+        if outcomes.__class__ is str:
+            return outcomes
+        results, loads = outcomes
+        result = tuple(chain.from_iterable(map(results.__getitem__, group_class)))
+        nxt = self._pickers[grouping](result if self._covers[grouping] else result + state)
+        return NO_CHANGE if nxt == state else (nxt, tuple(map(loads.__getitem__, group_class)))
+
+    def _class_outcomes(self, grouping: int, collective: Collective, keys: list[tuple[int, ...]]
+                        ) -> tuple[list[tuple[int, ...]], list[int]] | str:
+        """Per class (members' ids ``keys``), the members' new ids and the
+        chunks each group moves, memoised; or the first class's reason."""
         memo = self._memos[_BIT[collective]][grouping]
         results, loads = [], []
         for key in keys:
@@ -2015,13 +2076,7 @@ class StateSpace:
                 return outcome
             results.append(outcome[0])
             loads.append(outcome[1])
-        result = tuple(chain.from_iterable(map(results.__getitem__, group_class)))
-        nxt = self._pickers[grouping](result if self._covers[grouping] else result + state)
-        if nxt == state:
-            return NO_CHANGE
-        if tokens is not None:
-            self._note(nxt, tokens, results)
-        return nxt, tuple(map(loads.__getitem__, group_class))
+        return results, loads
 
     def _vector_successors(self, g: int, ids: np.ndarray, profiles: np.ndarray, collectives: Sequence[Collective],
                            wanted: int, totals: int,
@@ -2509,20 +2564,6 @@ class _RootFrame(list):
     to take into each member's frame."""
 
     __slots__ = ()
-
-
-class _Remembering:
-    """:meth:`StateSpace.remembering`: noting on entry, nothing noted on exit."""
-
-    def __init__(self, space: StateSpace) -> None:
-        self.space = space
-
-    def __enter__(self) -> StateSpace:
-        self.space._noting, self.space._noted = {}, {}
-        return self.space
-
-    def __exit__(self, *exc: object) -> None:
-        self.space._noting, self.space._noted = None, {}
 
 
 @lru_cache(maxsize=32)
