@@ -700,20 +700,25 @@ def test_large_classes_of_a_pattern_are_checked_on_their_counted_profiles(sizes,
 
 @pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((4, 4), 4), ((4, 2, 2), 4), ((8, 4), 3), ((2, 3, 2), 3)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-@pytest.mark.parametrize("ids_upto", [255, 3])
-def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_upto, monkeypatch):
+@pytest.mark.parametrize("ids_upto, tokens_upto", [(255, 256), (3, 256), (255, 6)])
+def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_upto, tokens_upto, monkeypatch):
     """The search keeps a state of few distinct ids as its pattern and
     distinct ids (Packed) and steps it without a tuple of ids: on every
     reachable state, with and without the lookahead, expanding its key gives
     the keys of the same next states, with the same loads, in the same order,
     as stepping the state itself; a key names one state (its devices' ids,
     first occurrence first), states of more distinct ids than the threshold
-    (lowered to 3 too) are their own keys, and goal and may_finish read keys
-    as they read states."""
+    (lowered to 3 too) are their own keys, next states of more tokens than
+    _TOKENS_UPTO (lowered to 6) are keyed from their tuple of ids, and goal
+    and may_finish read keys as they read states."""
     import synth.synthesis.semantics as semantics
 
     monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", ids_upto)
+    monkeypatch.setattr(semantics, "_TOKENS_UPTO", tokens_upto)
     space = StateSpace(sizes, goal, "device")
+    tokens = space._tokens
+    kinds = set()
+    space._tokens = lambda *a: kinds.add(tokens(*a) is None) or tokens(*a)
     packed = 0
     for state in _reachable(space, steps):
         key = space.key(state)
@@ -731,6 +736,7 @@ def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_u
             assert [(g, c, space.devices(new), loads) for g, c, new, loads in by_key] == by_state
             assert all(new == space.key(space.devices(new)) for _, _, new, _ in by_key)
     assert packed > 5
+    assert kinds == ({False} if tokens_upto == 256 else {False, True})
 
 
 @pytest.mark.parametrize("sizes", [(4, 2, 2), (2, 4, 2), (8, 4)])

@@ -1942,7 +1942,7 @@ class StateSpace:
         and, when some device is in no group, one per distinct id of the
         state, which it keeps (after them). Returns each device's token as
         bytes, the tokens in order of their first device (kept per pattern),
-        and the kept ids; None when there are more than 256 tokens. The
+        and the kept ids; None when there are more than :data:`_TOKENS_UPTO`. The
         first two depend on the pattern only and are kept with it (five
         levels of 4: 4,736 kept for 13,015 calls, 5 MB)."""
         found = pattern.tokens.get(g, False)
@@ -1950,7 +1950,7 @@ class StateSpace:
             classes, _, group_class = pattern.classes(g)
             m, covers = self._size[g], self._covers[g]
             members = len(classes) * m
-            if members + (0 if covers else len(palette)) > 256:
+            if members + (0 if covers else len(palette)) > _TOKENS_UPTO:
                 found = None
             else:
                 flat = b"".join(map(self._class_tokens(m, len(classes)).__getitem__, group_class))
@@ -2517,6 +2517,9 @@ class _Pattern:
             found = self._tallies[g] = [tuple(Counter(rows[first[c]].tolist()).items()) for c in range(len(classes))]
         return found
 
+
+#: the most tokens a next state is found from (StateSpace._tokens): a token is a byte
+_TOKENS_UPTO = 256
 
 #: per count of member tokens, the table that moves a label past them (StateSpace._tokens)
 _SHIFTS = [bytes((n + label) & 255 for label in range(256)) for n in range(257)]
