@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "synth"
 
 # the shared top level: what every stage may use
-SHARED = {"errors", "units", "resources", "documents", "topology", "linkgraph", "interrupts", "collector"}
+SHARED = {"errors", "units", "resources", "documents", "topology", "linkgraph", "interrupts", "collector", "blas"}
 # top-level modules that are not shared values: the plan document (built from the
 # synthesis stage), the public API and the framework adapters
 TOP_LEVEL = SHARED | {"plan", "api", "torch", "jax"}

@@ -88,3 +88,45 @@ def test_layers_hold_every_program_once():
                 stack.extend((prev, d - 1, (i,) + suffix) for prev, i, _ in found.layers[d].get(node, ()))
     assert paths == {p for p, _ in found.indices}
     assert all(a <= b for a, b in itertools.pairwise(len(p) for p, _ in found.indices))
+
+
+def test_blas_runs_on_one_thread_during_a_search_and_is_restored_after():
+    """The search holds numpy's BLAS to one thread (synth.blas: its threads
+    spin between the search's small products) and restores the caller's
+    count on every exit, also when the search fails; the caller's limit is
+    set to 2 first, so the test does not depend on the machine's cores."""
+    import numpy as np
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from synth.blas import one_blas_thread
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    np.ones((2, 2)) @ np.ones((2, 2))  # numpy's BLAS is loaded
+    assert blas_threads(), "no BLAS library found to limit"
+    seen = []
+    real = search_module._search
+
+    def spy(*args):
+        seen.append(blas_threads())
+        return real(*args)
+
+    with threadpool_limits(2, user_api="blas"):
+        assert blas_threads() == {2}
+        with one_blas_thread():
+            assert blas_threads() == {1}
+        assert blas_threads() == {2}
+        clear_cache()
+        search_module._search, saved = spy, real
+        try:
+            search((2, 2), Goal.ALLREDUCE, 3)
+            search_module._search = lambda *args: seen.append(blas_threads()) or (_ for _ in ()).throw(
+                SynthError("search failed"))
+            with pytest.raises(SynthError, match="search failed"):
+                search((2, 3), Goal.ALLREDUCE, 3)
+        finally:
+            search_module._search = saved
+            clear_cache()
+        assert seen == [{1}, {1}]
+        assert blas_threads() == {2}

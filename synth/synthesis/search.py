@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..blas import one_blas_thread
 from ..collector import collector_paused
 from ..errors import SynthError
 from .language import Collective, Instruction, Program
@@ -241,7 +242,7 @@ def search(sizes: tuple[int, ...], goal: Goal, max_steps: int,
     if key in _SEARCHES:
         _SEARCHES.move_to_end(key)
         return _SEARCHES[key]
-    with collector_paused():
+    with collector_paused(), one_blas_thread():  # see synth.blas
         found = _SEARCHES[key] = _search(*key, progress)
     if len(_SEARCHES) > 256:
         _SEARCHES.popitem(last=False)
