@@ -71,10 +71,19 @@ class Packed(NamedTuple):
     search keeps it: which devices hold equal ids (each device's index into
     the distinct ids, first occurrence first, as bytes) and the distinct ids.
     ``k / 8`` times smaller than the tuple of ids, hashed once, and stepped
-    without building that tuple (:meth:`StateSpace.expand`)."""
+    without building that tuple (:meth:`StateSpace.expand`).
+
+    With a ``shift`` (chunks per digit, one per level) the distinct ids are
+    *relative*: device ``d`` holds its palette id moved by
+    ``sum(shift[l] * digit_l(d))`` chunks (an id that holds nothing does not
+    move). The search keys so a state of many distinct ids whose chunk
+    positions follow its devices' digits (after ReduceScatters), where the
+    ids it holds relative to those positions are few
+    (:meth:`StateSpace.key`)."""
 
     labels: bytes
     palette: tuple[int, ...]
+    shift: tuple[int, ...] = ()
 
 
 #: what the search keeps per state: a :class:`Packed` state, or the tuple of its devices' ids (StateSpace.key)
@@ -1143,6 +1152,8 @@ class StateSpace:
         self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
         self._member_arrays: dict[int, np.ndarray] = {}  # see _member_array
+        self._refs: dict[tuple[int, ...], np.ndarray] = {}  # see _ref
+        self._shiftable: bool | None = None  # see _shifts_apply
         self._patterns: dict[bytes, _Pattern] = {}  # see _pattern_successors
         self._token_blocks: dict[tuple[int, int], list[bytes]] = {}  # see _class_tokens
         self._base_profile_array = np.zeros(0, dtype=np.int64)  # _base_profile as an array (_profile_ids_of)
@@ -1318,7 +1329,7 @@ class StateSpace:
         key (:meth:`key`)."""
         if state.__class__ is Packed:
             if self.goal is not Goal.REDUCESCATTER:
-                return state.palette == (self._goal_id,)
+                return state.palette == (self._goal_id,) and not state.shift
             state = self.devices(state)
         if self.goal is not Goal.REDUCESCATTER:  # device 0 first: most states are told apart there
             return state[0] == self._goal_id and state.count(self._goal_id) == self.k
@@ -1349,7 +1360,7 @@ class StateSpace:
                 >> (_FIELD * 2)) & _MASK:  # device 0 is done (a Packed state's first distinct id is device 0's)
             return True
         if state.__class__ is Packed:
-            counted = zip(state.palette, self._pattern_of(state.labels).counts)
+            counted = zip(self._palette_ids(state), self._pattern_of(state.labels).counts)
         else:
             counted = Counter(state).items()
         return self._after_passes(sum(n * packed[profile[i]] for i, n in counted), "finish")
@@ -1934,6 +1945,86 @@ class StateSpace:
                     out.append((g, c) + done)
         return out
 
+    def _shifted_successors(self, key: Packed, collectives: Sequence[Collective], wanted: int,
+                            lookahead: str | None) -> list[tuple[int, Collective, StateKey, Loads]]:
+        """:meth:`expand` of a :class:`Packed` key with a shift. Its pattern
+        gives the lookahead's sums and, per grouping, the classes of groups
+        alike in relative ids, as for :meth:`_pattern_successors`. The groups
+        of one class are alike up to one chunk shift each (:meth:`_shifts_apply`),
+        and the profile checks, the lookahead's counts and the outcomes do not
+        change under a chunk shift of a whole group (:meth:`_compute_shifted`).
+        So each class is checked and computed once, on the ids of its first
+        group, and every group of the class takes that group's new ids moved
+        by the chunks between the two groups' roots. A class with a member
+        that the shift does not move (``~id``) is not alike up to a shift:
+        each of its groups is computed on its own ids. The next states are
+        keyed from their ids (:meth:`key`)."""
+        palette = key.palette
+        pattern = self._pattern_of(key.labels)
+        counting = self._counts_decide(lookahead)
+        totals = 0
+        held = self._palette_ids(key)  # the lookahead reads base states only, which a shift keeps
+        if counting:
+            packed, profile = self._packed, self._profile
+            totals = sum(n * packed[profile[i]] for i, n in zip(held, pattern.counts))
+        chosen = self._chosen.get(tuple(collectives), {})
+        if pattern.set_counts is None:
+            pattern.set_counts = self._set_counts(np.frombuffer(pattern.labels, np.uint8), len(palette))
+        sums = self._grouping_sums(pattern.set_counts, held)
+        ids = None  # each device's id, once a step gets past the lookahead
+        out = []
+        for g, hope in enumerate(self._hopeful(lookahead, sums)):
+            if not wanted & hope:
+                continue
+            if ids is None:
+                ids = self._absolute_ids(key)
+            takes, counts, group_class = pattern.classes(g)
+            firsts = pattern.representatives(g)
+            group_key = (np.frombuffer(group_class, np.uint8) if group_class.__class__ is bytes
+                         else np.array(group_class))
+            if min(palette) < 0 and min(min(take(palette)) for take in takes) < 0:
+                firsts, group_key, counts = _split_classes(firsts, group_key, counts,
+                                                           [min(take(palette)) >= 0 for take in takes])
+            keys = list(map(tuple, ids[self._member_array(g)[firsts]].tolist()))  # the ids of each class's first group
+            profiles = [tuple(map(self._profile.__getitem__, members)) for members in keys]
+            ok = self._passing_all(profiles, wanted & hope)
+            if not ok:
+                continue
+            ahead = None
+            for c in chosen[ok] if ok in chosen else self._choose(collectives, ok):
+                if counting:
+                    if ahead is None:  # classes that hold equal profiles count as one
+                        ahead = {}
+                        for members, n in zip(profiles, counts):
+                            ahead[members] = ahead.get(members, 0) + n
+                    if not self._ahead_by_class(totals, c, ahead.items(), len(group_class), lookahead):
+                        continue
+                done = self._apply_shifted(ids, g, c, keys, group_key, firsts, key.shift)
+                if done.__class__ is not str:
+                    out.append((g, c) + done)
+        return out
+
+    def _apply_shifted(self, ids: np.ndarray, grouping: int, collective: Collective, keys: list[tuple[int, ...]],
+                       classes: np.ndarray, firsts: np.ndarray, shift: tuple[int, ...]
+                       ) -> tuple[StateKey, Loads] | str:
+        """The next state's key and loads of one step from a state of ids
+        ``ids`` keyed with ``shift`` (:meth:`_shifted_successors`): ``keys``
+        the ids of each class's first group (``firsts``), ``classes`` each
+        group's class."""
+        outcomes = self._class_outcomes(grouping, collective, keys)
+        if outcomes.__class__ is str:
+            return outcomes
+        results, loads = outcomes
+        rows = self._member_array(grouping)
+        roots = self._ref(shift)[rows[:, 0]]
+        moved = roots - roots[firsts][classes]  # chunks between each group's root and its class's first group's
+        new = np.array(results, dtype=np.int64)[classes]
+        nxt = ids.copy()
+        nxt[rows] = new + np.where(new % self._stride != 0, moved[:, None], 0)
+        if np.array_equal(nxt, ids):
+            return NO_CHANGE
+        return self._key_of_ids(nxt), tuple(np.array(loads, dtype=np.int64)[classes].tolist())
+
     def _tokens(self, pattern: _Pattern, g: int, palette: tuple[int, ...]
                 ) -> tuple[bytes, tuple[int, ...], tuple[int, ...]] | None:
         """Where each device of a next state on grouping ``g`` takes its id
@@ -1987,7 +2078,8 @@ class StateSpace:
                 label = seen[value] = len(seen)
             table[token] = label
         if len(seen) > PATTERN_IDS_UPTO:
-            return tuple(map(values.__getitem__, device_tokens))
+            state = tuple(map(values.__getitem__, device_tokens))
+            return self._shifted_key(np.fromiter(state, np.int64, self.k)) or state
         return Packed(device_tokens.translate(table), tuple(seen))
 
     def _apply_packed(self, parent: Packed, grouping: int, collective: Collective, keys: list[tuple[int, ...]],
@@ -2015,13 +2107,101 @@ class StateSpace:
             palette = tuple(dict.fromkeys(state))
             if len(palette) <= PATTERN_IDS_UPTO:
                 return Packed(_labels(state, palette), palette)
+            return self._shifted_key(np.fromiter(state, np.int64, self.k)) or state
         return state
+
+    def _key_of_ids(self, ids: np.ndarray) -> StateKey:
+        """:meth:`key` of the state of ids ``ids`` (an array), found with numpy."""
+        if self._encoded and self.k < NUMPY_PROFILES_FROM:
+            found = _pattern_of_array(ids)
+            if found is not None:
+                return Packed(*found)
+            shifted = self._shifted_key(ids)
+            if shifted is not None:
+                return shifted
+        return tuple(ids.tolist())
+
+    def _shifted_key(self, ids: np.ndarray) -> Packed | None:
+        """The :class:`Packed` key with a shift of a state of more than
+        :data:`PATTERN_IDS_UPTO` distinct ids, or None where there is none.
+        The shift is read from the state: per level, how many chunks further
+        the device one digit along it (``digit_l = 1``, the others 0) starts
+        than device 0 (0 where either holds nothing). A device that holds
+        something and still starts inside the chunks once moved back by its
+        shift stores the moved id; another one (it holds every chunk, say,
+        where a step left it out) stores ``~id`` (negative), and one that holds
+        nothing its id. The key exists when the shift is not zero and at
+        most :data:`PATTERN_IDS_UPTO` distinct relative ids are left. So it
+        is a function of the state (its ids as an array), and :meth:`devices`
+        takes it back."""
+        if not self._shifts_apply():
+            return None
+        k, stride = self.k, self._stride
+        first = ids % stride - 1  # the first chunk each device holds; -1: none
+        origin = int(first[0])
+        if origin < 0:
+            return None
+        shift = []
+        for size, w in zip(self.sizes, self.translations.strides):
+            there = int(first[w]) if size > 1 else -1
+            shift.append(there - origin if there >= 0 else 0)
+        shift = tuple(shift)
+        if not any(shift):
+            return None
+        ref = self._ref(shift)
+        moved = (first >= 0) & (first >= ref) & (first - ref < k)
+        relative = np.where(moved, ids - ref, np.where(first >= 0, ~ids, ids))
+        found = _pattern_of_array(relative)
+        return None if found is None else Packed(*found, shift)
+
+    def _shifts_apply(self) -> bool:
+        """Whether states may be keyed with a shift (:class:`Packed`): in the
+        device frame with encoded positions, where in every grouping each
+        member lies the same digits (as integers, without wrapping) from its
+        group's root in every group, so the chunks a shift puts between a
+        member and its root are the same in every group, and a class of
+        groups alike in relative ids is alike up to one chunk shift per
+        group (:meth:`_shifted_successors`)."""
+        if self._shiftable is None:
+            digits = self._digit_matrix()
+            rows = map(self._member_array, range(len(self.groupings)))
+            offsets = [digits[members] - digits[members[:, :1]] for members in rows]  # per group, member, level
+            self._shiftable = self._encoded and all((o == o[:1]).all() for o in offsets)
+        return self._shiftable
+
+    def _digit_matrix(self) -> np.ndarray:
+        """Each device's digits, a (k, levels) array."""
+        t = self.translations
+        return (np.arange(self.k)[:, None] // np.array(t.strides, dtype=np.int64)) % np.array(self.sizes)
+
+    def _ref(self, shift: tuple[int, ...]) -> np.ndarray:
+        """Per device, the chunks a key's ``shift`` moves its id by
+        (:class:`Packed`), memoised."""
+        found = self._refs.get(shift)
+        if found is None:
+            found = self._refs[shift] = self._digit_matrix() @ np.array(shift, dtype=np.int64)
+        return found
 
     def devices(self, key: StateKey) -> tuple[int, ...]:
         """The state (each device's id) of a search key (:meth:`key`)."""
         if key.__class__ is Packed:
+            if key.shift:
+                return tuple(self._absolute_ids(key).tolist())
             return tuple(map(key.palette.__getitem__, key.labels))
         return key
+
+    def _absolute_ids(self, key: Packed) -> np.ndarray:
+        """Each device's id of a :class:`Packed` key with a shift, as an array."""
+        relative = np.array(key.palette, dtype=np.int64)[np.frombuffer(key.labels, np.uint8)]
+        return np.where(relative < 0, ~relative,
+                        relative + np.where(relative % self._stride != 0, self._ref(key.shift), 0))
+
+    @staticmethod
+    def _palette_ids(key: Packed) -> tuple[int, ...]:
+        """Per distinct id of a :class:`Packed` key, an id of the same base
+        state (a shift moves ids along their base's positions; ``~id``
+        stands for ``id``): what the lookahead's sums and flags read."""
+        return tuple(i if i >= 0 else ~i for i in key.palette) if key.shift else key.palette
 
     def expand(self, key: StateKey, collectives: Sequence[Collective], lookahead: str | None = None
                ) -> list[tuple[int, Collective, StateKey, Loads]]:
@@ -2030,8 +2210,10 @@ class StateSpace:
         a tuple of ``k`` ids (:meth:`_pattern_successors`), another one per
         device and its next states keyed."""
         if key.__class__ is Packed:
-            return self._pattern_successors(None, key.palette, collectives,
-                                            sum(1 << _BIT[c] for c in collectives), lookahead, key.labels)
+            wanted = sum(1 << _BIT[c] for c in collectives)
+            if key.shift:
+                return self._shifted_successors(key, collectives, wanted, lookahead)
+            return self._pattern_successors(None, key.palette, collectives, wanted, lookahead, key.labels)
         return [(g, c, self.key(nxt), loads) for g, c, nxt, loads in self.successors(key, collectives, lookahead)]
 
     def _pattern(self, state: tuple[int, ...], palette: tuple[int, ...]) -> _Pattern:
@@ -2460,7 +2642,7 @@ class _Pattern:
     id (:meth:`StateSpace._set_counts`) depend on the pattern only and are
     kept too (16-bit: six levels of 4, 6,532 patterns, +42 MiB, 9% faster)."""
 
-    __slots__ = ("space", "labels", "counts", "set_counts", "_classes", "_tallies", "tokens")
+    __slots__ = ("space", "labels", "counts", "set_counts", "_classes", "_tallies", "tokens", "_firsts")
 
     def __init__(self, space: StateSpace, labels: bytes) -> None:
         self.space = space
@@ -2470,6 +2652,7 @@ class _Pattern:
         self._classes: list[tuple[list[Callable], list[int], Sequence[int]] | None] = [None] * len(space.groupings)
         self._tallies: dict[int, list[tuple[tuple[int, int], ...]]] = {}
         self.tokens: dict[int, tuple[bytes, tuple[int, ...]] | None] = {}  # see StateSpace._tokens
+        self._firsts: dict[int, np.ndarray] = {}  # see representatives
 
     def classes(self, g: int) -> tuple[list[Callable], list[int], Sequence[int]]:
         """Grouping ``g``'s classes of groups: (one callable per class taking
@@ -2498,6 +2681,16 @@ class _Pattern:
                 group_class = bytes(group_class) if len(keys) < 256 else group_class
             takes = [itemgetter(*key) if m <= _GETTER_MEMBERS_UPTO else partial(_take, key) for key in keys]
             found = self._classes[g] = (takes, counts, group_class)
+        return found
+
+    def representatives(self, g: int) -> np.ndarray:
+        """Per class of grouping ``g`` (as :meth:`classes`), its first group's
+        index; found on first use."""
+        found = self._firsts.get(g)
+        if found is None:
+            _, _, group_class = self.classes(g)
+            classes = np.frombuffer(group_class, np.uint8) if group_class.__class__ is bytes else np.array(group_class)
+            found = self._firsts[g] = np.unique(classes, return_index=True)[1]
         return found
 
     def tallies(self, g: int) -> list[tuple[tuple[int, int], ...]]:
@@ -2538,6 +2731,34 @@ def _labels(state: tuple[int, ...], palette: tuple[int, ...]) -> bytes:
     """Each device's index into ``palette`` (the state's distinct ids), as bytes."""
     index = {i: n for n, i in enumerate(palette)}
     return bytes(map(index.__getitem__, state))
+
+
+def _split_classes(firsts: np.ndarray, classes: np.ndarray, counts: Sequence[int], alike: Sequence[bool]
+                   ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Classes of groups (each one's first group ``firsts``, each group's class
+    ``classes``, groups per class ``counts``) with those not ``alike`` split
+    into one class per group: the alike ones first, in order, then each
+    group of the others, in group order; the same three for them."""
+    alike = np.array(alike, dtype=bool)
+    alone = ~alike[classes]
+    kept = int(alike.sum())
+    new_classes = np.where(alone, kept + np.cumsum(alone) - 1, (np.cumsum(alike) - 1)[classes])
+    new_firsts = np.concatenate([firsts[alike], np.flatnonzero(alone)])
+    new_counts = [n for n, a in zip(counts, alike.tolist()) if a] + [1] * int(alone.sum())
+    return new_firsts, new_classes, new_counts
+
+
+def _pattern_of_array(values: np.ndarray) -> tuple[bytes, tuple[int, ...]] | None:
+    """:func:`_labels` and the distinct values (first occurrence first) of an
+    array of ids, with one sort; None for more than :data:`PATTERN_IDS_UPTO`
+    distinct values (2.8x faster than a dict over 4,096 ids)."""
+    distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    if len(distinct) > PATTERN_IDS_UPTO:
+        return None
+    order = np.argsort(first)
+    rank = np.empty(len(order), dtype=np.uint8)
+    rank[order] = np.arange(len(order))
+    return rank[inverse.ravel()].tobytes(), tuple(distinct[order].tolist())
 
 
 def _tallied(values: Sequence[int], tally: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
