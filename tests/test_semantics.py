@@ -785,6 +785,25 @@ def _shifted_key(space, state, ids_upto):
     return semantics.Packed(bytes(palette.index(i) for i in relative), palette, shift)
 
 
+@pytest.mark.parametrize("sizes", [(4, 2, 2), (2, 2, 2, 2), (4, 4)])
+@pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
+def test_groupings_of_one_first_group_share_their_outcomes(sizes, goal):
+    """In the device frame a group's outcome depends on its members' offsets
+    from the root: groupings whose first groups are the same (parallel(j) and
+    master(j) at one level) share one memo of outcomes and one of shifted
+    outcomes (the others are not shared), outcomes found through one serve
+    the other, and the space still follows the rules on every reachable
+    state."""
+    space = StateSpace(sizes, goal, "device")
+    pairs = [(g, h) for g in range(len(space.groupings)) for h in range(g + 1, len(space.groupings))
+             if space.groupings[g].groups[0] == space.groupings[h].groups[0]]
+    assert pairs and all(space.groupings[h].form is Form.MASTER for _, h in pairs)
+    for memos in (space._memos, space._shifted_memos):
+        assert all(per[g] is per[h] for per in memos for g, h in pairs)
+        assert all(len({id(m) for m in per}) == len(space.groupings) - len(pairs) for per in memos)
+    assert _check_space_against_rules(space, 4) > 5
+
+
 @pytest.mark.parametrize("sizes", [(4, 2, 2), (2, 4, 2), (8, 4)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
 def test_results_in_the_roots_frame_take_the_ids_of_their_members_translations(sizes, goal):

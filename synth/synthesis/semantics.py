@@ -1143,11 +1143,16 @@ class StateSpace:
         self._whole_key = self.k if self.k >= WHOLE_KEYS_FROM else self.k + 1
         self._deltas: list[dict[tuple[int, ...], int]] = [{} for _ in Collective]  # per collective (see _delta)
         # per collective and grouping: group members' ids -> outcome; in the
-        # device frame a group's outcome depends on its grouping (the members'
-        # offsets), elsewhere every grouping of a collective shares one memo
+        # device frame a group's outcome depends on its members' offsets from
+        # the root, the same in all its groups: groupings whose first groups are
+        # the same (parallel(j) and master(j) at one level: 15 of 36 groupings
+        # at six levels of 4) share one memo; elsewhere every grouping of a
+        # collective shares one
+        first_of: dict[Group, int] = {}
+        self._alike = [first_of.setdefault(g.groups[0], i) for i, g in enumerate(self.groupings)]
         memos = [[{} for _ in self.groupings] if self._device_frame else [{}] * len(self.groupings)
                  for _ in _COLLECTIVES]
-        self._memos: list[list[dict[tuple[int, ...], Outcome]]] = memos
+        self._memos: list[list[dict[tuple[int, ...], Outcome]]] = [[per[g] for g in self._alike] for per in memos]
         self._contained: dict[tuple[int, int], bool] = {}  # (root id, member id) -> _contains, see _broadcast
         self._exceeds: dict[tuple[int, int], bool] = {}  # (profile, root profile) -> _more_contributors
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
@@ -1168,7 +1173,8 @@ class StateSpace:
         self._moved: dict[tuple[int, int], DeviceState] = {}  # see _move
         self._translated: dict[tuple[int, tuple[int, ...]], int] = {}  # (base, offset) -> base id, see _member_ids
         # chunk shifts (see _compute_shifted; device frame, where ids move by adding)
-        self._shifted_memos: list[list[dict[tuple, Outcome]]] = [[{} for _ in self.groupings] for _ in _COLLECTIVES]
+        self._shifted_memos: list[list[dict[tuple, Outcome]]] = [  # shared like _memos
+            [per[g] for g in self._alike] for per in [[{} for _ in self.groupings] for _ in _COLLECTIVES]]
         self._shifted_passing: dict[tuple, int] = {}
         self._counted_passing: dict[tuple[int, tuple[tuple[int, int], ...]], int] = {}  # see _passes_counted
         self._done_profile = self._intern_profile(((self.k,), (self.k,)))  # every chunk from every device
@@ -1699,13 +1705,14 @@ class StateSpace:
             if not gains:
                 return "no member gains information"
             return _RootFrame([root] * len(key))
-        if collective in _REDUCING and (grouping, key) in self._sums:
+        sum_key = (self._alike[grouping], key)  # groupings of the same first group sum alike (_memos)
+        if collective in _REDUCING and sum_key in self._sums:
             aligned = members  # the sum is memoised: the members are not looked at again
         else:
             moved, invariant = self._moved, self._invariant
             aligned = [s if invariant(grouping, i) else moved[i, d] if (i, d) in moved else self._move(i, d)
                        for i, s, d in zip(key, members, self.groupings[grouping].groups[0])]
-        result = self._rule(collective, aligned, (grouping, key))
+        result = self._rule(collective, aligned, sum_key)
         if isinstance(result, str):
             return result
         varied = self._varied[grouping]
@@ -1757,7 +1764,7 @@ class StateSpace:
     def _invariant(self, grouping: int, i: int) -> bool:
         """Whether every mask of device state ``i`` is invariant under the
         translations of ``grouping``'s varied digits."""
-        key = (grouping, i // self._stride if self._encoded else i)  # masks do not depend on chunk positions
+        key = (self._alike[grouping], i // self._stride if self._encoded else i)  # masks: not on chunk positions
         out = self._invariants.get(key)
         if out is None:
             varied = self._varied[grouping]
