@@ -719,7 +719,7 @@ def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_u
     tokens = space._tokens
     kinds = set()
     space._tokens = lambda *a: kinds.add(tokens(*a) is None) or tokens(*a)
-    packed = shifted = unmoved = 0
+    packed = shifted = unmoved = from_last = 0
     for state in _reachable(space, steps):
         key = space.key(state)
         assert space.devices(key) == state and space.key(space.devices(key)) == key
@@ -728,10 +728,11 @@ def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_u
             palette = tuple(dict.fromkeys(state))
             assert key == semantics.Packed(bytes(palette.index(i) for i in state), palette)
         else:
-            want = _shifted_key(space, state, ids_upto)
+            want, backward = _shifted_key(space, state, ids_upto)
             assert key == want if want else key is state
             shifted += want is not None
             unmoved += want is not None and min(want.palette) < 0
+            from_last += backward
         assert space.is_goal(key) == space.is_goal(state) and space.may_finish(key) == space.may_finish(state)
         for lookahead in (None, "finish", "goal"):
             by_key = space.expand(key, list(Collective), lookahead)
@@ -740,15 +741,15 @@ def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_u
             assert all(new == space.key(space.devices(new)) for _, _, new, _ in by_key)
     assert packed > 5
     assert kinds == ({False} if tokens_upto == 256 else {False, True})
-    if ids_upto == 3:  # states keyed with a shift were stepped, some with devices the shift does not move
-        assert shifted > 5 and unmoved > 0
+    if ids_upto == 3:  # states keyed with a shift were stepped, some with devices the shift does not move, and
+        assert shifted > 5 and unmoved > 0 and from_last > 0  # some with the shift read from the last device
 
 
 def _shifted_key(space, state, ids_upto):
     """The Packed key with a shift of ``state`` as Packed's docstring and
     StateSpace._shifted_key define it, computed device by device (digits from
-    divmod): None where the state has none (device 0 holds nothing, shift
-    zero, too many relative ids)."""
+    divmod), and whether its shift was read from the last device: None where
+    the state has none (both shifts zero or leaving too many relative ids)."""
     import synth.synthesis.semantics as semantics
 
     k, stride, sizes = space.k, space.k + 1, space.sizes
@@ -763,26 +764,28 @@ def _shifted_key(space, state, ids_upto):
     def first(i):
         return i % stride - 1
 
+    def apart(a, b):  # how many chunks further device a starts than device b (0 if either holds nothing)
+        return first(state[a]) - first(state[b]) if first(state[a]) >= 0 and first(state[b]) >= 0 else 0
+
     unit = [math.prod(sizes[l + 1:]) for l in range(len(sizes))]
-    if first(state[0]) < 0:
-        return None
-    shift = tuple(first(state[u]) - first(state[0]) if size > 1 and first(state[u]) >= 0 else 0
-                  for size, u in zip(sizes, unit))
-    if not any(shift):
-        return None
-    relative = []
-    for d, i in enumerate(state):
-        moved = sum(a * x for a, x in zip(shift, digits(d)))
-        if first(i) < 0:
-            relative.append(i)  # holds nothing: not moved
-        elif 0 <= first(i) - moved < k:
-            relative.append(i - moved)
-        else:
-            relative.append(-i - 1)  # starts before its shift or past the chunks: stored as ~id
-    palette = tuple(dict.fromkeys(relative))
-    if len(palette) > ids_upto:
-        return None
-    return semantics.Packed(bytes(palette.index(i) for i in relative), palette, shift)
+    forward = tuple(apart(u, 0) if size > 1 else 0 for size, u in zip(sizes, unit))
+    backward = tuple(apart(k - 1, k - 1 - u) if size > 1 else 0 for size, u in zip(sizes, unit))
+    for shift in dict.fromkeys((forward, backward)):
+        if not any(shift):
+            continue
+        relative = []
+        for d, i in enumerate(state):
+            moved = sum(a * x for a, x in zip(shift, digits(d)))
+            if first(i) < 0:
+                relative.append(i)  # holds nothing: not moved
+            elif 0 <= first(i) - moved < k:
+                relative.append(i - moved)
+            else:
+                relative.append(-i - 1)  # starts before its shift or past the chunks: stored as ~id
+        palette = tuple(dict.fromkeys(relative))
+        if len(palette) <= ids_upto:
+            return semantics.Packed(bytes(palette.index(i) for i in relative), palette, shift), shift != forward
+    return None, False
 
 
 @pytest.mark.parametrize("sizes", [(4, 2, 2), (2, 2, 2, 2), (4, 4)])

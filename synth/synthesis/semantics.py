@@ -2147,33 +2147,38 @@ class StateSpace:
         :data:`PATTERN_IDS_UPTO` distinct ids, or None where there is none.
         The shift is read from the state: per level, how many chunks further
         the device one digit along it (``digit_l = 1``, the others 0) starts
-        than device 0 (0 where either holds nothing). A device that holds
-        something and still starts inside the chunks once moved back by its
-        shift stores the moved id; another one (it holds every chunk, say,
-        where a step left it out) stores ``~id`` (negative), and one that holds
-        nothing its id. The key exists when the shift is not zero and at
-        most :data:`PATTERN_IDS_UPTO` distinct relative ids are left. So it
-        is a function of the state (its ids as an array), and :meth:`devices`
-        takes it back."""
+        than device 0 (0 where either holds nothing); where that leaves more
+        than :data:`PATTERN_IDS_UPTO` relative ids, how many chunks further
+        the last device starts than the one a digit before it along the
+        level (device 0 is the root of every grouping's first group, so a
+        step on the roots of a grouping moves it and not the rest). A device
+        that holds something and still starts inside the chunks once moved
+        back by its shift stores the moved id; another one (it holds every
+        chunk, say, where a step left it out) stores ``~id`` (negative), and
+        one that holds nothing its id. The key exists when a shift is not
+        zero and leaves at most :data:`PATTERN_IDS_UPTO` distinct relative
+        ids. So it is a function of the state (its ids as an array), and
+        :meth:`devices` takes it back."""
         if not self._shifts_apply():
             return None
         k, stride = self.k, self._stride
         first = ids % stride - 1  # the first chunk each device holds; -1: none
-        origin = int(first[0])
-        if origin < 0:
-            return None
-        shift = []
-        for size, w in zip(self.sizes, self.translations.strides):
-            there = int(first[w]) if size > 1 else -1
-            shift.append(there - origin if there >= 0 else 0)
-        shift = tuple(shift)
-        if not any(shift):
-            return None
-        ref = self._ref(shift)
-        moved = (first >= 0) & (first >= ref) & (first - ref < k)
-        relative = np.where(moved, ids - ref, np.where(first >= 0, ~ids, ids))
-        found = _pattern_of_array(relative)
-        return None if found is None else Packed(*found, shift)
+        tried = set()
+        for ahead, behind in ((0, 1), (k - 1, -1)):  # from device 0 forward, from the last device back
+            shift = []
+            for size, w in zip(self.sizes, self.translations.strides):
+                here, there = int(first[ahead]), int(first[ahead + behind * w]) if size > 1 else -1
+                shift.append((there - here) * behind if here >= 0 and there >= 0 else 0)
+            shift = tuple(shift)
+            if not any(shift) or shift in tried:
+                continue
+            tried.add(shift)
+            ref = self._ref(shift)
+            moved = (first >= 0) & (first >= ref) & (first - ref < k)
+            found = _pattern_of_array(np.where(moved, ids - ref, np.where(first >= 0, ~ids, ids)))
+            if found is not None:
+                return Packed(*found, shift)
+        return None
 
     def _shifts_apply(self) -> bool:
         """Whether states may be keyed with a shift (:class:`Packed`): in the
