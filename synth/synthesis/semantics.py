@@ -1158,9 +1158,11 @@ class StateSpace:
         self._chosen: dict[tuple[Collective, ...], dict[int, tuple[Collective, ...]]] = {}  # see _choose
         self._member_arrays: dict[int, np.ndarray] = {}  # see _member_array
         self._refs: dict[tuple[int, ...], np.ndarray] = {}  # see _ref
+        self._digits: np.ndarray | None = None  # see _digit_matrix
         self._shiftable: bool | None = None  # see _shifts_apply
         self._patterns: dict[bytes, _Pattern] = {}  # see _pattern_successors
         self._base_profile_array = np.zeros(0, dtype=np.int64)  # _base_profile as an array (_profile_ids_of)
+        self._base_profile_store, self._base_profile_capacity = self._base_profile_array, 0  # its room to grow
         # per device state id: its held runs (first, stop), each run of one mask (chunk_runs); encoded
         # ids move their base's runs (one per base) to their first chunk
         self._base_run_bounds: dict[int, tuple[tuple[int, int], ...]] = _Derived(
@@ -1995,8 +1997,9 @@ class StateSpace:
             if min(palette) < 0 and min(min(take(palette)) for take in takes) < 0:
                 firsts, group_key, counts = _split_classes(firsts, group_key, counts,
                                                            [min(take(palette)) >= 0 for take in takes])
-            keys = list(map(tuple, ids[self._member_array(g)[firsts]].tolist()))  # the ids of each class's first group
-            profiles = [tuple(map(self._profile.__getitem__, members)) for members in keys]
+            members = ids[self._member_array(g)[firsts]]  # the ids of each class's first group
+            keys = list(map(tuple, members.tolist()))
+            profiles = list(map(tuple, self._profile_ids_of(members).tolist()))
             ok = self._passing_all(profiles, wanted & hope)
             if not ok:
                 continue
@@ -2196,9 +2199,11 @@ class StateSpace:
         return self._shiftable
 
     def _digit_matrix(self) -> np.ndarray:
-        """Each device's digits, a (k, levels) array."""
-        t = self.translations
-        return (np.arange(self.k)[:, None] // np.array(t.strides, dtype=np.int64)) % np.array(self.sizes)
+        """Each device's digits, a (k, levels) array, memoised."""
+        if self._digits is None:
+            t = self.translations
+            self._digits = (np.arange(self.k)[:, None] // np.array(t.strides, dtype=np.int64)) % np.array(self.sizes)
+        return self._digits
 
     def _ref(self, shift: tuple[int, ...]) -> np.ndarray:
         """Per device, the chunks a key's ``shift`` moves its id by
@@ -2337,8 +2342,16 @@ class StateSpace:
     def _profile_ids_of(self, ids: np.ndarray) -> np.ndarray:
         """The profile ids of encoded device state ids (``_profile``, with numpy):
         the base state's profile moved to the state's first chunk."""
-        if len(self._base_profile_array) != len(self._base_profile):
-            self._base_profile_array = np.array(self._base_profile, dtype=np.int64)
+        n = len(self._base_profile)
+        if len(self._base_profile_array) != n:  # grown by the new entries (doubling), not rebuilt
+            array = self._base_profile_array
+            if self._base_profile_capacity < n:
+                grown = np.zeros(max(n, 2 * self._base_profile_capacity), dtype=np.int64)
+                grown[:len(array)] = array
+                self._base_profile_store = grown
+                self._base_profile_capacity = len(grown)
+            self._base_profile_store[len(array):n] = self._base_profile[len(array):n]
+            self._base_profile_array = self._base_profile_store[:n]
         return self._base_profile_array[ids // self._stride] + np.maximum(ids % self._stride - 1, 0)
 
     def _member_array(self, g: int) -> np.ndarray:
