@@ -947,6 +947,10 @@ PATTERN_IDS_UPTO = 255
 SHIFTED_GROUPS_UPTO = 64
 
 
+#: what StateSpace._intern_base finds for a mask object it has not stored
+_UNSTORED = (None, None)
+
+
 class _Derived(dict):
     """A table over the device frame's encoded ids (:class:`StateSpace`,
     "Positions"): a value is computed by ``fill`` on its first look-up and kept,
@@ -1210,8 +1214,8 @@ class StateSpace:
                 self._base_profile.append(self._intern_profile(profile_of(s)))
             return i
         masks = self._mask_ids
-        mask_ids = tuple(masks[id(m)][1] if id(m) in masks and masks[id(m)][0] is m else self._mask_id(m)
-                         for m in s[1])
+        get = masks.get  # a stored mask object: one look-up by identity (a mask id is never None)
+        mask_ids = tuple([found[1] if (found := get(id(m), _UNSTORED))[0] is m else self._mask_id(m) for m in s[1]])
         i = self._ids.setdefault((s[0], mask_ids), len(states))
         if i == len(states):
             states.append(s)
