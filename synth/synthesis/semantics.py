@@ -1703,6 +1703,9 @@ class StateSpace:
             # contain ends the walk (big groups: most such Broadcasts fail early,
             # 3,646 of 4,096 members at six levels of 4)
             root, gains = states[key[0]], False
+            for i in distinct[1:]:  # a member the translations keep is the same in every frame: judged once
+                if self._invariant(grouping, i) and not _contains(root, states[i]):
+                    return "a member holds data the root does not contain"
             for i, s, d in zip(key, map(states.__getitem__, key), self.groupings[grouping].groups[0]):
                 aligned = s if self._invariant(grouping, i) else self._moved.get((i, d)) or self._move(i, d)
                 if aligned != root:
