@@ -1024,6 +1024,16 @@ class StateSpace:
     (:class:`Packed`, :meth:`key`) and steps it without a tuple of ``k`` ids:
     each next state's pattern is found from its parent's classes with one
     bytes translation (:meth:`expand`, :meth:`_tokens`, :meth:`_packed_key`).
+    A state of more distinct ids whose chunk positions follow its devices'
+    digits (after ReduceScatters) is kept as the pattern of its ids moved
+    back by a *shift* (:class:`Packed`, :meth:`_shifted_key`); its groups of
+    one class are alike up to one chunk shift each, computed once per class
+    (:meth:`_shifted_successors`).
+
+    **Shared memos** (device frame). A group's outcome depends on its members'
+    offsets from its root, the same in all groups of a grouping: groupings
+    with the same first group (parallel(j) and master(j) at one level) share
+    one memo of outcomes.
 
     **Grouping sums.** Before any group is looked at, a state's per-device
     quantities (:data:`_QUANTITIES`) are summed over fixed sets of devices:
@@ -1909,7 +1919,8 @@ class StateSpace:
         ``palette`` (a :class:`Packed` key, :meth:`expand`), and so are the
         next states: each is found from this one's classes through per-pattern
         tokens and one bytes translation (:meth:`_tokens`, :meth:`_packed_key`),
-        without a tuple of ``k`` ids."""
+        without a tuple of ``k`` ids; where a next state has more tokens than
+        a byte holds, from an array of ids (:meth:`_apply_wide`)."""
         pattern = self._pattern(state, palette) if labels is None else self._pattern_of(labels)
         profiles = tuple(map(self._profile.__getitem__, palette))
         packing = state is None
@@ -2144,9 +2155,11 @@ class StateSpace:
     def _key_of_ids(self, ids: np.ndarray) -> StateKey:
         """:meth:`key` of the state of ids ``ids`` (an array), found with numpy."""
         if self._encoded and self.k < NUMPY_PROFILES_FROM:
-            found = _pattern_of_array(ids)
-            if found is not None:
-                return Packed(*found)
+            # more distinct positions than a pattern holds (a count, cheaper than finding the distinct ids): no pattern
+            if np.count_nonzero(np.bincount(ids % self._stride, minlength=self._stride)) <= PATTERN_IDS_UPTO:
+                found = _pattern_of_array(ids)
+                if found is not None:
+                    return Packed(*found)
             shifted = self._shifted_key(ids)
             if shifted is not None:
                 return shifted
@@ -2751,7 +2764,7 @@ class _Pattern:
             first = {}
             for group, c in enumerate(group_class):
                 first.setdefault(c, group)
-            found = self._tallies[g] = [tuple(Counter(rows[first[c]].tolist()).items()) for c in range(len(classes))]
+            found = self._tallies[g] = [_tally(rows[first[c]]) for c in range(len(classes))]
         return found
 
 
@@ -2811,6 +2824,14 @@ def _first_occurrence_order(values: np.ndarray) -> tuple[int, ...]:
     np.minimum.at(first, values, np.arange(len(values)))
     present = np.flatnonzero(first < len(values))
     return tuple(present[np.argsort(first[present])].tolist())
+
+
+def _tally(labels: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """Each distinct label of a uint8 array with how many times it occurs, in
+    order of first occurrence (``tuple(Counter(labels).items())``, with numpy)."""
+    counts = np.bincount(labels)
+    order = _first_occurrence_order(labels)
+    return tuple(zip(order, counts[list(order)].tolist()))
 
 
 def _tallied(values: Sequence[int], tally: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
