@@ -6,8 +6,8 @@ six levels of 4, a 191 x 4,096 by 4,096 x 6 product for a state of 4,096
 distinct ids). OpenBLAS splits such a product over every core, and its threads
 then spin, waiting for the next one, while the search runs Python between the
 products. Measured on a 2-core machine (``docs/performance.md``): the search of
-six levels of 4 took 41.9 s of CPU time with two BLAS threads and 31.9 s with
-one, in the same 33 s of wall time, and one such product took 0.58 ms of wall
+six levels of 4 took 41.9 s of CPU time in 34 s of wall time with two BLAS
+threads, and 31.9 s in 33 s with one; one such product took 0.58 ms of wall
 time on two threads against 0.22 ms on one.
 
 The limit is set through threadpoolctl (a small, pure-Python library that
