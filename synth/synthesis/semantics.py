@@ -2026,8 +2026,8 @@ class StateSpace:
                 if counting:
                     if ahead is None:  # classes that hold equal profiles count as one
                         ahead = {}
-                        for members, n in zip(profiles, counts):
-                            ahead[members] = ahead.get(members, 0) + n
+                        for group_profiles, n in zip(profiles, counts):
+                            ahead[group_profiles] = ahead.get(group_profiles, 0) + n
                     if not self._ahead_by_class(totals, c, ahead.items(), len(group_class), lookahead):
                         continue
                 done = self._apply_shifted(ids, g, c, keys, group_key, firsts, key.shift)
