@@ -2433,27 +2433,36 @@ class StateSpace:
             self._quantities_filled = n
         return self._quantity_rows[ids // self._stride if self._encoded else ids]
 
-    def _grouping_sets(self) -> tuple[np.ndarray, np.ndarray]:
-        """The devices :meth:`_grouping_sums` sums over, one set after the
-        other (device 0; every device; then per grouping its group 0, its
-        roots, and its members when some device is in no group, else none),
-        and each listed device's set number."""
+    def _grouping_sets(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """The sets of devices :meth:`_grouping_sums` sums over: device 0;
+        every device; then per grouping its group 0, its roots, and its
+        members when some device is in no group, else none. Many are the
+        same set (parallel(j) and master(j) share their group 0, the group 0
+        of the grouping of every device is every device: 33 distinct of 110
+        at six levels of 4), so each distinct one is listed once. Returns
+        their devices, one distinct set after the other, each listed
+        device's distinct set, and per set (in the order above) its distinct
+        set."""
         if self._set_index is None:
             parts = [np.zeros(1, dtype=np.int64), np.arange(self.k, dtype=np.int64)]
             for g in range(len(self.groupings)):
                 rows = self._member_array(g)
                 parts += [rows[0], rows[:, 0], rows.ravel() if rows.size < self.k else rows[:0, 0]]
-            sets = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
-            self._set_index = (np.concatenate(parts), sets)
+            distinct: dict[bytes, int] = {}
+            which = [distinct.setdefault(part.tobytes(), len(distinct)) for part in parts]
+            kept = [parts[which.index(n)] for n in range(len(distinct))]
+            sets = np.repeat(np.arange(len(kept)), [len(part) for part in kept])
+            self._set_index = (np.concatenate(kept), sets, which)
         return self._set_index
 
     def _set_counts(self, labels: np.ndarray, width: int) -> np.ndarray:
-        """How many devices of each set of :meth:`_grouping_sets` hold each of
-        ``width`` distinct ids, where device ``d`` holds the ``labels[d]``-th:
-        a (sets, width) array (16-bit below 65,536 devices), which depends
-        on which devices hold equal ids only (a :class:`_Pattern` keeps it)."""
-        index, sets = self._grouping_sets()
-        count = 3 * len(self.groupings) + 2
+        """How many devices of each distinct set of :meth:`_grouping_sets`
+        hold each of ``width`` distinct ids, where device ``d`` holds the
+        ``labels[d]``-th: a (distinct sets, width) array (16-bit below 65,536
+        devices), which depends on which devices hold equal ids only (a
+        :class:`_Pattern` keeps it)."""
+        index, sets, which = self._grouping_sets()
+        count = max(which) + 1
         held = np.bincount(sets * width + labels[index], minlength=count * width).reshape(count, width)
         return held.astype(np.uint16) if self.k < 1 << 16 else held
 
@@ -2467,7 +2476,8 @@ class StateSpace:
         quantities = self._device_quantities(np.array(palette, dtype=np.int64))
         if self._exact_in_floats:  # a float product (BLAS) is exact and several times faster
             held, quantities = held.astype(np.float64), quantities.astype(np.float64)
-        sums = (held @ quantities).astype(np.int64).tolist()
+        distinct = (held @ quantities).astype(np.int64).tolist()
+        sums = [distinct[n] for n in self._grouping_sets()[2]]  # per set, its distinct set's (shared lists)
         everything = sums[1]
         return sums[0], everything, [(sums[i], sums[i + 1], sums[i + 2] if n < self.k else everything)
                                      for i, (_, _, n) in zip(range(2, len(sums), 3), self._shapes_of)]
