@@ -22,6 +22,7 @@ from synth.synthesis.semantics import (
     initial_state,
     is_goal,
     may_finish_in_one_step,
+    profile_of,
     resolve,
     runs_of,
     step_load,
@@ -807,20 +808,24 @@ def test_groupings_of_one_first_group_share_their_outcomes(sizes, goal):
     assert _check_space_against_rules(space, 4) > 5
 
 
+@pytest.mark.parametrize("by_value", [True, False])
 @pytest.mark.parametrize("sizes", [(4, 2, 2), (2, 4, 2), (8, 4)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-def test_results_in_the_roots_frame_take_the_ids_of_their_members_translations(sizes, goal):
+def test_results_in_the_roots_frame_take_the_ids_of_their_members_translations(sizes, goal, by_value):
     """A group's results computed in its root's frame get, per member, the id
-    of the result translated by that member's inverse offset: the memo per
-    (base state, offset) gives exactly the id of interning the translated
-    state, at the result's position, and the space follows the rules."""
-    space = StateSpace(sizes, goal, "device")
+    of the result translated by that member's inverse offset: the memos per
+    (base state, offset) and, for states interned by mask ids, per (mask id,
+    offset) give exactly the id of interning the translated state, at the
+    result's position; every base state, translated ones included, has the
+    profile of its own state; and the space follows the rules."""
+    space = StateSpace(sizes, goal, "device", by_value=by_value)
     member_ids, checked = space._member_ids, []
+    t = space.translations
 
     def checking(grouping, result):
         got = member_ids(grouping, result)
-        t = space.translations
-        want = tuple(space.intern(t.state(s, o)) for s, o in zip(result, space._inverse_offsets[grouping]))
+        members = space.groupings[grouping].groups[0]  # device 0 is its root
+        want = tuple(space.intern(t.state(s, t.inverse(t.digits(d)))) for s, d in zip(result, members))
         assert got == want
         checked.append(grouping)
         return got
@@ -828,6 +833,9 @@ def test_results_in_the_roots_frame_take_the_ids_of_their_members_translations(s
     space._member_ids = checking
     assert _check_space_against_rules(space, 4) > 10
     assert checked and space._translated
+    assert by_value or space._moved_mask_ids
+    for b, state in enumerate(space._base_states):
+        assert space._base_profile[b] == space._intern_profile(profile_of(state)), state
 
 
 def test_translated_masks_are_memoised_up_to_a_cap(monkeypatch):

@@ -1095,10 +1095,10 @@ class StateSpace:
         self._device_frame = self.frame == "device"
         t = self.translations
         # member offsets from the root, per grouping (the same in all its groups)
-        # per grouping, the inverse offsets of its group 0's members (built when first needed:
-        # a grouping of 131,072 members takes a while) and the levels whose digits vary
-        self._inverse_offsets: dict[int, tuple[tuple[int, ...], ...]] = _Derived(
-            lambda g: tuple(t.inverse(t.digits(m)) for m in self.groupings[g].groups[0]))
+        # per grouping, the inverse offsets of its group 0's members as devices (built when first
+        # needed: a grouping of 131,072 members takes a while) and the levels whose digits vary
+        self._inverse_offsets: dict[int, tuple[int, ...]] = _Derived(
+            lambda g: tuple(t.index(t.inverse(t.digits(m))) for m in self.groupings[g].groups[0]))
         strides, sizes = np.array(t.strides), np.array(self.sizes)
         digits = [(np.array(g.groups[0])[:, None] // strides) % sizes for g in self.groupings]
         self._varied = [tuple(np.flatnonzero(d.any(axis=0)).tolist()) for d in digits]
@@ -1119,6 +1119,9 @@ class StateSpace:
         self._mask_values: dict[int, int] = {}
         self._mask_ids: dict[int, tuple[int, int]] = {}
         self._mask_counts: list[int] = []  # per mask id: its number of contributors
+        self._mask_list: list[int] = []  # per mask id: the mask (the object the first state holding it stored)
+        self._base_mask_ids: list[tuple[int, ...]] = []  # per base state (by mask ids): its masks' ids
+        self._moved_mask_ids: dict[int, int] = {}  # mask id * k + offset index -> id, see _translated_base
         # base states (see "Positions"; every state where ids are dense) and their profile ids
         self._base_states: list[DeviceState] = []
         self._base_profile: list[int] = []
@@ -1194,7 +1197,7 @@ class StateSpace:
         self._sums: dict[tuple, DeviceState | str] = {}  # a group's sum, shared by the summing collectives
         self._invariants: dict[tuple[int, int], bool] = {}
         self._moved: dict[tuple[int, int], DeviceState] = {}  # see _move
-        self._translated: dict[tuple[int, tuple[int, ...]], int] = {}  # (base, offset) -> base id, see _member_ids
+        self._translated: dict[int, int] = {}  # base * k + offset -> base id, see _member_ids
         # chunk shifts (see _compute_shifted; device frame, where ids move by adding)
         self._shifted_memos: list[list[dict[tuple, Outcome]]] = [  # shared like _memos
             [per[g] for g in self._alike] for per in [[{} for _ in self.groupings] for _ in _COLLECTIVES]]
@@ -1237,10 +1240,50 @@ class StateSpace:
         i = self._ids.setdefault((s[0], mask_ids), len(states))
         if i == len(states):
             states.append(s)
+            self._base_mask_ids.append(mask_ids)
             for m, mask_id in zip(s[1], mask_ids):  # stored for good: later states sharing these objects skip hashing
                 masks[id(m)] = (m, mask_id)
             counts = self._mask_counts
             self._base_profile.append(self._intern_profile(_make(s[0], [counts[m] for m in mask_ids])))
+        return i
+
+    def _translated_base(self, base: int, offset: int) -> int:
+        """The id of base state ``base`` with every mask translated by the
+        digits of device ``offset`` (:meth:`Translations.state`), found through
+        mask ids: each mask id's translation is memoised per offset (capped at
+        :data:`_MOVED_MASKS_UPTO`), so a translated state is looked up by its
+        stops and mask ids without hashing or building a mask it has met
+        before. A translation permutes each mask's bits, so the contributor
+        counts, hence the profile, are the base's: a new translated state
+        takes its profile id. States interned by value translate their state."""
+        if not offset:
+            return base
+        if self._by_value:
+            return self._intern_base(self.translations.state(self._base_states[base],
+                                                             self.translations.digits(offset)))
+        moved, k = self._moved_mask_ids, self.k
+        if len(moved) > _MOVED_MASKS_UPTO:
+            moved.clear()
+        mask_ids = []
+        for mask_id in self._base_mask_ids[base]:
+            found = moved.get(mask_id * k + offset)
+            if found is None:
+                mask = self.translations.mask(self._mask_list[mask_id], self.translations.digits(offset))
+                found = moved[mask_id * k + offset] = self._mask_id(mask)
+            mask_ids.append(found)
+        mask_ids = tuple(mask_ids)
+        stops = self._base_states[base][0]
+        states = self._base_states
+        i = self._ids.setdefault((stops, mask_ids), len(states))
+        if i == len(states):
+            masks = self._mask_list
+            state = (stops, tuple([masks[m] for m in mask_ids]))
+            states.append(state)
+            self._base_mask_ids.append(mask_ids)
+            known = self._mask_ids
+            for m, mask_id in zip(state[1], mask_ids):
+                known[id(m)] = (m, mask_id)
+            self._base_profile.append(self._base_profile[base])
         return i
 
     def _masks(self, i: int) -> tuple[int, ...]:
@@ -1269,6 +1312,7 @@ class StateSpace:
         out = self._mask_values.setdefault(mask, len(self._mask_values))
         if out == len(self._mask_counts):
             self._mask_counts.append(mask.bit_count())
+            self._mask_list.append(mask)
         return out
 
     def _intern_profile(self, profile: Profile) -> int:
@@ -1754,10 +1798,11 @@ class StateSpace:
         """The ids of a group's results given in its root's frame, each taken
         into its member's frame (translated by the member's inverse offset).
         A translation moves masks, not chunks, so a result's id is its base
-        state's translation's id at the result's position: memoised per
-        (base, offset), a result met at any position, or by several members,
-        is translated and interned once (capped at _MOVED_MASKS_UPTO)."""
-        stride, translated = self._stride, self._translated
+        state's translation's id at the result's position (:meth:`_translated_base`):
+        memoised per (base, offset), a result met at any position, or by
+        several members, is translated and interned once (capped at
+        _MOVED_MASKS_UPTO)."""
+        stride, translated, k = self._stride, self._translated, self.k
         if len(translated) > _MOVED_MASKS_UPTO:
             translated.clear()
         interned: dict[int, int] = {}  # results often repeat one object: intern it once
@@ -1767,9 +1812,9 @@ class StateSpace:
             if i is None:
                 i = interned[id(s)] = self.intern(s)
             base, position = divmod(i, stride)
-            moved = translated.get((base, o))
+            moved = translated.get(base * k + o)
             if moved is None:
-                moved = translated[base, o] = self._intern_base(self.translations.state(self._base_states[base], o))
+                moved = translated[base * k + o] = self._translated_base(base, o)
             out.append(moved * stride + position)
         return tuple(out)
 
