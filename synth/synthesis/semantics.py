@@ -1069,7 +1069,10 @@ class StateSpace:
     states are interned by mask ids, each mask object of a stored state looked
     up by identity (hashing a mask reads all its bits), with its contributor
     count; translations are memoised per
-    (state, offset) and a Broadcast's members are compared one at a time.
+    (state, offset), a translated state is interned through its masks' ids,
+    each mask id's translation memoised per offset, with its base's profile
+    (:meth:`_translated_base`), and a Broadcast's members are compared one at
+    a time.
     """
 
     def __init__(self, sizes: Sequence[int], goal: Goal, frame: str | None = None,
