@@ -1240,14 +1240,24 @@ class StateSpace:
         masks = self._mask_ids
         get = masks.get  # a stored mask object: one look-up by identity (a mask id is never None)
         mask_ids = tuple([found[1] if (found := get(id(m), _UNSTORED))[0] is m else self._mask_id(m) for m in s[1]])
+        return self._interned_by_masks(s, mask_ids)
+
+    def _interned_by_masks(self, s: DeviceState, mask_ids: tuple[int, ...], profile: int | None = None) -> int:
+        """The id of base state ``s``, whose masks have ids ``mask_ids``,
+        stored if new with its profile id: ``profile``, or found from the
+        masks' contributor counts when None."""
+        states = self._base_states
         i = self._ids.setdefault((s[0], mask_ids), len(states))
         if i == len(states):
             states.append(s)
             self._base_mask_ids.append(mask_ids)
+            known = self._mask_ids
             for m, mask_id in zip(s[1], mask_ids):  # stored for good: later states sharing these objects skip hashing
-                masks[id(m)] = (m, mask_id)
-            counts = self._mask_counts
-            self._base_profile.append(self._intern_profile(_make(s[0], [counts[m] for m in mask_ids])))
+                known[id(m)] = (m, mask_id)
+            if profile is None:
+                counts = self._mask_counts
+                profile = self._intern_profile(_make(s[0], [counts[m] for m in mask_ids]))
+            self._base_profile.append(profile)
         return i
 
     def _translated_base(self, base: int, offset: int) -> int:
@@ -1276,17 +1286,11 @@ class StateSpace:
             mask_ids.append(found)
         mask_ids = tuple(mask_ids)
         stops = self._base_states[base][0]
-        states = self._base_states
-        i = self._ids.setdefault((stops, mask_ids), len(states))
-        if i == len(states):
+        i = self._ids.get((stops, mask_ids))
+        if i is None:
             masks = self._mask_list
-            state = (stops, tuple([masks[m] for m in mask_ids]))
-            states.append(state)
-            self._base_mask_ids.append(mask_ids)
-            known = self._mask_ids
-            for m, mask_id in zip(state[1], mask_ids):
-                known[id(m)] = (m, mask_id)
-            self._base_profile.append(self._base_profile[base])
+            i = self._interned_by_masks((stops, tuple([masks[m] for m in mask_ids])), mask_ids,
+                                        self._base_profile[base])
         return i
 
     def _masks(self, i: int) -> tuple[int, ...]:
