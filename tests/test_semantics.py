@@ -842,7 +842,8 @@ def test_translated_masks_are_memoised_up_to_a_cap(monkeypatch):
     """Translations.state memoises each mask's translation per offset and
     starts over past _MOVED_MASKS_UPTO masks (lowered here to 8): a state
     translated through the memo is the state translated mask by mask, and a
-    device-frame space built on it still follows the rules exactly."""
+    device-frame space built on it still follows the rules exactly, also
+    with states interned by mask ids (their own memo, under the same cap)."""
     import random
 
     import synth.synthesis.semantics as semantics
@@ -860,6 +861,11 @@ def test_translated_masks_are_memoised_up_to_a_cap(monkeypatch):
         assert moved == t.state((stops, masks), offset)  # again, through the memo
         assert len(t._moved) <= 9
     assert _check_space_against_rules(space, 4) > 10
+    # states interned by mask ids memoise each mask id's translation per offset under the same cap
+    by_masks = StateSpace((4, 2, 2), Goal.ALLREDUCE, "device", by_value=False)
+    assert _check_space_against_rules(by_masks, 4) > 10
+    most_masks = max(map(len, by_masks._base_mask_ids))
+    assert by_masks._moved_mask_ids and len(by_masks._moved_mask_ids) <= 8 + most_masks
 
 
 @pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])
