@@ -1122,7 +1122,7 @@ class StateSpace:
         self._mask_values: dict[int, int] = {}
         self._mask_ids: dict[int, tuple[int, int]] = {}
         self._mask_counts: list[int] = []  # per mask id: its number of contributors
-        self._mask_list: list[int] = []  # per mask id: the mask (the object the first state holding it stored)
+        self._mask_list: list[int] = []  # per mask id: the mask (the first object met with its value)
         self._base_mask_ids: list[tuple[int, ...]] = []  # per base state (by mask ids): its masks' ids
         self._moved_mask_ids: dict[int, int] = {}  # mask id * k + offset index -> id, see _translated_base
         # base states (see "Positions"; every state where ids are dense) and their profile ids
