@@ -796,7 +796,8 @@ def _repeat(pattern: int, width: int, times: int) -> int:
     return out
 
 
-#: translated masks a :class:`Translations` keeps (then it starts over): a mask is ``k`` bits
+#: entries a memo of translations keeps before it starts over: masks in :class:`Translations` (a mask is ``k``
+#: bits), mask ids and base states in :class:`StateSpace` (``_moved_mask_ids``, ``_translated``)
 _MOVED_MASKS_UPTO = 1 << 20
 
 
