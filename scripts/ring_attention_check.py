@@ -12,7 +12,7 @@ queries against ``s / (2 cp)`` keys, every pair computed. ``measure`` times
 those two calls, and the whole sequence's causal attention for reference, with
 ``scaled_dot_product_attention`` (flash) in bf16, forward and forward+backward
 (CUDA events, mean of ``--iters`` after 3 warm-ups; the method of the
-calibration grid, ../shared/calibration/op_bench.py), one record per call:
+calibration grid, ``synth.planner.calibration``), one record per call:
 
     {"config", "model", "tp", "seq", "cp", "call": "own" | "step" | "whole",
      "batch", "heads", "head_dim", "queries", "keys", "causal", "fwd_s", "fwd_bwd_s", "gpu", "torch"}

@@ -9,8 +9,7 @@ of the program count and every program with its loads, in the search's
 order. The states can differ, since a stronger lookahead keeps fewer. The
 CPU seconds cover the search and listing its programs (for the digest), and
 the ratio is before / after, measured side by side, shown from 0.1 s
-(docs/performance.md, "Patterns, the mass of a finishing state, whole
-keys"). Exit status 1 when some search's programs differ.
+(docs/performance.md, "The search alone"). Exit status 1 when some search's programs differ.
 
 Usage::
 

@@ -41,7 +41,7 @@ def run_json(*argv) -> dict:
 
 
 def expected_mesh(counts, matrix) -> np.ndarray:
-    """The device mesh, computed independently from DESIGN.md's convention: a device id
+    """The device mesh, computed independently from docs/model.md's convention: a device id
     is mixed radix over the levels (outer most significant); inside a level the axes'
     digits are in declared order, last fastest; an axis rank is mixed radix over its
     digits per level, outermost most significant."""

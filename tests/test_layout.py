@@ -1,4 +1,4 @@
-"""The package's layout shows the pipeline (DESIGN.md section 15): every module
+"""The package's layout shows the pipeline (docs/design.md): every module
 belongs to one stage, a stage imports only the stages below it, and no module
 imports itself back through others (no cycle, lazy imports in functions
 included). Read from the sources with ``ast``; nothing is imported."""

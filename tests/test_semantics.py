@@ -195,7 +195,7 @@ def test_4096_devices_state_stays_compact():
 
 
 def test_an_allgather_of_empty_members_is_a_noop_group_but_not_a_step():
-    """DESIGN.md's AllGather rule (pairwise disjoint chunk sets of equal size)
+    """The AllGather rule (pairwise disjoint chunk sets of equal size)
     holds for members that all hold nothing: that group stays as it is. A step
     must still change some device."""
     empty = ((2,), (0,))

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------- shipped topologies
 
-# name -> [(level name, count)], outermost first, as documented in DESIGN.md / the files
+# name -> [(level name, count)], outermost first, as documented in the files
 SHIPPED = {
     "dgx-a100": [("node", 16), ("gpu", 8)],
     "dgx-h100": [("node", 16), ("gpu", 8)],

@@ -25,14 +25,14 @@ MAX_UNITS = 4096
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="synth-reduce calibrate",
                description="Measure GEMMs, causal attention and memory-bound passes on this machine's GPU with "
-                           "PyTorch (the grid of ../shared/calibration/op_bench.py, a few minutes; a progress line "
+                           "PyTorch (the grid the shipped H100 profile was fitted on, a few minutes; a progress line "
                            "per family on stderr) and fit a per-operation compute profile for plan, fit and "
                            "compute (--compute-profile). With --records, fit measurements taken before instead.")
     p.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="what to measure: the GPU (default) or, to try the mechanics, the CPU with a tiny grid")
     p.add_argument("--records", metavar="OPS.jsonl",
-                   help="fit these operation records (op_bench.py's format, e.g. data/calibration/h100-ops.jsonl) "
+                   help="fit these operation records (the format of data/calibration/h100-ops.jsonl) "
                         "instead of measuring")
     p.add_argument("--layer-records", metavar="LAYERS.jsonl",
                    help="whole-layer records with eager and CUDA-graph times (scripts/layer_accuracy.py measure, "

@@ -17,7 +17,7 @@
 ``synth-reduce export`` is the command. Every group an export implies is
 checked against the plan before it is returned; the plan itself was checked
 against the derivation of its programs when it was loaded. The NCCL programs
-(MSCCL XML, tuner rules; ``../shared/DESIGN.md`` section 11) land here too.
+(MSCCL XML, tuner rules; docs/nccl-programs.md) land here too.
 
 Imports: the shared top-level values (including ``plan``), ``synthesis``,
 ``cost``, ``planner`` and ``runtime`` (its mesh layouts; nothing that runs);

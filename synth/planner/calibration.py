@@ -1,8 +1,8 @@
 """Fit a GPU's per-operation compute model (:mod:`synth.planner.operations`)
 to per-operation timings, and measure those timings with PyTorch.
 
-Records are JSON lines in the format of ``../shared/calibration/op_bench.py``
-(``data/calibration/h100-ops.jsonl`` is one such file):
+Records are JSON lines, one per operation timed (``data/calibration/h100-ops.jsonl``,
+the H100 measurements the shipped profile was fitted on, is one such file):
 
 * ``{"op": "gemm", "M", "K", "N", "fwd_s", "dgrad_s", "wgrad_s"}``: the
   forward ``A[M,K] @ B[K,N]``, the input gradient ``G[M,N] @ B^T`` (a GEMM of
@@ -304,7 +304,7 @@ class Grid:
         return [(m, k, n) for m in self.tokens for k, n in sorted(shapes)]
 
 
-# the grid of ../shared/calibration/op_bench.py (what the shipped H100 profile was fitted on)
+# the grid of data/calibration/h100-ops.jsonl (what the shipped H100 profile was fitted on)
 GPU_GRID = Grid(hiddens=(1024, 2048, 4096, 6144, 8192, 12288, 16384), tensor_parallel=(1, 2, 4, 8),
                 tokens=(2048, 8192, 32768), sequences=(1024, 2048, 4096, 8192), heads=(2, 4, 8, 16, 32, 64),
                 batches=(1, 4), head_dim=128, elements=tuple(1 << e for e in (20, 22, 24, 26, 28)), iterations=10)
