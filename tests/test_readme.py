@@ -26,8 +26,8 @@ def _module():
 def test_every_example_of_the_readme_is_found():
     examples = _module().examples((REPO / "README.md").read_text().split("\n"))
     commands = [e.command for e in examples]
-    assert len(commands) == 4, commands  # headline workload, plan, axes without sizes, the main job
-    assert commands[-1].startswith("synth-reduce --topology topologies/p2-a100.yaml")
+    assert len(commands) == 4, commands  # the main job, headline workload, plan, axes without sizes
+    assert commands[0].startswith("synth-reduce --topology topologies/p2-a100.yaml")
     assert any(c.startswith("synth-reduce plan ") for c in commands)
 
 
