@@ -39,7 +39,7 @@ from synth.topology import Device, load_topology  # noqa: E402
 TARGET_S = 10.0
 TARGET_CONFIGURATIONS = 1000
 
-# every option searched (issue 27's frontier cases): uneven or even stages, every schedule, the least
+# every option searched (the frontier cases of docs/performance.md): uneven or even stages, every schedule, the least
 # recomputation that fits, ZeRO-1
 SEARCH_ALL = {"stages": "search", "schedule": "search", "recompute_search": True}
 H800 = Device("NVIDIA H800 SXM5 80GB", 79.647, 989.4)  # docs/planner.md: the H100's memory assumed

@@ -6,7 +6,7 @@ synthesis, prediction, verification of the listed programs, output) run in a
 fresh Python process; the parent reads the child's CPU time (user + system, z3's
 threads included) and peak resident set size (``ru_maxrss``) from ``wait4``. A
 point that runs past ``--timeout`` seconds is killed and reported as such. The
-curves (the scale issue's):
+curves (docs/performance.md):
 
 * ``axes``: ``--json`` (every program listed, lowered and verified) on p2-a100
   with three axes, dgx-a100 ``dp=16,mp=8``, and the README's table;
@@ -16,7 +16,7 @@ curves (the scale issue's):
 * ``depth``: one axis over every device of an L-level hierarchy of 2s or 4s
   (generated topologies), 5 steps;
 * ``steps``: rack (2x4x2x4), one axis over its 64 devices, ``--max-steps`` 5..8;
-* ``targets``: the points of the reliability-and-scale issue (dgx-h100 scaled to
+* ``targets``: the scale targets of docs/performance.md (dgx-h100 scaled to
   16,384 nodes with ``dp=16384,mp=8`` and with ``dp=131072``; five and six
   levels of 4, one axis).
 
@@ -90,7 +90,7 @@ def points(workdir: Path) -> list[tuple[str, str, list[str]]]:
             topology = _topology(workdir, f"levels-{base}x{depth}", sizes)
             out.append(("depth", f"{depth} levels of {base} ({n} devices), one axis, 5 steps",
                         ["--topology", topology, "--axes", f"x={n}"]))
-    # the reliability-and-scale issue's targets (CPU seconds): 131,072 GPUs in 5 s, one axis over them in
+    # the scale targets (CPU seconds): 131,072 GPUs in 5 s, one axis over them in
     # 10 s, five levels of 4 in 5 s, six levels of 4 in 20 s
     out.append(("targets", "dgx-h100 node=16384 dp=16384,mp=8 (131072 GPUs; target 5 s)",
                 ["--topology", "dgx-h100", "--scale", "node=16384", "--axes", "dp=16384,mp=8"]))

@@ -4,8 +4,8 @@ memory model (`synth-reduce plan ... --json`, ``memory``).
     python scripts/memory_check.py measure --out MEASURED.jsonl      # on a GPU machine
     python scripts/memory_check.py compare MEASURED.jsonl [--markdown]
 
-``measure`` trains each case once as issue 27 describes the measurement it
-quotes: eager PyTorch, fp32 weights under bf16 autocast, fused AdamW,
+``measure`` trains each case once the way the reference peaks were measured
+(docs/planner.md): eager PyTorch, fp32 weights under bf16 autocast, fused AdamW,
 ``scaled_dot_product_attention`` (flash under bf16), global batch 8 sequences
 of the model's length accumulated in micro-batches, GPT-3 350M/760M/1.3B at
 micro-batch 8 and 2.7B at micro-batch 4, then full recomputation, the unfused
@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from synth.planner.transformer import load_model  # noqa: E402
 
-# (model, micro-batch, variant): issue 27's four measurements, then the planner's other memory options
+# (model, micro-batch, variant): the four reference measurements, then the planner's other memory options
 # (--recompute full: every layer checkpointed; --attention unfused: the math attention, scores stored);
 # global batch 8 sequences of the model's length
 CASES = (("gpt3-350m", 8, "flash"), ("gpt3-760m", 8, "flash"), ("gpt3-1.3b", 8, "flash"), ("gpt3-2.7b", 4, "flash"),
