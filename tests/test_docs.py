@@ -192,3 +192,19 @@ def test_the_stated_test_counts_are_about_right():
         (stated,) = _stated(pattern, (REPO / doc).read_text())
         assert abs(_number(stated) - collected) <= BAND * collected, (
             f"{doc} states about {stated} tests; {collected} are collected: state a round figure near it")
+
+
+def test_the_readme_quotes_the_generated_accuracy_report():
+    """The README's summary of the NCCL accuracy is the report's own numbers
+    (docs/simulator.md's section written by scripts/nccl_accuracy.py)."""
+    simulator = (REPO / "docs" / "simulator.md").read_text()
+    table = simulator[simulator.index("| set | topology | NCCL rules |"):]
+    table = table[:table.index("\n\n")]
+    evaluated = len(table.split("\n")) - 2  # less the header and its rule
+    by_size = re.search(r"^\| held out by size \| (\d+)% \(\d+ calls\) \| (\d+)% \(\d+ calls\) \|$", simulator, re.M)
+    assert by_size, "no 'held out by size' row in docs/simulator.md"
+    readme = (REPO / "README.md").read_text()
+    (sets,) = _stated(r"PyTorch measurements of (\d+) sets on", readme)
+    small, large = _stated(r"within a median (\d+)% \(< 1 MiB\) and (\d+)% \(>= 64 MiB\)", readme)
+    assert _number(sets) == evaluated
+    assert (small, large) == by_size.groups()
