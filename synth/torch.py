@@ -40,7 +40,7 @@ from .export.rank_map import launch_environment, rank_map
 from .export.trainer import TRAINER_MESH_DIMS, renamed, trainer_mesh_ids
 from .plan import Plan, as_plan
 from .runtime import executor as runtime
-from .runtime.meshes import devices_per_node, launch_problem, mesh_layout
+from .runtime.meshes import devices_per_node, launch_problem, launch_shape_problem, mesh_layout
 from .runtime.torch_world import TorchWorld, init_process_group, world
 from .synthesis.semantics import Goal
 
@@ -64,6 +64,9 @@ def launch_rank(plan: Plan | str | os.PathLike, order: Sequence[str] | None = No
         raise SynthError("launch_rank() must run before init_process_group(): the rank is fixed once the "
                          "process group exists")
     loaded = as_plan(plan)
+    shape = launch_shape_problem(loaded.placement.topology, os.environ)
+    if shape is not None:
+        raise SynthError(shape)
     updates = launch_environment(rank_map(loaded.placement, order), os.environ)
     os.environ.update(updates)
     return int(updates["RANK"])
@@ -87,7 +90,8 @@ def _checked_world(plan: Plan | None, problem: str | None = None) -> TorchWorld:
     launch = None
     if plan is not None:
         topology = plan.placement.topology
-        launch = launch_problem(topology, hosts, _launch_hint(topology.num_devices, devices_per_node(topology)))
+        launch = (launch_problem(topology, hosts, _launch_hint(topology.num_devices, devices_per_node(topology)))
+                  or launch_shape_problem(topology, os.environ))
     w.agree(launch or problem)
     return w
 
