@@ -885,7 +885,7 @@ def test_plan_plot_draws_the_listed_configurations(cli, tmp_path, monkeypatch):
         "plan --plot: no configuration to draw (--top 0)")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # restored when the test ends
     assert usage_error(cli, *BASE, "--plot", tmp_path / "again.png") == (
-        "plan --plot needs matplotlib: pip install 'synth-reduce[plots]'")
+        "plan --plot needs matplotlib: pip install matplotlib")
     assert not (tmp_path / "again.png").exists()
 
 
