@@ -55,7 +55,7 @@ def main() -> int:
         plan = synth.load_plan(args.plan)
         axes = ddp_axes(plan)
     except synth.SynthError as exc:
-        print(f"torch_ddp.py: error: {exc}", file=sys.stderr)
+        os.write(2, f"torch_ddp.py: error: {exc}\n".encode())  # one write: ranks' lines never interleave
         return 2
 
     cuda = torch.cuda.is_available()
