@@ -33,8 +33,12 @@ def ddp_axes(plan: synth.Plan) -> tuple[str, ...]:
     if ("dp",) in allreduces:
         return ("dp",)
     if "dp" in plan.placement.axis_names and plan.placement.axes[plan.placement.axis_names.index("dp")].size > 1:
-        raise synth.SynthError("the plan's dp gradients are not all-reduced (sharded optimizer: reduce-scatter and "
-                               "all-gather); DDP needs a plan written with synth-reduce plan --sharding none")
+        if plan.job is not None:
+            raise synth.SynthError("the plan's dp gradients are not all-reduced (sharded optimizer: reduce-scatter "
+                                   "and all-gather); DDP needs a plan written with synth-reduce plan --sharding none")
+        reduced = " and ".join(",".join(a) for a in allreduces) or "nothing"
+        raise synth.SynthError(f"the plan all-reduces over {reduced}, not over its dp axis; write the plan with "
+                               "--reduce dp")
     axes = plan.find(goal="allreduce").reduction.axes
     if len(axes) != 1:
         raise synth.SynthError(f"this example runs DDP over one axis; the plan reduces over {','.join(axes)}")
@@ -47,6 +51,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
+    try:  # every rank reads the same file: the same error everywhere, before any connection is made
+        plan = synth.load_plan(args.plan)
+        axes = ddp_axes(plan)
+    except synth.SynthError as exc:
+        os.write(2, f"torch_ddp.py: error: {exc}\n".encode())  # one write: ranks' lines never interleave
+        return 2
+
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
@@ -54,9 +65,6 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     rank = dist.get_rank()
     try:
-        plan = synth.load_plan(args.plan)
-        axes = ddp_axes(plan)
-
         torch.manual_seed(0)  # the same initial model everywhere (DDP also broadcasts it)
         net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
 

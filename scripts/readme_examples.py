@@ -10,6 +10,13 @@ relative to the repository.
 
     python scripts/readme_examples.py           # rewrite the output blocks in README.md
     python scripts/readme_examples.py --check   # exit 1 and show the difference if one is stale
+    python scripts/readme_examples.py --run-blocks   # run every runnable block of several commands
+
+A runnable block is a fenced ``sh`` block of several commands, each a
+``synth-reduce`` or ``torchrun`` line without placeholders (``<...>``, ``...``):
+its commands run in order in one fresh temporary directory (``torchrun`` as
+``python -m torch.distributed.run``, paths under ``examples/`` and
+``topologies/`` relative to the repository), each must exit 0.
 
 ``--check`` ignores the measured durations ("synthesized in 58 ms", "ranked in
 5.356 s"), which differ from run to run; every other character must match.
@@ -80,6 +87,43 @@ def run(command: str) -> str:
     return done.stdout
 
 
+def runnable_blocks(lines: list[str]) -> list[list[str]]:
+    """The commands of every runnable block (module docstring), in order."""
+    blocks = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```sh":
+            stop = lines.index("```", i + 1)
+            body = [ln.split("  #")[0].strip() for ln in lines[i + 1:stop]
+                    if ln.strip() and not ln.lstrip().startswith("#")]
+            if (len(body) > 1 and all(ln.startswith(("synth-reduce ", "torchrun ")) for ln in body)
+                    and not any("<" in ln or "..." in ln for ln in body)):
+                blocks.append(body)
+            i = stop + 1
+        else:
+            i += 1
+    return blocks
+
+
+def run_block(commands: list[str]) -> None:
+    """Run one block's commands in one temporary directory; SystemExit naming
+    the command that fails."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        for command in commands:
+            argv = [str(REPO / a) if a.startswith(("topologies/", "examples/", "models/")) else a
+                    for a in shlex.split(command)]
+            if argv[0] == "synth-reduce":
+                argv = [sys.executable, "-m", "synth.cli", *argv[1:]]
+            else:
+                argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", *argv[1:]]
+            print(f"running: {command}", file=sys.stderr, flush=True)
+            done = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise SystemExit(f"readme_examples: `{command}` exited {done.returncode}: "
+                                 f"{done.stderr.strip()[-1500:]}")
+
+
 def without_durations(text: str) -> str:
     return DURATION.sub(r"\1 in <duration>", text)
 
@@ -87,8 +131,13 @@ def without_durations(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="compare instead of rewriting; exit 1 if an output is stale")
+    p.add_argument("--run-blocks", action="store_true", help="run every runnable block of several commands")
     args = p.parse_args(argv)
     lines = README.read_text().split("\n")
+    if args.run_blocks:
+        for block in runnable_blocks(lines):
+            run_block(block)
+        return 0
     stale = 0
     for example in reversed(examples(lines)):  # from the end, so that earlier line numbers stay valid
         print(f"running: {example.command}", file=sys.stderr, flush=True)

@@ -357,8 +357,14 @@ class SizesSolution:
 
     @property
     def by_speed(self) -> tuple[Solution, ...]:
-        """Assignments by their best placement's best predicted time (ties: assignment order)."""
-        order = sorted(range(len(self.solutions)), key=lambda i: (self.solutions[i].best.best_s, i))
+        """Assignments by their best placement's best predicted time (ties:
+        assignment order); those whose reduction axes have size 1 (nothing to
+        reduce: no answer to the question asked) last."""
+        def key(i: int) -> tuple[bool, float, int]:
+            best = self.solutions[i].best
+            return (best.reduction.k == 1, best.best_s, i)
+
+        order = sorted(range(len(self.solutions)), key=key)
         return tuple(self.solutions[i] for i in order)
 
 

@@ -24,6 +24,7 @@ tensors). See ``docs/trainers.md``.
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import socket
@@ -39,7 +40,7 @@ from .export.rank_map import launch_environment, rank_map
 from .export.trainer import TRAINER_MESH_DIMS, renamed, trainer_mesh_ids
 from .plan import Plan, as_plan
 from .runtime import executor as runtime
-from .runtime.meshes import devices_per_node, launch_problem, mesh_layout
+from .runtime.meshes import devices_per_node, launch_problem, launch_shape_problem, mesh_layout
 from .runtime.torch_world import TorchWorld, init_process_group, world
 from .synthesis.semantics import Goal
 
@@ -63,6 +64,9 @@ def launch_rank(plan: Plan | str | os.PathLike, order: Sequence[str] | None = No
         raise SynthError("launch_rank() must run before init_process_group(): the rank is fixed once the "
                          "process group exists")
     loaded = as_plan(plan)
+    shape = launch_shape_problem(loaded.placement.topology, os.environ)
+    if shape is not None:
+        raise SynthError(shape)
     updates = launch_environment(rank_map(loaded.placement, order), os.environ)
     os.environ.update(updates)
     return int(updates["RANK"])
@@ -86,7 +90,8 @@ def _checked_world(plan: Plan | None, problem: str | None = None) -> TorchWorld:
     launch = None
     if plan is not None:
         topology = plan.placement.topology
-        launch = launch_problem(topology, hosts, _launch_hint(topology.num_devices, devices_per_node(topology)))
+        launch = (launch_problem(topology, hosts, _launch_hint(topology.num_devices, devices_per_node(topology)))
+                  or launch_shape_problem(topology, os.environ))
     w.agree(launch or problem)
     return w
 
@@ -111,7 +116,8 @@ def _loaded(plan: Plan | str | os.PathLike, check: Callable[[Plan], Any] = lambd
 
 
 def device_mesh(plan: Plan | str | os.PathLike, device_type: str = "cuda", hierarchical: bool = False) -> Any:
-    """A ``DeviceMesh`` holding the plan's mesh (device id = torch rank), its
+    """A ``DeviceMesh`` holding the plan's mesh (each device as the torch rank
+    running it: the device id itself unless the launch renumbered), its
     dims named after the plan's axes, or with ``hierarchical=True`` one dim per
     level each axis spans (``dp_node``, ``dp_gpu``; :mod:`synth.runtime.meshes`). Built
     with the ``DeviceMesh`` constructor (``init_device_mesh`` is row-major only).
@@ -119,9 +125,15 @@ def device_mesh(plan: Plan | str | os.PathLike, device_type: str = "cuda", hiera
     from torch.distributed.device_mesh import DeviceMesh
 
     loaded, problem = _loaded(plan, lambda p: mesh_layout(p.placement, hierarchical))
-    _checked_world(loaded, problem)
+    w = _checked_world(loaded, problem)
     layout = mesh_layout(loaded.placement, hierarchical)
-    return DeviceMesh(device_type, torch.as_tensor(layout.ids.copy()), mesh_dim_names=layout.names)
+    return DeviceMesh(device_type, _torch_ranks(w, layout.ids), mesh_dim_names=layout.names)
+
+
+def _torch_ranks(w: TorchWorld, ids: np.ndarray) -> torch.Tensor:
+    """An array of device ids as the torch ranks running them (the same array
+    unless the launch renumbered the ranks)."""
+    return torch.as_tensor(np.asarray(w.rank_of_device)[ids])
 
 
 def trainer_mesh(plan: Plan | str | os.PathLike, device_type: str = "cuda",
@@ -140,9 +152,9 @@ def trainer_mesh(plan: Plan | str | os.PathLike, device_type: str = "cuda",
         trainer_mesh_ids(renamed(p.placement, axis_names or {}))
 
     loaded, problem = _loaded(plan, check)
-    _checked_world(loaded, problem)
+    w = _checked_world(loaded, problem)
     ids = trainer_mesh_ids(renamed(loaded.placement, axis_names or {}))
-    mesh = DeviceMesh(device_type, torch.as_tensor(ids.copy()), mesh_dim_names=TRAINER_MESH_DIMS)
+    mesh = DeviceMesh(device_type, _torch_ranks(w, ids), mesh_dim_names=TRAINER_MESH_DIMS)
     flatten = getattr(mesh["dp_replicate", "dp_shard"], "_flatten", None)  # torch >= 2.4
     if flatten is not None:
         flatten("dp")
@@ -223,8 +235,8 @@ def _sparse_executors(executor: Executor) -> dict[int, Any]:
 
 
 def _group_problem(state: Any, group: Sequence[int]) -> str | None:
-    """Why DDP's process group ``state`` (what the hook was registered with)
-    is not the plan's reduction group ``group`` of this rank, or None."""
+    """Why the process group ``state`` (DDP's) is not the plan's reduction
+    group ``group`` of this rank, given as torch ranks, or None."""
     if state is None:
         return ("the hook needs DDP's process group as its state, to check that it spans the plan's reduction "
                 "group: ddp.register_comm_hook(ddp.process_group, synth.torch.comm_hook(plan))")
@@ -240,6 +252,27 @@ def _group_problem(state: Any, group: Sequence[int]) -> str | None:
     return None
 
 
+def _ddp_holding(hook: Callable[..., Any]) -> Any:
+    """The DistributedDataParallel module this hook is registered on, or None:
+    DDP keeps ``(hook, state)`` in its ``_comm_hooks`` list
+    (``register_comm_hook``), which leads back to it."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for pair in gc.get_referrers(hook):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0] is hook):
+            continue
+        for hooks in gc.get_referrers(pair):
+            if not isinstance(hooks, list):
+                continue
+            for owner in gc.get_referrers(hooks):
+                if isinstance(owner, dict):  # the module's __dict__ (where the interpreter keeps one)
+                    owner = next((o for o in gc.get_referrers(owner) if isinstance(o, DistributedDataParallel)),
+                                 None)
+                if isinstance(owner, DistributedDataParallel) and getattr(owner, "_comm_hooks", None) is hooks:
+                    return owner
+    return None
+
+
 def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None = None,
               process_group: Any = None, sparse: bool = False) -> Callable[..., Any]:
     """A DDP communication hook that runs the plan's allreduce over ``reduce``
@@ -247,11 +280,13 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
     DDP's default hook (divide by the reduction group size, then sum). The
     program is picked by bucket size when the plan has several size ranges.
 
-    Register it with DDP's process group as its state, which must span this
-    rank's reduction group of the plan (else one SynthError, never silently
-    different replicas): ``ddp.register_comm_hook(ddp.process_group,
-    comm_hook(plan))``; given ``process_group`` here too, the check is made at
-    once, collectively. The hook does not stall backward: on CPU tensors (gloo)
+    Register it with DDP's process group as its state:
+    ``ddp.register_comm_hook(ddp.process_group, comm_hook(plan))``. DDP's own
+    process group (``ddp.process_group`` of the DDP the hook is registered on,
+    whatever the state says; the state where no DDP holds the hook) must span
+    this rank's reduction group of the plan, else the first bucket raises
+    SynthError, never silently different replicas; given ``process_group``
+    here too, that group is checked at once, collectively. The hook does not stall backward: on CPU tensors (gloo)
     the program runs in one thread per process shared by every hook, bucket
     after bucket, and the hook returns a future that completes with the
     bucket after the last step; on
@@ -272,7 +307,7 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
     lowered = executor.programs[0].lowered
     group_size = lowered.num_chunks
     w = executor.world
-    mine = next(tuple(g) for g in lowered.reduction_groups if w.rank in g)
+    mine = w.torch_ranks(next(tuple(g) for g in lowered.reduction_groups if w.rank in g))
     if process_group is not None:
         w.agree(_group_problem(process_group, mine))
     checked: set[int] = set()
@@ -300,7 +335,8 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
 
     def hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket and Future[Tensor]
         if id(state) not in checked:
-            problem = _group_problem(state, mine)
+            ddp = _ddp_holding(hook)
+            problem = _group_problem(state if ddp is None else ddp.process_group, mine)
             if problem is not None:
                 raise SynthError(problem)
             checked.add(id(state))

@@ -54,9 +54,18 @@ _FACTORS = {
 }
 
 
+_POWERS = {"K": 3, "M": 6, "G": 9}  # the decimal prefixes, for the bits error
+_POWERS2 = {"K": 10, "M": 20, "G": 30}
+
+
 def parse_size(text: str, option: str = "--size") -> int:
-    """Bytes from ``256MiB``, ``1M``, ``64KB``, ``4096``; SynthError otherwise."""
+    """Bytes from ``256MiB``, ``1M``, ``64KB``, ``4096``; SynthError otherwise
+    (also for ``64Mb``: a ``b`` after K, M or G is bits)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if m and re.fullmatch(r"[KkMmGg]b", m.group(2)):  # Kb, Mb, Gb: bits, not bytes
+        raise SynthError(f"{option} '{text.strip()}': {m.group(2)} is bits; give bytes, e.g. {m.group(1)}"
+                         f"{m.group(2)[0].upper()}B (10^{_POWERS[m.group(2)[0].upper()]}) or "
+                         f"{m.group(1)}{m.group(2)[0].upper()}iB (2^{_POWERS2[m.group(2)[0].upper()]})")
     if not m or m.group(2).upper() not in _FACTORS:
         raise SynthError(
             f"{option} '{text}': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"

@@ -276,6 +276,10 @@ def test_gpu_entries():
             assert math.isclose(g["memory_GiB"], g["nvidia_smi_total_MiB"] / 1024, abs_tol=0.001), key
             # nvidia-smi's total is within a few percent of the marketed size read as GiB
             assert 0.95 <= g["memory_GiB"] / g["memory_GB"] <= 1.0, key
+        elif "memory_GiB_from" in g:  # assumed: another board's measured total, named
+            source = data["gpus"][g["memory_GiB_from"]]
+            assert g["memory_GiB"] == source["memory_GiB"] and "nvidia_smi_total_MiB" in source, key
+            assert g["memory_GB"] == source["memory_GB"], key
         else:
             assert "memory_GiB" not in g, key
         sparse = g.get("peak_TFLOPs_sparse")

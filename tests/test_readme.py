@@ -43,3 +43,21 @@ def test_durations_are_the_only_thing_ignored():
 def test_readme_outputs_are_current():
     done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=limit_s(300))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_the_runnable_blocks_are_found():
+    """The DDP example is a runnable block: a job plan for 8 ranks, then the
+    example trained on it."""
+    blocks = _module().runnable_blocks((REPO / "README.md").read_text().split("\n"))
+    ddp = [b for b in blocks if any("examples/torch_ddp.py" in c for c in b)]
+    assert len(ddp) == 1 and ddp[0][0].startswith("synth-reduce plan ") and "--nproc-per-node 8" in ddp[0][1]
+
+
+@pytest.mark.timeout(900)
+def test_the_readmes_runnable_blocks_run_as_written():
+    """Each runnable block (the DDP example among them) runs as written, on
+    its own outputs (scripts/readme_examples.py --run-blocks)."""
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--run-blocks"], capture_output=True, text=True,
+                          timeout=limit_s(900))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

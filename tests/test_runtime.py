@@ -397,6 +397,7 @@ def test_bench_prints_zero_wrong_and_appends_records(tmp_path):
     assert all(set(r) == REQUIRED and r["wrong"] == 0 and r["ranks"] == 8 for r in records)
     assert sum(r["is_default"] for r in records) == 2 * 2  # two placements x two sizes
     assert records[0]["schema"] == "synth-reduce/measurement" and len(records[0]["times_s"]) == 3
+    assert f"# wrote {len(records)} measurement record(s) to {jsonl} (appended" in done.stdout
 
 
 def test_bench_runs_a_plan_file_of_another_goal(tmp_path):

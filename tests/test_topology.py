@@ -457,7 +457,7 @@ def test_duplicate_key_in_a_level_rejected(tmp_path):
 # ---------------------------------------------------------------- device (job planner)
 
 GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de", "oci-bm-gpu4-8", "abci-v",
-                  "abci-a", "p4d", "hgx-h200", "gke-a3ultra-1gpu1nic")
+                  "abci-a", "p4d", "hgx-h200", "gke-a3ultra-1gpu1nic", "dgx-h800")
 
 
 def _gpus() -> dict:

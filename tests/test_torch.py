@@ -24,7 +24,7 @@ import synth
 from synth.cli import main
 from synth.errors import SynthError
 from synth.plan import load_plan
-from synth.runtime.meshes import host_level, launch_problem, mesh_layout, node_of_device
+from synth.runtime.meshes import host_level, launch_problem, launch_shape_problem, mesh_layout, node_of_device
 from synth.synthesis.placement import Placement, enumerate_placements, parse_axes
 from synth.topology import load_topology
 
@@ -94,6 +94,30 @@ def test_launch_problems_name_the_ranks_hosts_and_the_fix():
         "the plan is for 8 ranks (2 node(s) x 4) but 4 were launched; launch right")
     assert launch_problem(TESTBED, ["a"] * 4 + ["b", "b", "c", "b"], fix) == (
         "ranks 4..7 of plan node 1 must share one host but run on several (ranks 4,5,7 on b; 6 on c); launch right")
+
+
+def test_a_plan_for_another_topology_of_the_same_world_size_is_refused(tmp_path, capsys):
+    """The plan's shape (nodes x devices per node) against torchrun's
+    (WORLD_SIZE / LOCAL_WORLD_SIZE x LOCAL_WORLD_SIZE): a 2 x 4 plan launched
+    as 4 hosts x 2 or 8 x 1 is refused by synth-reduce launch before the
+    script runs, with the same line on every rank; on one host it runs."""
+    fours = {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2"}
+    message = launch_shape_problem(TESTBED, fours)
+    assert message.startswith("the plan is for 2 node(s) x 4 devices (testbed-2x4) but torchrun launched 4 node(s) "
+                              "x 2 ranks"), message
+    assert launch_shape_problem(TESTBED, {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}) is None
+    assert launch_shape_problem(TESTBED, {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) is None  # one host
+    assert launch_shape_problem(TESTBED, {"WORLD_SIZE": "8"}) is None  # not said
+    plan = tmp_path / "plan.json"
+    assert main(["--topology", "testbed-2x4", "--axes", "dp=8", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    env = {k: v for k, v in os.environ.items() if k not in ("SYNTH_DEVICE", "SYNTH_RENUMBERED")}
+    for rank in (0, 5):
+        done = subprocess.run([sys.executable, "-m", "synth.cli", "launch", str(plan), "--", "-c", "print('ran')"],
+                              env={**env, **fours, "RANK": str(rank), "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=limit_s(60))
+        assert done.returncode == 2 and done.stdout == "", done.stdout
+        assert done.stderr.strip() == f"synth-reduce: error: {message}", done.stderr
 
 
 # ---------------------------------------------------------------- light imports
@@ -320,6 +344,21 @@ def test_the_ddp_example_trains_with_a_plans_hook(tmp_path):
     assert done.returncode == 0, launch_output(done)
     assert re.search(r"step 3 loss \d+\.\d+", done.stdout), done.stdout
     assert "parameters equal on every rank" in done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_ddp_example_refuses_a_plan_without_a_dp_allreduce_in_one_line(tmp_path):
+    """A placement plan reducing over tp of tp=2,dp=4: every rank that prints
+    prints the one line (before any connection: no gloo errors, no traceback)
+    and exits 2."""
+    plan = tmp_path / "hsdp.json"
+    assert main(["--topology", "testbed-2x4", "--axes", "tp=2,dp=4", "--out", str(plan)]) == 0
+    done = torchrun(8, "examples/torch_ddp.py", "--plan", str(plan), timeout_s=240)
+    lines = re.findall(r"torch_ddp\.py: error: .*", done.stderr)
+    assert lines and set(lines) == {"torch_ddp.py: error: the plan all-reduces over tp, not over its dp axis; write "
+                                    "the plan with --reduce dp"}, launch_output(done)
+    assert "Gloo" not in done.stderr and "torch_ddp.py\", line" not in done.stderr, launch_output(done)
+    assert "exitcode: 2" in done.stderr, launch_output(done)
 
 
 # ---------------------------------------------------------------- parity with the mpiexec failure cases

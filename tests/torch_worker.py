@@ -573,6 +573,55 @@ def run_renumbered(plan_path: Path) -> int:
     return report(problems, f"renumbered: tp, dp groups are the plan's on {dist.get_world_size()} ranks")
 
 
+def run_synth_under_launch(plan_path: Path) -> int:
+    """Under ``synth-reduce launch`` (ranks renumbered): ``synth.torch``'s
+    device mesh and trainer mesh give each axis the plan's devices (gathered
+    ``SYNTH_DEVICE`` of the group's members, member order included); the
+    executor's all-reduce over the plan's group is exact; DDP on the plan's dp
+    group with the hook trains like default DDP; and the hook refuses a DDP
+    whose own process group is not the plan's even when registered with the
+    plan's group as its state."""
+    import os
+
+    from synth.plan import load_plan
+
+    device = int(os.environ["SYNTH_DEVICE"])
+    synth.torch.init_process_group()
+    plan = load_plan(plan_path)
+    problems = []
+
+    def want(axis: str) -> list[int]:
+        return next(list(map(int, row)) for row in Reduction.of(plan.placement, (axis,)).reduction_groups
+                    if device in row)
+
+    mesh = synth.torch.device_mesh(plan, "cpu")
+    trainer = synth.torch.trainer_mesh(plan, "cpu")
+    for axis in ("tp", "dp"):
+        for name, m in (("device_mesh", mesh), ("trainer_mesh", trainer)):
+            got = devices_of_group(m.get_group(axis), device)
+            if got != want(axis):
+                problems.append(f"device {device}: {name} {axis} group holds devices {got}, the plan's {want(axis)}")
+    data = torch.full((12,), float(device + 1))
+    synth.torch.Executor(plan)(data)
+    total = float(sum(d + 1 for d in want("dp")))
+    if not torch.all(data == total):
+        problems.append(f"device {device}: executor gave {data[0].item()}, the plan's dp sum is {total}")
+    dp = mesh.get_group("dp")
+    difference, _, _ = ddp_against_default(device, plan, dp, seed=3)
+    if difference > 1e-6:
+        problems.append(f"device {device}: DDP with the hook differs from default DDP by {difference}")
+    tp = mesh.get_group("tp")
+    wrong = DDP(model(5), process_group=tp)
+    wrong.register_comm_hook(dp, synth.torch.comm_hook(plan))  # the state is the plan's group, DDP's is not
+    try:
+        ((wrong(torch.ones(2, 32)) - 1) ** 2).mean().backward()
+        problems.append(f"device {device}: a DDP on the tp group ran the plan's dp hook")
+    except Exception as exc:  # DDP's reducer re-raises the hook's SynthError as a RuntimeError
+        if "DDP's process group spans ranks" not in str(exc):
+            problems.append(f"device {device}: the hook failed otherwise: {exc}")
+    return report(problems, "under launch: device_mesh, trainer_mesh, executor, hook on the plan's devices")
+
+
 def run_torchtitan(plan_path: Path) -> int:
     """Under ``synth-reduce launch``: torchtitan's own ParallelDims, given the
     degrees of ``export --format torchtitan``, builds its mesh from rank order
@@ -721,5 +770,5 @@ def run_kill(directory: Path) -> int:
 if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench,
-              "renumbered": run_renumbered, "torchtitan": run_torchtitan, "parity": run_parity,
+              "renumbered": run_renumbered, "synth_launch": run_synth_under_launch, "torchtitan": run_torchtitan, "parity": run_parity,
               "kill": run_kill, "pipelined": run_pipelined}[mode](where))

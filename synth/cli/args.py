@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from ..cost import ALGORITHMS, Model
 from ..cost.nccl_rules import NCCL_VERSION, RULES
@@ -120,3 +122,23 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def model_of(args: argparse.Namespace) -> Model:
     return Model.load(args.algo, args.profile, args.nccl_version)
+
+
+def compute_profile_argument(text: str) -> Any:
+    """``--compute-profile``: a compute profile file, or a shipped profile by
+    its name (``h100-sxm5-80gb``, as ``compute --device`` takes it) or by its
+    shipped path (``profiles/h100-sxm5-80gb.compute.json``, found wherever the
+    command runs). A path that exists is always that file."""
+    from ..planner.compute import load_compute_profile, shipped_operation_profiles
+    from ..resources import profiles_dir
+
+    if Path(text).exists():
+        return load_compute_profile(text)
+    name = Path(text).name.removesuffix(".compute.json")
+    for profile in shipped_operation_profiles():
+        if name.casefold() == profile.name.casefold():
+            return profile
+    shipped = profiles_dir() / Path(text).name
+    if Path(text).parent.name == "profiles" and shipped.exists():
+        return load_compute_profile(shipped)
+    return load_compute_profile(text)  # the file's own error (no such file ...)

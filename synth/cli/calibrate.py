@@ -77,6 +77,8 @@ def run(argv: Sequence[str]) -> int:
     else:
         measured: list[dict] = []
         grid = GPU_GRID if args.device == "cuda" else CPU_GRID
+        if args.device == "cuda":
+            _require_cuda()  # before saying what it measures
         print(f"calibrate: measuring on {args.device} ({len(grid.gemm_shapes())} GEMM shapes, "
               f"{len(grid.sequences) * len(grid.heads) * len(grid.batches)} attention shapes, "
               f"{4 * len(grid.elements)} elementwise passes)", file=sys.stderr, flush=True)
@@ -129,3 +131,14 @@ def _device_units(device: str) -> int:
     import torch
 
     return int(torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def _require_cuda() -> None:
+    """SynthError unless PyTorch sees a CUDA GPU (PyTorch missing: measure() says what to install)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        raise SynthError("calibrate: no CUDA GPU visible to PyTorch; run it on the GPU machine, or pass "
+                         "--device cpu to try the mechanics")

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "emulate": ("emulate", "run"),
     "export": ("export", "run"),
     "launch": ("launch", "run"),
+    "draw": ("draw", "run"),
 }
 
 # command -> what it does, one line for 'synth-reduce --help' (a test checks
@@ -37,6 +38,7 @@ SUMMARIES: dict[str, str] = {
     "emulate": "run a command on an emulated cluster of network namespaces on this machine (root)",
     "export": "write what trainers take from a plan: rank map, Megatron-LM arguments, torchtitan settings, JAX mesh",
     "launch": "run a training script under torchrun with its rank renumbered to the plan's (rank map)",
+    "draw": "draw a plan: each axis' groups on the hierarchy, its programs as steps on sub-groups (SVG, PNG)",
 }
 
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from ..errors import SynthError
-from ..planner.compute import load_compute_profile, shipped_profile_for
+from ..planner.compute import shipped_profile_for
 from ..planner.layercompute import Shard, layer_compute
 from ..planner.operations import OperationProfile
 from ..planner.transformer import load_model
 from ..units import MAX_COUNT, bounded_int, format_seconds
-from .args import Parser
+from .args import Parser, compute_profile_argument
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
 
 def profile_of(args: argparse.Namespace) -> OperationProfile:
     if args.compute_profile:
-        profile = load_compute_profile(args.compute_profile)
+        profile = compute_profile_argument(args.compute_profile)
         if not isinstance(profile, OperationProfile):
             raise SynthError(f"--compute-profile {args.compute_profile}: an efficiency curve (version 1) has no "
                              "operations; give a per-operation profile (version 2, synth-reduce calibrate)")

@@ -5,7 +5,9 @@ forming groups from rank order (Megatron-LM, torchtitan) forms the plan's.
     torchrun --nnodes N --nproc-per-node P --node-rank I -m synth.cli launch job.json -- pretrain_gpt.py ...
     torchrun --nproc-per-node 8 -m synth.cli launch plan.json --order tp-dp-pp -- -m my.trainer ...
 
-Node rank = the plan's node index, as for every launch of a plan. The process
+Node rank = the plan's node index, as for every launch of a plan; a launch of
+another shape than the plan's nodes x devices per node is refused (every rank on
+one host passes: a test). The process
 on device ``d`` (torchrun's rank) gets ``RANK = rank_of_device[d]``
 (:func:`synth.export.rank_map.launch_environment`), then the script runs in
 this process as ``__main__`` (``-m MODULE`` runs a module). Nothing of torch
@@ -19,8 +21,10 @@ import runpy
 import sys
 from typing import Sequence
 
+from ..errors import SynthError
 from ..export.rank_map import launch_environment, parse_order, rank_map
 from ..plan import load_plan
+from ..runtime.meshes import launch_shape_problem
 from .args import Parser
 
 
@@ -38,6 +42,9 @@ def run(argv: Sequence[str]) -> int:
     if not script or script == ["-m"]:
         p.error("give the script after --, e.g. synth-reduce launch plan.json -- train.py --steps 10")
     plan = load_plan(args.plan)
+    shape = launch_shape_problem(plan.placement.topology, os.environ)
+    if shape is not None:
+        raise SynthError(shape)
     axes = [a.name for a in plan.placement.axes]
     ranks = rank_map(plan.placement, parse_order(args.order, axes) if args.order else None)
     os.environ.update(launch_environment(ranks, os.environ))

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ..documents import check_writable
 from ..errors import SynthError
 from ..plan import write_plan
-from ..planner.compute import DEFAULT_COMPUTE, ComputeModel, load_compute_profile
+from ..planner.compute import DEFAULT_COMPUTE, ComputeModel
 from ..planner.operations import OperationProfile
 from ..planner.schedules import SCHEDULE_CHOICES
 from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
@@ -24,7 +24,7 @@ from ..synthesis.placement import parse_axis_ranges
 from ..synthesis.problem import MAX_STEPS_DEFAULT
 from ..topology import load_topology, parse_device, parse_scale
 from ..units import MAX_COUNT, bounded_int, format_seconds, format_size
-from .args import Parser, add_model_arguments, model_of
+from .args import Parser, add_model_arguments, compute_profile_argument, model_of
 from .plan_plot import plot_plan, pyplot
 
 
@@ -92,8 +92,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the device's memory and dense peak (default: the topology's 'device')")
     p.add_argument("--compute-profile", metavar="COMPUTE.json",
                    help="compute profile: per-operation (version 2: synth-reduce calibrate) or the efficiency curve "
-                        "(version 1: synth-reduce fit on step records); default: the shipped per-operation profile "
-                        "of the device (profiles/), else the curve fitted on A100 steps")
+                        "(version 1: synth-reduce fit on step records), or a shipped one by name (h100-sxm5-80gb); "
+                        "default: the shipped per-operation profile of the device (profiles/), else the curve "
+                        "fitted on A100 steps")
     add_model_arguments(p)
     p.add_argument("--max-steps", type=int, default=MAX_STEPS_DEFAULT, help="longest reduction program searched")
     p.add_argument("--top", type=int, default=10, metavar="K",
@@ -169,7 +170,7 @@ def request_of(args: argparse.Namespace) -> JobRequest:
                         args.cross_entropy)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
-    compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device
+    compute = compute_profile_argument(args.compute_profile) if args.compute_profile else None  # None: by device
     axes = args.axes if args.axes is not None else ("tp,ep,dp,pp" if model.moe else "tp,dp,pp")
     return JobRequest(topology, device, model, training, parse_axis_ranges(axes),
                       _micro_batches(args.micro_batch), tuple(args.constrain), args.max_steps, model_of(args),
@@ -190,8 +191,8 @@ def run(argv: Sequence[str]) -> int:
     request = request_of(args)
     progress = _Progress()
     solution = plan_job(request, progress=progress)
-    if args.out:
-        _ = solution.best  # no configuration fits: fail before proving anything
+    if args.out and not solution.feasible:
+        raise SynthError(no_fit_message(solution))  # fail before proving anything
     listed = solution.candidates[: args.top]
     if not args.no_verify:
         for n, candidate in enumerate(listed):
@@ -214,7 +215,39 @@ def run(argv: Sequence[str]) -> int:
         print_table(solution, listed)
         if args.out:
             print(f"\nwrote job plan: {solution.best.config.describe()} -> {args.out}")
+    if not solution.feasible:  # listed, marked, and an error as with --out
+        raise SynthError(no_fit_message(solution))
     return 0
+
+
+PROGRAMS_WIDTH = 100  # a row's programs past this many columns continue on lines of their own
+
+
+def _with_programs(row: str, programs: list[str], mark: str, column: int) -> str:
+    """``row`` followed by its programs (joined by `` | ``) and ``mark``; when
+    they run past :data:`PROGRAMS_WIDTH` columns, one program per line, each
+    continuation indented to the programs' column."""
+    text = " | ".join(programs) + mark
+    if len(text) <= PROGRAMS_WIDTH or len(programs) == 1:
+        return row + text
+    lines = [row + programs[0]] + [" " * column + p for p in programs[1:]]
+    return "\n".join(lines) + mark
+
+
+def no_fit_message(solution: JobSolution) -> str:
+    """The planner's error when no configuration fits, with ``--stages
+    uneven`` suggested where size assignments were refused because pp does
+    not divide the layers and the stages are even."""
+    try:
+        _ = solution.best
+        return ""
+    except SynthError as exc:
+        message = str(exc)
+    refused = sum(count for reason, count in solution.skipped if reason.startswith("pp does not divide"))
+    if refused and solution.request.stages == "even" and "--stages uneven" not in message:
+        message += (f"; {refused} size assignment(s) were not evaluated because pp does not divide the layers: "
+                    "--stages uneven evaluates them")
+    return message
 
 
 # ---------------------------------------------------------------- JSON
@@ -304,7 +337,8 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     t = r.training
     print(r.model.describe())
     levels = " > ".join(f"{lv.name} x{lv.count}" for lv in r.topology.levels)
-    print(f"topology {r.topology.name}: {levels} ({r.topology.num_devices} devices of {r.device.name}: "
+    named = "" if r.device.name == "device" else f" {r.device.name}:"  # --device without a name= field
+    print(f"topology {r.topology.name}: {levels} ({r.topology.num_devices} devices of{named} "
           f"{r.device.memory_GiB:g} GiB, {r.device.peak_TFLOPs:g} TFLOP/s peak)")
     schedule = f"schedule {r.schedule}" + (f" (v={r.virtual_stages})" if r.virtual_stages else "")
     print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {r.recompute_text}, "
@@ -325,32 +359,34 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     optimizer = isinstance(r.compute, OperationProfile)  # the curve folds the optimizer step into compute
     experts = any(a.name == "ep" for a in r.axes)
     context = any(a.name == "cp" for a in r.axes)
+    width = max([26, *(len(c.placement.matrix_text()) for c in listed)])  # MoE matrices are longer
     header = (f"{'rank':>4} {'tp':>3} " + (f"{'cp':>3} " if context else "") + (f"{'ep':>3} " if experts else "")
-              + f"{'dp':>4} {'pp':>3} {'mb':>3}  {'matrix':<26} {'step':>9} {'compute':>9} {'bubble':>9} {'tp':>9} "
+              + f"{'dp':>4} {'pp':>3} {'mb':>3}  {'matrix':<{width}} {'step':>9} {'compute':>9} {'bubble':>9} {'tp':>9} "
               + (f"{'cp':>9} " if context else "") + (f"{'ep':>9} " if experts else "")
               + f"{'pp':>9} {'dp':>9} " + (f"{'optim':>9} " if optimizer else "") + f"{'mem':>7} {'TFLOP/s':>7}  programs")
     print(header)
     print("-" * len(header))
     for n, c in enumerate(listed):
         b = c.step
-        mark = "" if c.feasible else " (does not fit)"
+        fits = "" if c.feasible else "(does not fit) "  # before the programs, where a reader sees it
+        mark = ""
         if c.config.stage_layers:
             mark += f" (layers per stage {describe_layers(c.config.stage_layers)})"
         if c.config.pp > 1 and r.schedule != "1f1b":
             mark += f" ({c.config.schedule.describe(c.config.virtual_stages)})"
         if r.recompute_search:
             mark += f" (recompute {c.training.recompute.value})"
-        programs = " | ".join(f"{axis}: {text}" for axis, text in c.program_texts().items()) or "-"
-        print(f"{n + 1:>4} {c.config.tp:>3} " + (f"{c.config.cp:>3} " if context else "")
+        programs = [f"{axis}: {text}" for axis, text in c.program_texts().items()] or ["-"]
+        row = (f"{n + 1:>4} {c.config.tp:>3} " + (f"{c.config.cp:>3} " if context else "")
               + (f"{c.config.ep:>3} " if experts else "")
               + f"{c.config.dp:>4} {c.config.pp:>3} {c.config.micro_batch:>3}  "
-              f"{c.placement.matrix_text():<26} {format_seconds(b.total_s):>9} {format_seconds(b.compute_s):>9} "
+              f"{c.placement.matrix_text():<{width}} {format_seconds(b.total_s):>9} {format_seconds(b.compute_s):>9} "
               f"{format_seconds(b.bubble_s):>9} {format_seconds(b.tp_s):>9} "
               + (f"{format_seconds(b.cp_s):>9} " if context else "")
               + (f"{format_seconds(b.ep_s):>9} " if experts else "") + f"{format_seconds(b.pp_s):>9} "
               f"{format_seconds(b.dp_s):>9} " + (f"{format_seconds(b.optimizer_s):>9} " if optimizer else "")
-              + f"{_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  "
-              f"{programs}{mark}")
+              + f"{_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  {fits}")
+        print(_with_programs(row, programs, mark, len(header) - len("programs")))
     if feasible and solution.best.step.bucket_bytes:
         print(f"\nbest: DP bucket {format_size(solution.best.step.bucket_bytes)}")
     infeasible = [c for c in solution.candidates if not c.feasible]

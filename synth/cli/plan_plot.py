@@ -25,7 +25,7 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise SynthError("plan --plot needs matplotlib: pip install 'synth-reduce[plots]'") from None
+        raise SynthError("plan --plot needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

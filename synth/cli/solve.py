@@ -484,7 +484,8 @@ def print_sizes_table(solution: SizesSolution) -> None:
               + ", ".join(" ".join(f"{a.name}={a.size}" for a in axes) for axes in solution.skipped))
     print(f"\nbest placement per size assignment; matrix rows are axes, columns are levels "
           f"({' '.join(topology.level_names)})")
-    header = (f"{'rank':>4}  {'sizes':<18} {'placements':>10}  {'best matrix':<22} {'reduction crosses':<22} "
+    width = _width("best matrix", [s.best.placement.matrix_text() for s in solutions])
+    header = (f"{'rank':>4}  {'sizes':<18} {'placements':>10}  {'best matrix':<{width}} {'reduction crosses':<22} "
               f"{'default':>11} {'best':>11} {'speedup':>7}  best program")
     print(header)
     print("-" * len(header))
@@ -493,9 +494,34 @@ def print_sizes_table(solution: SizesSolution) -> None:
         sizes = " ".join(f"{a.name}={a.size}" for a in s.problem.axes)
         crosses = best.hierarchy.describe() if best.hierarchy.names else "(nothing: k=1)"
         program = (format_program(best.programs[0].program, " ; ") or "(nothing to do)") if best.programs else "-"
-        print(f"{n + 1:>4}  {sizes:<18} {len(s.placements):>10}  {best.placement.matrix_text():<22} {crosses:<22} "
+        print(f"{n + 1:>4}  {sizes:<18} {len(s.placements):>10}  {best.placement.matrix_text():<{width}} {crosses:<22} "
               f"{format_seconds(best.default_s):>11} "
               f"{format_seconds(best.best_s) if best.num_programs else '-':>11} {best.speedup:>6.2f}x  {program}")
+    outside = _spread_others(solutions)
+    if outside:
+        axis, level = outside
+        print(f"\nthe best matrices are chosen for the {','.join(problem.reduce_axes)} reduction alone: some put {axis} "
+              f"across {level}s, where {axis}'s own traffic is not priced; keep it inside with --constrain "
+              f"{axis}@{level}=1, or plan the whole job with synth-reduce plan")
+
+
+def _spread_others(solutions: Sequence[Solution]) -> tuple[str, str] | None:
+    """(axis, outermost level) when a listed best matrix spreads an axis that
+    is not reduced over the outermost level although another placement of
+    that assignment keeps it inside; None otherwise. Not for an axis a
+    constraint places (the user chose) nor for ``pp``, whose point-to-point
+    traffic is what goes across nodes by design."""
+    for s in solutions:
+        best, reduced = s.best, set(s.problem.reduce_axes)
+        placed = {c.axis for c in s.problem.constraints}
+        if best.reduction.k == 1:
+            continue
+        for a, axis in enumerate(best.placement.axes):
+            if axis.name in reduced | placed | {"pp"} or best.placement.matrix[a][0] == 1:
+                continue
+            if any(p.placement.matrix[a][0] == 1 for p in s.placements):
+                return axis.name, best.placement.topology.level_names[0]
+    return None
 
 
 # ---------------------------------------------------------------- workload

@@ -11,7 +11,8 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   ``--pipeline-model-parallel-size``, and ``--context-parallel-size`` /
   ``--expert-model-parallel-size`` where the plan has those axes;
 * from a job plan: the model's shape (``--num-layers``, ``--hidden-size``,
-  ``--ffn-hidden-size``, ``--num-attention-heads``, ``--group-query-attention``
+  ``--ffn-hidden-size``, ``--num-attention-heads``, ``--kv-channels`` (the
+  head width, where it is not hidden / heads), ``--group-query-attention``
   with ``--num-query-groups``, the layer the planner counts (``--swiglu`` or
   ``--squared-relu``, ``--normalization RMSNorm``, ``--position-embedding-type
   rope``, ``--disable-bias-linear``; a ReLU MLP is refused; for a model with
@@ -24,8 +25,8 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   recomputation (``--recompute-granularity selective``, or ``full`` with
   ``--recompute-method uniform --recompute-num-layers 1``), interleaving
   (``--num-layers-per-virtual-pipeline-stage``), the optimizer sharding
-  (``--use-distributed-optimizer`` for ZeRO-1, ``--use-torch-fsdp2`` for
-  ZeRO-3), ``--overlap-grad-reduce`` and the DP bucket
+  (``--use-distributed-optimizer`` for ZeRO-1, ``--use-torch-fsdp2`` with
+  ``--no-gradient-accumulation-fusion`` for ZeRO-3 of an untied model without pp or ep), ``--overlap-grad-reduce`` and the DP bucket
   (``--ddp-bucket-size``, in gradient elements: the planner's bucket bytes over
   the bytes of the training dtype).
 
@@ -113,11 +114,14 @@ def _experts(model: dict[str, Any]) -> list[str]:
     return args
 
 
-def _job(job: TrainerJob, pp: int) -> list[str]:
+def _job(job: TrainerJob, pp: int, ep: int = 1) -> list[str]:
     model = job.model
     layers, hidden, heads = model["layers"], model["hidden"], model["heads"]
     args = ["--num-layers", str(layers), "--hidden-size", str(hidden), "--num-attention-heads", str(heads),
             "--seq-length", str(model["seq"]), "--max-position-embeddings", str(model["seq"])]
+    head_dim = model.get("head_dim") or hidden // heads
+    if hidden % heads or head_dim != hidden // heads:  # Megatron-LM takes hidden / heads only when it divides
+        args += ["--kv-channels", str(head_dim)]
     if isinstance(model.get("ffn"), int):
         args += ["--ffn-hidden-size", str(model["ffn"])]
     kv = model.get("kv_heads")
@@ -168,7 +172,14 @@ def _job(job: TrainerJob, pp: int) -> list[str]:
     if job.sharding == "zero1":
         args += ["--use-distributed-optimizer"]
     elif job.sharding == "zero3":
-        args += ["--use-torch-fsdp2"]
+        if model.get("tied_embeddings", True):
+            raise SynthError("plan: Megatron-LM's --use-torch-fsdp2 (ZeRO-3) needs untied embeddings "
+                             "(--untie-embeddings-and-output-weights) and this model ties them; plan with --sharding "
+                             "zero1, or export --format torchtitan")
+        if pp > 1 or ep > 1:
+            raise SynthError("plan: Megatron-LM's --use-torch-fsdp2 (ZeRO-3) runs without pipeline and expert "
+                             "parallelism; plan with --sharding zero1, or export --format torchtitan")
+        args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]  # FSDP2 refuses the fusion
     if job.overlap_dp:
         args += ["--overlap-grad-reduce"]
     if job.bucket_bytes is not None:
@@ -185,7 +196,7 @@ def megatron_export(plan: Plan, axis_names: dict[str, str] | None = None) -> Meg
     args = _sizes(ranks)
     job = trainer_job(plan)
     if job is not None:
-        args += _job(job, ranks.size("pp"))
+        args += _job(job, ranks.size("pp"), ranks.size("ep"))
     return MegatronExport(tuple(args), ranks)
 
 

@@ -24,9 +24,9 @@ made with ``--tp-overlap`` turns on ``enable_async_tensor_parallel``
 model converter (``[model] converters``), which swaps the linear layers for
 FP8 ones.
 
-Output: the TOML ``[parallelism]`` (and ``[activation_checkpoint]``) tables of
-torchtitan's job files, and the same settings as the command-line overrides
-torchtitan 0.3 takes (``--parallelism.tensor_parallel_degree 4`` ...).
+Output: the command line torchtitan 0.3's ``ConfigManager`` parses
+(``--parallelism.tensor_parallel_degree 4 ... activation-checkpoint:selective``),
+then the same settings as the TOML tables of the releases that read job files.
 """
 
 from __future__ import annotations
@@ -54,20 +54,40 @@ class TorchtitanExport:
     converters: tuple[str, ...] = ()  # torchtitan's model converters: float8 for a plan made with --dtype fp8
 
     def overrides(self) -> list[str]:
-        """The settings as torchtitan 0.3's command-line overrides."""
+        """The settings as torchtitan 0.3's command line (its ``ConfigManager``,
+        tyro): ``--parallelism.KEY VALUE`` (a switch alone when on), async
+        tensor parallelism as ``--compile.enable
+        --compile.enable_async_tensor_parallel`` (torchtitan applies it under
+        ``torch.compile`` only), ``--training.disable_cuda_graphs`` with
+        pipeline parallelism (torchtitan's CUDA graphs do not run pipelines),
+        and the activation checkpointing last, as its subcommand
+        ``activation-checkpoint:MODE``. The FP8 converter is not a command-line
+        setting in 0.3 (it is part of the model's config): see :meth:`notes`."""
         args = []
         for key, value in self.parallelism.items():
-            if isinstance(value, bool):  # a switch: given alone when on
+            if key == "enable_async_tensor_parallel":
+                args += ["--compile.enable", "--compile.enable_async_tensor_parallel"] if value else []
+            elif isinstance(value, bool):  # a switch: given alone when on
                 args += [f"--parallelism.{key}"] if value else []
             else:
                 args += [f"--parallelism.{key}", str(value)]
+        if int(self.parallelism.get("pipeline_parallel_degree", 1)) > 1:
+            args += ["--training.disable_cuda_graphs"]
         if self.activation_checkpoint is not None:
-            args += ["--activation_checkpoint.mode", self.activation_checkpoint]
-        if self.converters:
-            args += ["--model.converters", ",".join(self.converters)]
+            args += [f"activation-checkpoint:{self.activation_checkpoint}"]
         return args
 
+    def notes(self) -> list[str]:
+        """What the command line cannot say: the FP8 model converter."""
+        if "float8" in self.converters:
+            return ["fp8: torchtitan 0.3 takes its float8 converter from the model's config (a config function whose "
+                    "model_spec has Float8LinearConverter, as its *_float8 configs do), not from the command line"]
+        return []
+
     def toml(self) -> str:
+        """The job-file tables of the torchtitan releases that read TOML job
+        files (before 0.3; torchtitan 0.3 reads none): ``[parallelism]``,
+        ``[activation_checkpoint]`` and ``[model] converters``."""
         lines = ["[parallelism]"] + [f"{key} = {_toml_value(value)}" for key, value in self.parallelism.items()]
         if self.activation_checkpoint is not None:
             lines += ["", "[activation_checkpoint]", f'mode = "{self.activation_checkpoint}"']
@@ -80,7 +100,7 @@ class TorchtitanExport:
     def to_dict(self) -> dict[str, Any]:
         return {"format": "torchtitan", "parallelism": dict(self.parallelism),
                 "activation_checkpoint": self.activation_checkpoint, "converters": list(self.converters),
-                "overrides": self.overrides(),
+                "overrides": self.overrides(), "notes": self.notes(),
                 "renumbering_needed": not self.ranks.is_identity, "rank_map": self.ranks.to_dict()}
 
 
@@ -153,11 +173,15 @@ def _schedule(job: TrainerJob) -> str:
 
 
 def torchtitan_text(export: TorchtitanExport, plan_path: str, launch: str) -> str:
-    """The TOML tables, their command-line form and how to launch
-    (``launch``: :func:`~synth.export.rank_map.launch_command`)."""
+    """torchtitan 0.3's command-line overrides (after its ``--module`` and
+    ``--config``), then the TOML tables for releases that read job files, and
+    how to launch (``launch``: :func:`~synth.export.rank_map.launch_command`)."""
     ranks = export.ranks
-    lines = [f"# torchtitan settings from {plan_path} (job file tables; torchtitan 0.3 takes the same as "
-             "command-line overrides:", "#   " + " ".join(export.overrides()) + ")", export.toml().rstrip()]
+    lines = [f"# torchtitan settings from {plan_path}: torchtitan 0.3's command line (after --module M --config C)",
+             " ".join(export.overrides())]
+    lines += [f"# {note}" for note in export.notes()]
+    lines += ["# the same as job-file tables, for torchtitan releases that read TOML job files (before 0.3):"]
+    lines += ["#   " + line if line else "#" for line in export.toml().rstrip().split("\n")]
     if ranks.is_identity:
         lines.append("# torchrun's ranks already form the plan's groups (no renumbering)")
     else:

@@ -151,6 +151,7 @@ class Transformer:
     positions: str = "learned"
     tied_embeddings: bool = True
     moe: MoE | None = None  # None: every layer dense
+    head_dim: int | None = None  # the model file's head_dim where it gives one (None: hidden / heads)
     params_stated: int | None = None  # the count the source states (informative)
     source: str = ""
     source_inconsistency: str | None = None
@@ -166,6 +167,13 @@ class Transformer:
     def norm_params(self) -> int:
         """One norm's parameters: weight and bias (LayerNorm) or weight (RMSNorm)."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    @property
+    def head_dimension(self) -> int:
+        """One attention head's width: the model file's ``head_dim``, else
+        hidden / heads (the attention core's shapes; the projections keep the
+        hidden width)."""
+        return self.head_dim or self.hidden // self.heads
 
     @property
     def kv_dim(self) -> int:
@@ -434,7 +442,8 @@ class Transformer:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.ffn, "kv_heads": self.kv_heads,
                 "mlp": self.mlp, "gated_mlp": self.gated_mlp, "biases": self.biases, "norm": self.norm,
-                "positions": self.positions, "tied_embeddings": self.tied_embeddings, "parameters": self.parameters,
+                "positions": self.positions, "tied_embeddings": self.tied_embeddings, "head_dim": self.head_dimension,
+                "parameters": self.parameters,
                 **({"moe": self.moe.to_dict(), "active_parameters": self.active_parameters} if self.moe else {})}
 
 
@@ -521,7 +530,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         biases=bool(data.get("biases", defaults["biases"])),
         norm=str(data.get("norm", defaults["norm"])),
         positions=str(data.get("positions", defaults["positions"])),
-        tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe,
+        tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe, head_dim=data.get("head_dim"),
         params_stated=data.get("params"), source=str(data.get("source", "")),
         source_inconsistency=data.get("source_inconsistency"),
     )

@@ -638,6 +638,9 @@ def _bench(request: BenchRequest, world: World, capture: Capture | None = None,
                     _collectively(world, lambda: append_records(request.jsonl, [record]) if world.rank == 0
                                   else None)
     _print_speedups(timings, sizes)
+    if request.jsonl:
+        written = sum(1 for m in timings if not m.candidate.label.endswith(PIPELINED_MARK))
+        print(f"#\n# wrote {written} measurement record(s) to {request.jsonl} (appended; synth-reduce fit reads them)")
     if request.tune:
         _write_tuned(request, world, timings, sizes)
     return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -118,3 +119,22 @@ def launch_problem(topology: Topology, hosts: list[str], launch: str) -> str | N
             return f"ranks {ranks[0]}..{ranks[-1]} of plan node {n} must share one host but run on several " \
                    f"(ranks {where}); {launch}"
     return None
+
+
+def launch_shape_problem(topology: Topology, environ: dict[str, str] | Any) -> str | None:
+    """Why torchrun's launch (``WORLD_SIZE`` ranks, ``LOCAL_WORLD_SIZE`` per
+    host) does not have the plan's shape (its nodes x devices per node), or
+    None: a plan made for another topology of the same world size is refused
+    before anything runs. The same on every rank (torchrun gives every rank
+    the same sizes). Every rank on one host (a test of a multi-node plan on
+    one machine) and a launch that does not give the sizes pass."""
+    try:
+        world, local = int(environ["WORLD_SIZE"]), int(environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    per_node, devices = devices_per_node(topology), topology.num_devices
+    if world == local or (world == devices and local == per_node):
+        return None
+    return (f"the plan is for {devices // per_node} node(s) x {per_node} devices ({topology.name}) but torchrun "
+            f"launched {world // max(local, 1)} node(s) x {local} ranks: plan for this cluster (--topology, "
+            f"--scale), or launch with --nproc-per-node {per_node} on {devices // per_node} node(s)")

@@ -165,10 +165,33 @@ def _new_group(ranks: Group) -> Any:
     return dist.new_group(list(ranks), sort_ranks=False)
 
 
+def _devices_of_ranks(torch_rank: int, size: int) -> tuple[int, ...]:
+    """``device_of_rank``: every rank's ``SYNTH_DEVICE`` (its torch rank where
+    unset), gathered; the same SynthError on every rank unless they are a
+    permutation of the devices (collective)."""
+    text = os.environ.get("SYNTH_DEVICE")
+    mine = int(text) if text is not None and text.strip().isdigit() else (torch_rank if text is None else -1)
+    out: list[Any] = [None] * size
+    dist.all_gather_object(out, mine)
+    if sorted(out) != list(range(size)):
+        raise SynthError(f"the ranks' SYNTH_DEVICE values {out} are not the devices 0..{size - 1} once each: start "
+                         "every rank through synth-reduce launch (or synth.torch.launch_rank) with one plan, or none")
+    return tuple(int(d) for d in out)
+
+
 class TorchWorld(World):
     """This process's rank of torch.distributed's default process group. Its
     collectives run on CUDA tensors of the current device when the group has
-    NCCL and CUDA is available, else on CPU tensors (gloo)."""
+    NCCL and CUDA is available, else on CPU tensors (gloo).
+
+    Ranks are the plan's device ids: under a renumbered launch (``synth-reduce
+    launch`` or :func:`synth.torch.launch_rank`, which set ``SYNTH_DEVICE``)
+    torch rank ``r`` runs device ``device_of_rank[r]``, and this world
+    translates: :attr:`rank` is this process's device, groups are given and
+    :meth:`allgather` answers in device ids, and the process groups it makes
+    hold the devices' torch ranks (:attr:`rank_of_device`). Without a
+    renumbering the two numberings are one. Making it is collective (the
+    ranks exchange their devices)."""
 
     name = "torch"
     launcher = "torchrun --nproc-per-node {ranks}"
@@ -181,7 +204,10 @@ class TorchWorld(World):
             raise SynthError("torch.distributed is not initialized: call torch.distributed.init_process_group() "
                              "(or synth.torch.init_process_group()) first, in a process started by torchrun")
         self.pg = dist.group.WORLD
-        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.torch_rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.device_of_rank = _devices_of_ranks(self.torch_rank, self.size)
+        self.rank_of_device = tuple(int(r) for r in np.argsort(self.device_of_rank))
+        self.rank = self.device_of_rank[self.torch_rank]
         backend = str(dist.get_backend()).lower()
         self.library = "nccl" if "nccl" in backend and torch.cuda.is_available() else backend.split(":")[-1]
         if self.library == "nccl":
@@ -199,16 +225,24 @@ class TorchWorld(World):
         return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
     def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's object, indexed by device id."""
         out: list[Any] = [None] * self.size
         dist.all_gather_object(out, obj)
-        return out
+        return [out[r] for r in self.rank_of_device]
+
+    def torch_ranks(self, devices: Sequence[int]) -> tuple[int, ...]:
+        """The torch ranks running ``devices``."""
+        return tuple(self.rank_of_device[d] for d in devices)
 
     def split(self, groups: Sequence[Group]) -> _TorchComm | None:
+        """One process group per group of device ids (member ``i`` = the
+        group's ``i``-th device), created in the same order on every rank."""
         mine = None
         for group in groups:  # every rank creates every group, in the same order
-            pg = _new_group(group)
+            ranks = self.torch_ranks(group)
+            pg = _new_group(ranks)
             if self.rank in group:
-                mine = _TorchComm(group, pg, group.index(self.rank))
+                mine = _TorchComm(ranks, pg, group.index(self.rank))
         return mine
 
     def barrier(self) -> None:
