@@ -27,7 +27,7 @@ RULES = {
     r"\b20\d\d-[01]\d-[0-3]\d\b": "a dated entry",
     rf"\b{ORDINALS} round\b|\bround \d+\b": "a round of work",
     rf"\b{ORDINALS} session\b|\b(?:a|the|this|that) session\b": "a session of work",
-    r"\b[Ii]ssues? #?\d+|#\d{2,}\b": "an issue number",
+    r"\b[Ii]ssues? #?\d+|(?<![\"'])#\d{2,}\b": "an issue number",  # not a colour such as "#777777"
     r"\bitems? \d+\b": "a numbered item of an issue",
     r"\b[Cc]ommits? `?[0-9a-f]{7,40}\b|\b(?:at|before|after|since) `?[0-9a-f]{7,12}`?(?=[\s),.;:]|$)":
         "a commit hash",
