@@ -32,10 +32,9 @@ from .semantics import (
     NO_CHANGE,
     Goal,
     Hierarchy,
-    StateSpace,
     resolve,
-    state_space,
 )
+from .statespace import StateSpace, state_space
 
 Runs = tuple[tuple[int, int], ...]  # a chunk list as [first, stop) runs, in order
 

@@ -2,7 +2,7 @@
 
 Many prefixes reach the same state, so the search is a breadth-first walk of
 the state graph (each distinct state is expanded once, through a
-:class:`~synth.synthesis.semantics.StateSpace`) that records, per depth, the edges
+:class:`~synth.synthesis.statespace.StateSpace`) that records, per depth, the edges
 reaching each state: a layered graph. The programs are the paths of length
 ``<= max_steps`` from the initial state to the goal state in it. A program is
 valid when each of its steps is valid in the state it meets and the last state
@@ -32,15 +32,8 @@ from ..errors import SynthError
 from .language import Collective, Instruction, Program
 from .placement import Placement
 from .reduction import Reduction
-from .semantics import (
-    Goal,
-    Hierarchy,
-    Loads,
-    StateKey,
-    distinct_groupings,
-    final_collectives,
-    state_space,
-)
+from .semantics import Goal, Hierarchy, Loads, distinct_groupings, final_collectives
+from .statespace import StateKey, state_space
 
 #: (previous state, instruction index, chunks moved per group) of one edge
 Edge = tuple[int, int, Loads]
