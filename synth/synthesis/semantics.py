@@ -428,11 +428,11 @@ def held_runs(s: DeviceState) -> HeldRuns:
     return tuple(out)
 
 
-def _held_count(held: HeldRuns) -> int:
+def held_count(held: HeldRuns) -> int:
     return sum(b - a for a, b in held)
 
 
-def _within(small: HeldRuns, big: HeldRuns) -> bool:
+def runs_within(small: HeldRuns, big: HeldRuns) -> bool:
     """Every chunk of ``small`` is in ``big`` (runs are merged, so each run of
     ``small`` lies inside one run of ``big``)."""
     j = 0
@@ -444,7 +444,7 @@ def _within(small: HeldRuns, big: HeldRuns) -> bool:
     return True
 
 
-def _union_count(helds: Sequence[HeldRuns]) -> int:
+def union_count(helds: Sequence[HeldRuns]) -> int:
     """How many chunks the union of ``helds`` holds."""
     total, reach = 0, 0
     for a, b in sorted(run for held in helds for run in held):
@@ -456,21 +456,21 @@ def _union_count(helds: Sequence[HeldRuns]) -> int:
 
 def shape_bits(held: Sequence[HeldRuns], size: int) -> int:
     """The collectives (bit ``i`` = the ``i``-th of :class:`Collective`) that
-    pass :func:`_shape_reason` on ``held`` and ``size``: the same checks, each
+    pass :func:`shape_reason` on ``held`` and ``size``: the same checks, each
     quantity computed once for the five."""
     root = held[0]
-    count = _held_count(root)
+    count = held_count(root)
     bits = 0
     if root and all(h == root for h in held):
         bits |= SUMMING if count % size == 0 else SUMMING & ~(1 << BIT[Collective.REDUCESCATTER])
-    if root and all(_within(h, root) for h in held):
+    if root and all(runs_within(h, root) for h in held):
         bits |= BROADCASTING
-    if all(_held_count(h) == count for h in held) and _union_count(held) == count * size:
+    if all(held_count(h) == count for h in held) and union_count(held) == count * size:
         bits |= COUNT_FREE  # AllGather
     return bits
 
 
-def _shape_reason(collective: Collective, held: Sequence[HeldRuns], size: int) -> str | None:
+def shape_reason(collective: Collective, held: Sequence[HeldRuns], size: int) -> str | None:
     """Why the collective cannot run on a group of ``size`` members holding the
     chunks ``held`` (:func:`held_runs`, root first; members that hold the same
     state may be given once), judged without their contributors, or None.
@@ -479,23 +479,23 @@ def _shape_reason(collective: Collective, held: Sequence[HeldRuns], size: int) -
     is ``k`` bits, and groups of ``k`` members would cost ``k**2``."""
     root = held[0]
     if collective is Collective.ALLGATHER:
-        count = _held_count(root)
-        if any(_held_count(h) != count for h in held):
+        count = held_count(root)
+        if any(held_count(h) != count for h in held):
             return "members hold different numbers of chunks"
-        if _union_count(held) != count * size:  # a state given once for several members overlaps itself
+        if union_count(held) != count * size:  # a state given once for several members overlaps itself
             return "members hold overlapping chunks"
         return None
     if collective is Collective.BROADCAST:
         if not root:
             return "the root holds no data"
-        if not all(_within(h, root) for h in held):
+        if not all(runs_within(h, root) for h in held):
             return "a member holds data the root does not contain"
         return None
     if any(h != root for h in held):
         return "members hold different chunks"
     if not root:
         return "a member holds no data"
-    count = _held_count(root)
+    count = held_count(root)
     if collective is Collective.REDUCESCATTER and count % size:
         return f"{count} held chunks do not split evenly into {size} parts"
     return None
@@ -515,11 +515,11 @@ def profile_reason(collective: Collective, members: Sequence[tuple[Profile, int]
                     held: Sequence[HeldRuns] | None = None) -> str | None:
     """Why the collective cannot run on a group of ``size`` members, judged on
     their profiles alone, or None. ``members`` are ``(profile, how many members
-    have it)``, root first. First which chunks are held (:func:`_shape_reason`),
+    have it)``, root first. First which chunks are held (:func:`shape_reason`),
     then how many contributors they carry (:func:`count_reason`).
     :func:`apply_collective` checks this before looking at any mask, so these
     are its reasons too."""
-    reason = _shape_reason(collective, [held_runs(p) for p, _ in members] if held is None else held, size)
+    reason = shape_reason(collective, [held_runs(p) for p, _ in members] if held is None else held, size)
     return reason if reason is not None else count_reason(collective, members)
 
 

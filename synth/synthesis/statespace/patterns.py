@@ -130,7 +130,7 @@ def _tally(labels: np.ndarray) -> tuple[tuple[int, int], ...]:
     return tuple(zip(distinct.tolist(), counts.tolist()))
 
 
-def _tallied(values: Sequence[int], tally: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+def tallied(values: Sequence[int], tally: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """A class's :meth:`_Pattern.tallies` entry through the state's distinct
     ``values`` (profile ids): each distinct value and how many members hold
     it, in first-occurrence order (distinct ids of equal value add up)."""
@@ -211,7 +211,7 @@ class PatternSteps:
             else:  # large groups: each class's profiles counted from its members' distinct ids (a few)
                 ok, m = wanted & hope, self._size[g]
                 for tally in pattern.tallies(g):
-                    ok &= self._passes_counted(_tallied(profiles, tally), m)
+                    ok &= self._passes_counted(tallied(profiles, tally), m)
                     if not ok:
                         break
             if not ok:
