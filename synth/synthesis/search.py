@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..blas import one_blas_thread
+from ..caches import clear_caches, register_table
 from ..collector import collector_paused
 from ..errors import SynthError
 from .language import Collective, Instruction, Program
@@ -222,7 +223,9 @@ class Search:
 #: that would hold more stops with an error instead of exhausting memory
 STATE_BUDGET = 1 << 27
 
-_SEARCHES: OrderedDict[tuple[tuple[int, ...], Goal, int], Search] = OrderedDict()
+#: the last searches, by (sizes, goal, max steps)
+_SEARCHES: OrderedDict[tuple[tuple[int, ...], Goal, int], Search] = register_table(
+    OrderedDict(), __name__, "_SEARCHES")
 
 
 def search(sizes: tuple[int, ...], goal: Goal, max_steps: int,
@@ -376,6 +379,6 @@ def synthesize_reduction(reduction: Reduction, max_steps: int = 5,
 
 def clear_cache() -> None:
     """Forget the memoised searches and state spaces (for benchmarks that time
-    cold searches)."""
-    _SEARCHES.clear()
-    state_space.cache_clear()
+    cold searches): the memos :mod:`synth.caches` holds for this module and
+    the state space package."""
+    clear_caches(__name__, "synth.synthesis.statespace")
