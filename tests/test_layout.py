@@ -227,3 +227,14 @@ def test_the_memo_check_catches_a_bare_lru_cache(tmp_path):
     bare = tmp_path / "bare.py"
     bare.write_text("from functools import lru_cache\nimport functools\n\n@functools.cache\ndef f(): pass\n")
     assert unregistered_memos({"bare": bare}) == ["bare: imports functools.lru_cache", "bare: uses functools.cache"]
+
+
+def test_every_package_is_installed():
+    """pyproject's ``packages`` names every package of synth/ (a package left
+    out is missing from a non-editable install, silently)."""
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+    found = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"

@@ -40,6 +40,7 @@ from ..semantics import count_reason, more_contributors, shape_bits
 from .bits import BIT, BROADCASTING, COUNT_FREE, SUMMING
 from .positions import first_occurrences
 
+
 class ProfileChecks:
     """The profile checks of :class:`~synth.synthesis.statespace.StateSpace`
     (a mixin): it owns their memos (``_passing``, ``_shifted_passing``,

@@ -6,7 +6,7 @@ a state of few distinct ids as a :class:`Packed` key instead: its *labels*
 first, one byte each) and its *palette* (the distinct ids), ``k / 8`` times
 smaller than the tuple and hashed once. Invariant: one state has one key,
 and the key names one state. Example: the state ``(7, 9, 7, 9)`` is
-``Packed(b"\x00\x01\x00\x01", (7, 9))``; ``labels_of((7, 9, 7, 9), (7,
+``Packed(b"\\x00\\x01\\x00\\x01", (7, 9))``; ``labels_of((7, 9, 7, 9), (7,
 9))`` gives those labels, and ``pattern_of_array`` finds both from an array
 of ids with one sort.
 """
@@ -50,7 +50,7 @@ def labels_of(state: tuple[int, ...], palette: tuple[int, ...]) -> bytes:
 
 
 def class_array(group_class: bytes | Sequence[int]) -> np.ndarray:
-    """Each group's class (:meth:`_Pattern.classes`: bytes below 256 classes) as an array."""
+    """Each group's class (:meth:`Pattern.classes`: bytes below 256 classes) as an array."""
     return np.frombuffer(group_class, np.uint8) if group_class.__class__ is bytes else np.array(group_class)
 
 

@@ -100,6 +100,7 @@ class GroupingSums(NamedTuple):
     every: Quantities
     per_grouping: list[GroupSums]
 
+
 class Lookahead:
     """The lookahead of :class:`~synth.synthesis.statespace.StateSpace` (a
     mixin): it owns the memos of packed deltas (``_deltas``) and the rows of
@@ -212,7 +213,7 @@ class Lookahead:
         hold each of ``width`` distinct ids, where device ``d`` holds the
         ``labels[d]``-th: a (distinct sets, width) array (16-bit below 65,536
         devices), which depends on which devices hold equal ids only (a
-        :class:`_Pattern` keeps it)."""
+        :class:`Pattern` keeps it)."""
         index, sets, which = self._grouping_sets()
         count = max(which) + 1
         held = np.bincount(sets * width + labels[index], minlength=count * width).reshape(count, width)

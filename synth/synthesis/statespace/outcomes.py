@@ -64,7 +64,7 @@ Outcome = Union[tuple[tuple[int, ...], int], str]  # (members' new ids, chunks m
 
 
 class _RootFrame(list):
-    """A group's results in its root's frame, for :meth:`StateSpace._member_ids`
+    """A group's results in its root's frame, for :meth:`GroupOutcomes._member_ids`
     to take into each member's frame."""
 
     __slots__ = ()

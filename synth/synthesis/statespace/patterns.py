@@ -13,7 +13,7 @@ costs per class, not per device (:meth:`PatternSteps._pattern_successors`).
 Invariant: stepping per pattern gives the same steps, in the same order, as
 the per-device path (tests compare both on every reachable state). Example,
 ``sizes = (2, 2)``: the state ``(7, 9, 7, 9)`` has palette ``(7, 9)`` and
-pattern ``b"\x00\x01\x00\x01"``; on the grouping of groups ``(0, 1), (2,
+pattern ``b"\\x00\\x01\\x00\\x01"``; on the grouping of groups ``(0, 1), (2,
 3)`` both groups hold ``(7, 9)``: one class of two groups, one look-up.
 
 The search keeps such a state as a :class:`~.keys.Packed` key and steps it
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 _ROW_TYPES = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
-class _Pattern:
+class Pattern:
     """Which devices of a state hold equal ids: per device, the index of its id
     among the state's distinct ids (first occurrence first), as bytes. Many
     states share a pattern (they differ in what the ids are, not in where they
@@ -54,7 +54,7 @@ class _Pattern:
     group's class in group order. Classes of many members keep their indices
     as bytes (an itemgetter keeps 8 bytes per member, and thousands of
     patterns are kept). The lookahead's counts of devices per set and distinct
-    id (:meth:`StateSpace._set_counts`) depend on the pattern only and are
+    id (:meth:`Lookahead._set_counts`) depend on the pattern only and are
     kept too (16-bit: six levels of 4, 6,532 patterns, +42 MiB, 9% faster)."""
 
     __slots__ = ("space", "labels", "counts", "set_counts", "_classes", "_tallies", "tokens", "_firsts")
@@ -62,11 +62,11 @@ class _Pattern:
     def __init__(self, space: StateSpace, labels: bytes) -> None:
         self.space = space
         self.labels = labels
-        self.set_counts: np.ndarray | None = None  # see StateSpace._set_counts
+        self.set_counts: np.ndarray | None = None  # see Lookahead._set_counts
         self.counts = np.bincount(np.frombuffer(labels, np.uint8)).tolist()  # devices per distinct id
         self._classes: list[tuple[list[Callable], list[int], Sequence[int]] | None] = [None] * len(space.groupings)
         self._tallies: dict[int, list[tuple[tuple[int, int], ...]]] = {}
-        self.tokens: dict[int, tuple[bytes, tuple[int, ...]] | None] = {}  # see StateSpace._tokens
+        self.tokens: dict[int, tuple[bytes, tuple[int, ...]] | None] = {}  # see PatternSteps._tokens
         self._firsts: dict[int, np.ndarray] = {}  # see representatives
 
     def classes(self, g: int) -> tuple[list[Callable], list[int], Sequence[int]]:
@@ -131,7 +131,7 @@ def _tally(labels: np.ndarray) -> tuple[tuple[int, int], ...]:
 
 
 def tallied(values: Sequence[int], tally: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """A class's :meth:`_Pattern.tallies` entry through the state's distinct
+    """A class's :meth:`Pattern.tallies` entry through the state's distinct
     ``values`` (profile ids): each distinct value and how many members hold
     it, in first-occurrence order (distinct ids of equal value add up)."""
     merged: dict[int, int] = {}
@@ -156,17 +156,17 @@ class PatternSteps:
     patterns met (``_patterns``), which keep their classes and tokens."""
 
     def _init_patterns(self) -> None:
-        self._patterns: dict[bytes, _Pattern] = {}  # see _pattern_successors
+        self._patterns: dict[bytes, Pattern] = {}  # see _pattern_successors
 
-    def _pattern(self, state: tuple[int, ...], palette: tuple[int, ...]) -> _Pattern:
-        """The :class:`_Pattern` of ``state`` (whose distinct ids are ``palette``), memoised."""
+    def _pattern(self, state: tuple[int, ...], palette: tuple[int, ...]) -> Pattern:
+        """The :class:`Pattern` of ``state`` (whose distinct ids are ``palette``), memoised."""
         return self._pattern_of(labels_of(state, palette))
 
-    def _pattern_of(self, labels: bytes) -> _Pattern:
-        """The :class:`_Pattern` of these labels, memoised."""
+    def _pattern_of(self, labels: bytes) -> Pattern:
+        """The :class:`Pattern` of these labels, memoised."""
         found = self._patterns.get(labels)
         if found is None:
-            found = self._patterns[labels] = _Pattern(self, labels)
+            found = self._patterns[labels] = Pattern(self, labels)
         return found
 
     def _pattern_successors(self, state: tuple[int, ...] | None, palette: tuple[int, ...],
@@ -175,7 +175,7 @@ class PatternSteps:
         """:meth:`successors` of a state holding few distinct ids, ``palette``
         (first occurrence first). The state is its *pattern* (each device's
         index into the palette) and the palette; the pattern says which groups
-        of a grouping hold equal ids (:class:`_Pattern`, found once per
+        of a grouping hold equal ids (:class:`Pattern`, found once per
         pattern), so the profile checks, the lookahead and the outcomes are
         looked up once per class of groups, through the palette, with the same
         memos as the per-device path, and the next state is assembled from
@@ -254,7 +254,7 @@ class PatternSteps:
         nxt = self._pickers[grouping](result if self._covers[grouping] else result + state)
         return NO_CHANGE if nxt == state else (nxt, tuple(map(loads.__getitem__, group_class)))
 
-    def _tokens(self, pattern: _Pattern, g: int, palette: tuple[int, ...]
+    def _tokens(self, pattern: Pattern, g: int, palette: tuple[int, ...]
                 ) -> tuple[bytes, tuple[int, ...], tuple[int, ...]] | None:
         """Where each device of a next state on grouping ``g`` takes its id
         from, for :meth:`_packed_key`: one *token* per member position of each class

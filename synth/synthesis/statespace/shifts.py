@@ -11,10 +11,11 @@ per class (:meth:`ShiftedKeys._shifted_successors`).
 Invariant: device ``d`` of a key with shift ``s`` holds its palette id moved
 by ``sum(s[l] * digit_l(d))`` chunks (``~id``: an id that does not move), and
 :meth:`ShiftedKeys._absolute_ids` takes a key back to its state. Example,
-``sizes = (4,)``, ``k = 4``, stride 5: the state after a ReduceScatter holds
-ids ``(b*5+1, b*5+2, b*5+3, b*5+4)`` (one base ``b`` at chunks 0..3); its
-shift is ``(1,)`` and its key is the pattern ``b"\x00\x00\x00\x00"`` of
-the one relative id ``b*5+1``.
+``sizes = (4,)``, ``k = 4``, stride 5, with ``pattern_ids_upto`` lowered to 3
+(as tests do): after a ReduceScatter from the start the state is ``(11, 12,
+13, 14)``, one base (2) at chunks 0..3, four distinct ids; device 1 starts one
+chunk after device 0, so the shift is ``(1,)`` and the key is
+``Packed(b"\\x00\\x00\\x00\\x00", (11,), (1,))``: one relative id.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from ..language import Collective
 from ..semantics import NO_CHANGE, Loads
 from .keys import Packed, StateKey, class_array, pattern_of_array
+
 
 class ShiftedKeys:
     """Shifted keys, a part of :class:`~synth.synthesis.statespace.StateSpace`

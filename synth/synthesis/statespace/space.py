@@ -42,6 +42,7 @@ from .translations import Translations
 from .tuning import DEFAULT_TUNING, SearchTuning
 from .vectors import VectorSteps
 
+
 class StateSpace(InternedStates, ProfileChecks, GroupOutcomes, Lookahead, PatternSteps, ShiftedKeys, VectorSteps):
     """The semantics as the search and the tracer use it, on one synthesis
     hierarchy (its sizes) and goal, with the thresholds of ``tuning``.
@@ -72,7 +73,7 @@ class StateSpace(InternedStates, ProfileChecks, GroupOutcomes, Lookahead, Patter
         self.k = k = self.hierarchy.k
         self.groupings = distinct_groupings(self.hierarchy)
         self.translations = t = Translations(self.sizes, tuning.moved_masks_upto)
-        # the frame (see the class docstring); "absolute" (no translation) where
+        # the frame (see "Frames" in .outcomes); "absolute" (no translation) where
         # few devices make orbits small and translating costs more than it saves
         if frame is None:
             frame = "chunk" if goal is Goal.ALLGATHER else "device" if k >= tuning.device_frame_from else "absolute"

@@ -24,6 +24,7 @@ from ..language import Collective
 from ..semantics import Loads
 from .bits import BIT
 
+
 class VectorSteps:
     """Vector steps, a part of :class:`~synth.synthesis.statespace.StateSpace`
     (a mixin): it owns the member arrays and the arrays grown from the
