@@ -467,7 +467,7 @@ def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
         space._exact_in_floats = False  # as from 208,064 devices, where sums of k**3 need 64-bit integers
         assert space._grouping_sums(space._set_counts(labels, len(palette)), palette) == sums
         space._exact_in_floats = True
-        device0, everything, per_grouping = sums
+        device0, everything, per_grouping = space._named_sums(sums)
         assert device0 == quantities([0])
         assert everything == quantities(range(k))
         for grouping, (first, roots, members) in zip(space.groupings, per_grouping):

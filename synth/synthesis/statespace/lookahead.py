@@ -83,22 +83,42 @@ class GroupingShape(NamedTuple):
     devices: int
 
 
-class GroupSums(NamedTuple):
-    """A grouping's :class:`Quantities` summed over its group 0, its roots,
-    and its members (every device's when every device is in a group)."""
+class SetSums(NamedTuple):
+    """A state's :class:`Quantities` summed over each distinct set of devices
+    of :meth:`Lookahead._grouping_sets`, one list per quantity indexed by set
+    (columns: a state builds one tuple, not one per set, and
+    :meth:`Lookahead._hopeful` reads ``mass[roots]``)."""
 
-    group0: Quantities
-    roots: Quantities
-    members: Quantities
+    holds_all: list[int]
+    complete: list[int]
+    held: list[int]
+    mass: list[int]
+    empty: list[int]
+    held_squared: list[int]
+
+    def of(self, index: int) -> Quantities:
+        """The quantities of one set."""
+        return Quantities(*(column[index] for column in self))
+
+
+class GroupingSets(NamedTuple):
+    """A grouping's sets of devices, as indices into :class:`SetSums`: its
+    group 0, its roots, and its members (every device when every device is
+    in a group)."""
+
+    group0: int
+    roots: int
+    members: int
 
 
 class GroupingSums(NamedTuple):
     """A state's :class:`Quantities` at device 0, summed over every device,
-    and per grouping (:class:`GroupSums`)."""
+    and per grouping over its :class:`GroupingSets` (for reading; the search
+    reads :class:`SetSums`)."""
 
     device0: Quantities
     every: Quantities
-    per_grouping: list[GroupSums]
+    per_grouping: list[tuple[Quantities, Quantities, Quantities]]
 
 
 class Lookahead:
@@ -117,6 +137,9 @@ class Lookahead:
         self._quantity_rows = np.zeros((0, len(QUANTITIES)), dtype=np.int64)
         self._quantities_filled = 0
         self._set_index: tuple[np.ndarray, np.ndarray, list[int]] | None = None  # see _grouping_sets
+        # device 0's and every device's distinct set, and each grouping's sets (see _grouping_sets)
+        self._device0_set = self._every_set = 0
+        self._sets_of: list[GroupingSets] = []
         self._exact_in_floats = self.k**3 < 2**53  # sums of quantities (at most k**3) are exact as floats
 
     def may_finish(self, state: StateKey) -> bool:
@@ -206,6 +229,9 @@ class Lookahead:
             kept = [parts[which.index(n)] for n in range(len(distinct))]
             sets = np.repeat(np.arange(len(kept)), [len(part) for part in kept])
             self._set_index = (np.concatenate(kept), sets, which)
+            self._device0_set, self._every_set = which[0], which[1]
+            self._sets_of = [GroupingSets(which[i], which[i + 1], which[i + 2] if shape.devices < self.k else which[1])
+                             for i, shape in zip(range(2, len(which), 3), self._shapes_of)]
         return self._set_index
 
     def _set_counts(self, labels: np.ndarray, width: int) -> np.ndarray:
@@ -219,24 +245,29 @@ class Lookahead:
         held = np.bincount(sets * width + labels[index], minlength=count * width).reshape(count, width)
         return held.astype(np.uint16) if self.k < 1 << 16 else held
 
-    def _grouping_sums(self, held: np.ndarray, palette: Sequence[int]) -> GroupingSums:
-        """Device 0's quantities (:meth:`_device_quantities`), every device's
-        summed, and per grouping those of its group 0, its roots and its
-        members (every device's when every device is in a group) summed, for
+    def _grouping_sums(self, held: np.ndarray, palette: Sequence[int]) -> SetSums:
+        """The quantities (:meth:`_device_quantities`) summed over each
+        distinct set of devices of :meth:`_grouping_sets` (device 0, every
+        device, and per grouping its group 0, its roots and its members), for
         a state of distinct ids ``palette`` held as :meth:`_set_counts` says:
         how many devices of each set hold each id, times the ids' quantities
         (a sum is at most ``k**3``)."""
+        if not self._sets_of:  # the sets are found on first use (see _hopeful)
+            self._grouping_sets()
         quantities = self._device_quantities(np.array(palette, dtype=np.int64))
         if self._exact_in_floats:  # a float product (BLAS) is exact and several times faster
             held, quantities = held.astype(np.float64), quantities.astype(np.float64)
-        distinct = list(map(Quantities._make, (held @ quantities).astype(np.int64).tolist()))
-        sums = [distinct[n] for n in self._grouping_sets()[2]]  # per set, its distinct set's (shared tuples)
-        everything = sums[1]
-        return GroupingSums(sums[0], everything, [
-            GroupSums(sums[i], sums[i + 1], sums[i + 2] if shape.devices < self.k else everything)
-            for i, shape in zip(range(2, len(sums), 3), self._shapes_of)])
+        return SetSums._make((held @ quantities).astype(np.int64).T.tolist())
 
-    def _hopeful(self, lookahead: str | None, sums: GroupingSums) -> list[int]:
+    def _named_sums(self, sums: SetSums) -> GroupingSums:
+        """``sums`` as :class:`Quantities` at device 0, over every device and
+        per grouping (group 0, roots, members): what :meth:`_hopeful` reads,
+        by name (tests compare it with sums over the absolute state)."""
+        self._grouping_sets()
+        return GroupingSums(sums.of(self._device0_set), sums.of(self._every_set),
+                            [(sums.of(f), sums.of(r), sums.of(m)) for f, r, m in self._sets_of])
+
+    def _hopeful(self, lookahead: str | None, sums: SetSums) -> list[int]:
         """Per grouping, the collectives (bit sets) whose step from a state of
         grouping sums ``sums`` (:meth:`_grouping_sums`) may be valid and pass
         the lookahead, judged before any group is looked at. For the AllReduce
@@ -288,43 +319,46 @@ class Lookahead:
           and the others done."""
         k = self.k
         kk = k * k
-        device0, every, per_grouping = sums
-        holds, complete, mass = every.holds_all, every.complete, every.mass
+        holds_all, complete, held, mass, empty, held_squared = sums  # per set of devices
+        zero, every = self._device0_set, self._every_set
+        holds_total, complete_total, mass_total = holds_all[every], complete[every], mass[every]
         # the lookahead's bits first where they decide (most states the step before last meets have none);
         # validity only where some bit is left
         deciding = lookahead is not None and self.goal is Goal.ALLREDUCE and not (
-            lookahead == "finish" and device0.mass == kk)  # device 0 is done and stays done
+            lookahead == "finish" and mass[zero] == kk)  # device 0 is done and stays done
         finishing = lookahead == "finish"
         masses = self._finishing_masses
         possible = []
-        held0, mass0 = device0.held, device0.mass
-        for (m, groups, n), (first, roots, members) in zip(self._shapes_of, per_grouping):
-            grouped = members.mass
+        held0, mass0 = held[zero], mass[zero]
+        for (m, groups, n), (first, roots, members) in zip(self._shapes_of, self._sets_of):
+            grouped = mass[members]
             if deciding:
                 others = k - n
-                others_holding, others_complete = holds - members.holds_all, complete - members.complete
-                others_mass = mass - grouped
+                others_holding = holds_total - holds_all[members]
+                others_complete = complete_total - complete[members]
+                others_mass = mass_total - grouped
                 bits = 0
                 if not finishing:  # "goal"
                     if others_mass == others * kk and m * grouped + others_mass == k * kk:
-                        bits |= (BIT_ALLREDUCE if holds == k else 0) | (BIT_ALLGATHER if complete == k else 0)
-                    if roots.mass + others_mass == (groups + others) * kk:
+                        bits |= ((BIT_ALLREDUCE if holds_total == k else 0)
+                                 | (BIT_ALLGATHER if complete_total == k else 0))
+                    if mass[roots] + others_mass == (groups + others) * kk:
                         bits |= BROADCASTING
                 else:
-                    if first.mass == kk:  # device 0 ends done
-                        bits = ((BIT_ALLREDUCE | BIT_REDUCE if first.holds_all == m else 0)
-                                | (BIT_ALLGATHER if first.complete == m else 0))
-                    complete_sums = others_complete == others and grouped == k * roots.held
+                    if mass[first] == kk:  # device 0 ends done
+                        bits = ((BIT_ALLREDUCE | BIT_REDUCE if holds_all[first] == m else 0)
+                                | (BIT_ALLGATHER if complete[first] == m else 0))
+                    complete_sums = others_complete == others and grouped == k * held[roots]
                     if m * grouped + others_mass in masses:
-                        if holds == k or complete_sums:
+                        if holds_total == k or complete_sums:
                             bits |= BIT_ALLREDUCE
-                        if (others_holding == others and m * roots.held == groups * k) or complete == k:
+                        if (others_holding == others and m * held[roots] == groups * k) or complete_total == k:
                             bits |= BIT_ALLGATHER
-                    if complete_sums and mass in masses:
+                    if complete_sums and mass_total in masses:
                         bits |= BIT_REDUCESCATTER | BIT_REDUCE
-                    if (m * roots.mass + others_mass in masses
-                            and (roots.holds_all + others_holding == groups + others
-                                 or roots.complete + others_complete == groups + others)):
+                    if (m * mass[roots] + others_mass in masses
+                            and (holds_all[roots] + others_holding == groups + others
+                                 or complete[roots] + others_complete == groups + others)):
                         bits |= BROADCASTING
                 if not bits:
                     possible.append(0)
@@ -332,14 +366,15 @@ class Lookahead:
             else:
                 bits = ALL_BITS
             valid = 0
-            if (members.held == m * roots.held and members.held_squared == m * roots.held_squared
-                    and first.held == m * held0 and first.held_squared == m * held0 * held0):  # equal chunks per group
-                if grouped <= k * roots.held and first.mass <= k * held0 and not roots.empty:
+            # equal held chunks per group
+            if (held[members] == m * held[roots] and held_squared[members] == m * held_squared[roots]
+                    and held[first] == m * held0 and held_squared[first] == m * held0 * held0):
+                if grouped <= k * held[roots] and mass[first] <= k * held0 and not empty[roots]:
                     valid |= SUMMING
-                if m * roots.held <= groups * k and m * held0 <= k:
+                if m * held[roots] <= groups * k and m * held0 <= k:
                     valid |= COUNT_FREE
-            if (members.held <= m * roots.held and grouped < m * roots.mass and first.held <= m * held0
-                    and first.mass < m * mass0 and not roots.empty):
+            if (held[members] <= m * held[roots] and grouped < m * mass[roots] and held[first] <= m * held0
+                    and mass[first] < m * mass0 and not empty[roots]):
                 valid |= BROADCASTING
             possible.append(bits & valid)
         return possible

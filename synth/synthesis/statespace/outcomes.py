@@ -251,7 +251,7 @@ class GroupOutcomes:
             return result
         if result.__class__ is _RootFrame:
             ids = self._member_ids(grouping, result)
-        elif result.count(first := result[0]) == len(result):  # often one object for every member (count: identity first)
+        elif result.count(first := result[0]) == len(result):  # often one object for all (count: identity first)
             ids = (self.intern(first),) * len(result)
         else:
             interned: dict[int, int] = {}  # results often repeat one object: hash it once
