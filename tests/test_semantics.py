@@ -359,7 +359,8 @@ def test_interning_does_not_depend_on_which_mask_objects_a_state_holds():
     """Device states are interned by value; in large spaces masks are looked up
     by identity first, so two equal states built from different int objects
     must still get one id."""
-    for sizes in [(2, 4), (2, 256)]:  # states keyed by value below tuning.device_frame_from devices, by mask ids from it
+    # states keyed by value below tuning.device_frame_from devices, by mask ids from it
+    for sizes in [(2, 4), (2, 256)]:
         _check_interning(StateSpace(sizes, Goal.ALLREDUCE, "device"))
 
 
@@ -579,21 +580,24 @@ def test_moving_a_state_to_chunk_0_and_back_agrees_with_a_chunk_shift():
 
 @pytest.mark.parametrize("sizes", [(32,), (16, 2), (2, 16), (4, 8)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-@pytest.mark.parametrize("numpy_counts_from", [2048, 2])
-def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, goal, numpy_counts_from):
-    """Groups of more than 16 members that hold one run at many positions (a
-    ReduceScatter's parts) are checked, split and gathered without building
-    each member's state ("Positions"): the space still follows the rules
-    exactly, and those paths ran; also with the members' profiles counted with
-    numpy from 2 members on (numpy_counts_from lowered)."""
-    space = StateSpace(sizes, goal, "device", tuning=SearchTuning(numpy_counts_from=numpy_counts_from))
+@pytest.mark.parametrize("numpy_counts_from, few", [(2048, 16), (2, 16), (2048, 2)])
+def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, goal, numpy_counts_from, few):
+    """Groups of more than few_profiles_upto (16) members that hold one run at
+    many positions (a ReduceScatter's parts) are checked, split and gathered
+    without building each member's state ("Positions"): the space still
+    follows the rules exactly, and those paths ran; also with the members'
+    profiles counted with numpy from 2 members on (numpy_counts_from lowered),
+    and with the positions' check from 3 distinct profiles on
+    (few_profiles_upto lowered to 2)."""
+    tuning = SearchTuning(numpy_counts_from=numpy_counts_from, few_profiles_upto=few)
+    space = StateSpace(sizes, goal, "device", tuning=tuning)
     copies, splits, gathers = [], [], []
     positions_shape, split_ids, gathered = space._positions_shape, space._split_ids, space._gathered
     space._positions_shape = lambda *args: copies.append(positions_shape(*args)) or copies[-1]
     space._split_ids = lambda total, parts: splits.append(split_ids(total, parts)) or splits[-1]
     space._gathered = lambda grouping, key: gathers.append(gathered(grouping, key)) or gathers[-1]
     assert _check_space_against_rules(space, 3) >= 4
-    if max(sizes) > 16:
+    if max(sizes) > few:
         assert copies
     assert any(ids is not None for ids in splits)
     assert any(s is not None for s in gathers)

@@ -371,8 +371,8 @@ def shifted(s: DeviceState, x: int, k: int) -> DeviceState:
     them inside ``0..k-1``). Works on profiles too. The rules commute with such
     a move applied to every member of a group: they compare and combine
     contributors chunk by chunk and split the held chunks in order. The
-    definition that :func:`~synth.synthesis.statespace.positions.moved_to` and :func:`~synth.synthesis.statespace.positions.moved_down` (what the state space uses)
-    are tested against."""
+    definition that the state space's ``moved_to`` and ``moved_down``
+    (:mod:`synth.synthesis.statespace.positions`) are tested against."""
     return from_runs([(a + x, b + x, v) for a, b, v in runs_of(s)], k)
 
 
@@ -661,7 +661,8 @@ def apply_step(state: State, collective: Collective, groups: Sequence[Group]) ->
 
 def may_finish_in_one_step(state: State, goal: Goal, hierarchy: Hierarchy) -> bool:
     """A cheap necessary condition for reaching the AllReduce goal in one step
-    (the reference that :meth:`~synth.synthesis.statespace.StateSpace.may_finish` computes on profiles).
+    (the reference that ``StateSpace.may_finish`` computes on profiles,
+    :mod:`synth.synthesis.statespace.lookahead`).
 
     The last step is an AllReduce (it keeps every device's chunks, so all devices
     hold all chunks), an AllGather (it copies sums, so every held sum is complete)

@@ -118,9 +118,10 @@ class ProfileChecks:
                        arrays: tuple[np.ndarray, np.ndarray] | None = None) -> int:
         """:meth:`_check_profiles` of the members' distinct profile ids with
         their counts (root first; ``arrays``: the same as two arrays, for many)."""
-        if self._encoded and len(counted) > 16:  # many positions: from the base states' runs
+        few = self.tuning.few_profiles_upto
+        if self._encoded and len(counted) > few:  # many positions: from the base states' runs
             shape = self._positions_shape(counted, size, arrays)
-        elif len(counted) > 16:  # rare and large: hashing would cost more than checking
+        elif len(counted) > few:  # rare and large: hashing would cost more than checking
             shape = shape_bits([self._held[p] for p, _ in counted], size)
         else:
             held = [self._held[p] for p, _ in counted]
@@ -200,8 +201,9 @@ class ProfileChecks:
 
     def _counted(self, profiles: tuple[int, ...]) -> list[tuple[int, int]]:
         """Distinct profile ids (first occurrence first) and how many members have each."""
-        counts = Counter(profiles) if len(profiles) > 16 else {p: profiles.count(p) for p in dict.fromkeys(profiles)}
-        return list(counts.items())
+        if len(profiles) > self.tuning.few_profiles_upto:
+            return list(Counter(profiles).items())
+        return [(p, profiles.count(p)) for p in dict.fromkeys(profiles)]
 
     def _passing_all(self, keys: Collection[tuple[int, ...]], wanted: int) -> int:
         """The collectives of ``wanted`` (bit set) that pass the profile checks

@@ -80,6 +80,12 @@ class SearchTuning:
       many members takes its values with an itemgetter (fast), a larger one
       through its indices as bytes (small), and is checked on its members'
       counted profiles.
+    * ``few_profiles_upto`` (members, distinct profiles): a group of at most
+      this many members is counted with a loop (more: a Counter), and one of
+      at most this many distinct profiles has its shape check memoised on
+      their held chunks (more: checked from the base states' runs at their
+      positions where ids encode positions, else checked unmemoised, as
+      hashing would cost more).
     * ``numpy_classes_from`` (members): a pattern's grouping whose groups hold
       at least this many members in all finds its classes with numpy (one
       sort of the groups' rows: 1.1-1.4x faster for 4,096 members); below, a
@@ -99,6 +105,7 @@ class SearchTuning:
     tokens_upto: int = 256
     getter_members_upto: int = 64
     numpy_classes_from: int = 2048
+    few_profiles_upto: int = 16
 
     def __post_init__(self) -> None:
         if not 0 <= self.pattern_ids_upto <= 255:
