@@ -953,3 +953,13 @@ def test_first_occurrences_count_like_a_counter():
         values = tuple(rng.integers(0, max(2, n // 3), n).tolist())
         distinct, counts = first_occurrences(values)
         assert list(zip(distinct.tolist(), counts.tolist())) == list(Counter(values).items())
+
+
+def test_search_tuning_refuses_thresholds_a_byte_cannot_hold():
+    """A pattern's labels and a next state's tokens are bytes: thresholds past
+    what a byte holds are refused when the tuning is made, not met mid-search."""
+    with pytest.raises(ValueError, match="pattern_ids_upto 256"):
+        SearchTuning(pattern_ids_upto=256)
+    with pytest.raises(ValueError, match="tokens_upto 257"):
+        SearchTuning(tokens_upto=257)
+    assert SearchTuning(pattern_ids_upto=255, tokens_upto=256).pattern_ids_upto == 255
