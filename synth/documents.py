@@ -15,10 +15,10 @@ import contextlib
 import json
 import os
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
+from .caches import memoised
 from .errors import SynthError
 
 MAX_DEPTH = 32  # nesting of lists and objects; a plan's deepest is its mesh: one level per axis, plus one
@@ -196,7 +196,7 @@ def json_lines(path: str | Path, kind: str) -> Iterator[tuple[str, int, Any]]:
         yield where, number, value
 
 
-@lru_cache(maxsize=1)
+@memoised(maxsize=1)
 def _strict_yaml_loader() -> type:
     """A yaml SafeLoader that rejects a key given twice in one mapping (yaml is
     imported here, not at module import: executing a plan needs no yaml)."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import jax
@@ -41,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
+from .caches import memoised
 from .errors import SynthError
 from .plan import Plan, PlannedReduction, as_plan
 from .runtime.executor import piece_length, schedule
@@ -307,7 +307,7 @@ def _steps(lowered: LoweredProgram, layout: MeshLayout, axis_names: Sequence[str
     return _Builder(lowered, layout, order).steps()
 
 
-@lru_cache(maxsize=64)
+@memoised(maxsize=64)
 def _compiled(plan: Plan, reduce: str | None, goal: str | None) -> tuple[PlannedReduction, MeshLayout, tuple]:
     planned = plan.find(reduce, goal)
     layout = mesh_layout(plan.placement, hierarchical=True)
@@ -348,7 +348,7 @@ def reducer(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None =
     return run
 
 
-@lru_cache(maxsize=64)
+@memoised(maxsize=64)
 def _jitted(plan: Plan, reduce: str | None, goal: str | None) -> tuple[Callable[[Any], Any], MeshLayout]:
     layout = mesh_layout(plan.placement, hierarchical=True)
     spec = PartitionSpec(*layout.names, None)

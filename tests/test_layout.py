@@ -13,7 +13,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "synth"
 
 # the shared top level: what every stage may use
-SHARED = {"errors", "units", "resources", "documents", "topology", "linkgraph", "interrupts", "collector", "blas"}
+SHARED = {"errors", "units", "resources", "documents", "topology", "linkgraph", "interrupts", "collector", "blas",
+          "caches"}
 # top-level modules that are not shared values: the plan document (built from the
 # synthesis stage), the public API and the framework adapters
 TOP_LEVEL = SHARED | {"plan", "api", "torch", "jax"}
@@ -108,7 +109,7 @@ def test_every_module_is_found_and_resolved():
 def test_top_level_holds_only_shared_values():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
     assert set(top) <= TOP_LEVEL, f"modules outside a stage: {sorted(set(top) - TOP_LEVEL)}"
-    assert len(top) + 1 <= 14
+    assert len(top) + 1 <= 15
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert packages == sorted(STAGES)
 
@@ -174,3 +175,66 @@ def test_the_checks_catch_a_violation():
     cycle = {"synth.runtime.backends": {"synth.torch"}, "synth.torch": {"synth.runtime.backends"}}
     assert cycles(cycle) == ["synth.runtime.backends -> synth.torch -> synth.runtime.backends"]
     assert violations(cycle) == ["synth.runtime.backends (runtime) imports synth.torch (adapter)"]
+
+
+#: the most lines a module of the package may have
+MODULE_LINES_LIMIT = 800
+
+
+def too_long(modules: dict[str, Path], limit: int = MODULE_LINES_LIMIT) -> list[str]:
+    """The modules of more than ``limit`` lines, with their line counts."""
+    counts = {name: len(path.read_text().splitlines()) for name, path in sorted(modules.items())}
+    return [f"{name}: {n} lines" for name, n in counts.items() if n > limit]
+
+
+def test_no_module_is_over_the_line_limit():
+    """No module of synth/ over 800 lines: a part that grows past it is split
+    by concern (as the state space is, synth/synthesis/statespace/)."""
+    found = too_long(MODULES)
+    assert not found, "\n".join(found)
+
+
+def test_the_line_limit_catches_a_long_module(tmp_path):
+    long, short = tmp_path / "long.py", tmp_path / "short.py"
+    long.write_text("x = 1\n" * (MODULE_LINES_LIMIT + 1))
+    short.write_text("x = 1\n" * MODULE_LINES_LIMIT)
+    assert too_long({"long": long, "short": short}) == [f"long: {MODULE_LINES_LIMIT + 1} lines"]
+
+
+def unregistered_memos(modules: dict[str, Path]) -> list[str]:
+    """Every use of ``functools.lru_cache`` or ``functools.cache`` outside
+    synth/caches.py: memos go through ``synth.caches.memoised`` so that
+    ``clear_caches`` finds them in its registry."""
+    found = []
+    for name, path in sorted(modules.items()):
+        if name == "synth.caches":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "functools":
+                found += [f"{name}: imports functools.{a.name}" for a in node.names if a.name in ("lru_cache", "cache")]
+            elif isinstance(node, ast.Attribute) and node.attr in ("lru_cache", "cache") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "functools":
+                found.append(f"{name}: uses functools.{node.attr}")
+    return found
+
+
+def test_every_memo_is_registered():
+    found = unregistered_memos(MODULES)
+    assert not found, "\n".join(found)
+
+
+def test_the_memo_check_catches_a_bare_lru_cache(tmp_path):
+    bare = tmp_path / "bare.py"
+    bare.write_text("from functools import lru_cache\nimport functools\n\n@functools.cache\ndef f(): pass\n")
+    assert unregistered_memos({"bare": bare}) == ["bare: imports functools.lru_cache", "bare: uses functools.cache"]
+
+
+def test_every_package_is_installed():
+    """pyproject's ``packages`` names every package of synth/ (a package left
+    out is missing from a non-editable install, silently)."""
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+    found = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"

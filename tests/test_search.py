@@ -130,3 +130,33 @@ def test_blas_runs_on_one_thread_during_a_search_and_is_restored_after():
             clear_cache()
         assert seen == [{1}, {1}]
         assert blas_threads() == {2}
+
+
+def test_the_cache_registry_holds_and_clears_every_memo():
+    """Every LRU memo of the package's imported modules is registered in
+    synth.caches (found by looking at the modules' functions, not at the
+    registry); clearing one package forgets its memos and keeps the others';
+    search.clear_cache forgets the searches and the state spaces."""
+    import sys
+
+    from synth import caches
+    from synth.cost.predict import clear_caches as clear_cost_caches
+    from synth.synthesis.statespace import state_space
+
+    search((2, 2), Goal.ALLREDUCE, 3)
+    memos = {f"{name}.{value.__qualname__}": value for name, module in list(sys.modules.items())
+             if name.startswith("synth.") and module is not None
+             for value in vars(module).values()
+             if hasattr(value, "cache_clear") and getattr(value, "__module__", None) == name}
+    assert "synth.synthesis.statespace.space.state_space" in memos
+    assert set(memos) <= set(caches.registered())
+    assert "synth.synthesis.search._SEARCHES" in caches.registered("synth.synthesis")
+    assert not [m for m in caches.registered("synth.synthesis") if not m.startswith("synth.synthesis.")]
+    assert state_space.cache_info().currsize > 0
+    clear_cost_caches()  # the cost stage's memos only
+    assert state_space.cache_info().currsize > 0 and search_module._SEARCHES
+    caches.clear_caches("synth.synthesis.statespace")
+    assert state_space.cache_info().currsize == 0 and search_module._SEARCHES
+    search((2, 2), Goal.ALLREDUCE, 3)
+    clear_cache()
+    assert state_space.cache_info().currsize == 0 and not search_module._SEARCHES

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from dataclasses import replace
 from collections import Counter
 from collections.abc import Iterator
 
@@ -14,7 +15,6 @@ from synth.synthesis.semantics import (
     NO_CHANGE,
     Goal,
     Hierarchy,
-    StateSpace,
     apply_collective,
     apply_step,
     distinct_groupings,
@@ -27,6 +27,8 @@ from synth.synthesis.semantics import (
     runs_of,
     step_load,
 )
+from synth.synthesis.statespace import Packed, SearchTuning, StateSpace
+from synth.synthesis.statespace.lookahead import Quantities
 
 AR, RS, AG, RED, BC = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER,
                        Collective.REDUCE, Collective.BROADCAST)
@@ -68,8 +70,8 @@ def test_resolve_rejects_bad_levels():
 
 def _state(k, *devices):
     """Device states from lists of (first, stop, set of contributors)."""
-    from synth.synthesis.semantics import _from_runs
-    return [_from_runs([(a, b, sum(1 << d for d in ds)) for a, b, ds in runs], k) for runs in devices]
+    from synth.synthesis.semantics import from_runs
+    return [from_runs([(a, b, sum(1 << d for d in ds)) for a, b, ds in runs], k) for runs in devices]
 
 
 @pytest.mark.parametrize(
@@ -309,37 +311,39 @@ def test_groups_that_are_chunk_shifts_of_one_another_share_one_computation(sizes
     # a state is stored once for every chunk position it is seen at ("Positions")
     ids = list(space.device_states)
     assert len({i // space._stride for i in ids}) < len(ids)
-    from synth.synthesis.semantics import _first_held, _shifted
+    from synth.synthesis.semantics import shifted
+    from synth.synthesis.statespace.positions import first_held
     for i in ids:
         s, first = space.device_states[i], i % space._stride - 1
-        assert _first_held(s) == first and space.runs(i) == runs_of(s) and space.intern(s) == i
+        assert first_held(s) == first and space.runs(i) == runs_of(s) and space.intern(s) == i
         if first > 0:  # the same shape at chunk 0 has the id of this one less first
-            assert space.device_states[i - first] == _shifted(s, -first, space.k)
+            assert space.device_states[i - first] == shifted(s, -first, space.k)
 
 
 def test_a_chunk_shift_moves_every_held_run_and_keeps_states_canonical():
-    """_shifted moves held runs by x chunks (there and back gives the state
-    back, chunk by chunk the masks move) and _first_held finds the first held
+    """shifted moves held runs by x chunks (there and back gives the state
+    back, chunk by chunk the masks move) and first_held finds the first held
     chunk; random states, seeded."""
     import random
 
-    from synth.synthesis.semantics import _first_held, _make, _shifted
+    from synth.synthesis.semantics import make_state, shifted
+    from synth.synthesis.statespace.positions import first_held
 
     rng = random.Random(11)
     k = 16
     for _ in range(2000):
         stops = sorted(rng.sample(range(1, k), rng.randint(0, 6))) + [k]
-        s = _make(stops, [rng.choice((0, 0, 0b1, 0b110, 0b1011)) for _ in stops])
+        s = make_state(stops, [rng.choice((0, 0, 0b1, 0b110, 0b1011)) for _ in stops])
         per_chunk = [0] * k
         for first, stop, mask in runs_of(s):
             per_chunk[first:stop] = [mask] * (stop - first)
         held = [c for c in range(k) if per_chunk[c]]
-        assert _first_held(s) == (held[0] if held else -1)
+        assert first_held(s) == (held[0] if held else -1)
         if not held:
             continue
         room = k - 1 - held[-1]
         for x in {-held[0], 0, room}:
-            moved = _shifted(s, x, k)
+            moved = shifted(s, x, k)
             want = [0] * k
             for c in held:
                 want[c + x] = per_chunk[c]
@@ -347,15 +351,16 @@ def test_a_chunk_shift_moves_every_held_run_and_keeps_states_canonical():
             for first, stop, mask in runs_of(moved):
                 got[first:stop] = [mask] * (stop - first)
             assert got == want
-            assert moved == _make(*zip(*[(c + 1, m) for c, m in enumerate(want)]))  # canonical runs
-            assert _shifted(moved, -x, k) == s
+            assert moved == make_state(*zip(*[(c + 1, m) for c, m in enumerate(want)]))  # canonical runs
+            assert shifted(moved, -x, k) == s
 
 
 def test_interning_does_not_depend_on_which_mask_objects_a_state_holds():
     """Device states are interned by value; in large spaces masks are looked up
     by identity first, so two equal states built from different int objects
     must still get one id."""
-    for sizes in [(2, 4), (2, 256)]:  # states keyed by value below DEVICE_FRAME_FROM devices, by mask ids from it
+    # states keyed by value below tuning.device_frame_from devices, by mask ids from it
+    for sizes in [(2, 4), (2, 256)]:
         _check_interning(StateSpace(sizes, Goal.ALLREDUCE, "device"))
 
 
@@ -375,14 +380,14 @@ def test_containment_walk_agrees_with_a_chunk_by_chunk_check():
     that end at different places (random, seeded)."""
     import random
 
-    from synth.synthesis.semantics import _contains, _make
+    from synth.synthesis.semantics import contains, make_state
 
     rng = random.Random(7)
     k = 12
 
     def random_state():
         stops = sorted(rng.sample(range(1, k), rng.randint(0, 5))) + [k]
-        return _make(stops, [rng.choice((0, 0b1, 0b11, 0b110, 0b111, 0b1111)) for _ in stops])
+        return make_state(stops, [rng.choice((0, 0b1, 0b11, 0b110, 0b111, 0b1111)) for _ in stops])
 
     def per_chunk(s):
         out, first = [], 0
@@ -395,7 +400,7 @@ def test_containment_walk_agrees_with_a_chunk_by_chunk_check():
     for _ in range(3000):
         big, small = random_state(), random_state()
         want = all(b & m == m for b, m in zip(per_chunk(big), per_chunk(small)))
-        assert _contains(big, small) == want, (big, small)
+        assert contains(big, small) == want, (big, small)
         outcomes.add(want)
     assert outcomes == {True, False}
 
@@ -444,17 +449,18 @@ def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
         absolute = space.absolute(state)
 
         def quantities(devices):
-            out = [0] * 6
+            holds_all = complete = held_total = mass = empty = squared = 0
             for d in devices:
                 runs = [(b - a, mask.bit_count()) for a, b, mask in runs_of(absolute[d]) if mask]
                 held = sum(n for n, _ in runs)
-                out[0] += held == k
-                out[1] += all(count == k for _, count in runs)
-                out[2] += held
-                out[3] += sum(n * count for n, count in runs)
-                out[4] += held == 0
-                out[5] += held * held
-            return out
+                holds_all += held == k
+                complete += all(count == k for _, count in runs)
+                held_total += held
+                mass += sum(n * count for n, count in runs)
+                empty += held == 0
+                squared += held * held
+            return Quantities(holds_all=holds_all, complete=complete, held=held_total, mass=mass, empty=empty,
+                              held_squared=squared)
 
         palette = list(dict.fromkeys(state))
         labels = np.array([palette.index(i) for i in state])
@@ -462,7 +468,7 @@ def test_grouping_sums_count_the_devices_of_each_set(sizes, frame):
         space._exact_in_floats = False  # as from 208,064 devices, where sums of k**3 need 64-bit integers
         assert space._grouping_sums(space._set_counts(labels, len(palette)), palette) == sums
         space._exact_in_floats = True
-        device0, everything, per_grouping = sums
+        device0, everything, per_grouping = space._named_sums(sums)
         assert device0 == quantities([0])
         assert everything == quantities(range(k))
         for grouping, (first, roots, members) in zip(space.groupings, per_grouping):
@@ -508,13 +514,13 @@ def test_held_chunk_runs_agree_with_chunk_sets():
     import random
 
     from synth.synthesis.semantics import (
-        _held_count,
-        _make,
-        _shape_bits,
-        _shape_reason,
-        _union_count,
-        _within,
+        held_count,
         held_runs,
+        make_state,
+        runs_within,
+        shape_bits,
+        shape_reason,
+        union_count,
     )
 
     rng = random.Random(5)
@@ -522,7 +528,7 @@ def test_held_chunk_runs_agree_with_chunk_sets():
 
     def random_state():
         stops = sorted(rng.sample(range(1, k), rng.randint(0, 6))) + [k]
-        return _make(stops, [rng.choice((0, 0, 0b1, 0b10, 0b11)) for _ in stops])
+        return make_state(stops, [rng.choice((0, 0, 0b1, 0b10, 0b11)) for _ in stops])
 
     def chunks(s):
         return {c for first, stop, _ in runs_of(s) for c in range(first, stop)}
@@ -533,65 +539,65 @@ def test_held_chunk_runs_agree_with_chunk_sets():
         runs = [held_runs(s) for s in states]
         sets = [chunks(s) for s in states]
         for r, c in zip(runs, sets):
-            assert _held_count(r) == len(c)
+            assert held_count(r) == len(c)
             assert {x for a, b in r for x in range(a, b)} == c
             assert all(b1 < a2 for (_, b1), (a2, _) in zip(r, r[1:]))  # merged: no touching runs
-        assert _union_count(runs) == len(set().union(*sets))
-        assert _within(runs[-1], runs[0]) == (sets[-1] <= sets[0])
+        assert union_count(runs) == len(set().union(*sets))
+        assert runs_within(runs[-1], runs[0]) == (sets[-1] <= sets[0])
         outcomes.add(sets[-1] <= sets[0])
         size = len(runs) + rng.randint(0, 1)  # a state given once for two members, sometimes
-        want = sum(1 << i for i, c in enumerate(Collective) if _shape_reason(c, runs, size) is None)
-        assert _shape_bits(runs, size) == want, (runs, size)
+        want = sum(1 << i for i, c in enumerate(Collective) if shape_reason(c, runs, size) is None)
+        assert shape_bits(runs, size) == want, (runs, size)
         passing.add(want)
     assert outcomes == {True, False}
     assert len(passing) >= 4  # several different combinations of passing collectives were met
 
 
 def test_moving_a_state_to_chunk_0_and_back_agrees_with_a_chunk_shift():
-    """The device frame's positions (_down to chunk 0, _at a first chunk) are
-    _shifted without building runs: the same canonical states on random
+    """The device frame's positions (moved_down to chunk 0, moved_to a first
+    chunk) are shifted without building runs: the same canonical states on random
     states, seeded, including ones that hold the last chunk."""
     import random
 
-    from synth.synthesis.semantics import _at, _down, _first_held, _make, _shifted
+    from synth.synthesis.semantics import make_state, shifted
+    from synth.synthesis.statespace.positions import first_held, moved_down, moved_to
 
     rng = random.Random(5)
     k = 16
     for _ in range(3000):
         stops = sorted(rng.sample(range(1, k), rng.randint(0, 6))) + [k]
-        s = _make(stops, [rng.choice((0, 0, 0b1, 0b110, 0b1011)) for _ in stops])
-        first = _first_held(s)
+        s = make_state(stops, [rng.choice((0, 0, 0b1, 0b110, 0b1011)) for _ in stops])
+        first = first_held(s)
         if first <= 0:
             continue
-        base = _down(s, first, k)
-        assert base == _shifted(s, -first, k) and _first_held(base) == 0
-        assert _at(base, first, k) == s
+        base = moved_down(s, first, k)
+        assert base == shifted(s, -first, k) and first_held(base) == 0
+        assert moved_to(base, first, k) == s
         last = max(b for a, b, _ in runs_of(base))
         for x in range(1, k - last + 1):
-            assert _at(base, x, k) == _shifted(base, x, k)
+            assert moved_to(base, x, k) == shifted(base, x, k)
 
 
 @pytest.mark.parametrize("sizes", [(32,), (16, 2), (2, 16), (4, 8)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-@pytest.mark.parametrize("numpy_counts_from", [2048, 2])
-def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, goal, numpy_counts_from,
-                                                                         monkeypatch):
-    """Groups of more than 16 members that hold one run at many positions (a
-    ReduceScatter's parts) are checked, split and gathered without building
-    each member's state ("Positions"): the space still follows the rules
-    exactly, and those paths ran; also with the members' profiles counted with
-    numpy from 2 members on (NUMPY_COUNTS_FROM lowered)."""
-    import synth.synthesis.semantics as semantics
-
-    monkeypatch.setattr(semantics, "NUMPY_COUNTS_FROM", numpy_counts_from)
-    space = StateSpace(sizes, goal, "device")
+@pytest.mark.parametrize("numpy_counts_from, few", [(2048, 16), (2, 16), (2048, 2)])
+def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, goal, numpy_counts_from, few):
+    """Groups of more than few_profiles_upto (16) members that hold one run at
+    many positions (a ReduceScatter's parts) are checked, split and gathered
+    without building each member's state ("Positions"): the space still
+    follows the rules exactly, and those paths ran; also with the members'
+    profiles counted with numpy from 2 members on (numpy_counts_from lowered),
+    and with the positions' check from 3 distinct profiles on
+    (few_profiles_upto lowered to 2)."""
+    tuning = SearchTuning(numpy_counts_from=numpy_counts_from, few_profiles_upto=few)
+    space = StateSpace(sizes, goal, "device", tuning=tuning)
     copies, splits, gathers = [], [], []
     positions_shape, split_ids, gathered = space._positions_shape, space._split_ids, space._gathered
     space._positions_shape = lambda *args: copies.append(positions_shape(*args)) or copies[-1]
     space._split_ids = lambda total, parts: splits.append(split_ids(total, parts)) or splits[-1]
     space._gathered = lambda grouping, key: gathers.append(gathered(grouping, key)) or gathers[-1]
     assert _check_space_against_rules(space, 3) >= 4
-    if max(sizes) > 16:
+    if max(sizes) > few:
         assert copies
     assert any(ids is not None for ids in splits)
     assert any(s is not None for s in gathers)
@@ -599,16 +605,14 @@ def test_the_device_frame_follows_the_rules_on_groups_of_many_positions(sizes, g
 
 @pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((2, 4), 4), ((4, 2), 4), ((16, 2), 3), ((2, 3, 2), 3)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, steps, goal, monkeypatch):
+def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, steps, goal):
     """Groupings of many groups are stepped with numpy in the device frame
     (groups classed up to chunk shifts, one look-up per class): with the
     threshold lowered to 2 groups the space still follows the rules exactly,
     with and without the lookahead, and the numpy path ran."""
-    import synth.synthesis.semantics as semantics
-
-    monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
-    monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", 0)  # every state on the per-device path
-    space = StateSpace(sizes, goal, "device")
+    # every state on the per-device path (no patterns)
+    vectors = SearchTuning(vector_groups_from=2, pattern_ids_upto=0)
+    space = StateSpace(sizes, goal, "device", tuning=vectors)
     stepped = []
     vector = space._vector_successors
     space._vector_successors = lambda g, *rest: stepped.append(g) or vector(g, *rest)
@@ -617,15 +621,15 @@ def test_groupings_of_many_groups_stepped_with_numpy_follow_the_rules(sizes, ste
     for state in _reachable(space, steps):
         for lookahead in (None, "finish", "goal"):  # the same steps in the same order either way
             by_class = space.successors(state, list(Collective), lookahead)
-            monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 1 << 30)
+            space.tuning = replace(vectors, vector_groups_from=1 << 30)
             by_group = space.successors(state, list(Collective), lookahead)
-            monkeypatch.setattr(semantics, "VECTOR_GROUPS_FROM", 2)
+            space.tuning = vectors
             assert by_class == by_group
 
 
 @pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((4, 4), 4), ((4, 2, 2), 4), ((2, 3, 2), 3), ((8, 4), 3)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-def test_states_of_few_distinct_ids_stepped_per_pattern_follow_the_rules(sizes, steps, goal, monkeypatch):
+def test_states_of_few_distinct_ids_stepped_per_pattern_follow_the_rules(sizes, steps, goal):
     """A device-frame state holding few distinct ids is stepped per pattern
     (which devices hold equal ids; one look-up per class of groups through
     the state's distinct ids): the space follows the rules exactly, and on
@@ -634,46 +638,44 @@ def test_states_of_few_distinct_ids_stepped_per_pattern_follow_the_rules(sizes, 
     states that differ in their ids, and states of more distinct ids than
     the threshold take the per-device path; classes found with numpy (as
     for many groups) follow the rules as well."""
-    import synth.synthesis.semantics as semantics
-
     space = StateSpace(sizes, goal, "device")
     assert _check_space_against_rules(space, steps) > 10
     reachable = list(_reachable(space, steps))
     patterned, stepped = space._pattern_successors, []
     space._pattern_successors = lambda state, *rest: stepped.append(state) or patterned(state, *rest)
-    default = semantics.PATTERN_IDS_UPTO
+    default = space.tuning
     for state in reachable:
         for lookahead in (None, "finish", "goal"):  # the same space: ids mean the same on both paths
             by_pattern = space.successors(state, list(Collective), lookahead)
-            monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", 0)
+            space.tuning = replace(default, pattern_ids_upto=0)
             assert space.successors(state, list(Collective), lookahead) == by_pattern
-            monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", 3)  # some states on each path
+            space.tuning = replace(default, pattern_ids_upto=3)  # some states on each path
             assert space.successors(state, list(Collective), lookahead) == by_pattern
-            monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", default)
+            space.tuning = default
     distinct = {state: len(set(state)) for state in reachable}
-    assert max(distinct.values()) <= default and len(space._patterns) < len(reachable)
+    assert max(distinct.values()) <= default.pattern_ids_upto and len(space._patterns) < len(reachable)
     # with the threshold at 3, states of more distinct ids took the per-device path
     assert any(distinct[s] > 3 for s in reachable)
     assert {s for s in reachable if distinct[s] <= 3} < set(reachable)
     assert len(stepped) == 3 * len(reachable) + sum(3 for s in reachable if distinct[s] <= 3)
     # the classes of a pattern's groupings found with numpy (here every grouping's) follow the rules too
-    monkeypatch.setattr(semantics, "_NUMPY_CLASSES_FROM", 1)
-    assert _check_space_against_rules(StateSpace(sizes, goal, "device"), steps) == len(reachable)
+    numpy_classes = SearchTuning(numpy_classes_from=1)
+    assert _check_space_against_rules(StateSpace(sizes, goal, "device", tuning=numpy_classes), steps) == len(reachable)
 
 
 @pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((4, 4), 4), ((4, 2, 2), 4), ((8, 4), 3), ((2, 3, 2), 3)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
-def test_large_classes_of_a_pattern_are_checked_on_their_counted_profiles(sizes, steps, goal, monkeypatch):
-    """A pattern's classes of more than _GETTER_MEMBERS_UPTO members (lowered
+def test_large_classes_of_a_pattern_are_checked_on_their_counted_profiles(sizes, steps, goal):
+    """A pattern's classes of more than getter_members_upto members (lowered
     here to 1) have their profile checks looked up on the members' distinct
     profiles and counts (root first), built from the class's distinct ids, not
     on a tuple of every member's profile: the space follows the rules exactly,
     and on every reachable state, with and without the lookahead, it gives the
     same steps in the same order as the per-member check."""
-    import synth.synthesis.semantics as semantics
+    from synth.synthesis.statespace.patterns import tallied
 
-    monkeypatch.setattr(semantics, "_GETTER_MEMBERS_UPTO", 1)
-    space = StateSpace(sizes, goal, "device")
+    counting = SearchTuning(getter_members_upto=1)
+    space = StateSpace(sizes, goal, "device", tuning=counting)
     looked = []
     passes_counted = space._passes_counted
     space._passes_counted = lambda key, size: looked.append(size) or passes_counted(key, size)
@@ -689,20 +691,20 @@ def test_large_classes_of_a_pattern_are_checked_on_their_counted_profiles(sizes,
             tallies = pattern.tallies(g)
             for group, c in zip(grouping.groups, group_class):
                 profiles = [space._profile[state[d]] for d in group]
-                counted = semantics._tallied(distinct_profiles, tallies[c])
+                counted = tallied(distinct_profiles, tallies[c])
                 assert dict(counted) == Counter(profiles) and counted[0][0] == profiles[0]
                 assert space._passes_counted(counted, len(group)) == space._check_profiles(tuple(profiles))
         for lookahead in (None, "finish", "goal"):  # the same space: ids mean the same either way
             by_count = space.successors(state, list(Collective), lookahead)
-            monkeypatch.setattr(semantics, "_GETTER_MEMBERS_UPTO", 1 << 30)
+            space.tuning = replace(counting, getter_members_upto=1 << 30)
             assert space.successors(state, list(Collective), lookahead) == by_count
-            monkeypatch.setattr(semantics, "_GETTER_MEMBERS_UPTO", 1)
+            space.tuning = counting
 
 
 @pytest.mark.parametrize("sizes, steps", [((2, 2, 2), 4), ((4, 4), 4), ((4, 2, 2), 4), ((8, 4), 3), ((2, 3, 2), 3)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
 @pytest.mark.parametrize("ids_upto, tokens_upto", [(255, 256), (3, 256), (255, 6)])
-def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_upto, tokens_upto, monkeypatch):
+def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_upto, tokens_upto):
     """The search keeps a state of few distinct ids as its pattern and
     distinct ids (Packed) and steps it without a tuple of ids: on every
     reachable state, with and without the lookahead, expanding its key gives
@@ -710,13 +712,10 @@ def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_u
     as stepping the state itself; a key names one state (its devices' ids,
     first occurrence first), states of more distinct ids than the threshold
     (lowered to 3 too) are their own keys, next states of more tokens than
-    _TOKENS_UPTO (lowered to 6) are keyed from their tuple of ids, and goal
+    tokens_upto (lowered to 6) are keyed from their tuple of ids, and goal
     and may_finish read keys as they read states."""
-    import synth.synthesis.semantics as semantics
-
-    monkeypatch.setattr(semantics, "PATTERN_IDS_UPTO", ids_upto)
-    monkeypatch.setattr(semantics, "_TOKENS_UPTO", tokens_upto)
-    space = StateSpace(sizes, goal, "device")
+    tuning = SearchTuning(pattern_ids_upto=ids_upto, tokens_upto=tokens_upto)
+    space = StateSpace(sizes, goal, "device", tuning=tuning)
     tokens = space._tokens
     kinds = set()
     space._tokens = lambda *a: kinds.add(tokens(*a) is None) or tokens(*a)
@@ -727,7 +726,7 @@ def test_search_keys_step_as_the_states_they_stand_for(sizes, steps, goal, ids_u
         if len(set(state)) <= ids_upto:
             packed += 1
             palette = tuple(dict.fromkeys(state))
-            assert key == semantics.Packed(bytes(palette.index(i) for i in state), palette)
+            assert key == Packed(bytes(palette.index(i) for i in state), palette)
         else:
             want, backward = _shifted_key(space, state, ids_upto)
             assert key == want if want else key is state
@@ -751,8 +750,6 @@ def _shifted_key(space, state, ids_upto):
     StateSpace._shifted_key define it, computed device by device (digits from
     divmod), and whether its shift was read from the last device: None where
     the state has none (both shifts zero or leaving too many relative ids)."""
-    import synth.synthesis.semantics as semantics
-
     k, stride, sizes = space.k, space.k + 1, space.sizes
 
     def digits(d):
@@ -785,7 +782,7 @@ def _shifted_key(space, state, ids_upto):
                 relative.append(-i - 1)  # starts before its shift or past the chunks: stored as ~id
         palette = tuple(dict.fromkeys(relative))
         if len(palette) <= ids_upto:
-            return semantics.Packed(bytes(palette.index(i) for i in relative), palette, shift), shift != forward
+            return Packed(bytes(palette.index(i) for i in relative), palette, shift), shift != forward
     return None, False
 
 
@@ -838,18 +835,16 @@ def test_results_in_the_roots_frame_take_the_ids_of_their_members_translations(s
         assert space._base_profile[b] == space._intern_profile(profile_of(state)), state
 
 
-def test_translated_masks_are_memoised_up_to_a_cap(monkeypatch):
+def test_translated_masks_are_memoised_up_to_a_cap():
     """Translations.state memoises each mask's translation per offset and
-    starts over past _MOVED_MASKS_UPTO masks (lowered here to 8): a state
+    starts over past moved_masks_upto masks (lowered here to 8): a state
     translated through the memo is the state translated mask by mask, and a
     device-frame space built on it still follows the rules exactly, also
     with states interned by mask ids (their own memo, under the same cap)."""
     import random
 
-    import synth.synthesis.semantics as semantics
-
-    monkeypatch.setattr(semantics, "_MOVED_MASKS_UPTO", 8)
-    space = StateSpace((4, 2, 2), Goal.ALLREDUCE, "device")
+    capped = SearchTuning(moved_masks_upto=8)
+    space = StateSpace((4, 2, 2), Goal.ALLREDUCE, "device", tuning=capped)
     t = space.translations
     rng = random.Random(7)
     for _ in range(200):
@@ -862,7 +857,7 @@ def test_translated_masks_are_memoised_up_to_a_cap(monkeypatch):
         assert len(t._moved) <= 9
     assert _check_space_against_rules(space, 4) > 10
     # states interned by mask ids memoise each mask id's translation per offset under the same cap
-    by_masks = StateSpace((4, 2, 2), Goal.ALLREDUCE, "device", by_value=False)
+    by_masks = StateSpace((4, 2, 2), Goal.ALLREDUCE, "device", by_value=False, tuning=capped)
     assert _check_space_against_rules(by_masks, 4) > 10
     most_masks = max(map(len, by_masks._base_mask_ids))
     assert by_masks._moved_mask_ids and len(by_masks._moved_mask_ids) <= 8 + most_masks
@@ -871,21 +866,17 @@ def test_translated_masks_are_memoised_up_to_a_cap(monkeypatch):
 @pytest.mark.parametrize("sizes", [(8, 2), (2, 2, 4), (32,)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
 @pytest.mark.parametrize("numpy_profiles", [False, True])
-def test_groups_of_every_device_are_not_memoised_on_large_systems(sizes, goal, numpy_profiles, monkeypatch):
-    """From WHOLE_KEYS_FROM devices (lowered here to the hierarchy's) a group
+def test_groups_of_every_device_are_not_memoised_on_large_systems(sizes, goal, numpy_profiles):
+    """From whole_keys_from devices (lowered here to the hierarchy's) a group
     of every device is checked and stepped without being memoised (its key is
     a whole state): the space still follows the rules exactly, with and
     without the lookahead the same steps as a space that memoises them, and no
     memo holds a key of every device; per pattern, and on the per-device path
-    with the profile ids taken with numpy (NUMPY_PROFILES_FROM lowered too)."""
-    import synth.synthesis.semantics as semantics
-
+    with the profile ids taken with numpy (numpy_profiles_from lowered too)."""
     k = math.prod(sizes)
     memoising = StateSpace(sizes, goal, "device")
-    monkeypatch.setattr(semantics, "WHOLE_KEYS_FROM", k)
-    if numpy_profiles:
-        monkeypatch.setattr(semantics, "NUMPY_PROFILES_FROM", k)
-    space = StateSpace(sizes, goal, "device")
+    tuning = SearchTuning(whole_keys_from=k, **({"numpy_profiles_from": k} if numpy_profiles else {}))
+    space = StateSpace(sizes, goal, "device", tuning=tuning)
     assert _check_space_against_rules(space, 3) >= 4
     for state in _reachable(space, 3):
         for lookahead in (None, "finish", "goal"):
@@ -927,14 +918,15 @@ def test_a_member_holding_every_chunk_does_not_set_the_shift_of_a_profile_check(
 
 
 def test_runs_at_many_positions_is_the_state_of_those_runs():
-    """_runs_at (an AllGather's result where members hold one run at many
-    positions, built with numpy) is the canonical state _from_runs builds from
+    """runs_at (an AllGather's result where members hold one run at many
+    positions, built with numpy) is the canonical state from_runs builds from
     the same runs: touching runs merge, gaps hold nothing, on random layouts."""
     import random
 
     import numpy as np
 
-    from synth.synthesis.semantics import _from_runs, _runs_at
+    from synth.synthesis.semantics import from_runs
+    from synth.synthesis.statespace.positions import runs_at
 
     rng = random.Random(3)
     for _ in range(3000):
@@ -945,8 +937,8 @@ def test_runs_at_many_positions_is_the_state_of_those_runs():
             if not firsts or f >= firsts[-1] + length:
                 firsts.append(f)
         mask = rng.randint(1, (1 << k) - 1)
-        want = _from_runs([(f, f + length, mask) for f in firsts], k)
-        assert _runs_at(np.array(firsts, dtype=np.int64), length, mask, k) == want
+        want = from_runs([(f, f + length, mask) for f in firsts], k)
+        assert runs_at(np.array(firsts, dtype=np.int64), length, mask, k) == want
 
 
 def test_first_occurrences_count_like_a_counter():
@@ -954,10 +946,20 @@ def test_first_occurrences_count_like_a_counter():
 
     import numpy as np
 
-    from synth.synthesis.semantics import _first_occurrences
+    from synth.synthesis.statespace.positions import first_occurrences
 
     rng = np.random.default_rng(5)
     for n in (1, 2, 17, 3000):
         values = tuple(rng.integers(0, max(2, n // 3), n).tolist())
-        distinct, counts = _first_occurrences(values)
+        distinct, counts = first_occurrences(values)
         assert list(zip(distinct.tolist(), counts.tolist())) == list(Counter(values).items())
+
+
+def test_search_tuning_refuses_thresholds_a_byte_cannot_hold():
+    """A pattern's labels and a next state's tokens are bytes: thresholds past
+    what a byte holds are refused when the tuning is made, not met mid-search."""
+    with pytest.raises(ValueError, match="pattern_ids_upto 256"):
+        SearchTuning(pattern_ids_upto=256)
+    with pytest.raises(ValueError, match="tokens_upto 257"):
+        SearchTuning(tokens_upto=257)
+    assert SearchTuning(pattern_ids_upto=255, tokens_upto=256).pattern_ids_upto == 255

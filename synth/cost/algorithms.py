@@ -25,11 +25,12 @@ import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
 
+from ..caches import memoised
 from ..synthesis.language import Collective
 from .links import Links
 
@@ -56,7 +57,7 @@ def uniform(src: tuple[int, ...], dst: tuple[int, ...], fraction: float, repeat:
     return Round(src, dst, (fraction,) * len(src), repeat, extra)
 
 
-@lru_cache(maxsize=1024)
+@memoised(maxsize=1024)
 def tree_rounds(buckets: tuple[int, ...]) -> tuple[Round, ...]:
     """NCCL's tree AllReduce over members grouped in consecutive buckets (nodes)
     of the given sizes: a chain inside each bucket towards its first member, and a
@@ -139,7 +140,7 @@ def mpi_algorithm(collective: Collective, m: int, nbytes: float) -> str:
     return "linear" if m < 16 and nbytes >= 32768 else "binomial"
 
 
-@lru_cache(maxsize=1024)
+@memoised(maxsize=1024)
 def rounds_of(name: str, collective: Collective, m: int) -> tuple[Round, ...]:
     """The rounds of ``collective`` over ``m`` members by algorithm ``name``
     (see the module docstring; NCCL's tree and NVLS: :func:`nccl_rounds`)."""
@@ -186,7 +187,7 @@ def rounds_of(name: str, collective: Collective, m: int) -> tuple[Round, ...]:
 # ---------------------------------------------------------------- NCCL's algorithms (synth.cost.nccl)
 
 
-@lru_cache(maxsize=1024)
+@memoised(maxsize=1024)
 def nccl_rounds(algorithm: str, collective: Collective, m: int, buckets: tuple[int, ...]) -> tuple[Round, ...]:
     """The transfers of NCCL's ``algorithm`` (:mod:`synth.cost.nccl`) for
     ``collective`` over ``m`` members grouped in consecutive ``buckets`` (their

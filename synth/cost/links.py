@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
+from ..caches import memoised
 from ..topology import Topology
 from .profile import Profile
 from .terms import Features
@@ -55,7 +55,7 @@ class Links:
     graph_level: int | None = None  # the level with a mesh or pcie link graph (the innermost), if any
 
 
-@lru_cache(maxsize=64)
+@memoised(maxsize=64)
 def links_of(topology: Topology) -> Links:
     counts = topology.counts
     devices = np.arange(topology.num_devices)
@@ -82,7 +82,7 @@ def links_of(topology: Topology) -> Links:
     )
 
 
-@lru_cache(maxsize=65536)
+@memoised(maxsize=65536)
 def graph_scale(topology: Topology, locals_: tuple[tuple[int, ...], ...]) -> float:
     """The share of the link-graph level's bandwidth a group gets: the smallest,
     over its nodes' member sets ``locals_`` (GPU indices within a node, sorted;

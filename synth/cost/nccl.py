@@ -43,10 +43,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
+from ..caches import memoised
 from ..errors import SynthError
 from ..synthesis.language import Collective
 from ..topology import Topology
@@ -143,7 +143,7 @@ def node_level(topology: Topology) -> int | None:
     return max(nets) if nets else None
 
 
-@lru_cache(maxsize=8192)
+@memoised(maxsize=8192)
 def comm_of(topology: Topology, members: tuple[int, ...], nvls_enabled: bool = True,
             version: str | None = None) -> Comm:
     """NCCL's view of a communicator over ``members`` (device ids) of
@@ -178,7 +178,7 @@ def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
     return (len(members), tuple(shape), tuple(sorted({tuple(sorted(v)) for v in by_node.values()})))
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def _comm_of(topology: Topology, shape: tuple, nvls_enabled: bool, version: str) -> Comm:
     ranks, per_level, *graph_locals = shape
     net = node_level(topology)
@@ -275,7 +275,7 @@ def _graph_rings(comm: Comm, speed: float, most: int) -> int:
     return min([most] + [rings_with_type(m, speed, most)[0] for m in comm.local if most > 0])
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def ring_graph(comm: Comm) -> Graph:
     """The ring graph: pass 1 from the fastest speed the paths allow down while
     the next speed is above 0.49 of the best found; channels doubled (halving the
@@ -316,7 +316,7 @@ def ring_graph(comm: Comm) -> Graph:
     return Graph(n, bw, bw, path_type)
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def tree_graph(comm: Comm, ring: Graph) -> Graph:
     """The tree graph: as many channels as the ring; pass 2 raises the intra-node
     speed (up to twice the inter-node one) while the GPUs' links carry it."""
@@ -331,7 +331,7 @@ def tree_graph(comm: Comm, ring: Graph) -> Graph:
     return Graph(n, intra, inter, ring.path_type)
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def nvls_graph(comm: Comm) -> Graph:
     """The NVLS graph: one channel per head GPU (every GPU of the node alone;
     GPUs with a NIC with a network), each head taking twice and every other GPU
@@ -350,7 +350,7 @@ def nvls_graph(comm: Comm) -> Graph:
     return Graph(heads, intra, inter)
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def runtime_channels(comm: Comm) -> int:
     """The communicator's channels (``comm->nChannels``, src/graph/connect.cc),
     which the ring's plateau threshold divides by: the graphs' channels doubled
@@ -386,7 +386,7 @@ def _sm_index(sm: int) -> int:
     return 3 if sm >= 100 else 2 if sm >= 90 else 1 if sm >= 80 else 0
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tuple[float, float]]:
     """(algorithm, protocol) -> (latency us, bandwidth GB/s) as NCCL computes them
     for ``collective`` on ``comm``; pairs NCCL disables are left out."""
@@ -571,7 +571,7 @@ def nvls_supported(dtype: str, op: str) -> bool:
     return dtype in ("float32", "float64") and op == "sum"
 
 
-@lru_cache(maxsize=65536)
+@memoised(maxsize=65536)
 def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str, ...] | None = None,
            dtype: str = "float32", op: str = "sum") -> Choice:
     """The (algorithm, protocol) of least estimated time, as ``topoGetAlgoInfo``
@@ -628,7 +628,7 @@ PCI_BW = 12.0  # topo.h: a ring no faster than this (channels x speed) runs 256 
 WARP_SIZE = 32
 
 
-@lru_cache(maxsize=65536)
+@memoised(maxsize=65536)
 def call_channels(comm: Comm, algorithm: str, protocol: str, nbytes: float) -> tuple[int, int]:
     """(channels the call runs on, the most it could): ``topoGetAlgoInfo``
     (src/enqueue.cc) starts from the communicator's channels

@@ -20,8 +20,8 @@ and one column per node count ``[1, 2, >2]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
+from ..caches import memoised
 from ..errors import SynthError
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -250,7 +250,7 @@ def _key(version: str) -> tuple[int, ...]:
     return parts
 
 
-@lru_cache(maxsize=64)  # asked once per priced step: the rule sets and their order are fixed
+@memoised(maxsize=64)  # asked once per priced step: the rule sets and their order are fixed
 def rules_for(version: str | None) -> NcclRules:
     """The rule set NCCL ``version`` follows: its own if transcribed, else the
     newest transcribed release not newer than it; None gives the default."""

@@ -22,11 +22,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
+from ..caches import memoised, register_table
+from ..caches import clear_caches as _clear_registered
 from ..synthesis.language import Collective, Form, Instruction, Program
 from ..synthesis.lowering import LoweredProgram
 from ..synthesis.reduction import Reduction
@@ -114,7 +115,7 @@ class _NcclPlan:
     channel_factor: float = 1.0  # the communicator's channels / the call's (synth.cost.nccl.call_channels)
 
 
-@lru_cache(maxsize=16384)
+@memoised(maxsize=16384)
 def _nccl_plan(topology: Topology, members: tuple[int, ...], collective: Collective, nbytes: float,
                forced: tuple[str, ...] | None, nvls_enabled: bool, nccl_version: str | None = None,
                dtype: str = "float32", op: str = "sum") -> _NcclPlan:
@@ -125,7 +126,7 @@ def _nccl_plan(topology: Topology, members: tuple[int, ...], collective: Collect
     return _NcclPlan(choice.key, PROTOCOLS.index(choice.protocol), pattern, lanes, hops, full / used)
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def _nccl_shape(
     topology: Topology, members: tuple[int, ...], algorithm: str, collective: Collective
 ) -> tuple[tuple[Round, ...], np.ndarray, np.ndarray]:
@@ -139,18 +140,11 @@ def _nccl_shape(
 
 
 def clear_caches() -> None:
-    """Forget the memoised NCCL choices, group shapes, synthesis groups, round
-    geometries and the step costs shared between predictors (for timing cold
-    predictions)."""
-    from . import links, nccl
-
-    for cached in (links.graph_scale, nccl.comm_of, nccl._comm_of, nccl.ring_graph, nccl.tree_graph, nccl.nvls_graph,
-                   nccl.runtime_channels, nccl.call_channels, nccl.cost_table, nccl.choose, _nccl_shape, _nccl_plan,
-                   _synthesis_groups):
-        cached.cache_clear()
-    _SHARED_STEPS.clear()
-    _MODEL_IDS.clear()
-    _GEOMETRIES.clear()
+    """Forget every memo of the cost stage (NCCL choices, link graphs, group
+    shapes, synthesis groups, round geometries, the step costs shared between
+    predictors: everything registered in :mod:`synth.caches` by a module of
+    ``synth.cost``), for timing cold predictions."""
+    _clear_registered("synth.cost")
 
 
 def _mpi_step(links: Links, profile: Profile, collective: Collective, groups: np.ndarray,
@@ -196,7 +190,7 @@ def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, 
 # groups; the same groups at other sizes): (links' identity, bandwidths, groups'
 # content key, round, lanes, rdma) -> (links, geometry); emptied past
 # _GEOMETRIES_LIMIT and by clear_caches
-_GEOMETRIES: dict[tuple, tuple[Links, RoundGeometry]] = {}
+_GEOMETRIES: dict[tuple, tuple[Links, RoundGeometry]] = register_table({}, __name__, "_GEOMETRIES")
 _GEOMETRIES_LIMIT = 1 << 14
 
 
@@ -233,7 +227,7 @@ def default_program(goal: Goal) -> Program:
     return Program((Instruction(goal.collective, "root", Form.INSIDE),))
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def _synthesis_groups(instruction: Instruction, hierarchy: Hierarchy) -> np.ndarray:
     """The (groups, members) synthesis indices of ``instruction`` on ``hierarchy``
     (:func:`synth.synthesis.semantics.resolve`), read-only: a pure function of the
@@ -254,11 +248,12 @@ def group_members(instruction: Instruction, hierarchy: Hierarchy) -> int:
 # profile, algorithm, collective, canonical groups' dtype, shape and bytes,
 # nbytes' bytes) -> step_cost's result, whose Features nobody mutates. Emptied
 # when it reaches _SHARED_STEPS_LIMIT entries and by clear_caches.
-_SHARED_STEPS: dict[tuple, tuple[float, Features]] = {}
+_SHARED_STEPS: dict[tuple, tuple[float, Features]] = register_table({}, __name__, "_SHARED_STEPS")
 _SHARED_STEPS_LIMIT = 1 << 16
 
 
-_MODEL_IDS: dict[tuple, int] = {}  # (topology, profile, algorithm, NCCL version) -> id, never reused
+# (topology, profile, algorithm, NCCL version) -> id, never reused
+_MODEL_IDS: dict[tuple, int] = register_table({}, __name__, "_MODEL_IDS")
 _NEXT_MODEL_ID = itertools.count()
 
 

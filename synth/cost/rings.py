@@ -22,8 +22,9 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 
+from ..caches import memoised
 from ..linkgraph import NodeGraph
 
 PATH_TYPES = ("nvl", "nvb", "pci")  # NCCL's PATH_NVL, PATH_NVB and the PCIe/CPU paths (PIX ... SYS), in its order
@@ -127,7 +128,7 @@ def best_ring(members: Members) -> tuple[float, tuple[int, ...]]:
     return best
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def rings_at(members: Members, speed: float, path_type: str, max_channels: int) -> int:
     """How many ring channels of ``speed`` GB/s fit at once through all the
     members, each hop on its path (:meth:`Members.path`) of a type no worse than

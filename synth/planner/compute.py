@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence, Union
 
 import numpy as np
 
+from ..caches import memoised
 from ..documents import read_document, write_document
 from ..errors import SynthError
 from ..resources import profiles_dir
@@ -156,7 +156,7 @@ def save_operation_profile(path: str | Path, profile: OperationProfile) -> None:
     write_document(path, "compute profile", operation_profile_document(profile))
 
 
-@lru_cache(maxsize=1)
+@memoised(maxsize=1)
 def shipped_operation_profiles() -> tuple[OperationProfile, ...]:
     """The per-operation profiles shipped with synth-reduce (``profiles/``)."""
     found = []

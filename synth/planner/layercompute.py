@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
+from ..caches import memoised
 from .operations import OperationProfile
 from .transformer import Recompute, Transformer
 
@@ -188,7 +188,7 @@ def _pass(profile: OperationProfile, name: str, op: str, elements: int, backward
     return ops
 
 
-@lru_cache(maxsize=4096)  # the planner asks for each (tp, micro-batch) once per stage kind and size assignment
+@memoised(maxsize=4096)  # the planner asks for each (tp, micro-batch) once per stage kind and size assignment
 def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, moe: bool = False) -> ComputeTime:
     """One layer's operations on one device, forward and backward (no
     recomputation; see the module docstring for every shape); ``moe``: an
@@ -337,7 +337,7 @@ def micro_batch_fixed_s(profile: OperationProfile) -> float:
     return max(0.0, profile.attention.backward_floor_s - profile.attention.forward_floor_s)
 
 
-@lru_cache(maxsize=8192)  # every schedule and recomputation search variant of a configuration asks again
+@memoised(maxsize=8192)  # every schedule and recomputation search variant of a configuration asks again
 def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, layers: int, recompute: Recompute,
                   first: bool, last: bool, moe_layers: int = 0) -> ComputeTime:
     """One micro-batch of one pipeline stage of ``layers`` layers, of which

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+from ..caches import memoised
 from ..errors import SynthError
 
 # bytes per element the ``add`` pass moves (reads x and y, writes the sum, bf16)
@@ -85,7 +85,7 @@ def tiled_flops(m, k, n, units: int, tiles: tuple[tuple[int, int], ...], split_k
     return best
 
 
-@lru_cache(maxsize=1 << 14)
+@memoised(maxsize=1 << 14)
 def _tiled_flops_one(m: float, k: float, n: float, units: int, tiles: tuple[tuple[int, int], ...],
                      split_k_min: int) -> float:
     """:func:`tiled_flops` of one shape in Python floats: the same operations

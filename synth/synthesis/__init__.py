@@ -8,7 +8,10 @@ The stage, one concept per module, each importing only those before it:
 * :mod:`~synth.synthesis.language`: instructions and programs, their text form
   (lark grammar ``grammars/program.lark``);
 * :mod:`~synth.synthesis.semantics`: states, the rules of every collective,
-  goals, synthesis hierarchies and the interned state space;
+  goals and synthesis hierarchies (the reference);
+* :mod:`~synth.synthesis.statespace`: the interned state space the search and
+  the tracer step, one part per module (interning, checks, outcomes, the
+  lookahead, patterns, shifts, vector steps) and its ``SearchTuning``;
 * :mod:`~synth.synthesis.reduction`: a placement + reduction axes + goal, with
   its synthesis hierarchy and group tables;
 * :mod:`~synth.synthesis.problem`: the question a command asks (topology, axes,
@@ -26,7 +29,7 @@ The stage, one concept per module, each importing only those before it:
   all-to-all programs (their language, search and labelled-block proof).
 
 Imports: the shared top-level values only (``errors``, ``units``,
-``resources``, ``documents``, ``topology``); nothing of ``cost``, ``planner``,
+``resources``, ``documents``, ``topology``, ``caches``); nothing of ``cost``, ``planner``,
 ``runtime``, ``export``, ``testbed`` or ``cli``. :func:`~synth.synthesis.verify.verify_plan`
 takes a :class:`synth.plan.Plan` but only reads it (the plan module imports
 this stage, not the other way round). This ``__init__`` imports nothing, so

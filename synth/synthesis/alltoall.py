@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
+from ..caches import memoised
 from ..errors import SynthError
 from .language import Form
 from .semantics import Hierarchy, distinct_groupings, groups_of
@@ -133,7 +133,7 @@ class ExchangeGrouping:
     groups: tuple[tuple[int, ...], ...]
 
 
-@lru_cache(maxsize=64)
+@memoised(maxsize=64)
 def exchange_groupings(hierarchy: Hierarchy) -> tuple[ExchangeGrouping, ...]:
     """Every grouping the all-to-all language expresses on ``hierarchy`` (the
     reduction language's :func:`~synth.synthesis.semantics.distinct_groupings`
@@ -186,7 +186,7 @@ class AllToAllSynthesis:
     programs: tuple[AllToAllProgram, ...]
 
 
-@lru_cache(maxsize=64)
+@memoised(maxsize=64)
 def synthesize_alltoall(hierarchy: Hierarchy, max_steps: int = 5) -> AllToAllSynthesis:
     """Every program of the all-to-all language on ``hierarchy`` that reaches the
     goal in at most ``max_steps`` steps, by increasing length, then in the order

@@ -14,9 +14,9 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from ..caches import memoised
 from ..errors import SynthError
 from ..resources import grammar_path
 
@@ -85,7 +85,7 @@ def format_program(program: Program, sep: str = "\n") -> str:
     return sep.join(str(i) for i in program.instructions)
 
 
-@lru_cache(maxsize=1)
+@memoised(maxsize=1)
 def _parser() -> "lark.Lark":
     import lark
 

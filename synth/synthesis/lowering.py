@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
+from ..caches import memoised
 from ..errors import SynthError
 from .language import Collective, Instruction, Program, format_program
 from .reduction import Reduction
@@ -32,10 +32,9 @@ from .semantics import (
     NO_CHANGE,
     Goal,
     Hierarchy,
-    StateSpace,
     resolve,
-    state_space,
 )
+from .statespace import StateSpace, state_space
 
 Runs = tuple[tuple[int, int], ...]  # a chunk list as [first, stop) runs, in order
 
@@ -44,7 +43,7 @@ Runs = tuple[tuple[int, int], ...]  # a chunk list as [first, stop) runs, in ord
 LOWERED_LIMIT_BYTES = 1 << 30
 
 
-@lru_cache(maxsize=8)
+@memoised(maxsize=8)
 def _ints(k: int) -> tuple[int, ...]:
     return tuple(range(k))
 
@@ -133,7 +132,7 @@ def _describe_state(space: StateSpace, state: tuple[int, ...]) -> str:
     return "; ".join(parts) + ("; ..." if len(state) > 4 else "")
 
 
-@lru_cache(maxsize=4096)
+@memoised(maxsize=4096)
 def trace(program: Program, hierarchy: Hierarchy, goal: Goal) -> Trace:
     """Run the program on the synthesis hierarchy; SynthError names the first
     invalid step, or says that the end state is not the goal."""

@@ -20,10 +20,10 @@ once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import z3
 
+from ..caches import memoised
 from .language import Collective
 from .lowering import LoweredProgram, check_structure, verification_scope
 from .semantics import Goal
@@ -104,14 +104,14 @@ class _Terms:
         return z3.Z3_get_ast_id(self.ref, ast)
 
 
-@lru_cache(maxsize=1)
+@memoised(maxsize=1)
 def _sum_of_monomials() -> z3.ParamsRef:
     params = z3.ParamsRef()
     params.set("som", True)
     return params
 
 
-@lru_cache(maxsize=64)
+@memoised(maxsize=64)
 def _inputs(rows: tuple[tuple[int, ...], ...], k: int, goal: Goal, chunk_of_rank: tuple[int, ...]):
     """The initial values as columns (``[c][d]``: chunk ``c`` of device ``d``)
     and, per row, what each shard must end as: the sum of the row's inputs

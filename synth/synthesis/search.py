@@ -2,7 +2,7 @@
 
 Many prefixes reach the same state, so the search is a breadth-first walk of
 the state graph (each distinct state is expanded once, through a
-:class:`~synth.synthesis.semantics.StateSpace`) that records, per depth, the edges
+:class:`~synth.synthesis.statespace.StateSpace`) that records, per depth, the edges
 reaching each state: a layered graph. The programs are the paths of length
 ``<= max_steps`` from the initial state to the goal state in it. A program is
 valid when each of its steps is valid in the state it meets and the last state
@@ -27,20 +27,14 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..blas import one_blas_thread
+from ..caches import clear_caches, register_table
 from ..collector import collector_paused
 from ..errors import SynthError
 from .language import Collective, Instruction, Program
 from .placement import Placement
 from .reduction import Reduction
-from .semantics import (
-    Goal,
-    Hierarchy,
-    Loads,
-    StateKey,
-    distinct_groupings,
-    final_collectives,
-    state_space,
-)
+from .semantics import Goal, Hierarchy, Loads, distinct_groupings, final_collectives
+from .statespace import StateKey, state_space
 
 #: (previous state, instruction index, chunks moved per group) of one edge
 Edge = tuple[int, int, Loads]
@@ -229,7 +223,9 @@ class Search:
 #: that would hold more stops with an error instead of exhausting memory
 STATE_BUDGET = 1 << 27
 
-_SEARCHES: OrderedDict[tuple[tuple[int, ...], Goal, int], Search] = OrderedDict()
+#: the last searches, by (sizes, goal, max steps)
+_SEARCHES: OrderedDict[tuple[tuple[int, ...], Goal, int], Search] = register_table(
+    OrderedDict(), __name__, "_SEARCHES")
 
 
 def search(sizes: tuple[int, ...], goal: Goal, max_steps: int,
@@ -383,6 +379,6 @@ def synthesize_reduction(reduction: Reduction, max_steps: int = 5,
 
 def clear_cache() -> None:
     """Forget the memoised searches and state spaces (for benchmarks that time
-    cold searches)."""
-    _SEARCHES.clear()
-    state_space.cache_clear()
+    cold searches): the memos :mod:`synth.caches` holds for this module and
+    the state space package."""
+    clear_caches(__name__, "synth.synthesis.statespace")
