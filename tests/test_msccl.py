@@ -110,10 +110,12 @@ def test_an_allreduce_ring_over_64_ranks_runs_as_two_thread_blocks_per_rank():
 
 @pytest.fixture(scope="module")
 def good_xml() -> str:
-    """A three-step hierarchical all-reduce on 2 nodes x 4 ranks, 2 pieces."""
+    """A three-step hierarchical all-reduce on 2 nodes x 4 ranks, 2 pieces,
+    for calls up to 1 MiB (so a message may carry 4 chunks: a piece holds up
+    to 32 of them there)."""
     for reduction, program in _programs("testbed-2x4", "dp=8", "dp", Goal.ALLREDUCE):
         if len(program.instructions) == 3:
-            return compile_program(program, reduction, "t", pieces=2).xml()
+            return compile_program(program, reduction, "t", pieces=2, max_bytes=2**20).xml()
     raise AssertionError("no 3-step program")
 
 
@@ -170,8 +172,11 @@ def _fault(xml: str, name: str) -> str:
         return xml.replace('proto="Simple"', 'proto="simple"', 1)
     if name == "wrong chunk count":
         return _replace_line(xml, tb2 + 2, 'cnt="4"', 'cnt="3"')
-    if name == "hasdep cleared":
-        return _replace_line(xml, tb0 + 8, 'hasdep="1"', 'hasdep="0"')
+    if name == "hasdep cleared":  # tb 1 waits for tb 0 step 7; neither it nor tb 0's later step 15 raise a flag now
+        return _replace_line(_replace_line(xml, tb0 + 8, 'hasdep="1"', 'hasdep="0"'), tb0 + 16, 'hasdep="1"',
+                             'hasdep="0"')
+    if name == "deadlock above a size":  # messages of 4 chunks fill a connection once a piece holds 3 chunks or fewer
+        return xml.replace('maxBytes="1048576"', 'maxBytes="0"', 1)
     if name == "xml declaration":
         return '<?xml version="1.0"?>\n' + xml
     if name == "tab indent":
@@ -192,7 +197,14 @@ FAULTS = {
     "channel mismatch": r"deadlock .*a message from gpu 0 on chan 1",
     "bad protocol": r'proto="simple": the executor knows Simple, LL, LL128 \(exact case\)',
     "wrong chunk count": r"gpu 4 tb \d step \d \(r\) receives 4 chunk\(s\) but gpu 0 sent 3 on chan 2",
-    "hasdep cleared": r'depends on tb 0 step 7, which has hasdep="0": the executor never signals it',
+    "hasdep cleared": r'depends on tb 0 step 7, but neither it nor a later step of that thread block has hasdep="1"',
+    # the cross-node step is a ring of 2 that sends 4 chunks, then receives 4; Simple pieces take 4 of a connection's
+    # 8 slots and hold up to 2 MiB (4 MiB buffer / 8 slots x 4), so the send sticks once it is 3 pieces or more: at
+    # one chunk per piece, above 16 chunks x 1 MiB
+    "deadlock above a size": rf"deadlock at {16 * 2**20 + 1} bytes \(Simple, 1 chunk\(s\) per piece, 1 loop "
+                             r"iteration\(s\)\): 8 thread block\(s\) stuck: gpu 0 tb 2 step 1 \(s cnt=4, line \d+\), "
+                             r"iteration 1, piece 3 of 4: connection gpu 0 -> gpu 4 chan 2 is full \(8 of 8 slots "
+                             r"unreceived\)",
     "xml declaration": r"an XML declaration",
     "tab indent": r"a tab before the tag",
     "reduce_scatter name": r"write reducescatter",
@@ -210,6 +222,17 @@ def test_planted_faults_are_caught(good_xml, name):
     assert message.startswith("bad.xml"), message
     assert "\n" not in message
     assert re.search(FAULTS[name], message), message
+
+
+def test_a_flag_raised_by_a_later_step_releases_a_wait(good_xml):
+    """Flags only rise: a wait on a step without hasdep is released by a
+    later step of that thread block that has it (the kernel compares
+    curFlag >= goalFlag), so the file stays valid and exact."""
+    tb0 = _gpu0(good_xml, '<tb id="0"')
+    assert 'hasdep="1"' in good_xml.splitlines()[tb0 + 16]
+    assert 'depid="0" deps="7"' in good_xml  # tb 1 waits for tb 0 step 7
+    relaxed = _replace_line(good_xml, tb0 + 8, 'hasdep="1"', 'hasdep="0"')
+    check_algorithm(relaxed, "relaxed.xml")
 
 
 HAND_WRITTEN_RING = """<algo name="ring3" proto="LL" nchannels="1" nchunksperloop="3" ngpus="3" coll="allreduce" \

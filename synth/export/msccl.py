@@ -48,6 +48,7 @@ from ..synthesis.language import Collective, Program
 from ..synthesis.lowering import LoweredProgram, expand, group_runs
 from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal
+from .msccl_flow import NCCL_STEPS, SLICES_PER_PIECE, SLOTS_PER_SLICE, max_allowed_count
 
 # limits of msccl-executor-nccl (msccl_struct.h; MSCCL_MAX_NUM_STEPS is its build default)
 MAX_STEPS_PER_TB = 64
@@ -152,8 +153,9 @@ class _Compiler:
     wrote it and the steps that read it since (what a new step must wait for)."""
 
     def __init__(self, goal: Goal, k: int, pieces: int, chunk_of_rank: Sequence[int], instances: int = 1,
-                 split_allreduce: bool = False) -> None:
+                 split_allreduce: bool = False, max_message: int = MAX_COUNT) -> None:
         self.goal, self.k, self.pieces, self.instances = goal, k, pieces, instances
+        self.max_message = max_message
         self.split_allreduce = split_allreduce
         self.channels = 0  # channels the steps so far took
         position = [0] * k
@@ -240,11 +242,11 @@ class _Compiler:
     def segments(self, members: Sequence[int], xs: list[int]) -> list[list[int]]:
         """``xs`` (sorted xml chunks) cut into runs that are contiguous, for every
         member, where it holds them now and where it writes them, and at most
-        MAX_COUNT long: the same cuts for a sender and its receiver. Computed
+        ``max_message`` long: the same cuts for a sender and its receiver. Computed
         before the step touches ``xs``; each run then moves as one."""
         out: list[list[int]] = []
         for x in xs:
-            if out and x == out[-1][-1] + 1 and len(out[-1]) < MAX_COUNT and all(
+            if out and x == out[-1][-1] + 1 and len(out[-1]) < self.max_message and all(
                     self._continues(m, out[-1][-1], x) for m in members):
                 out[-1].append(x)
             else:
@@ -367,7 +369,8 @@ def compile_program(program: Program, reduction: Reduction, name: str, proto: st
                          f"channels; MSCCL has {MAX_CHANNELS}")
 
     def build(p: int, split: bool) -> tuple[_Compiler, int]:
-        compiler = _Compiler(reduction.goal, k, p, chunk_of_rank, instances, split)
+        compiler = _Compiler(reduction.goal, k, p, chunk_of_rank, instances, split,
+                             largest_message(proto, k * p, max_bytes))
         for collective, groups in steps:
             compiler.step(collective, [(members, expand(runs)) for members, runs in groups])
         compiler.finish()
@@ -401,6 +404,22 @@ def compile_program(program: Program, reduction: Reduction, name: str, proto: st
             problems.append(f"{how}{p} piece(s): {longest} steps in a thread block{channels}")
     raise SynthError(f"MSCCL export: {program} on {k} ranks does not fit MSCCL's {MAX_STEPS_PER_TB} steps per "
                      f"thread block and {MAX_CHANNELS} channels ({'; '.join(problems)})")
+
+
+def largest_message(proto: str, nchunksperloop: int, max_bytes: int) -> int:
+    """The most chunks one message (step) may carry so that no ring member
+    fills its outgoing connection before it receives, at every size up to
+    ``max_bytes`` (0: unbounded). Each ring pass starts with every member
+    sending; its next step receives, reduces and sends, and waits for free
+    send space before it consumes its input (synth.export.msccl_flow). So
+    the first message may take the connection's slots but one slice: one
+    piece in Simple (4 of 8 slots), seven in LL and LL128 (one slot each);
+    a piece carries ``maxAllowedCount`` chunks at the largest size of the range."""
+    largest = max_bytes or 2**62
+    per_piece = max_allowed_count(proto, largest, nchunksperloop)
+    slots = SLICES_PER_PIECE[proto] * SLOTS_PER_SLICE[proto]
+    pieces = (NCCL_STEPS - SLOTS_PER_SLICE[proto]) // slots
+    return max(1, min(MAX_COUNT, pieces * per_piece))
 
 
 def _algorithm(c: _Compiler, name: str, proto: str, min_bytes: int, max_bytes: int, channels: int) -> MscclAlgorithm:
