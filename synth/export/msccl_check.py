@@ -229,7 +229,12 @@ def parse(text: str, source: str = "XML") -> Algorithm:
     for number, line in enumerate(text.splitlines(), 1):
         where = f"{source}:{number}"
         stripped = line.strip(" \r")
-        if not stripped or stripped.startswith("<!--"):
+        if not stripped:
+            continue
+        if stripped.startswith("<!--"):
+            if not stripped.endswith("-->") or "-->" in stripped[4:-3]:
+                raise SynthError(f"{where}: a comment must close with --> at the end of its line (the executor's "
+                                 "reader skips everything up to the first -->)")
             continue
         if "\t" in line.split("<", 1)[0]:
             raise SynthError(f"{where}: a tab before the tag: the executor's reader takes only spaces and newlines "
