@@ -390,20 +390,42 @@ def test_tuner_rules_cover_every_size_with_the_cheapest_algorithm(hierarchical_p
         for r in rules]
     names = {"nvls_tree": "nvlstree"}
     for planned in plan.reductions:
-        reduction = planned.reduction
-        mine = [r for r in rules if r.reduce == reduction.axes]
-        assert mine[0].min_bytes == 0 and mine[-1].max_bytes == MAX_BYTES
-        assert all(b.min_bytes == a.max_bytes + 1 for a, b in zip(mine, mine[1:]))
-        comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
-        assert {(r.nodes, r.ranks) for r in mine} == {(comm.nodes, comm.ranks)}
-        lowered = lower(default_program(reduction.goal), reduction)
-        for rule in mine:
-            size = max(rule.min_bytes, 1)
-            times = {}
-            for algorithm in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT):
-                if choose(comm, Collective.ALLREDUCE, float(size), algorithm.forced).algorithm == algorithm.value:
-                    times[algorithm.value] = predict_program(lowered, reduction, size, Model(algorithm))
-            assert times[names.get(rule.algorithm, rule.algorithm)] == min(times.values()), (rule, times)
+        first = planned.reduction
+        comm = comm_of(first.topology, tuple(int(d) for d in first.reduction_groups[0]))
+        # every collective a trainer calls on the group gets rules, or the plugin runs it on 1 channel
+        assert {r.collective for r in rules if r.reduce == first.axes} == {"allreduce", "reducescatter", "allgather"}
+        for goal in Goal:
+            reduction = Reduction.of(first.placement, first.axes, goal)
+            mine = [r for r in rules if r.reduce == first.axes and r.collective == goal.value]
+            assert mine[0].min_bytes == 0 and mine[-1].max_bytes == MAX_BYTES
+            assert all(b.min_bytes == a.max_bytes + 1 for a, b in zip(mine, mine[1:]))
+            assert {(r.nodes, r.ranks) for r in mine} == {(comm.nodes, comm.ranks)}
+            lowered = lower(default_program(reduction.goal), reduction)
+            for rule in mine:
+                size = max(rule.min_bytes, 1)
+                times = {}
+                for algorithm in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT):
+                    if choose(comm, goal.collective, float(size), algorithm.forced).algorithm == algorithm.value:
+                        times[algorithm.value] = predict_program(lowered, reduction, size, Model(algorithm))
+                assert times[names.get(rule.algorithm, rule.algorithm)] == min(times.values()), (rule, times)
+                # the channels NCCL would run the call on at both ends (src/enqueue.cc's loop: the communicator's
+                # channels, one fewer while the bytes are below channels x threads x threshold)
+                for end in (size, min(rule.max_bytes, 2**40)):
+                    assert rule.channels == _nccl_channels(comm, rule.algorithm, rule.protocol, end), (rule, end)
+
+
+def _nccl_channels(comm, algorithm: str, protocol: str, nbytes: int) -> int:
+    from synth.cost.nccl import MAX_THREADS, PCI_BW, THREAD_THRESHOLDS, nvls_graph, ring_graph, runtime_channels
+
+    if algorithm in ("nvls", "nvls_tree"):
+        return nvls_graph(comm).channels or runtime_channels(comm)
+    proto = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}[protocol]
+    threads = MAX_THREADS[proto]
+    if algorithm == "ring" and proto == "Simple":
+        ring = ring_graph(comm)
+        threads = 256 if ring.bw_intra * ring.channels <= PCI_BW else 512
+    threshold = THREAD_THRESHOLDS[proto] * (comm.ranks if algorithm == "ring" and proto == "LL" else 1)
+    return max(1, min(runtime_channels(comm), nbytes // (threads * threshold)))
 
 
 @pytest.mark.parametrize("line,message", [
@@ -444,7 +466,8 @@ def test_tuner_and_env_commands(cli, tmp_path, hierarchical_plan):
     # NCCL's parseList grammar: "func:elem,elem;func:elem", names from ncclFuncStr / ncclAlgoStr / ncclProtoStr
     for entry in env["NCCL_ALGO"].strip('"').split(";"):
         func, elems = entry.split(":")
-        assert func == "AllReduce" and set(elems.split(",")) <= {"Tree", "Ring", "NVLS", "NVLSTree", "PAT"}
+        assert func in ("AllReduce", "ReduceScatter", "AllGather")
+        assert set(elems.split(",")) <= {"Tree", "Ring", "NVLS", "NVLSTree", "PAT"}
     for entry in env["NCCL_PROTO"].strip('"').split(";"):
         assert set(entry.split(":")[1].split(",")) <= {"LL", "LL128", "Simple"}
     doc = json.loads(cli("export", hierarchical_plan, "--format", "nccl-tuner", "--json")[1])
