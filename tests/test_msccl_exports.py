@@ -131,3 +131,22 @@ def test_every_listed_p2_program_exports_files_that_run(topology, axes, reduce):
         reduction = Reduction.of(placement, reduce, Goal.ALLREDUCE)
         for program in synthesize_reduction(reduction, 5).programs:
             _check_files(plan_files(Plan.single(lower(program, reduction), reduction)))
+
+
+def test_the_gpu_check_runs_msccl_where_pieces_are_one_chunk():
+    """scripts/gpu_check.py's MSCCL step: 64 MiB, and a size of at least
+    256 MiB where the executor cuts every step into one-chunk pieces and
+    loops more than once (where a ring that fills its connections hangs)."""
+    import importlib.util
+    from pathlib import Path
+
+    from synth.export.msccl_flow import iterations, max_allowed_count
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[1] / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.SIMPLE_CHUNK_BYTES == chunk_effective_bytes("Simple")
+    for chunks in (8, 64, 512):
+        small, large = gpu_check.msccl_sizes(chunks)
+        assert small == 64 * 2**20 and large >= 256 * 2**20
+        assert max_allowed_count("Simple", large, chunks) == 1 and iterations("Simple", large, chunks) == 2
