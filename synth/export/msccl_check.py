@@ -130,6 +130,7 @@ class Block:
     chan: int
     line: int
     steps: list[Step] = field(default_factory=list)
+    next_flag: list[int] | None = None  # per step, the first step at or after it with hasdep (_flagged_from)
 
 
 @dataclass
@@ -514,6 +515,9 @@ class _Sums:
     def __init__(self, algo: Algorithm) -> None:
         self.width = algo.nchunksperloop
         self._wanted: dict[tuple[int, int], int] = {}
+        # the weights of every (rank, input chunk), at most MAX_CONTRIBUTIONS of them
+        self._weights = [self._weight(key) for key in range(algo.ngpus * algo.nchunksperloop)]
+        self._per_chunk_only = algo.coll == "allreduce"  # every rank wants the same sum of chunk j
 
     @staticmethod
     def _weight(key: int) -> int:
@@ -524,7 +528,7 @@ class _Sums:
         return (z ^ (z >> 31)) % _Sums.PRIME
 
     def unit(self, rank: int, chunk: int) -> int:
-        return self._weight(rank * self.width + chunk)
+        return self._weights[rank * self.width + chunk]
 
     @staticmethod
     def add(a, b):
@@ -533,11 +537,11 @@ class _Sums:
         return (a + b) % _Sums.PRIME
 
     def of(self, contributions) -> int:
-        return sum(self._weight(q * self.width + c) for q, c in contributions) % self.PRIME
+        return sum(self._weights[q * self.width + c] for q, c in contributions) % self.PRIME
 
     def wanted(self, algo: Algorithm, rank: int, j: int) -> int:
         """:func:`_wanted` as a sum, computed once per chunk for every run."""
-        key = (rank, j)
+        key = (0 if self._per_chunk_only else rank, j)
         if key not in self._wanted:
             self._wanted[key] = self.of(_wanted(algo, rank, j))
         return self._wanted[key]
@@ -673,8 +677,15 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values
 
 def _flagged_from(block: Block, s: int) -> int:
     """The first step at or after ``s`` of ``block`` that raises its flag
-    (check_structure makes sure there is one)."""
-    return next(n for n in range(s, len(block.steps)) if block.steps[n].hasdep)
+    (check_structure makes sure there is one); computed once per block."""
+    if block.next_flag is None:
+        following, nxt = [0] * len(block.steps), len(block.steps)
+        for n in range(len(block.steps) - 1, -1, -1):
+            if block.steps[n].hasdep:
+                nxt = n
+            following[n] = nxt
+        block.next_flag = following
+    return block.next_flag[s]
 
 
 def _wanted(algo: Algorithm, rank: int, j: int) -> list[tuple[int, int]]:
