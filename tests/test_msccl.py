@@ -110,10 +110,12 @@ def test_an_allreduce_ring_over_64_ranks_runs_as_two_thread_blocks_per_rank():
 
 @pytest.fixture(scope="module")
 def good_xml() -> str:
-    """A three-step hierarchical all-reduce on 2 nodes x 4 ranks, 2 pieces."""
+    """A three-step hierarchical all-reduce on 2 nodes x 4 ranks, 2 pieces,
+    for calls up to 1 MiB (so a message may carry 4 chunks: a piece holds up
+    to 32 of them there)."""
     for reduction, program in _programs("testbed-2x4", "dp=8", "dp", Goal.ALLREDUCE):
         if len(program.instructions) == 3:
-            return compile_program(program, reduction, "t", pieces=2).xml()
+            return compile_program(program, reduction, "t", pieces=2, max_bytes=2**20).xml()
     raise AssertionError("no 3-step program")
 
 
@@ -170,8 +172,11 @@ def _fault(xml: str, name: str) -> str:
         return xml.replace('proto="Simple"', 'proto="simple"', 1)
     if name == "wrong chunk count":
         return _replace_line(xml, tb2 + 2, 'cnt="4"', 'cnt="3"')
-    if name == "hasdep cleared":
-        return _replace_line(xml, tb0 + 8, 'hasdep="1"', 'hasdep="0"')
+    if name == "hasdep cleared":  # tb 1 waits for tb 0 step 7; neither it nor tb 0's later step 15 raise a flag now
+        return _replace_line(_replace_line(xml, tb0 + 8, 'hasdep="1"', 'hasdep="0"'), tb0 + 16, 'hasdep="1"',
+                             'hasdep="0"')
+    if name == "deadlock above a size":  # messages of 4 chunks fill a connection once a piece holds 3 chunks or fewer
+        return xml.replace('maxBytes="1048576"', 'maxBytes="0"', 1)
     if name == "xml declaration":
         return '<?xml version="1.0"?>\n' + xml
     if name == "tab indent":
@@ -192,7 +197,14 @@ FAULTS = {
     "channel mismatch": r"deadlock .*a message from gpu 0 on chan 1",
     "bad protocol": r'proto="simple": the executor knows Simple, LL, LL128 \(exact case\)',
     "wrong chunk count": r"gpu 4 tb \d step \d \(r\) receives 4 chunk\(s\) but gpu 0 sent 3 on chan 2",
-    "hasdep cleared": r'depends on tb 0 step 7, which has hasdep="0": the executor never signals it',
+    "hasdep cleared": r'depends on tb 0 step 7, but neither it nor a later step of that thread block has hasdep="1"',
+    # the cross-node step is a ring of 2 that sends 4 chunks, then receives 4; Simple pieces take 4 of a connection's
+    # 8 slots and hold up to 2 MiB (4 MiB buffer / 8 slots x 4), so the send sticks once it is 3 pieces or more: at
+    # one chunk per piece, above 16 chunks x 1 MiB
+    "deadlock above a size": rf"deadlock at {16 * 2**20 + 1} bytes \(Simple, 1 chunk\(s\) per piece, 1 loop "
+                             r"iteration\(s\)\): 8 thread block\(s\) stuck: gpu 0 tb 2 step 1 \(s cnt=4, line \d+\), "
+                             r"iteration 1, piece 3 of 4: connection gpu 0 -> gpu 4 chan 2 is full \(8 of 8 slots "
+                             r"unreceived\)",
     "xml declaration": r"an XML declaration",
     "tab indent": r"a tab before the tag",
     "reduce_scatter name": r"write reducescatter",
@@ -210,6 +222,17 @@ def test_planted_faults_are_caught(good_xml, name):
     assert message.startswith("bad.xml"), message
     assert "\n" not in message
     assert re.search(FAULTS[name], message), message
+
+
+def test_a_flag_raised_by_a_later_step_releases_a_wait(good_xml):
+    """Flags only rise: a wait on a step without hasdep is released by a
+    later step of that thread block that has it (the kernel compares
+    curFlag >= goalFlag), so the file stays valid and exact."""
+    tb0 = _gpu0(good_xml, '<tb id="0"')
+    assert 'hasdep="1"' in good_xml.splitlines()[tb0 + 16]
+    assert 'depid="0" deps="7"' in good_xml  # tb 1 waits for tb 0 step 7
+    relaxed = _replace_line(good_xml, tb0 + 8, 'hasdep="1"', 'hasdep="0"')
+    check_algorithm(relaxed, "relaxed.xml")
 
 
 HAND_WRITTEN_RING = """<algo name="ring3" proto="LL" nchannels="1" nchunksperloop="3" ngpus="3" coll="allreduce" \
@@ -280,20 +303,24 @@ def test_export_writes_checked_files_and_verify_reads_them(cli, tmp_path, hierar
     code, text, err = cli("export", hierarchical_plan, "--format", "msccl", "--out", out)
     assert code == 0, err
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["dp-allreduce-0.xml", "tp-allreduce-0.xml"]
+    # one program per reduction, cut where the protocol changes: LL for small sizes up to Simple for large ones
+    assert {n.rsplit("-", 1)[0] for n in names} == {"dp-allreduce-0", "tp-allreduce-0"} and len(names) >= 4, names
     assert "checked out-of-place and in-place" in text and "MSCCL_ALGO_DIR" in text
     for name in names:
         code, text, _ = cli("verify", out / name)
         assert code == 0 and "verified allreduce on" in text
-    code, text, _ = cli("verify", out / "dp-allreduce-0.xml", "--json")
+    code, text, _ = cli("verify", out / names[0], "--json")
     doc = json.loads(text)
     assert doc["verified"] and doc["ngpus"] == 4 and doc["modes"] == ["out-of-place", "in-place"]
     code, text, _ = cli("export", hierarchical_plan, "--format", "msccl", "--out", tmp_path / "dp", "--reduce", "dp",
                         "--json")
     doc = json.loads(text)
-    assert [f["file"] for f in doc["files"]] == ["dp-allreduce-0.xml"] and doc["files"][0]["checked"]["steps"] > 0
-    predicted = doc["files"][0]["predicted"]
+    assert all(f["file"].startswith("dp-allreduce-0-") for f in doc["files"]) and doc["files"][0]["checked"]["steps"] > 0
+    assert [f["proto"] for f in doc["files"]][0] == "LL" and doc["files"][-1]["proto"] == "Simple"
+    assert doc["files"][0]["minBytes"] == 0 and doc["files"][-1]["maxBytes"] == 0
+    predicted = doc["files"][-1]["predicted"]  # the large-size file: pipelining pays there
     assert 0 < predicted["pipelined_s"] <= predicted["step_by_step_s"] and predicted["size_bytes"] > 0
+    assert all(f["predicted"]["as_written_s"] > 0 for f in doc["files"])
 
 
 def test_export_errors(cli, tmp_path, hierarchical_plan):
@@ -313,8 +340,11 @@ def test_files_of_two_reductions_alike_are_reported(tmp_path):
     """tp and dp groups of one size, both all-reduce: the executor would pick
     the first file for both; the export says so."""
     assert shadowed(plan_files(_dp_and_tp_plan("testbed-2x2x2", "tp=2,dp=4"))) == []  # 4 and 2 ranks: told apart
-    pairs = shadowed(plan_files(_dp_and_tp_plan("testbed-2x2x2", "tp=2,dp=2,pp=2")))
-    assert [(a.name, b.name) for a, b in pairs] == [("dp-allreduce-0.xml", "tp-allreduce-0.xml")]
+    files = plan_files(_dp_and_tp_plan("testbed-2x2x2", "tp=2,dp=2,pp=2"))
+    expected = [(a.name, b.name) for a in files for b in files if a.axes == ("dp",) and b.axes == ("tp",)
+                and a.algorithm.min_bytes <= (b.algorithm.max_bytes or 2**64)
+                and b.algorithm.min_bytes <= (a.algorithm.max_bytes or 2**64)]
+    assert expected and sorted((a.name, b.name) for a, b in shadowed(files)) == sorted(expected)
 
 
 def test_a_job_plan_exports_every_size_range(tmp_path):
@@ -327,7 +357,7 @@ def test_a_job_plan_exports_every_size_range(tmp_path):
     plan = load_plan(job)
     files = plan_files(plan)
     ranges = sum(len(p.programs) for p in plan.reductions)
-    assert len(files) == ranges
+    assert len(files) >= ranges  # each range cut where its protocol changes
     for f in files:
         check_algorithm(f.algorithm.xml(), f.name)
         assert f.algorithm.proto in ("Simple", "LL128", "LL")
@@ -361,20 +391,42 @@ def test_tuner_rules_cover_every_size_with_the_cheapest_algorithm(hierarchical_p
         for r in rules]
     names = {"nvls_tree": "nvlstree"}
     for planned in plan.reductions:
-        reduction = planned.reduction
-        mine = [r for r in rules if r.reduce == reduction.axes]
-        assert mine[0].min_bytes == 0 and mine[-1].max_bytes == MAX_BYTES
-        assert all(b.min_bytes == a.max_bytes + 1 for a, b in zip(mine, mine[1:]))
-        comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]))
-        assert {(r.nodes, r.ranks) for r in mine} == {(comm.nodes, comm.ranks)}
-        lowered = lower(default_program(reduction.goal), reduction)
-        for rule in mine:
-            size = max(rule.min_bytes, 1)
-            times = {}
-            for algorithm in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT):
-                if choose(comm, Collective.ALLREDUCE, float(size), algorithm.forced).algorithm == algorithm.value:
-                    times[algorithm.value] = predict_program(lowered, reduction, size, Model(algorithm))
-            assert times[names.get(rule.algorithm, rule.algorithm)] == min(times.values()), (rule, times)
+        first = planned.reduction
+        comm = comm_of(first.topology, tuple(int(d) for d in first.reduction_groups[0]))
+        # every collective a trainer calls on the group gets rules, or the plugin runs it on 1 channel
+        assert {r.collective for r in rules if r.reduce == first.axes} == {"allreduce", "reducescatter", "allgather"}
+        for goal in Goal:
+            reduction = Reduction.of(first.placement, first.axes, goal)
+            mine = [r for r in rules if r.reduce == first.axes and r.collective == goal.value]
+            assert mine[0].min_bytes == 0 and mine[-1].max_bytes == MAX_BYTES
+            assert all(b.min_bytes == a.max_bytes + 1 for a, b in zip(mine, mine[1:]))
+            assert {(r.nodes, r.ranks) for r in mine} == {(comm.nodes, comm.ranks)}
+            lowered = lower(default_program(reduction.goal), reduction)
+            for rule in mine:
+                size = max(rule.min_bytes, 1)
+                times = {}
+                for algorithm in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT):
+                    if choose(comm, goal.collective, float(size), algorithm.forced).algorithm == algorithm.value:
+                        times[algorithm.value] = predict_program(lowered, reduction, size, Model(algorithm))
+                assert times[names.get(rule.algorithm, rule.algorithm)] == min(times.values()), (rule, times)
+                # the channels NCCL would run the call on at both ends (src/enqueue.cc's loop: the communicator's
+                # channels, one fewer while the bytes are below channels x threads x threshold)
+                for end in (size, min(rule.max_bytes, 2**40)):
+                    assert rule.channels == _nccl_channels(comm, rule.algorithm, rule.protocol, end), (rule, end)
+
+
+def _nccl_channels(comm, algorithm: str, protocol: str, nbytes: int) -> int:
+    from synth.cost.nccl import MAX_THREADS, PCI_BW, THREAD_THRESHOLDS, nvls_graph, ring_graph, runtime_channels
+
+    if algorithm in ("nvls", "nvls_tree"):
+        return nvls_graph(comm).channels or runtime_channels(comm)
+    proto = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}[protocol]
+    threads = MAX_THREADS[proto]
+    if algorithm == "ring" and proto == "Simple":
+        ring = ring_graph(comm)
+        threads = 256 if ring.bw_intra * ring.channels <= PCI_BW else 512
+    threshold = THREAD_THRESHOLDS[proto] * (comm.ranks if algorithm == "ring" and proto == "LL" else 1)
+    return max(1, min(runtime_channels(comm), nbytes // (threads * threshold)))
 
 
 @pytest.mark.parametrize("line,message", [
@@ -415,7 +467,8 @@ def test_tuner_and_env_commands(cli, tmp_path, hierarchical_plan):
     # NCCL's parseList grammar: "func:elem,elem;func:elem", names from ncclFuncStr / ncclAlgoStr / ncclProtoStr
     for entry in env["NCCL_ALGO"].strip('"').split(";"):
         func, elems = entry.split(":")
-        assert func == "AllReduce" and set(elems.split(",")) <= {"Tree", "Ring", "NVLS", "NVLSTree", "PAT"}
+        assert func in ("AllReduce", "ReduceScatter", "AllGather")
+        assert set(elems.split(",")) <= {"Tree", "Ring", "NVLS", "NVLSTree", "PAT"}
     for entry in env["NCCL_PROTO"].strip('"').split(";"):
         assert set(entry.split(":")[1].split(",")) <= {"LL", "LL128", "Simple"}
     doc = json.loads(cli("export", hierarchical_plan, "--format", "nccl-tuner", "--json")[1])

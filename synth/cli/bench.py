@@ -79,14 +79,16 @@ def request_of(argv: Sequence[str], tune: bool) -> BenchRequest:
     )
 
 
-def pipelined_schedule(reduction, lowered, member: int):
-    """A candidate's MSCCL schedule for ``member`` of its group: compiled
-    (synth.export.msccl) and checked (synth.export.msccl_check) first; every
-    rank compiles and checks the same file, so nothing runs unchecked."""
-    from ..export.msccl import compile_program, schedule_of
+def pipelined_schedule(reduction, lowered, member: int, size_bytes: int = 256 * 2**20):
+    """A candidate's MSCCL schedule for ``member`` of its group: the file
+    ``export --format msccl`` writes for the program at ``size_bytes``
+    (synth.export.msccl.export_algorithm: its protocol range, pieces and
+    channels per step), checked (synth.export.msccl_check) first; every rank
+    compiles and checks the same file, so nothing runs unchecked."""
+    from ..export.msccl import export_algorithm, schedule_of
     from ..export.msccl_check import check_algorithm
 
-    algorithm = compile_program(lowered.program, reduction, "bench")
+    algorithm = export_algorithm(lowered, reduction, size_bytes, "bench")
     check_algorithm(algorithm.xml(), f"the MSCCL schedule of {lowered.program}")
     return schedule_of(algorithm, member)
 
@@ -100,7 +102,9 @@ def run_bench(argv: Sequence[str]) -> int:
             return _run_sparse_bench(args, density)
         if args.skew is not None:
             raise SynthError("--skew applies to a sparse gradient: add --density D")
-    return run(request_of(argv, tune=False), pipelined_schedule)
+    request = request_of(argv, tune=False)
+    largest = max(request.sizes)  # the schedule of the file the export writes for the largest size
+    return run(request, lambda reduction, lowered, member: pipelined_schedule(reduction, lowered, member, largest))
 
 
 def _run_sparse_bench(args: argparse.Namespace, density: float) -> int:

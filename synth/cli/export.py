@@ -70,8 +70,9 @@ def run(argv: Sequence[str]) -> int:
                    help="megatron, torchtitan: trainer names of the plan's axes, e.g. mp=tp")
     p.add_argument("--hierarchical", action="store_true", help="jax: one mesh axis per level an axis spans")
     p.add_argument("--reduce", metavar="AXES", help="msccl: export only the reductions over these axes (e.g. dp)")
-    p.add_argument("--instances", type=int, default=1, metavar="N",
-                   help="msccl: channels per step, pieces dealt over them (thread blocks in parallel; default 1)")
+    p.add_argument("--instances", type=int, default=None, metavar="N",
+                   help="msccl: channels per step, pieces dealt over them (thread blocks in parallel; default: the "
+                        "count the cost model prices cheapest for each file)")
     add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.add_argument("--out", help="write to this file instead of stdout (msccl: the folder for the XML files)")
@@ -86,7 +87,7 @@ def run(argv: Sequence[str]) -> int:
         p.error("--axis-names applies to --format megatron and torchtitan only")
     if args.reduce and args.format != "msccl":
         p.error("--reduce applies to --format msccl only")
-    if args.instances != 1 and args.format != "msccl":
+    if args.instances is not None and args.format != "msccl":
         p.error("--instances applies to --format msccl only")
     if args.hierarchical and args.format != "jax":
         p.error("--hierarchical applies to --format jax only")
@@ -151,15 +152,19 @@ def _msccl(args) -> int:
         print(json.dumps({"plan": args.plan, "format": "msccl", "folder": str(folder), "files": [
             {**f.to_dict(), "checked": c.to_dict(), "predicted": {
                 "size_bytes": f.size_bytes, "step_by_step_s": price.step_by_step_s,
-                "pipelined_s": price.pipelined_s}} for f, c, price in zip(files, checked, prices)]}, indent=1))
+                "pipelined_s": price.pipelined_s, "as_written_s": f.price.seconds}}
+            for f, c, price in zip(files, checked, prices)]}, indent=1))
         return 0
     for f, c, price in zip(files, checked, prices):
         a = f.algorithm
         high = "unbounded" if not a.max_bytes else f"{a.max_bytes} B"
         print(f"wrote {folder / f.name}: {a.coll} on {a.ngpus} ranks, {a.proto}, {a.min_bytes} B..{high}, "
-              f"{a.pieces} piece(s) per chunk, {c.thread_blocks} thread blocks, {c.steps} steps; checked "
-              f"{' and '.join(c.modes)}; predicted at {format_size(f.size_bytes)}: "
-              f"{format_seconds(price.pipelined_s)} pipelined, {format_seconds(price.step_by_step_s)} step by step")
+              f"{a.pieces} piece(s) per chunk on {a.instances} channel(s) per step, nchunksperloop "
+              f"{a.nchunksperloop}, {c.thread_blocks} thread blocks, {c.steps} steps; checked "
+              f"{' and '.join(c.modes)} and its flow control at {len(c.flow_sizes)} size(s); predicted at "
+              f"{format_size(f.size_bytes)}: {format_seconds(f.price.seconds)} as written, "
+              f"{format_seconds(price.pipelined_s)} pipelined on NCCL's channels, "
+              f"{format_seconds(price.step_by_step_s)} step by step")
     print(f"load with: NCCL_MSCCL_ENABLE=1 MSCCL_ALGO_DIR={folder} (the MSCCL executor build of NCCL; "
           "docs/nccl-programs.md)")
     for first, other in shadowed(files):

@@ -69,7 +69,8 @@ def _verify_xml(path: str, as_json: bool) -> int:
         return 0
     high = "unbounded" if not result.max_bytes else f"{result.max_bytes} B"
     print(f"{path}: verified {result.coll} on {result.ngpus} gpus ({' and '.join(result.modes)}): every output chunk "
-          f"holds each contribution exactly once; no deadlock; {result.thread_blocks} thread blocks, "
+          f"holds each contribution exactly once; no deadlock, flow control interpreted at {len(result.flow_sizes)} "
+          f"size(s) of its range; {result.thread_blocks} thread blocks, "
           f"{result.steps} steps, {result.nchunksperloop} chunks per loop, {result.proto}, "
           f"{result.min_bytes} B..{high}")
     return 0

@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..cost import Model
-from ..cost.nccl import choose, comm_of
-from ..cost.pipeline import predict_pipelined
 from ..errors import SynthError
 from ..runtime.pipelined import Op, Schedule, Stream
 from ..synthesis.language import Collective, Program
 from ..synthesis.lowering import LoweredProgram, expand, group_runs
 from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal
+from .msccl_cost import FilePrice, FilePricer, group_comm, layouts, protocol_ranges, ring_protocol
+from .msccl_flow import NCCL_STEPS, SLICES_PER_PIECE, SLOTS_PER_SLICE, max_allowed_count
 
 # limits of msccl-executor-nccl (msccl_struct.h; MSCCL_MAX_NUM_STEPS is its build default)
 MAX_STEPS_PER_TB = 64
@@ -57,6 +57,8 @@ MAX_DEPENDENCY_TB = 127
 PROTOCOLS = ("Simple", "LL128", "LL")
 COLLECTIVE_NAMES = {goal: goal.value for goal in Goal}  # MSCCL's coll names are the goals' names
 PIECES_TRIED = (8, 4, 2, 1)
+INSTANCES_TRIED = (1, 2, 4, 8)
+ELEMENT_BYTES = 4  # the widest common element (float32): a count it divides, it divides for 2- and 1-byte types too  # channels per step the export prices (pieces dealt over them)
 
 
 @dataclass
@@ -99,10 +101,14 @@ class MscclAlgorithm:
     chunks: tuple[tuple[int, int, int], ...]
     thread_blocks: tuple[tuple[ThreadBlock, ...], ...]
     pieces: int
+    instances: int = 1  # channels per step
 
     def xml(self) -> str:
-        """The file, as the executor's reader takes it (see the module docstring)."""
-        lines = [f'<algo name="{self.name}" proto="{self.proto}" nchannels="{self.nchannels}" '
+        """The file, as the executor's reader takes it (see the module
+        docstring), after one comment line per loading condition
+        (:func:`loading_notes`; the reader skips comments)."""
+        lines = [f"<!-- {note} -->" for note in loading_notes(self.coll, self.ngpus, self.nchunksperloop)]
+        lines += [f'<algo name="{self.name}" proto="{self.proto}" nchannels="{self.nchannels}" '
                  f'nchunksperloop="{self.nchunksperloop}" ngpus="{self.ngpus}" coll="{self.coll}" '
                  f'inplace="{self.inplace}" outofplace="{self.outofplace}" minBytes="{self.min_bytes}" '
                  f'maxBytes="{self.max_bytes}">']
@@ -118,6 +124,23 @@ class MscclAlgorithm:
             lines.append("  </gpu>")
         lines.append("</algo>")
         return "\n".join(lines) + "\n"
+
+
+def loading_notes(coll: str, ngpus: int, nchunksperloop: int) -> tuple[str, ...]:
+    """What a call needs for the executor to run this file rather than NCCL's
+    own algorithm, and what is safe to run beside it (msccl-executor-nccl
+    c6f6b36d: msccl_lifecycle.cc:309-311 and 332-339, msccl_status.cc:10,
+    msccl_kernel.cu:203-206 and 233-234)."""
+    multiple = "the element count x ngpus" if coll in ("allgather", "reducescatter") else "the element count"
+    notes = [f"synth-reduce: {coll} on {ngpus} ranks. Selected only when {multiple} is a multiple of "
+             f"{nchunksperloop} (nchunksperloop); any other count runs NCCL's own algorithm.",
+             "Sum, prod, min and max only: the executor leaves ncclAvg to NCCL. For an average, call a sum and "
+             f"scale by 1/{ngpus} before or after it (as PyTorch DDP divides gradients before its sum).",
+             "One MSCCL collective at a time per process: the executor keeps one set of thread-block flags per "
+             "process, so two MSCCL kernels running at once (two communicators on two streams) may hang."]
+    if coll not in ("allreduce", "allgather", "reducescatter"):
+        notes = notes[:1]
+    return tuple(notes)
 
 
 def _ring_ops(collective: Collective, g: int, i: int) -> list[tuple[str, int]]:
@@ -152,8 +175,9 @@ class _Compiler:
     wrote it and the steps that read it since (what a new step must wait for)."""
 
     def __init__(self, goal: Goal, k: int, pieces: int, chunk_of_rank: Sequence[int], instances: int = 1,
-                 split_allreduce: bool = False) -> None:
+                 split_allreduce: bool = False, max_message: int = MAX_COUNT) -> None:
         self.goal, self.k, self.pieces, self.instances = goal, k, pieces, instances
+        self.max_message = max_message
         self.split_allreduce = split_allreduce
         self.channels = 0  # channels the steps so far took
         position = [0] * k
@@ -240,11 +264,11 @@ class _Compiler:
     def segments(self, members: Sequence[int], xs: list[int]) -> list[list[int]]:
         """``xs`` (sorted xml chunks) cut into runs that are contiguous, for every
         member, where it holds them now and where it writes them, and at most
-        MAX_COUNT long: the same cuts for a sender and its receiver. Computed
+        ``max_message`` long: the same cuts for a sender and its receiver. Computed
         before the step touches ``xs``; each run then moves as one."""
         out: list[list[int]] = []
         for x in xs:
-            if out and x == out[-1][-1] + 1 and len(out[-1]) < MAX_COUNT and all(
+            if out and x == out[-1][-1] + 1 and len(out[-1]) < self.max_message and all(
                     self._continues(m, out[-1][-1], x) for m in members):
                 out[-1].append(x)
             else:
@@ -367,7 +391,8 @@ def compile_program(program: Program, reduction: Reduction, name: str, proto: st
                          f"channels; MSCCL has {MAX_CHANNELS}")
 
     def build(p: int, split: bool) -> tuple[_Compiler, int]:
-        compiler = _Compiler(reduction.goal, k, p, chunk_of_rank, instances, split)
+        compiler = _Compiler(reduction.goal, k, p, chunk_of_rank, instances, split,
+                             largest_message(proto, k * p, max_bytes))
         for collective, groups in steps:
             compiler.step(collective, [(members, expand(runs)) for members, runs in groups])
         compiler.finish()
@@ -403,6 +428,22 @@ def compile_program(program: Program, reduction: Reduction, name: str, proto: st
                      f"thread block and {MAX_CHANNELS} channels ({'; '.join(problems)})")
 
 
+def largest_message(proto: str, nchunksperloop: int, max_bytes: int) -> int:
+    """The most chunks one message (step) may carry so that no ring member
+    fills its outgoing connection before it receives, at every size up to
+    ``max_bytes`` (0: unbounded). Each ring pass starts with every member
+    sending; its next step receives, reduces and sends, and waits for free
+    send space before it consumes its input (synth.export.msccl_flow). So
+    the first message may take the connection's slots but one slice: one
+    piece in Simple (4 of 8 slots), seven in LL and LL128 (one slot each);
+    a piece carries ``maxAllowedCount`` chunks at the largest size of the range."""
+    largest = max_bytes or 2**62
+    per_piece = max_allowed_count(proto, largest, nchunksperloop)
+    slots = SLICES_PER_PIECE[proto] * SLOTS_PER_SLICE[proto]
+    pieces = (NCCL_STEPS - SLOTS_PER_SLICE[proto]) // slots
+    return max(1, min(MAX_COUNT, pieces * per_piece))
+
+
 def _algorithm(c: _Compiler, name: str, proto: str, min_bytes: int, max_bytes: int, channels: int) -> MscclAlgorithm:
     n = c.k * c.pieces
     if c.goal is Goal.ALLREDUCE:
@@ -413,7 +454,8 @@ def _algorithm(c: _Compiler, name: str, proto: str, min_bytes: int, max_bytes: i
         chunks = (c.pieces, n, 0)
     nchannels = max(1, channels)
     return MscclAlgorithm(name, proto, nchannels, n, c.k, COLLECTIVE_NAMES[c.goal], 1, 1, min_bytes, max_bytes,
-                          tuple(chunks for _ in range(c.k)), tuple(tuple(tbs) for tbs in c.tbs), c.pieces)
+                          tuple(chunks for _ in range(c.k)), tuple(tuple(tbs) for tbs in c.tbs), c.pieces,
+                          min(c.instances, c.pieces))
 
 
 # ---------------------------------------------------------------- a plan's files
@@ -431,52 +473,81 @@ class MscclFile:
     algorithm: MscclAlgorithm
     reduction: Reduction | None = None
     lowered: LoweredProgram | None = None
-    size_bytes: int = 0  # the size the range's program was chosen for (its protocol's)
+    size_bytes: int = 0  # the size the file's pieces and channels were chosen at
+    price: FilePrice | None = None  # its price as written there
 
     def to_dict(self) -> dict:
         a = self.algorithm
         return {"file": self.name, "reduce": list(self.axes), "collective": self.goal.value, "coll": a.coll,
                 "ngpus": a.ngpus, "proto": a.proto, "minBytes": a.min_bytes, "maxBytes": a.max_bytes,
                 "nchannels": a.nchannels, "nchunksperloop": a.nchunksperloop, "pieces": a.pieces,
+                "instances": a.instances,
                 "thread_blocks": sum(len(tbs) for tbs in a.thread_blocks),
                 "steps": sum(len(tb.steps) for tbs in a.thread_blocks for tb in tbs),
                 "program": "; ".join(str(i) for i in self.program.instructions)}
 
 
 def protocol_for(reduction: Reduction, size_bytes: int) -> str:
-    """The protocol NCCL's tuning model (synth.cost.nccl) picks for a ring of
-    the goal's collective over one reduction group at ``size_bytes``: LL for
-    small sizes, LL128 where the links allow it, Simple for large ones."""
-    members = tuple(int(d) for d in reduction.reduction_groups[0])
-    return choose(comm_of(reduction.topology, members), reduction.goal.collective, float(max(1, size_bytes)),
-                  ("ring",)).protocol
+    """The protocol written for a ring of the goal's collective over one
+    reduction group at ``size_bytes``: NCCL's (synth.cost.nccl) LL for small
+    sizes, LL128 where the links allow it, Simple for large ones; never LL128
+    across nodes unless the topology states a GPU-NIC path where NCCL enables
+    it (synth.export.msccl_cost)."""
+    return ring_protocol(group_comm(reduction), reduction.goal.collective, float(max(1, size_bytes)))
 
 
 def _cheapest(lowered: LoweredProgram, reduction: Reduction, size: int, model: Model | None, name: str, proto: str,
-              min_bytes: int, max_bytes: int, instances: int = 1) -> MscclAlgorithm:
-    """The program compiled with the number of pieces the cost model prices
-    cheapest at ``size`` (synth.cost.pipeline: more pieces overlap more steps
-    but pay each step's latency more often) among those that fit MSCCL's limits
-    with one ring per thread block; split AllReduce steps
+              min_bytes: int, max_bytes: int, instances: int | None = None) -> tuple[MscclAlgorithm, FilePrice]:
+    """The program compiled with the pieces and channels per step
+    (``instances``; None: chosen too) that the file's price as written
+    (synth.export.msccl_cost) makes cheapest at ``size``, among those that fit
+    MSCCL's limits with one ring per thread block, those whose
+    ``nchunksperloop`` divides ``size``'s float32 element count first (the
+    executor runs only such calls); split AllReduce steps
     (:func:`compile_program`'s ``split_allreduce``) only when none does."""
-    ranked = sorted(PIECES_TRIED, key=lambda p: (predict_pipelined(lowered, reduction, size, p, model).pipelined_s, p))
+    pricer = FilePricer(lowered, reduction, model)
+    tried = INSTANCES_TRIED if instances is None else (instances,)
+    k = len(lowered.reduction_groups[0])
+
+    def undivided(pieces: int) -> bool:  # the executor skips a call whose element count nchunksperloop does not divide
+        return size % ELEMENT_BYTES != 0 or (size // ELEMENT_BYTES) % (k * pieces) != 0
+
+    ranked = sorted(((pricer.price(size, proto, p, c), p, c) for p, c in layouts(PIECES_TRIED, tried)),
+                    key=lambda t: (undivided(t[1]), t[0].seconds, t[1], t[2]))
+    if instances is not None and not ranked:
+        ranked = [(pricer.price(size, proto, p, instances), p, instances) for p in PIECES_TRIED]
     problems = []
     for split in (False, True):
-        for pieces in ranked:
+        for price, pieces, channels in ranked:
             try:
                 return compile_program(lowered.program, reduction, name, proto, min_bytes, max_bytes, pieces,
-                                       instances, split)
+                                       channels, split), price
             except SynthError as exc:
                 problems.append(str(exc))
     raise SynthError(problems[-1])
 
 
+def _size_in(low: int, high: int | None, preferred: int | None) -> int:
+    """The size a sub-range's pieces and channels are chosen at: the plan's
+    size where it falls inside, else the range's middle (geometric; 4 x its
+    start when unbounded)."""
+    if preferred is not None and low <= preferred and (high is None or preferred < high):
+        return preferred
+    start = max(low, 1)
+    return 4 * start if high is None else max(start, int((start * high) ** 0.5))
+
+
 def plan_files(plan, axes: Sequence[str] | None = None, model: Model | None = None,
-               instances: int = 1) -> list[MscclFile]:
+               instances: int | None = None) -> list[MscclFile]:
     """Every reduction of ``plan`` (those over exactly ``axes`` when given)
-    and each of its size ranges as one MSCCL algorithm, protocol by
-    :func:`protocol_for` and pieces by :func:`_cheapest` at the size the range
-    was chosen for."""
+    and each of its size ranges as MSCCL algorithms: a range is cut where the
+    written protocol changes (:func:`synth.export.msccl_cost.protocol_ranges`),
+    and each part is compiled with the pieces and channels per step priced
+    cheapest as written (:func:`_cheapest`) at a size inside it. A range that
+    is not cut keeps the name ``AXES-COLL-N.xml``; the parts of a cut one are
+    ``AXES-COLL-N-J.xml``."""
+    if instances is not None and (isinstance(instances, bool) or not isinstance(instances, int) or instances < 1):
+        raise SynthError(f"--instances {instances!r}: channels per step, an integer >= 1")
     files = []
     chosen = [p for p in plan.reductions if axes is None or set(p.reduction.axes) == set(axes)]
     if not chosen:
@@ -486,14 +557,29 @@ def plan_files(plan, axes: Sequence[str] | None = None, model: Model | None = No
         reduction = planned.reduction
         label = "-".join(reduction.axes) + "-" + COLLECTIVE_NAMES[reduction.goal]
         for n, program in enumerate(planned.programs):
-            high = 0 if program.max_bytes is None else program.max_bytes - 1  # inclusive in MSCCL; 0: unbounded
-            size = program.predicted_for_bytes or max(program.min_bytes, 1 << 20)
-            name = f"{label}-{n}.xml"
-            algorithm = _cheapest(program.lowered, reduction, size, model, name.removesuffix(".xml"),
-                                  protocol_for(reduction, size), program.min_bytes, high, instances)
-            files.append(MscclFile(name, reduction.axes, reduction.goal, program.program, algorithm, reduction,
-                                   program.lowered, size))
+            parts = protocol_ranges(reduction, program.min_bytes, program.max_bytes, model)
+            for j, (low, high, proto) in enumerate(parts):
+                size = _size_in(low, high, program.predicted_for_bytes or max(program.min_bytes, 1 << 20))
+                name = f"{label}-{n}.xml" if len(parts) == 1 else f"{label}-{n}-{j}.xml"
+                algorithm, price = _cheapest(program.lowered, reduction, size, model, name.removesuffix(".xml"),
+                                             proto, low, 0 if high is None else high - 1, instances)
+                files.append(MscclFile(name, reduction.axes, reduction.goal, program.program, algorithm, reduction,
+                                       program.lowered, size, price))
     return files
+
+
+def export_algorithm(lowered: LoweredProgram, reduction: Reduction, size_bytes: int, name: str,
+                     model: Model | None = None) -> MscclAlgorithm:
+    """The file the export writes for a plan of this one program, for the
+    part of its size range that holds ``size_bytes``: the protocol written
+    there, over the sizes where it is written, with the pieces and channels
+    per step priced cheapest at ``size_bytes`` (what ``bench --pipelined``
+    runs)."""
+    for low, high, proto in protocol_ranges(reduction, 0, None, model):
+        if low <= size_bytes and (high is None or size_bytes < high):
+            return _cheapest(lowered, reduction, size_bytes, model, name, proto, low,
+                             0 if high is None else high - 1)[0]
+    raise SynthError(f"internal: no protocol range holds {size_bytes} bytes")
 
 
 def shadowed(files: Sequence[MscclFile]) -> list[tuple[MscclFile, MscclFile]]:

@@ -9,21 +9,27 @@ the executor checks at load (protocol, collective, thread block ids contiguous,
 peers, channels, step numbering, types, counts, buffers, offsets, the
 dependency-chain rule, limits) and what it does not check but needs (one
 thread block per (channel, peer, direction), offsets + count inside the
-buffer, dependencies on steps marked ``hasdep``, no cycles), then executes it:
+buffer, dependencies on steps whose thread block raises a flag at or after
+them, no cycles; every declared count bounded by the executor's reader before
+anything is allocated for it), then executes it:
 
 * every chunk of every buffer holds a multiset of contributions ``(rank,
   input chunk)``; inputs start as their own contribution, outputs and scratch
-  as "uninitialised" (runs use bit masks with "counted twice" as a value of
-  its own, and a failing run is repeated with multisets to describe it);
+  as "uninitialised" (runs use one number per chunk, a sum of pseudo-random
+  weights, and a failing run of a small file is repeated with multisets to
+  describe it);
 * a thread block runs its steps in order; a step waits for its dependencies
-  (``depid``/``deps``, and those of the ``nop`` steps before it) and, to
-  receive, for the next message on its connection; a connection (sender,
-  receiver, channel) carries messages in order and holds two (the executor's
-  buffer has NCCL_STEPS = 8 slots and one step's transfer in a loop iteration
-  takes MSCCL_CHUNKSTEPS = 4): a send waits while two are unreceived;
+  (``depid``/``deps``, and those of the ``nop`` steps before it) as the
+  kernel's flags do: released once the thread block waited on has finished a
+  step with ``hasdep="1"`` at or after the one named (flags only rise); to
+  receive, it waits for the next message on its connection (sender,
+  receiver, channel), which carries messages in order;
 * a receive must take as many chunks as were sent;
 * when no thread block can move and some have steps left, the run deadlocks:
   the error lists the stuck steps and what each waits for;
+* the connections' capacity (slots, pieces per step at each size of the
+  file's range) is interpreted by :mod:`synth.export.msccl_flow` after the
+  data run: a file that holds its data right may still deadlock at some size;
 * the run is repeated with the ready thread blocks taken in other orders
   (reversed, shuffled): a step that lacks a dependency then reads or
   overwrites memory too early in some order, and the result shows it.
@@ -48,17 +54,33 @@ from pathlib import Path
 
 from ..documents import read_limited
 from ..errors import SynthError
+from .msccl_flow import check_flow
 
 MAX_XML_BYTES = 64 * 2**20
+# the executor's XML reader (msccl-executor-nccl c6f6b36d, src/include/msccl/msccl_parser.h:20-23): a rank keeps
+# <algo>, every <gpu> and its own gpu's <tb> and <step> elements, fewer than 4096 in all (msccl_parser.cc:169-171
+# and 193-198: the check runs before each element read, the closing tags included), 1024 children per element (its
+# subs array), 16 attributes per element, values of at most 254 characters (msccl_parser.cc:69-71). Every declared
+# count is bounded by these before anything is allocated for it.
+MAX_NODES = 4096
+MAX_ELEMENTS = 2**18  # this checker's cap on the elements of a whole file (every rank's), to bound its memory
+MAX_SUBS = 1024
+MAX_ATTRIBUTES = 16
+MAX_VALUE_CHARS = 254
+MAX_GPUS = MAX_SUBS  # one <gpu> element per rank, all children of <algo>
+MAX_OFFSET = 2**15 - 1  # srcOffset/dstOffset are int16_t in the kernel's step (msccl_struct.h:44-45)
+# no step reaches a chunk past the largest offset plus the largest count: the most chunks a buffer can use
+MAX_CHUNKS = MAX_OFFSET + 71
+# this checker's own cap on its symbolic run: ngpus x nchunksperloop contributions (a rank's every input chunk); the
+# run holds a few values per chunk of every rank's buffers, so memory and time stay bounded
+MAX_CONTRIBUTIONS = 2**16
+MAX_DESCRIBED = 2**12  # a failing run is repeated with multisets (to list what a wrong chunk holds) up to this size
 MAX_STEPS = 64  # MSCCL_MAX_NUM_STEPS (build default)
 MAX_COUNT = 72  # cnt < MSCCL_MAX_COUNT
 MAX_CHANNELS = 32
 MAX_TBS_PER_CHANNEL = 32
 MAX_TBS = 1024
 MAX_DEPID = 127
-# messages a connection holds: NCCL_STEPS (8) buffer slots, MSCCL_CHUNKSTEPS (4) per step's transfer in one loop
-# iteration (msccl_struct.h, device.h)
-CONNECTION_MESSAGES = 2
 # orders in which ready thread blocks run (by id, reversed, two shuffles): a missing dependency shows in some
 SCHEDULES = 4
 PROTOCOLS = ("Simple", "LL", "LL128")
@@ -108,6 +130,7 @@ class Block:
     chan: int
     line: int
     steps: list[Step] = field(default_factory=list)
+    next_flag: list[int] | None = None  # per step, the first step at or after it with hasdep (_flagged_from)
 
 
 @dataclass
@@ -150,11 +173,14 @@ class CheckResult:
     modes: tuple[str, ...]
     thread_blocks: int
     steps: int
+    flow_sizes: tuple[int, ...] = ()  # the sizes (bytes) the flow control was interpreted at
+
 
     def to_dict(self) -> dict:
         return {"coll": self.coll, "ngpus": self.ngpus, "nchunksperloop": self.nchunksperloop, "proto": self.proto,
                 "nchannels": self.nchannels, "minBytes": self.min_bytes, "maxBytes": self.max_bytes,
-                "modes": list(self.modes), "thread_blocks": self.thread_blocks, "steps": self.steps}
+                "modes": list(self.modes), "thread_blocks": self.thread_blocks, "steps": self.steps,
+                "flow_sizes": list(self.flow_sizes)}
 
 
 # ---------------------------------------------------------------- reading
@@ -175,6 +201,12 @@ def _attrs(tag: str, body: str, required: tuple[str, ...], where: str) -> dict[s
     for key, value in _ATTR.findall(body):
         if key in attrs:
             raise SynthError(f"{where}: <{tag}> gives {key} twice")
+        if len(attrs) == MAX_ATTRIBUTES:
+            raise SynthError(f"{where}: <{tag}> has more than {MAX_ATTRIBUTES} attributes: the executor's reader "
+                             "ignores the rest")
+        if len(value) > MAX_VALUE_CHARS or len(key) > MAX_VALUE_CHARS:
+            raise SynthError(f"{where}: <{tag}> {key[:20]}: a name or value over {MAX_VALUE_CHARS} characters (the "
+                             "executor's reader limit)")
         attrs[key] = value
     missing = [k for k in required if k not in attrs]
     if missing:
@@ -194,10 +226,16 @@ def parse(text: str, source: str = "XML") -> Algorithm:
     block: Block | None = None
     closed_algo = False
     step_open = False
+    nodes = 0
     for number, line in enumerate(text.splitlines(), 1):
         where = f"{source}:{number}"
         stripped = line.strip(" \r")
-        if not stripped or stripped.startswith("<!--"):
+        if not stripped:
+            continue
+        if stripped.startswith("<!--"):
+            if not stripped.endswith("-->") or "-->" in stripped[4:-3]:
+                raise SynthError(f"{where}: a comment must close with --> at the end of its line (the executor's "
+                                 "reader skips everything up to the first -->)")
             continue
         if "\t" in line.split("<", 1)[0]:
             raise SynthError(f"{where}: a tab before the tag: the executor's reader takes only spaces and newlines "
@@ -206,6 +244,15 @@ def parse(text: str, source: str = "XML") -> Algorithm:
         if not match:
             raise SynthError(f"{where}: not one whole tag with double-quoted attributes on its line: {stripped[:60]!r}")
         closing, tag, body, selfclose = match.groups()
+        if not closing:
+            nodes += 1
+            if nodes > MAX_ELEMENTS:
+                raise SynthError(f"{where}: more than {MAX_ELEMENTS} elements: over this checker's limit")
+            siblings = (block.steps if block is not None else gpu.blocks if gpu is not None
+                        else algo.gpus if algo is not None else ())
+            if len(siblings) >= MAX_SUBS:
+                raise SynthError(f"{where}: more than {MAX_SUBS} children in one element: the executor's reader "
+                                 f"holds at most {MAX_SUBS}")
         if closed_algo:
             raise SynthError(f"{where}: <{tag}> after </algo>")
         if algo is None:
@@ -261,6 +308,11 @@ def parse(text: str, source: str = "XML") -> Algorithm:
         raise SynthError(f"{source}: no <algo> element")
     if not closed_algo:
         raise SynthError(f"{source}: the file ends before </algo>")
+    for g in algo.gpus:
+        kept = 1 + len(algo.gpus) + len(g.blocks) + sum(len(b.steps) for b in g.blocks)
+        if kept >= MAX_NODES:
+            raise SynthError(f"{source}:{g.line}: gpu {g.id} reads {kept} elements (<algo>, every <gpu>, its own <tb> "
+                             f"and <step>): the executor's XML reader holds fewer than {MAX_NODES}")
     return algo
 
 
@@ -274,9 +326,15 @@ def _algo(a: dict[str, str], where: str) -> Algorithm:
                                                    "minBytes", "maxBytes")}
     if not 1 <= numbers["nchannels"] <= MAX_CHANNELS:
         raise SynthError(f"{where}: nchannels={numbers['nchannels']}: must be 1..{MAX_CHANNELS}")
-    for key in ("nchunksperloop", "ngpus"):
-        if numbers[key] < 1:
-            raise SynthError(f"{where}: {key}={numbers[key]}: must be >= 1")
+    for key, most, why in (("ngpus", MAX_GPUS, "one <gpu> per rank and the executor's reader holds at most "
+                            f"{MAX_SUBS} children of <algo>"),
+                           ("nchunksperloop", MAX_CHUNKS, f"step offsets are 16-bit (at most {MAX_OFFSET}) and "
+                            "counts at most 71, so no step reaches a chunk beyond")):
+        if not 1 <= numbers[key] <= most:
+            raise SynthError(f"{where}: {key}={numbers[key]}: must be 1..{most} ({why})")
+    if numbers["ngpus"] * numbers["nchunksperloop"] > MAX_CONTRIBUTIONS:
+        raise SynthError(f"{where}: ngpus x nchunksperloop = {numbers['ngpus'] * numbers['nchunksperloop']}: over "
+                         f"this checker's limit of {MAX_CONTRIBUTIONS} (the size of its symbolic run)")
     for key in ("inplace", "outofplace"):
         if numbers[key] not in (0, 1):
             raise SynthError(f"{where}: {key}={numbers[key]}: must be 0 or 1")
@@ -314,8 +372,13 @@ def check_structure(algo: Algorithm, source: str) -> None:
     extents = _extents(algo)
     for gpu in algo.gpus:
         where = f"{source}:{gpu.line}: gpu {gpu.id}"
-        if gpu.s_chunks < 0:
-            raise SynthError(f"{where}: s_chunks={gpu.s_chunks} must be >= 0")
+        for name, count in (("i_chunks", gpu.i_chunks), ("o_chunks", gpu.o_chunks), ("s_chunks", gpu.s_chunks)):
+            if not 0 <= count <= MAX_CHUNKS:
+                raise SynthError(f"{where}: {name}={count}: must be 0..{MAX_CHUNKS} (step offsets are 16-bit, at most "
+                                 f"{MAX_OFFSET}, and counts at most 71)")
+        if gpu.s_chunks * algo.ngpus > MAX_CONTRIBUTIONS * 2:
+            raise SynthError(f"{where}: s_chunks={gpu.s_chunks} on {algo.ngpus} gpus: over this checker's limit of "
+                             f"{MAX_CONTRIBUTIONS * 2} scratch chunks in all")
         sizes = {"i": gpu.i_chunks, "o": gpu.o_chunks, "s": gpu.s_chunks}
         for buf in ("i", "o"):
             if sizes[buf] > extents[buf]:
@@ -358,9 +421,10 @@ def check_structure(algo: Algorithm, source: str) -> None:
                         raise SynthError(f"{where}: depends on tb {depid} step {deps}, which does not exist")
                     if depid == b.id:
                         raise SynthError(f"{where}: depends on its own thread block (steps run in order anyway)")
-                    if not target.steps[deps].hasdep:
-                        raise SynthError(f"{where}: depends on tb {depid} step {deps}, which has hasdep=\"0\": the "
-                                         "executor never signals it and this step would wait forever")
+                    if not any(t.hasdep for t in target.steps[deps:]):
+                        raise SynthError(f"{where}: depends on tb {depid} step {deps}, but neither it nor a later step "
+                                         "of that thread block has hasdep=\"1\": the executor never raises a flag that "
+                                         "high and this step would wait forever")
 
 
 def _check_steps(algo: Algorithm, gpu: Gpu, b: Block, sizes: dict[str, int], source: str) -> None:
@@ -401,6 +465,9 @@ def _check_steps(algo: Algorithm, gpu: Gpu, b: Block, sizes: dict[str, int], sou
         reads = st.type in ("s", "rrs", "rrc", "rrcs", "cpy", "re")
         writes = st.type in ("r", "rcs", "rrc", "rrcs", "cpy", "re")
         for used, buf, off in ((reads, st.srcbuf, st.srcoff), (writes, st.dstbuf, st.dstoff)):
+            if used and off > MAX_OFFSET:
+                raise SynthError(f"{where}: offset {off} in {buf}: the executor stores offsets in 16 bits (at most "
+                                 f"{MAX_OFFSET})")
             if used and not (0 <= off and off + st.cnt <= sizes[buf]):
                 raise SynthError(f"{where}: {buf}[{off}:{off + st.cnt}] is outside {buf}'s {sizes[buf]} chunks")
     if pending:
@@ -436,39 +503,50 @@ class _Multisets:
         return self.of(_wanted(algo, rank, j))
 
 
-class _Masks:
-    """Chunk values as bit masks, one bit per (rank, input chunk), and a
-    contribution counted twice as DUPLICATE: the same verdicts as
-    :class:`_Multisets`, several times faster; a failure is run again with
-    multisets to describe it."""
+class _Sums:
+    """Chunk values as sums modulo the prime 2^61 - 1 of a fixed pseudo-random
+    weight per (rank, input chunk): one integer per chunk whatever the file's
+    size, and two values differ unless their multisets do, but for a chance
+    of about 2^-61 per comparison (a nonzero linear form in random weights).
+    The verdict of a run; a failure is run again with multisets to describe it."""
+
+    PRIME = 2**61 - 1
 
     def __init__(self, algo: Algorithm) -> None:
         self.width = algo.nchunksperloop
         self._wanted: dict[tuple[int, int], int] = {}
+        # the weights of every (rank, input chunk), at most MAX_CONTRIBUTIONS of them
+        self._weights = [self._weight(key) for key in range(algo.ngpus * algo.nchunksperloop)]
+        self._per_chunk_only = algo.coll == "allreduce"  # every rank wants the same sum of chunk j
+
+    @staticmethod
+    def _weight(key: int) -> int:
+        """SplitMix64 of ``key``, reduced modulo the prime: a fixed pseudo-random weight."""
+        z = (key + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        return (z ^ (z >> 31)) % _Sums.PRIME
 
     def unit(self, rank: int, chunk: int) -> int:
-        return 1 << (rank * self.width + chunk)
+        return self._weights[rank * self.width + chunk]
 
     @staticmethod
     def add(a, b):
         if a is UNSET or b is UNSET:
             return UNSET
-        if a is DUPLICATE or b is DUPLICATE or a & b:
-            return DUPLICATE
-        return a | b
+        return (a + b) % _Sums.PRIME
 
     def of(self, contributions) -> int:
-        return sum(1 << (q * self.width + c) for q, c in contributions)
+        return sum(self._weights[q * self.width + c] for q, c in contributions) % self.PRIME
 
     def wanted(self, algo: Algorithm, rank: int, j: int) -> int:
-        """:func:`_wanted` as a mask, computed once per chunk for every run."""
-        key = (rank, j)
+        """:func:`_wanted` as a sum, computed once per chunk for every run."""
+        key = (0 if self._per_chunk_only else rank, j)
         if key not in self._wanted:
             self._wanted[key] = self.of(_wanted(algo, rank, j))
         return self._wanted[key]
 
 
-DUPLICATE = ("a contribution counted twice",)
 
 
 def _initial(algo: Algorithm, in_place: bool, values) -> list[dict[str, list]]:
@@ -521,7 +599,8 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values
         outbox = wires.setdefault((gid, b.send, b.chan), deque())
         steps = []
         for st in b.steps:
-            waits = tuple((slot[(gid, d)], s) for d, s in st.waits)
+            # a wait on (d, s) is released when tb d finishes its first step >= s with hasdep (flags only rise)
+            waits = tuple((slot[(gid, d)], _flagged_from(blocks[(gid, d)], s)) for d, s in st.waits)
             t = st.type
             src = mine[st.srcbuf] if t in _READS_SOURCE else None
             dst = mine[st.dstbuf] if t in _WRITES else None
@@ -547,8 +626,6 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values
                     break
                 if sends:
                     opened[send_key] = None
-                    if len(outbox) >= CONNECTION_MESSAGES:
-                        break  # the connection's buffer is full until the receiver takes a message
                 received = None
                 if receives:
                     received = inbox.popleft()
@@ -582,13 +659,11 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values
         described = []
         for gid, b, st in stuck[:6]:
             reason = []
-            late = [(d, s) for d, s in st.waits if done_through(gid, d) < s]
+            late = [(d, s) for d, s in st.waits if done_through(gid, d) < _flagged_from(blocks[(gid, d)], s)]
             if late:
                 reason.append("waits for " + ", ".join(f"tb {d} step {s}" for d, s in late))
             if st.type in RECEIVES and not wires.get((b.recv, gid, b.chan)):
                 reason.append(f"a message from gpu {b.recv} on chan {b.chan}")
-            if st.type in SENDS and len(wires.get((gid, b.send, b.chan), ())) >= CONNECTION_MESSAGES:
-                reason.append(f"gpu {b.send} to take a message on chan {b.chan} (the connection is full)")
             described.append(f"gpu {gid} tb {b.id} step {st.s} ({st.type}, line {st.line}): {'; '.join(reason)}")
         raise SynthError(f"{source}: deadlock ({len(stuck)} thread block(s) stuck): " + " | ".join(described)
                          + (" | ..." if len(stuck) > 6 else ""))
@@ -598,6 +673,19 @@ def execute(algo: Algorithm, in_place: bool, source: str, order: int = 0, values
         raise SynthError(f"{source}: gpu {src} sent {count} message(s) to gpu {dst} on chan {chan} that no step "
                          "receives")
     return buffers
+
+
+def _flagged_from(block: Block, s: int) -> int:
+    """The first step at or after ``s`` of ``block`` that raises its flag
+    (check_structure makes sure there is one); computed once per block."""
+    if block.next_flag is None:
+        following, nxt = [0] * len(block.steps), len(block.steps)
+        for n in range(len(block.steps) - 1, -1, -1):
+            if block.steps[n].hasdep:
+                nxt = n
+            following[n] = nxt
+        block.next_flag = following
+    return block.next_flag[s]
 
 
 def _wanted(algo: Algorithm, rank: int, j: int) -> list[tuple[int, int]]:
@@ -623,11 +711,17 @@ def _first_wrong(algo: Algorithm, buffers: list[dict[str, list]], values) -> tup
     return None
 
 
-def _postcondition(algo: Algorithm, in_place: bool, order: int, mode: str, source: str, masks: _Masks) -> None:
-    """Run in one mode and schedule and check the result: with ``masks``,
-    and with multisets again only to describe a wrong chunk."""
-    if _first_wrong(algo, execute(algo, in_place, source, order, masks), masks) is None:
+def _postcondition(algo: Algorithm, in_place: bool, order: int, mode: str, source: str, sums: _Sums) -> None:
+    """Run in one mode and schedule and check the result: with ``sums``,
+    and with multisets again only to describe a wrong chunk (on files small
+    enough: a multiset per chunk can hold every rank's contribution)."""
+    wrong = _first_wrong(algo, execute(algo, in_place, source, order, sums), sums)
+    if wrong is None:
         return
+    if algo.ngpus * algo.nchunksperloop > MAX_DESCRIBED:
+        r, j, _ = wrong
+        raise SynthError(f"{source}: {algo.coll} {mode}: gpu {r} output chunk {j} does not hold "
+                         f"{_describe(_Multisets.of(_wanted(algo, r, j)))}")
     exact = _Multisets(algo)
     buffers = execute(algo, in_place, source, order, exact)
     r, j, want = _first_wrong(algo, buffers, exact)
@@ -659,15 +753,16 @@ def check_algorithm(text: str, source: str = "XML") -> CheckResult:
         modes.append("in-place")
     if not modes:
         raise SynthError(f"{source}: inplace=\"0\" and outofplace=\"0\": no call ever selects this algorithm")
-    masks = _Masks(algo)
+    sums = _Sums(algo)
     for mode in modes:
         for order in range(SCHEDULES):
             _postcondition(algo, mode == "in-place", order, mode + ("" if order == 0 else f", schedule {order}"),
-                           source, masks)
+                           source, sums)
+    sizes = check_flow(algo, source)
     blocks = sum(len(g.blocks) for g in algo.gpus)
     steps = sum(len(b.steps) for g in algo.gpus for b in g.blocks)
     return CheckResult(algo.coll, algo.ngpus, algo.nchunksperloop, algo.proto, algo.nchannels, algo.min_bytes,
-                       algo.max_bytes, tuple(modes), blocks, steps)
+                       algo.max_bytes, tuple(modes), blocks, steps, tuple(sizes))
 
 
 def check_file(path: str | Path) -> CheckResult:

@@ -19,12 +19,24 @@ first matching rule applies. ``NCCL_ALGO``/``NCCL_PROTO`` take
 ``collective:list`` entries separated by ``;`` (``src/graph/tuning.cc``
 ``parseList``, names case-insensitive) and cannot depend on size.
 
-Choice. For each reduction group shape (collective, nodes, ranks) and each
+Choice. For each reduction group shape (nodes, ranks) of the plan, and for
+each of the collectives a trainer calls on such a group (all-reduce,
+reduce-scatter, all-gather: the plan's goal and the other two), and each
 power-of-two size from 1 B to 8 GiB, every algorithm NCCL has for the group is
 priced by the project's cost model forced to it (``synth.cost``: NCCL's
 protocol and channel choice within the algorithm, the calibrated link
 parameters); the fastest names the rule for the sizes from that power of two
 to just below the next, and equal neighbours are merged.
+
+Channels. Every rule states the channels NCCL itself would run the call on
+(:func:`synth.cost.nccl.call_channels`: the communicator's channels, fewer
+for small calls; ``src/enqueue.cc:2070-2097`` at the commit above), and a
+range is cut where that count changes. The example plugin never keeps
+NCCL's count: it sets ``*nChannels = 1`` before matching
+(``plugins/tuner/example/plugin.c:361``) and a rule's ``-1`` leaves that 1
+(``:406-408``); NCCL then runs the call on the plugin's count
+(``src/enqueue.cc:2178``). A call that matches no rule gets 1 channel too,
+which is why every collective of every group shape gets rules for every size.
 """
 
 from __future__ import annotations
@@ -34,10 +46,12 @@ from typing import Sequence
 
 from ..cost import Model
 from ..cost.model import Algorithm
-from ..cost.nccl import choose, comm_of
+from ..cost.nccl import call_channels, choose, comm_of
 from ..cost.predict import Predictor, default_program, lowered_loads
 from ..errors import SynthError
 from ..synthesis.lowering import lower
+from ..synthesis.reduction import Reduction
+from ..synthesis.semantics import Goal
 
 MAX_BYTES = 2**64 - 1  # size_t: every size
 LARGEST_PRICED_BYTES = 2**33
@@ -94,46 +108,80 @@ class _Pricer:
         self.predictors = {a: Predictor(reduction, Model(a, model.profile, model.profile_path, model.nccl_version))
                            for a in FORCED}
 
-    def best(self, size: int) -> tuple[str, str, int]:
-        """The (algorithm, protocol, channels) priced fastest at ``size`` bytes per device."""
-        best: tuple[float, tuple[str, str, int]] | None = None
+    def best(self, size: int) -> tuple[str, str]:
+        """The (NCCL algorithm, protocol) priced fastest at ``size`` bytes per device."""
+        best: tuple[float, tuple[str, str]] | None = None
         for algorithm, predictor in self.predictors.items():
             choice = choose(self.comm, self.collective, float(size), algorithm.forced)
             if choice.algorithm != algorithm.value:
                 continue  # NCCL has no such algorithm for this group: it would run its ring
             seconds = predictor.program(self.program, self.loads, float(size))
-            named = (_PLUGIN_ALGO.get(choice.algorithm, choice.algorithm), choice.protocol.lower(), choice.channels)
             if best is None or seconds < best[0]:
-                best = (seconds, named)
+                best = (seconds, (choice.algorithm, choice.protocol))
         assert best is not None  # the ring always exists
         return best[1]
 
+    def channels(self, algorithm: str, protocol: str, size: int) -> int:
+        """The channels NCCL runs the call on (module docstring)."""
+        return call_channels(self.comm, algorithm, protocol, float(size))[0]
+
+    def rules(self, low: int, high: int, algorithm: str, protocol: str) -> list[tuple[int, int, str, str, int]]:
+        """``low..high`` (inclusive) cut where the channel count changes (it
+        only grows with the size): ``(low, high, algorithm, protocol, channels)``."""
+        out = []
+        while low <= high:
+            channels = self.channels(algorithm, protocol, low)
+            a, b = low, high  # the last size with this count: the count is monotone, so bisect
+            if self.channels(algorithm, protocol, min(high, LARGEST_PRICED_BYTES)) == channels:
+                a = high
+            else:
+                b = min(high, LARGEST_PRICED_BYTES)
+                while b - a > 1:
+                    middle = (a + b) // 2
+                    if self.channels(algorithm, protocol, middle) == channels:
+                        a = middle
+                    else:
+                        b = middle
+            out.append((low, a, _PLUGIN_ALGO.get(algorithm, algorithm), protocol.lower(), channels))
+            low = a + 1
+        return out
+
 
 def plan_rules(plan, model: Model | None = None) -> list[TunerRule]:
-    """Rules for every reduction of ``plan`` whose goal NCCL runs as one call,
-    one group shape (collective, nodes, ranks) once (the first reduction's)."""
+    """Rules for every group shape (nodes, ranks) of ``plan``'s reductions and
+    every collective a trainer calls on it (the reduction's goal first, then
+    the other goals), each shape and collective once (the first reduction's),
+    covering every size with explicit channels (module docstring)."""
     model = model or Model()
     rules: list[TunerRule] = []
     seen: set[tuple[str, int, int]] = set()
     for planned in plan.reductions:
-        reduction = planned.reduction
-        comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]),
-                       version=model.rules_version)
-        key = (reduction.goal.value, comm.nodes, comm.ranks)
-        if key in seen or comm.ranks < 2:
+        first = planned.reduction
+        comm = comm_of(first.topology, tuple(int(d) for d in first.reduction_groups[0]), version=model.rules_version)
+        if comm.ranks < 2:
             continue
-        seen.add(key)
-        pricer = _Pricer(reduction, model)
-        low, current = 0, None
-        for power in range(LARGEST_PRICED_BYTES.bit_length()):
-            choice = pricer.best(1 << power)
-            if current is not None and choice != current:
-                rules.append(TunerRule(key[0], low, (1 << power) - 1, *current, comm.nodes, comm.ranks,
-                                       reduction.axes))
-                low = 1 << power
-            current = choice
-        assert current is not None
-        rules.append(TunerRule(key[0], low, MAX_BYTES, *current, comm.nodes, comm.ranks, reduction.axes))
+        for goal in [first.goal] + [g for g in Goal if g is not first.goal]:
+            key = (goal.value, comm.nodes, comm.ranks)
+            if key in seen:
+                continue
+            seen.add(key)
+            reduction = first if goal is first.goal else Reduction.of(first.placement, first.axes, goal)
+            pricer = _Pricer(reduction, model)
+            ranges: list[tuple[int, int, tuple[str, str]]] = []
+            for power in range(LARGEST_PRICED_BYTES.bit_length()):
+                choice = pricer.best(1 << power)
+                low = 0 if power == 0 else 1 << power
+                if ranges and ranges[-1][2] == choice:
+                    ranges[-1] = (ranges[-1][0], low, choice)
+                else:
+                    ranges.append((low, low, choice))
+            ranges[-1] = (ranges[-1][0], MAX_BYTES, ranges[-1][2])
+            bounds = [(a, (ranges[n + 1][0] - 1) if n + 1 < len(ranges) else MAX_BYTES, c)
+                      for n, (a, _, c) in enumerate(ranges)]
+            for low, high, (algorithm, protocol) in bounds:
+                for a, b, name, proto, channels in pricer.rules(low, high, algorithm, protocol):
+                    rules.append(TunerRule(key[0], a, b, name, proto, channels, comm.nodes, comm.ranks,
+                                           first.axes))
     return rules
 
 
