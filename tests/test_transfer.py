@@ -110,13 +110,14 @@ def test_a_timing_tools_overhead_is_learned_apart_from_nccls_latency():
 
 
 def test_link_kinds_are_the_topologys_links_and_transports():
-    assert sorted(LINK_KINDS) == sorted(LINKS + TRANSPORTS)
+    # a network is priced by its transport; one that states none by the documented default, InfiniBand
+    assert sorted(LINK_KINDS) == sorted(tuple(k for k in LINKS if k != "net") + TRANSPORTS)
     # a network level's kind is its transport: the p5's EFA and dgx-h100's InfiniBand get their own numbers
     shared = replace(SharedParameters.prior(), achieved=tuple((k, {"efa": .5, "ib": .9}.get(k, 1.0))
                                                               for k in LINK_KINDS))
     assert shared.profile_for(load_topology("p5")).bandwidth_GBps[0] == pytest.approx(50.0 * .5)
     assert shared.profile_for(load_topology("dgx-h100")).bandwidth_GBps[0] == pytest.approx(47.0 * .9)
-    assert shared.profile_for(load_topology("p2-a100")).bandwidth_GBps[0] == pytest.approx(8.0)  # not stated
+    assert shared.profile_for(load_topology("p2-a100")).bandwidth_GBps[0] == pytest.approx(8.0 * .9)  # not stated: ib
 
 
 def test_errors_name_the_problem():

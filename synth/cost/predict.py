@@ -134,7 +134,7 @@ def _nccl_shape(
     links = links_of(topology)
     buckets = buckets_at(links, members, node_level(topology))
     pattern = nccl_rounds(algorithm, collective, len(members), buckets)
-    lanes = np.ones(len(links.counts)) if algorithm in ("nvlstree", "pat") else rail_lanes(links, members)
+    lanes = rail_lanes(links, members, rails=algorithm not in ("nvlstree", "pat"))
     return pattern, lanes, nccl_hops(links, members, algorithm, collective, buckets)
 
 

@@ -7,7 +7,8 @@ so that measurements of some systems predict another:
 
 * the achieved fraction of a level's stated bandwidth, per link kind: ``nvlink``,
   ``pcie``, and for a network its ``transport`` (``ib``, ``roce``, ``efa``,
-  ``tcp``; ``net`` where the topology does not state it), since each network
+  ``tcp``; :data:`~synth.topology.DEFAULT_TRANSPORT` where the topology does
+  not state it), since each network
   stack has its own latency and efficiency. The level's bandwidth is its
   topology's ``bandwidth_GBps`` times ``achieved[kind]``;
 * the latency of one NCCL step per link kind and protocol (LL, LL128, Simple);
@@ -41,13 +42,12 @@ import numpy as np
 
 from ..errors import SynthError
 from ..topology import TRANSPORTS, Topology
-from .fit import levenberg_marquardt
 from .nccl import NCCL_KEYS, PROTOCOLS
 from .priors import BASE_PRIOR_US, EFFICIENCY_PRIOR, hop_latency_prior_us
 from .profile import Profile
 from .terms import Features
 
-LINK_KINDS = ("nvlink", "pcie", "net") + TRANSPORTS  # net: a network whose transport is not stated
+LINK_KINDS = ("nvlink", "pcie") + TRANSPORTS  # a network that states no transport is priced as DEFAULT_TRANSPORT
 TOOLS = ("nccl-tests", "torch.distributed all_reduce_bench.py")  # the corpus's; nccl-tests is the reference
 ANCHOR = "ring.Simple"  # its efficiency stays at the prior: the achieved fractions carry the scale
 PULL = 0.05  # weight of the prior per parameter, against relative errors of 1 per call
@@ -112,10 +112,11 @@ def _profiles(shared: SharedParameters, samples: Sequence) -> dict[Topology, Pro
 
 
 def _kind(topology: Topology, level: int) -> str:
-    """The level's link kind: its link, or a network's transport where stated
-    (one of LINK_KINDS: the topology's loader admits no other)."""
-    link = topology.link(level)
-    return topology.levels[level].transport or link if link == "net" else link
+    """The level's link kind: its link, or a network's transport (stated, or
+    the documented default :data:`~synth.topology.DEFAULT_TRANSPORT`; one of
+    LINK_KINDS: the topology's loader admits no other)."""
+    path = topology.network_path(level)
+    return topology.link(level) if path is None else path.transport
 
 
 # ---------------------------------------------------------------- the parameter vector
@@ -198,6 +199,8 @@ def fit_shared(samples: Sequence, prior: SharedParameters | None = None, rounds:
     toward ``prior`` (default :meth:`SharedParameters.prior`); :data:`ANCHOR`'s
     efficiency is held. ``rounds`` recomputations of the critical flows, each a
     Levenberg-Marquardt of at most ``steps`` iterations."""
+    from .fit import levenberg_marquardt  # here: the fit imports the model, which reads the shipped parameters
+
     if not samples:
         raise SynthError("fit_shared: no measurements to fit")
     prior = prior or SharedParameters.prior()
