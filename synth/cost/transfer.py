@@ -210,6 +210,7 @@ def fit_shared(samples: Sequence, prior: SharedParameters | None = None, rounds:
     free = np.ones(_SIZE, dtype=bool)
     free[_EFF.start + NCCL_KEYS.index(ANCHOR)] = False
     free[_TOOL.start + TOOLS.index("nccl-tests")] = False  # the reference
+    free[_BASE] = False  # NCCL's base latency per call is kept: what a call waits for is fitted per step and link
     floor = np.full(_SIZE, -np.inf)
     floor[:_LINEAR] = 0.0  # latencies are not negative
     # the pull: latencies relative to their prior (or 10 us), logs absolutely
