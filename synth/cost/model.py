@@ -109,13 +109,14 @@ class Model:
         return self.profile
 
     def describe(self) -> str:
-        """``NCCL 2.27.7 model, shipped calibration (...)``."""
+        """``NCCL 2.27.7 model, shipped calibration from the public NCCL corpus``
+        (``topology's numbers as priors`` with ``--profile prior``)."""
         if self.profile is not None:
             source = f"profile {self.profile_path or self.profile.topology}"
         elif self.prior or self.algorithm is Algorithm.MPI:
-            source = "topology's numbers as priors" + (", NCCL's constants" if self.algorithm is not Algorithm.MPI else "")
+            source = "topology's numbers as priors"
         else:
-            source = "shipped calibration (the public NCCL corpus, data/nccl)"
+            source = "shipped calibration from the public NCCL corpus"
         title = self.algorithm.title
         if self.algorithm is not Algorithm.MPI and self.nccl_version != NCCL_VERSION:
             rules = "" if self.rules_version == self.nccl_version else f" (rules of {self.rules_version})"
