@@ -55,8 +55,8 @@ except ImportError:  # running from a checkout without installing
 from synth.cost import Algorithm, Profile  # noqa: E402
 from synth.cost.fit import CallSample, fit_profile, predict_all  # noqa: E402
 from synth.cost.nccl import NCCL_VERSION, choose, comm_of, node_level  # noqa: E402
-from synth.cost.calibration import CORPUS_SETS, NOT_FITTED, corpus_samples, load_calibration, save_calibration, \
-    shipped_path  # noqa: E402
+from synth.cost.calibration import CORPUS_SETS, NOT_FITTED, corpus_samples, save_calibration  # noqa: E402
+from synth.cost.shared import load_calibration, shipped_path  # noqa: E402
 from synth.cost.transfer import fit_shared, predict_calls  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -186,8 +186,8 @@ def unseen_report(sets: dict[str, list[CallSample]]) -> list[str]:
              "numbers and NCCL's constants (`--profile prior`), *shipped* = the shipped calibration, fitted on every "
              "source (this one included: seen). Targets: at most "
              f"{TARGET_SOURCE:.0%} per multi-node source, at most {TARGET_WORST:.0%} for the worst.", "",
-             "| source | nodes | sets | calls | prior | shipped (seen) | never seen | " + " | ".join(b for b, _ in BUCKETS)
-             + " | target |",
+             "| source | nodes | sets | calls | prior | shipped (seen) | never seen | "
+             + " | ".join(b for b, _ in BUCKETS) + " | target |",
              "| --- | --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in BUCKETS) + " | --- |"]
     by_origin = sets_by_origin(sets)
     medians: dict[str, float] = {}

@@ -232,10 +232,9 @@ class Topology:
         for i, lv in enumerate(self.levels):
             path = self.network_path(i)
             if path is not None and path.defaulted:
-                shown = {"transport": f"transport {path.transport}", "gpus_per_nic": f"gpus_per_nic {path.gpus_per_nic}",
-                         "pcie_gen": f"pcie_gen {path.pcie_gen}", "pcie_width": f"pcie_width {path.pcie_width}"}
-                out.append(f"level {lv.name} states no {', '.join(path.defaulted)}: priced with "
-                           f"{', '.join(shown[k] for k in path.defaulted)} (the defaults of docs/model.md)")
+                shown = ", ".join(f"{k} {getattr(path, k)}" for k in path.defaulted)
+                out.append(f"level {lv.name} states no {', '.join(path.defaulted)}: priced with {shown} "
+                           f"(the defaults of docs/model.md)")
         return tuple(out)
 
     @property

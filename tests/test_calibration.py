@@ -1,4 +1,4 @@
-"""The shipped calibration (synth.cost.calibration): the shared parameters fitted
+"""The shipped calibration (synth.cost.calibration, synth.cost.shared): the shared parameters fitted
 on the whole public corpus, regenerated here from data/nccl/, and used by every
 NCCL prediction unless a profile or ``--profile prior`` is given."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from synth.cost import Algorithm, Model, Profile
-from synth.cost.calibration import CORPUS_SETS, NOT_FITTED, corpus_samples, fit_corpus, load_calibration, shipped, \
-    shipped_path
+from synth.cost.calibration import CORPUS_SETS, NOT_FITTED, corpus_samples, fit_corpus
+from synth.cost.shared import load_calibration, shipped, shipped_path
 from synth.cost.fit import predict_all
 from synth.cost.transfer import SharedParameters
 from synth.errors import SynthError
@@ -23,8 +23,9 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "nccl"
 
 def _numbers(p: SharedParameters) -> list[float]:
     d = p.to_dict()
-    return [v for group in ("achieved", "tool_overhead_us", "base_latency_us", "efficiency") for v in d[group].values()] \
-        + [v for row in d["step_latency_us"].values() for v in row.values()]
+    groups = ("achieved", "tool_overhead_us", "base_latency_us", "efficiency")
+    return [v for group in groups for v in d[group].values()] + [v for row in d["step_latency_us"].values()
+                                                                 for v in row.values()]
 
 
 def test_the_shipped_file_is_what_the_corpus_fits():

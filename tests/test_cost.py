@@ -810,7 +810,7 @@ def test_canonical_groups_are_a_symmetric_image_with_the_same_step_cost(name):
     step cost of the image, computed from empty memos, equals that of the
     groups themselves to the bit, for every algorithm and collective."""
     from synth.cost.links import canonical_devices, links_of
-    from synth.cost.predict import _ordered_step_cost, clear_caches
+    from synth.cost.predict import StepPricing, _ordered_step_cost, clear_caches
 
     t = load_topology(name)
     links = links_of(t)
@@ -840,11 +840,12 @@ def test_canonical_groups_are_a_symmetric_image_with_the_same_step_cost(name):
             for collective in (AR, RS, AG, RED, BC):
                 clear_caches()
                 want = step_cost(t, prior, algorithm, collective, groups, nbytes)
+                pricing = StepPricing(t, prior, algorithm, collective)
                 clear_caches()
-                assert _same_step(_ordered_step_cost(t, prior, algorithm, collective, image, nbytes), want), \
+                assert _same_step(_ordered_step_cost(pricing, image, nbytes), want), \
                     (name, groups.tolist(), algorithm, collective)
                 clear_caches()
-                assert _same_step(_ordered_step_cost(t, prior, algorithm, collective, moved, nbytes), want)
+                assert _same_step(_ordered_step_cost(pricing, moved, nbytes), want)
 
 
 def _reference_rounds(algorithm: str, collective, m: int, buckets: tuple[int, ...]):

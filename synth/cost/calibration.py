@@ -1,13 +1,14 @@
 """The shipped calibration: the shared cost parameters (:mod:`synth.cost.transfer`)
-fitted on the whole public NCCL corpus (``data/nccl/``), which every NCCL
-prediction uses unless a profile is given (``--profile PROFILE.json``) or NCCL's
+fitted on the whole public NCCL corpus (``data/nccl/``): how it is fitted.
+Every NCCL prediction uses it unless a profile is given (``--profile PROFILE.json``) or NCCL's
 own constants are asked for (``--profile prior``).
 
 The parameters are per link kind (NVLink, PCIe, and a network per transport:
 ``ib``, ``roce``, ``efa``, ``tcp``) and per ``algorithm.protocol``, not per
 system, so they price any topology: :meth:`SharedParameters.profile_for`. They
-live in ``profiles/nccl-calibration.json`` (schema ``synth-reduce/calibration``),
-written by :func:`save_calibration` from :func:`fit_corpus`; a test refits the
+live in ``profiles/nccl-calibration.json`` (schema ``synth-reduce/calibration``,
+read by :func:`synth.cost.shared.shipped`), written by :func:`save_calibration`
+from :func:`fit_corpus`; a test refits the
 corpus and compares, so the shipped file is what the committed data give.
 
 Which corpus set was measured on which shipped topology is :data:`CORPUS_SETS`;
@@ -17,21 +18,16 @@ Which corpus set was measured on which shipped topology is :data:`CORPUS_SETS`;
 
 from __future__ import annotations
 
-import math
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..documents import read_document, write_document
+from ..documents import write_document
 from ..errors import SynthError
-from ..resources import profiles_dir
-from .nccl import NCCL_KEYS, PROTOCOLS
-from .transfer import LINK_KINDS, TOOLS, SharedParameters
-
-CALIBRATION_SCHEMA = "synth-reduce/calibration"
-CALIBRATION_VERSION = 1
-SHIPPED_NAME = "nccl-calibration.json"
-SIGNIFICANT_DIGITS = 6  # the shipped numbers are rounded to this many digits
+from ..topology import load_topology
+from .corpus import read_corpus
+from .fit import call_samples
+from .shared import CALIBRATION_SCHEMA, CALIBRATION_VERSION, SharedParameters, parameters_from_dict
+from .transfer import fit_shared
 
 # corpus set -> shipped topology of the measured system (the run's GPUs are its first devices)
 CORPUS_SETS = {
@@ -82,10 +78,6 @@ def corpus_samples(data_dir: str | Path) -> dict[str, list]:
     """The calls (:class:`~synth.cost.fit.CallSample`) of every set of
     :data:`CORPUS_SETS` in ``data_dir``, on its topology, sets in name order.
     SynthError for a set file listed nowhere (a new set must name its topology)."""
-    from ..topology import load_topology
-    from .corpus import read_corpus
-    from .fit import call_samples
-
     sets: dict[str, list] = {}
     for path in sorted(Path(data_dir).glob("*.jsonl")):
         name = path.stem
@@ -102,14 +94,8 @@ def corpus_samples(data_dir: str | Path) -> dict[str, list]:
 def fit_corpus(data_dir: str | Path) -> SharedParameters:
     """The shared parameters fitted on every set of the corpus in ``data_dir``
     (:func:`~synth.cost.transfer.fit_shared`), rounded as shipped."""
-    from .transfer import fit_shared
-
     sets = corpus_samples(data_dir)
     return _rounded(fit_shared([s for name in sets for s in sets[name]]))
-
-
-def _round(x: float) -> float:
-    return float(f"{x:.{SIGNIFICANT_DIGITS}g}") if x and math.isfinite(x) else float(x)
 
 
 def _rounded(p: SharedParameters) -> SharedParameters:
@@ -130,34 +116,3 @@ def save_calibration(path: str | Path, data_dir: str | Path) -> SharedParameters
     return shared
 
 
-def parameters_from_dict(doc: Any, where: str) -> SharedParameters:
-    """:class:`SharedParameters` from their ``to_dict`` form (numbers rounded to
-    :data:`SIGNIFICANT_DIGITS`); SynthError naming ``where`` if a key is missing."""
-    try:
-        return SharedParameters(
-            achieved=tuple((k, _round(float(doc["achieved"][k]))) for k in LINK_KINDS),
-            step_latency_us=tuple((k, tuple(_round(float(doc["step_latency_us"][k][p])) for p in PROTOCOLS))
-                                  for k in LINK_KINDS),
-            base_latency_us=tuple((k, _round(float(doc["base_latency_us"][k]))) for k in NCCL_KEYS),
-            efficiency=tuple((k, _round(float(doc["efficiency"][k]))) for k in NCCL_KEYS),
-            tool_overhead_us=tuple((t, _round(float(doc["tool_overhead_us"][t]))) for t in TOOLS),
-        )
-    except (KeyError, TypeError, ValueError):
-        raise SynthError(f"{where}: not valid calibration parameters: expected achieved, step_latency_us, "
-                         f"base_latency_us, efficiency and tool_overhead_us for every link kind and key") from None
-
-
-def load_calibration(path: str | Path) -> SharedParameters:
-    doc = read_document(path, "calibration", CALIBRATION_SCHEMA, CALIBRATION_VERSION,
-                        fix="regenerate it with python scripts/nccl_accuracy.py --calibrate")
-    return parameters_from_dict(doc.get("parameters"), str(path))
-
-
-def shipped_path() -> Path:
-    return profiles_dir() / SHIPPED_NAME
-
-
-@lru_cache(maxsize=1)
-def shipped() -> SharedParameters:
-    """The shipped calibration (read once)."""
-    return load_calibration(shipped_path())

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import SynthError
 from ..topology import Topology
 from .nccl_rules import NCCL_VERSION, rules_for
-from .calibration import shipped
+from .shared import shipped
 from .profile import Profile, load_profile
 
 PRIOR = "prior"  # --profile prior: the topology's numbers and NCCL's own constants, no calibration
@@ -59,7 +59,7 @@ ALGORITHMS = tuple(a.value for a in Algorithm)
 class Model:
     """A cost model: the library's algorithm choice and the link parameters.
 
-    ``profile`` None means the shipped calibration (:mod:`synth.cost.calibration`:
+    ``profile`` None means the shipped calibration (:func:`synth.cost.shared.shipped`, :mod:`synth.cost.calibration`:
     the parameters fitted on the public NCCL corpus, per link kind, priced on
     the topology's stated links) for the NCCL models, and the topology's own
     numbers (its prior) for the MPI model; ``prior`` True (``--profile prior``)
