@@ -101,3 +101,9 @@ def test_profile_prior_on_the_main_command(cli):
     prior = json.loads(cli(*args, "--profile", "prior", "--json")[1])["placements"][0]["default"]["predicted_s"]
     calibrated = json.loads(cli(*args, "--json")[1])["placements"][0]["default"]["predicted_s"]
     assert prior != calibrated
+
+
+def test_a_forced_algorithm_keeps_the_models_parameters():
+    p5 = load_topology("p5")
+    assert Model(prior=True).with_algorithm(Algorithm.RING).profile_for(p5) == Profile.prior(p5)
+    assert Model().with_algorithm(Algorithm.TREE).profile_for(p5) == shipped().profile_for(p5)

@@ -5,7 +5,7 @@ parameters of the links (a :class:`Model` = an :class:`Algorithm` + a profile).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import SynthError
@@ -97,6 +97,11 @@ class Model:
         if profile is None or str(profile) == PRIOR:
             return cls(algorithm, nccl_version=version, prior=profile is not None)
         return cls(algorithm, load_profile(profile), str(profile), version)
+
+    def with_algorithm(self, algorithm: Algorithm) -> "Model":
+        """This model with another algorithm: the same parameters (profile,
+        shipped calibration or prior) and NCCL version."""
+        return replace(self, algorithm=algorithm)
 
     def profile_for(self, topology: Topology) -> Profile:
         """The parameters to predict with on ``topology``; SynthError if a fitted
