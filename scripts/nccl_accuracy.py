@@ -224,12 +224,13 @@ def unseen_report(sets: dict[str, list[CallSample]]) -> list[str]:
 
 def network_of(sample: CallSample) -> str:
     """The network a call crosses: its node level's transport (``ib``, ``roce``,
-    ``efa``, ``tcp``, ``net`` when not stated), or ``nvlink`` on one node."""
+    ``efa``, ``tcp``; the documented default where not stated), or ``nvlink``
+    on one node."""
     topology = sample.topology
     net = node_level(topology)
     if net is None or sample.call.ranks <= math.prod(topology.counts[net + 1:]):
         return "nvlink"
-    return topology.levels[net].transport or "net"
+    return topology.network_path(net).transport
 
 
 def why_not(sets: dict[str, list[CallSample]], predicted: dict[str, np.ndarray],

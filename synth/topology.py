@@ -26,7 +26,7 @@ the hardware the way NCCL's topology detection sees it:
 * ``transport``: what carries a ``net`` level's traffic: ``ib`` (InfiniBand
   verbs), ``roce`` (RDMA over Converged Ethernet), ``efa`` (AWS's Elastic
   Fabric Adapter, SRD) or ``tcp`` (sockets, GCP's GPUDirect-TCPX/TCPXO). Only on
-  a ``net`` level; not stated: unknown. The NCCL choice does not read it; the
+  a ``net`` level. The NCCL choice does not read it; the
   cost parameters shared across systems are per transport
   (:mod:`synth.cost.transfer`), since each network stack has its own latency.
   Not stated: priced as ``ib`` (:data:`DEFAULT_TRANSPORT`).

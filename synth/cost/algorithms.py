@@ -349,7 +349,7 @@ def rail_lanes(links: Links, members: Sequence[int], rails: bool = True) -> np.n
     lanes = np.ones(len(links.counts))
     ids = np.asarray(members) if len(members) >= NUMPY_MEMBERS_FROM else None  # converted once for every level
     for l, ports in enumerate(links.ports):
-        cap = links.pcie_nics[l] if links.pcie_nics else math.inf
+        cap = links.pcie_nics[l]
         if ports == 1 and math.isinf(cap):
             continue
         if ids is not None:
@@ -358,8 +358,6 @@ def rail_lanes(links: Links, members: Sequence[int], rails: bool = True) -> np.n
             k = max(Counter(d // links.strides[l] for d in members).values())
         near = 1.0
         if rails and ports > 1:
-            per_group = links.group_gpus[l] if links.group_gpus else 1
-            nics = links.group_nics[l] if links.group_nics else ports / (len(links.ancestors[0]) // links.elements[l])
-            near = min(float(ports), max(1.0, math.ceil(k / per_group) * nics))
+            near = min(float(ports), max(1.0, math.ceil(k / links.group_gpus[l]) * links.group_nics[l]))
         lanes[l] = min(near, k * cap)
     return lanes

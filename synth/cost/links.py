@@ -55,7 +55,7 @@ class Links:
     graph_level: int | None = None  # the level with a mesh or pcie link graph (the innermost), if any
     # per net level (others: 1, 1, inf): the GPUs of one PCIe switch group, the NICs of such a group, and what
     # one GPU's PCIe link carries in NICs (its GB/s over the level's stated GB/s per NIC): the injection limit
-    group_gpus: tuple[int, ...] = ()
+    group_gpus: tuple[int, ...] = ()  # links_of sets all three
     group_nics: tuple[float, ...] = ()
     pcie_nics: tuple[float, ...] = ()
 

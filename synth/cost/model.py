@@ -11,8 +11,8 @@ from pathlib import Path
 from ..errors import SynthError
 from ..topology import Topology
 from .nccl_rules import NCCL_VERSION, rules_for
-from .shared import shipped
 from .profile import Profile, load_profile
+from .shared import shipped
 
 PRIOR = "prior"  # --profile prior: the topology's numbers and NCCL's own constants, no calibration
 
