@@ -116,3 +116,16 @@ def test_bad_path_fields_are_refused_naming_the_field(key, value, message):
         topology_from_dict({"name": "t", "levels": [{**level, key: {"pcie_gen": 4, "pcie_width": 16,
                                                                       "gpus_per_nic": 1}[key]}, {**gpu, key: 4}]},
                            "t.yaml")
+
+
+def test_a_gpu_reaches_every_nic_of_its_pcie_switch_up_to_its_pcie_link():
+    """8 GPUs and 8 x 200 Gb/s NICs in two PCIe switch groups of 4 GPUs and 4
+    NICs (gpus_per_nic 4): one GPU may spread over its switch's 4 NICs, but its
+    Gen 4 x16 link carries 31.5 GB/s, 1.26 NICs' worth; 4 GPUs of one switch
+    reach its 4 NICs and no more."""
+    t = node_of(8, 8, 25.0, gen=4, gpus_per_nic=4)
+    assert t.network_path(0).nics_per_group == 4
+    pcie = 16 * GEN4_LANE_GBPS
+    assert lanes(t, (0, 8)) == pytest.approx(pcie / 25.0)
+    assert lanes(t, (0, 1, 2, 3, 8, 9, 10, 11)) == 4
+    assert lanes(t, tuple(range(16))) == 8
