@@ -35,5 +35,6 @@ def models_dir() -> Path:
 
 
 def profiles_dir() -> Path:
-    """Folder holding the shipped compute profiles (``*.compute.json``)."""
+    """Folder holding the shipped compute profiles (``*.compute.json``) and the
+    NCCL corpus calibration (``nccl-calibration.json``, :mod:`synth.cost.shared`)."""
     return _folder("profiles")

@@ -26,9 +26,21 @@ the hardware the way NCCL's topology detection sees it:
 * ``transport``: what carries a ``net`` level's traffic: ``ib`` (InfiniBand
   verbs), ``roce`` (RDMA over Converged Ethernet), ``efa`` (AWS's Elastic
   Fabric Adapter, SRD) or ``tcp`` (sockets, GCP's GPUDirect-TCPX/TCPXO). Only on
-  a ``net`` level; not stated: unknown. The NCCL choice does not read it; the
+  a ``net`` level. The NCCL choice does not read it; the
   cost parameters shared across systems are per transport
   (:mod:`synth.cost.transfer`), since each network stack has its own latency.
+  Not stated: priced as ``ib`` (:data:`DEFAULT_TRANSPORT`).
+* ``gpus_per_nic``: how many GPUs share each NIC, i.e. the GPUs of one PCIe
+  switch group (``nvidia-smi topo -m``: the GPUs ``PIX``/``PXB`` to a NIC); a
+  group holds ``ports x gpus_per_nic / GPUs per node`` NICs, so 1 where every GPU
+  has one NIC or more. Only on a ``net`` level. Not stated: the NICs spread
+  evenly, ``max(1, GPUs per node // ports)``.
+* ``pcie_gen`` and ``pcie_width``: the PCIe generation (1-6) and lane count
+  (1, 2, 4, 8, 16) of each GPU's own link to its PCIe switch, which carries all
+  of its GPUDirect RDMA traffic. Only on a ``net`` level. Not stated: Gen 5 x16.
+  Per direction a lane carries (PCI-SIG's signalling rate and encoding): Gen 1
+  2.5 GT/s 8b/10b = 0.25 GB/s, Gen 2 0.5, Gen 3 8 GT/s 128b/130b = 0.985, Gen 4
+  1.969, Gen 5 3.938, Gen 6 64 GT/s FLIT 242/256 = 7.5625 (:data:`PCIE_LANE_GBPS`).
 * ``nic_path``: the PCIe path between a GPU and its NIC, as ``nvidia-smi topo -m``
   and NCCL's topology name it: ``pix`` (one PCIe switch), ``pxb`` (several),
   ``p2c`` (through the CPU's C2C link: Grace), ``pxn`` (through another GPU over
@@ -79,6 +91,13 @@ MAX_DEVICES = 2**18
 FABRICS = ("switch", "ring")
 LINKS = ("net", "nvlink", "pcie")
 TRANSPORTS = ("ib", "roce", "efa", "tcp")  # of a net level (Level.transport)
+DEFAULT_TRANSPORT = "ib"  # a net level that states none is priced as InfiniBand verbs
+# GB/s per direction of one PCIe lane, by generation: signalling rate x encoding / 8 bits (PCI-SIG base specs:
+# 8b/10b up to Gen 2, 128b/130b for Gen 3-5, Gen 6's FLIT mode carries 242 of every 256 bytes)
+PCIE_LANE_GBPS = {1: 2.5 * 0.8 / 8, 2: 5.0 * 0.8 / 8, 3: 8.0 * 128 / 130 / 8, 4: 16.0 * 128 / 130 / 8,
+                  5: 32.0 * 128 / 130 / 8, 6: 64.0 * 242 / 256 / 8}
+PCIE_WIDTHS = (1, 2, 4, 8, 16)
+DEFAULT_PCIE = (5, 16)  # Gen 5 x16: the GPU link of the H100, H200 and B200 generation
 NIC_PATHS = ("pix", "pxb", "p2c", "pxn", "phb", "sys")  # of a net level (Level.nic_path), best first (NCCL's order)
 DEFAULT_COMPUTE_CAPABILITY = 8.0
 RESERVED_NAMES = ("root", "inside", "parallel", "master")
@@ -106,7 +125,30 @@ class Level:
     compute_capability: float | None = None  # of the devices; innermost level only
     transport: str | None = None  # of a net level: ib, roce, efa, tcp (None: not stated)
     nic_path: str | None = None  # of a net level: the GPU-NIC path type (NIC_PATHS; None: not stated)
+    gpus_per_nic: int | None = None  # of a net level: GPUs sharing each NIC (None: not stated)
+    pcie_gen: int | None = None  # of a net level: PCIe generation of each GPU's link (None: not stated)
+    pcie_width: int | None = None  # of a net level: PCIe lanes of each GPU's link (None: not stated)
     graph: NodeGraph | None = None  # the link graph among the GPUs of a node (innermost level only)
+
+
+@dataclass(frozen=True)
+class NetworkPath:
+    """What a ``net`` level's traffic goes through from each GPU, with the
+    documented defaults filled in (:meth:`Topology.network_path`): the
+    ``transport``, the GPUs per PCIe switch group (``gpus_per_nic``), the NICs of
+    such a group, and the GPU's own PCIe link (``pcie_GBps`` per direction).
+    ``defaulted``: the keys the file did not state."""
+
+    transport: str
+    gpus_per_nic: int
+    nics_per_group: float
+    pcie_gen: int
+    pcie_width: int
+    defaulted: tuple[str, ...] = ()
+
+    @property
+    def pcie_GBps(self) -> float:
+        return PCIE_LANE_GBPS[self.pcie_gen] * self.pcie_width
 
 
 @dataclass(frozen=True)
@@ -168,6 +210,33 @@ class Topology:
             return given
         return "nvlink" if level == len(self.levels) - 1 else "net"
 
+    def network_path(self, level: int) -> NetworkPath | None:
+        """The GPU-to-network path of ``level`` (None unless its link is ``net``),
+        defaults filled in: transport :data:`DEFAULT_TRANSPORT`, ``gpus_per_nic``
+        ``max(1, GPUs per element // ports)``, PCIe :data:`DEFAULT_PCIE`."""
+        if self.link(level) != "net":
+            return None
+        lv = self.levels[level]
+        gpus = math.prod(self.counts[level + 1:])
+        per_nic = lv.gpus_per_nic if lv.gpus_per_nic is not None else max(1, gpus // lv.ports)
+        per_nic = min(per_nic, gpus)
+        gen, width = (lv.pcie_gen or DEFAULT_PCIE[0]), (lv.pcie_width or DEFAULT_PCIE[1])
+        defaulted = tuple(k for k in ("transport", "gpus_per_nic", "pcie_gen", "pcie_width") if getattr(lv, k) is None)
+        return NetworkPath(lv.transport or DEFAULT_TRANSPORT, per_nic, lv.ports * per_nic / gpus, gen, width, defaulted)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """One line per ``net`` level that leaves part of its GPU-to-network path
+        unstated: which defaults price it (docs/model.md)."""
+        out = []
+        for i, lv in enumerate(self.levels):
+            path = self.network_path(i)
+            if path is not None and path.defaulted:
+                shown = ", ".join(f"{k} {getattr(path, k)}" for k in path.defaulted)
+                out.append(f"level {lv.name} states no {', '.join(path.defaulted)}: priced with {shown} "
+                           f"(the defaults of docs/model.md)")
+        return tuple(out)
+
     @property
     def compute_capability(self) -> float:
         """The devices' CUDA compute capability (default 8.0)."""
@@ -217,6 +286,8 @@ class Topology:
         }
         if self.device is not None:
             doc["device"] = self.device.to_dict()
+        if self.notes:
+            doc["notes"] = list(self.notes)  # derived; a loader reads past them
         return doc
 
 
@@ -241,7 +312,8 @@ def _level_dict(lv: Level) -> dict[str, Any]:
         "ports": lv.ports,
         "fabric": lv.fabric,
     }
-    for key in ("link", "nvlinks", "compute_capability", "transport", "nic_path"):
+    for key in ("link", "nvlinks", "compute_capability", "transport", "nic_path", "gpus_per_nic", "pcie_gen",
+                "pcie_width"):
         if getattr(lv, key) is not None:
             out[key] = getattr(lv, key)
     if lv.graph is not None:
@@ -265,9 +337,12 @@ _LEVEL_FIELDS: dict[str, tuple[type, bool, str]] = {
     "compute_capability": (float, False, "compute_capability: 9.0"),
     "transport": (str, False, "transport: ib"),
     "nic_path": (str, False, "nic_path: pxb"),
+    "gpus_per_nic": (int, False, "gpus_per_nic: 2"),
+    "pcie_gen": (int, False, "pcie_gen: 5"),
+    "pcie_width": (int, False, "pcie_width: 16"),
     "graph": (dict, False, "graph: {kind: mesh, pcie_GBps: 10.0, nvlinks: {0-1: 2}}"),
 }
-_TOP_FIELDS = ("name", "description", "levels", "device")
+_TOP_FIELDS = ("name", "description", "levels", "device", "notes")  # notes: Topology.notes, derived (not read)
 _DEVICE_FIELDS: dict[str, tuple[type, bool, str]] = {
     "name": (str, True, "name: NVIDIA A100 80GB SXM4"),
     "memory_GiB": (float, True, "memory_GiB: 80.0"),
@@ -402,6 +477,12 @@ def _check_nccl_keys(where: str, fields: dict[str, Any], innermost: bool) -> Non
     if "nic_path" in fields and (link != "net" or fields["nic_path"] not in NIC_PATHS):
         raise SynthError(f"{where}: 'nic_path' must be one of {', '.join(NIC_PATHS)} (the GPU-NIC path as nvidia-smi "
                          f"topo -m names it), on a level with link: net; got {fields['nic_path']!r} on link: {link}")
+    for key, ok, allowed in (("gpus_per_nic", lambda v: v >= 1, "an integer >= 1"),
+                             ("pcie_gen", lambda v: v in PCIE_LANE_GBPS, "a PCIe generation 1-6"),
+                             ("pcie_width", lambda v: v in PCIE_WIDTHS, "a lane count 1, 2, 4, 8 or 16")):
+        if key in fields and (link != "net" or not ok(fields[key])):
+            raise SynthError(f"{where}: '{key}' must be {allowed}, on a level with link: net (the GPU's path to its "
+                             f"NICs); got {fields[key]!r} on link: {link}")
     if "compute_capability" in fields:
         cc = fields["compute_capability"]
         if not innermost:

@@ -165,8 +165,9 @@ def test_semantics_does_not_import_placement():
 
 def test_model_names_its_algorithm_and_profile(tmp_path):
     p2 = load_topology("p2-a100")
-    assert Model().describe() == "NCCL 2.27.7 model, topology's numbers as priors"
-    assert Model().profile_for(p2) == Profile.prior(p2)
+    assert Model().describe() == "NCCL 2.27.7 model, shipped calibration from the public NCCL corpus"
+    assert Model(prior=True).describe() == "NCCL 2.27.7 model, topology's numbers as priors"
+    assert Model(prior=True).profile_for(p2) == Profile.prior(p2)
     path = tmp_path / "p.json"
     from synth.cost import save_profile
 

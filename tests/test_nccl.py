@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from processes import limit_s
 
-from synth.cost import Algorithm, Profile, step_cost
+from synth.cost import Algorithm, Model, Profile, step_cost
 from synth.cost.nccl import (
     Comm,
     Graph,
@@ -290,7 +290,8 @@ def test_no_program_speedup_from_a_choosing_factor_alone():
 
     p2 = load_topology("p2-a100").scaled({"node": 2})
     assert choose(first(p2, 32), AR, float(256 * MiB)).key == "tree.LL128"  # the choice is unchanged
-    best = solve(p2, {"x": 32}, size=256 * MiB, verify=False, top=1).best
+    # NCCL's constants (the claim is about them: the shipped calibration measures this tree's LL128 slower)
+    best = solve(p2, {"x": 32}, size=256 * MiB, verify=False, top=1, model=Model(prior=True)).best
     assert best.ranking.speedup <= 1.05
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from synth.cli.bench import request_of
 from synth.cost import default_program
-from synth.cost.nccl_log import Capture, Choice, logged_version, parse, parse_line, summarize, version_text
+from synth.cost.nccl_log import Capture, LoggedChoice, logged_version, parse, parse_line, summarize, version_text
 from synth.cost.records import Record, append_records, read_records
 from synth.errors import SynthError
 from synth.runtime.backends import LocalWorld, _LocalComm, _LocalShared
@@ -32,17 +32,17 @@ HEAD = "gpu1:13135:13922 [0] NCCL INFO "
 def test_every_form_of_the_tuning_line_is_parsed():
     # newest: names and the channel range, with or without the communicator
     assert parse_line(HEAD + "AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}") == \
-        Choice("AllReduce", 4194304, "RING", "SIMPLE", 32)
+        LoggedChoice("AllReduce", 4194304, "RING", "SIMPLE", 32)
     assert parse_line(HEAD + "ReduceScatter: 4 Bytes -> Algo NVLS_TREE proto LL channel{Lo..Hi}={2..3} comm 0x55a7") \
-        == Choice("ReduceScatter", 4, "NVLS_TREE", "LL", 2)
+        == LoggedChoice("ReduceScatter", 4, "NVLS_TREE", "LL", 2)
     # names as some notes print them, mixed case: the same choice
     assert parse_line(HEAD + "AllGather: 1048576 Bytes -> Algo Ring proto Simple channel{Lo..Hi}={0..3}") == \
-        Choice("AllGather", 1048576, "RING", "SIMPLE", 4)
+        LoggedChoice("AllGather", 1048576, "RING", "SIMPLE", 4)
     # the collective and NCCL's enum numbers, with its predicted time
     assert parse_line(HEAD + "AllGather: 37756928 Bytes -> Algo 1 proto 2 time 2860.208008") == \
-        Choice("AllGather", 37756928, "RING", "SIMPLE")
+        LoggedChoice("AllGather", 37756928, "RING", "SIMPLE")
     # the oldest: numbers only, no collective
-    assert parse_line(HEAD + "262144 Bytes -> Algo 0 proto 1 time 54.707825") == Choice(None, 262144, "TREE", "LL128")
+    assert parse_line(HEAD + "262144 Bytes -> Algo 0 proto 1 time 54.707825") == LoggedChoice(None, 262144, "TREE", "LL128")
     assert parse_line(HEAD + "8 Bytes -> Algo 6 proto 0 time 1.0").algorithm == "PAT"
     assert parse_line(HEAD + "8 Bytes -> Algo 9 proto 0 time 1.0").algorithm == "#9"  # an enum value we do not know
 
@@ -62,9 +62,9 @@ def test_choices_are_summarized_in_order_with_their_calls():
     lines = [HEAD + f"{c}: {b} Bytes -> Algo {a} proto SIMPLE channel{{Lo..Hi}}={{0..1}}"
              for c, b, a in [("ReduceScatter", 64, "RING"), ("AllReduce", 32, "TREE"), ("ReduceScatter", 64, "RING"),
                              ("AllReduce", 32, "RING"), ("ReduceScatter", 64, "RING")]]
-    assert summarize(parse(lines)) == (Choice("ReduceScatter", 64, "RING", "SIMPLE", 2, calls=3),
-                                       Choice("AllReduce", 32, "TREE", "SIMPLE", 2, calls=1),
-                                       Choice("AllReduce", 32, "RING", "SIMPLE", 2, calls=1))
+    assert summarize(parse(lines)) == (LoggedChoice("ReduceScatter", 64, "RING", "SIMPLE", 2, calls=3),
+                                       LoggedChoice("AllReduce", 32, "TREE", "SIMPLE", 2, calls=1),
+                                       LoggedChoice("AllReduce", 32, "RING", "SIMPLE", 2, calls=1))
 
 
 def test_versions():
@@ -99,7 +99,7 @@ PLACEMENT = Placement(load_topology("testbed-2x4"), parse_axes("dp=8"), ((2, 4),
 
 def test_records_keep_the_nccl_fields_and_refuse_bad_ones(tmp_path):
     reduction = Reduction.of(PLACEMENT, ["dp"])
-    choices = (Choice("AllReduce", 4096, "RING", "LL", 2, calls=7), Choice(None, 64, "TREE", "LL128", None, 1))
+    choices = (LoggedChoice("AllReduce", 4096, "RING", "LL", 2, calls=7), LoggedChoice(None, 64, "TREE", "LL128", None, 1))
     with_nccl = Record(reduction, default_program(Goal.ALLREDUCE), 4096, 1e-4, backend="torch-nccl",
                        nccl_version="2.21.5", nccl_choices=choices)
     without = Record(reduction, default_program(Goal.ALLREDUCE), 4096, 2e-4, backend="torch-gloo")

@@ -134,8 +134,8 @@ def test_nccl_2_23_4_pat_and_ll128():
 def test_the_model_and_the_command_line_carry_the_version(capsys):
     model = Model.load("nccl", None, "2.26.2")
     assert model.rules_version == "2.23.4"
-    assert model.describe() == "NCCL 2.26.2 (rules of 2.23.4) model, topology's numbers as priors"
-    assert Model.load("nccl", None, "2.18.5").describe() == "NCCL 2.18.5 model, topology's numbers as priors"
+    assert model.describe() == "NCCL 2.26.2 (rules of 2.23.4) model, shipped calibration from the public NCCL corpus"
+    assert Model.load("nccl", "prior", "2.18.5").describe() == "NCCL 2.18.5 model, topology's numbers as priors"
     args = ["--topology", "dgx-h100", "--scale", "node=2", "--axes", "dp=16", "--size", "1M"]
     assert main(args + ["--nccl-version", "2.18.5"]) == 0
     old = capsys.readouterr().out

@@ -15,7 +15,9 @@ from synth.errors import SynthError
 from synth.topology import load_topology
 from synth.units import format_seconds, format_size, parse_size
 
-P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp", "--no-verify")
+# --profile prior: the hand derivations below use the topology's numbers and NCCL's constants (the default, the
+# shipped calibration, is tests/test_calibration.py's)
+P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp", "--no-verify", "--profile", "prior")
 INSIDE, SPLIT, ACROSS = [[1, 4], [4, 4]], [[2, 2], [2, 8]], [[4, 1], [1, 16]]
 US = 1e-6
 S = 256 * 2**20

@@ -61,7 +61,7 @@ NCCL_FACTS = {
     "a3-high": (4, 31.25, 18, True, 9.0),
     "p6-b200": (8, 50.0, 18, True, 10.0),
     "gcp-a4": (8, 50.0, 18, True, 10.0),
-    "p4de": (1, 50.0, 12, False, 8.0),
+    "p4de": (4, 12.5, 12, False, 8.0),  # 4 EFA NICs (aws-ofi-nccl topology/p4de-24xl-topo.xml)
     "hgx-h200": (None, None, 18, True, 9.0),
     "gb200-nvl72": (None, None, 18, True, 10.0),
     "oci-bm-gpu4-8": (16, 12.5, 12, False, 8.0),
@@ -549,3 +549,56 @@ def test_transport_is_one_of_four_and_only_on_a_network():
         topology_from_dict({"name": "t", "levels": [level(transport="ethernet"), gpu]}, "t.yaml")
     with pytest.raises(SynthError, match="got 'ib' on link: nvlink"):
         topology_from_dict({"name": "t", "levels": [level(), {**gpu, "transport": "ib"}]}, "t.yaml")
+
+
+# shipped topologies that leave part of the GPU-to-network path to the documented defaults, and why
+PATH_DEFAULTED = {
+    "p2-a100": "P2 states no transport", "p2-v100": "P2 states no transport",
+    "rack": "an illustrative hierarchy, no measured system",
+    "testbed-2x2x2": "the CPU testbed (MPI model)", "testbed-2x4": "the CPU testbed (MPI model)",
+    "testbed-4x4": "the CPU testbed (MPI model)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_network_states_its_gpus_path_to_it(name):
+    topo = load_topology(name)
+    nets = [lv for i, lv in enumerate(topo.levels) if topo.link(i) == "net"]
+    if name in PATH_DEFAULTED:
+        assert topo.notes and all("the defaults of docs/model.md" in n for n in topo.notes)
+        return
+    assert topo.notes == ()
+    for lv in nets[-1:]:  # the node level: the path from a GPU to its NICs
+        assert lv.gpus_per_nic and lv.pcie_gen and lv.pcie_width and lv.transport
+        text = (topologies_dir() / f"{name}.yaml").read_text()
+        assert "GPU-to-network path" in text  # its source, in a comment
+
+
+def test_an_older_file_gets_the_documented_defaults_and_a_note():
+    old = topology_from_dict({"name": "old", "levels": [
+        {"name": "node", "count": 2, "bandwidth_GBps": 25.0, "latency_us": 5.0, "ports": 4},
+        {"name": "gpu", "count": 8, "bandwidth_GBps": 300.0, "latency_us": 1.0}]}, "old.yaml")
+    path = old.network_path(0)
+    # ib, the NICs spread evenly (8 GPUs // 4 NICs = 2 per NIC), Gen 5 x16 = 16 x 32 GT/s x 128/130 / 8
+    assert (path.transport, path.gpus_per_nic, path.nics_per_group) == ("ib", 2, 1.0)
+    assert path.pcie_GBps == pytest.approx(16 * 32 * 128 / 130 / 8)
+    assert old.network_path(1) is None
+    assert old.notes == ("level node states no transport, gpus_per_nic, pcie_gen, pcie_width: priced with transport "
+                         "ib, gpus_per_nic 2, pcie_gen 5, pcie_width 16 (the defaults of docs/model.md)",)
+    doc = old.to_dict()
+    assert doc["notes"] == list(old.notes)
+    assert topology_from_dict(doc, "again") == old  # the note is derived: a loader reads past it
+    stated = topology_from_dict({**doc, "levels": [{**doc["levels"][0], "transport": "efa", "gpus_per_nic": 1,
+                                                     "pcie_gen": 4, "pcie_width": 8}, doc["levels"][1]]}, "new")
+    assert stated.notes == () and "notes" not in stated.to_dict()
+    assert stated.network_path(0).pcie_GBps == pytest.approx(8 * 16 * 128 / 130 / 8)
+
+
+def test_the_note_is_in_the_main_commands_json(cli):
+    code, out, err = cli("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp", "--no-verify", "--top", "0",
+                         "--json")
+    assert code == 0, err
+    import json
+
+    assert json.loads(out)["topology"]["notes"] == list(load_topology("p2-a100").notes)
+    assert len(load_topology("p2-a100").notes) == 1 and "transport ib" in load_topology("p2-a100").notes[0]

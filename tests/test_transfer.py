@@ -40,7 +40,6 @@ TRUE = replace(
     achieved=tuple((k, {"nvlink": 0.8, **{n: a for n, (a, _) in NETWORKS.items()}}.get(k, 1.0)) for k in LINK_KINDS),
     step_latency_us=tuple((k, {"nvlink": (1.5, 3.0, 5.0), **{n: lat for n, (_, lat) in NETWORKS.items()}}.get(k, v))
                           for k, v in PRIOR.step_latency_us),
-    base_latency_us=tuple((k, v * 1.5) for k, v in BASE_PRIOR_US.items()),
     efficiency=tuple((k, v if k == "ring.Simple" else v * 0.9) for k, v in EFFICIENCY_PRIOR.items()),
     tool_overhead_us=(("nccl-tests", 0.0), ("torch.distributed all_reduce_bench.py", 15.0)),
 )
@@ -52,7 +51,7 @@ def test_profile_for_scales_each_level_by_its_link_kind():
     assert profile.bandwidth_GBps == pytest.approx((47.0 * 0.7, 450.0 * 0.8))  # dgx-h100's network is InfiniBand
     assert profile.protocol_latency_us == ((9.0, 12.0, 20.0), (1.5, 3.0, 5.0))
     assert profile.efficiency_of("tree.Simple") == pytest.approx(0.9)
-    assert profile.base_us("ring.LL") == pytest.approx(BASE_PRIOR_US["ring.LL"] * 1.5)
+    assert profile.base_us("ring.LL") == pytest.approx(BASE_PRIOR_US["ring.LL"])
     prior = SharedParameters.prior().profile_for(dgx)
     assert prior == Profile.prior(dgx)  # the shared prior is each topology's prior
 
@@ -98,6 +97,18 @@ def test_a_parameter_no_call_exercises_keeps_its_prior():
     assert dict(fitted.efficiency)["ring.Simple"] == 1.0  # the anchor
 
 
+def test_nccls_base_latency_per_call_is_kept():
+    """Measurements made with base latencies 1.5x NCCL's: the fit keeps NCCL's
+    per-call constants and puts what the calls wait for in the per-step costs."""
+    a100 = load_topology("dgx-a100").scaled({"node": 2})
+    slower = replace(TRUE, base_latency_us=tuple((k, v * 1.5) for k, v in BASE_PRIOR_US.items()))
+    fitted = fit_shared(measured_by(slower, calls(a100, 8) + calls(a100, 16)))
+    kept = SharedParameters.prior().base_latency_us
+    assert [k for k, _ in fitted.base_latency_us] == [k for k, _ in kept]
+    assert [v for _, v in fitted.base_latency_us] == pytest.approx([v for _, v in kept], rel=1e-12)
+    assert dict(fitted.step_latency_us)["nvlink"] != dict(TRUE.step_latency_us)["nvlink"]
+
+
 def test_a_timing_tools_overhead_is_learned_apart_from_nccls_latency():
     """The same calls timed by nccl-tests and by a PyTorch loop: the loop's
     extra 15 us per call is the tool's, not NCCL's base latency."""
@@ -110,13 +121,14 @@ def test_a_timing_tools_overhead_is_learned_apart_from_nccls_latency():
 
 
 def test_link_kinds_are_the_topologys_links_and_transports():
-    assert sorted(LINK_KINDS) == sorted(LINKS + TRANSPORTS)
+    # a network is priced by its transport; one that states none by the documented default, InfiniBand
+    assert sorted(LINK_KINDS) == sorted(tuple(k for k in LINKS if k != "net") + TRANSPORTS)
     # a network level's kind is its transport: the p5's EFA and dgx-h100's InfiniBand get their own numbers
     shared = replace(SharedParameters.prior(), achieved=tuple((k, {"efa": .5, "ib": .9}.get(k, 1.0))
                                                               for k in LINK_KINDS))
     assert shared.profile_for(load_topology("p5")).bandwidth_GBps[0] == pytest.approx(50.0 * .5)
     assert shared.profile_for(load_topology("dgx-h100")).bandwidth_GBps[0] == pytest.approx(47.0 * .9)
-    assert shared.profile_for(load_topology("p2-a100")).bandwidth_GBps[0] == pytest.approx(8.0)  # not stated
+    assert shared.profile_for(load_topology("p2-a100")).bandwidth_GBps[0] == pytest.approx(8.0 * .9)  # not stated: ib
 
 
 def test_errors_name_the_problem():

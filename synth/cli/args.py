@@ -113,7 +113,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "algorithm forced like NCCL_ALGO (ring, tree, nvls, nvlstree, pat), or mpi (the CPU "
                         "testbed's OpenMPI) (default: nccl)")
     p.add_argument("--profile", metavar="PROFILE.json",
-                   help="fitted parameters (synth-reduce fit); default: the topology's numbers")
+                   help="fitted parameters (synth-reduce fit), or 'prior' for the topology's numbers and NCCL's own "
+                        "constants; default: the shipped calibration (fitted on the public NCCL corpus)")
     p.add_argument("--nccl-version", metavar="X.Y.Z", default=NCCL_VERSION,
                    help=f"NCCL release whose tuning rules choose the algorithm and protocol ({', '.join(RULES)} "
                         f"transcribed; another version uses the newest of these not newer than it) "

@@ -32,8 +32,12 @@ from ..units import format_seconds
 from .args import Parser
 
 
-def _start(path: str | None, topology: Topology) -> Profile:
-    """The profile to start from: ``path`` (checked against the topology) or the prior."""
+def _start(path: str | None, topology: Topology, default: str) -> Profile:
+    """The profile to start from: ``path`` (checked against the topology), the
+    prior (``path`` = ``prior``) or, without ``path``, ``default`` (``prior``,
+    or ``shipped``: the shipped calibration)."""
+    if path is None and default == "prior":
+        path = "prior"
     return Model.load("nccl", path).profile_for(topology)
 
 
@@ -63,7 +67,8 @@ def run_fit(argv: Sequence[str]) -> int:
     _add_input_arguments(p)
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
     p.add_argument("--profile", metavar="PROFILE.json", help="start from this profile instead of the topology's "
-                   "numbers (step records: the communication profile to predict their collectives with)")
+                   "numbers and NCCL's constants ('prior', the default) (step records: the communication profile "
+                   "to predict their collectives with; default: the shipped calibration)")
     p.add_argument("--compute-profile", metavar="COMPUTE.json",
                    help="step records only: a per-operation compute profile (synth-reduce calibrate) whose fixed "
                         "cost per micro-batch the records fit, instead of fitting the efficiency curve")
@@ -75,7 +80,7 @@ def run_fit(argv: Sequence[str]) -> int:
         raise SynthError("--compute-profile goes with step-time records (schema synth-reduce/step); these are "
                          "collective measurements")
     topology, measurements, skipped = _load(args)
-    prior = _start(args.profile, topology)
+    prior = _start(args.profile, topology, "prior")  # a user's own fit starts from the physics alone
     profile, report = fit_profile(measurements, prior, efficiency=args.efficiency)
     save_profile(args.output, profile, report.to_dict())
     if args.json:
@@ -120,6 +125,9 @@ def _fit_steps(args: argparse.Namespace) -> int:
     if len(args.measurements) != 1 or args.topology:
         raise SynthError("step records are fitted from one file, without --topology (each record names its own)")
     path = args.measurements[0]
+    if args.profile == "prior":
+        raise SynthError("--profile prior: step records take a fitted communication profile (synth-reduce fit), or "
+                         "none for the shipped calibration")
     records = read_step_records(path)
     profile = load_profile(args.profile) if args.profile else None
     costs = RecordCosts(profile, args.profile)
@@ -152,13 +160,14 @@ def run_validate(argv: Sequence[str]) -> int:
                 "(is the measured fastest program among the k predicted fastest?) with 95% confidence intervals, "
                 f"from at least {MIN_CASES} cases; Spearman correlation; relative error.")
     _add_input_arguments(p)
-    p.add_argument("--profile", metavar="PROFILE.json", help="parameters to score (default: the topology's numbers)")
+    p.add_argument("--profile", metavar="PROFILE.json", help="parameters to score: a fitted profile, or 'prior' "
+                   "(the topology's numbers and NCCL's constants) (default: the shipped calibration)")
     p.add_argument("--holdout", type=float, metavar="FRACTION",
                    help="fit on the other cases (from --profile or the prior) and score this held-out fraction")
     p.add_argument("--seed", type=int, default=0, help="seed of the --holdout split (default 0)")
     args = p.parse_args(argv)
     topology, measurements, _ = _load(args)
-    profile = _start(args.profile, topology)
+    profile = _start(args.profile, topology, "shipped")
     scored, fitted_on = measurements, 0
     if args.efficiency and args.holdout is None:
         raise SynthError("--efficiency applies to the --holdout fit; give --holdout FRACTION")

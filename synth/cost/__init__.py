@@ -29,8 +29,11 @@ The package, one concern per module:
   ``data/nccl/``);
 * :mod:`~synth.cost.fit`: the parameters learned from records by least
   squares, and the accuracy report (``fit``, ``validate``);
-* :mod:`~synth.cost.transfer`: parameters per link kind and per algorithm that
-  carry over to systems never measured (fitted on the corpus of other systems).
+* :mod:`~synth.cost.shared`: parameters per link kind and per algorithm that
+  carry over to systems never measured, and the shipped calibration's file
+  (what every NCCL prediction uses unless a profile or ``--profile prior`` is
+  given); :mod:`~synth.cost.transfer` fits them on corpus calls of any
+  systems, :mod:`~synth.cost.calibration` on the whole public corpus.
 
 Imports: the shared top-level values and ``synthesis``; nothing of ``plan``,
 ``planner``, ``runtime``, ``export``, ``testbed`` or ``cli``. This ``__init__``

@@ -267,7 +267,9 @@ def nccl_hops(links: Links, members: Sequence[int], algorithm: str, collective: 
     """Per level, the steps of NCCL's ``algorithm`` whose latency a call pays,
     counted the way NCCL's tuning counts them: a ring AllReduce ``2(m-1)`` steps
     along the ring (ReduceScatter, AllGather ``m-1``), the two it does not take
-    being network steps (NCCL: ``2(nodes-1)`` of them cross nodes); a chain
+    being network steps (NCCL: ``2(nodes-1)`` of them cross nodes; charging
+    every step of a ring that crosses nodes at the network's step cost instead
+    predicts the corpus worse, docs/simulator.md); a chain
     (Reduce, Broadcast) its ``m-1`` hops; a tree twice its node chain plus twice
     ``log2(nodes)`` network steps; NVLS none beyond its base latency; NVLS Tree
     twice ``log2(nodes)`` network steps; PAT ``ceil(log2 m)`` steps.
@@ -331,19 +333,32 @@ def buckets_at(links: Links, members: Sequence[int], level: int | None) -> tuple
     return tuple(len(list(run)) for _, run in itertools.groupby(d // stride for d in members))
 
 
-def rail_lanes(links: Links, members: Sequence[int]) -> np.ndarray:
-    """Per level, the ports of an element that one flow of this group spreads over:
-    ``ceil(k x ports / devices)`` for ``k`` members in the element (the NICs of
-    their rails), between 1 and ``ports``. A new float array (levels,)."""
+def rail_lanes(links: Links, members: Sequence[int], rails: bool = True) -> np.ndarray:
+    """Per level, the ports of an element that one flow of this group spreads
+    over (NCCL's channels through the NICs near the group's GPUs), a new float
+    array (levels,), at most ``ports``:
+
+    * the NICs near the members: ``k`` members in the element (consecutive
+      device ids, as NCCL's GPUs and their PCIe switches are numbered) touch
+      ``ceil(k / gpus_per_nic)`` PCIe switch groups, each with its own NICs
+      (:attr:`~synth.topology.NetworkPath.nics_per_group`); at least 1;
+      ``rails`` False (NVLS Tree, PAT: one NIC per GPU and tree) counts 1;
+    * the injection limit on a ``net`` level: the ``k`` GPUs' own PCIe links
+      carry at most ``k x pcie_GBps`` together, i.e. ``k x pcie_GBps /
+      bandwidth_GBps`` NICs' worth (fractional: below 1 a lone GPU's PCIe link is
+      slower than its NIC)."""
     lanes = np.ones(len(links.counts))
-    devices = len(links.ancestors[0])
     ids = np.asarray(members) if len(members) >= NUMPY_MEMBERS_FROM else None  # converted once for every level
     for l, ports in enumerate(links.ports):
-        if ports > 1:
-            per_element = devices // links.elements[l]
-            if ids is not None:
-                k = int(np.unique(ids // links.strides[l], return_counts=True)[1].max())
-            else:
-                k = max(Counter(d // links.strides[l] for d in members).values())
-            lanes[l] = min(ports, max(1, math.ceil(k * ports / per_element)))
+        cap = links.pcie_nics[l]
+        if ports == 1 and math.isinf(cap):
+            continue
+        if ids is not None:
+            k = int(np.unique(ids // links.strides[l], return_counts=True)[1].max())
+        else:
+            k = max(Counter(d // links.strides[l] for d in members).values())
+        near = 1.0
+        if rails and ports > 1:
+            near = min(float(ports), max(1.0, math.ceil(k / links.group_gpus[l]) * links.group_nics[l]))
+        lanes[l] = min(near, k * cap)
     return lanes

@@ -53,6 +53,11 @@ class Links:
     nvlink_levels: list[int]
     strides: tuple[int, ...]  # per level, devices per element: device d's level-l element is d // strides[l]
     graph_level: int | None = None  # the level with a mesh or pcie link graph (the innermost), if any
+    # per net level (others: 1, 1, inf): the GPUs of one PCIe switch group, the NICs of such a group, and what
+    # one GPU's PCIe link carries in NICs (its GB/s over the level's stated GB/s per NIC): the injection limit
+    group_gpus: tuple[int, ...] = ()  # links_of sets all three
+    group_nics: tuple[float, ...] = ()
+    pcie_nics: tuple[float, ...] = ()
 
 
 @memoised(maxsize=64)
@@ -65,6 +70,7 @@ def links_of(topology: Topology) -> Links:
     nvlink = np.array([topology.link(i) == "nvlink" for i in range(len(counts))])
     stacked = np.stack(ancestors)
     graph = topology.levels[-1].graph
+    paths = [topology.network_path(i) for i in range(len(counts))]
     return Links(
         ancestors,
         stacked,
@@ -79,6 +85,9 @@ def links_of(topology: Topology) -> Links:
         np.flatnonzero(nvlink).tolist(),
         strides,
         len(counts) - 1 if graph is not None and graph.kind != "nvswitch" else None,
+        tuple(1 if p is None else p.gpus_per_nic for p in paths),
+        tuple(1.0 if p is None else p.nics_per_group for p in paths),
+        tuple(math.inf if p is None else p.pcie_GBps / lv.bandwidth_GBps for p, lv in zip(paths, topology.levels)),
     )
 
 

@@ -110,9 +110,10 @@ class Graph:
 
 
 @dataclass(frozen=True)
-class Choice:
-    """NCCL's choice for one call: algorithm, protocol, channels of its graph,
-    and its own time estimate (us)."""
+class PredictedChoice:
+    """NCCL's choice for one call as this model predicts it from NCCL's cost
+    table: algorithm, protocol, channels of its graph, and its own time estimate
+    (us). (What a run's NCCL log says it chose: :class:`synth.cost.nccl_log.LoggedChoice`.)"""
 
     algorithm: str
     protocol: str
@@ -573,7 +574,7 @@ def nvls_supported(dtype: str, op: str) -> bool:
 
 @memoised(maxsize=65536)
 def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str, ...] | None = None,
-           dtype: str = "float32", op: str = "sum") -> Choice:
+           dtype: str = "float32", op: str = "sum") -> PredictedChoice:
     """The (algorithm, protocol) of least estimated time, as ``topoGetAlgoInfo``
     picks it (table order on ties). ``allowed`` restricts the algorithms like
     ``NCCL_ALGO``; if none of them exists for this collective and communicator,
@@ -584,7 +585,7 @@ def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str
     here), make rings the last resort for fp8 over more than 8 ranks
     (src/enqueue.cc: their estimates x 1024, "precision loss")."""
     dtype, op = call_type(dtype, op)
-    best: Choice | None = None
+    best: PredictedChoice | None = None
     table = cost_table(comm, collective)
     channels = runtime_channels(comm) if table else 0
     nvls_ok = nvls_supported(dtype, op) or collective is Collective.ALLGATHER
@@ -600,11 +601,11 @@ def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str
                 and t >= 0):
             t *= 1024.0
         if t >= 0 and (best is None or t < best.estimate_us):
-            best = Choice(a, p, _graph_channels(comm, a), t)
+            best = PredictedChoice(a, p, _graph_channels(comm, a), t)
     if best is None:
         if allowed is not None and allowed != ("ring",):
             return choose(comm, collective, nbytes, ("ring",), dtype, op)
-        return Choice("ring", "Simple", 1, 0.0)  # one rank: nothing to do
+        return PredictedChoice("ring", "Simple", 1, 0.0)  # one rank: nothing to do
     return best
 
 

@@ -39,7 +39,7 @@ _VERSION = re.compile(r"NCCL INFO NCCL version (\d+\.\d+\.\d+)")
 
 
 @dataclass(frozen=True)
-class Choice:
+class LoggedChoice:
     """NCCL's choice for collective calls of one size: ``collective``
     (``AllReduce``, ...; None in the oldest log form, which omits it),
     ``size_bytes`` (the call's bytes as NCCL logs them: count x element size),
@@ -65,24 +65,24 @@ def _name(value: str, names: tuple[str, ...]) -> str:
     return value.upper()
 
 
-def parse_line(line: str) -> Choice | None:
+def parse_line(line: str) -> LoggedChoice | None:
     """The choice a tuning line reports, or None for any other line."""
     m = _TUNING.search(line)
     if m is None:
         return None
     channels = int(m["hi"]) - int(m["lo"]) + 1 if m["lo"] is not None else None
-    return Choice(m["collective"], int(m["bytes"]), _name(m["algo"], ALGORITHMS), _name(m["proto"], PROTOCOLS),
+    return LoggedChoice(m["collective"], int(m["bytes"]), _name(m["algo"], ALGORITHMS), _name(m["proto"], PROTOCOLS),
                   channels)
 
 
-def parse(lines: Iterable[str]) -> tuple[Choice, ...]:
+def parse(lines: Iterable[str]) -> tuple[LoggedChoice, ...]:
     """Every tuning line's choice, in order."""
     return tuple(c for c in map(parse_line, lines) if c is not None)
 
 
-def summarize(choices: Iterable[Choice]) -> tuple[Choice, ...]:
+def summarize(choices: Iterable[LoggedChoice]) -> tuple[LoggedChoice, ...]:
     """Equal choices merged (their ``calls`` added), in order of first appearance."""
-    merged: dict[Choice, int] = {}
+    merged: dict[LoggedChoice, int] = {}
     for c in choices:
         key = replace(c, calls=1)
         merged[key] = merged.get(key, 0) + c.calls

@@ -67,7 +67,7 @@ def predict_pipelined(lowered: LoweredProgram, reduction: Reduction, size_bytes:
     (its steps as rings, as the MSCCL schedules run them: the model forced to
     NCCL's ring, with the given model's parameters)."""
     model = model or Model()
-    ring = Model(Algorithm.RING, model.profile, model.profile_path, model.nccl_version)
+    ring = model.with_algorithm(Algorithm.RING)
     predictor = Predictor(reduction, ring)
     loads = lowered_loads(lowered)
     whole = predictor.program(lowered.program, loads, float(size_bytes))

@@ -41,6 +41,23 @@ from .profile import Profile
 from .terms import Features
 
 
+@dataclass(frozen=True)
+class StepPricing:
+    """What prices a step besides its groups and bytes: the topology and its
+    profile, the model's algorithm, the collective, and what NCCL's choice reads
+    (``nvls_enabled`` False = ``NCCL_NVLS_ENABLE=0``; ``nccl_version`` the release
+    whose rules choose, None = the newest transcribed; ``dtype`` and ``op``)."""
+
+    topology: Topology
+    profile: Profile
+    algorithm: Algorithm
+    collective: Collective
+    nvls_enabled: bool = True
+    nccl_version: str | None = None
+    dtype: str = "float32"
+    op: str = "sum"
+
+
 def step_cost(
     topology: Topology,
     profile: Profile,
@@ -57,30 +74,18 @@ def step_cost(
     (n, m) array of device ids (n groups of m members, all at once) and
     ``nbytes`` the bytes each group's collective moves. The NCCL models run what
     :func:`synth.cost.nccl.choose` picks for group 0 at the largest ``nbytes``
-    (``nvls_enabled=False`` is ``NCCL_NVLS_ENABLE=0``; ``nccl_version`` the
-    release whose rules choose, default the newest transcribed; ``dtype`` and
-    ``op`` the data type and reduction, which NCCL's choice reads)."""
+    (the other arguments: :class:`StepPricing`)."""
     groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
-    return _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes, nvls_enabled, nccl_version,
-                              dtype, op)
+    pricing = StepPricing(topology, profile, algorithm, collective, nvls_enabled, nccl_version, dtype, op)
+    return _ordered_step_cost(pricing, groups, nbytes)
 
 
-def _ordered_step_cost(
-    topology: Topology,
-    profile: Profile,
-    algorithm: Algorithm,
-    collective: Collective,
-    groups: np.ndarray,
-    nbytes: np.ndarray,
-    nvls_enabled: bool = True,
-    nccl_version: str | None = None,
-    dtype: str = "float32",
-    op: str = "sum",
-) -> tuple[float, Features]:
+def _ordered_step_cost(pricing: StepPricing, groups: np.ndarray, nbytes: np.ndarray) -> tuple[float, Features]:
     """:func:`step_cost` of ``groups`` whose rows are already in ring and tree
     order: sorted by device id, or the image of sorted rows under a symmetry of
     the topology (:func:`~synth.cost.links.canonical_devices`; the cost is the
     same, to the bit, as that of the sorted rows)."""
+    topology, profile, algorithm, collective = pricing.topology, pricing.profile, pricing.algorithm, pricing.collective
     links = links_of(topology)
     nbytes = np.asarray(nbytes, dtype=float)
     scales = group_scales(topology, groups) if links.graph_level is not None else None
@@ -90,7 +95,7 @@ def _ordered_step_cost(
     if groups.shape[1] < 2:
         return 0.0, features
     plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), algorithm.forced,
-                      nvls_enabled, nccl_version, dtype, op)
+                      pricing.nvls_enabled, pricing.nccl_version, pricing.dtype, pricing.op)
     total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True,
                         scales=scales)
     if plan.channel_factor != 1.0:  # a small call runs on fewer channels: its bytes move that much slower
@@ -135,7 +140,7 @@ def _nccl_shape(
     links = links_of(topology)
     buckets = buckets_at(links, members, node_level(topology))
     pattern = nccl_rounds(algorithm, collective, len(members), buckets)
-    lanes = np.ones(len(links.counts)) if algorithm in ("nvlstree", "pat") else rail_lanes(links, members)
+    lanes = rail_lanes(links, members, rails=algorithm not in ("nvlstree", "pat"))
     return pattern, lanes, nccl_hops(links, members, algorithm, collective, buckets)
 
 
@@ -285,8 +290,8 @@ def shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm,
     if cost is None:
         if len(_SHARED_STEPS) >= _SHARED_STEPS_LIMIT:
             _SHARED_STEPS.clear()
-        cost = _SHARED_STEPS[key] = _ordered_step_cost(topology, profile, algorithm, collective, groups, nbytes,
-                                                       nccl_version=nccl_version)
+        cost = _SHARED_STEPS[key] = _ordered_step_cost(
+            StepPricing(topology, profile, algorithm, collective, nccl_version=nccl_version), groups, nbytes)
     return cost
 
 

@@ -30,7 +30,7 @@ from ..synthesis.placement import Axis, Placement
 from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal
 from ..topology import Topology, topology_from_dict
-from .nccl_log import Choice
+from .nccl_log import LoggedChoice
 
 SCHEMA = "synth-reduce/measurement"
 VERSION = 1
@@ -55,7 +55,7 @@ class Record:
     max_s: float | None = None
     wrong: int = 0
     nccl_version: str | None = None
-    nccl_choices: tuple[Choice, ...] = ()
+    nccl_choices: tuple[LoggedChoice, ...] = ()
     line: int = field(default=0, compare=False)  # line of the file it was read from (0: not read)
 
     @property
@@ -177,7 +177,7 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
     )
 
 
-def _choices(value: Any, where: str) -> tuple[Choice, ...]:
+def _choices(value: Any, where: str) -> tuple[LoggedChoice, ...]:
     """The optional ``nccl_choices`` list; errors name the field and the fix."""
     if value is None:
         return ()
@@ -191,7 +191,7 @@ def _choices(value: Any, where: str) -> tuple[Choice, ...]:
         if (not isinstance(item, dict) or set(item) != set(fields)
                 or any(isinstance(item[k], bool) or not isinstance(item[k], t) for k, t in fields.items())):
             raise SynthError(problem)
-        out.append(Choice(**item))
+        out.append(LoggedChoice(**item))
     return tuple(out)
 
 

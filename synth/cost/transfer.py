@@ -7,12 +7,13 @@ so that measurements of some systems predict another:
 
 * the achieved fraction of a level's stated bandwidth, per link kind: ``nvlink``,
   ``pcie``, and for a network its ``transport`` (``ib``, ``roce``, ``efa``,
-  ``tcp``; ``net`` where the topology does not state it), since each network
-  stack has its own latency and efficiency. The level's bandwidth is its
+  ``tcp``; :data:`~synth.topology.DEFAULT_TRANSPORT` where the topology does
+  not state it), since each network stack has its own latency and efficiency. The level's bandwidth is its
   topology's ``bandwidth_GBps`` times ``achieved[kind]``;
 * the latency of one NCCL step per link kind and protocol (LL, LL128, Simple);
-* per ``algorithm.protocol``: the base latency of a call and the efficiency
-  (``ring.Simple`` stays 1: the achieved fractions carry the scale);
+* per ``algorithm.protocol``: the efficiency (``ring.Simple`` stays 1: the
+  achieved fractions carry the scale) and the base latency of a call, NCCL's
+  own, which the fit keeps (docs/simulator.md says why);
 * per timing tool: what it adds to each call beyond nccl-tests (a PyTorch loop
   around ``all_reduce`` measures its own dispatch too; nccl-tests adds 0 by
   definition, so the base latencies are NCCL's).
@@ -40,61 +41,14 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import SynthError
-from ..topology import TRANSPORTS, Topology
+from ..topology import Topology
 from .fit import levenberg_marquardt
 from .nccl import NCCL_KEYS, PROTOCOLS
-from .priors import BASE_PRIOR_US, EFFICIENCY_PRIOR, hop_latency_prior_us
 from .profile import Profile
+from .shared import ANCHOR, LINK_KINDS, PULL, TOOLS, SharedParameters, link_kind
 from .terms import Features
 
-LINK_KINDS = ("nvlink", "pcie", "net") + TRANSPORTS  # net: a network whose transport is not stated
-TOOLS = ("nccl-tests", "torch.distributed all_reduce_bench.py")  # the corpus's; nccl-tests is the reference
-ANCHOR = "ring.Simple"  # its efficiency stays at the prior: the achieved fractions carry the scale
-PULL = 0.05  # weight of the prior per parameter, against relative errors of 1 per call
-
-
-@dataclass(frozen=True)
-class SharedParameters:
-    """The cost's parameters per link kind and per ``algorithm.protocol`` (see
-    the module docstring). Invariant: every mapping lists every key of
-    :data:`LINK_KINDS` or :data:`~synth.cost.nccl.NCCL_KEYS`, in that order."""
-
-    achieved: tuple[tuple[str, float], ...]  # link kind -> fraction of the stated bandwidth
-    step_latency_us: tuple[tuple[str, tuple[float, float, float]], ...]  # link kind -> (LL, LL128, Simple)
-    base_latency_us: tuple[tuple[str, float], ...]  # algorithm.protocol -> us per call
-    efficiency: tuple[tuple[str, float], ...]  # algorithm.protocol -> payload efficiency
-    tool_overhead_us: tuple[tuple[str, float], ...] = tuple((t, 0.0) for t in TOOLS)  # per call, over nccl-tests
-
-    @classmethod
-    def prior(cls) -> "SharedParameters":
-        return cls(
-            achieved=tuple((k, 1.0) for k in LINK_KINDS),
-            step_latency_us=tuple((k, tuple(hop_latency_prior_us("net" if k in TRANSPORTS else k)))
-                                  for k in LINK_KINDS),
-            base_latency_us=tuple((k, BASE_PRIOR_US[k]) for k in NCCL_KEYS),
-            efficiency=tuple((k, EFFICIENCY_PRIOR[k]) for k in NCCL_KEYS),
-        )
-
-    def profile_for(self, topology: Topology) -> Profile:
-        """The profile of ``topology`` these parameters give (what nccl-tests
-        would measure: no tool overhead)."""
-        achieved, steps = dict(self.achieved), dict(self.step_latency_us)
-        kinds = [_kind(topology, i) for i in range(len(topology.levels))]
-        return Profile(
-            topology=topology.name,
-            level_names=topology.level_names,
-            bandwidth_GBps=tuple(lv.bandwidth_GBps * achieved[k] for lv, k in zip(topology.levels, kinds)),
-            latency_us=tuple(lv.latency_us for lv in topology.levels),
-            efficiency=self.efficiency,
-            protocol_latency_us=tuple(steps[k] for k in kinds),
-            base_latency_us=self.base_latency_us,
-            structure=topology.structure,
-        )
-
-    def to_dict(self) -> dict:
-        return {"achieved": dict(self.achieved), "tool_overhead_us": dict(self.tool_overhead_us),
-                "step_latency_us": {k: dict(zip(PROTOCOLS, v)) for k, v in self.step_latency_us},
-                "base_latency_us": dict(self.base_latency_us), "efficiency": dict(self.efficiency)}
+__all__ = ["ANCHOR", "LINK_KINDS", "PULL", "TOOLS", "SharedParameters", "fit_shared", "predict_calls"]
 
 
 def predict_calls(shared: SharedParameters, samples: Sequence) -> np.ndarray:
@@ -109,13 +63,6 @@ def predict_calls(shared: SharedParameters, samples: Sequence) -> np.ndarray:
 def _profiles(shared: SharedParameters, samples: Sequence) -> dict[Topology, Profile]:
     """The profile of each topology the samples are on."""
     return {t: shared.profile_for(t) for t in {s.topology for s in samples}}
-
-
-def _kind(topology: Topology, level: int) -> str:
-    """The level's link kind: its link, or a network's transport where stated
-    (one of LINK_KINDS: the topology's loader admits no other)."""
-    link = topology.link(level)
-    return topology.levels[level].transport or link if link == "net" else link
 
 
 # ---------------------------------------------------------------- the parameter vector
@@ -160,7 +107,7 @@ class _Terms:
 
 
 def _terms(f: Features, topology: Topology, tool: str) -> _Terms:
-    kinds = [LINK_KINDS.index(_kind(topology, i)) for i in range(len(topology.levels))]
+    kinds = [LINK_KINDS.index(link_kind(topology, i)) for i in range(len(topology.levels))]
     lat = np.zeros((_K, _P))
     if f.protocol_count is not None:
         for level, kind in enumerate(kinds):
@@ -196,7 +143,7 @@ def fit_shared(samples: Sequence, prior: SharedParameters | None = None, rounds:
     """Shared parameters fitted on corpus calls (:class:`~synth.cost.fit.CallSample`)
     of any systems: relative least squares with a pull of weight :data:`PULL`
     toward ``prior`` (default :meth:`SharedParameters.prior`); :data:`ANCHOR`'s
-    efficiency is held. ``rounds`` recomputations of the critical flows, each a
+    efficiency and the base latencies are held. ``rounds`` recomputations of the critical flows, each a
     Levenberg-Marquardt of at most ``steps`` iterations."""
     if not samples:
         raise SynthError("fit_shared: no measurements to fit")
@@ -207,6 +154,7 @@ def fit_shared(samples: Sequence, prior: SharedParameters | None = None, rounds:
     free = np.ones(_SIZE, dtype=bool)
     free[_EFF.start + NCCL_KEYS.index(ANCHOR)] = False
     free[_TOOL.start + TOOLS.index("nccl-tests")] = False  # the reference
+    free[_BASE] = False  # NCCL's base latency per call is kept: what a call waits for is fitted per step and link
     floor = np.full(_SIZE, -np.inf)
     floor[:_LINEAR] = 0.0  # latencies are not negative
     # the pull: latencies relative to their prior (or 10 us), logs absolutely

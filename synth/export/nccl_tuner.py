@@ -105,8 +105,7 @@ class _Pricer:
         self.comm = comm_of(reduction.topology, tuple(int(d) for d in reduction.reduction_groups[0]),
                             version=model.rules_version)
         self.collective = reduction.goal.collective
-        self.predictors = {a: Predictor(reduction, Model(a, model.profile, model.profile_path, model.nccl_version))
-                           for a in FORCED}
+        self.predictors = {a: Predictor(reduction, model.with_algorithm(a)) for a in FORCED}
 
     def best(self, size: int) -> tuple[str, str]:
         """The (NCCL algorithm, protocol) priced fastest at ``size`` bytes per device."""

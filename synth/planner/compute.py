@@ -78,7 +78,7 @@ class ComputeProfile:
 # with the default communication model (tests/test_planner.py checks that a refit
 # gives these numbers; regenerate them when the default cost model changes).
 DEFAULT_COMPUTE = ComputeProfile(
-    efficiency_max=0.5493162918271629,
+    efficiency_max=0.5670878178595884,
     half_flops=0.0,
     source="least-squares fit on the 10 Megatron-LM SC'21 Table 1 runs (data/megatron_sc21_steps.jsonl)",
 )

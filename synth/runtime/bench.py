@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import numpy as np
 
 from ..cost import Algorithm, Model, default_program, rank
-from ..cost.nccl_log import Capture, Choice, parse, summarize
+from ..cost.nccl_log import Capture, LoggedChoice, parse, summarize
 from ..cost.records import Record, append_records
 from ..documents import check_writable
 from ..errors import SynthError
@@ -250,7 +250,7 @@ class Timing:
     count: int
     times_s: tuple[float, ...]  # per iteration, the slowest rank
     wrong: int
-    nccl_choices: tuple[Choice, ...] = ()  # what rank 0's NCCL log said it ran (NCCL only)
+    nccl_choices: tuple[LoggedChoice, ...] = ()  # what rank 0's NCCL log said it ran (NCCL only)
 
     @property
     def median_s(self) -> float:
