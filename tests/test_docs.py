@@ -205,6 +205,15 @@ def test_the_readme_quotes_the_generated_accuracy_report():
     assert by_size, "no 'held out by size' row in docs/simulator.md"
     readme = (REPO / "README.md").read_text()
     (sets,) = _stated(r"PyTorch measurements of (\d+) sets on", readme)
-    small, large = _stated(r"within a median (\d+)% \(< 1 MiB\) and (\d+)% \(>= 64 MiB\)", readme)
+    small, large = _stated(r"within (\d+)% \(< 1 MiB\) and (\d+)% \(>= 64 MiB\)", readme)
     assert _number(sets) == evaluated
     assert (small, large) == by_size.groups()
+    # the never-seen figure (leave one repository out) comes first, as the report states it
+    never = re.search(r"^Never seen: multi-node sources: (\d+) of (\d+) within 25%, median \d+%, worst (\d+)%.*"
+                      r"all calls (\d+)%\.$", simulator, re.M)
+    assert never, "no 'Never seen:' summary line in docs/simulator.md"
+    overall, within, multi, worst = _stated(r"never seen .*? within a median (\d+)% over all calls \((\d+) of (\d+) "
+                                            r"multi-node sources within 25%, the worst (\d+)%\)", readme)
+    assert (within, multi, worst, overall) == never.groups()
+    flat = _flat(readme)
+    assert flat.index("never seen") < flat.index("(< 1 MiB)"), "the never-seen figure is stated first"

@@ -110,4 +110,5 @@ def test_moe_plan_tables_keep_their_columns(cli):
     assert rows
     for row in rows:
         assert re.match(r"[0-9.]+ (s|ms|us)$", row[:end].split("  ")[-1].strip()), row
-    assert max(len(line) for line in lines) < 260
+    table = lines[lines.index(header):]
+    assert max(len(line) for line in table) < 260
