@@ -70,7 +70,6 @@ configuration's placement.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -78,7 +77,6 @@ from typing import Protocol
 from ..errors import SynthError
 from ..synthesis.semantics import Goal
 from ..topology import Device
-from ..units import MAX_COUNT, shown_number
 from .compute import ComputeModel, ComputeProfile
 from .layercompute import (
     FP8_GEMM_SPEEDUP,
@@ -90,328 +88,38 @@ from .layercompute import (
     recompute_ops,
     stage_compute,
 )
+from .memory import Memory, memory_per_device
 from .operations import OperationProfile
-from .schedules import Schedule, bubble_s, in_flight_micro_batches, schedule_problem
-from .stages import StageCosts, describe_layers, slowest_stage
+from .schedules import bubble_s
+from .stages import StageCosts, slowest_stage
+from .training import (
+    ATTENTIONS,
+    CROSS_ENTROPY_BYTES,
+    DTYPE_BYTES,
+    Configuration,
+    Sharding,
+    Training,
+    configuration_problem,
+    largest_layer_params,
+    sequence_parallel,
+    stage_kinds,
+    stage_mix,
+    stage_parameters,
+    stage_routed_parameters,
+)
 from .transformer import Recompute, Transformer
 
-# bytes of the weights, activations and communication; fp8 is BF16 training whose layers' GEMMs run in
-# FP8 (Transformer Engine's and torchtitan's float8 recipes), with the same 16-bit tensors around them
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
-ATTENTIONS = ("flash", "unfused")
-# the loss's memory at the start of the backward, in bytes per logit (s b V / (t cp) of them): Megatron-LM's fused
-# vocabulary-parallel cross-entropy keeps the fp32 logits and overwrites them with their gradient (4); PyTorch's
-# F.cross_entropy on ``logits.float()`` (torchtitan, plain eager loops) keeps the bf16 logits (2), the fp32
-# log-softmax it saved (4), and makes the fp32 gradients of its output and of its input (4 + 4)
-CROSS_ENTROPY_BYTES = {"fused": 4, "eager": 14}
+# the names of :mod:`synth.planner.training` and :mod:`synth.planner.memory` that callers import from here
+__all__ = ["ATTENTIONS", "BUCKET_GRID_BYTES", "CROSS_ENTROPY_BYTES", "DTYPE_BYTES", "HSDP_REPLICATE", "HSDP_SHARD",
+           "Collectives", "ComputeEstimate", "Configuration", "Memory", "Sharding", "StepShape", "StepTime",
+           "Training", "bucket_sizes", "compute_estimate", "configuration_problem", "largest_layer_params",
+           "memory_per_device", "micro_batch_seconds_for", "overlapped_mixed_s", "overlapped_s", "sequence_parallel",
+           "stage_costs", "stage_kinds", "stage_mix", "stage_parameters", "stage_routed_parameters", "step_shape",
+           "step_time", "tp_overlap_exposed_s"]
+
 MiB = 2**20
 # DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
 BUCKET_GRID_BYTES = tuple(MiB * 4**k for k in range(7))
-
-
-class Sharding(enum.Enum):
-    """Sharding over dp (Rajbhandari et al. 2020, "ZeRO"): none, ZeRO-1
-    (optimizer states), ZeRO-2 (and gradients), ZeRO-3 / FSDP (and weights),
-    HSDP (ZeRO-3 inside a shard group of dp, replicated across the groups:
-    the shard group is dp's split at the innermost hierarchy level it spans,
-    so it depends on the placement)."""
-
-    NONE = "none"
-    ZERO1 = "zero1"
-    ZERO2 = "zero2"
-    ZERO3 = "zero3"
-    HSDP = "hsdp"
-
-    @classmethod
-    def from_text(cls, text: str, option: str = "--sharding") -> "Sharding":
-        aliases = {"fsdp": "zero3", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3"}
-        text = aliases.get(text.lower(), text.lower())
-        for s in cls:
-            if s.value == text:
-                return s
-        raise SynthError(f"{option} {text}: choose one of none, zero1, zero2, zero3 (fsdp), hsdp")
-
-
-@dataclass(frozen=True)
-class Training:
-    """How the job trains: global batch (sequences per step), dtype, optimizer
-    sharding, recomputation, whether DP reductions overlap the backward, the
-    attention kernel, sequence parallelism (Megatron-LM's, applied where
-    tp > 1: :func:`sequence_parallel`), whether its collectives overlap
-    their GEMMs (:func:`tp_overlap_exposed_s`) and how the loss is computed,
-    for its memory (:data:`CROSS_ENTROPY_BYTES`)."""
-
-    global_batch: int
-    dtype: str = "bf16"
-    sharding: Sharding = Sharding.NONE
-    recompute: Recompute = Recompute.NONE
-    overlap_dp: bool = True
-    attention: str = "flash"  # flash: no s x s scores stored; unfused: they are (Megatron-LM before flash attention)
-    sequence_parallel: bool = True
-    tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs (with sequence parallelism)
-    cross_entropy: str = "fused"  # the loss's memory: CROSS_ENTROPY_BYTES
-
-    def __post_init__(self) -> None:
-        if self.tp_overlap and not self.sequence_parallel:
-            raise SynthError("--tp-overlap needs --sequence-parallel on: Megatron-LM overlaps the tensor-parallel "
-                             "all-gathers and reduce-scatters of sequence parallelism with their GEMMs")
-        if self.attention not in ATTENTIONS:
-            raise SynthError(f"--attention {self.attention}: choose one of {', '.join(ATTENTIONS)}")
-        if self.cross_entropy not in CROSS_ENTROPY_BYTES:
-            raise SynthError(f"--cross-entropy {self.cross_entropy}: choose one of {', '.join(CROSS_ENTROPY_BYTES)}")
-        if self.dtype not in DTYPE_BYTES:
-            raise SynthError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPE_BYTES)}")
-        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
-            raise SynthError(f"--global-batch {self.global_batch!r}: must be an integer >= 1")
-        if self.global_batch > MAX_COUNT:
-            raise SynthError(f"--global-batch {shown_number(str(self.global_batch))}: at most {MAX_COUNT:,} sequences")
-
-    @property
-    def value_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def fp8(self) -> bool:
-        """The layers' GEMMs run in FP8 (``--dtype fp8``)."""
-        return self.dtype == "fp8"
-
-    def to_dict(self) -> dict:
-        return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
-                "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
-                "sequence_parallel": self.sequence_parallel, "tp_overlap": self.tp_overlap,
-                "cross_entropy": self.cross_entropy}
-
-
-@dataclass(frozen=True)
-class Configuration:
-    """Axis sizes and micro-batch; the pipeline ``schedule`` with its
-    ``virtual_stages`` per device (:mod:`synth.planner.schedules`; virtual
-    stages > 1 with the default schedule mean interleaved 1F1B, Megatron-LM's
-    convention); ``stage_layers``: the layers of each pipeline stage when they
-    are not even (:mod:`synth.planner.stages`; empty: ``L / pp`` each)."""
-
-    tp: int
-    dp: int
-    pp: int
-    micro_batch: int
-    virtual_stages: int = 1
-    stage_layers: tuple[int, ...] = ()
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    ep: int = 1
-    cp: int = 1
-
-    def __post_init__(self) -> None:
-        if self.schedule is Schedule.ONE_F_ONE_B and self.virtual_stages > 1:
-            object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
-
-    @property
-    def devices(self) -> int:
-        return self.tp * self.cp * self.ep * self.dp * self.pp
-
-    @property
-    def replicas(self) -> int:
-        """Data-parallel replicas, each on its own data: dp x ep (expert
-        parallelism splits the experts, context parallelism the sequence,
-        neither the batch)."""
-        return self.dp * self.ep
-
-    @property
-    def dense_shards(self) -> int:
-        """Devices that hold the same dense weights: dp x cp x ep (what their
-        gradients reduce over, and ZeRO shards over)."""
-        return self.dp * self.cp * self.ep
-
-    @property
-    def expert_shards(self) -> int:
-        """Devices that hold the same routed experts: dp x cp."""
-        return self.dp * self.cp
-
-    def micro_batches(self, training: Training) -> int:
-        return training.global_batch // (self.replicas * self.micro_batch)
-
-    def sizes(self) -> dict[str, int]:
-        """The axis sizes (``cp`` and ``ep`` where there is context or expert
-        parallelism)."""
-        return {"tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {}), **({"ep": self.ep} if self.ep > 1 else {}),
-                "dp": self.dp, "pp": self.pp}
-
-    @property
-    def dense_axes(self) -> str:
-        """The axes the dense weights' gradients reduce over (``dp``,
-        ``dp+ep``, ``dp+cp``, ...; empty: none), as a reduction's axis text."""
-        return "+".join(axis for axis, size in (("dp", self.dp), ("cp", self.cp), ("ep", self.ep)) if size > 1)
-
-    @property
-    def expert_axes(self) -> str:
-        """The axes the routed experts' gradients reduce over: dp and cp."""
-        return "+".join(axis for axis, size in (("dp", self.dp), ("cp", self.cp)) if size > 1)
-
-    def describe(self) -> str:
-        v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        if self.schedule is Schedule.ZERO_BUBBLE:
-            v = " zero-bubble"
-        stages = f" stages={describe_layers(self.stage_layers)}" if self.stage_layers else ""
-        ep = f" ep={self.ep}" if self.ep > 1 else ""
-        cp = f" cp={self.cp}" if self.cp > 1 else ""
-        return f"tp={self.tp}{cp}{ep} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}{stages}"
-
-    def layers_of_stages(self, model: Transformer) -> tuple[int, ...]:
-        """Layers per pipeline stage, first to last."""
-        return self.stage_layers or (model.layers // self.pp,) * self.pp
-
-
-def sequence_parallel(training: Training, config: Configuration) -> bool:
-    """Whether the configuration runs sequence parallelism: asked for, and a
-    tensor-parallel group to split the sequence over (tp > 1)."""
-    return training.sequence_parallel and config.tp > 1
-
-
-def configuration_problem(model: Transformer, training: Training, config: Configuration) -> str | None:
-    """Why the configuration cannot run the model (None if it can)."""
-    if config.stage_layers:
-        problem = model.parallelism_problem(config.tp, 1, config.ep, config.cp)
-        layout = config.stage_layers
-        if not problem and (len(layout) != config.pp or sum(layout) != model.layers or min(layout) < 1):
-            problem = (f"stages {describe_layers(layout)}: {config.pp} stages of at least one layer each must hold "
-                       f"the model's {model.layers} layers")
-        if not problem and len(set(layout[1:-1])) > 1:
-            problem = (f"stages {describe_layers(layout)}: the stages between the first and the last must hold "
-                       "equal layers (the form modelled, Megatron-LM's)")
-    else:
-        problem = model.parallelism_problem(config.tp, config.pp, config.ep, config.cp)
-    if problem:
-        return problem
-    if config.ep > 1 and training.sharding is Sharding.ZERO3:
-        return "ZeRO-3 with expert parallelism is not modelled (use --sharding zero1 or zero2)"
-    if config.cp > 1 and training.sharding is Sharding.ZERO3:
-        return "ZeRO-3 with context parallelism is not modelled (use --sharding zero1 or zero2)"
-    if (config.cp > 1 or config.ep > 1) and training.sharding is Sharding.HSDP:
-        return "HSDP with context or expert parallelism is not modelled (use --sharding zero1 or zero2)"
-    if training.global_batch % (config.replicas * config.micro_batch):
-        if config.ep > 1:
-            return (f"--global-batch {training.global_batch} is not divisible by dp x ep x micro-batch = "
-                    f"{config.dp} x {config.ep} x {config.micro_batch}")
-        return (f"--global-batch {training.global_batch} is not divisible by dp x micro-batch = "
-                f"{config.dp} x {config.micro_batch}")
-    return schedule_problem(config.schedule, config.virtual_stages, config.pp, config.micro_batches(training),
-                            config.layers_of_stages(model))
-
-
-# ---------------------------------------------------------------- memory
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Bytes per device of the worst pipeline stage."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-    activations: float
-    stage: str  # "first", "last" or "only"
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations
-
-    def to_dict(self) -> dict:
-        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
-                "activations": self.activations, "total": self.total, "stage": self.stage}
-
-
-def stage_kinds(layout: tuple[int, ...]) -> dict[str, int]:
-    """The stages that differ, by kind, with their layers: ``only`` (pp = 1),
-    else ``first``, ``last`` and, when pp > 2, ``middle`` (the middle stages
-    all hold the same layers; the second stage stands for them, the one with
-    the most micro-batches in flight)."""
-    if len(layout) == 1:
-        return {"only": layout[0]}
-    kinds = {"first": layout[0], "last": layout[-1]}
-    if len(layout) > 2:
-        kinds["middle"] = layout[1]
-    return kinds
-
-
-def stage_mix(model: Transformer, layout: tuple[int, ...]) -> dict[str, tuple[int, int]]:
-    """``(dense, moe)`` layers of each kind of pipeline stage
-    (:func:`stage_kinds`): an MoE model's first ``dense_layers`` layers are
-    dense, on the first stages."""
-    starts = {"only": 0, "first": 0, "middle": layout[0], "last": sum(layout[:-1])}
-    return {kind: model.layer_mix(starts[kind], layers) for kind, layers in stage_kinds(layout).items()}
-
-
-def stage_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, int]:
-    """Parameters of each kind of pipeline stage (:func:`stage_kinds`). With
-    tied embeddings and pp > 1 the last stage keeps its own copy of the word
-    embeddings for the output layer (as Megatron-LM does)."""
-    head = model.head_params + (model.vocab * model.hidden if model.tied_embeddings and len(layout) > 1 else 0)
-    extra = {"only": model.embedding_params + model.head_params, "first": model.embedding_params, "last": head,
-             "middle": 0}
-    return {kind: model.layers_params(dense, moe) + extra[kind] for kind, (dense, moe) in stage_mix(model, layout).items()}
-
-
-def largest_layer_params(model: Transformer) -> int:
-    """The parameters of the model's largest layer (an MoE layer's, all its
-    experts, when it has any)."""
-    return max(model.layer_params, model.moe_layer_params if model.moe else 0)
-
-
-def stage_routed_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, int]:
-    """Of :func:`stage_parameters`, the routed experts' (what ep shards)."""
-    return {kind: moe * model.moe_layer_routed_params for kind, (_, moe) in stage_mix(model, layout).items()}
-
-
-def memory_per_device(model: Transformer, training: Training, config: Configuration,
-                      hsdp_shard: int | None = None) -> Memory:
-    """Memory per device of the worst stage (module docstring); under HSDP
-    the states are sharded over ``hsdp_shard`` devices (the placement's shard
-    group; default dp, which is ZeRO-3)."""
-    w = training.value_bytes
-    optimizer_bytes = 12 if w == 2 else 8  # fp32 master + Adam m, v; fp32 training has no master copy
-    m = config.micro_batches(training)
-    scores = training.attention == "unfused"
-    sp = sequence_parallel(training, config)
-    per_layer, per_moe_layer = (model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w,
-                                                                 scores, sp, moe, config.cp) for moe in (False, True))
-    working = 0.0  # full recomputation rebuilds one layer's activations at a time
-    if training.recompute is Recompute.FULL:
-        working = max(model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores, sp,
-                                                       moe, config.cp) for moe in (False, model.moe_layers > 0))
-    layout = config.layers_of_stages(model)
-    mix = stage_mix(model, layout)
-    routed = stage_routed_parameters(model, layout)
-    worst: Memory | None = None
-    for stage, params in stage_parameters(model, layout).items():
-        # dense weights split over tp and replicated over dp x ep; routed experts split over tp x ep
-        dense, experts = (params - routed[stage]) / config.tp, routed[stage] / (config.tp * config.ep)
-        weights, gradients, optimizer = w * (dense + experts), w * (dense + experts), optimizer_bytes * (dense + experts)
-        sharded = dense / config.dense_shards + experts / config.expert_shards  # one device's ZeRO shard
-        if training.sharding is Sharding.ZERO1:
-            optimizer = optimizer_bytes * sharded
-        elif training.sharding is Sharding.ZERO2:
-            gradients, optimizer = w * sharded, optimizer_bytes * sharded
-        elif training.sharding in (Sharding.ZERO3, Sharding.HSDP):
-            if training.sharding is Sharding.HSDP:  # ep = cp = 1 (configuration_problem)
-                sharded = (dense + experts) / (hsdp_shard or config.dp)
-            weights, gradients, optimizer = w * sharded, w * sharded, optimizer_bytes * sharded
-            layer = largest_layer_params(model) / config.tp
-            weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
-            gradients += w * layer  # one layer's full gradients before the reduce-scatter
-        index = {"first": 0, "middle": 1, "last": config.pp - 1, "only": 0}[stage]
-        in_flight = in_flight_micro_batches(config.schedule, config.pp, index, m, config.virtual_stages)
-        dense_layers, moe_layers = mix[stage]
-        activations = in_flight * (dense_layers * per_layer + moe_layers * per_moe_layer) + working
-        if stage in ("last", "only"):
-            activations += model.logits_bytes(config.micro_batch, config.tp, config.cp) \
-                * CROSS_ENTROPY_BYTES[training.cross_entropy] / 4
-        memory = Memory(weights, gradients, optimizer, activations, stage)
-        if worst is None or memory.total > worst.total:
-            worst = memory
-    assert worst is not None
-    return worst
-
-
-# ---------------------------------------------------------------- time
 
 
 class Collectives(Protocol):
