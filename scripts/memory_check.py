@@ -162,7 +162,7 @@ def predicted(row: dict) -> dict:
     command = [sys.executable, "-m", "synth.cli", "plan", "--topology", topology_of(row["gpu"]), "--scale",
                "node=1,gpu=1", "--model", model_spec(row["model"]), "--global-batch", str(row["global_batch"]),
                "--axes", "tp=1,dp=1,pp=1", "--micro-batch", str(row["micro_batch"]), "--memory-margin", "0",
-               "--no-verify", "--json", "--cross-entropy", "eager", *PLAN_OPTIONS[row.get("variant", "flash")]]
+               "--no-verify", "--json", "--framework", "eager", *PLAN_OPTIONS[row.get("variant", "flash")]]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"memory_check: {' '.join(command[2:])} failed: {done.stderr.strip()}")

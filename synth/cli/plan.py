@@ -14,6 +14,7 @@ from ..documents import check_writable
 from ..errors import SynthError
 from ..plan import write_plan
 from ..planner.compute import DEFAULT_COMPUTE, ComputeModel, load_compute_profile
+from ..planner.frameworks import FRAMEWORK_CHOICES, framework_of
 from ..planner.operations import OperationProfile
 from ..planner.schedules import SCHEDULE_CHOICES
 from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
@@ -64,10 +65,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
                         "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")
-    p.add_argument("--cross-entropy", default="fused", choices=("fused", "eager"),
+    p.add_argument("--cross-entropy", default=None, choices=("fused", "eager"),
                    help="the loss, for memory: fused keeps the fp32 logits, 4 s b V / tp bytes (Megatron-LM's "
-                        "vocabulary-parallel cross-entropy; default); eager is F.cross_entropy on logits.float() "
-                        "(torchtitan, plain PyTorch loops): 14 s b V / tp at the start of the backward")
+                        "vocabulary-parallel cross-entropy; megatron's default); eager is F.cross_entropy on "
+                        "logits.float() (torchtitan, plain PyTorch loops; their default): 14 s b V / tp at the start "
+                        "of the backward")
+    p.add_argument("--framework", default="megatron", choices=FRAMEWORK_CHOICES,
+                   help="the training framework, for the states it holds and what its step does outside the layers "
+                        "(docs/planner.md, 'Frameworks'): megatron (default: bf16 weights, fp32 main gradients), "
+                        "torchtitan (FSDP2, fp32 sharded states, operator-level selective recomputation), eager "
+                        "(fp32 weights under bf16 autocast), eager-master (bf16 weights, an fp32 master copy)")
     p.add_argument("--sequence-parallel", choices=("on", "off"), default="on",
                    help="Megatron-LM's sequence parallelism where tp > 1 (default on): norms, residuals and their "
                         "activations split over the tensor-parallel group, each tp all-reduce an all-gather and a "
@@ -166,7 +173,7 @@ def request_of(args: argparse.Namespace) -> JobRequest:
     training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
                         Recompute.NONE if search_recompute else Recompute.from_text(args.recompute),
                         not args.no_overlap, args.attention, args.sequence_parallel == "on", args.tp_overlap,
-                        args.cross_entropy)
+                        args.cross_entropy or framework_of(args.framework).default_cross_entropy, args.framework)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
     compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device

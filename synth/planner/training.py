@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import SynthError
 from ..units import MAX_COUNT, shown_number
+from .frameworks import Framework, at_dtype, framework_of
 from .schedules import Schedule, schedule_problem
 from .stages import describe_layers
 from .transformer import Recompute, Transformer
@@ -59,7 +60,9 @@ class Training:
     attention kernel, sequence parallelism (Megatron-LM's, applied where
     tp > 1: :func:`sequence_parallel`), whether its collectives overlap
     their GEMMs (:func:`tp_overlap_exposed_s`) and how the loss is computed,
-    for its memory (:data:`CROSS_ENTROPY_BYTES`)."""
+    for its memory (:data:`CROSS_ENTROPY_BYTES`), and the framework whose
+    states and passes outside the layers the step counts
+    (:mod:`synth.planner.frameworks`)."""
 
     global_batch: int
     dtype: str = "bf16"
@@ -70,6 +73,7 @@ class Training:
     sequence_parallel: bool = True
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs (with sequence parallelism)
     cross_entropy: str = "fused"  # the loss's memory: CROSS_ENTROPY_BYTES
+    framework: str = "megatron"  # the states and the step's passes outside the layers: synth.planner.frameworks
 
     def __post_init__(self) -> None:
         if self.tp_overlap and not self.sequence_parallel:
@@ -79,6 +83,7 @@ class Training:
             raise SynthError(f"--attention {self.attention}: choose one of {', '.join(ATTENTIONS)}")
         if self.cross_entropy not in CROSS_ENTROPY_BYTES:
             raise SynthError(f"--cross-entropy {self.cross_entropy}: choose one of {', '.join(CROSS_ENTROPY_BYTES)}")
+        framework_of(self.framework)  # SynthError naming the choices
         if self.dtype not in DTYPE_BYTES:
             raise SynthError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPE_BYTES)}")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
@@ -99,7 +104,12 @@ class Training:
         return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
                 "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
                 "sequence_parallel": self.sequence_parallel, "tp_overlap": self.tp_overlap,
-                "cross_entropy": self.cross_entropy}
+                "cross_entropy": self.cross_entropy, "framework": self.framework}
+
+    @property
+    def recipe(self) -> Framework:
+        """The framework's states and passes at this dtype (:func:`~synth.planner.frameworks.at_dtype`)."""
+        return at_dtype(framework_of(self.framework), self.value_bytes)
 
 
 @dataclass(frozen=True)
