@@ -21,7 +21,9 @@ the step moves outside the layers' operations:
   group); FSDP2 casts the local shard to bf16 before each all-gather (read 4,
   write 2, forward and backward) and the unsharded bf16 gradients to fp32 for
   the reduce-scatter (read 2, write 4); fused AdamW on the shard (28 bytes);
-  ``zero_grad`` sets the gradients to None. Its ``--recompute selective`` is
+  ``zero_grad`` sets the gradients to None; the training step deletes the
+  bf16 logits before the backward (``del pred`` in torchtitan's train.py), so
+  the eager loss holds 12 bytes per logit. Its ``--recompute selective`` is
   torchtitan's operator-level selective checkpointing (:func:`sac_activation_bytes`).
 * ``eager`` (a plain PyTorch loop: fp32 weights under bf16 autocast, fused
   AdamW, ``zero_grad(set_to_none=True)``; ``scripts/memory_check.py``'s recipe):
@@ -71,6 +73,7 @@ class Framework:
     default_cross_entropy: str  # the loss the framework computes (CROSS_ENTROPY_BYTES)
     source: str
     gradients_freed: bool = False  # the gradients are set to None each step and made anew by the first backward
+    logits_freed: bool = False  # the training loop drops its bf16 logits before the backward (eager loss: 12, not 14)
 
     @property
     def state_bytes(self) -> int:
@@ -84,7 +87,7 @@ FRAMEWORKS: dict[str, Framework] = {
                           "18 bytes per parameter, 6 + 12/d distributed"),
     "torchtitan": Framework("torchtitan", 4, 4, 0, 8, 0, 2 * 6, 6, 0, ADAM_BYTES, 0, "eager",
                             "torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
-                            "fused AdamW, cross_entropy on logits.float()", True),
+                            "fused AdamW, cross_entropy on logits.float(), del pred before the backward", True, True),
     "eager": Framework("eager", 4, 4, 0, 8, 2, 6, 6, 12, ADAM_BYTES, 0, "eager",
                        "fp32 weights under torch.autocast(bfloat16), fused AdamW, zero_grad(set_to_none=True)", True),
     "eager-master": Framework("eager-master", 2, 2, 4, 8, 0, 0, 0, 6, 6 + ADAM_BYTES + 6, 0, "eager",

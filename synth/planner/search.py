@@ -648,7 +648,7 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
 
     def timed(collectives: PlacementCollectives, data_parallel: bool = True) -> StepTime:
         return step_time(model, training, config, collectives, compute.micro_batch_s, compute.efficiency, shape,
-                         compute.optimizer_s, collectives.step_memo, data_parallel)
+                         compute.optimizer_s, collectives.step_memo, data_parallel, compute.accumulate_s)
 
     # Memory, and so feasibility, is the configuration's, except under HSDP, whose shard group (dp's split at
     # the innermost level it spans) is the placement's.

@@ -84,10 +84,10 @@ from .layercompute import (
     embedding_compute,
     head_compute,
     layer_compute,
-    optimizer_s,
     recompute_ops,
     stage_compute,
 )
+from .frameworks import step_overhead_bytes
 from .memory import Memory, memory_per_device
 from .operations import OperationProfile
 from .schedules import bubble_s
@@ -198,15 +198,17 @@ class StepTime:
     ep_s: float = 0.0  # expert parallelism's all-to-alls, on the critical path
     cp_s: float = 0.0  # context parallelism's ring of keys and values, what the attention does not hide
     alltoalls: tuple[tuple[str, int], ...] = ()  # (axis, bytes per device) of the step's all-to-alls
+    accumulate_s: float = 0.0  # the framework's gradient accumulation passes (per-operation model)
 
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.ep_s + self.pp_s + self.dp_s
-                + self.optimizer_s)
+                + self.optimizer_s + self.accumulate_s)
 
     def breakdown(self) -> dict[str, float]:
         return {"compute": self.compute_s, "bubble": self.bubble_s, "tp": self.tp_s, "cp": self.cp_s,
-                "ep": self.ep_s, "pp": self.pp_s, "dp": self.dp_s, "optimizer": self.optimizer_s}
+                "ep": self.ep_s, "pp": self.pp_s, "dp": self.dp_s, "optimizer": self.optimizer_s,
+                "accumulate": self.accumulate_s}
 
 
 @dataclass(frozen=True)
@@ -270,11 +272,16 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
 @dataclass(frozen=True)
 class ComputeEstimate:
     """A configuration's compute per device: one micro-batch of the slowest
-    pipeline stage, the fraction of peak that is, and the optimizer step."""
+    pipeline stage (with the framework's weight and gradient casts,
+    :func:`~synth.planner.frameworks.step_overhead_bytes`), the fraction of
+    peak that is, the optimizer step (with the framework's gradient zeroing,
+    casts and copies) and the gradient accumulation over the step's
+    micro-batches."""
 
     micro_batch_s: float
     efficiency: float
     optimizer_s: float = 0.0
+    accumulate_s: float = 0.0  # adding each micro-batch's gradients into the held ones, over the step
 
 
 def compute_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
@@ -311,16 +318,22 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
-                                      kind in ("last", "only"), mix[kind][1]).total_s
+                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy).total_s
                         for kind, layers in stage_kinds(layout).items())
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
     dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)
+    held = dense + experts  # the parameters the device computes with
+    updated = held
     if training.sharding is not Sharding.NONE:  # ZeRO updates its shard only
-        dense, experts = dense / config.dense_shards, experts / config.expert_shards
-    parameters = dense + experts
+        updated = dense / config.dense_shards + experts / config.expert_shards
+    per_micro_batch, accumulate, optimizer = step_overhead_bytes(training.recipe, held, updated,
+                                                                shape.micro_batches)
+    moved_s = compute.elementwise.bytes_seconds
+    micro_batch_s += float(moved_s(per_micro_batch)) if per_micro_batch else 0.0
     efficiency = shape.flops_per_micro_batch / (device.peak_flops * micro_batch_s)
-    return ComputeEstimate(micro_batch_s, efficiency, optimizer_s(compute, parameters, training.value_bytes == 2))
+    return ComputeEstimate(micro_batch_s, efficiency, float(moved_s(optimizer)),
+                           float(moved_s(accumulate)) if accumulate else 0.0)
 
 
 def _flops_stage_costs(model: Transformer, training: Training, config: Configuration) -> StageCosts:
@@ -343,7 +356,7 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
     return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
-                      head_compute(compute, model, shard).total_s)
+                      head_compute(compute, model, shard, training.cross_entropy).total_s)
 
 
 def step_time(
@@ -357,6 +370,7 @@ def step_time(
     optimizer_s: float = 0.0,
     memo: dict | None = None,
     data_parallel: bool = True,
+    accumulate_s: float = 0.0,
 ) -> StepTime:
     """The step's predicted seconds, given one micro-batch's compute time per
     device (:func:`compute_estimate`, or a measured or fitted one) and the
@@ -424,6 +438,7 @@ def step_time(
         bucket_bytes=bucket,
         reductions=tuple(reductions),
         optimizer_s=optimizer_s,
+        accumulate_s=accumulate_s,
         ep_s=m * ep_mb,
         cp_s=m * cp_mb,
         alltoalls=(("ep", shape.alltoall_bytes),) if shape.alltoall_bytes else (),
