@@ -83,6 +83,13 @@ def parser() -> argparse.ArgumentParser:
                    help="overlap the tensor-parallel all-gathers and reduce-scatters with their GEMMs (Megatron-LM's "
                         "--tp-comm-overlap; needs sequence parallelism): each shows only what its GEMM cannot hide, "
                         "at least one of tp chunks; tp_overlap in --json")
+    p.add_argument("--overlap-param-gather", action="store_true",
+                   help="with --sharding zero1 or zero2, all-gather the updated weights bucket by bucket beside the "
+                        "next step's first forward (Megatron-LM's --overlap-param-gather) instead of after the step")
+    p.add_argument("--ep-overlap", action="store_true",
+                   help="run each MoE layer's all-to-alls beside another micro-batch's computation of that layer "
+                        "(DeepSeek-V3's DualPipe): only what outlasts it shows, and the computation beside them runs "
+                        "on the 112 of 132 SMs they leave")
     p.add_argument("--stages", choices=("even", "uneven", "search"), default="even",
                    help="layers per pipeline stage: even (pp divides the layers; default), uneven (first and last "
                         "stage counts chosen so the slowest stage, with the embedding and the loss, is fastest; pp "
@@ -173,7 +180,8 @@ def request_of(args: argparse.Namespace) -> JobRequest:
     training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
                         Recompute.NONE if search_recompute else Recompute.from_text(args.recompute),
                         not args.no_overlap, args.attention, args.sequence_parallel == "on", args.tp_overlap,
-                        args.cross_entropy or framework_of(args.framework).default_cross_entropy, args.framework)
+                        args.cross_entropy or framework_of(args.framework).default_cross_entropy, args.framework,
+                        args.overlap_param_gather, args.ep_overlap)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
     compute = load_compute_profile(args.compute_profile) if args.compute_profile else None  # None: by device

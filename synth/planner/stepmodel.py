@@ -90,6 +90,13 @@ from .layercompute import (
 from .frameworks import step_overhead_bytes
 from .memory import Memory, memory_per_device
 from .operations import OperationProfile
+from .overlaps import (
+    EP_OVERLAP_SM_SHARE,
+    ep_overlap_exposed_s,
+    overlapped_mixed_s,
+    overlapped_s,
+    tp_overlap_exposed_s,
+)
 from .schedules import bubble_s
 from .stages import StageCosts, slowest_stage
 from .training import (
@@ -111,7 +118,7 @@ from .transformer import Recompute, Transformer
 
 # the names of :mod:`synth.planner.training` and :mod:`synth.planner.memory` that callers import from here
 __all__ = ["ATTENTIONS", "BUCKET_GRID_BYTES", "CROSS_ENTROPY_BYTES", "DTYPE_BYTES", "HSDP_REPLICATE", "HSDP_SHARD",
-           "Collectives", "ComputeEstimate", "Configuration", "Memory", "Sharding", "StepShape", "StepTime",
+           "Collectives", "ComputeEstimate", "Configuration", "EP_OVERLAP_SM_SHARE", "Memory", "Sharding", "StepShape", "StepTime",
            "Training", "bucket_sizes", "compute_estimate", "configuration_problem", "largest_layer_params",
            "memory_per_device", "micro_batch_seconds_for", "overlapped_mixed_s", "overlapped_s", "sequence_parallel",
            "stage_costs", "stage_kinds", "stage_mix", "stage_parameters", "stage_routed_parameters", "step_shape",
@@ -134,50 +141,6 @@ class Collectives(Protocol):
 
     def alltoall(self, axis: str, size_bytes: int) -> float:
         """An all-to-all of ``size_bytes`` per device in every group of ``axis`` at once."""
-
-
-def overlapped_mixed_s(transfers: list[tuple[int, float]], window_s: float) -> float:
-    """:func:`overlapped_s` of several kinds of transfers, ``(count,
-    seconds each)``, ready evenly over the window one after another: the
-    longest one is taken as the last, which never overlaps. Equal to
-    :func:`overlapped_s` for one kind."""
-    count = sum(n for n, _ in transfers)
-    if count < 1:
-        return 0.0
-    total = sum(n * each for n, each in transfers)
-    return max(max(each for n, each in transfers if n), total - window_s * (1 - 1 / count))
-
-
-def overlapped_s(count: int, each_s: float, window_s: float) -> float:
-    """Exposed seconds of ``count`` equal transfers of ``each_s`` that become
-    ready evenly over a compute window of ``window_s`` (transfer ``i`` ready at
-    ``(i + 1) window / count``, one at a time): the last one never overlaps, and
-    more transfer time than window shows. ``max(each, count x each - window x
-    (1 - 1/count))``."""
-    if count < 1:
-        return 0.0
-    return max(each_s, count * each_s - window_s * (1 - 1 / count))
-
-
-def tp_overlap_exposed_s(gather_s: float, scatter_s: float, gemms_s: list[float], tp: int) -> tuple[float, float]:
-    """Exposed seconds of one layer's tensor-parallel collectives in a forward
-    and in a backward pass when each is overlapped with the GEMM it feeds or follows (Megatron-LM's
-    ``--tp-comm-overlap``: Transformer Engine splits the GEMM and the
-    collective into ``tp`` chunks and pipelines them). A collective of ``c``
-    seconds beside a GEMM of ``g`` shows ``max(c / tp, c - g)``: the first
-    chunk never overlaps, and no more than the GEMM can be hidden. Forward:
-    all-gather with QKV, reduce-scatter with the projection, all-gather with
-    the MLP's up, reduce-scatter with its down GEMM; the backward pairs the
-    transposed collectives with the same GEMMs' input-gradient halves (the
-    same FLOPs; ``gemms_s``: QKV, projection, up, down)."""
-    qkv, proj, up, down = gemms_s
-
-    def shown(c: float, g: float) -> float:
-        return max(c / tp, c - g)
-
-    forward = shown(gather_s, qkv) + shown(scatter_s, proj) + shown(gather_s, up) + shown(scatter_s, down)
-    backward = shown(scatter_s, qkv) + shown(gather_s, proj) + shown(scatter_s, up) + shown(gather_s, down)
-    return forward, backward
 
 
 @dataclass(frozen=True)
@@ -402,7 +365,10 @@ def step_time(
     ep_mb = 0.0
     if shape.alltoall_bytes:  # per MoE layer and pass: the dispatch to the experts and the combine back
         passes = 3 if training.recompute is Recompute.FULL else 2
-        ep_mb = shape.moe_layers_per_stage * 2 * passes * collectives.alltoall("ep", shape.alltoall_bytes)
+        layer_alltoalls_s = 2 * passes * collectives.alltoall("ep", shape.alltoall_bytes)
+        if training.ep_overlap:  # beside another micro-batch's computation of the layer
+            layer_alltoalls_s = ep_overlap_exposed_s(layer_alltoalls_s, micro_batch_s / shape.layers_per_stage)
+        ep_mb = shape.moe_layers_per_stage * layer_alltoalls_s
     cp_mb = 0.0
     if config.cp > 1:  # ring attention: cp - 1 steps per layer and pass, beside the attention they feed
         passes = 3 if training.recompute is Recompute.FULL else 2
@@ -415,7 +381,7 @@ def step_time(
     if config.pp > 1:
         pp_mb = 2 * v * collectives.send("pp", max(1, shape.activation_bytes // config.tp))
     slot = micro_batch_s + tp_mb + ep_mb + cp_mb + pp_mb
-    key = (training.sharding, training.overlap_dp, config.dense_axes, config.expert_axes, shape.gradient_bytes,
+    key = (training.sharding, training.overlap_dp, training.overlap_param_gather, config.dense_axes, config.expert_axes, shape.gradient_bytes,
            shape.expert_gradient_bytes, shape.micro_batches, shape.layer_bytes, shape.layers_per_stage,
            shape.backward_fraction, micro_batch_s)
     found = memo.get(key) if memo is not None else None
@@ -454,15 +420,15 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     if not dense_axes:
         return 0.0, None, []
     backward_s = micro_batch_s * shape.backward_fraction
-    if training.sharding is Sharding.ZERO3:  # not with ep > 1 (configuration_problem)
+    if training.sharding is Sharding.ZERO3:  # not with ep > 1 (configuration_problem); over dp x cp with cp
         size = shape.layer_bytes
-        gather = collectives.reduce("dp", Goal.ALLGATHER, size)
-        scatter = collectives.reduce("dp", Goal.REDUCESCATTER, size)
+        gather = collectives.reduce(dense_axes, Goal.ALLGATHER, size)
+        scatter = collectives.reduce(dense_axes, Goal.REDUCESCATTER, size)
         n = shape.layers_per_stage
         per_micro_batch = (overlapped_s(n, gather, micro_batch_s - backward_s)
                            + overlapped_s(n, gather + scatter, backward_s))
         return (shape.micro_batches * per_micro_batch, None,
-                [("dp", Goal.ALLGATHER, size), ("dp", Goal.REDUCESCATTER, size)])
+                [(dense_axes, Goal.ALLGATHER, size), (dense_axes, Goal.REDUCESCATTER, size)])
     if training.sharding is Sharding.HSDP:
         return _hsdp(collectives, shape, micro_batch_s, backward_s)
     sharded = training.sharding in (Sharding.ZERO1, Sharding.ZERO2)
@@ -478,8 +444,11 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
         exposed = reductions * (overlapped_mixed_s(transfers, backward_s) if training.overlap_dp
                                 else sum(n * each for n, each in transfers))
         if sharded:
-            exposed += sum(n * collectives.reduce(axes, Goal.ALLGATHER, bucket)
-                           for (n, _), (axes, _) in zip(transfers, sets))
+            gathers = [(n, collectives.reduce(axes, Goal.ALLGATHER, bucket)) for (n, _), (axes, _) in zip(transfers, sets)]
+            if training.overlap_param_gather:  # beside the next step's first forward, bucket by bucket
+                exposed += overlapped_mixed_s(gathers, micro_batch_s - backward_s)
+            else:
+                exposed += sum(n * each for n, each in gathers)
         if best is None or exposed < best[0]:
             best = (exposed, bucket)
     assert best is not None

@@ -74,6 +74,8 @@ class Training:
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs (with sequence parallelism)
     cross_entropy: str = "fused"  # the loss's memory: CROSS_ENTROPY_BYTES
     framework: str = "megatron"  # the states and the step's passes outside the layers: synth.planner.frameworks
+    overlap_param_gather: bool = False  # ZeRO-1/2's all-gather of the updated weights beside the next forward
+    ep_overlap: bool = False  # MoE all-to-alls beside another micro-batch's computation (DualPipe-style)
 
     def __post_init__(self) -> None:
         if self.tp_overlap and not self.sequence_parallel:
@@ -84,6 +86,9 @@ class Training:
         if self.cross_entropy not in CROSS_ENTROPY_BYTES:
             raise SynthError(f"--cross-entropy {self.cross_entropy}: choose one of {', '.join(CROSS_ENTROPY_BYTES)}")
         framework_of(self.framework)  # SynthError naming the choices
+        if self.overlap_param_gather and self.sharding not in (Sharding.ZERO1, Sharding.ZERO2):
+            raise SynthError("--overlap-param-gather needs --sharding zero1 or zero2: it overlaps the all-gather of "
+                             "the weights the sharded optimizer updated (Megatron-LM's distributed optimizer)")
         if self.dtype not in DTYPE_BYTES:
             raise SynthError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPE_BYTES)}")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
@@ -104,7 +109,8 @@ class Training:
         return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
                 "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
                 "sequence_parallel": self.sequence_parallel, "tp_overlap": self.tp_overlap,
-                "cross_entropy": self.cross_entropy, "framework": self.framework}
+                "cross_entropy": self.cross_entropy, "framework": self.framework,
+                "overlap_param_gather": self.overlap_param_gather, "ep_overlap": self.ep_overlap}
 
     @property
     def recipe(self) -> Framework:
@@ -213,8 +219,6 @@ def configuration_problem(model: Transformer, training: Training, config: Config
         return problem
     if config.ep > 1 and training.sharding is Sharding.ZERO3:
         return "ZeRO-3 with expert parallelism is not modelled (use --sharding zero1 or zero2)"
-    if config.cp > 1 and training.sharding is Sharding.ZERO3:
-        return "ZeRO-3 with context parallelism is not modelled (use --sharding zero1 or zero2)"
     if (config.cp > 1 or config.ep > 1) and training.sharding is Sharding.HSDP:
         return "HSDP with context or expert parallelism is not modelled (use --sharding zero1 or zero2)"
     if training.global_batch % (config.replicas * config.micro_batch):
