@@ -564,9 +564,11 @@ def _layouts(request: JobRequest, config: Configuration) -> list[Configuration]:
 def _schedules(request: JobRequest, config: Configuration) -> list[Configuration]:
     """``config`` under each schedule ``--schedule`` asks for. Without
     pipeline parallelism there is no schedule to choose (1F1B stands for
-    all); interleaving on uneven stages is tried when asked for (``--schedule
-    interleaved``), not under search (it would multiply the variants), and
-    ``configuration_problem`` says why a variant asked for cannot run."""
+    all); under search, interleaving tries the virtual stages that divide the
+    largest stage's layers (on uneven stages, no more than the smallest
+    stage's: Meta's Llama 3 405B ran interleaved on stages of 7, 8 x 14, 7
+    layers), and ``configuration_problem`` says why a variant asked for
+    cannot run."""
     if config.pp == 1:
         return [config]
     wanted = [s for s in Schedule if request.schedule in (s.value, "search")]
@@ -574,8 +576,6 @@ def _schedules(request: JobRequest, config: Configuration) -> list[Configuration
     for schedule in wanted:
         if schedule is not Schedule.INTERLEAVED:
             out.append(replace(config, schedule=schedule))
-            continue
-        if config.stage_layers and request.schedule == "search":
             continue
         layout = config.layers_of_stages(request.model)
         per_stage = max(layout)
