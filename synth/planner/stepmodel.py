@@ -122,7 +122,7 @@ __all__ = ["ATTENTIONS", "BUCKET_GRID_BYTES", "CROSS_ENTROPY_BYTES", "DTYPE_BYTE
            "Training", "bucket_sizes", "compute_estimate", "configuration_problem", "largest_layer_params",
            "memory_per_device", "micro_batch_seconds_for", "overlapped_mixed_s", "overlapped_s", "sequence_parallel",
            "stage_costs", "stage_kinds", "stage_mix", "stage_parameters", "stage_routed_parameters", "step_shape",
-           "step_time", "tp_overlap_exposed_s"]
+           "step_lower_bound_s", "step_time", "tp_overlap_exposed_s"]
 
 MiB = 2**20
 # DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
@@ -409,6 +409,28 @@ def step_time(
         cp_s=m * cp_mb,
         alltoalls=(("ep", shape.alltoall_bytes),) if shape.alltoall_bytes else (),
     )
+
+
+class _FreeCollectives:
+    """Collectives that cost nothing (:func:`step_lower_bound_s`)."""
+
+    def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
+        return 0.0
+
+    def send(self, axis: str, size_bytes: int) -> float:
+        return 0.0
+
+    def alltoall(self, axis: str, size_bytes: int) -> float:
+        return 0.0
+
+
+def step_lower_bound_s(model: Transformer, training: Training, config: Configuration, shape: StepShape,
+                       compute: ComputeEstimate) -> float:
+    """The step with free communication: no placement's step is shorter (no
+    term decreases as a collective's cost grows; the data-parallel term is
+    left out, as it is at least 0)."""
+    return step_time(model, training, config, _FreeCollectives(), compute.micro_batch_s, compute.efficiency, shape,
+                     compute.optimizer_s, None, False, compute.accumulate_s).total_s
 
 
 def _data_parallel(training: Training, config: Configuration, collectives: Collectives, shape: StepShape,
