@@ -60,18 +60,20 @@ class Framework:
     parameter its step moves outside the layers (module docstring)."""
 
     name: str
+    source: str
     weight_bytes: int  # the training weights as held (sharded by ZeRO-3 / FSDP)
     gradient_bytes: int  # the gradients as held, accumulated and reduced
     master_bytes: int  # an fp32 master copy beside 16-bit weights (0: the weights are fp32)
-    moment_bytes: int  # Adam's two moments
-    cast_copy_bytes: int  # a 16-bit copy of each weight made for the GEMMs and held through the backward
-    forward_cast_bytes: int  # moved per parameter and micro-batch before the layers use the weights
-    gradient_cast_bytes: int  # moved per parameter and micro-batch as the backward makes the gradients
-    accumulate_bytes: int  # moved per parameter and micro-batch after the first (adding into held gradients)
-    optimizer_bytes: int  # moved per updated parameter by the optimizer step
-    zero_bytes: int  # moved per parameter (unsharded) to clear the gradients each step
-    default_cross_entropy: str  # the loss the framework computes (CROSS_ENTROPY_BYTES)
-    source: str
+    moment_bytes: int = 8  # Adam's two fp32 moments
+    default_cross_entropy: str = "eager"  # the loss the framework computes (CROSS_ENTROPY_BYTES)
+    cast_copy_bytes: int = 0  # a 16-bit copy of each weight made for the GEMMs and held through the backward
+    forward_cast_bytes: int = 0  # moved per parameter and micro-batch before the layers use the weights
+    forward_cast_on_shard: bool = False  # ... on the device's shard only (FSDP2 casts before gathering)
+    gradient_cast_bytes: int = 0  # moved per parameter and micro-batch as the backward makes the gradients
+    accumulate_bytes: int = 0  # moved per parameter and micro-batch after the first (adding into held gradients)
+    optimizer_cast_bytes: int = 0  # per updated parameter: the gradients cast to fp32 before the optimizer
+    copy_back_bytes: int = 0  # per updated parameter: the fp32 master weights copied to the 16-bit ones
+    zero_bytes: int = 0  # moved per parameter (unsharded) to clear the gradients each step
     gradients_freed: bool = False  # the gradients are set to None each step and made anew by the first backward
     logits_freed: bool = False  # the training loop drops its bf16 logits before the backward (eager loss: 12, not 14)
 
@@ -80,31 +82,38 @@ class Framework:
         """Bytes per parameter held between steps (weights, gradients, optimizer)."""
         return self.weight_bytes + self.gradient_bytes + self.master_bytes + self.moment_bytes
 
+    @property
+    def optimizer_bytes(self) -> int:
+        """Bytes the optimizer step moves per updated parameter."""
+        return self.optimizer_cast_bytes + ADAM_BYTES + self.copy_back_bytes
 
-FRAMEWORKS: dict[str, Framework] = {
-    "megatron": Framework("megatron", 2, 4, 4, 8, 0, 0, 0, 0, ADAM_BYTES + 6, 4, "fused",
-                          "Megatron Core user guide, Distributed Optimizer: bf16 parameters, fp32 gradients, "
-                          "18 bytes per parameter, 6 + 12/d distributed"),
-    "torchtitan": Framework("torchtitan", 4, 4, 0, 8, 0, 2 * 6, 6, 0, ADAM_BYTES, 0, "eager",
-                            "torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
-                            "fused AdamW, cross_entropy on logits.float(), del pred before the backward", True, True),
-    "eager": Framework("eager", 4, 4, 0, 8, 2, 6, 6, 12, ADAM_BYTES, 0, "eager",
-                       "fp32 weights under torch.autocast(bfloat16), fused AdamW, zero_grad(set_to_none=True)", True),
-    "eager-master": Framework("eager-master", 2, 2, 4, 8, 0, 0, 0, 6, 6 + ADAM_BYTES + 6, 0, "eager",
-                              "bf16 weights, fp32 master copy, fused Adam, gradients set to None each step", True),
-}
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
+    Framework("megatron", "Megatron Core user guide, Distributed Optimizer: bf16 parameters, fp32 gradients, 18 bytes "
+              "per parameter, 6 + 12/d distributed", 2, 4, 4, default_cross_entropy="fused", copy_back_bytes=6,
+              zero_bytes=4),
+    Framework("torchtitan", "torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
+              "fused AdamW, cross_entropy on logits.float(), del pred before the backward", 4, 4, 0,
+              forward_cast_bytes=2 * 6, forward_cast_on_shard=True, gradient_cast_bytes=6, gradients_freed=True,
+              logits_freed=True),
+    Framework("eager", "fp32 weights under torch.autocast(bfloat16), fused AdamW, zero_grad(set_to_none=True)", 4, 4, 0,
+              cast_copy_bytes=2, forward_cast_bytes=6, gradient_cast_bytes=6, accumulate_bytes=12, gradients_freed=True),
+    Framework("eager-master", "bf16 weights, fp32 master copy, fused Adam, gradients set to None each step", 2, 2, 4,
+              accumulate_bytes=6, optimizer_cast_bytes=6, copy_back_bytes=6, gradients_freed=True),
+)}
 FRAMEWORK_CHOICES = tuple(FRAMEWORKS)
 
 
 def at_dtype(framework: Framework, value_bytes: int) -> Framework:
     """``framework`` when training in values of ``value_bytes``: with fp32
     weights (``--dtype fp32``) there is no 16-bit copy to keep, so no master
-    copy and no copy back after the optimizer step (Megatron-LM's table: fp32
-    parameters and gradients, 16 bytes per parameter)."""
+    copy, no cast before the optimizer and no copy back after it
+    (Megatron-LM's table: fp32 parameters and gradients, 16 bytes per
+    parameter)."""
     if value_bytes != 4 or not framework.master_bytes:
         return framework
-    return replace(framework, weight_bytes=4, gradient_bytes=4, master_bytes=0,
-                   optimizer_bytes=framework.optimizer_bytes - 6 - (6 if framework.name == "eager-master" else 0))
+    return replace(framework, weight_bytes=4, gradient_bytes=4, master_bytes=0, optimizer_cast_bytes=0,
+                   copy_back_bytes=0)
 
 
 def framework_of(name: str) -> Framework:
@@ -142,16 +151,14 @@ def sac_activation_bytes(model: Transformer, micro_batch: int, tp: int, cp: int 
     return 2.0 * tokens * (layer_input + model.hidden // tp + kept)
 
 
-def step_overhead_bytes(framework: Framework, parameters: float, updated: float, micro_batches: int,
-                        sharded: float | None = None) -> tuple[float, float, float]:
+def step_overhead_bytes(framework: Framework, parameters: float, updated: float,
+                        micro_batches: int) -> tuple[float, float, float]:
     """(bytes per micro-batch, bytes of the accumulation over the step, bytes
     of the optimizer step) one device moves outside the layers: ``parameters``
     the weights it computes with, ``updated`` those its optimizer updates (its
-    ZeRO shard), ``sharded`` the shard FSDP2 casts before each all-gather
-    (torchtitan; default ``updated``)."""
-    cast_on = updated if sharded is None else sharded
-    forward = framework.forward_cast_bytes * (cast_on if framework.name == "torchtitan" else parameters)
-    per_micro_batch = forward + framework.gradient_cast_bytes * parameters
+    ZeRO shard, which FSDP2 also casts before each all-gather)."""
+    cast_on = updated if framework.forward_cast_on_shard else parameters
+    per_micro_batch = framework.forward_cast_bytes * cast_on + framework.gradient_cast_bytes * parameters
     accumulate = framework.accumulate_bytes * parameters * max(0, micro_batches - 1)
     optimizer = framework.optimizer_bytes * updated + framework.zero_bytes * parameters
     return per_micro_batch, accumulate, optimizer

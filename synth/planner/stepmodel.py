@@ -53,15 +53,20 @@ sources):
   its gradients after the backward, for every micro-batch, overlapped with that
   phase's compute.
 
-Memory per device is the worst pipeline stage's (the first holds the
-activations of ``min(pp, m)`` micro-batches in 1F1B and ZB-H1, more with
-interleaving, :func:`~synth.planner.schedules.in_flight_micro_batches`; the
-last one micro-batch but also the output layer's logits): weights ``w P``, gradients ``w P`` and
-Adam's fp32 master weights, momentum and variance ``12 P`` (``8 P`` in fp32
-training, no master copy), with ``P`` = the stage's parameters / tp (ZeRO-1
-divides the optimizer states by dp, ZeRO-2 also the gradients, ZeRO-3 all
-three and adds the gathered weights and gradients of the layers in flight), plus activations
+Memory per device (:mod:`synth.planner.memory`) is the worst pipeline
+stage's (the first holds the activations of ``min(pp, m)`` micro-batches in
+1F1B and ZB-H1, more with interleaving,
+:func:`~synth.planner.schedules.in_flight_micro_batches`; the last one
+micro-batch but also the output layer's logits): the weights, gradients, fp32
+master weights and Adam's moments in the framework's bytes per parameter
+(:mod:`synth.planner.frameworks`; Megatron-LM's by default: ``2 + 4 + 12``),
+with ``P`` = the stage's parameters / tp (ZeRO-1 divides the optimizer states
+by dp, ZeRO-2 also the gradients, ZeRO-3 all three and adds the gathered
+weights and gradients of the layers in flight), plus activations
 (:meth:`~synth.planner.transformer.Transformer.activation_bytes_per_layer`).
+The framework's passes outside the layers (weight casts per micro-batch,
+gradient accumulation, the optimizer step's bytes) join the per-operation
+compute; the overlaps are in :mod:`synth.planner.overlaps`.
 
 Communication is given as a :class:`Collectives` (seconds for a size in bytes),
 which :mod:`synth.planner.search` computes with the project's cost model on the
