@@ -100,7 +100,6 @@ def test_plan_takes_the_framework_and_refuses_an_unknown_one(capsys):
             "8", "--axes", "tp=1,dp=1,pp=1", "--micro-batch", "8", "--no-verify", "--json"]
     assert main(argv + ["--framework", "eager"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    training = plan["configurations"][0]["training"] if "training" in plan["configurations"][0] else plan["training"]
-    assert training["framework"] == "eager" and training["cross_entropy"] == "eager"
+    assert plan["training"]["framework"] == "eager" and plan["training"]["cross_entropy"] == "eager"
     assert main(argv + ["--framework", "nemo"]) == 2
     assert "synth-reduce: error: argument --framework: invalid choice: 'nemo'" in capsys.readouterr().err
