@@ -322,7 +322,8 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     print(f"topology {r.topology.name}: {levels} ({r.topology.num_devices} devices of {r.device.name}: "
           f"{r.device.memory_GiB:g} GiB, {r.device.peak_TFLOPs:g} TFLOP/s peak)")
     schedule = f"schedule {r.schedule}" + (f" (v={r.virtual_stages})" if r.virtual_stages else "")
-    print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {r.recompute_text}, "
+    print(f"global batch {t.global_batch}, {t.dtype}, framework {t.framework}, sharding {t.sharding.value}, "
+          f"recompute {r.recompute_text}, "
           f"{schedule}, stages {r.stages}, " + ("tp overlapped with GEMMs, " if t.tp_overlap else "") +
           f"sequence parallel {'on where tp > 1' if t.sequence_parallel else 'off'}; "
           f"{r.comm.describe()}; {_compute_text(r.compute)}")
