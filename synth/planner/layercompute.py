@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from .operations import OperationProfile
@@ -126,7 +126,7 @@ class ComputeTime:
     def backward_s(self) -> float:
         return self.phase_s("backward")
 
-    @property
+    @cached_property  # asked for once per stage kind and schedule variant of every configuration
     def total_s(self) -> float:
         return sum(op.seconds for op in self.ops)
 

@@ -289,7 +289,7 @@ class PlacementCollectives:
     costs: CollectiveCosts
     placement: Placement
     default_only: bool = False  # reductions priced as the library's default collective (CollectiveCosts.default)
-    _seconds: dict[tuple[str, Goal, int], float] = field(default_factory=dict, compare=False, repr=False)
+    _seconds: dict[tuple, float] = field(default_factory=dict, compare=False, repr=False)  # reductions, sends
     step_memo: dict = field(default_factory=dict, compare=False, repr=False)  # step_time's memo for this placement
 
     def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
@@ -301,7 +301,10 @@ class PlacementCollectives:
         return seconds
 
     def send(self, axis: str, size_bytes: int) -> float:
-        return self.costs.send(self.placement, axis, size_bytes)
+        key = ("send", axis, size_bytes)
+        if key not in self._seconds:
+            self._seconds[key] = self.costs.send(self.placement, axis, size_bytes)
+        return self._seconds[key]
 
     def alltoall(self, axis: str, size_bytes: int) -> float:
         price = self.costs.default_alltoall if self.default_only else self.costs.best_alltoall
@@ -535,12 +538,13 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
                 trained = _training_for(request, config)
                 shape = step_shape(model, trained, config)
                 compute = compute_estimate(model, trained, config, request.device, request.compute, shape)
-                trials.append((_bound(request, config, trained, shape, compute), len(trials), config, trained, shape,
-                               compute))
-            for bound, _, config, trained, shape, compute in sorted(trials, key=lambda t: t[:2]):
+                memory = memory_per_device(model, trained, config)
+                trials.append((_bound(request, config, trained, shape, compute, memory), len(trials), config, trained,
+                               shape, compute, memory))
+            for bound, _, config, trained, shape, compute, memory in sorted(trials, key=lambda t: t[:2]):
                 if best is not None and bound > (not best.feasible, best.predicted_step_s):
                     break  # no placement of this variant or of the later ones can rank before the one kept
-                candidate = _evaluate(request, costs, config, trained, placements, shape, compute)
+                candidate = _evaluate(request, costs, config, trained, placements, shape, compute, memory)
                 evaluated += len(placements)
                 if best is None or (not candidate.feasible, candidate.predicted_step_s) < (
                         not best.feasible, best.predicted_step_s):
@@ -549,19 +553,17 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
                 candidates.append(best)
     if not candidates:
         given = ",".join(str(ranges[name]) for name in names)
-        layers = request.stages == "even" and any("divide the model's layers" in k for k, _ in skipped.summary())
-        hint = "; --stages uneven lets pp not divide the layers" if layers else ""
+        hint = ("; --stages uneven lets pp not divide the layers" if request.stages == "even"
+                and any("divide the model's layers" in k for k, _ in skipped.summary()) else "")
         raise SynthError(f"no configuration of --axes '{given}' on {topology.num_devices} devices can run the "
                          f"model: {skipped.examples()}{hint}")
-    candidates.sort(key=lambda c: (not c.feasible, c.predicted_step_s, c.config.tp, c.config.pp,
-                                   c.config.micro_batch))
+    candidates.sort(key=lambda c: (not c.feasible, c.predicted_step_s, c.config.tp, c.config.pp, c.config.micro_batch))
     return JobSolution(request, tuple(candidates), len(assignments), skipped.summary(), evaluated,
                        time.perf_counter() - started, costs)
 
 
 def _variants(request: JobRequest, config: Configuration) -> list[Configuration]:
-    """The stage layouts and schedules to evaluate for ``config``
-    (:func:`_layouts` x :func:`_schedules`)."""
+    """The stage layouts and schedules of ``config`` (:func:`_layouts` x :func:`_schedules`)."""
     return [variant for layout in _layouts(request, config) for variant in _schedules(request, layout)]
 
 
@@ -658,18 +660,16 @@ def _placements(topology: Topology, axes: tuple[Axis, ...], constraints: Sequenc
 
 
 def _bound(request: JobRequest, config: Configuration, training: Training, shape: StepShape,
-           compute: ComputeEstimate) -> tuple[bool, float]:
-    """What no placement of ``config`` ranks before: (does not fit, the step
-    with free communication, :func:`~synth.planner.stepmodel.step_lower_bound_s`);
+           compute: ComputeEstimate, memory: Memory) -> tuple[bool, float]:
+    """What no placement of ``config`` ranks before: (does not fit, :func:`step_lower_bound_s`);
     under HSDP, whose memory depends on the placement, taken as fitting."""
-    fits = (request.training.sharding is Sharding.HSDP
-            or memory_per_device(request.model, training, config).total <= request.usable_bytes)
+    fits = request.training.sharding is Sharding.HSDP or memory.total <= request.usable_bytes
     return not fits, step_lower_bound_s(request.model, training, config, shape, compute)
 
 
 def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration, training: Training,
               placements: Sequence[Placement], shape: StepShape | None = None,
-              compute: ComputeEstimate | None = None) -> Candidate:
+              compute: ComputeEstimate | None = None, memory: Memory | None = None) -> Candidate:
     model, device = request.model, request.device
     shape = shape or step_shape(model, training, config)
     compute = compute or compute_estimate(model, training, config, device, request.compute, shape)
@@ -684,7 +684,7 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     if training.sharding is Sharding.HSDP and config.dp > 1:
         memories = [memory_per_device(model, training, config, costs.on(p).size(HSDP_SHARD)) for p in placements]
     else:
-        memories = [memory_per_device(model, training, config)] * len(placements)
+        memories = [memory or memory_per_device(model, training, config)] * len(placements)
     fits = [m.total <= usable for m in memories]
     # A configuration that fits on no placement cannot run as planned: its reductions are priced as the
     # library's default collectives, and no program is searched for it (on large jobs most of the searches).
