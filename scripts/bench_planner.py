@@ -9,7 +9,16 @@ survives; collective costs are per run). It reports the configurations
 (``time.process_time``), configurations per CPU second, and the target of
 <= 10 s for >= 1000 configurations.
 
-    python scripts/bench_planner.py [--repeat 3] [--json]
+    python scripts/bench_planner.py [--repeat 3] [--json] [--only TEXT]
+    python scripts/bench_planner.py --baseline DIR [--repeat 3] [--only TEXT]
+
+``--baseline DIR`` runs each case side by side with the planner of another
+checkout (``DIR`` holds its ``synth`` package, e.g. ``git worktree add DIR
+REV`` or ``git archive REV | tar -x -C DIR``): each repeat runs the case once
+in a fresh process of each, alternating, and reports CPU seconds (the
+process's own, which a loaded machine inflates less than the wall clock) and
+their ratio. On a machine other work shares, compare the ratio, not the
+seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,6 +64,9 @@ CASES = (
      Sharding.ZERO1, SEARCH_ALL, None, None),
     ("DeepSeek-V3, 2048 H800, all searched", "dgx-h800", 256, "deepseek-v3", 15360, Recompute.NONE, Sharding.ZERO1,
      SEARCH_ALL, H800, None),
+    # Meta's configuration space with context parallelism searched (docs/planner.md, "Llama 3 405B")
+    ("Llama 3 405B, 16384 H100, cp searched", "dgx-h100", 2048, "llama3-405b", 2048, Recompute.NONE,
+     Sharding.ZERO1, {"stages": "uneven", "schedule": "search"}, None, "tp,cp,dp,pp"),
     # the largest of Megatron-LM's README benchmarks (models/megatron-462b.yaml; run there at tp 8, pp 16, dp 48)
     ("Megatron-LM 462B, 6144 H100, all searched", "dgx-h100", 768, "megatron-462b", 3072, Recompute.NONE,
      Sharding.ZERO1, SEARCH_ALL, None, None),
@@ -81,16 +94,49 @@ def run_case(topology_name: str, nodes: int, model: str, batch: int, recompute: 
             "best": best.config.describe(), "best_step_s": best.predicted_step_s}
 
 
+def run_isolated(synth_dir: str, label: str) -> dict:
+    """One cold run of the case ``label`` in a fresh process whose ``synth``
+    is the one in ``synth_dir``: its JSON row."""
+    env = dict(os.environ, PYTHONPATH=synth_dir)
+    command = [sys.executable, str(Path(__file__).resolve()), "--only", label, "--exact", "--repeat", "1", "--json"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=synth_dir)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_planner: {label} under {synth_dir} failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout)["cases"][0]["cold"]
+
+
+def side_by_side(args: argparse.Namespace) -> int:
+    """Each case alternately under the baseline checkout and this one."""
+    here = str(Path(__file__).resolve().parent.parent)
+    print(f"1-minute load {os.getloadavg()[0]:.1f}; CPU seconds per cold run, baseline {args.baseline} vs {here}")
+    print(f"{'case':<42} {'baseline CPU':>12} {'this CPU':>9} {'ratio':>6} {'baseline configs':>16} {'configs':>8}")
+    for label, *_ in CASES:
+        if args.only and args.only.casefold() not in label.casefold():
+            continue
+        base, this = [], []
+        for _ in range(args.repeat):
+            base.append(run_isolated(args.baseline, label))
+            this.append(run_isolated(here, label))
+        b, t = statistics.median(r["cpu_s"] for r in base), statistics.median(r["cpu_s"] for r in this)
+        print(f"{label:<42} {b:>11.2f}s {t:>8.2f}s {t / b:>6.2f} {base[0]['configurations']:>16} "
+              f"{this[0]['configurations']:>8}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=3, help="runs per case; the first is cold (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--only", metavar="TEXT", help="run the cases whose label contains TEXT")
+    p.add_argument("--exact", action="store_true", help="--only matches the whole label")
+    p.add_argument("--baseline", metavar="DIR", help="run each case side by side with the synth package in DIR")
     args = p.parse_args()
+    if args.baseline:
+        return side_by_side(args)
     load_before = os.getloadavg()[0]
     rows = []
     for label, *case in CASES:
-        if args.only and args.only.casefold() not in label.casefold():
+        if args.only and (label != args.only if args.exact else args.only.casefold() not in label.casefold()):
             continue
         runs = [run_case(*case, cold=i == 0) for i in range(args.repeat)]
         warm = runs[1:] or runs

@@ -403,9 +403,10 @@ def predict_step(profile, model: Transformer, micro_batch: int, global_batch: in
     from synth.planner.stepmodel import Configuration, Training, compute_estimate
     from synth.topology import Device
     config = Configuration(tp=1, dp=1, pp=1, micro_batch=micro_batch)
-    training = Training(global_batch=global_batch)
+    training = Training(global_batch=global_batch, cross_entropy="eager", framework="eager-master")  # measure_steps
     estimate = compute_estimate(model, training, config, Device("measured", 80, 989), profile)
-    return config.micro_batches(training) * estimate.micro_batch_s + estimate.optimizer_s, estimate.optimizer_s
+    return (config.micro_batches(training) * estimate.micro_batch_s + estimate.optimizer_s + estimate.accumulate_s,
+            estimate.optimizer_s)
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ then, per case, one JSON line:
 
 ``compare`` (anywhere) asks the planner for the same configuration (one
 device of the GPU's topology, ``tp=dp=pp=1``, the measured micro-batch,
-``--memory-margin 0``, ``--cross-entropy eager`` as measured) and prints, per
+``--memory-margin 0``, ``--framework eager``: the measured recipe) and prints, per
 case, the model's weights + gradients + optimizer beside ``states_bytes``, its
 activations beside ``peak_bytes - states_bytes``, and its total beside the
 peak, the reservation and the device's use. docs/planner.md ("Memory per device") holds the results.
@@ -162,7 +162,7 @@ def predicted(row: dict) -> dict:
     command = [sys.executable, "-m", "synth.cli", "plan", "--topology", topology_of(row["gpu"]), "--scale",
                "node=1,gpu=1", "--model", model_spec(row["model"]), "--global-batch", str(row["global_batch"]),
                "--axes", "tp=1,dp=1,pp=1", "--micro-batch", str(row["micro_batch"]), "--memory-margin", "0",
-               "--no-verify", "--json", "--cross-entropy", "eager", *PLAN_OPTIONS[row.get("variant", "flash")]]
+               "--no-verify", "--json", "--framework", "eager", *PLAN_OPTIONS[row.get("variant", "flash")]]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"memory_check: {' '.join(command[2:])} failed: {done.stderr.strip()}")
@@ -173,18 +173,19 @@ def compare(args: argparse.Namespace) -> int:
     rows = [json.loads(line) for line in Path(args.measured).read_text().splitlines() if line.strip()]
     gib = 2**30
     header = ("model", "micro-batch", "states: measured", "model", "activations: measured", "model",
-              "peak: measured", "model total", "reserved", "device used")
+              "peak: measured", "model total", "error", "reserved", "model reserved", "device used")
     lines = []
     for row in rows:
         if "error" in row:
-            lines.append((row["model"], str(row["micro_batch"]), row["error"][:40]) + ("",) * 7)
+            lines.append((row["model"], str(row["micro_batch"]), row["error"][:40]) + ("",) * 9)
             continue
         m = predicted(row)
         states = m["weights"] + m["gradients"] + m["optimizer"]
         lines.append((row["model"], str(row["micro_batch"]), f"{row['states_bytes'] / gib:.1f} GiB",
                       f"{states / gib:.1f} GiB", f"{(row['peak_bytes'] - row['states_bytes']) / gib:.1f} GiB",
                       f"{m['activations'] / gib:.1f} GiB", f"{row['peak_bytes'] / gib:.1f} GiB",
-                      f"{m['total'] / gib:.1f} GiB", f"{row['reserved_bytes'] / gib:.1f} GiB",
+                      f"{m['total'] / gib:.1f} GiB", f"{(m['total'] / row['peak_bytes'] - 1) * 100:+.1f}%",
+                      f"{row['reserved_bytes'] / gib:.1f} GiB", f"{m['reserved'] / gib:.1f} GiB",
                       f"{row['device_used_bytes'] / gib:.1f} GiB"))
     if args.markdown:
         print("| " + " | ".join(header) + " |")

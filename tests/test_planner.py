@@ -135,9 +135,9 @@ def test_memory_per_device_by_hand(attention, sp):
     act = s * b * h * ((10 / tp if sp else 10) + 24 / tp + (5 * a * s / (h * tp) if attention == "unfused" else 0))
     full_input = 2 * s * b * h / (tp if sp else 1)
     first_p = (2 * layer + V * h + s * h) / tp
-    first = 16 * first_p + 2 * min(pp, 4) * act  # weights 2 + grads 2 + Adam 12 bytes per parameter
+    first = 18 * first_p + 2 * min(pp, 4) * act  # Megatron-LM: bf16 weights 2 + fp32 grads 4 + Adam 12 bytes
     last_p = (2 * layer + 2 * h + V * h) / tp  # final LayerNorm, the tied embedding's copy
-    last = 16 * last_p + 2 * 1 * act + 4 * s * b * V / tp
+    last = 18 * last_p + 2 * 1 * act + 4 * s * b * V / tp
     memory = memory_per_device(m, training, Configuration(tp, dp, pp, b))
     assert memory.total == pytest.approx(max(first, last))
     assert memory.stage == ("first" if first > last else "last")
@@ -149,11 +149,11 @@ def test_memory_per_device_by_hand(attention, sp):
                               Configuration(tp, dp, pp, b))
     p = first_p if zero3.stage == "first" else last_p
     assert zero3.weights == pytest.approx(2 * p / dp + 2 * 2 * layer / tp)
-    assert zero3.gradients == pytest.approx(2 * p / dp + 2 * layer / tp)
+    assert zero3.gradients == pytest.approx(4 * p / dp + 2 * layer / tp)
     full = memory_per_device(m, Training(B, recompute=Recompute.FULL, attention=attention, sequence_parallel=sp),
                              Configuration(tp, dp, pp, b))
-    full_first = 16 * first_p + 2 * min(pp, 4) * full_input + act  # one layer rebuilt whole at a time
-    full_last = 16 * last_p + 2 * full_input + act + 4 * s * b * V / tp
+    full_first = 18 * first_p + 2 * min(pp, 4) * full_input + act  # one layer rebuilt whole at a time
+    full_last = 18 * last_p + 2 * full_input + act + 4 * s * b * V / tp
     assert full.total == pytest.approx(max(full_first, full_last))
     assert full.stage == ("first" if full_first > full_last else "last")
 
@@ -821,9 +821,9 @@ def test_uneven_stage_memory_and_compute_by_hand():
     act = s * 1 * h * (10 + 24 + 5 * a * s / h)
     layer = 12 * h * h + 13 * h
     memory = memory_per_device(m, training, config)
-    middle = 16 * 5 * layer + 5 * 3 * act
-    first = 16 * (3 * layer + V * h + s * h) + 3 * 4 * act
-    last = 16 * (3 * layer + 2 * h + V * h) + 3 * act + 4 * s * V
+    middle = 18 * 5 * layer + 5 * 3 * act  # Megatron-LM: bf16 weights, fp32 gradients, Adam: 18 bytes
+    first = 18 * (3 * layer + V * h + s * h) + 3 * 4 * act
+    last = 18 * (3 * layer + 2 * h + V * h) + 3 * act + 4 * s * V
     assert memory.total == pytest.approx(max(first, middle, last))
     assert memory.stage == {first: "first", middle: "middle", last: "last"}[max(first, middle, last)]
     p = known_profile()
@@ -939,7 +939,7 @@ def test_schedules_bubble_and_memory_by_hand():
     first = memory_per_device(m, training, inter_config)
     assert first.stage == "first"
     assert first.activations == pytest.approx(2 * (pp * 3 - 1) / 2 * act)  # 2 layers x 5.5 micro-batches
-    assert first.total == pytest.approx(16 * params + first.activations)
+    assert first.total == pytest.approx(18 * params + first.activations)
     assert configuration_problem(m, Training(24, sequence_parallel=False), Configuration(tp, dp, pp, 2,
                                  virtual_stages=2)) == (
         "the interleaved schedule needs the micro-batches per step (6) to be a multiple of pp=4")
@@ -1028,7 +1028,7 @@ def test_zero3_step_by_hand():
     memory = memory_per_device(m, training, config)
     stage = (L * layer_params + V * h + s * h + 2 * h) / tp  # embedding (tied head) and final norm
     assert memory.weights == pytest.approx(2 * stage / dp + 2 * 2 * layer_params / tp)
-    assert memory.gradients == pytest.approx(2 * stage / dp + 2 * layer_params / tp)
+    assert memory.gradients == pytest.approx(4 * stage / dp + 2 * layer_params / tp)  # fp32 shards, a bf16 layer
     assert memory.optimizer == pytest.approx(12 * stage / dp)
 
 
@@ -1145,7 +1145,8 @@ def test_recompute_search_picks_the_least_recomputation_that_fits(cli):
 def test_tp_overlap_hides_what_each_gemm_can_by_hand():
     """--tp-overlap: per layer and pass each all-gather and reduce-scatter
     shows max(c / tp, c - g), g its GEMM's share of the micro-batch's
-    compute by FLOPs (QKV, projection, MLP up, MLP down); long GEMMs leave one
+    compute by FLOPs (QKV, projection, MLP up, MLP down), and a GEMM beside a
+    reduce-scatter runs on fewer SMs; long GEMMs leave one
     chunk in tp, short ones most of the collective; full recomputation adds a
     forward pass; it needs sequence parallelism."""
     L, h, a, s, V = 8, 64, 4, 32, 100
@@ -1165,13 +1166,18 @@ def test_tp_overlap_hides_what_each_gemm_can_by_hand():
             def shown(c, gemm):
                 return max(c / tp, c - gemm)
 
-            forward = shown(gather, g[0]) + shown(scatter, g[1]) + shown(gather, g[2]) + shown(scatter, g[3])
-            backward = shown(scatter, g[0]) + shown(gather, g[1]) + shown(scatter, g[2]) + shown(gather, g[3])
+            # a GEMM beside a reduce-scatter runs on the SMs its 16 kernels leave of the 132 (Transformer Engine)
+            margin = 16 / (132 - 16)
+            forward = (shown(gather, g[0]) + shown(scatter, g[1]) + shown(gather, g[2]) + shown(scatter, g[3])
+                       + margin * (g[1] + g[3]))
+            backward = (shown(scatter, g[0]) + shown(gather, g[1]) + shown(scatter, g[2]) + shown(gather, g[3])
+                        + margin * (g[0] + g[2]))
             assert on.tp_s == pytest.approx(4 * 4 * ((passes - 1) * forward + backward))
             off = step_time(m, Training(8, recompute=recompute), config, ByGoal(), t_mb)
             assert off.tp_s == pytest.approx(4 * 4 * 2 * passes * (gather + scatter))
-            if t_mb == 1.0:
-                assert on.tp_s == pytest.approx(off.tp_s / tp)
+            if t_mb == 1.0:  # one chunk in tp of each collective shows, and the GEMMs' SM margin
+                slower = 4 * 4 * margin * ((passes - 1) * (g[1] + g[3]) + g[0] + g[2])
+                assert on.tp_s == pytest.approx(off.tp_s / tp + slower)
             # the overlap moves no tensor: the memory is the same term by term
             assert memory_per_device(m, Training(8, recompute=recompute, tp_overlap=True), config) == \
                 memory_per_device(m, Training(8, recompute=recompute), config)
@@ -1308,7 +1314,8 @@ def test_moe_flops_memory_and_dense_layers_by_hand():
     last_dense = (2 * (moe_layer - E * expert) + V * h + h) / 2
     last_routed = 2 * E * expert / 4
     assert memory.stage == "last"
-    assert memory.weights == memory.gradients == pytest.approx(2 * (last_dense + last_routed))
+    assert memory.weights == pytest.approx(2 * (last_dense + last_routed))
+    assert memory.gradients == pytest.approx(4 * (last_dense + last_routed))  # Megatron-LM's fp32 main gradients
     assert memory.optimizer == pytest.approx(12 * (last_dense / 4 + last_routed / 2))
     assert memory.activations == pytest.approx(2 * moe_act + 4 * s * b * V / 2)
 
@@ -1578,7 +1585,7 @@ def test_hsdp_memory_and_step_by_hand():
     layer = 12 * 64 * 64 + 13 * 64
     memory = memory_per_device(m, hsdp, config, 2)
     assert memory.weights == pytest.approx(2 * params / 2 + 2 * 2 * layer)
-    assert memory.gradients == pytest.approx(2 * params / 2 + 2 * layer)
+    assert memory.gradients == pytest.approx(4 * params / 2 + 2 * layer)
     assert memory.optimizer == pytest.approx(12 * params / 2)
     assert memory_per_device(m, hsdp, config, 8) == memory_per_device(m, zero3, config)
     t_mb = 0.01
@@ -1646,8 +1653,8 @@ def test_interleaving_on_uneven_stages_by_hand():
     layer = 12 * h * h + 13 * h
     first_chunks = min(2 * (2 - 0 - 1) + (2 - 1) * 2 + 1, 8 * 2)  # Megatron-LM's warm-up, rank 0: 5
     last_chunks = min(2 * (2 - 1 - 1) + (2 - 1) * 2 + 1, 8 * 2)  # rank 1: 3
-    first = 16 * (4 * layer + V * h + s_ * h) + first_chunks / 2 * 4 * act
-    last = 16 * (5 * layer + 2 * h + V * h) + last_chunks / 2 * 5 * act + 4 * s_ * b * V
+    first = 18 * (4 * layer + V * h + s_ * h) + first_chunks / 2 * 4 * act
+    last = 18 * (5 * layer + 2 * h + V * h) + last_chunks / 2 * 5 * act + 4 * s_ * b * V
     memory = memory_per_device(m, training, config)
     assert memory.total == pytest.approx(max(first, last))
     assert memory.stage == ("first" if first > last else "last")
@@ -1671,7 +1678,8 @@ def test_the_frontier_models_plan_as_documented(cli):
     searches take 10-20 s and run in scripts/bench_planner.py): DeepSeek-V3's
     published configuration on 2,048 H800s is evaluable and fits only with full
     recomputation, and the planner's pick is predicted faster; Llama 3 405B's
-    published configuration on 16,384 H100s fits with ZeRO-1 on uneven stages."""
+    published configuration on 16,384 H100s fits on uneven stages with its
+    fp32 gradients sharded as Meta's FSDP shards them (ZeRO-2), interleaved."""
     h800 = ["--topology", "dgx-h800", "--model", "deepseek-v3", "--global-batch", "15360", "--sharding", "zero1",
             "--device", "memory_GiB=79.647,peak_TFLOPs=989.4", "--compute-profile",
             str(REPO / "profiles" / "h100-sxm5-80gb.compute.json"), "--micro-batch", "1", "--stages", "search",
@@ -1688,20 +1696,19 @@ def test_the_frontier_models_plan_as_documented(cli):
     pick = one(*h800, "--axes", "tp=2,ep=4,dp=16,pp=16")
     assert pick["feasible"] and pick["predicted_step_s"] < published["predicted_step_s"] / 1.5
     meta = one("--topology", "dgx-h100", "--scale", "node=2048", "--model", "llama3-405b", "--global-batch", "2048",
-               "--axes", "tp=8,dp=128,pp=16", "--micro-batch", "1", "--stages", "uneven", "--sharding", "zero1",
+               "--axes", "tp=8,dp=128,pp=16", "--micro-batch", "1", "--stages", "uneven", "--sharding", "zero2",
                "--schedule", "search", "--no-verify", "--json")
-    assert meta["feasible"] and meta["stage_layers"][:2] == [7, 8] and meta["schedule"] == "zero-bubble"
+    # Meta's own schedule: interleaved on the uneven stages (Section 3.3.2), which the search now tries
+    assert meta["feasible"] and meta["stage_layers"][:2] == [7, 8] and meta["schedule"] == "interleaved"
 
 
 def test_the_memory_model_against_peaks_measured_on_an_h100(cli):
     """data/calibration/h100-memory.jsonl (scripts/memory_check.py, docs/planner.md):
     the model's weights + gradients + optimizer (16 bytes per parameter) are the
     measured states less 65-156 MiB of workspaces in every case; with the
-    measured loss (--cross-entropy eager) its total is below the peak by less
-    than autocast's weight copies and 3 GiB, and above it by less than 2 GiB,
-    or with full recomputation by less than the fp32 gradients this recipe
-    has not made yet at the loss. With the default fused loss the Llama
-    layers' peak is 25.5 GiB above the model at micro-batch 2."""
+    measured recipe (--framework eager: fp32 weights under bf16 autocast, the
+    eager loss) its total is within 10% of every peak. With the fused loss the
+    Llama layers' peak is more than 20 GiB above the model at micro-batch 2."""
     import sys
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -1714,20 +1721,19 @@ def test_the_memory_model_against_peaks_measured_on_an_h100(cli):
         argv = ("plan", "--topology", TOPOLOGY_OF_GPU["H100"], "--scale", "node=1,gpu=1", "--model",
                 model_spec(row["model"]), "--global-batch", row["global_batch"], "--axes", "tp=1,dp=1,pp=1",
                 "--micro-batch", row["micro_batch"], "--memory-margin", "0", "--no-verify", "--json",
-                *PLAN_OPTIONS[row["variant"]], "--cross-entropy", "eager")
+                *PLAN_OPTIONS[row["variant"]], "--framework", "eager")
         code, out, err = cli(*argv)
         assert code == 0, err
-        assert json.loads(out)["training"]["cross_entropy"] == "eager"
+        assert json.loads(out)["training"]["cross_entropy"] == "eager"  # the eager framework's loss
         memory = json.loads(out)["configurations"][0]["memory"]
-        states = memory["weights"] + memory["gradients"] + memory["optimizer"]
-        assert 0 <= row["states_bytes"] - states < 200 * 2**20, row  # cuBLAS's and the allocator's 65-156 MiB
+        params = load_model(model_spec(row["model"])).parameters
+        # fp32 weights with autocast's bf16 copies (4 + 2 bytes), two fp32 moments (8); measured after a step:
+        # fp32 weights, gradients and moments, 16 bytes, and cuBLAS's and the allocator's 65-156 MiB
+        assert (memory["weights"], memory["optimizer"]) == (6 * params, 8 * params)
+        assert 0 <= row["states_bytes"] - 16 * params < 200 * 2**20, row
         if row["model"] == "llama3-8b-4layers" and row["micro_batch"] == 2 and row["variant"] == "flash":
-            fused = json.loads(cli(*argv[:-2])[1])["configurations"][0]["memory"]["total"]
-            assert round((row["peak_bytes"] - fused) / gib, 1) == 25.5
+            fused = json.loads(cli(*argv, "--cross-entropy", "fused")[1])["configurations"][0]["memory"]["total"]
+            assert row["peak_bytes"] - fused > 20 * gib  # the fused loss leaves out most of the eager one's bytes
             s, b, vocab = row["seq"], row["micro_batch"], load_model(model_spec(row["model"])).vocab
             assert memory["total"] - fused == 10 * s * b * vocab  # 14 s b V instead of 4 (tp = cp = 1)
-        # with --cross-entropy eager (the measured loss) the model leaves out autocast's 2-byte weight copies and
-        # a few GiB besides; with full recomputation it counts the fp32 gradients (4 bytes per parameter) at the
-        # loss, where this recipe has not made them yet (docs/planner.md)
-        over = 4 * row["parameters"] + gib if row["variant"] == "full-recompute" else 2 * gib
-        assert -over < row["peak_bytes"] - memory["total"] < 2 * row["parameters"] + 3 * gib, row
+        assert abs(row["peak_bytes"] - memory["total"]) < 0.1 * row["peak_bytes"], row

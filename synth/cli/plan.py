@@ -14,6 +14,7 @@ from ..documents import check_writable
 from ..errors import SynthError
 from ..plan import write_plan
 from ..planner.compute import DEFAULT_COMPUTE, ComputeModel
+from ..planner.frameworks import FRAMEWORK_CHOICES, framework_of
 from ..planner.operations import OperationProfile
 from ..planner.schedules import SCHEDULE_CHOICES
 from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
@@ -64,10 +65,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
                         "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")
-    p.add_argument("--cross-entropy", default="fused", choices=("fused", "eager"),
+    p.add_argument("--cross-entropy", default=None, choices=("fused", "eager"),
                    help="the loss, for memory: fused keeps the fp32 logits, 4 s b V / tp bytes (Megatron-LM's "
-                        "vocabulary-parallel cross-entropy; default); eager is F.cross_entropy on logits.float() "
-                        "(torchtitan, plain PyTorch loops): 14 s b V / tp at the start of the backward")
+                        "vocabulary-parallel cross-entropy; megatron's default); eager is F.cross_entropy on "
+                        "logits.float() (torchtitan, plain PyTorch loops; their default): 14 s b V / tp at the start "
+                        "of the backward")
+    p.add_argument("--framework", default="megatron", choices=FRAMEWORK_CHOICES,
+                   help="the training framework, for the states it holds and what its step does outside the layers "
+                        "(docs/planner.md, 'Frameworks'): megatron (default: bf16 weights, fp32 main gradients), "
+                        "torchtitan (FSDP2, fp32 sharded states, operator-level selective recomputation), eager "
+                        "(fp32 weights under bf16 autocast), eager-master (bf16 weights, an fp32 master copy)")
     p.add_argument("--sequence-parallel", choices=("on", "off"), default="on",
                    help="Megatron-LM's sequence parallelism where tp > 1 (default on): norms, residuals and their "
                         "activations split over the tensor-parallel group, each tp all-reduce an all-gather and a "
@@ -76,6 +83,13 @@ def parser() -> argparse.ArgumentParser:
                    help="overlap the tensor-parallel all-gathers and reduce-scatters with their GEMMs (Megatron-LM's "
                         "--tp-comm-overlap; needs sequence parallelism): each shows only what its GEMM cannot hide, "
                         "at least one of tp chunks; tp_overlap in --json")
+    p.add_argument("--overlap-param-gather", action="store_true",
+                   help="with --sharding zero1 or zero2, all-gather the updated weights bucket by bucket beside the "
+                        "next step's first forward (Megatron-LM's --overlap-param-gather) instead of after the step")
+    p.add_argument("--ep-overlap", action="store_true",
+                   help="run each MoE layer's all-to-alls beside another micro-batch's computation of that layer "
+                        "(DeepSeek-V3's DualPipe): only what outlasts it shows, and the computation beside them runs "
+                        "on the 112 of 132 SMs they leave")
     p.add_argument("--stages", choices=("even", "uneven", "search"), default="even",
                    help="layers per pipeline stage: even (pp divides the layers; default), uneven (first and last "
                         "stage counts chosen so the slowest stage, with the embedding and the loss, is fastest; pp "
@@ -167,7 +181,8 @@ def request_of(args: argparse.Namespace) -> JobRequest:
     training = Training(args.global_batch, args.dtype, Sharding.from_text(args.sharding),
                         Recompute.NONE if search_recompute else Recompute.from_text(args.recompute),
                         not args.no_overlap, args.attention, args.sequence_parallel == "on", args.tp_overlap,
-                        args.cross_entropy)
+                        args.cross_entropy or framework_of(args.framework).default_cross_entropy, args.framework,
+                        args.overlap_param_gather, args.ep_overlap)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
     compute = compute_profile_argument(args.compute_profile) if args.compute_profile else None  # None: by device
@@ -341,7 +356,8 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     print(f"topology {r.topology.name}: {levels} ({r.topology.num_devices} devices of{named} "
           f"{r.device.memory_GiB:g} GiB, {r.device.peak_TFLOPs:g} TFLOP/s peak)")
     schedule = f"schedule {r.schedule}" + (f" (v={r.virtual_stages})" if r.virtual_stages else "")
-    print(f"global batch {t.global_batch}, {t.dtype}, sharding {t.sharding.value}, recompute {r.recompute_text}, "
+    print(f"global batch {t.global_batch}, {t.dtype}, framework {t.framework}, sharding {t.sharding.value}, "
+          f"recompute {r.recompute_text}, "
           f"{schedule}, stages {r.stages}, " + ("tp overlapped with GEMMs, " if t.tp_overlap else "") +
           f"sequence parallel {'on where tp > 1' if t.sequence_parallel else 'off'}; "
           f"{r.comm.describe()}; {_compute_text(r.compute)}")

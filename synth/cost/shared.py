@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..caches import memoised
 from ..documents import read_document
 from ..errors import SynthError
 from ..resources import profiles_dir
@@ -121,7 +121,7 @@ def shipped_path() -> Path:
     return profiles_dir() / SHIPPED_NAME
 
 
-@lru_cache(maxsize=1)
+@memoised(maxsize=1)
 def shipped() -> SharedParameters:
     """The shipped calibration (read once)."""
     return load_calibration(shipped_path())

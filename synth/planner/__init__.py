@@ -4,7 +4,7 @@ give the fastest training step that fits in memory (``synth-reduce plan``).
 * :mod:`~synth.planner.transformer`: a model's shapes, parameters, FLOPs and
   activations (shipped models in ``models/``);
 * :mod:`~synth.planner.compute`: the compute-efficiency curve and its document;
-* :mod:`~synth.planner.stepmodel`: time and memory of one training step;
+* :mod:`~synth.planner.stepmodel`: time of one training step (:mod:`~synth.planner.training`: the options and configurations, :mod:`~synth.planner.memory`: memory per device);
 * :mod:`~synth.planner.workload`: whole-job workloads (``--workload``): the
   reductions of a step, ranked per placement;
 * :mod:`~synth.planner.search`: the search over sizes, micro-batches and

@@ -1,6 +1,6 @@
 """The operations one device runs for a transformer, timed by a per-operation
-profile (:mod:`synth.planner.operations`): one layer, one pipeline stage's
-micro-batch, and the optimizer step.
+profile (:mod:`synth.planner.operations`): one layer and one pipeline stage's
+micro-batch.
 
 Shapes per device, with T = b s tokens of a micro-batch, t = tensor-parallel
 size, kv = h x kv_heads / heads (Megatron-LM's layout; with sequence
@@ -35,29 +35,33 @@ T h / t):
   two backward GEMMs, and the cross-entropy in fp32 over T V / t logits,
   priced in bytes at the bandwidth ``add`` reaches: forward 14 bytes per logit
   (read bf16, write fp32, read and write fp32 for the log-softmax), backward
-  14 (the softmax gradient in fp32 and its bf16 copy).
+  14 (the softmax gradient in fp32 and its bf16 copy); PyTorch's
+  ``F.cross_entropy(logits.float())`` (``--cross-entropy eager``) moves 22
+  backward: ``nll_loss``'s fp32 gradient written (4), the log-softmax
+  backward reading it and the saved output and writing its own (12), and the
+  cast's backward to bf16 (read 4, write 2).
 * Host issue: eager PyTorch launches ``EAGER_LAUNCHES`` kernels per
   operation; each phase of a layer lasts at least its launches times the
   profile's host seconds per launch (``OperationProfile.host``), the excess
   over the GPU's time an operation ``host_issue``. Small layers (tp 8, one
   sequence) are host-bound in eager PyTorch on the measured machine.
-* Optimizer step (fused Adam, per parameter the device updates): read the fp32
-  master weight, gradient, momentum and variance, write weight, momentum and
-  variance (28 bytes), and with 16-bit training weights write their copy (read
-  4, write 2: 6 more), at ``add``'s bandwidth.
+* The optimizer step and the framework's passes outside the layers (weight
+  casts, gradient accumulation): :mod:`synth.planner.frameworks`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..caches import memoised
 from .operations import OperationProfile
 from .transformer import Recompute, Transformer
 
-LOSS_BYTES_PER_LOGIT = 14  # each direction (module docstring)
+# bytes per logit the loss moves (forward, backward) per --cross-entropy (module docstring)
+LOSS_BYTES_PER_LOGIT = {"fused": (14, 14), "eager": (14, 22)}
 # Kernels eager PyTorch launches per operation of a layer, (forward, backward). The totals per
 # layer agree with the PyTorch profiler's counts at the host-bound shapes of
 # data/calibration/h100-layers.jsonl (GPT 11 and 28, Llama 22 and 42-46); the split by operation
@@ -87,8 +91,6 @@ _ACTIVATION_LAUNCHES = {"gelu": "gelu_tanh", "swiglu": "silu_mul", "relu": "relu
 # one byte a value; a GEMM bound by the call's fixed cost gains nothing.
 FP8_GEMM_SPEEDUP = 876.66 / 546.31
 FP8_OPERAND_BYTES = 1  # an FP8 GEMM reads its two operands in FP8 (E4M3 or E5M2); it writes 16 bits
-ADAM_BYTES_PER_PARAMETER = 28
-MIXED_PRECISION_COPY_BYTES = 6
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class ComputeTime:
     def backward_s(self) -> float:
         return self.phase_s("backward")
 
-    @property
+    @cached_property  # asked for once per stage kind and schedule variant of every configuration
     def total_s(self) -> float:
         return sum(op.seconds for op in self.ops)
 
@@ -317,13 +319,15 @@ def embedding_compute(profile: OperationProfile, model: Transformer, shard: Shar
     return ComputeTime(tuple(ops))
 
 
-def head_compute(profile: OperationProfile, model: Transformer, shard: Shard) -> ComputeTime:
+def head_compute(profile: OperationProfile, model: Transformer, shard: Shard, loss: str = "fused") -> ComputeTime:
+    """The final norm, the logits GEMM and the loss (``loss``: the
+    ``--cross-entropy`` kind, :data:`LOSS_BYTES_PER_LOGIT`)."""
     tokens, h = shard.tokens, model.hidden
     logits = tokens * model.vocab // shard.tp
-    loss_s = float(profile.elementwise.bytes_seconds(LOSS_BYTES_PER_LOGIT * logits))
+    forward_s, backward_s = (float(profile.elementwise.bytes_seconds(n * logits)) for n in LOSS_BYTES_PER_LOGIT[loss])
     ops = _pass(profile, "final_norm", "layer_norm", shard.replicated_tokens * h, 2)
     ops += _gemm(profile, "logits", tokens, h, model.vocab // shard.tp)
-    ops += [OpTime("loss", "forward", (logits,), loss_s), OpTime("loss.backward", "backward", (logits,), loss_s)]
+    ops += [OpTime("loss", "forward", (logits,), forward_s), OpTime("loss.backward", "backward", (logits,), backward_s)]
     return ComputeTime(tuple(ops))
 
 
@@ -339,10 +343,11 @@ def micro_batch_fixed_s(profile: OperationProfile) -> float:
 
 @memoised(maxsize=8192)  # every schedule and recomputation search variant of a configuration asks again
 def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, layers: int, recompute: Recompute,
-                  first: bool, last: bool, moe_layers: int = 0) -> ComputeTime:
+                  first: bool, last: bool, moe_layers: int = 0, loss: str = "fused") -> ComputeTime:
     """One micro-batch of one pipeline stage of ``layers`` layers, of which
     ``moe_layers`` have experts: forward, backward and recomputation, the
-    embedding on the first stage, the head and loss on the last, and the
+    embedding on the first stage, the head and loss (``loss``: its
+    ``--cross-entropy`` kind) on the last, and the
     micro-batch's fixed cost."""
     layer = layer_compute(profile, model, shard)
     one = layer + recompute_ops(profile, model, shard, recompute, layer)
@@ -353,11 +358,5 @@ def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, l
     if first:
         total = total + embedding_compute(profile, model, shard)
     if last:
-        total = total + head_compute(profile, model, shard)
+        total = total + head_compute(profile, model, shard, loss)
     return total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
-
-
-def optimizer_s(profile: OperationProfile, parameters: float, sixteen_bit_weights: bool) -> float:
-    """One fused Adam step over ``parameters`` on one device."""
-    per_parameter = ADAM_BYTES_PER_PARAMETER + (MIXED_PRECISION_COPY_BYTES if sixteen_bit_weights else 0)
-    return float(profile.elementwise.bytes_seconds(per_parameter * parameters))

@@ -66,9 +66,11 @@ from .stages import STAGE_CHOICES, balanced_layers
 from .stepmodel import (
     HSDP_REPLICATE,
     HSDP_SHARD,
+    ComputeEstimate,
     Configuration,
     Memory,
     Sharding,
+    StepShape,
     StepTime,
     Training,
     bucket_sizes,
@@ -77,6 +79,7 @@ from .stepmodel import (
     memory_per_device,
     sequence_parallel,
     stage_costs,
+    step_lower_bound_s,
     step_shape,
     step_time,
 )
@@ -118,6 +121,7 @@ class CollectiveCosts:
         self._best_alltoalls: dict[tuple, tuple[float, AllToAllProgram]] = {}
         self._on: dict[tuple[int, bool], PlacementCollectives] = {}  # by (placement's id, default only)
         self._defaults: dict[tuple, Predictor] = {}
+        self._default_best: dict[tuple, BestProgram] = {}
         self._hsdp: dict[tuple, Placement] = {}
         self._proved: dict[tuple, LoweredProgram] = {}
 
@@ -173,10 +177,14 @@ class CollectiveCosts:
         placement = self.placement_for(placement, axis)
         axes = reduce_axes(placement, axis)
         key = (self._key(placement, axes), goal)
-        predictor = self._defaults.get(key)
-        if predictor is None:
-            predictor = self._defaults[key] = Predictor(Reduction(placement, axes, goal), self.model)
-        return BestProgram(predictor.default(goal, size_bytes), default_program(goal))
+        at = (key, size_bytes)
+        found = self._default_best.get(at)  # placements of the same reduction shape share it
+        if found is None:
+            predictor = self._defaults.get(key)
+            if predictor is None:
+                predictor = self._defaults[key] = Predictor(Reduction(placement, axes, goal), self.model)
+            found = self._default_best[at] = BestProgram(predictor.default(goal, size_bytes), default_program(goal))
+        return found
 
     def send(self, placement: Placement, axis: str, size_bytes: int) -> float:
         """Every device sends ``size_bytes`` to the device of the next ``axis``
@@ -281,7 +289,7 @@ class PlacementCollectives:
     costs: CollectiveCosts
     placement: Placement
     default_only: bool = False  # reductions priced as the library's default collective (CollectiveCosts.default)
-    _seconds: dict[tuple[str, Goal, int], float] = field(default_factory=dict, compare=False, repr=False)
+    _seconds: dict[tuple, float] = field(default_factory=dict, compare=False, repr=False)  # reductions, sends
     step_memo: dict = field(default_factory=dict, compare=False, repr=False)  # step_time's memo for this placement
 
     def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
@@ -293,7 +301,10 @@ class PlacementCollectives:
         return seconds
 
     def send(self, axis: str, size_bytes: int) -> float:
-        return self.costs.send(self.placement, axis, size_bytes)
+        key = ("send", axis, size_bytes)
+        if key not in self._seconds:
+            self._seconds[key] = self.costs.send(self.placement, axis, size_bytes)
+        return self._seconds[key]
 
     def alltoall(self, axis: str, size_bytes: int) -> float:
         price = self.costs.default_alltoall if self.default_only else self.costs.best_alltoall
@@ -518,12 +529,22 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
             continue
         for b in request.micro_batches_for(dp * ep):
             best: Candidate | None = None
+            trials = []  # the variants, by their bound: (does not fit, step with free communication)
             for config in _variants(request, Configuration(tp, dp, pp, b, ep=ep, cp=cp)):
                 problem = configuration_problem(model, training, config)
                 if problem:
                     skipped.add(problem)
                     continue
-                candidate = _evaluate(request, costs, config, _training_for(request, config), placements)
+                trained = _training_for(request, config)
+                shape = step_shape(model, trained, config)
+                compute = compute_estimate(model, trained, config, request.device, request.compute, shape)
+                memory = memory_per_device(model, trained, config)
+                trials.append((_bound(request, config, trained, shape, compute, memory), len(trials), config, trained,
+                               shape, compute, memory))
+            for bound, _, config, trained, shape, compute, memory in sorted(trials, key=lambda t: t[:2]):
+                if best is not None and bound > (not best.feasible, best.predicted_step_s):
+                    break  # no placement of this variant or of the later ones can rank before the one kept
+                candidate = _evaluate(request, costs, config, trained, placements, shape, compute, memory)
                 evaluated += len(placements)
                 if best is None or (not candidate.feasible, candidate.predicted_step_s) < (
                         not best.feasible, best.predicted_step_s):
@@ -532,17 +553,17 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
                 candidates.append(best)
     if not candidates:
         given = ",".join(str(ranges[name]) for name in names)
+        hint = ("; --stages uneven lets pp not divide the layers" if request.stages == "even"
+                and any("divide the model's layers" in k for k, _ in skipped.summary()) else "")
         raise SynthError(f"no configuration of --axes '{given}' on {topology.num_devices} devices can run the "
-                         f"model: {skipped.examples()}")
-    candidates.sort(key=lambda c: (not c.feasible, c.predicted_step_s, c.config.tp, c.config.pp,
-                                   c.config.micro_batch))
+                         f"model: {skipped.examples()}{hint}")
+    candidates.sort(key=lambda c: (not c.feasible, c.predicted_step_s, c.config.tp, c.config.pp, c.config.micro_batch))
     return JobSolution(request, tuple(candidates), len(assignments), skipped.summary(), evaluated,
                        time.perf_counter() - started, costs)
 
 
 def _variants(request: JobRequest, config: Configuration) -> list[Configuration]:
-    """The stage layouts and schedules to evaluate for ``config``
-    (:func:`_layouts` x :func:`_schedules`)."""
+    """The stage layouts and schedules of ``config`` (:func:`_layouts` x :func:`_schedules`)."""
     return [variant for layout in _layouts(request, config) for variant in _schedules(request, layout)]
 
 
@@ -564,8 +585,8 @@ def _layouts(request: JobRequest, config: Configuration) -> list[Configuration]:
 def _schedules(request: JobRequest, config: Configuration) -> list[Configuration]:
     """``config`` under each schedule ``--schedule`` asks for. Without
     pipeline parallelism there is no schedule to choose (1F1B stands for
-    all); interleaving on uneven stages is tried when asked for (``--schedule
-    interleaved``), not under search (it would multiply the variants), and
+    all); search tries the virtual stages dividing the largest stage's layers
+    (uneven: at most the smallest's; Meta ran Llama 3 405B so), and
     ``configuration_problem`` says why a variant asked for cannot run."""
     if config.pp == 1:
         return [config]
@@ -574,8 +595,6 @@ def _schedules(request: JobRequest, config: Configuration) -> list[Configuration
     for schedule in wanted:
         if schedule is not Schedule.INTERLEAVED:
             out.append(replace(config, schedule=schedule))
-            continue
-        if config.stage_layers and request.schedule == "search":
             continue
         layout = config.layers_of_stages(request.model)
         per_stage = max(layout)
@@ -640,15 +659,24 @@ def _placements(topology: Topology, axes: tuple[Axis, ...], constraints: Sequenc
     return [Placement(topology, axes, m) for m in matrices]
 
 
+def _bound(request: JobRequest, config: Configuration, training: Training, shape: StepShape,
+           compute: ComputeEstimate, memory: Memory) -> tuple[bool, float]:
+    """What no placement of ``config`` ranks before: (does not fit, :func:`step_lower_bound_s`);
+    under HSDP, whose memory depends on the placement, taken as fitting."""
+    fits = request.training.sharding is Sharding.HSDP or memory.total <= request.usable_bytes
+    return not fits, step_lower_bound_s(request.model, training, config, shape, compute)
+
+
 def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration, training: Training,
-              placements: Sequence[Placement]) -> Candidate:
+              placements: Sequence[Placement], shape: StepShape | None = None,
+              compute: ComputeEstimate | None = None, memory: Memory | None = None) -> Candidate:
     model, device = request.model, request.device
-    shape = step_shape(model, training, config)
-    compute = compute_estimate(model, training, config, device, request.compute, shape)
+    shape = shape or step_shape(model, training, config)
+    compute = compute or compute_estimate(model, training, config, device, request.compute, shape)
 
     def timed(collectives: PlacementCollectives, data_parallel: bool = True) -> StepTime:
         return step_time(model, training, config, collectives, compute.micro_batch_s, compute.efficiency, shape,
-                         compute.optimizer_s, collectives.step_memo, data_parallel)
+                         compute.optimizer_s, collectives.step_memo, data_parallel, compute.accumulate_s)
 
     # Memory, and so feasibility, is the configuration's, except under HSDP, whose shard group (dp's split at
     # the innermost level it spans) is the placement's.
@@ -656,7 +684,7 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     if training.sharding is Sharding.HSDP and config.dp > 1:
         memories = [memory_per_device(model, training, config, costs.on(p).size(HSDP_SHARD)) for p in placements]
     else:
-        memories = [memory_per_device(model, training, config)] * len(placements)
+        memories = [memory or memory_per_device(model, training, config)] * len(placements)
     fits = [m.total <= usable for m in memories]
     # A configuration that fits on no placement cannot run as planned: its reductions are priced as the
     # library's default collectives, and no program is searched for it (on large jobs most of the searches).

@@ -78,7 +78,8 @@ def predicted_step_s(record: StepRecord, compute: ComputeModel, costs: RecordCos
     shape = step_shape(record.model, record.training, record.config)
     estimate = compute_estimate(record.model, record.training, record.config, record.device, compute, shape)
     return step_time(record.model, record.training, record.config, costs.of(record).on(record.placement),
-                     estimate.micro_batch_s, estimate.efficiency, shape, estimate.optimizer_s).total_s
+                     estimate.micro_batch_s, estimate.efficiency, shape, estimate.optimizer_s,
+                     accumulate_s=estimate.accumulate_s).total_s
 
 
 def fit_micro_batch_cost(records: Sequence[StepRecord], profile: OperationProfile,
@@ -94,7 +95,7 @@ def fit_micro_batch_cost(records: Sequence[StepRecord], profile: OperationProfil
         where = f"step record (line {r.line})" if r.line else "step record"
         estimate = compute_estimate(r.model, r.training, r.config, r.device, profile)
         implied_s = micro_batch_seconds_for(r.model, r.training, r.config, costs.of(r).on(r.placement), r.step_s,
-                                            where, estimate.optimizer_s)
+                                            where, estimate.optimizer_s + estimate.accumulate_s)
         gaps.append(implied_s - (estimate.micro_batch_s - fixed))
     if not gaps:
         raise SynthError("fit: no step records to fit the fixed cost per micro-batch to")

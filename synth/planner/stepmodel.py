@@ -53,15 +53,20 @@ sources):
   its gradients after the backward, for every micro-batch, overlapped with that
   phase's compute.
 
-Memory per device is the worst pipeline stage's (the first holds the
-activations of ``min(pp, m)`` micro-batches in 1F1B and ZB-H1, more with
-interleaving, :func:`~synth.planner.schedules.in_flight_micro_batches`; the
-last one micro-batch but also the output layer's logits): weights ``w P``, gradients ``w P`` and
-Adam's fp32 master weights, momentum and variance ``12 P`` (``8 P`` in fp32
-training, no master copy), with ``P`` = the stage's parameters / tp (ZeRO-1
-divides the optimizer states by dp, ZeRO-2 also the gradients, ZeRO-3 all
-three and adds the gathered weights and gradients of the layers in flight), plus activations
+Memory per device (:mod:`synth.planner.memory`) is the worst pipeline
+stage's (the first holds the activations of ``min(pp, m)`` micro-batches in
+1F1B and ZB-H1, more with interleaving,
+:func:`~synth.planner.schedules.in_flight_micro_batches`; the last one
+micro-batch but also the output layer's logits): the weights, gradients, fp32
+master weights and Adam's moments in the framework's bytes per parameter
+(:mod:`synth.planner.frameworks`; Megatron-LM's by default: ``2 + 4 + 12``),
+with ``P`` = the stage's parameters / tp (ZeRO-1 divides the optimizer states
+by dp, ZeRO-2 also the gradients, ZeRO-3 all three and adds the gathered
+weights and gradients of the layers in flight), plus activations
 (:meth:`~synth.planner.transformer.Transformer.activation_bytes_per_layer`).
+The framework's passes outside the layers (weight casts per micro-batch,
+gradient accumulation, the optimizer step's bytes) join the per-operation
+compute; the overlaps are in :mod:`synth.planner.overlaps`.
 
 Communication is given as a :class:`Collectives` (seconds for a size in bytes),
 which :mod:`synth.planner.search` computes with the project's cost model on the
@@ -70,7 +75,6 @@ configuration's placement.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -78,7 +82,6 @@ from typing import Protocol
 from ..errors import SynthError
 from ..synthesis.semantics import Goal
 from ..topology import Device
-from ..units import MAX_COUNT, shown_number
 from .compute import ComputeModel, ComputeProfile
 from .layercompute import (
     FP8_GEMM_SPEEDUP,
@@ -86,332 +89,49 @@ from .layercompute import (
     embedding_compute,
     head_compute,
     layer_compute,
-    optimizer_s,
     recompute_ops,
     stage_compute,
 )
+from .frameworks import step_overhead_bytes
+from .memory import Memory, memory_per_device
 from .operations import OperationProfile
-from .schedules import Schedule, bubble_s, in_flight_micro_batches, schedule_problem
-from .stages import StageCosts, describe_layers, slowest_stage
+from .overlaps import (
+    EP_OVERLAP_SM_SHARE,
+    ep_overlap_exposed_s,
+    overlapped_mixed_s,
+    overlapped_s,
+    tp_overlap_exposed_s,
+)
+from .schedules import bubble_s
+from .stages import StageCosts, slowest_stage
+from .training import (
+    ATTENTIONS,
+    CROSS_ENTROPY_BYTES,
+    DTYPE_BYTES,
+    Configuration,
+    Sharding,
+    Training,
+    configuration_problem,
+    largest_layer_params,
+    sequence_parallel,
+    stage_kinds,
+    stage_mix,
+    stage_parameters,
+    stage_routed_parameters,
+)
 from .transformer import Recompute, Transformer
 
-# bytes of the weights, activations and communication; fp8 is BF16 training whose layers' GEMMs run in
-# FP8 (Transformer Engine's and torchtitan's float8 recipes), with the same 16-bit tensors around them
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
-ATTENTIONS = ("flash", "unfused")
-# the loss's memory at the start of the backward, in bytes per logit (s b V / (t cp) of them): Megatron-LM's fused
-# vocabulary-parallel cross-entropy keeps the fp32 logits and overwrites them with their gradient (4); PyTorch's
-# F.cross_entropy on ``logits.float()`` (torchtitan, plain eager loops) keeps the bf16 logits (2), the fp32
-# log-softmax it saved (4), and makes the fp32 gradients of its output and of its input (4 + 4)
-CROSS_ENTROPY_BYTES = {"fused": 4, "eager": 14}
+# the names of :mod:`synth.planner.training` and :mod:`synth.planner.memory` that callers import from here
+__all__ = ["ATTENTIONS", "BUCKET_GRID_BYTES", "CROSS_ENTROPY_BYTES", "DTYPE_BYTES", "HSDP_REPLICATE", "HSDP_SHARD",
+           "Collectives", "ComputeEstimate", "Configuration", "EP_OVERLAP_SM_SHARE", "Memory", "Sharding", "StepShape", "StepTime",
+           "Training", "bucket_sizes", "compute_estimate", "configuration_problem", "largest_layer_params",
+           "memory_per_device", "micro_batch_seconds_for", "overlapped_mixed_s", "overlapped_s", "sequence_parallel",
+           "stage_costs", "stage_kinds", "stage_mix", "stage_parameters", "stage_routed_parameters", "step_shape",
+           "step_lower_bound_s", "step_time", "tp_overlap_exposed_s"]
+
 MiB = 2**20
 # DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
 BUCKET_GRID_BYTES = tuple(MiB * 4**k for k in range(7))
-
-
-class Sharding(enum.Enum):
-    """Sharding over dp (Rajbhandari et al. 2020, "ZeRO"): none, ZeRO-1
-    (optimizer states), ZeRO-2 (and gradients), ZeRO-3 / FSDP (and weights),
-    HSDP (ZeRO-3 inside a shard group of dp, replicated across the groups:
-    the shard group is dp's split at the innermost hierarchy level it spans,
-    so it depends on the placement)."""
-
-    NONE = "none"
-    ZERO1 = "zero1"
-    ZERO2 = "zero2"
-    ZERO3 = "zero3"
-    HSDP = "hsdp"
-
-    @classmethod
-    def from_text(cls, text: str, option: str = "--sharding") -> "Sharding":
-        aliases = {"fsdp": "zero3", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3"}
-        text = aliases.get(text.lower(), text.lower())
-        for s in cls:
-            if s.value == text:
-                return s
-        raise SynthError(f"{option} {text}: choose one of none, zero1, zero2, zero3 (fsdp), hsdp")
-
-
-@dataclass(frozen=True)
-class Training:
-    """How the job trains: global batch (sequences per step), dtype, optimizer
-    sharding, recomputation, whether DP reductions overlap the backward, the
-    attention kernel, sequence parallelism (Megatron-LM's, applied where
-    tp > 1: :func:`sequence_parallel`), whether its collectives overlap
-    their GEMMs (:func:`tp_overlap_exposed_s`) and how the loss is computed,
-    for its memory (:data:`CROSS_ENTROPY_BYTES`)."""
-
-    global_batch: int
-    dtype: str = "bf16"
-    sharding: Sharding = Sharding.NONE
-    recompute: Recompute = Recompute.NONE
-    overlap_dp: bool = True
-    attention: str = "flash"  # flash: no s x s scores stored; unfused: they are (Megatron-LM before flash attention)
-    sequence_parallel: bool = True
-    tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs (with sequence parallelism)
-    cross_entropy: str = "fused"  # the loss's memory: CROSS_ENTROPY_BYTES
-
-    def __post_init__(self) -> None:
-        if self.tp_overlap and not self.sequence_parallel:
-            raise SynthError("--tp-overlap needs --sequence-parallel on: Megatron-LM overlaps the tensor-parallel "
-                             "all-gathers and reduce-scatters of sequence parallelism with their GEMMs")
-        if self.attention not in ATTENTIONS:
-            raise SynthError(f"--attention {self.attention}: choose one of {', '.join(ATTENTIONS)}")
-        if self.cross_entropy not in CROSS_ENTROPY_BYTES:
-            raise SynthError(f"--cross-entropy {self.cross_entropy}: choose one of {', '.join(CROSS_ENTROPY_BYTES)}")
-        if self.dtype not in DTYPE_BYTES:
-            raise SynthError(f"--dtype {self.dtype}: choose one of {', '.join(DTYPE_BYTES)}")
-        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
-            raise SynthError(f"--global-batch {self.global_batch!r}: must be an integer >= 1")
-        if self.global_batch > MAX_COUNT:
-            raise SynthError(f"--global-batch {shown_number(str(self.global_batch))}: at most {MAX_COUNT:,} sequences")
-
-    @property
-    def value_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def fp8(self) -> bool:
-        """The layers' GEMMs run in FP8 (``--dtype fp8``)."""
-        return self.dtype == "fp8"
-
-    def to_dict(self) -> dict:
-        return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
-                "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
-                "sequence_parallel": self.sequence_parallel, "tp_overlap": self.tp_overlap,
-                "cross_entropy": self.cross_entropy}
-
-
-@dataclass(frozen=True)
-class Configuration:
-    """Axis sizes and micro-batch; the pipeline ``schedule`` with its
-    ``virtual_stages`` per device (:mod:`synth.planner.schedules`; virtual
-    stages > 1 with the default schedule mean interleaved 1F1B, Megatron-LM's
-    convention); ``stage_layers``: the layers of each pipeline stage when they
-    are not even (:mod:`synth.planner.stages`; empty: ``L / pp`` each)."""
-
-    tp: int
-    dp: int
-    pp: int
-    micro_batch: int
-    virtual_stages: int = 1
-    stage_layers: tuple[int, ...] = ()
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    ep: int = 1
-    cp: int = 1
-
-    def __post_init__(self) -> None:
-        if self.schedule is Schedule.ONE_F_ONE_B and self.virtual_stages > 1:
-            object.__setattr__(self, "schedule", Schedule.INTERLEAVED)
-
-    @property
-    def devices(self) -> int:
-        return self.tp * self.cp * self.ep * self.dp * self.pp
-
-    @property
-    def replicas(self) -> int:
-        """Data-parallel replicas, each on its own data: dp x ep (expert
-        parallelism splits the experts, context parallelism the sequence,
-        neither the batch)."""
-        return self.dp * self.ep
-
-    @property
-    def dense_shards(self) -> int:
-        """Devices that hold the same dense weights: dp x cp x ep (what their
-        gradients reduce over, and ZeRO shards over)."""
-        return self.dp * self.cp * self.ep
-
-    @property
-    def expert_shards(self) -> int:
-        """Devices that hold the same routed experts: dp x cp."""
-        return self.dp * self.cp
-
-    def micro_batches(self, training: Training) -> int:
-        return training.global_batch // (self.replicas * self.micro_batch)
-
-    def sizes(self) -> dict[str, int]:
-        """The axis sizes (``cp`` and ``ep`` where there is context or expert
-        parallelism)."""
-        return {"tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {}), **({"ep": self.ep} if self.ep > 1 else {}),
-                "dp": self.dp, "pp": self.pp}
-
-    @property
-    def dense_axes(self) -> str:
-        """The axes the dense weights' gradients reduce over (``dp``,
-        ``dp+ep``, ``dp+cp``, ...; empty: none), as a reduction's axis text."""
-        return "+".join(axis for axis, size in (("dp", self.dp), ("cp", self.cp), ("ep", self.ep)) if size > 1)
-
-    @property
-    def expert_axes(self) -> str:
-        """The axes the routed experts' gradients reduce over: dp and cp."""
-        return "+".join(axis for axis, size in (("dp", self.dp), ("cp", self.cp)) if size > 1)
-
-    def describe(self) -> str:
-        v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        if self.schedule is Schedule.ZERO_BUBBLE:
-            v = " zero-bubble"
-        stages = f" stages={describe_layers(self.stage_layers)}" if self.stage_layers else ""
-        ep = f" ep={self.ep}" if self.ep > 1 else ""
-        cp = f" cp={self.cp}" if self.cp > 1 else ""
-        return f"tp={self.tp}{cp}{ep} dp={self.dp} pp={self.pp} mb={self.micro_batch}{v}{stages}"
-
-    def layers_of_stages(self, model: Transformer) -> tuple[int, ...]:
-        """Layers per pipeline stage, first to last."""
-        return self.stage_layers or (model.layers // self.pp,) * self.pp
-
-
-def sequence_parallel(training: Training, config: Configuration) -> bool:
-    """Whether the configuration runs sequence parallelism: asked for, and a
-    tensor-parallel group to split the sequence over (tp > 1)."""
-    return training.sequence_parallel and config.tp > 1
-
-
-def configuration_problem(model: Transformer, training: Training, config: Configuration) -> str | None:
-    """Why the configuration cannot run the model (None if it can)."""
-    if config.stage_layers:
-        problem = model.parallelism_problem(config.tp, 1, config.ep, config.cp)
-        layout = config.stage_layers
-        if not problem and (len(layout) != config.pp or sum(layout) != model.layers or min(layout) < 1):
-            problem = (f"stages {describe_layers(layout)}: {config.pp} stages of at least one layer each must hold "
-                       f"the model's {model.layers} layers")
-        if not problem and len(set(layout[1:-1])) > 1:
-            problem = (f"stages {describe_layers(layout)}: the stages between the first and the last must hold "
-                       "equal layers (the form modelled, Megatron-LM's)")
-    else:
-        problem = model.parallelism_problem(config.tp, config.pp, config.ep, config.cp)
-    if problem:
-        return problem
-    if config.ep > 1 and training.sharding is Sharding.ZERO3:
-        return "ZeRO-3 with expert parallelism is not modelled (use --sharding zero1 or zero2)"
-    if config.cp > 1 and training.sharding is Sharding.ZERO3:
-        return "ZeRO-3 with context parallelism is not modelled (use --sharding zero1 or zero2)"
-    if (config.cp > 1 or config.ep > 1) and training.sharding is Sharding.HSDP:
-        return "HSDP with context or expert parallelism is not modelled (use --sharding zero1 or zero2)"
-    if training.global_batch % (config.replicas * config.micro_batch):
-        if config.ep > 1:
-            return (f"--global-batch {training.global_batch} is not divisible by dp x ep x micro-batch = "
-                    f"{config.dp} x {config.ep} x {config.micro_batch}")
-        return (f"--global-batch {training.global_batch} is not divisible by dp x micro-batch = "
-                f"{config.dp} x {config.micro_batch}")
-    return schedule_problem(config.schedule, config.virtual_stages, config.pp, config.micro_batches(training),
-                            config.layers_of_stages(model))
-
-
-# ---------------------------------------------------------------- memory
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Bytes per device of the worst pipeline stage."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-    activations: float
-    stage: str  # "first", "last" or "only"
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations
-
-    def to_dict(self) -> dict:
-        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
-                "activations": self.activations, "total": self.total, "stage": self.stage}
-
-
-def stage_kinds(layout: tuple[int, ...]) -> dict[str, int]:
-    """The stages that differ, by kind, with their layers: ``only`` (pp = 1),
-    else ``first``, ``last`` and, when pp > 2, ``middle`` (the middle stages
-    all hold the same layers; the second stage stands for them, the one with
-    the most micro-batches in flight)."""
-    if len(layout) == 1:
-        return {"only": layout[0]}
-    kinds = {"first": layout[0], "last": layout[-1]}
-    if len(layout) > 2:
-        kinds["middle"] = layout[1]
-    return kinds
-
-
-def stage_mix(model: Transformer, layout: tuple[int, ...]) -> dict[str, tuple[int, int]]:
-    """``(dense, moe)`` layers of each kind of pipeline stage
-    (:func:`stage_kinds`): an MoE model's first ``dense_layers`` layers are
-    dense, on the first stages."""
-    starts = {"only": 0, "first": 0, "middle": layout[0], "last": sum(layout[:-1])}
-    return {kind: model.layer_mix(starts[kind], layers) for kind, layers in stage_kinds(layout).items()}
-
-
-def stage_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, int]:
-    """Parameters of each kind of pipeline stage (:func:`stage_kinds`). With
-    tied embeddings and pp > 1 the last stage keeps its own copy of the word
-    embeddings for the output layer (as Megatron-LM does)."""
-    head = model.head_params + (model.vocab * model.hidden if model.tied_embeddings and len(layout) > 1 else 0)
-    extra = {"only": model.embedding_params + model.head_params, "first": model.embedding_params, "last": head,
-             "middle": 0}
-    return {kind: model.layers_params(dense, moe) + extra[kind] for kind, (dense, moe) in stage_mix(model, layout).items()}
-
-
-def largest_layer_params(model: Transformer) -> int:
-    """The parameters of the model's largest layer (an MoE layer's, all its
-    experts, when it has any)."""
-    return max(model.layer_params, model.moe_layer_params if model.moe else 0)
-
-
-def stage_routed_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, int]:
-    """Of :func:`stage_parameters`, the routed experts' (what ep shards)."""
-    return {kind: moe * model.moe_layer_routed_params for kind, (_, moe) in stage_mix(model, layout).items()}
-
-
-def memory_per_device(model: Transformer, training: Training, config: Configuration,
-                      hsdp_shard: int | None = None) -> Memory:
-    """Memory per device of the worst stage (module docstring); under HSDP
-    the states are sharded over ``hsdp_shard`` devices (the placement's shard
-    group; default dp, which is ZeRO-3)."""
-    w = training.value_bytes
-    optimizer_bytes = 12 if w == 2 else 8  # fp32 master + Adam m, v; fp32 training has no master copy
-    m = config.micro_batches(training)
-    scores = training.attention == "unfused"
-    sp = sequence_parallel(training, config)
-    per_layer, per_moe_layer = (model.activation_bytes_per_layer(config.micro_batch, config.tp, training.recompute, w,
-                                                                 scores, sp, moe, config.cp) for moe in (False, True))
-    working = 0.0  # full recomputation rebuilds one layer's activations at a time
-    if training.recompute is Recompute.FULL:
-        working = max(model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores, sp,
-                                                       moe, config.cp) for moe in (False, model.moe_layers > 0))
-    layout = config.layers_of_stages(model)
-    mix = stage_mix(model, layout)
-    routed = stage_routed_parameters(model, layout)
-    worst: Memory | None = None
-    for stage, params in stage_parameters(model, layout).items():
-        # dense weights split over tp and replicated over dp x ep; routed experts split over tp x ep
-        dense, experts = (params - routed[stage]) / config.tp, routed[stage] / (config.tp * config.ep)
-        weights, gradients, optimizer = w * (dense + experts), w * (dense + experts), optimizer_bytes * (dense + experts)
-        sharded = dense / config.dense_shards + experts / config.expert_shards  # one device's ZeRO shard
-        if training.sharding is Sharding.ZERO1:
-            optimizer = optimizer_bytes * sharded
-        elif training.sharding is Sharding.ZERO2:
-            gradients, optimizer = w * sharded, optimizer_bytes * sharded
-        elif training.sharding in (Sharding.ZERO3, Sharding.HSDP):
-            if training.sharding is Sharding.HSDP:  # ep = cp = 1 (configuration_problem)
-                sharded = (dense + experts) / (hsdp_shard or config.dp)
-            weights, gradients, optimizer = w * sharded, w * sharded, optimizer_bytes * sharded
-            layer = largest_layer_params(model) / config.tp
-            weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
-            gradients += w * layer  # one layer's full gradients before the reduce-scatter
-        index = {"first": 0, "middle": 1, "last": config.pp - 1, "only": 0}[stage]
-        in_flight = in_flight_micro_batches(config.schedule, config.pp, index, m, config.virtual_stages)
-        dense_layers, moe_layers = mix[stage]
-        activations = in_flight * (dense_layers * per_layer + moe_layers * per_moe_layer) + working
-        if stage in ("last", "only"):
-            activations += model.logits_bytes(config.micro_batch, config.tp, config.cp) \
-                * CROSS_ENTROPY_BYTES[training.cross_entropy] / 4
-        memory = Memory(weights, gradients, optimizer, activations, stage)
-        if worst is None or memory.total > worst.total:
-            worst = memory
-    assert worst is not None
-    return worst
-
-
-# ---------------------------------------------------------------- time
 
 
 class Collectives(Protocol):
@@ -426,50 +146,6 @@ class Collectives(Protocol):
 
     def alltoall(self, axis: str, size_bytes: int) -> float:
         """An all-to-all of ``size_bytes`` per device in every group of ``axis`` at once."""
-
-
-def overlapped_mixed_s(transfers: list[tuple[int, float]], window_s: float) -> float:
-    """:func:`overlapped_s` of several kinds of transfers, ``(count,
-    seconds each)``, ready evenly over the window one after another: the
-    longest one is taken as the last, which never overlaps. Equal to
-    :func:`overlapped_s` for one kind."""
-    count = sum(n for n, _ in transfers)
-    if count < 1:
-        return 0.0
-    total = sum(n * each for n, each in transfers)
-    return max(max(each for n, each in transfers if n), total - window_s * (1 - 1 / count))
-
-
-def overlapped_s(count: int, each_s: float, window_s: float) -> float:
-    """Exposed seconds of ``count`` equal transfers of ``each_s`` that become
-    ready evenly over a compute window of ``window_s`` (transfer ``i`` ready at
-    ``(i + 1) window / count``, one at a time): the last one never overlaps, and
-    more transfer time than window shows. ``max(each, count x each - window x
-    (1 - 1/count))``."""
-    if count < 1:
-        return 0.0
-    return max(each_s, count * each_s - window_s * (1 - 1 / count))
-
-
-def tp_overlap_exposed_s(gather_s: float, scatter_s: float, gemms_s: list[float], tp: int) -> tuple[float, float]:
-    """Exposed seconds of one layer's tensor-parallel collectives in a forward
-    and in a backward pass when each is overlapped with the GEMM it feeds or follows (Megatron-LM's
-    ``--tp-comm-overlap``: Transformer Engine splits the GEMM and the
-    collective into ``tp`` chunks and pipelines them). A collective of ``c``
-    seconds beside a GEMM of ``g`` shows ``max(c / tp, c - g)``: the first
-    chunk never overlaps, and no more than the GEMM can be hidden. Forward:
-    all-gather with QKV, reduce-scatter with the projection, all-gather with
-    the MLP's up, reduce-scatter with its down GEMM; the backward pairs the
-    transposed collectives with the same GEMMs' input-gradient halves (the
-    same FLOPs; ``gemms_s``: QKV, projection, up, down)."""
-    qkv, proj, up, down = gemms_s
-
-    def shown(c: float, g: float) -> float:
-        return max(c / tp, c - g)
-
-    forward = shown(gather_s, qkv) + shown(scatter_s, proj) + shown(gather_s, up) + shown(scatter_s, down)
-    backward = shown(scatter_s, qkv) + shown(gather_s, proj) + shown(scatter_s, up) + shown(gather_s, down)
-    return forward, backward
 
 
 @dataclass(frozen=True)
@@ -490,15 +166,17 @@ class StepTime:
     ep_s: float = 0.0  # expert parallelism's all-to-alls, on the critical path
     cp_s: float = 0.0  # context parallelism's ring of keys and values, what the attention does not hide
     alltoalls: tuple[tuple[str, int], ...] = ()  # (axis, bytes per device) of the step's all-to-alls
+    accumulate_s: float = 0.0  # the framework's gradient accumulation passes (per-operation model)
 
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.ep_s + self.pp_s + self.dp_s
-                + self.optimizer_s)
+                + self.optimizer_s + self.accumulate_s)
 
     def breakdown(self) -> dict[str, float]:
         return {"compute": self.compute_s, "bubble": self.bubble_s, "tp": self.tp_s, "cp": self.cp_s,
-                "ep": self.ep_s, "pp": self.pp_s, "dp": self.dp_s, "optimizer": self.optimizer_s}
+                "ep": self.ep_s, "pp": self.pp_s, "dp": self.dp_s, "optimizer": self.optimizer_s,
+                "accumulate": self.accumulate_s}
 
 
 @dataclass(frozen=True)
@@ -562,11 +240,16 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
 @dataclass(frozen=True)
 class ComputeEstimate:
     """A configuration's compute per device: one micro-batch of the slowest
-    pipeline stage, the fraction of peak that is, and the optimizer step."""
+    pipeline stage (with the framework's weight and gradient casts,
+    :func:`~synth.planner.frameworks.step_overhead_bytes`), the fraction of
+    peak that is, the optimizer step (with the framework's gradient zeroing,
+    casts and copies) and the gradient accumulation over the step's
+    micro-batches."""
 
     micro_batch_s: float
     efficiency: float
     optimizer_s: float = 0.0
+    accumulate_s: float = 0.0  # adding each micro-batch's gradients into the held ones, over the step
 
 
 def compute_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
@@ -603,16 +286,22 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
-                                      kind in ("last", "only"), mix[kind][1]).total_s
+                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy).total_s
                         for kind, layers in stage_kinds(layout).items())
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
     dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)
+    held = dense + experts  # the parameters the device computes with
+    updated = held
     if training.sharding is not Sharding.NONE:  # ZeRO updates its shard only
-        dense, experts = dense / config.dense_shards, experts / config.expert_shards
-    parameters = dense + experts
+        updated = dense / config.dense_shards + experts / config.expert_shards
+    per_micro_batch, accumulate, optimizer = step_overhead_bytes(training.recipe, held, updated,
+                                                                shape.micro_batches)
+    moved_s = compute.elementwise.bytes_seconds
+    micro_batch_s += float(moved_s(per_micro_batch)) if per_micro_batch else 0.0
     efficiency = shape.flops_per_micro_batch / (device.peak_flops * micro_batch_s)
-    return ComputeEstimate(micro_batch_s, efficiency, optimizer_s(compute, parameters, training.value_bytes == 2))
+    return ComputeEstimate(micro_batch_s, efficiency, float(moved_s(optimizer)),
+                           float(moved_s(accumulate)) if accumulate else 0.0)
 
 
 def _flops_stage_costs(model: Transformer, training: Training, config: Configuration) -> StageCosts:
@@ -635,7 +324,7 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
     return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
-                      head_compute(compute, model, shard).total_s)
+                      head_compute(compute, model, shard, training.cross_entropy).total_s)
 
 
 def step_time(
@@ -649,6 +338,7 @@ def step_time(
     optimizer_s: float = 0.0,
     memo: dict | None = None,
     data_parallel: bool = True,
+    accumulate_s: float = 0.0,
 ) -> StepTime:
     """The step's predicted seconds, given one micro-batch's compute time per
     device (:func:`compute_estimate`, or a measured or fitted one) and the
@@ -680,7 +370,10 @@ def step_time(
     ep_mb = 0.0
     if shape.alltoall_bytes:  # per MoE layer and pass: the dispatch to the experts and the combine back
         passes = 3 if training.recompute is Recompute.FULL else 2
-        ep_mb = shape.moe_layers_per_stage * 2 * passes * collectives.alltoall("ep", shape.alltoall_bytes)
+        layer_alltoalls_s = 2 * passes * collectives.alltoall("ep", shape.alltoall_bytes)
+        if training.ep_overlap:  # beside another micro-batch's computation of the layer
+            layer_alltoalls_s = ep_overlap_exposed_s(layer_alltoalls_s, micro_batch_s / shape.layers_per_stage)
+        ep_mb = shape.moe_layers_per_stage * layer_alltoalls_s
     cp_mb = 0.0
     if config.cp > 1:  # ring attention: cp - 1 steps per layer and pass, beside the attention they feed
         passes = 3 if training.recompute is Recompute.FULL else 2
@@ -693,7 +386,7 @@ def step_time(
     if config.pp > 1:
         pp_mb = 2 * v * collectives.send("pp", max(1, shape.activation_bytes // config.tp))
     slot = micro_batch_s + tp_mb + ep_mb + cp_mb + pp_mb
-    key = (training.sharding, training.overlap_dp, config.dense_axes, config.expert_axes, shape.gradient_bytes,
+    key = (training.sharding, training.overlap_dp, training.overlap_param_gather, config.dense_axes, config.expert_axes, shape.gradient_bytes,
            shape.expert_gradient_bytes, shape.micro_batches, shape.layer_bytes, shape.layers_per_stage,
            shape.backward_fraction, micro_batch_s)
     found = memo.get(key) if memo is not None else None
@@ -716,10 +409,33 @@ def step_time(
         bucket_bytes=bucket,
         reductions=tuple(reductions),
         optimizer_s=optimizer_s,
+        accumulate_s=accumulate_s,
         ep_s=m * ep_mb,
         cp_s=m * cp_mb,
         alltoalls=(("ep", shape.alltoall_bytes),) if shape.alltoall_bytes else (),
     )
+
+
+class _FreeCollectives:
+    """Collectives that cost nothing (:func:`step_lower_bound_s`)."""
+
+    def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
+        return 0.0
+
+    def send(self, axis: str, size_bytes: int) -> float:
+        return 0.0
+
+    def alltoall(self, axis: str, size_bytes: int) -> float:
+        return 0.0
+
+
+def step_lower_bound_s(model: Transformer, training: Training, config: Configuration, shape: StepShape,
+                       compute: ComputeEstimate) -> float:
+    """The step with free communication: no placement's step is shorter (no
+    term decreases as a collective's cost grows; the data-parallel term is
+    left out, as it is at least 0)."""
+    return step_time(model, training, config, _FreeCollectives(), compute.micro_batch_s, compute.efficiency, shape,
+                     compute.optimizer_s, None, False, compute.accumulate_s).total_s
 
 
 def _data_parallel(training: Training, config: Configuration, collectives: Collectives, shape: StepShape,
@@ -731,15 +447,15 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     if not dense_axes:
         return 0.0, None, []
     backward_s = micro_batch_s * shape.backward_fraction
-    if training.sharding is Sharding.ZERO3:  # not with ep > 1 (configuration_problem)
+    if training.sharding is Sharding.ZERO3:  # not with ep > 1 (configuration_problem); over dp x cp with cp
         size = shape.layer_bytes
-        gather = collectives.reduce("dp", Goal.ALLGATHER, size)
-        scatter = collectives.reduce("dp", Goal.REDUCESCATTER, size)
+        gather = collectives.reduce(dense_axes, Goal.ALLGATHER, size)
+        scatter = collectives.reduce(dense_axes, Goal.REDUCESCATTER, size)
         n = shape.layers_per_stage
         per_micro_batch = (overlapped_s(n, gather, micro_batch_s - backward_s)
                            + overlapped_s(n, gather + scatter, backward_s))
         return (shape.micro_batches * per_micro_batch, None,
-                [("dp", Goal.ALLGATHER, size), ("dp", Goal.REDUCESCATTER, size)])
+                [(dense_axes, Goal.ALLGATHER, size), (dense_axes, Goal.REDUCESCATTER, size)])
     if training.sharding is Sharding.HSDP:
         return _hsdp(collectives, shape, micro_batch_s, backward_s)
     sharded = training.sharding in (Sharding.ZERO1, Sharding.ZERO2)
@@ -755,8 +471,11 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
         exposed = reductions * (overlapped_mixed_s(transfers, backward_s) if training.overlap_dp
                                 else sum(n * each for n, each in transfers))
         if sharded:
-            exposed += sum(n * collectives.reduce(axes, Goal.ALLGATHER, bucket)
-                           for (n, _), (axes, _) in zip(transfers, sets))
+            gathers = [(n, collectives.reduce(axes, Goal.ALLGATHER, bucket)) for (n, _), (axes, _) in zip(transfers, sets)]
+            if training.overlap_param_gather:  # beside the next step's first forward, bucket by bucket
+                exposed += overlapped_mixed_s(gathers, micro_batch_s - backward_s)
+            else:
+                exposed += sum(n * each for n, each in gathers)
         if best is None or exposed < best[0]:
             best = (exposed, bucket)
     assert best is not None

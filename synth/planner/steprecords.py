@@ -110,7 +110,7 @@ def _training(raw: Any, where: str) -> Training:
     if not isinstance(raw, dict):
         raise SynthError(f"{where}: 'training' must be an object with global_batch")
     known = ("global_batch", "dtype", "sharding", "recompute", "overlap_dp", "attention", "sequence_parallel",
-             "tp_overlap", "cross_entropy")
+             "tp_overlap", "cross_entropy", "framework", "overlap_param_gather", "ep_overlap")
     for key in raw:
         if key not in known:
             raise SynthError(f"{where}: unknown training field '{key}'; known fields are {', '.join(known)}")
@@ -120,7 +120,8 @@ def _training(raw: Any, where: str) -> Training:
     if not isinstance(overlap, bool):
         raise SynthError(f"{where}: 'training.overlap_dp' must be true or false")
     flags = {}
-    for key, default in (("sequence_parallel", True), ("tp_overlap", False)):
+    for key, default in (("sequence_parallel", True), ("tp_overlap", False), ("overlap_param_gather", False),
+                         ("ep_overlap", False)):
         flags[key] = raw.get(key, default)
         if not isinstance(flags[key], bool):
             raise SynthError(f"{where}: 'training.{key}' must be true or false")
@@ -130,7 +131,8 @@ def _training(raw: Any, where: str) -> Training:
                         Sharding.from_text(str(raw.get("sharding", "none")), "training.sharding"),
                         Recompute.from_text(str(raw.get("recompute", "none")), "training.recompute"), overlap,
                         str(raw.get("attention", "flash")), flags["sequence_parallel"], flags["tp_overlap"],
-                        str(raw.get("cross_entropy", "fused")))
+                        str(raw.get("cross_entropy", "fused")), str(raw.get("framework", "megatron")),
+                        flags["overlap_param_gather"], flags["ep_overlap"])
     except SynthError as exc:
         raise SynthError(f"{where}: {exc}") from None
 

@@ -1,0 +1,164 @@
+"""What a training framework adds to a step outside the layers, and how it
+holds its states (``--framework``).
+
+Each :class:`Framework` says, per parameter, how many bytes the weights, the
+gradients, the fp32 master copy and Adam's moments take, and how many bytes
+the step moves outside the layers' operations:
+
+* ``megatron`` (Megatron-LM with bf16): bf16 weights, fp32 main gradients
+  (Megatron-LM forces ``--accumulate-allreduce-grads-in-fp32`` for bf16), fp32
+  master weights and moments: 18 bytes per parameter, ``6 + 12 / d`` with the
+  distributed optimizer (the Megatron Core user guide, "Distributed
+  Optimizer": bf16 parameters, fp32 gradients). The weight-gradient GEMM
+  accumulates into the fp32 main gradient in its epilogue (gradient
+  accumulation fusion), so accumulation costs no pass of its own; the step
+  zeroes the gradient buffer (4 bytes per parameter), runs Adam on the fp32
+  master weights (28 bytes: read weight, gradient and two moments, write three)
+  and copies the master weights to the bf16 ones (read 4, write 2).
+* ``torchtitan`` (FSDP2 with ``MixedPrecisionPolicy(param_dtype=bfloat16,
+  reduce_dtype=float32)``, torchtitan's defaults): the sharded parameters,
+  gradients and moments in fp32 (16 bytes per parameter, all over the shard
+  group); FSDP2 casts the local shard to bf16 before each all-gather (read 4,
+  write 2, forward and backward) and the unsharded bf16 gradients to fp32 for
+  the reduce-scatter (read 2, write 4); fused AdamW on the shard (28 bytes);
+  ``zero_grad`` sets the gradients to None; the training step deletes the
+  bf16 logits before the backward (``del pred`` in torchtitan's train.py), so
+  the eager loss holds 12 bytes per logit. Its ``--recompute selective`` is
+  torchtitan's operator-level selective checkpointing (:func:`sac_activation_bytes`).
+* ``eager`` (a plain PyTorch loop: fp32 weights under bf16 autocast, fused
+  AdamW, ``zero_grad(set_to_none=True)``; ``scripts/memory_check.py``'s recipe):
+  16 bytes per parameter of fp32 weights, gradients and moments, plus
+  autocast's bf16 copy of every weight a GEMM uses (2 bytes, held until the
+  backward is done). Per micro-batch autocast casts each weight (read 4, write
+  2) and the backward casts each bf16 weight gradient to fp32 (read 2, write 4);
+  from the second micro-batch on, autograd adds it to the held fp32 gradient
+  (read 4 and 4, write 4). Fused AdamW moves 28 bytes.
+* ``eager-master`` (a plain loop on bf16 weights with an fp32 master copy,
+  ``scripts/layer_accuracy.py``'s steps): 16 bytes per parameter held (bf16
+  weights and gradients, fp32 master and moments); from the second
+  micro-batch on, autograd adds each bf16 weight gradient into the held one
+  (read 2 and 2, write 2); the step casts the gradients to fp32 (read 2, write
+  4), runs fused Adam (28) and copies the master weights back (read 4, write 2).
+
+All these passes are priced at the profile's ``add`` bandwidth
+(:meth:`~synth.planner.operations.ElementwiseModel.bytes_seconds`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SynthError
+from .transformer import Transformer
+
+ADAM_BYTES = 28  # fused Adam(W) on fp32: read weight, gradient, two moments; write weight and moments
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework's states (bytes per parameter held) and the bytes per
+    parameter its step moves outside the layers (module docstring)."""
+
+    name: str
+    source: str
+    weight_bytes: int  # the training weights as held (sharded by ZeRO-3 / FSDP)
+    gradient_bytes: int  # the gradients as held, accumulated and reduced
+    master_bytes: int  # an fp32 master copy beside 16-bit weights (0: the weights are fp32)
+    moment_bytes: int = 8  # Adam's two fp32 moments
+    default_cross_entropy: str = "eager"  # the loss the framework computes (CROSS_ENTROPY_BYTES)
+    cast_copy_bytes: int = 0  # a 16-bit copy of each weight made for the GEMMs and held through the backward
+    forward_cast_bytes: int = 0  # moved per parameter and micro-batch before the layers use the weights
+    forward_cast_on_shard: bool = False  # ... on the device's shard only (FSDP2 casts before gathering)
+    gradient_cast_bytes: int = 0  # moved per parameter and micro-batch as the backward makes the gradients
+    accumulate_bytes: int = 0  # moved per parameter and micro-batch after the first (adding into held gradients)
+    optimizer_cast_bytes: int = 0  # per updated parameter: the gradients cast to fp32 before the optimizer
+    copy_back_bytes: int = 0  # per updated parameter: the fp32 master weights copied to the 16-bit ones
+    zero_bytes: int = 0  # moved per parameter (unsharded) to clear the gradients each step
+    gradients_freed: bool = False  # the gradients are set to None each step and made anew by the first backward
+    logits_freed: bool = False  # the training loop drops its bf16 logits before the backward (eager loss: 12, not 14)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes per parameter held between steps (weights, gradients, optimizer)."""
+        return self.weight_bytes + self.gradient_bytes + self.master_bytes + self.moment_bytes
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Bytes the optimizer step moves per updated parameter."""
+        return self.optimizer_cast_bytes + ADAM_BYTES + self.copy_back_bytes
+
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
+    Framework("megatron", "Megatron Core user guide, Distributed Optimizer: bf16 parameters, fp32 gradients, 18 bytes "
+              "per parameter, 6 + 12/d distributed", 2, 4, 4, default_cross_entropy="fused", copy_back_bytes=6,
+              zero_bytes=4),
+    Framework("torchtitan", "torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
+              "fused AdamW, cross_entropy on logits.float(), del pred before the backward", 4, 4, 0,
+              forward_cast_bytes=2 * 6, forward_cast_on_shard=True, gradient_cast_bytes=6, gradients_freed=True,
+              logits_freed=True),
+    Framework("eager", "fp32 weights under torch.autocast(bfloat16), fused AdamW, zero_grad(set_to_none=True)", 4, 4, 0,
+              cast_copy_bytes=2, forward_cast_bytes=6, gradient_cast_bytes=6, accumulate_bytes=12, gradients_freed=True),
+    Framework("eager-master", "bf16 weights, fp32 master copy, fused Adam, gradients set to None each step", 2, 2, 4,
+              accumulate_bytes=6, optimizer_cast_bytes=6, copy_back_bytes=6, gradients_freed=True),
+)}
+FRAMEWORK_CHOICES = tuple(FRAMEWORKS)
+
+
+def at_dtype(framework: Framework, value_bytes: int) -> Framework:
+    """``framework`` when training in values of ``value_bytes``: with fp32
+    weights (``--dtype fp32``) there is no 16-bit copy to keep, so no master
+    copy, no cast before the optimizer and no copy back after it
+    (Megatron-LM's table: fp32 parameters and gradients, 16 bytes per
+    parameter)."""
+    if value_bytes != 4 or not framework.master_bytes:
+        return framework
+    return replace(framework, weight_bytes=4, gradient_bytes=4, master_bytes=0, optimizer_cast_bytes=0,
+                   copy_back_bytes=0)
+
+
+def framework_of(name: str) -> Framework:
+    """The framework called ``name``; SynthError naming the choices."""
+    if name not in FRAMEWORKS:
+        raise SynthError(f"--framework {name}: choose one of {', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[name]
+
+
+def torchtitan_gemm_outputs(model: Transformer, tp: int) -> tuple[int, ...]:
+    """Widths per token of one dense layer's GEMM outputs on one device, in
+    the order torchtitan's Llama runs them: wq, wk, wv, wo, then w1, w3, w2
+    (gated MLP) or up, down. The outputs of wo and w2 are the full hidden
+    width (partial sums before tensor parallelism's reduction)."""
+    h, kv, f = model.hidden, model.kv_dim, model.ffn
+    mlp = (f // tp, f // tp, h) if model.gated_mlp else (f // tp, h)
+    return (h // tp, kv // tp, kv // tp, h) + mlp
+
+
+def sac_activation_bytes(model: Transformer, micro_batch: int, tp: int, cp: int = 1,
+                         sequence_parallel: bool = False) -> float:
+    """Bytes one dense layer keeps for one micro-batch under torchtitan's
+    operator-level selective activation checkpointing
+    (``activation_checkpoint.mode = "selective"``, ``selective_ac_option =
+    "op"``, torchtitan/distributed/activation_checkpoint.py): every compute
+    operation's output in its save list is kept except every second GEMM
+    (counted from one within the layer: the 2nd, 4th, ... are recomputed);
+    what is not saved is recomputed from the layer's input. Kept: the layer's
+    input, the attention's output, and the 1st, 3rd, ... GEMM outputs
+    (:func:`torchtitan_gemm_outputs`), 16-bit values; ``s / cp`` tokens; the
+    layer input split over tp with sequence parallelism."""
+    tokens = micro_batch * model.seq // cp
+    kept = sum(torchtitan_gemm_outputs(model, tp)[0::2])
+    layer_input = model.hidden // tp if sequence_parallel else model.hidden
+    return 2.0 * tokens * (layer_input + model.hidden // tp + kept)
+
+
+def step_overhead_bytes(framework: Framework, parameters: float, updated: float,
+                        micro_batches: int) -> tuple[float, float, float]:
+    """(bytes per micro-batch, bytes of the accumulation over the step, bytes
+    of the optimizer step) one device moves outside the layers: ``parameters``
+    the weights it computes with, ``updated`` those its optimizer updates (its
+    ZeRO shard, which FSDP2 also casts before each all-gather)."""
+    cast_on = updated if framework.forward_cast_on_shard else parameters
+    per_micro_batch = framework.forward_cast_bytes * cast_on + framework.gradient_cast_bytes * parameters
+    accumulate = framework.accumulate_bytes * parameters * max(0, micro_batches - 1)
+    optimizer = framework.optimizer_bytes * updated + framework.zero_bytes * parameters
+    return per_micro_batch, accumulate, optimizer

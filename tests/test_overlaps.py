@@ -1,0 +1,122 @@
+"""The overlaps frontier runs use, each a term of the step with its window,
+checked by hand: MoE all-to-alls beside another micro-batch's computation
+(``--ep-overlap``, DeepSeek-V3's DualPipe, with the SMs its kernels take),
+the sharded optimizer's weight all-gather beside the next forward
+(``--overlap-param-gather``), and ZeRO-3 with context parallelism."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from synth.errors import SynthError
+from synth.planner.stepmodel import (
+    BUCKET_GRID_BYTES,
+    Configuration,
+    Sharding,
+    Training,
+    configuration_problem,
+    memory_per_device,
+    step_shape,
+    step_time,
+)
+from synth.planner.transformer import parse_inline_model
+from synth.synthesis.semantics import Goal
+
+MOE = "layers=4,hidden=64,heads=4,ffn=96,mlp=swiglu,seq=32,vocab=100,experts=8,top_k=2,expert_ffn=48"
+
+
+class Fixed:
+    """Collectives at a fixed cost per call (all-to-all, send), and a reduction
+    cost of ``alpha + size / beta`` that records its axes."""
+
+    def __init__(self, alltoall_s=1e-3, alpha_s=1e-4, bytes_per_s=1e9):
+        self.alltoall_s, self.alpha_s, self.bytes_per_s = alltoall_s, alpha_s, bytes_per_s
+        self.axes = set()
+
+    def reduce(self, axis, goal, size_bytes):
+        self.axes.add((axis, goal))
+        return self.alpha_s + size_bytes / self.bytes_per_s
+
+    def send(self, axis, size_bytes):
+        return 2e-3
+
+    def alltoall(self, axis, size_bytes):
+        return self.alltoall_s
+
+
+def _by_hand_exposed_s(alltoalls_s: float, window_s: float) -> float:
+    """One layer: what outlasts the paired computation shows; the computation beside the all-to-alls runs on
+    the 112 of 132 SMs DeepSeek-V3's communication kernels leave (20 SMs, Section 3.2.2)."""
+    overlapped = min(alltoalls_s, window_s)
+    return max(0.0, alltoalls_s - window_s) + overlapped * 132 / 112 - overlapped
+
+
+@pytest.mark.parametrize("t_mb", [1e-4, 1.0])  # all-to-alls longer than a layer's computation, and far shorter
+def test_ep_overlap_hides_the_all_to_alls_behind_another_micro_batch_by_hand(t_mb):
+    model = parse_inline_model(MOE)
+    config = Configuration(1, 1, 1, 1, ep=4)  # 4 MoE layers on one stage; 8 / 4 replicas = 2 micro-batches
+    plain = step_time(model, Training(8), config, Fixed(), t_mb)
+    overlapped = step_time(model, Training(8, ep_overlap=True), config, Fixed(), t_mb)
+    layer_alltoalls = 2 * 2 * 1e-3  # dispatch and combine, forward and backward
+    assert plain.ep_s == pytest.approx(2 * 4 * layer_alltoalls)
+    assert overlapped.ep_s == pytest.approx(2 * 4 * _by_hand_exposed_s(layer_alltoalls, t_mb / 4))
+    assert overlapped.ep_s < plain.ep_s
+    if t_mb == 1.0:  # fully hidden: only the computation's slowdown while the all-to-alls run is left
+        assert overlapped.ep_s == pytest.approx(2 * 4 * layer_alltoalls * 20 / 112)
+
+
+def _sharded_dp_by_hand(gradient_bytes: int, backward_s: float, forward_s: float, overlap_gather: bool,
+                        c: Fixed) -> float:
+    """ZeRO-1's exposed seconds, the best bucket of the grid: the reduce-scatters become ready over the last
+    backward (the last one never hides), the all-gathers after the step or, overlapped, over the next forward
+    (the first one never hides)."""
+    best = math.inf
+    for bucket in [b for b in BUCKET_GRID_BYTES if b <= gradient_bytes] or BUCKET_GRID_BYTES[:1]:
+        n = math.ceil(gradient_bytes / bucket)
+        each = c.alpha_s + bucket / c.bytes_per_s
+        scatter = max(each, n * each - backward_s * (1 - 1 / n))
+        gather = max(each, n * each - forward_s * (1 - 1 / n)) if overlap_gather else n * each
+        best = min(best, scatter + gather)
+    return best
+
+
+@pytest.mark.parametrize("t_mb", [1e-3, 10.0])
+def test_overlap_param_gather_hides_the_weight_all_gathers_behind_the_next_forward_by_hand(t_mb):
+    model = parse_inline_model("layers=4,hidden=1024,heads=8,seq=256,vocab=1000")
+    config = Configuration(1, 8, 1, 1)
+    c = Fixed(alpha_s=1e-4, bytes_per_s=1e10)
+    training = Training(8, sharding=Sharding.ZERO1)
+    shape = step_shape(model, training, config)
+    backward = t_mb * shape.backward_fraction
+    plain = step_time(model, training, config, c, t_mb)
+    overlapped = step_time(model, Training(8, sharding=Sharding.ZERO1, overlap_param_gather=True), config, c, t_mb)
+    assert plain.dp_s == pytest.approx(_sharded_dp_by_hand(shape.gradient_bytes, backward, t_mb - backward, False, c))
+    assert overlapped.dp_s == pytest.approx(_sharded_dp_by_hand(shape.gradient_bytes, backward, t_mb - backward,
+                                                                 True, c))
+    assert overlapped.dp_s <= plain.dp_s
+    if t_mb == 10.0:
+        assert overlapped.dp_s < plain.dp_s
+
+
+def test_overlap_param_gather_needs_a_sharded_optimizer():
+    with pytest.raises(SynthError, match="--overlap-param-gather needs --sharding zero1 or zero2"):
+        Training(8, overlap_param_gather=True)
+
+
+def test_zero3_with_context_parallelism_shards_over_dp_and_cp():
+    model = parse_inline_model("layers=4,hidden=64,heads=4,seq=64,vocab=100")
+    training = Training(8, sharding=Sharding.ZERO3)
+    config = Configuration(1, 2, 1, 1, cp=2)
+    assert configuration_problem(model, training, config) is None
+    memory = memory_per_device(model, training, config)
+    p, layer = model.parameters, 12 * 64 * 64 + 13 * 64
+    # Megatron-LM's bytes (bf16 weights, fp32 gradients, 12 of optimizer) over the 4 devices of dp x cp, and the
+    # gathered layers in bf16
+    assert memory.weights == pytest.approx(2 * p / 4 + 2 * 2 * layer)
+    assert memory.gradients == pytest.approx(4 * p / 4 + 2 * layer)
+    assert memory.optimizer == pytest.approx(12 * p / 4)
+    c = Fixed()
+    step_time(model, training, config, c, 1e-3)
+    assert {("dp+cp", Goal.ALLGATHER), ("dp+cp", Goal.REDUCESCATTER)} <= c.axes
