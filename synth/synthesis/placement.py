@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import SynthError
+from ..interrupts import solver_check, z3_interrupts
 from ..topology import Topology
 from ..units import MAX_COUNT, bounded_int, shortened
 
@@ -310,11 +311,12 @@ def enumerate_matrices(
         solver.add({"=": x[a][l] == c.value, "<=": x[a][l] <= c.value, ">=": x[a][l] >= c.value}[c.op])
     found: list[Matrix] = []
     flat = [v for row in x for v in row]
-    while solver.check() == z3.sat:
-        model = solver.model()
-        values = [model.eval(v).as_long() for v in flat]
-        found.append(tuple(tuple(values[a * len(counts) : (a + 1) * len(counts)]) for a in range(len(sizes))))
-        solver.add(z3.Or([v != val for v, val in zip(flat, values)]))
+    with z3_interrupts():  # unknown (an interrupt) is not the end: solver_check raises
+        while solver_check(solver) == z3.sat:
+            model = solver.model()
+            values = [model.eval(v).as_long() for v in flat]
+            found.append(tuple(tuple(values[a * len(counts) : (a + 1) * len(counts)]) for a in range(len(sizes))))
+            solver.add(z3.Or([v != val for v, val in zip(flat, values)]))
     return sorted(found)
 
 
