@@ -328,11 +328,21 @@ def _upgrade_v1(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _chunk_list(r: _Reader, runs: Any, name: str) -> tuple[int, ...]:
+def _chunk_list(r: _Reader, runs: Any, name: str, num_chunks: int, most: int) -> tuple[int, ...]:
+    """The chunks of ``[first, stop)`` runs, each run checked against the
+    plan's own ``num_chunks`` and the total against ``most`` (what the stored
+    list must equal) before anything is expanded: a crafted run such as
+    ``[0, 10**12]`` is one error line, never a list of that length."""
     chunks: list[int] = []
     for run in r.int_lists(runs, name):
         if len(run) != 2 or not 0 <= run[0] < run[1]:
             raise r.fail(f"'{name}'", "must be a list of [first, stop) chunk runs with 0 <= first < stop")
+        if run[1] > num_chunks:
+            raise r.fail(f"'{name}'", f"holds the chunk run {list(run)} past the plan's num_chunks {num_chunks} "
+                                      f"(chunks are 0..{num_chunks - 1}); {_FIX}")
+        if len(chunks) + run[1] - run[0] > most:
+            raise r.fail(f"'{name}'", f"holds more chunks than the lowering of the program gives this group "
+                                      f"({most}); {_FIX}")
         chunks.extend(range(run[0], run[1]))
     return tuple(chunks)
 
@@ -459,8 +469,12 @@ def _checked_program(r: _Reader, doc: Any, at: str, reduction: Reduction) -> Low
                              f"program text is {want.instruction}; {_FIX}")
         groups = r.int_lists(r.get(step, "groups", list, where), f"{where}.groups")
         chunks_doc = r.get(step, "chunks", list, where)
-        chunks = tuple(_chunk_list(r, c, f"{where}.chunks") for c in chunks_doc)
-        if groups != want.groups or chunks != want.chunks:
+        if groups != want.groups or len(chunks_doc) != len(want.chunks):
+            raise SynthError(f"{source}: step {number} ({want.instruction}) stores groups or chunks that differ "
+                             f"from the lowering of the program on this placement; {_FIX}")
+        chunks = tuple(_chunk_list(r, c, f"{where}.chunks", derived.num_chunks, len(w))
+                       for c, w in zip(chunks_doc, want.chunks))
+        if chunks != want.chunks:
             raise SynthError(f"{source}: step {number} ({want.instruction}) stores groups or chunks that differ "
                              f"from the lowering of the program on this placement; {_FIX}")
     return derived
