@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..documents import check_schema, json_lines
+from ..documents import append_lines, check_schema, json_lines
 from ..errors import SynthError
 from ..synthesis.language import Program, format_program, read_program
 from ..synthesis.placement import Axis, Placement
@@ -103,13 +103,10 @@ class Record:
 
 
 def append_records(path: str | Path, records: Iterable[Record]) -> None:
-    """Append records as JSON lines (one write per call)."""
-    text = "".join(json.dumps(r.to_dict()) + "\n" for r in records)
-    try:
-        with open(path, "a") as f:
-            f.write(text)
-    except OSError as exc:
-        raise SynthError(f"{path}: cannot write measurements ({exc.strerror})") from None
+    """Append records as JSON lines, one ``write`` per record under a lock,
+    so jobs appending to one file at once keep every record
+    (:func:`~synth.documents.append_lines`; a symlink is refused)."""
+    append_lines(path, "measurements", [json.dumps(r.to_dict()) + "\n" for r in records])
 
 
 def _number(rec: dict, key: str, where: str, kind: type = float) -> Any:
