@@ -348,7 +348,10 @@ class Executor:
     or torchrun: every rank loads it (:func:`~synth.plan.load_plan` checks
     every stored field against the derivation of the program text) and the
     ranks agree on the outcome, so a missing, corrupted or tampered copy on
-    any rank is the same one-line SynthError on every rank, never a hang.
+    any rank, or a wrong argument on one rank, is the same one-line SynthError
+    on every rank, never a hang; then the ranks compare a digest of what they
+    were given (the programs and their size ranges, which ``reduce`` and
+    ``goal`` select), and a difference is again one error on every rank.
     ``check=True`` (the default) first checks collectively that every rank passes
     a supported, writable, native byte-order buffer of the same length and
     dtype, and raises the same SynthError on every rank otherwise, before any
@@ -373,6 +376,9 @@ class Executor:
                 )
         except SynthError as exc:
             problem = str(exc)
+        except (TypeError, ValueError, AttributeError, KeyError, OSError, MemoryError) as exc:
+            # a wrong argument on one rank: still agreed, else the other ranks would wait in agree forever
+            problem = f"Executor({type(plan).__name__}, reduce={reduce!r}, goal={goal!r}): {type(exc).__name__}: {exc}"
         world.agree(problem)
         fingerprint = _fingerprint([p.lowered for p in programs], [(p.min_bytes, p.max_bytes) for p in programs])
         fingerprints = world.allgather(fingerprint)
