@@ -116,6 +116,19 @@ def file_kind(path: str | Path) -> str:
     return "special file"
 
 
+def path_problem(path: str | Path, kind: str, wanted: str) -> str | None:
+    """Why ``path`` cannot be read as a ``kind`` file, saying what it is
+    (standard input, a folder, a FIFO, a device), or None for a regular file
+    or a missing path (the caller words that)."""
+    if str(path) == "-":
+        return f"{kind} '-': standard input is not read here; give {wanted}"
+    found = file_kind(path)
+    if found in ("file", "missing"):
+        return None
+    article = "an" if found[0] in "aeiou" else "a"
+    return f"{kind} '{path}' is {article} {found}, not a file; give {wanted}"
+
+
 def _via_descriptor(path: str | Path) -> bool:
     """Whether ``path`` is a chain of links that passes through a process's
     file descriptors (``/dev/stdout`` -> ``/proc/self/fd/1``): writing there
@@ -175,14 +188,24 @@ def read_document(
     ``kind`` names the document in messages ("plan"); ``fix`` is appended to the
     version error (e.g. how to re-create the document)."""
     source = str(path)
+    if file_kind(path) in ("folder", "socket"):
+        raise SynthError(f"{source}: is a {file_kind(path)}, not a {kind} file; give the {kind}'s JSON file")
     try:
-        doc = parse_json(read_limited(path, kind, MAX_DOCUMENT_BYTES))
+        text = read_limited(path, kind, MAX_DOCUMENT_BYTES)
     except FileNotFoundError:
         raise SynthError(f"{source}: no such {kind} file") from None
     except OSError as exc:
         raise SynthError(f"{source}: cannot read {kind} ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise SynthError(f"{source}: not a valid {kind}: not a text file (JSON must be UTF-8)") from None
+    shown = "standard input" if source == "-" else source
+    if not text.strip():
+        raise SynthError(f"{shown}: not a valid {kind}: it is empty")
+    if text.lstrip().startswith("<"):
+        raise SynthError(f"{shown}: not a valid {kind}: it is XML (an MSCCL algorithm?), not JSON; give the "
+                         f"{kind}'s JSON file")
+    try:
+        doc = parse_json(text)
     except ValueError as exc:
         raise SynthError(f"{source}: not a valid {kind}: corrupted JSON ({exc})") from None
     return check_schema(doc, source, kind, schema, version, fix)

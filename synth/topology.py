@@ -66,7 +66,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from .documents import read_yaml
+from .documents import path_problem, read_yaml
 from .errors import SynthError
 from .linkgraph import NodeGraph, graph_from_dict
 from .resources import topologies_dir
@@ -433,6 +433,9 @@ def resolve_topology_path(spec: str) -> Path:
     path = Path(spec)
     if path.is_file():
         return path
+    problem = path_problem(spec, "topology", "a topology YAML file (a path or a shipped name)")
+    if problem:
+        raise SynthError(problem)
     shipped = topologies_dir() / (spec if spec.endswith(".yaml") else spec + ".yaml")
     if shipped.is_file():
         return shipped
