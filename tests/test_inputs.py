@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from helpers import usage_error
 
 AXES = ("--axes", "dp=8")
@@ -31,3 +33,74 @@ def test_a_plan_that_is_xml_empty_or_a_folder_says_so(cli, tmp_path):
     empty.write_text("\n")
     assert usage_error(cli, "verify", empty) == f"{empty}: not a valid plan: it is empty"
     assert usage_error(cli, "verify", tmp_path) == f"{tmp_path}: is a folder, not a plan file; give the plan's JSON file"
+
+
+TINY = "layers=4,hidden=256,heads=8,seq=128,vocab=1000"
+PLAN = ("plan", "--topology", "dgx-a100", "--global-batch", "8", "--model")
+
+
+@pytest.mark.parametrize("field, limit", [("layers", 10_000), ("hidden", 2**20), ("vocab", 2**24), ("seq", 2**24)])
+def test_model_sizes_are_bounded_in_files_and_inline(cli, tmp_path, field, limit):
+    from synth.planner.transformer import MODEL_LIMITS
+
+    assert MODEL_LIMITS[field] == limit
+    fields = dict(item.split("=") for item in TINY.split(","))
+    fields[field] = str(limit + 1)
+    inline = ",".join(f"{k}={v}" for k, v in fields.items())
+    assert usage_error(cli, *PLAN, inline) == f"--model {field}={limit + 1}: at most {limit:,}"
+    path = tmp_path / "m.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))
+    assert usage_error(cli, *PLAN, path) == (
+        f"{path}: model field '{field}' is {limit + 1}; at most {limit:,} (far above any model trained today)")
+
+
+def test_a_moe_field_is_bounded(cli):
+    assert usage_error(cli, *PLAN, TINY + ",experts=70000,top_k=2,expert_ffn=512") == (
+        "--model experts=70000: at most 65,536")
+
+
+@pytest.mark.parametrize("value, message", [
+    ("²", "--model layers=²: must be an integer >= 1"),
+    ("9" * 5000, "--model layers=99999999... (5000 digits): at most 10,000"),
+])
+def test_inline_model_numbers_that_int_cannot_read_are_one_line(cli, value, message):
+    assert usage_error(cli, *PLAN, TINY.replace("layers=4", f"layers={value}")) == message
+
+
+@pytest.mark.parametrize("item", ["lay ers=4", "layers =4", "layers= 4"])
+def test_inline_model_keys_with_spaces_are_refused(cli, item):
+    assert usage_error(cli, *PLAN, TINY.replace("layers=4", item)).startswith(f"--model '{item.split(',')[0]}")
+
+
+def test_sizes_that_int_cannot_read_are_one_line(cli):
+    assert usage_error(cli, "--topology", "testbed-2x4", *AXES, "--size", "1." + "1" * 5000) == (
+        "--size 1.111111... (5002 digits): at most 16 digits after the point")
+    assert usage_error(cli, "--topology", "testbed-2x4", *AXES, "--size", "²").startswith("--size '²': expected")
+
+
+def test_empty_option_values_and_huge_arguments_are_refused(cli):
+    base = ("--topology", "testbed-2x4", *AXES)
+    assert usage_error(cli, *base, "--size", "") == "--size: an empty value; give a value or leave the option out"
+    assert usage_error(cli, *base, "--size=") == "--size: an empty value; give a value or leave the option out"
+    assert usage_error(cli, "check", "--topology", "testbed-2x4", *AXES, "--matrix", "", "AllReduce(root, inside)") \
+        == "--matrix: an empty value; give a value or leave the option out"
+    axes = "dp=8," * 20_000
+    assert usage_error(cli, "--topology", "testbed-2x4", "--axes", axes) == (
+        f"argument 4 ('dp=8,dp=8,dp=8,dp=8,...') is {len(axes):,} characters; at most 16,384")
+
+
+@pytest.mark.parametrize("name, shown", [('""', "''"), (r'"a\nb"', r"'a\nb'"), (r'"a\u001b[31m"', r"'a\x1b[31m'")])
+def test_a_topology_name_must_be_printable_text(cli, tmp_path, name, shown):
+    path = tmp_path / "t.yaml"
+    path.write_text(f"name: {name}\nlevels:\n  - {{name: gpu, count: 8, bandwidth_GBps: 1.0, latency_us: 1.0}}\n")
+    assert usage_error(cli, "--topology", path, *AXES) == (
+        f"{path}: 'name' must be non-empty printable text of at most 200 characters (no line breaks or control "
+        f"characters), got {shown}")
+
+
+def test_a_topology_of_too_many_levels_is_refused_before_they_are_checked(cli, tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("name: big\nlevels: [&a {name: x, count: 1, bandwidth_GBps: 1.0, latency_us: 1.0}"
+                    + ", *a" * 1000 + "]\n")
+    assert usage_error(cli, "--topology", path, *AXES) == (
+        f"{path}: 'levels' holds 1,001 levels; at most 64 (real topologies have 2 to 4)")

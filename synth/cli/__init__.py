@@ -62,9 +62,34 @@ def _load_holding_interrupts(argv: Sequence[str]) -> tuple[Callable[[Sequence[st
     return loaded
 
 
+# the longest command-line argument: far above any real one (a long --workload or --matrix is a few hundred
+# characters), so that a pasted file or a runaway script is one error line, not minutes of parsing
+MAX_ARGUMENT_CHARS = 16_384
+
+
+def _check_arguments(argv: Sequence[str]) -> None:
+    """SynthError for an argument longer than :data:`MAX_ARGUMENT_CHARS`, or
+    an option given an empty value (``--size ''``), which would otherwise read
+    as the option left out. What follows ``--`` (a script's own arguments
+    under ``launch``, a command under ``emulate``) is not looked at."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return
+        if len(arg) > MAX_ARGUMENT_CHARS:
+            shown = arg[:20].replace("\n", " ")
+            raise SynthError(f"argument {i + 1} ('{shown}...') is {len(arg):,} characters; at most "
+                             f"{MAX_ARGUMENT_CHARS:,}")
+        option, equals, value = arg.partition("=")
+        empty = (equals and not value) or (not equals and i + 1 < len(argv) and argv[i + 1] == "")
+        if arg.startswith("--") and len(option) > 2 and empty:
+            raise SynthError(f"{option}: an empty value; give a value or leave the option out")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        run, args = _load_holding_interrupts(list(sys.argv[1:] if argv is None else argv))
+        arguments = list(sys.argv[1:] if argv is None else argv)
+        _check_arguments(arguments)
+        run, args = _load_holding_interrupts(arguments)
         return run(args)
     except SynthError as exc:
         print(f"synth-reduce: error: {exc}", file=sys.stderr)
