@@ -116,3 +116,18 @@ def test_ddp_hooks_given_different_arguments_are_refused_on_every_rank(tmp_path)
     lines, output = torchrun4(tmp_path, ARGUMENTS)
     assert lines == [f"rank {r}: the arguments to comm_hook (reduce, process_group, sparse) differ across ranks "
                      "(rank 1 differs from rank 0); give every rank the same" for r in range(4)], output
+
+
+def test_torchrun_reports_the_ranks_one_line_as_the_cause(tmp_path):
+    """A refusal under torchrun: torchrun's own failure report names the
+    rank's one line (written to its error file), not its traceback hint."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "synth.cli", "launch", str(bad), "--", "train.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=limit_s(240))
+    line = f'synth-reduce: error: {bad}: not a synth-reduce plan (expected "schema": "synth-reduce/plan")'
+    assert done.stderr.count(line + "\n") >= 2, done.stderr
+    assert f"traceback : {line}" in done.stderr and "To enable traceback" not in done.stderr, done.stderr

@@ -85,6 +85,27 @@ def _check_arguments(argv: Sequence[str]) -> None:
             raise SynthError(f"{option}: an empty value; give a value or leave the option out")
 
 
+def _tell_torchrun(line: str) -> None:
+    """Under torchrun (``TORCHELASTIC_ERROR_FILE`` set), write ``line`` to
+    the error file torchrun reads when a worker fails, so that its failure
+    report names this one line as the cause instead of pointing at its
+    traceback instructions. Best effort: nothing is raised."""
+    import os
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import time
+
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                   "timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         arguments = list(sys.argv[1:] if argv is None else argv)
@@ -93,9 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except SynthError as exc:
         print(f"synth-reduce: error: {exc}", file=sys.stderr)
+        _tell_torchrun(f"synth-reduce: error: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("synth-reduce: interrupted", file=sys.stderr)
+        _tell_torchrun("synth-reduce: interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0

@@ -42,6 +42,7 @@ from ..synthesis.execute import execute
 from ..synthesis.language import Collective
 from ..synthesis.lowering import LoweredProgram
 from ..synthesis.semantics import Goal
+from .watchdog import progressed
 
 Group = tuple[int, ...]
 Range = tuple[int, int]
@@ -189,6 +190,7 @@ class World:
         every rank (naming the first rank unless all ranks report the same);
         likewise if some ranks reached another collective (:func:`steps_problem`)."""
         problems = self.allgather(problem)
+        progressed()
         mixed = steps_problem(problems)
         if mixed:
             raise SynthError(mixed)
@@ -308,6 +310,7 @@ class _Runner:
         self._ops: dict[tuple[int, Any], tuple[list[_Op], Any]] = {}
 
     def __call__(self, buffer: Any) -> None:
+        progressed()  # for the watchdog (bench --timeout): a program ran on this rank
         n = buffer.shape[0]
         key = (n, buffer.dtype)
         bound = self._ops.get(key)
