@@ -259,7 +259,20 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 
 
 def write_plan(path: str | Path, plan: Plan) -> None:
+    """Write ``plan`` to the file ``path`` (whole or not at all); SynthError
+    naming the argument that is not a path or not a plan."""
+    _check_path(path, "write_plan")
+    if not isinstance(plan, Plan):
+        raise SynthError(f"write_plan: 'plan' must be a synth.Plan, not {type(plan).__name__}")
     write_document(path, "plan", plan_document(plan))
+
+
+def _check_path(path: Any, function: str) -> None:
+    """SynthError unless ``path`` is a file path (str or os.PathLike)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise SynthError(f"{function}: 'path' must be a file path (str or os.PathLike), not {type(path).__name__}"
+                         + ("; for a parsed document use synth.plan.plan_from_document" if isinstance(path, dict)
+                            else ""))
 
 
 # ---------------------------------------------------------------- reading
@@ -350,6 +363,7 @@ def _chunk_list(r: _Reader, runs: Any, name: str, num_chunks: int, most: int) ->
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file and check it against the derivation of its programs;
     errors name the file, the field and the fix. Needs numpy only."""
+    _check_path(path, "load_plan")
     source = str(path)
     doc = read_document(path, "plan", SCHEMA, READABLE_VERSIONS, fix=_FIX)
     if doc["version"] == 1:

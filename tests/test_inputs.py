@@ -104,3 +104,28 @@ def test_a_topology_of_too_many_levels_is_refused_before_they_are_checked(cli, t
                     + ", *a" * 1000 + "]\n")
     assert usage_error(cli, "--topology", path, *AXES) == (
         f"{path}: 'levels' holds 1,001 levels; at most 64 (real topologies have 2 to 4)")
+
+
+def test_names_too_long_for_the_system_are_one_line(cli, tmp_path):
+    long_name = "a" * 300
+    tail = "File name too long: the system takes at most 255 bytes a file name and 4,096 a path"
+    shown = f"{'a' * 40}... (300 characters)"
+    assert usage_error(cli, "--topology", long_name, *AXES) == f"{shown}: {tail}"
+    out = tmp_path / (long_name + ".json")
+    assert usage_error(cli, "--topology", "testbed-2x4", *AXES, "--out", out).endswith(f"characters): {tail}")
+    assert usage_error(cli, "verify", tmp_path / long_name).endswith(": cannot read plan (File name too long)")
+
+
+def test_the_api_names_an_argument_of_the_wrong_type():
+    import synth
+    from synth.errors import SynthError
+
+    with pytest.raises(SynthError, match=r"^load_plan: 'path' must be a file path \(str or os.PathLike\), not dict; "
+                                         r"for a parsed document use synth.plan.plan_from_document$"):
+        synth.load_plan({})
+    with pytest.raises(SynthError, match=r"^verify_plan: 'plan' must be a synth.Plan, not str; load a plan file "):
+        synth.verify_plan("plan.json")
+    with pytest.raises(SynthError, match=r"^write_plan: 'path' must be a file path .*, not NoneType$"):
+        synth.write_plan(None, None)
+    with pytest.raises(SynthError, match=r"^write_plan: 'plan' must be a synth.Plan, not NoneType$"):
+        synth.write_plan("plan.json", None)

@@ -19,6 +19,7 @@ the runtime's backends or the testbed.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -122,6 +123,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        name = str(exc.filename or "")
+        shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name):,} characters)"
+        line = (f"{shown}: {exc.strerror}: the system takes at most 255 bytes a file name and 4,096 a path"
+                if exc.errno == errno.ENAMETOOLONG else f"{shown}: {exc.strerror}: a link that points to itself")
+        print(f"synth-reduce: error: {line}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def console() -> int:
