@@ -129,3 +129,17 @@ def test_the_api_names_an_argument_of_the_wrong_type():
         synth.write_plan(None, None)
     with pytest.raises(SynthError, match=r"^write_plan: 'plan' must be a synth.Plan, not NoneType$"):
         synth.write_plan("plan.json", None)
+
+
+def test_fit_of_an_endless_line_stops_at_the_cap(cli, tmp_path):
+    """Like fit /dev/zero: a file of zero bytes without a line break larger
+    than the cap (sparse: it takes no disk) is one line naming the cap, not
+    a read of the whole file into memory."""
+    from synth.documents import MAX_DOCUMENT_BYTES
+
+    path = tmp_path / "zeros"
+    with open(path, "wb") as f:
+        f.truncate(MAX_DOCUMENT_BYTES + 1)
+    assert usage_error(cli, "fit", path, "--output", tmp_path / "p.json") == (
+        f"{path}: larger than {MAX_DOCUMENT_BYTES:,} bytes, the most a measurements file may hold; is it the right "
+        "file?")

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import SynthError
 from ..interrupts import solver_check, z3_interrupts
+from .counting import matrix_count
 from ..topology import Topology
 from ..units import MAX_COUNT, bounded_int, shortened
 
@@ -264,6 +265,12 @@ def _index_constraints(
     return [(list(axis_names).index(c.axis), list(level_names).index(c.level), c) for c in constraints]
 
 
+# the most placements enumerated: z3 finds them one check at a time and slows as the blocking clauses grow
+# (7 axes of size 2 on 7 levels, 5,040 placements, take minutes on one core); a larger space is searched by
+# pinning axes to levels (--constrain), not by waiting for it
+MAX_PLACEMENTS = 20_000
+
+
 def enumerate_matrices(
     counts: Sequence[int],
     sizes: Sequence[int],
@@ -282,6 +289,11 @@ def enumerate_matrices(
 
     if math.prod(counts) != math.prod(sizes):
         return []
+    too_many = (f"--axes: more than {MAX_PLACEMENTS:,} placements of {len(sizes)} axes on {len(counts)} levels; "
+                "pin axes to levels with --constrain (e.g. dp@node=2) or use fewer axes")
+    constraints = tuple(constraints)
+    if not constraints and matrix_count(counts, sizes, MAX_PLACEMENTS) > MAX_PLACEMENTS:
+        raise SynthError(too_many)  # counted without enumerating: at once, however large
     primes = sorted(set().union(*(_prime_exponents(n).keys() for n in [*counts, *sizes])))
     solver = z3.Solver()
     x = [[z3.Int(f"x_{a}_{l}") for l in range(len(counts))] for a in range(len(sizes))]
@@ -313,6 +325,8 @@ def enumerate_matrices(
     flat = [v for row in x for v in row]
     with z3_interrupts():  # unknown (an interrupt) is not the end: solver_check raises
         while solver_check(solver) == z3.sat:
+            if len(found) == MAX_PLACEMENTS:  # constrained, yet still more than the cap
+                raise SynthError(too_many)
             model = solver.model()
             values = [model.eval(v).as_long() for v in flat]
             found.append(tuple(tuple(values[a * len(counts) : (a + 1) * len(counts)]) for a in range(len(sizes))))
