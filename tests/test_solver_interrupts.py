@@ -142,3 +142,22 @@ def test_ctrl_c_during_the_enumeration_exits_130_and_writes_nothing(tmp_path):
     assert (result.returncode, result.stdout) == (130, ""), result
     assert result.stderr == "synth-reduce: interrupted\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seven.yaml"]
+
+
+def test_a_ctrl_c_that_ctypes_wraps_is_an_interrupt_not_a_traceback(cli, monkeypatch):
+    """Python raises a pending KeyboardInterrupt while ctypes converts a z3
+    call's arguments, and ctypes wraps it (ctypes.ArgumentError): the command
+    still ends as interrupted, exit 130, one line."""
+    import ctypes
+
+    def wrapped(self, *args):
+        raise ctypes.ArgumentError("argument 1: KeyboardInterrupt: ")
+
+    real_add = z3.Solver.add
+    monkeypatch.setattr(z3.Solver, "add", wrapped)  # while the solver is set up: the command line's net
+    code, out, err = cli("--topology", "testbed-2x4", "--axes", "dp=2,mp=4")
+    assert (code, out, err) == (130, "", "synth-reduce: interrupted\n")
+    monkeypatch.setattr(z3.Solver, "add", real_add)
+    monkeypatch.setattr(z3.Solver, "check", wrapped)  # inside the loop: solver_check's own
+    with pytest.raises(KeyboardInterrupt):
+        enumerate_matrices((2, 4), (2, 4))

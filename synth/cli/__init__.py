@@ -123,15 +123,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
-    except OSError as exc:
-        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is an interrupt in disguise
+        # Ctrl-C while ctypes converted a z3 call's arguments arrives as ctypes.ArgumentError(KeyboardInterrupt)
+        if type(exc).__name__ != "ArgumentError" or "KeyboardInterrupt" not in str(exc):
+            if isinstance(exc, OSError) and exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+                return _path_error(exc)
             raise
-        name = str(exc.filename or "")
-        shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name):,} characters)"
-        line = (f"{shown}: {exc.strerror}: the system takes at most 255 bytes a file name and 4,096 a path"
-                if exc.errno == errno.ENAMETOOLONG else f"{shown}: {exc.strerror}: a link that points to itself")
-        print(f"synth-reduce: error: {line}", file=sys.stderr)
-        return EXIT_USAGE
+        print("synth-reduce: interrupted", file=sys.stderr)
+        _tell_torchrun("synth-reduce: interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _path_error(exc: OSError) -> int:
+    """One line for a path the system refuses (too long, a loop of links)."""
+    name = str(exc.filename or "")
+    shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name):,} characters)"
+    line = (f"{shown}: {exc.strerror}: the system takes at most 255 bytes a file name and 4,096 a path"
+            if exc.errno == errno.ENAMETOOLONG else f"{shown}: {exc.strerror}: a link that points to itself")
+    print(f"synth-reduce: error: {line}", file=sys.stderr)
+    _tell_torchrun(f"synth-reduce: error: {line}")
+    return EXIT_USAGE
 
 
 def console() -> int:
