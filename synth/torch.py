@@ -106,6 +106,8 @@ def _loaded(plan: Plan | str | os.PathLike, check: Callable[[Plan], Any] = lambd
         return loaded, None
     except SynthError as exc:
         return None, str(exc)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a wrong argument on this rank: agreed too
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 # ---------------------------------------------------------------- the API

@@ -67,7 +67,7 @@ BEFORE_INIT = textwrap.dedent("""
     try:
         synth.torch.comm_hook(sys.argv[1])
     except SynthError as exc:  # like a training script's own handler: say why and leave at once
-        print(f"rank {os.environ['RANK']}: {exc}", flush=True)
+        os.write(1, (f"rank {os.environ['RANK']}: {exc}" + "\\n").encode())  # one write: lines of ranks never mix
         sys.exit(2)
 """)
 
@@ -82,19 +82,24 @@ ARGUMENTS = textwrap.dedent("""
     try:
         synth.torch.comm_hook(sys.argv[1], sparse=rank == 1)
     except SynthError as exc:
-        print(f"rank {rank}: {exc}", flush=True)
+        os.write(1, (f"rank {rank}: {exc}" + "\\n").encode())  # one write: lines of ranks never mix
+    try:
+        synth.torch.Executor(sys.argv[1], reduce=5 if rank == 2 else None)
+    except SynthError as exc:
+        os.write(1, (f"executor, rank {rank}: {exc}" + "\\n").encode())  # one write: lines of ranks never mix
     dist.destroy_process_group()
 """)
 
 
-def torchrun4(tmp_path, script: str) -> tuple[list[str], str]:
-    """The lines starting with ``rank`` that 4 ranks of ``script`` printed
+def torchrun4(tmp_path, script: str, start: str = "rank") -> tuple[list[str], str]:
+    """The lines starting with ``start`` that 4 ranks of ``script`` printed
     (given a 4-rank plan), sorted, and the whole output for messages."""
     from synth.cli import main
 
     plan = tmp_path / "p4.json"
     if not plan.exists():
-        assert main(["--topology", "testbed-2x4", "--axes", "dp=4,mp=2", "--reduce", "dp", "--out", str(plan)]) == 0
+        assert main(["--topology", "testbed-2x4", "--scale", "node=1", "--axes", "dp=2,mp=2", "--reduce", "dp",
+                     "--out", str(plan)]) == 0
     worker = tmp_path / "worker.py"
     worker.write_text(script)
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore",
@@ -102,7 +107,7 @@ def torchrun4(tmp_path, script: str) -> tuple[list[str], str]:
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                            str(worker), str(plan)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=limit_s(240))
-    return sorted(line for line in done.stdout.splitlines() if line.startswith("rank")), done.stdout + done.stderr
+    return sorted(line for line in done.stdout.splitlines() if line.startswith(start)), done.stdout + done.stderr
 
 
 def test_a_ddp_hook_before_init_process_group_is_refused_on_every_rank(tmp_path):
@@ -112,10 +117,13 @@ def test_a_ddp_hook_before_init_process_group_is_refused_on_every_rank(tmp_path)
                      for r in range(4)], output
 
 
-def test_ddp_hooks_given_different_arguments_are_refused_on_every_rank(tmp_path):
+def test_ddp_hooks_and_executors_given_different_arguments_are_refused_on_every_rank(tmp_path):
     lines, output = torchrun4(tmp_path, ARGUMENTS)
     assert lines == [f"rank {r}: the arguments to comm_hook (reduce, process_group, sparse) differ across ranks "
                      "(rank 1 differs from rank 0); give every rank the same" for r in range(4)], output
+    executors = [line for line in output.splitlines() if line.startswith("executor")]
+    assert len(executors) == 4 and len({line.split(": ", 1)[1] for line in executors}) == 1, output
+    assert executors[0].split(": ", 1)[1].startswith("rank 2: TypeError: "), output
 
 
 def test_torchrun_reports_the_ranks_one_line_as_the_cause(tmp_path):

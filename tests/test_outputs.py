@@ -161,3 +161,30 @@ def test_records_are_never_appended_through_a_symlink(tmp_path):
     assert target.read_text() == ""
 
 
+
+
+def character_device(path, minor: int):
+    """A character device node in the temporary folder (1, minor: the
+    kernel's memory devices, 3 = null, 7 = full); skipped where nodes cannot
+    be made (not root, a nodev mount)."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+        with open(path, "wb"):
+            pass
+    except OSError as exc:
+        if path.exists():
+            path.unlink()
+        pytest.skip(f"cannot make a device node here ({exc.strerror})")
+    return path
+
+
+def test_a_character_device_is_written_into_never_replaced(tmp_path):
+    null = character_device(tmp_path / "null", 3)
+    write_text(null, "plan", "gone\n")
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    full = character_device(tmp_path / "full", 7)
+    with pytest.raises(SynthError, match=f"^{full}: cannot write plan to the character device "
+                                         r"\(No space left on device\)$"):
+        write_text(full, "plan", "x\n")
+    assert stat.S_ISCHR(os.lstat(full).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "null"]
