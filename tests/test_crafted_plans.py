@@ -95,3 +95,19 @@ def test_the_api_and_the_ddp_hook_refuse_the_crafted_plan(tmp_path, plan_doc):
             comm_hook(path)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_bench_of_a_crafted_plan_under_mpi_ends_every_rank(tmp_path, plan_doc):
+    """Every rank refuses the crafted plan with the same line, and no process
+    of the job is left behind once mpiexec has returned."""
+    import subprocess
+
+    from test_runtime import mpirun
+
+    path = tampered(tmp_path, plan_doc, 2, 1, [[0, 10**12]])
+    done = mpirun(4, "-m", "synth.cli", "bench", path, "--sizes", "1K", timeout_s=120)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("synth-reduce: error:")]
+    assert done.returncode != 0 and len(errors) == 4 and len(set(errors)) == 1, done.stderr
+    assert "past the plan's num_chunks 8" in errors[0]
+    left = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    assert [line for line in left.splitlines() if path in line] == []
