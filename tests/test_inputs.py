@@ -143,3 +143,24 @@ def test_fit_of_an_endless_line_stops_at_the_cap(cli, tmp_path):
     assert usage_error(cli, "fit", path, "--output", tmp_path / "p.json") == (
         f"{path}: larger than {MAX_DOCUMENT_BYTES:,} bytes, the most a measurements file may hold; is it the right "
         "file?")
+
+
+def test_more_axes_times_levels_than_array_dimensions_is_one_line(cli, tmp_path):
+    ones = ",".join(f"a{i}=1" for i in range(40))
+    assert usage_error(cli, "--topology", "testbed-2x4", "--axes", f"dp=8,{ones}") == (
+        "41 axes on 2 levels: at most 64 axes x levels (one array dimension each); drop axes of size 1")
+
+
+def test_a_plan_whose_matrix_does_not_fit_its_axes_is_refused(cli, tmp_path):
+    import json
+
+    from synth.cli import main
+
+    good = tmp_path / "p.json"
+    assert main(["--topology", "testbed-2x4", *AXES, "--out", str(good)]) == 0
+    doc = json.loads(good.read_text())
+    doc["matrix"] = [[2, 4, 1]]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert usage_error(cli, "verify", bad) == (
+        f"{bad}: not a valid plan: the matrix must have one row per axis (1) of one entry per level (2)")

@@ -374,6 +374,10 @@ def enumerate_matrices_plain(
 # ---------------------------------------------------------------- placement
 
 
+# axes x levels of a placement: each is one dimension of its digit array, and numpy arrays have at most 64
+MAX_DIGIT_DIMS = 64
+
+
 @dataclass(frozen=True)
 class Placement:
     """A parallelism matrix on a topology, with the mesh and groups it implies."""
@@ -383,6 +387,13 @@ class Placement:
     matrix: Matrix
 
     def __post_init__(self) -> None:
+        levels = len(self.topology.levels)
+        if len(self.matrix) != len(self.axes) or any(len(row) != levels for row in self.matrix):
+            raise SynthError(f"the matrix must have one row per axis ({len(self.axes)}) of one entry per level "
+                             f"({levels})")
+        if len(self.axes) * levels > MAX_DIGIT_DIMS:
+            raise SynthError(f"{len(self.axes)} axes on {levels} levels: at most {MAX_DIGIT_DIMS} axes x levels "
+                             "(one array dimension each); drop axes of size 1")
         for l, h in enumerate(self.topology.counts):
             if math.prod(row[l] for row in self.matrix) != h:
                 raise SynthError(
