@@ -50,3 +50,11 @@ def test_a_timeout_must_be_some_seconds(cli, text):
 
 def test_parse_timeout():
     assert parse_timeout(None) is None and parse_timeout("2.5") == 2.5
+
+
+@pytest.mark.parametrize("option", ["--iters", "--warmup"])
+def test_iterations_are_bounded(cli, option):
+    assert usage_error(cli, "bench", "--topology", "testbed-2x4", "--axes", "dp=8", option, "9" * 20) == (
+        f"{option} {'9' * 20}: at most 1,000,000")
+    assert "invalid int value: 'x'" in usage_error(cli, "bench", "--topology", "testbed-2x4", "--axes", "dp=8",
+                                                    option, "x")

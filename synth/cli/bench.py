@@ -8,6 +8,7 @@ import argparse
 from typing import Sequence
 
 from ..errors import SynthError
+from ..units import shown_number
 from ..runtime.backends import BACKENDS
 from ..runtime.bench import BenchRequest, parse_sizes, run
 from ..runtime.watchdog import arm, parse_timeout
@@ -41,8 +42,10 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="1M,16M", help="per-rank buffer sizes in bytes, e.g. 1M,16M,256M (1M = 2^20)")
     p.add_argument("--dtype", default="float32",
                    help="float32, float64, int32, int64; nccl and torch also float16, bfloat16")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("--iters", type=at_most("--iters", MAX_ITERATIONS), default=20,
+                   help="timed iterations per size (default 20)")
+    p.add_argument("--warmup", type=at_most("--warmup", MAX_ITERATIONS), default=5,
+                   help="untimed iterations first (default 5)")
     p.add_argument("--jsonl", metavar="FILE", help="append one measurement record per (placement, program, size)")
     p.add_argument("--timeout", metavar="S", help="end the job when this rank has made no progress (no program run, "
                    "no agreement) for S seconds, as NCCL's and torch's collective timeouts do: a stopped or dead "
@@ -59,6 +62,25 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
                        help="also time each synthesized all-reduce as its MSCCL schedule, pipelined over MPI "
                             "point-to-point (rows marked ~p; --backend mpi; docs/nccl-programs.md)")
     return p
+
+
+# iterations per size: each keeps its time on every rank (nccl-tests runs 20 by default); more is a typo
+MAX_ITERATIONS = 10**6
+
+
+def at_most(option: str, most: int):
+    """An argparse type: an integer (argparse words a non-integer) of at most
+    ``most``, else a SynthError naming the option and the cap (the lower
+    bound is the request's check)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value > most:
+            raise SynthError(f"{option} {shown_number(str(value))}: at most {most:,}")
+        return value
+
+    parse.__name__ = "int"  # argparse's word for a non-integer: "invalid int value"
+    return parse
 
 
 def request_of(argv: Sequence[str], tune: bool) -> BenchRequest:
