@@ -86,7 +86,9 @@ def test_empty_option_values_and_huge_arguments_are_refused(cli):
         == "--matrix: an empty value; give a value or leave the option out"
     axes = "dp=8," * 20_000
     assert usage_error(cli, "--topology", "testbed-2x4", "--axes", axes) == (
-        f"argument 4 ('dp=8,dp=8,dp=8,dp=8,...') is {len(axes):,} characters; at most 16,384")
+        f"argument 4 ('dp=8,dp=8,dp=8,dp=8,...') is {len(axes):,} characters; at most 65,536")
+    assert usage_error(cli, "plan", "--topology", "dgx-a100", "--global-batch", "8", "--model", "gpt3-175b",
+                       "--micro-batch", "9" * 5000) == f"--micro-batch 99999999... (5000 digits): at most 16,777,216"
 
 
 @pytest.mark.parametrize("name, shown", [('""', "''"), (r'"a\nb"', r"'a\nb'"), (r'"a\u001b[31m"', r"'a\x1b[31m'")])

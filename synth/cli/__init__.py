@@ -64,8 +64,9 @@ def _load_holding_interrupts(argv: Sequence[str]) -> tuple[Callable[[Sequence[st
 
 
 # the longest command-line argument: far above any real one (a long --workload or --matrix is a few hundred
-# characters), so that a pasted file or a runaway script is one error line, not minutes of parsing
-MAX_ARGUMENT_CHARS = 16_384
+# characters; check's longest program, 1,000 instructions, about 40,000), so that a pasted file or a runaway
+# script is one error line, not minutes of parsing
+MAX_ARGUMENT_CHARS = 65_536
 
 
 def _check_arguments(argv: Sequence[str]) -> None:
