@@ -17,6 +17,7 @@ programs (numpy reference and z3) is a separate, explicit step:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,11 +31,13 @@ from .synthesis.placement import Axis, Placement
 from .synthesis.reduction import Reduction
 from .synthesis.semantics import Goal
 from .topology import topology_from_dict
+from .units import MAX_COUNT
 
 SCHEMA = "synth-reduce/plan"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _FIX = "re-create the plan with synth-reduce --out"
+MAX_PROGRAM_LINES = 1000  # instructions of a stored program, as check takes (the search writes at most 10)
 
 
 # ---------------------------------------------------------------- values
@@ -388,10 +391,13 @@ def plan_from_document(doc: dict[str, Any], source: str = "plan") -> Plan:
     axes_doc = r.get(doc, "axes", list)
     try:
         axes = tuple(Axis(a["name"], a["size"]) for a in axes_doc)
-        if not all(isinstance(a.name, str) and isinstance(a.size, int) and a.size >= 1 for a in axes):
+        if not all(isinstance(a.name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.name)
+                   and isinstance(a.size, int) and not isinstance(a.size, bool) and 1 <= a.size <= MAX_COUNT
+                   for a in axes):
             raise TypeError
     except (TypeError, KeyError):
-        raise r.fail("'axes'", "must be a list of {name, size} with a string name and a size >= 1") from None
+        raise r.fail("'axes'", f"must be a list of {{name, size}} with an identifier as name (as --axes takes) and "
+                               f"a size from 1 to {MAX_COUNT:,}") from None
     matrix = r.int_lists(r.get(doc, "matrix", list), "matrix")
     try:
         placement = Placement(topology, axes, matrix)
@@ -461,6 +467,9 @@ def _checked_program(r: _Reader, doc: Any, at: str, reduction: Reduction) -> Low
     field of the program equals it."""
     source = r.source
     text = r.get(doc, "text", str, at)
+    if text.count("\n") + 1 > MAX_PROGRAM_LINES:  # before it is parsed and lowered
+        raise r.fail(f"'{at}.text'", f"holds {text.count(chr(10)) + 1:,} lines; a program has at most "
+                                     f"{MAX_PROGRAM_LINES:,} instructions (synthesized ones at most 10)")
     program = read_program(text, f"{source}: {at}.text")
     try:
         derived = lower(program, reduction)

@@ -111,3 +111,20 @@ def test_a_bench_of_a_crafted_plan_under_mpi_ends_every_rank(tmp_path, plan_doc)
     assert "past the plan's num_chunks 8" in errors[0]
     left = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     assert [line for line in left.splitlines() if path in line] == []
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["axes"][0].__setitem__("size", 10**300), "'axes' must be a list of {name, size} with an "
+     "identifier as name (as --axes takes) and a size from 1 to 16,777,216"),
+    (lambda d: d["axes"][0].__setitem__("name", "a\nb"), "'axes' must be a list of {name, size} with an identifier"),
+    (lambda d: d["reductions"][0]["programs"][0].__setitem__("text", "AllReduce(root, inside)\n" * 100_000),
+     "'reductions[0].programs[0].text' holds 100,001 lines; a program has at most 1,000 instructions"),
+], ids=["huge axis", "axis name with a line break", "100,000-line program"])
+def test_plan_fields_are_bounded_before_they_are_used(tmp_path, plan_doc, change, message):
+    doc = json.loads(json.dumps(plan_doc))
+    change(doc)
+    path = tmp_path / "crafted.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SynthError) as error:
+        load_plan(path)
+    assert str(error.value).startswith(f"{path}: not a valid plan: {message}") and "\n" not in str(error.value)
