@@ -12,11 +12,13 @@ refused (Python's parser and the code that walks a document recurse).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .caches import memoised
 from .errors import SynthError
@@ -60,19 +62,95 @@ def parse_json(text: str) -> Any:
     return value
 
 
+STDOUT_REFUSED = ("'-' is not a file name here: give a file name (on Linux, /dev/stdout writes on standard "
+                  "output)")
+
+
 def check_writable(path: str | Path, option: str) -> None:
     """SynthError unless a file can be written at ``path`` (its folder exists
-    and is writable; an existing file is a writable file). Creates nothing."""
+    and is writable; an existing file is a writable file). Creates nothing.
+    ``-`` is refused (it is not standard output here); an existing FIFO,
+    device or a link to one (``/dev/null``, ``/dev/stdout``) is fine: it is
+    written through, never replaced (:func:`write_text`)."""
+    if str(path) == "-":
+        raise SynthError(f"{option} -: {STDOUT_REFUSED}")
     target = Path(path)
     folder = target.parent
     if target.is_dir():
         raise SynthError(f"{option} {path}: is a folder; give a file name")
+    if written_through(target):
+        if not os.access(target, os.W_OK):
+            raise SynthError(f"{option} {path}: the {file_kind(target)} is not writable")
+        return
     if not folder.is_dir():
         raise SynthError(f"{option} {path}: the folder {folder} does not exist; create it or write elsewhere")
     if target.exists() and not os.access(target, os.W_OK):
         raise SynthError(f"{option} {path}: the file is not writable")
     if not target.exists() and not os.access(folder, os.W_OK | os.X_OK):
         raise SynthError(f"{option} {path}: the folder {folder} is not writable")
+
+
+def check_appendable(path: str | Path, option: str) -> None:
+    """:func:`check_writable` for a file that records are appended to
+    (:func:`append_lines`), which also refuses a symbolic link at ``path``
+    (other than a link to a FIFO or device such as ``/dev/null``)."""
+    check_writable(path, option)
+    if os.path.islink(path) and not written_through(path):
+        raise SynthError(f"{option} {path}: is a symbolic link; records are not appended through links: give the "
+                         "file itself")
+
+
+def file_kind(path: str | Path) -> str:
+    """What ``path`` is, for messages: ``file``, ``folder``, ``FIFO``,
+    ``character device``, ``block device``, ``socket`` or ``missing``
+    (links followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return "missing"
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def path_problem(path: str | Path, kind: str, wanted: str) -> str | None:
+    """Why ``path`` cannot be read as a ``kind`` file, saying what it is
+    (standard input, a folder, a FIFO, a device), or None for a regular file
+    or a missing path (the caller words that)."""
+    if str(path) == "-":
+        return f"{kind} '-': standard input is not read here; give {wanted}"
+    found = file_kind(path)
+    if found in ("file", "missing"):
+        return None
+    article = "an" if found[0] in "aeiou" else "a"
+    return f"{kind} '{path}' is {article} {found}, not a file; give {wanted}"
+
+
+def _via_descriptor(path: str | Path) -> bool:
+    """Whether ``path`` is a chain of links that passes through a process's
+    file descriptors (``/dev/stdout`` -> ``/proc/self/fd/1``): writing there
+    means writing to that descriptor's file, not replacing the link."""
+    current = str(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        if not os.path.islink(current):
+            return False
+        current = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))
+        if current.startswith(("/proc/", "/dev/fd/")):
+            return True
+    return False
+
+
+def written_through(path: str | Path) -> bool:
+    """Whether an output at ``path`` is written into what is there rather
+    than replaced by a new file: an existing FIFO, device or socket (or a link
+    to one, such as ``/dev/null``), or a link through a file descriptor
+    (``/dev/stdout``). Replacing those would destroy a system file or write
+    nowhere."""
+    kind = file_kind(path)
+    return kind not in ("file", "folder", "missing") or (kind == "file" and _via_descriptor(path))
 
 
 # the largest input files read: far above any real one (the largest plan shipped or written in the tests is a
@@ -110,14 +188,24 @@ def read_document(
     ``kind`` names the document in messages ("plan"); ``fix`` is appended to the
     version error (e.g. how to re-create the document)."""
     source = str(path)
+    if file_kind(path) in ("folder", "socket"):
+        raise SynthError(f"{source}: is a {file_kind(path)}, not a {kind} file; give the {kind}'s JSON file")
     try:
-        doc = parse_json(read_limited(path, kind, MAX_DOCUMENT_BYTES))
+        text = read_limited(path, kind, MAX_DOCUMENT_BYTES)
     except FileNotFoundError:
         raise SynthError(f"{source}: no such {kind} file") from None
     except OSError as exc:
         raise SynthError(f"{source}: cannot read {kind} ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise SynthError(f"{source}: not a valid {kind}: not a text file (JSON must be UTF-8)") from None
+    shown = "standard input" if source == "-" else source
+    if not text.strip():
+        raise SynthError(f"{shown}: not a valid {kind}: it is empty")
+    if text.lstrip().startswith("<"):
+        raise SynthError(f"{shown}: not a valid {kind}: it is XML (an MSCCL algorithm?), not JSON; give the "
+                         f"{kind}'s JSON file")
+    try:
+        doc = parse_json(text)
     except ValueError as exc:
         raise SynthError(f"{source}: not a valid {kind}: corrupted JSON ({exc})") from None
     return check_schema(doc, source, kind, schema, version, fix)
@@ -152,17 +240,32 @@ def write_document(path: str | Path, kind: str, document: dict[str, Any]) -> Non
 def write_text(path: str | Path, kind: str, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: into a temporary file in
     the same folder, then renamed into place (a symlink at ``path`` is
-    replaced, its target never written). SynthError naming ``kind`` if it
-    cannot be written; no temporary file is left behind."""
+    replaced, its target never written); an existing file's permissions are
+    kept. What :func:`written_through` says is written into, never replaced:
+    a FIFO (refused at once when no process reads it), a device such as
+    ``/dev/null``, ``/dev/stdout``. ``-`` is refused. SynthError naming
+    ``kind`` if it cannot be written; no temporary file is left behind."""
+    if str(path) == "-":
+        raise SynthError(f"-: cannot write {kind}: {STDOUT_REFUSED}")
+    if written_through(path):
+        _write_into(path, kind, text)
+        return
     target = Path(path)
+    try:
+        existing = os.lstat(target)
+        mode = stat.S_IMODE(existing.st_mode) if stat.S_ISREG(existing.st_mode) else None
+    except OSError:
+        mode = None
+    if mode is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     temporary = None
     try:
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as out:
             out.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
+        os.chmod(temporary, mode)
         os.replace(temporary, target)
         temporary = None
     except OSError as exc:
@@ -171,6 +274,63 @@ def write_text(path: str | Path, kind: str, text: str) -> None:
         if temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+
+
+def _write_into(path: str | Path, kind: str, text: str) -> None:
+    """``text`` written into the existing special file at ``path`` (appended:
+    a descriptor's regular file keeps what is there)."""
+    fifo = file_kind(path) == "FIFO"
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOCTTY | (os.O_NONBLOCK if fifo else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if fifo and exc.errno == errno.ENXIO:
+            raise SynthError(f"{path}: cannot write {kind}: it is a FIFO that no process reads") from None
+        raise SynthError(f"{path}: cannot write {kind} to the {file_kind(path)} ({exc.strerror or exc})") from None
+    try:
+        if fifo:
+            os.set_blocking(fd, True)
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as exc:
+        raise SynthError(f"{path}: cannot write {kind} to the {file_kind(path)} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def append_lines(path: str | Path, kind: str, lines: Sequence[str]) -> None:
+    """Append ``lines`` (each ending in a newline) to the JSON-lines file
+    ``path``, safe against other processes appending to it at once: the file
+    is opened with ``O_APPEND``, held under an exclusive ``fcntl`` lock, and
+    each line is one ``write``, so no line is lost or torn. A symlink at
+    ``path`` is refused (``O_NOFOLLOW``), as are folders; a FIFO or device
+    (``/dev/null``) is written into. SynthError naming ``kind`` otherwise."""
+    import fcntl
+
+    if str(path) == "-":
+        raise SynthError(f"-: cannot write {kind}: {STDOUT_REFUSED}")
+    special = written_through(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOCTTY | (0 if special else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags | (os.O_NONBLOCK if file_kind(path) == "FIFO" else 0), 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SynthError(f"{path}: is a symbolic link; {kind} are not written through links: give the file "
+                             "itself") from None
+        raise SynthError(f"{path}: cannot write {kind} ({exc.strerror or exc})") from None
+    try:
+        os.set_blocking(fd, True)
+        if not special:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        for line in lines:
+            data = line.encode()
+            while data:
+                data = data[os.write(fd, data):]
+    except OSError as exc:
+        raise SynthError(f"{path}: cannot write {kind} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def json_lines(path: str | Path, kind: str) -> Iterator[tuple[str, int, Any]]:

@@ -17,6 +17,7 @@ programs (numpy reference and z3) is a separate, explicit step:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,11 +31,13 @@ from .synthesis.placement import Axis, Placement
 from .synthesis.reduction import Reduction
 from .synthesis.semantics import Goal
 from .topology import topology_from_dict
+from .units import MAX_COUNT
 
 SCHEMA = "synth-reduce/plan"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _FIX = "re-create the plan with synth-reduce --out"
+MAX_PROGRAM_LINES = 1000  # instructions of a stored program, as check takes (the search writes at most 10)
 
 
 # ---------------------------------------------------------------- values
@@ -259,7 +262,20 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 
 
 def write_plan(path: str | Path, plan: Plan) -> None:
+    """Write ``plan`` to the file ``path`` (whole or not at all); SynthError
+    naming the argument that is not a path or not a plan."""
+    _check_path(path, "write_plan")
+    if not isinstance(plan, Plan):
+        raise SynthError(f"write_plan: 'plan' must be a synth.Plan, not {type(plan).__name__}")
     write_document(path, "plan", plan_document(plan))
+
+
+def _check_path(path: Any, function: str) -> None:
+    """SynthError unless ``path`` is a file path (str or os.PathLike)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise SynthError(f"{function}: 'path' must be a file path (str or os.PathLike), not {type(path).__name__}"
+                         + ("; for a parsed document use synth.plan.plan_from_document" if isinstance(path, dict)
+                            else ""))
 
 
 # ---------------------------------------------------------------- reading
@@ -328,11 +344,21 @@ def _upgrade_v1(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _chunk_list(r: _Reader, runs: Any, name: str) -> tuple[int, ...]:
+def _chunk_list(r: _Reader, runs: Any, name: str, num_chunks: int, most: int) -> tuple[int, ...]:
+    """The chunks of ``[first, stop)`` runs, each run checked against the
+    plan's own ``num_chunks`` and the total against ``most`` (what the stored
+    list must equal) before anything is expanded: a crafted run such as
+    ``[0, 10**12]`` is one error line, never a list of that length."""
     chunks: list[int] = []
     for run in r.int_lists(runs, name):
         if len(run) != 2 or not 0 <= run[0] < run[1]:
             raise r.fail(f"'{name}'", "must be a list of [first, stop) chunk runs with 0 <= first < stop")
+        if run[1] > num_chunks:
+            raise r.fail(f"'{name}'", f"holds the chunk run {list(run)} past the plan's num_chunks {num_chunks} "
+                                      f"(chunks are 0..{num_chunks - 1}); {_FIX}")
+        if len(chunks) + run[1] - run[0] > most:
+            raise r.fail(f"'{name}'", f"holds more chunks than the lowering of the program gives this group "
+                                      f"({most}); {_FIX}")
         chunks.extend(range(run[0], run[1]))
     return tuple(chunks)
 
@@ -340,6 +366,7 @@ def _chunk_list(r: _Reader, runs: Any, name: str) -> tuple[int, ...]:
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file and check it against the derivation of its programs;
     errors name the file, the field and the fix. Needs numpy only."""
+    _check_path(path, "load_plan")
     source = str(path)
     doc = read_document(path, "plan", SCHEMA, READABLE_VERSIONS, fix=_FIX)
     if doc["version"] == 1:
@@ -364,10 +391,13 @@ def plan_from_document(doc: dict[str, Any], source: str = "plan") -> Plan:
     axes_doc = r.get(doc, "axes", list)
     try:
         axes = tuple(Axis(a["name"], a["size"]) for a in axes_doc)
-        if not all(isinstance(a.name, str) and isinstance(a.size, int) and a.size >= 1 for a in axes):
+        if not all(isinstance(a.name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.name)
+                   and isinstance(a.size, int) and not isinstance(a.size, bool) and 1 <= a.size <= MAX_COUNT
+                   for a in axes):
             raise TypeError
     except (TypeError, KeyError):
-        raise r.fail("'axes'", "must be a list of {name, size} with a string name and a size >= 1") from None
+        raise r.fail("'axes'", f"must be a list of {{name, size}} with an identifier as name (as --axes takes) and "
+                               f"a size from 1 to {MAX_COUNT:,}") from None
     matrix = r.int_lists(r.get(doc, "matrix", list), "matrix")
     try:
         placement = Placement(topology, axes, matrix)
@@ -437,6 +467,9 @@ def _checked_program(r: _Reader, doc: Any, at: str, reduction: Reduction) -> Low
     field of the program equals it."""
     source = r.source
     text = r.get(doc, "text", str, at)
+    if text.count("\n") + 1 > MAX_PROGRAM_LINES:  # before it is parsed and lowered
+        raise r.fail(f"'{at}.text'", f"holds {text.count(chr(10)) + 1:,} lines; a program has at most "
+                                     f"{MAX_PROGRAM_LINES:,} instructions (synthesized ones at most 10)")
     program = read_program(text, f"{source}: {at}.text")
     try:
         derived = lower(program, reduction)
@@ -459,8 +492,12 @@ def _checked_program(r: _Reader, doc: Any, at: str, reduction: Reduction) -> Low
                              f"program text is {want.instruction}; {_FIX}")
         groups = r.int_lists(r.get(step, "groups", list, where), f"{where}.groups")
         chunks_doc = r.get(step, "chunks", list, where)
-        chunks = tuple(_chunk_list(r, c, f"{where}.chunks") for c in chunks_doc)
-        if groups != want.groups or chunks != want.chunks:
+        if groups != want.groups or len(chunks_doc) != len(want.chunks):
+            raise SynthError(f"{source}: step {number} ({want.instruction}) stores groups or chunks that differ "
+                             f"from the lowering of the program on this placement; {_FIX}")
+        chunks = tuple(_chunk_list(r, c, f"{where}.chunks", derived.num_chunks, len(w))
+                       for c, w in zip(chunks_doc, want.chunks))
+        if chunks != want.chunks:
             raise SynthError(f"{source}: step {number} ({want.instruction}) stores groups or chunks that differ "
                              f"from the lowering of the program on this placement; {_FIX}")
     return derived

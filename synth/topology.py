@@ -78,15 +78,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from .documents import read_yaml
+from .documents import path_problem, read_yaml
 from .errors import SynthError
 from .linkgraph import NodeGraph, graph_from_dict
 from .resources import topologies_dir
-from .units import MAX_COUNT, bounded_int, shown_number
+from .units import MAX_COUNT, bounded_int, shortened, shown_number
 
 # the most devices a topology may have: twice the 131,072 GPUs the project is measured at (docs/performance.md);
 # larger ones are refused at once with their count instead of running for minutes
 MAX_DEVICES = 2**18
+MAX_LEVELS = 64  # levels of a topology: real ones have 2-4
 
 FABRICS = ("switch", "ring")
 LINKS = ("net", "nvlink", "pcie")
@@ -373,6 +374,9 @@ def topology_from_dict(data: Any, source: str) -> Topology:
     raw_levels = data.get("levels")
     if not isinstance(raw_levels, list) or not raw_levels:
         raise SynthError(f"{source}: 'levels' must be a non-empty list of levels, outermost first")
+    if len(raw_levels) > MAX_LEVELS:  # before each level is checked: a list of 500,000 is refused at once
+        raise SynthError(f"{source}: 'levels' holds {len(raw_levels):,} levels; at most {MAX_LEVELS} (real topologies "
+                         "have 2 to 4)")
     levels = []
     for i, raw in enumerate(raw_levels):
         where = f"{source}: levels[{i}]"
@@ -428,6 +432,9 @@ def topology_from_dict(data: Any, source: str) -> Topology:
     name = data.get("name", Path(source).stem)
     if not isinstance(name, str):
         raise SynthError(f"{source}: 'name' must be a string")
+    if not name.strip() or not name.isprintable() or len(name) > 200:
+        raise SynthError(f"{source}: 'name' must be non-empty printable text of at most 200 characters (no line "
+                         f"breaks or control characters), got {shortened(ascii(name))}")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise SynthError(f"{source}: 'description' must be a string")
@@ -514,6 +521,9 @@ def resolve_topology_path(spec: str) -> Path:
     path = Path(spec)
     if path.is_file():
         return path
+    problem = path_problem(spec, "topology", "a topology YAML file (a path or a shipped name)")
+    if problem:
+        raise SynthError(problem)
     shipped = topologies_dir() / (spec if spec.endswith(".yaml") else spec + ".yaml")
     if shipped.is_file():
         return shipped

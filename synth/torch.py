@@ -40,6 +40,7 @@ from .export.rank_map import launch_environment, rank_map
 from .export.trainer import TRAINER_MESH_DIMS, renamed, trainer_mesh_ids
 from .plan import Plan, as_plan
 from .runtime import executor as runtime
+from .runtime.agreement import agree_on_digest, call_digest, refuse_together
 from .runtime.meshes import devices_per_node, launch_problem, launch_shape_problem, mesh_layout
 from .runtime.torch_world import TorchWorld, init_process_group, world
 from .synthesis.semantics import Goal
@@ -110,6 +111,8 @@ def _loaded(plan: Plan | str | os.PathLike, check: Callable[[Plan], Any] = lambd
         return loaded, None
     except SynthError as exc:
         return None, str(exc)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a wrong argument on this rank: agreed too
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 # ---------------------------------------------------------------- the API
@@ -273,6 +276,20 @@ def _ddp_holding(hook: Callable[..., Any]) -> Any:
     return None
 
 
+def _agree_on_hook(plan: Any, reduce: Any, process_group: Any, sparse: bool) -> None:
+    """Before the hook's first collective: the same refusal on every rank
+    when torch.distributed is not initialized (each rank waits for the others
+    in torchrun's store, :func:`~synth.runtime.agreement.refuse_together`),
+    else every rank agrees on a digest of the call's arguments (the plan is
+    compared by its programs when the executor is built: copies at different
+    paths are fine)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise refuse_together("torch.distributed is not initialized: call torch.distributed.init_process_group() "
+                              "(or synth.torch.init_process_group()) before building the hook, on every rank")
+    agree_on_digest(world(), "arguments to comm_hook (reduce, process_group, sparse)",
+                    call_digest(reduce, process_group is not None, bool(sparse)))
+
+
 def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None = None,
               process_group: Any = None, sparse: bool = False) -> Callable[..., Any]:
     """A DDP communication hook that runs the plan's allreduce over ``reduce``
@@ -303,6 +320,7 @@ def comm_hook(plan: Plan | str | os.PathLike, reduce: str | Sequence[str] | None
     coalesced sparse sum. Its communicators are built here, so building the
     hook stays the only collective set-up. Without it such a bucket is a
     SynthError naming this option."""
+    _agree_on_hook(plan, reduce, process_group, sparse)
     executor = Executor(plan, reduce, Goal.ALLREDUCE)
     lowered = executor.programs[0].lowered
     group_size = lowered.num_chunks

@@ -38,7 +38,7 @@ def bounded_int(text: str, option: str, high: int, low: int = 1) -> int:
     SynthError naming ``option`` and the bound otherwise."""
     digits = str(text).strip()
     at = "" if option.endswith("=") else " "  # "--scale node=5" but "--global-batch 5"
-    if not digits.isdigit():
+    if not (digits.isascii() and digits.isdigit()):  # str.isdigit is true of superscripts, which int() refuses
         raise SynthError(f"{option}{at}{text!r}: expected a whole number >= {low}")
     if len(digits.lstrip("0")) > _MAX_DIGITS or int(digits) > high:
         raise SynthError(f"{option}{at}{shown_number(digits)}: at most {high:,}")
@@ -61,7 +61,7 @@ _POWERS2 = {"K": 10, "M": 20, "G": 30}
 def parse_size(text: str, option: str = "--size") -> int:
     """Bytes from ``256MiB``, ``1M``, ``64KB``, ``4096``; SynthError otherwise
     (also for ``64Mb``: a ``b`` after K, M or G is bits)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if m and re.fullmatch(r"[KkMmGg]b", m.group(2)):  # Kb, Mb, Gb: bits, not bytes
         raise SynthError(f"{option} '{text.strip()}': {m.group(2)} is bits; give bytes, e.g. {m.group(1)}"
                          f"{m.group(2)[0].upper()}B (10^{_POWERS[m.group(2)[0].upper()]}) or "
@@ -71,6 +71,8 @@ def parse_size(text: str, option: str = "--size") -> int:
             f"{option} '{text}': expected a positive size like 256MiB, 1M (2^20), 64KB (10^3) or 4096"
         )
     number = m.group(1)
+    if len(number.partition(".")[2]) > _MAX_DIGITS:
+        raise SynthError(f"{option} {shown_number(number)}: at most {_MAX_DIGITS} digits after the point")
     if len(number.split(".")[0].lstrip("0")) > _MAX_DIGITS:
         raise SynthError(f"{option} {shown_number(number)}: at most {MAX_SIZE_BYTES:,} bytes (1 PiB)")
     value = Fraction(number) * _FACTORS[m.group(2).upper()]

@@ -428,7 +428,7 @@ def test_inconsistent_axes_states_both_numbers(cli):
     "axes, expected",
     [
         ("dp:4", "--axes 'dp:4': expected NAME=SIZE"),  # a bare 'dp' asks to choose sizes (test_sizes.py)
-        ("", "--axes '': expected NAME=SIZE"),
+        ("", "--axes: an empty value; give a value or leave the option out"),
         ("dp=0,mp=64", "--axes dp=0: an axis size must be >= 1"),
         ("dp=4,dp=16", "--axes: axis 'dp' is declared twice"),
     ],

@@ -8,8 +8,10 @@ import argparse
 from typing import Sequence
 
 from ..errors import SynthError
+from ..units import shown_number
 from ..runtime.backends import BACKENDS
 from ..runtime.bench import BenchRequest, parse_sizes, run
+from ..runtime.watchdog import arm, parse_timeout
 from .args import Parser, add_problem_arguments, problem_spec, sparse_density
 
 
@@ -40,9 +42,14 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="1M,16M", help="per-rank buffer sizes in bytes, e.g. 1M,16M,256M (1M = 2^20)")
     p.add_argument("--dtype", default="float32",
                    help="float32, float64, int32, int64; nccl and torch also float16, bfloat16")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("--iters", type=at_most("--iters", MAX_ITERATIONS), default=20,
+                   help="timed iterations per size (default 20)")
+    p.add_argument("--warmup", type=at_most("--warmup", MAX_ITERATIONS), default=5,
+                   help="untimed iterations first (default 5)")
     p.add_argument("--jsonl", metavar="FILE", help="append one measurement record per (placement, program, size)")
+    p.add_argument("--timeout", metavar="S", help="end the job when this rank has made no progress (no program run, "
+                   "no agreement) for S seconds, as NCCL's and torch's collective timeouts do: a stopped or dead "
+                   "rank then ends the job (exit code 124) instead of leaving the others waiting (default: none)")
     p.add_argument("--no-nccl-log", dest="nccl_log", action="store_false",
                    help="on NCCL, do not log NCCL's tuning choices (NCCL_DEBUG=INFO) to record them")
     if not plan_mode and not tune:
@@ -57,10 +64,30 @@ def parser(prog: str, plan_mode: bool, tune: bool) -> argparse.ArgumentParser:
     return p
 
 
+# iterations per size: each keeps its time on every rank (nccl-tests runs 20 by default); more is a typo
+MAX_ITERATIONS = 10**6
+
+
+def at_most(option: str, most: int):
+    """An argparse type: an integer (argparse words a non-integer) of at most
+    ``most``, else a SynthError naming the option and the cap (the lower
+    bound is the request's check)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value > most:
+            raise SynthError(f"{option} {shown_number(str(value))}: at most {most:,}")
+        return value
+
+    parse.__name__ = "int"  # argparse's word for a non-integer: "invalid int value"
+    return parse
+
+
 def request_of(argv: Sequence[str], tune: bool) -> BenchRequest:
     prog = "synth-reduce " + ("tune" if tune else "bench")
     plan_mode = not tune and bool(argv) and not argv[0].startswith("-")
     args = parser(prog, plan_mode, tune).parse_args(argv)
+    arm(parse_timeout(args.timeout))  # this rank's watchdog, from here on (synth.runtime.watchdog)
     return BenchRequest(
         sizes=parse_sizes(args.sizes),
         plan_path=args.plan if plan_mode else None,
@@ -121,6 +148,8 @@ def _run_sparse_bench(args: argparse.Namespace, density: float) -> int:
                          "are not such records: drop --jsonl (the table is the bench's output)")
     if args.pipelined:
         raise SynthError("--pipelined times MSCCL schedules of dense all-reduces; drop it with --density")
+    if args.timeout is not None:
+        raise SynthError("--timeout watches the dense programs' runs; it is not available with --density yet")
     request = SparseBenchRequest(problem=problem_spec(args), density=density, skew=Skew.parse(args.skew),
                                  encoding=Encoding.of(args.encoding), sizes=tuple(parse_sizes(args.sizes)),
                                  placement=args.placement, top=args.top, iters=args.iters, warmup=args.warmup,

@@ -150,9 +150,9 @@ def _micro_batches(text: str | None) -> tuple[int, ...] | None:
         return None
     out = []
     for item in (s.strip() for s in text.split(",")):
-        if not item.isdigit() or int(item) < 1:
+        if not (item.isascii() and item.isdigit()) or not item.strip("0"):  # digits only, not all zeros
             raise SynthError(f"--micro-batch '{item}': give micro-batch sizes as integers >= 1, e.g. 1,2,4,8")
-        out.append(int(item))
+        out.append(bounded_int(item, "--micro-batch", MAX_COUNT))
     return tuple(out)
 
 

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..documents import check_schema, json_lines
+from ..documents import append_lines, check_schema, json_lines
 from ..errors import SynthError
 from ..synthesis.language import Program, format_program, read_program
 from ..synthesis.placement import Axis, Placement
 from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal
 from ..topology import Topology, topology_from_dict
+from ..units import shortened
 from .nccl_log import LoggedChoice
 
 SCHEMA = "synth-reduce/measurement"
@@ -103,13 +104,10 @@ class Record:
 
 
 def append_records(path: str | Path, records: Iterable[Record]) -> None:
-    """Append records as JSON lines (one write per call)."""
-    text = "".join(json.dumps(r.to_dict()) + "\n" for r in records)
-    try:
-        with open(path, "a") as f:
-            f.write(text)
-    except OSError as exc:
-        raise SynthError(f"{path}: cannot write measurements ({exc.strerror})") from None
+    """Append records as JSON lines, one ``write`` per record under a lock,
+    so jobs appending to one file at once keep every record
+    (:func:`~synth.documents.append_lines`; a symlink is refused)."""
+    append_lines(path, "measurements", [json.dumps(r.to_dict()) + "\n" for r in records])
 
 
 def _number(rec: dict, key: str, where: str, kind: type = float) -> Any:
@@ -163,6 +161,7 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
     if (low is not None and median_s < low) or (high is not None and median_s > high):
         raise SynthError(f"{where}: median_s {median_s} lies outside min_s..max_s ({low}..{high}); the record is "
                          "inconsistent")
+    _check_measurement(rec, where, size_bytes, median_s, times, placement.topology.num_devices)
     return Record(
         reduction, program, size_bytes, median_s,
         is_default=bool(rec.get("is_default", False)),
@@ -175,6 +174,46 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
         nccl_choices=_choices(rec.get("nccl_choices"), where),
         line=line,
     )
+
+
+# what bench writes: the element types of its --dtype (bytes each) and its backends (synth.runtime.bench.backend_label)
+RECORD_DTYPES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2}
+RECORD_BACKENDS = ("mpi", "nccl", "torch-gloo", "torch-nccl", "torch-mpi")
+
+
+def _check_measurement(rec: dict, where: str, size_bytes: int, median_s: float, times: list, devices: int) -> None:
+    """SynthError naming the field of a measurement that cannot be one: a
+    time that is not a positive finite number, a median outside the times it
+    summarizes (outside min_s..max_s is refused before), a dtype or backend bench does not write,
+    a size that is not a whole number of elements, ranks other than the
+    topology's devices, a negative count of wrong elements."""
+    for key in ("min_s", "max_s"):
+        value = rec.get(key)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise SynthError(f"{where}: '{key}' must be a positive finite number of seconds, got {value!r}")
+    bad = next((t for t in times if not (math.isfinite(t) and t > 0)), None)
+    if bad is not None:
+        raise SynthError(f"{where}: 'times_s' must hold positive finite seconds, got {bad!r}")
+    if times and not min(times) <= median_s <= max(times):
+        raise SynthError(f"{where}: 'median_s' {median_s} lies outside its times_s ({min(times)}..{max(times)}); "
+                         "the record is inconsistent")
+    dtype = rec.get("dtype")
+    if dtype is not None and dtype not in RECORD_DTYPES:
+        raise SynthError(f"{where}: 'dtype' {shortened(repr(dtype))} is not an element type bench measures; one of "
+                         f"{', '.join(RECORD_DTYPES)}")
+    if dtype is not None and size_bytes % RECORD_DTYPES[dtype]:
+        raise SynthError(f"{where}: 'size_bytes' {size_bytes} is not a whole number of {dtype} elements "
+                         f"({RECORD_DTYPES[dtype]} bytes each)")
+    backend = rec.get("backend")
+    if backend is not None and backend not in RECORD_BACKENDS:
+        raise SynthError(f"{where}: 'backend' {shortened(repr(backend))} is not a backend bench runs; one of "
+                         f"{', '.join(RECORD_BACKENDS)}")
+    ranks = rec.get("ranks")
+    if ranks is not None and (isinstance(ranks, bool) or not isinstance(ranks, int) or ranks != devices):
+        raise SynthError(f"{where}: 'ranks' {ranks!r} is not the {devices} devices of the record's topology")
+    wrong = rec.get("wrong")
+    if wrong is not None and (isinstance(wrong, bool) or not isinstance(wrong, int) or wrong < 0):
+        raise SynthError(f"{where}: 'wrong' must be a count of wrong elements >= 0, got {wrong!r}")
 
 
 def _choices(value: Any, where: str) -> tuple[LoggedChoice, ...]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..documents import check_schema, json_lines, parse_json
+from ..documents import MAX_DOCUMENT_BYTES, check_schema, json_lines, parse_json
 from ..errors import SynthError
 from ..synthesis.placement import Axis, Placement
 from ..topology import Device, Topology, topology_from_dict
@@ -191,11 +191,16 @@ def first_schema(path: str | Path) -> str | None:
     """The ``schema`` of a JSON-lines file's first record (None if unreadable):
     how ``fit`` tells step records from measurements."""
     try:
-        with open(path) as f:
-            for text in f:
-                if text.strip():
-                    rec = parse_json(text)
+        with open(path, "rb") as f:
+            scanned = 0
+            while scanned <= MAX_DOCUMENT_BYTES:  # a device such as /dev/zero has no end and no line break
+                line = f.readline(MAX_DOCUMENT_BYTES + 1 - scanned)
+                if not line:
+                    return None
+                scanned += len(line)
+                if line.strip():
+                    rec = parse_json(line.decode("utf-8"))
                     return rec.get("schema") if isinstance(rec, dict) else None
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    return None
+    return None  # past the cap: the reader of the records says so

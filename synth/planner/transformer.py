@@ -57,6 +57,7 @@ from typing import Any
 from ..documents import read_yaml
 from ..errors import SynthError
 from ..resources import models_dir
+from ..units import MAX_COUNT, bounded_int, shown_number
 
 
 class Recompute(enum.Enum):
@@ -85,6 +86,13 @@ _TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
 _CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("layernorm", "rmsnorm"),
                   "positions": ("learned", "rotary")}
 # the moe: block's fields (inline: given flat, e.g. experts=8,top_k=2,expert_ffn=14336)
+# the largest value of each model size: far above any model trained today (the largest have about 10^2 layers,
+# 2.5 x 10^4 hidden, 10^2 heads, 2.6 x 10^5 vocabulary, 4 x 10^2 experts, 10^6-10^7 tokens of context), so that
+# a typo of many digits is one error line, not a plan of "25 billion GiB per device"
+MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16,
+                "ffn": 2**22, "vocab": 2**24, "seq": 2**24, "params": 10**15, "train_batch_tokens": 10**15,
+                "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22, "shared_experts": 2**16,
+                "dense_layers": 10_000}
 MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
 INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "mlp", "gated_mlp", "biases",
                  "norm", "positions", "tied_embeddings") + MOE_FIELDS
@@ -496,6 +504,9 @@ def model_from_dict(data: Any, source: str) -> Transformer:
             value = data[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SynthError(f"{source}: model field '{key}' must be an integer >= 1, got {value!r}")
+            if value > MODEL_LIMITS.get(key, value):
+                raise SynthError(f"{source}: model field '{key}' is {shown_number(str(value))}; at most "
+                                 f"{MODEL_LIMITS[key]:,} (far above any model trained today)")
     for key in _BOOL_FIELDS:
         if key in data and not isinstance(data[key], bool):
             raise SynthError(f"{source}: model field '{key}' must be true or false, got {data[key]!r}")
@@ -551,6 +562,9 @@ def _moe_from(block: Any, layers: int, source: str) -> MoE:
         least = 1 if key in ("experts", "top_k", "expert_ffn") else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise SynthError(f"{source}: field 'moe.{key}' must be an integer >= {least}, got {value!r}")
+        if value > MODEL_LIMITS.get(key, value):
+            raise SynthError(f"{source}: field 'moe.{key}' is {shown_number(str(value))}; at most "
+                             f"{MODEL_LIMITS[key]:,} (far above any model trained today)")
     if block["top_k"] > block["experts"]:
         raise SynthError(f"{source}: field 'moe.top_k' ({block['top_k']}) is more than moe.experts "
                          f"({block['experts']})")
@@ -570,7 +584,7 @@ def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
     """A model from ``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``."""
     data: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
-        m = re.fullmatch(r"(\w+)\s*=\s*(\S+)", item)
+        m = re.fullmatch(r"([a-z_]+)=(\S+)", item)  # no spaces in a key or around '='; ASCII names
         if not m:
             raise SynthError(f"{option} '{item}': expected FIELD=VALUE, e.g. {option} layers=30,hidden=3072,"
                              "heads=32,seq=2048,vocab=51200")
@@ -590,10 +604,11 @@ def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
                 data[key] = float(value)
             except ValueError:
                 raise SynthError(f"{option} {key}={value}: must be a number") from None
-        elif not value.isdigit():
+        elif not (value.isascii() and value.isdigit()):  # str.isdigit alone is true of superscripts
             raise SynthError(f"{option} {key}={value}: must be an integer >= 1")
         else:
-            data[key] = int(value)
+            data[key] = bounded_int(value, f"{option} {key}=", MODEL_LIMITS.get(key, MAX_COUNT),
+                                    low=0 if key in ("shared_experts", "dense_layers") else 1)
     moe = {key: data.pop(key) for key in MOE_FIELDS if key in data}
     if moe:
         data["moe"] = moe

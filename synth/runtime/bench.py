@@ -40,7 +40,7 @@ import numpy as np
 from ..cost import Algorithm, Model, default_program, rank
 from ..cost.nccl_log import Capture, LoggedChoice, parse, summarize
 from ..cost.records import Record, append_records
-from ..documents import check_writable
+from ..documents import check_appendable, check_writable
 from ..errors import SynthError
 from ..interrupts import holding_interrupts
 from ..plan import Plan, PlannedProgram, PlannedReduction, load_plan, one_chunk_layout, write_plan
@@ -500,7 +500,7 @@ def agree_on_request(world: World, request: BenchRequest) -> None:
 def check_outputs(request: BenchRequest) -> None:
     """The files rank 0 writes (``--jsonl``, ``--out``) can be written."""
     if request.jsonl:
-        check_writable(request.jsonl, "--jsonl")
+        check_appendable(request.jsonl, "--jsonl")
     if request.out:
         check_writable(request.out, "--out")
 

@@ -42,6 +42,7 @@ from ..synthesis.execute import execute
 from ..synthesis.language import Collective
 from ..synthesis.lowering import LoweredProgram
 from ..synthesis.semantics import Goal
+from .watchdog import progressed
 
 Group = tuple[int, ...]
 Range = tuple[int, int]
@@ -189,6 +190,7 @@ class World:
         every rank (naming the first rank unless all ranks report the same);
         likewise if some ranks reached another collective (:func:`steps_problem`)."""
         problems = self.allgather(problem)
+        progressed()
         mixed = steps_problem(problems)
         if mixed:
             raise SynthError(mixed)
@@ -308,6 +310,7 @@ class _Runner:
         self._ops: dict[tuple[int, Any], tuple[list[_Op], Any]] = {}
 
     def __call__(self, buffer: Any) -> None:
+        progressed()  # for the watchdog (bench --timeout): a program ran on this rank
         n = buffer.shape[0]
         key = (n, buffer.dtype)
         bound = self._ops.get(key)
@@ -348,7 +351,10 @@ class Executor:
     or torchrun: every rank loads it (:func:`~synth.plan.load_plan` checks
     every stored field against the derivation of the program text) and the
     ranks agree on the outcome, so a missing, corrupted or tampered copy on
-    any rank is the same one-line SynthError on every rank, never a hang.
+    any rank, or a wrong argument on one rank, is the same one-line SynthError
+    on every rank, never a hang; then the ranks compare a digest of what they
+    were given (the programs and their size ranges, which ``reduce`` and
+    ``goal`` select), and a difference is again one error on every rank.
     ``check=True`` (the default) first checks collectively that every rank passes
     a supported, writable, native byte-order buffer of the same length and
     dtype, and raises the same SynthError on every rank otherwise, before any
@@ -373,6 +379,9 @@ class Executor:
                 )
         except SynthError as exc:
             problem = str(exc)
+        except (TypeError, ValueError, AttributeError, KeyError, OSError, MemoryError) as exc:
+            # a wrong argument on one rank: still agreed, else the other ranks would wait in agree forever
+            problem = f"Executor({type(plan).__name__}, reduce={reduce!r}, goal={goal!r}): {type(exc).__name__}: {exc}"
         world.agree(problem)
         fingerprint = _fingerprint([p.lowered for p in programs], [(p.min_bytes, p.max_bytes) for p in programs])
         fingerprints = world.allgather(fingerprint)

@@ -45,6 +45,7 @@ from typing import Iterable, Sequence
 
 import z3
 
+from ..interrupts import solver_check, z3_interrupts
 from .language import Collective, Instruction
 from .semantics import Goal, Hierarchy, distinct_groupings
 
@@ -290,11 +291,12 @@ def bounded_programs(hierarchy: Hierarchy, goal: Goal, max_steps: int) -> set[tu
     """Every valid program of length ``1..max_steps``, as tuples of instruction texts."""
     enc = encode(hierarchy, goal, max_steps)
     found: set[tuple[str, ...]] = set()
-    while enc.solver.check() == z3.sat:
-        model = enc.solver.model()
-        program = enc.program(model)
-        found.add(tuple(str(enc.steps[i].instruction) for i in program))
-        enc.solver.add(z3.Or([op != model.eval(op, model_completion=True) for op in enc.ops]))
+    with z3_interrupts():  # unknown (an interrupt) is not the end: solver_check raises
+        while solver_check(enc.solver) == z3.sat:
+            model = enc.solver.model()
+            program = enc.program(model)
+            found.add(tuple(str(enc.steps[i].instruction) for i in program))
+            enc.solver.add(z3.Or([op != model.eval(op, model_completion=True) for op in enc.ops]))
     return found
 
 
@@ -307,4 +309,4 @@ def is_valid(hierarchy: Hierarchy, goal: Goal, program: Sequence[str]) -> bool:
     if unknown:
         raise ValueError(f"not an instruction of the bounded search: {unknown[0]}")
     enc.solver.add([op == index[text] for op, text in zip(enc.ops, program)])
-    return enc.solver.check() == z3.sat
+    return solver_check(enc.solver) == z3.sat

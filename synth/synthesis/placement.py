@@ -28,6 +28,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import SynthError
+from ..interrupts import solver_check, z3_interrupts
+from .counting import matrix_count
 from ..topology import Topology
 from ..units import MAX_COUNT, bounded_int, shortened
 
@@ -263,6 +265,12 @@ def _index_constraints(
     return [(list(axis_names).index(c.axis), list(level_names).index(c.level), c) for c in constraints]
 
 
+# the most placements enumerated: z3 finds them one check at a time and slows as the blocking clauses grow
+# (7 axes of size 2 on 7 levels, 5,040 placements, take minutes on one core); a larger space is searched by
+# pinning axes to levels (--constrain), not by waiting for it
+MAX_PLACEMENTS = 20_000
+
+
 def enumerate_matrices(
     counts: Sequence[int],
     sizes: Sequence[int],
@@ -281,6 +289,11 @@ def enumerate_matrices(
 
     if math.prod(counts) != math.prod(sizes):
         return []
+    too_many = (f"--axes: more than {MAX_PLACEMENTS:,} placements of {len(sizes)} axes on {len(counts)} levels; "
+                "pin axes to levels with --constrain (e.g. dp@node=2) or use fewer axes")
+    constraints = tuple(constraints)
+    if not constraints and matrix_count(counts, sizes, MAX_PLACEMENTS) > MAX_PLACEMENTS:
+        raise SynthError(too_many)  # counted without enumerating: at once, however large
     primes = sorted(set().union(*(_prime_exponents(n).keys() for n in [*counts, *sizes])))
     solver = z3.Solver()
     x = [[z3.Int(f"x_{a}_{l}") for l in range(len(counts))] for a in range(len(sizes))]
@@ -310,11 +323,14 @@ def enumerate_matrices(
         solver.add({"=": x[a][l] == c.value, "<=": x[a][l] <= c.value, ">=": x[a][l] >= c.value}[c.op])
     found: list[Matrix] = []
     flat = [v for row in x for v in row]
-    while solver.check() == z3.sat:
-        model = solver.model()
-        values = [model.eval(v).as_long() for v in flat]
-        found.append(tuple(tuple(values[a * len(counts) : (a + 1) * len(counts)]) for a in range(len(sizes))))
-        solver.add(z3.Or([v != val for v, val in zip(flat, values)]))
+    with z3_interrupts():  # unknown (an interrupt) is not the end: solver_check raises
+        while solver_check(solver) == z3.sat:
+            if len(found) == MAX_PLACEMENTS:  # constrained, yet still more than the cap
+                raise SynthError(too_many)
+            model = solver.model()
+            values = [model.eval(v).as_long() for v in flat]
+            found.append(tuple(tuple(values[a * len(counts) : (a + 1) * len(counts)]) for a in range(len(sizes))))
+            solver.add(z3.Or([v != val for v, val in zip(flat, values)]))
     return sorted(found)
 
 
@@ -358,6 +374,10 @@ def enumerate_matrices_plain(
 # ---------------------------------------------------------------- placement
 
 
+# axes x levels of a placement: each is one dimension of its digit array, and numpy arrays have at most 64
+MAX_DIGIT_DIMS = 64
+
+
 @dataclass(frozen=True)
 class Placement:
     """A parallelism matrix on a topology, with the mesh and groups it implies."""
@@ -367,6 +387,13 @@ class Placement:
     matrix: Matrix
 
     def __post_init__(self) -> None:
+        levels = len(self.topology.levels)
+        if len(self.matrix) != len(self.axes) or any(len(row) != levels for row in self.matrix):
+            raise SynthError(f"the matrix must have one row per axis ({len(self.axes)}) of one entry per level "
+                             f"({levels})")
+        if len(self.axes) * levels > MAX_DIGIT_DIMS:
+            raise SynthError(f"{len(self.axes)} axes on {levels} levels: at most {MAX_DIGIT_DIMS} axes x levels "
+                             "(one array dimension each); drop axes of size 1")
         for l, h in enumerate(self.topology.counts):
             if math.prod(row[l] for row in self.matrix) != h:
                 raise SynthError(

@@ -257,7 +257,11 @@ def verify_program(program: Program, reduction: Reduction) -> Verification:
 
 def verify_plan(plan: Plan, source: str = "plan") -> tuple[Verification, ...]:
     """Prove every program of ``plan`` (in document order); SynthError naming the
-    reduction and size range of the first that fails."""
+    reduction and size range of the first that fails (and for anything but a
+    plan: load one with ``synth.load_plan(path)``)."""
+    if not hasattr(plan, "reductions") or not hasattr(plan, "placement"):
+        raise SynthError(f"verify_plan: 'plan' must be a synth.Plan, not {type(plan).__name__}; load a plan file "
+                         "with synth.load_plan(path) first")
     out = []
     for planned in plan.reductions:
         for program in planned.programs:
