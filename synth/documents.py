@@ -290,13 +290,18 @@ def _write_into(path: str | Path, kind: str, text: str) -> None:
     try:
         if fifo:
             os.set_blocking(fd, True)
-        data = text.encode()
-        while data:
-            data = data[os.write(fd, data):]
+        _write_all(fd, text)
     except OSError as exc:
         raise SynthError(f"{path}: cannot write {kind} to the {file_kind(path)} ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, text: str) -> None:
+    """Write all of ``text`` to ``fd`` (a short write continues where it stopped)."""
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def append_lines(path: str | Path, kind: str, lines: Sequence[str]) -> None:
@@ -324,9 +329,7 @@ def append_lines(path: str | Path, kind: str, lines: Sequence[str]) -> None:
         if not special:
             fcntl.flock(fd, fcntl.LOCK_EX)
         for line in lines:
-            data = line.encode()
-            while data:
-                data = data[os.write(fd, data):]
+            _write_all(fd, line)  # one line, one write where the system takes it whole
     except OSError as exc:
         raise SynthError(f"{path}: cannot write {kind} ({exc.strerror or exc})") from None
     finally:

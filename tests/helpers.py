@@ -33,3 +33,19 @@ def model(algo="ring", profile=None):
     from synth.cost import Algorithm, Model
 
     return Model(Algorithm(algo), profile)
+
+
+def messages_on_every_rank(size, body) -> list:
+    """Run ``body(world)`` on ``size`` in-process ranks (threads,
+    ``run_local``); each rank's SynthError message, or None where it passed."""
+    from synth.errors import SynthError
+    from synth.runtime.backends import run_local
+
+    def catch(world):
+        try:
+            body(world)
+        except SynthError as exc:
+            return str(exc)
+        return None
+
+    return run_local(size, catch)

@@ -13,25 +13,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import messages_on_every_rank
 from processes import limit_s
 
-from synth.errors import SynthError
 from synth.runtime.agreement import agree_on_digest, call_digest
-from synth.runtime.backends import run_local
 from synth.runtime.executor import Executor
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def messages_on_every_rank(size, body):
-    def catch(world):
-        try:
-            body(world)
-        except SynthError as exc:
-            return str(exc)
-        return None
-
-    return run_local(size, catch)
 
 
 @pytest.fixture(scope="module")

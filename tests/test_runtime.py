@@ -15,6 +15,7 @@ import tracemalloc
 from pathlib import Path
 
 import mpi_worker
+from helpers import messages_on_every_rank
 import numpy as np
 import pytest
 from processes import limit_s, run_watched
@@ -125,14 +126,7 @@ def test_an_executor_is_reused_on_new_buffers_of_other_lengths():
 
 
 def errors_on_every_rank(size, body):
-    def catch(world):
-        try:
-            body(world)
-        except SynthError as exc:
-            return str(exc)
-        return None
-
-    messages = run_local(size, catch)
+    messages = messages_on_every_rank(size, body)
     assert all(messages) and len(set(messages)) == 1, messages
     return messages[0]
 
