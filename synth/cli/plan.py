@@ -377,9 +377,9 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     context = any(a.name == "cp" for a in r.axes)
     width = max([26, *(len(c.placement.matrix_text()) for c in listed)])  # MoE matrices are longer
     header = (f"{'rank':>4} {'tp':>3} " + (f"{'cp':>3} " if context else "") + (f"{'ep':>3} " if experts else "")
-              + f"{'dp':>4} {'pp':>3} {'mb':>3}  {'matrix':<{width}} {'step':>9} {'compute':>9} {'bubble':>9} {'tp':>9} "
-              + (f"{'cp':>9} " if context else "") + (f"{'ep':>9} " if experts else "")
-              + f"{'pp':>9} {'dp':>9} " + (f"{'optim':>9} " if optimizer else "") + f"{'mem':>7} {'TFLOP/s':>7}  programs")
+              + f"{'dp':>4} {'pp':>3} {'mb':>3}  {'matrix':<{width}} {'step':>10} {'compute':>10} {'bubble':>10} {'tp':>10} "
+              + (f"{'cp':>10} " if context else "") + (f"{'ep':>10} " if experts else "")
+              + f"{'pp':>10} {'dp':>10} " + (f"{'optim':>10} " if optimizer else "") + f"{'mem':>7} {'TFLOP/s':>7}  programs")
     print(header)
     print("-" * len(header))
     for n, c in enumerate(listed):
@@ -396,11 +396,11 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
         row = (f"{n + 1:>4} {c.config.tp:>3} " + (f"{c.config.cp:>3} " if context else "")
               + (f"{c.config.ep:>3} " if experts else "")
               + f"{c.config.dp:>4} {c.config.pp:>3} {c.config.micro_batch:>3}  "
-              f"{c.placement.matrix_text():<{width}} {format_seconds(b.total_s):>9} {format_seconds(b.compute_s):>9} "
-              f"{format_seconds(b.bubble_s):>9} {format_seconds(b.tp_s):>9} "
-              + (f"{format_seconds(b.cp_s):>9} " if context else "")
-              + (f"{format_seconds(b.ep_s):>9} " if experts else "") + f"{format_seconds(b.pp_s):>9} "
-              f"{format_seconds(b.dp_s):>9} " + (f"{format_seconds(b.optimizer_s):>9} " if optimizer else "")
+              f"{c.placement.matrix_text():<{width}} {format_seconds(b.total_s):>10} {format_seconds(b.compute_s):>10} "
+              f"{format_seconds(b.bubble_s):>10} {format_seconds(b.tp_s):>10} "
+              + (f"{format_seconds(b.cp_s):>10} " if context else "")
+              + (f"{format_seconds(b.ep_s):>10} " if experts else "") + f"{format_seconds(b.pp_s):>10} "
+              f"{format_seconds(b.dp_s):>10} " + (f"{format_seconds(b.optimizer_s):>10} " if optimizer else "")
               + f"{_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  {fits}")
         print(_with_programs(row, programs, mark, len(header) - len("programs")))
     if feasible and solution.best.step.bucket_bytes:

@@ -14,8 +14,9 @@ remaining exponents, which keeps the state space small.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Sequence
+
+from ..caches import memoised
 
 
 def _exponent(n: int, p: int) -> int:
