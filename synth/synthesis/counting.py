@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..caches import memoised
-
 
 def _exponent(n: int, p: int) -> int:
     e = 0
@@ -58,9 +56,15 @@ def _splits(total: int, caps: tuple[int, ...]) -> list[tuple[int, ...]]:
 def _tables(rows: tuple[int, ...], columns: tuple[int, ...], cap: int) -> int:
     """Tables of non-negative integers with these row and column sums (equal
     totals), saturated at ``cap + 1``."""
+    seen: dict[tuple[int, tuple[int, ...]], int] = {}  # this call's memo: lives and dies with the call
 
-    @lru_cache(maxsize=None)
     def count(level: int, remaining: tuple[int, ...]) -> int:
+        key = (level, remaining)
+        if key not in seen:
+            seen[key] = _count(level, remaining)
+        return seen[key]
+
+    def _count(level: int, remaining: tuple[int, ...]) -> int:
         if level == len(columns):
             return 1 if not any(remaining) else 0
         total = 0
