@@ -11,13 +11,12 @@ import math
 import pytest
 
 from synth.errors import SynthError
-from synth.plan import Plan, PlannedReduction, load_plan, write_plan
+from synth.plan import Plan, PlannedReduction, load_plan, verify_plan, write_plan
 from synth.runtime.bench import Candidate, Timing, size_winners, tuned_ranges
 from synth.synthesis.language import parse_program
 from synth.synthesis.lowering import lower
 from synth.synthesis.placement import Placement, parse_axes
 from synth.synthesis.reduction import Reduction
-from synth.synthesis.verify import verify_plan
 from synth.topology import load_topology
 
 TOPOLOGY = load_topology("testbed-2x4")

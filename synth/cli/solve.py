@@ -9,7 +9,7 @@ import time
 from json.encoder import encode_basestring_ascii
 from typing import Any, Callable, Sequence, TextIO
 
-from .. import __version__
+from ..version import __version__
 from ..api import SizesSolution, Solution, WorkloadSolution, rank_problem_placements, solve_problem, solve_sizes
 from ..cost import default_program
 from ..documents import check_writable

@@ -43,7 +43,7 @@ from ..cost.records import Record, append_records
 from ..documents import check_writable
 from ..errors import SynthError
 from ..interrupts import holding_interrupts
-from ..plan import Plan, PlannedProgram, PlannedReduction, load_plan, one_chunk_layout, write_plan
+from ..plan import Plan, PlannedProgram, PlannedReduction, load_plan, one_chunk_layout, verify_plan, write_plan
 from ..synthesis.language import format_program
 from ..synthesis.lowering import LoweredProgram, lower
 from ..synthesis.placement import Axis
@@ -51,7 +51,7 @@ from ..synthesis.problem import ProblemSpec
 from ..synthesis.reduction import Reduction
 from ..synthesis.search import ReductionPrograms, synthesize_reduction
 from ..synthesis.semantics import Goal
-from ..synthesis.verify import verify_lowered, verify_plan
+from ..synthesis.verify import verify_lowered
 from ..topology import Topology
 from ..units import format_seconds, format_size, parse_size
 from .backends import make_world
