@@ -87,6 +87,16 @@ def test_format_units():
     assert format_seconds(2e-6) == "2.0 us"
 
 
+def test_format_size_in_a_chosen_unit_and_places():
+    """Memory amounts (planner, bench, the plan table) in a fixed unit or
+    with fixed places, and the short form of narrow columns."""
+    assert format_size(3 * 2**29, "GiB", 1) == "1.5 GiB" and format_size(2**29, "GiB", 1) == "0.5 GiB"
+    assert format_size(62 * 2**30, places=1, short=True) == "62.0G"
+    assert format_size(2**29, places=1, short=True) == "512.0M" and format_size(0) == "0 B"
+    with pytest.raises(ValueError, match="unit 'GB'"):
+        format_size(1, "GB")
+
+
 @pytest.mark.parametrize("text, nbytes", [("1K", 1024), ("1KB", 1000), ("1M", 2**20), ("1MB", 10**6),
                                           ("1GiB", 2**30), ("1GB", 10**9)])
 def test_size_option_sets_the_predicted_size(cli, text, nbytes):

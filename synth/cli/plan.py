@@ -281,10 +281,6 @@ def solution_document(solution: JobSolution) -> dict[str, Any]:
 # ---------------------------------------------------------------- table
 
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.3g}G" if nbytes < 2**30 else f"{nbytes / 2**30:.1f}G"
-
-
 def _compute_text(compute: ComputeModel) -> str:
     if isinstance(compute, OperationProfile):
         return (f"compute per operation ({compute.name or compute.source}: GEMMs up to "
@@ -349,7 +345,7 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
               + (f"{format_seconds(b.cp_s):>9} " if context else "")
               + (f"{format_seconds(b.ep_s):>9} " if experts else "") + f"{format_seconds(b.pp_s):>9} "
               f"{format_seconds(b.dp_s):>9} " + (f"{format_seconds(b.optimizer_s):>9} " if optimizer else "")
-              + f"{_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  "
+              + f"{format_size(c.memory.total, places=1, short=True):>7} {c.tflops_per_device():>7.1f}  "
               f"{programs}{mark}")
     if feasible and solution.best.step.bucket_bytes:
         print(f"\nbest: DP bucket {format_size(solution.best.step.bucket_bytes)}")

@@ -60,6 +60,7 @@ from ..synthesis.search import ReductionPrograms, synthesize_reduction
 from ..synthesis.semantics import Goal
 from ..synthesis.verify import verify_lowered
 from ..topology import Device, Topology
+from ..units import format_size
 from .compute import ComputeModel, default_compute
 from .schedules import SCHEDULE_CHOICES, Schedule, virtual_stage_choices
 from .stages import STAGE_CHOICES, balanced_layers
@@ -457,7 +458,7 @@ class JobSolution:
     def best(self) -> Candidate:
         if not self.feasible:
             raise SynthError(f"no configuration fits in {self.request.device.memory_GiB:g} GiB per device; the "
-                             f"smallest needs {_gib(min(c.memory.total for c in self.candidates))} "
+                             f"smallest needs {format_size(min(c.memory.total for c in self.candidates), 'GiB', 1)} "
                              "(try --sharding zero1/zero2/zero3, --recompute search, or more devices)")
         return self.feasible[0]
 
@@ -477,10 +478,6 @@ class JobSolution:
         reduction per (axis, goal) the step uses, with a program per size range,
         every program proved first."""
         return job_plan(self, candidate or self.best)
-
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
 
 
 # ---------------------------------------------------------------- search
@@ -680,8 +677,10 @@ def _evaluate(request: JobRequest, costs: CollectiveCosts, config: Configuration
     feasible = fits[best[2]]
     margin = f" - {request.memory_margin_GiB:g} GiB margin" if request.memory_margin_GiB else ""
     reason = "" if feasible else (
-        f"needs {_gib(memory.total)} per device ({memory.stage} stage: weights {_gib(memory.weights)}, gradients "
-        f"{_gib(memory.gradients)}, optimizer {_gib(memory.optimizer)}, activations {_gib(memory.activations)}) "
+        f"needs {format_size(memory.total, 'GiB', 1)} per device ({memory.stage} stage: "
+        f"weights {format_size(memory.weights, 'GiB', 1)}, gradients {format_size(memory.gradients, 'GiB', 1)}, "
+        f"optimizer {format_size(memory.optimizer, 'GiB', 1)}, "
+        f"activations {format_size(memory.activations, 'GiB', 1)}) "
         f"> {device.memory_GiB:g} GiB{margin}")
     price = costs.default if default_only else costs.best
     programs = tuple((axis, goal, size, price(placement, axis, goal, size)) for axis, goal, size in step.reductions)

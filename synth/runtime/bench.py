@@ -567,15 +567,12 @@ def memory_problem(needs: Sequence[tuple[int, str, int | None]], largest_bytes: 
         if known and total > min(known):
             per_rank = max(n for n, _ in ranks)
             where = f"the {len(ranks)} ranks of one machine" if len(machines) > 1 else f"{len(ranks)} rank(s)"
-            return (f"--sizes {format_size(largest_bytes)}: the benchmark needs about {_gib(per_rank)} per rank "
-                    f"({per_rank / largest_bytes:.1f}x the largest size: data, work buffer, library and executor "
-                    f"scratch) and {_gib(total)} for {where}, but {_gib(min(known))} is available; use smaller "
-                    "--sizes or fewer ranks per machine")
+            return (f"--sizes {format_size(largest_bytes)}: the benchmark needs about "
+                    f"{format_size(per_rank, 'GiB', 1)} per rank ({per_rank / largest_bytes:.1f}x the largest size: "
+                    f"data, work buffer, library and executor scratch) and {format_size(total, 'GiB', 1)} for "
+                    f"{where}, but {format_size(min(known), 'GiB', 1)} is available; use smaller --sizes or fewer "
+                    "ranks per machine")
     return None
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
 
 
 def check_memory(world: World, setup: Setup, sizes: Sequence[int], dtype: np.dtype) -> None:
