@@ -56,7 +56,7 @@ from synth.planner.operations import (
     OperationProfile,
     tiled_flops,
 )
-from synth.planner.search import JobRequest, plan_job
+from synth.planner.configurations import JobRequest, plan_job
 from synth.planner.stepfit import RecordCosts, fit_micro_batch_cost, predicted_step_s
 from synth.planner.stepmodel import Configuration, Sharding, Training, compute_estimate, step_shape
 from synth.planner.steprecords import StepRecord, write_step_records

@@ -24,7 +24,7 @@ from synth.errors import SynthError
 from synth.plan import load_plan
 from synth.planner.compute import DEFAULT_COMPUTE, ComputeProfile, fit_curve, load_compute_profile
 from synth.planner.schedules import Schedule, in_flight_micro_batches
-from synth.planner.search import CollectiveCosts, JobRequest, plan_job
+from synth.planner.configurations import CollectiveCosts, JobRequest, plan_job
 from synth.planner.stages import StageCosts, balanced_layers, describe_layers, slowest_stage
 from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s
 from synth.planner.stepmodel import (
@@ -344,7 +344,7 @@ def test_configurations_that_fit_nowhere_are_priced_with_the_default_collectives
     price (no program search); one that fits gets the best synthesized
     program, at least as fast as the default."""
     from synth.cost import Predictor, default_program
-    from synth.planner.search import reduce_axes
+    from synth.planner.configurations import reduce_axes
     from synth.synthesis.reduction import Reduction
 
     solution = plan("dgx-a100", "gpt3-175b", 128, micro_batches=(1,), recompute=Recompute.FULL)
@@ -1235,7 +1235,7 @@ def test_branch_and_bound_keeps_the_best_placement_of_a_full_scan():
     already slower than the best found; every configuration's placement and
     step are still those of a scan over every placement (ties to the first
     enumerated)."""
-    from synth.planner.search import _placements
+    from synth.planner.configurations import _placements
     from synth.synthesis.placement import Axis
 
     topology = load_topology("dgx-a100").scaled({"node": 4})
@@ -1651,7 +1651,7 @@ def test_interleaving_on_uneven_stages_by_hand():
     memory = memory_per_device(m, training, config)
     assert memory.total == pytest.approx(max(first, last))
     assert memory.stage == ("first" if first > last else "last")
-    from synth.planner.search import JobRequest as Request
+    from synth.planner.configurations import JobRequest as Request
 
     topology = load_topology("dgx-a100").scaled({"node": 1, "gpu": 4})
     request = Request(topology, topology.device, m, training, parse_axis_ranges("tp=2,dp=1,pp=2"), (2,),

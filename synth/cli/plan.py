@@ -16,7 +16,7 @@ from ..plan import write_plan
 from ..planner.compute import DEFAULT_COMPUTE, ComputeModel, load_compute_profile
 from ..planner.operations import OperationProfile
 from ..planner.schedules import SCHEDULE_CHOICES
-from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
+from ..planner.configurations import Candidate, JobRequest, JobSolution, plan_job
 from ..planner.stages import describe_layers
 from ..planner.stepmodel import Sharding, Training, sequence_parallel
 from ..planner.transformer import Recompute, load_model

@@ -64,7 +64,7 @@ three and adds the gathered weights and gradients of the layers in flight), plus
 (:meth:`~synth.planner.transformer.Transformer.activation_bytes_per_layer`).
 
 Communication is given as a :class:`Collectives` (seconds for a size in bytes),
-which :mod:`synth.planner.search` computes with the project's cost model on the
+which :mod:`synth.planner.configurations` computes with the project's cost model on the
 configuration's placement.
 """
 
