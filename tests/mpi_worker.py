@@ -28,7 +28,7 @@ import numpy as np
 
 from synth.errors import SynthError
 from synth.runtime.backends import MPIWorld
-from synth.runtime.bench import rank_data
+from synth.runtime.bench_measure import rank_data
 from synth.runtime.executor import Executor, reference
 from synth.synthesis.language import Collective, format_program
 from synth.synthesis.lowering import lower

@@ -26,7 +26,7 @@ import synth.jax  # noqa: E402
 from synth.cli import main  # noqa: E402
 from synth.errors import SynthError  # noqa: E402
 from synth.plan import Plan, PlannedProgram, PlannedReduction  # noqa: E402
-from synth.runtime.bench import rank_data  # noqa: E402
+from synth.runtime.bench_measure import rank_data  # noqa: E402
 from synth.runtime.executor import reference  # noqa: E402
 from synth.synthesis.language import parse_program  # noqa: E402
 from synth.synthesis.lowering import lower  # noqa: E402

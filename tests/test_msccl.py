@@ -493,7 +493,7 @@ def test_bench_times_the_pipelined_schedule_beside_the_program(tmp_path):
 
 
 def test_pipelined_bench_needs_mpi():
-    from synth.runtime.bench import BenchRequest, check_request
+    from synth.runtime.bench_setup import BenchRequest, check_request
     from synth.synthesis.problem import ProblemSpec
 
     request = BenchRequest(sizes=(1024,), problem=ProblemSpec(topology="testbed-2x4", axes="dp=8"), backend="torch",

@@ -19,7 +19,7 @@ from synth.cost.nccl_log import Capture, Choice, logged_version, parse, parse_li
 from synth.cost.records import Record, append_records, read_records
 from synth.errors import SynthError
 from synth.runtime.backends import LocalWorld, _LocalComm, _LocalShared
-from synth.runtime.bench import _bench
+from synth.runtime.bench import bench_on
 from synth.synthesis.language import parse_program
 from synth.synthesis.placement import Placement, parse_axes
 from synth.synthesis.reduction import Reduction
@@ -172,7 +172,7 @@ def test_bench_records_what_nccl_logged_for_each_program_and_size(tmp_path, monk
     with Capture() as capture:
         def body(rank):
             try:
-                _bench(request, LoggingWorld(shared, rank), capture)
+                bench_on(LoggingWorld(shared, rank), request, capture)
             except BaseException as exc:  # re-raised below
                 errors.append(exc)
                 shared.abort()

@@ -25,18 +25,15 @@ from synth.cost import Algorithm, Model, default_program
 from synth.errors import SynthError
 from synth.plan import Plan, load_plan, write_plan
 from synth.runtime.backends import _import_cupy_nccl, make_world, run_local
-from synth.runtime.bench import (
+from synth.runtime.bench_measure import RankData, bus_factor, measure, rank_data
+from synth.runtime.bench_setup import (
     BenchRequest,
-    RankData,
-    _choose,
-    _from_synthesis,
     agree_on_request,
-    bus_factor,
-    measure,
+    choose_programs,
+    from_synthesis,
     memory_bytes,
     memory_problem,
     parse_sizes,
-    rank_data,
 )
 from synth.runtime.executor import Executor, element_ranges, reference, schedule, scratch_elements
 from synth.synthesis.language import parse_program
@@ -248,12 +245,12 @@ def test_bus_bandwidth_factor_and_default_program():
 def test_bench_takes_the_top_predicted_and_the_default():
     problem = request_of(["--topology", "testbed-2x4", "--axes", "dp=8"], tune=False).problem.build()
     result = synthesize_reduction(problem.reduction(problem.placements()[0]), 5)
-    chosen = _choose(result, 2**24, Model(Algorithm.RING), top=2)
+    chosen = choose_programs(result, 2**24, Model(Algorithm.RING), top=2)
     # the best two (predicted ranks 0 and 1), then the default at its own rank
     assert len(chosen) == 3 and [c[1] for c in chosen[:2]] == [0, 1] and chosen[0][2] <= chosen[1][2]
     assert str(result.programs[chosen[2][0]]) == "AllReduce(root, inside)" and chosen[2][1] >= 2
     # OpenMPI's Rabenseifner all-reduce is predicted best: the default is one of the two, not added
-    chosen = _choose(result, 2**24, Model(Algorithm.MPI), top=2)
+    chosen = choose_programs(result, 2**24, Model(Algorithm.MPI), top=2)
     assert [c[1] for c in chosen] == [0, 1] and str(result.programs[chosen[0][0]]) == "AllReduce(root, inside)"
 
 
@@ -294,7 +291,7 @@ def test_scratch_elements_is_what_the_executor_allocates():
 @pytest.mark.parametrize("goal", list(Goal))
 def test_the_memory_estimate_bounds_building_the_data(goal, dtype):
     problem = request_of(["--topology", "testbed-2x4", "--axes", "dp=8", "--collective", goal.value], False).problem
-    setup = _from_synthesis(BenchRequest(sizes=(2**20,), problem=problem, top=1), 2**20, Model(Algorithm.MPI))
+    setup = from_synthesis(BenchRequest(sizes=(2**20,), problem=problem, top=1), 2**20, Model(Algorithm.MPI))
     lowered = setup.candidates[0].lowered
     count = 2**18
     tracemalloc.start()

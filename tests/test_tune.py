@@ -12,7 +12,9 @@ import pytest
 
 from synth.errors import SynthError
 from synth.plan import Plan, PlannedReduction, load_plan, verify_plan, write_plan
-from synth.runtime.bench import Candidate, Timing, size_winners, tuned_ranges
+from synth.runtime.bench_measure import Timing
+from synth.runtime.bench_setup import BenchCandidate
+from synth.runtime.bench_tune import size_winners, tuned_ranges
 from synth.synthesis.language import parse_program
 from synth.synthesis.lowering import lower
 from synth.synthesis.placement import Placement, parse_axes
@@ -27,8 +29,8 @@ ACROSS = Reduction.of(Placement(TOPOLOGY, parse_axes("dp=4,mp=2"), ((2, 2), (1, 
 INSIDE = Reduction.of(Placement(TOPOLOGY, parse_axes("dp=4,mp=2"), ((1, 4), (2, 1))), ["dp"])
 
 
-def candidate(reduction: Reduction, text: str, index: int) -> Candidate:
-    return Candidate(f"{index}/{text[:3]}", index, reduction, lower(parse_program(text), reduction),
+def candidate(reduction: Reduction, text: str, index: int) -> BenchCandidate:
+    return BenchCandidate(f"{index}/{text[:3]}", index, reduction, lower(parse_program(text), reduction),
                      text == DEFAULT, None)
 
 
