@@ -1,4 +1,4 @@
-"""Placements: z3 enumeration vs plain factorisation, constraints, mesh and groups."""
+"""Placements: the enumeration against its z3 reference, constraints, mesh and groups."""
 
 import math
 
@@ -8,7 +8,7 @@ from synth.errors import SynthError
 from synth.synthesis.placement import (
     Placement,
     enumerate_matrices,
-    enumerate_matrices_plain,
+    enumerate_matrices_z3,
     enumerate_placements,
     parse_axes,
     parse_constraint,
@@ -32,8 +32,8 @@ from synth.topology import load_topology
     ],
 )
 def test_z3_enumeration_equals_plain_factorisation(counts, sizes):
-    z3_found = enumerate_matrices(counts, sizes)
-    plain = enumerate_matrices_plain(counts, sizes)
+    z3_found = enumerate_matrices_z3(counts, sizes)
+    plain = enumerate_matrices(counts, sizes)
     assert z3_found == plain
     assert len(set(z3_found)) == len(z3_found) > 0
     for m in z3_found:
@@ -48,7 +48,7 @@ def test_known_count_p2_a100_two_axes():
 
 def test_impossible_products_give_no_matrix():
     assert enumerate_matrices((4, 16), (3, 5)) == []
-    assert enumerate_matrices_plain((4, 16), (3, 5)) == []
+    assert enumerate_matrices_z3((4, 16), (3, 5)) == []
     # same product, but 3 does not divide any level count
     assert enumerate_matrices((4, 4), (3, 16 // 3 + 1)) == []
 
@@ -60,7 +60,7 @@ def test_constraints_z3_equal_filtered_plain():
             parse_constraint("dp@rack>=2", axes, topo)]
     args = (topo.counts, [a.size for a in axes], cons, [a.name for a in axes], topo.level_names)
     found = enumerate_matrices(*args)
-    assert found == enumerate_matrices_plain(*args)
+    assert found == enumerate_matrices_z3(*args)
     assert found and all(m[1][1] == 1 and m[0][3] <= 2 and m[0][0] >= 2 for m in found)
     unconstrained = enumerate_matrices(topo.counts, [8, 8])
     assert set(found) < set(unconstrained)
