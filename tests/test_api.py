@@ -352,9 +352,9 @@ def test_the_best_programs_are_the_prefix_of_the_full_ranking(topology, axes, re
 
 
 def test_listing_every_program_is_refused_before_enumerating_beyond_the_limit(monkeypatch):
-    import synth.api
+    import synth.api.reduction
 
-    monkeypatch.setattr(synth.api, "LISTING_LIMIT", 50)
+    monkeypatch.setattr(synth.api.reduction, "LISTING_LIMIT", 50)
     with pytest.raises(SynthError) as exc:
         synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp", verify=False)
     assert str(exc.value) == (

@@ -31,7 +31,6 @@ from ..synthesis.placement import Axis
 from ..synthesis.problem import ProblemSpec
 from ..synthesis.reduction import Reduction
 from ..synthesis.search import ReductionPrograms, synthesize_reduction
-from ..synthesis.semantics import Goal
 from ..topology import Topology
 from ..units import format_size, parse_size
 from .executor import World, ranks_text, scratch_elements, steps_problem
