@@ -357,6 +357,7 @@ def _error_of(fn) -> str:
     return "no error"
 
 
+@pytest.mark.mpi
 def test_every_program_runs_exactly_under_mpi():
     from processes import run_watched
     from test_runtime import REPO, mpi_env, mpiexec_command

@@ -193,6 +193,7 @@ def test_launch_rank_sets_the_rank_before_the_process_group(monkeypatch, tmp_pat
     assert torch_module.launch_rank(path) == ranks.rank_of_device[5]
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(300)
 def test_launch_under_torchrun_gives_megatrons_groups_the_plans_devices(tmp_path):
     """8 gloo ranks launched through ``synth-reduce launch`` on an interleaved
@@ -228,6 +229,7 @@ def _torchtitan_plans(directory: Path) -> list[tuple[Path, str]]:
     return [(hsdp, "tp, batch, dp_shard, dp_replicate"), (job, "tp, pp, batch, dp_shard")]
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_torchtitans_own_mesh_holds_the_plans_groups(tmp_path):
     """torchtitan's ParallelDims (installed by .ci/run's own step: its package

@@ -425,6 +425,7 @@ def test_tuner_and_env_commands(cli, tmp_path, hierarchical_plan):
 # ---------------------------------------------------------------- pipelined execution
 
 
+@pytest.mark.mpi
 def test_pipelined_schedules_are_exact_under_mpi():
     """Every all-reduce program of testbed-2x4 (dp=8; dp=4,mp=2 over dp) as
     its MSCCL schedule, run with non-blocking point-to-point on 8 MPI ranks
@@ -437,6 +438,7 @@ def test_pipelined_schedules_are_exact_under_mpi():
     assert re.search(r"ok: \d+ pipelined runs on 8 ranks, all exact", done.stdout), done.stdout
 
 
+@pytest.mark.mpi
 def test_the_pipelined_benchmark_script_checks_every_result_and_prints_bound_and_model():
     """scripts/bench_pipelined.py (docs/nccl-programs.md) under mpiexec: the
     default, the program step by step and pipelined, all exact; with
@@ -473,6 +475,7 @@ def test_the_pipelined_benchmark_script_checks_every_result_and_prints_bound_and
     assert row[13] == f"{priced * 1e3:.2f}ms", done.stdout
 
 
+@pytest.mark.mpi
 def test_bench_times_the_pipelined_schedule_beside_the_program(tmp_path):
     """``bench --pipelined`` under mpiexec: each synthesized all-reduce is
     followed by itself run as its schedule (``~p``), checked exactly every

@@ -369,6 +369,7 @@ def mpirun(n: int, *argv: str, timeout_s: float = 120) -> subprocess.CompletedPr
                           timeout=limit_s(timeout_s))
 
 
+@pytest.mark.mpi
 def test_every_program_is_exact_under_mpi():
     # hundreds of programs: bounded by progress (rank 0 prints every 20), not by total time
     done = run_watched(mpiexec_command(8, "tests/mpi_worker.py", "programs"), stall_s=120, cwd=REPO, env=mpi_env())
@@ -381,6 +382,7 @@ REQUIRED = {"schema", "version", "topology", "axes", "matrix", "reduce", "collec
             "wrong"}
 
 
+@pytest.mark.mpi
 def test_bench_prints_zero_wrong_and_appends_records(tmp_path):
     jsonl = tmp_path / "m.jsonl"
     done = mpirun(8, "-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--axes", "dp=4,mp=2",
@@ -396,6 +398,7 @@ def test_bench_prints_zero_wrong_and_appends_records(tmp_path):
     assert records[0]["schema"] == "synth-reduce/measurement" and len(records[0]["times_s"]) == 3
 
 
+@pytest.mark.mpi
 def test_bench_runs_a_plan_file_of_another_goal(tmp_path):
     plan = tmp_path / "rs.json"
     lowered = lowered_on_2x4("ReduceScatter(node, inside)\nReduceScatter(node, parallel(root))", Goal.REDUCESCATTER)
@@ -407,6 +410,7 @@ def test_bench_runs_a_plan_file_of_another_goal(tmp_path):
     assert [row[0] for row in rows] == ["default", "plan"] and all(row[-1] == "0" for row in rows)
 
 
+@pytest.mark.mpi
 def test_tune_writes_a_plan_that_verify_accepts(tmp_path, cli):
     plan = tmp_path / "tuned.json"
     done = mpirun(8, "-m", "synth.cli", "tune", "--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "16K",
@@ -436,6 +440,7 @@ def bad_plan(plan8, kind):
     return path
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     "n, argv, expected",
     [
@@ -455,6 +460,7 @@ def test_bad_cli_input_fails_on_every_rank_without_hanging(plan8, n, argv, expec
     assert len(errors) == n and all(expected in line for line in errors), done.stderr
 
 
+@pytest.mark.mpi
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc (Linux)")
 def test_a_failed_measurement_write_fails_every_rank_without_hanging(plan8):
     """/proc passes the early writability check (an existing folder), but no
@@ -481,6 +487,7 @@ def _rank_pids(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.mpi
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize("delay_s", [2.0, 0.0])
 def test_sigint_to_one_rank_ends_the_whole_job(plan8, tmp_path, delay_s):
@@ -520,6 +527,7 @@ def test_sigint_to_one_rank_ends_the_whole_job(plan8, tmp_path, delay_s):
     assert not _rank_pids(marker)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("mode, expected", [("bad-length", "buffer lengths differ"), ("bad-dtype", "rank 1: dtype float16")])
 def test_a_bad_buffer_on_one_rank_fails_every_rank_under_mpi(mode, expected):
     done = mpirun(8, "tests/mpi_worker.py", mode, timeout_s=60)
@@ -528,6 +536,7 @@ def test_a_bad_buffer_on_one_rank_fails_every_rank_under_mpi(mode, expected):
     assert len(errors) == 8 and all(expected in line for line in errors), done.stderr
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("mode, expected", [
     ("read-only", "rank 5: the buffer is read-only"),
     ("byte-order", "rank 5: the buffer's byte order (>f4) is not this machine's"),
@@ -539,6 +548,7 @@ def test_a_read_only_or_foreign_byte_order_buffer_on_one_rank_fails_every_rank_u
     assert len(errors) == 8 and len(set(errors)) == 1 and expected in errors[0], done.stderr
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("kind, who", [("swapped", "all"), ("swapped", "5"), ("duplicated", "3")])
 def test_a_tampered_plan_file_on_any_rank_fails_every_rank_under_mpi(plan8, tmp_path, kind, who):
     bad = tampered_plans(plan8, tmp_path)[kind]
@@ -550,6 +560,7 @@ def test_a_tampered_plan_file_on_any_rank_fails_every_rank_under_mpi(plan8, tmp_
     assert errors[0].startswith(f"synth-reduce: error: {prefix}{bad}: step 1 (") and "differ from the lowering" in errors[0]
 
 
+@pytest.mark.mpi
 def test_a_plan_file_runs_exactly_under_mpi(plan8):
     done = mpirun(8, "tests/mpi_worker.py", "plan-path", str(plan8), str(plan8), "all", timeout_s=60)
     assert done.returncode == 0 and re.search(r"ok: .* exact on 8 ranks", done.stdout), done.stdout + done.stderr
@@ -563,6 +574,7 @@ def mpirun_mpmd(*parts: tuple[int, list[str]], timeout_s: float = 60) -> subproc
     return subprocess.run(command, cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=limit_s(timeout_s))
 
 
+@pytest.mark.mpi
 def test_ranks_given_different_bench_arguments_fail_alike_naming_them():
     bench = ["-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "4K",
              "--warmup", "0"]
@@ -575,6 +587,7 @@ def test_ranks_given_different_bench_arguments_fail_alike_naming_them():
                          "same arguments")
 
 
+@pytest.mark.mpi
 def test_tune_checks_its_output_path_before_the_work(tmp_path):
     out = tmp_path / "missing" / "t.json"
     done = mpirun(8, "-m", "synth.cli", "tune", "--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "4K",
@@ -586,6 +599,7 @@ def test_tune_checks_its_output_path_before_the_work(tmp_path):
                          "create it or write elsewhere")
 
 
+@pytest.mark.mpi
 def test_sizes_beyond_the_machines_memory_are_refused_with_the_estimate():
     done = mpirun(8, "-m", "synth.cli", "bench", "--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "4K,256G",
                   "--top", "1", timeout_s=60)

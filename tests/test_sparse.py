@@ -305,6 +305,7 @@ def test_the_executor_on_thread_ranks_gives_every_rank_the_dense_sums_non_zeros(
                     assert np.array_equal(out[d][0], want_idx) and np.array_equal(out[d][1], want_val)
 
 
+@pytest.mark.mpi
 def test_bench_density_under_mpi_prints_zero_wrong_beside_the_dense_default():
     from test_runtime import mpirun
 
@@ -317,6 +318,7 @@ def test_bench_density_under_mpi_prints_zero_wrong_beside_the_dense_default():
     assert "dense default" in done.stdout and "predicted crossover density" in done.stdout
 
 
+@pytest.mark.mpi
 def test_bench_density_errors_name_the_option():
     from test_runtime import mpirun
 
@@ -334,6 +336,7 @@ def test_bench_density_refuses_the_dense_only_options(cli, tmp_path):
         cli, *common, "--pipelined")
 
 
+@pytest.mark.torchrun
 def test_bench_density_under_torchrun_runs_every_sparse_step_exactly():
     """torch.distributed (gloo): the sparse steps as all_to_all_single with
     split sizes, all_gather, gather and broadcast of padded byte messages
