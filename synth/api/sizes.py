@@ -9,7 +9,14 @@ from typing import ClassVar, Sequence
 from ..cost import Model
 from ..errors import SynthError
 from ..synthesis.language import format_program
-from ..synthesis.placement import Axis, AxisRange, Constraint, enumerate_placements, parse_axis_ranges, size_assignments
+from ..synthesis.placement import (
+    Axis,
+    AxisRange,
+    Constraint,
+    enumerate_placements,
+    parse_axis_ranges,
+    size_assignments,
+)
 from ..synthesis.problem import TopologySpec, make_problem, resolve_topology
 from ..synthesis.semantics import Goal
 from ..topology import Topology

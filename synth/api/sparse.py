@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from ..cost.sparse import SparseRanking, SparseSpec
 
 
-__all__ = ["SPARSE_CHECKS", "SparsePlacementResult", "SparseSolution", "check_sparse_form", "solve_sparse", "solve_sparse_problem"]
+__all__ = ["SPARSE_CHECKS", "SparsePlacementResult", "SparseSolution", "check_sparse_form", "solve_sparse",
+           "solve_sparse_problem"]
 
 
 def check_sparse_form(program: Program, reduction: Reduction, encoding: str = "coo") -> int:
