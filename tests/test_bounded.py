@@ -24,7 +24,10 @@ def enumerated(h: Hierarchy, goal: Goal, max_steps: int) -> set[tuple[str, ...]]
 
 
 LIMITS = [((2,), 5), ((3,), 5), ((4,), 5), ((2, 2), 5), ((2, 3), 4), ((3, 2), 4), ((2, 2, 2), 3)]
-CASES = [(sizes, steps, goal) for sizes, steps in LIMITS for goal in Goal] + [((2, 2, 2), 4, Goal.ALLGATHER)]
+# three levels, or six devices at four steps: seconds to a minute of CPU each (the fast loop leaves them out)
+SLOW = {(2, 2, 2), (3, 2)}
+CASES = [pytest.param(sizes, steps, goal, marks=[pytest.mark.slow] if sizes in SLOW else [])
+         for sizes, steps in LIMITS for goal in Goal] + [pytest.param((2, 2, 2), 4, Goal.ALLGATHER, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("sizes,max_steps,goal", CASES, ids=lambda v: getattr(v, "value", str(v)))

@@ -578,6 +578,7 @@ def test_calibrate_from_records_and_its_errors(cli, tmp_path):
         f"{bad}:1: field 'K' must be an integer >= 1, got None")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_calibrate_on_the_cpu_measures_and_fits(tmp_path):
     """The measuring path end to end on a tiny grid (PyTorch on the CPU): a
@@ -603,6 +604,7 @@ def test_calibrate_on_the_cpu_measures_and_fits(tmp_path):
     assert layer.forward_s > 0 and layer.backward_s > layer.forward_s / 10
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_layer_accuracy_script_measures_on_the_cpu_and_compares(tmp_path):
     """scripts/layer_accuracy.py's mechanics on tiny models: every layer and

@@ -98,6 +98,7 @@ def test_rankings_position_and_pick_against_the_default():
     assert r.position == 1 and r.pick_over_default == 0.75 and r.pick_over_best == 1.5
 
 
+@pytest.mark.slow
 def test_report_on_measurements_of_a_known_model(tmp_path):
     """Records whose times the prior model itself predicts: the report finds the
     simulator exact (top-1 100%, no error) and the speedups of the data."""

@@ -98,6 +98,7 @@ CASES = [("testbed-2x4", "dp=8", "dp"), ("testbed-2x4", "dp=2,mp=4", "dp,mp"), (
          ("testbed-2x2x2", "dp=4,mp=2", "dp,mp")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("topology, axes, reduce", CASES)
 def test_execute_leaves_what_the_runtimes_reference_leaves(topology, axes, reduce):

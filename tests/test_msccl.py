@@ -33,6 +33,7 @@ def _programs(topology: str, axes: str, reduce: str, goal: Goal, limit: int | No
             yield reduction, program
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("topology,axes,reduce", [("p2-a100", "dp=4,mp=16", "dp"), ("p2-a100", "dp=4,mp=16", "mp"),
                                                   ("p2-v100", "dp=4,mp=8", "dp"), ("p2-v100", "dp=4,mp=8", "mp")])
 @pytest.mark.parametrize("goal", GOALS, ids=lambda g: g.value)

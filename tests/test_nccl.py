@@ -352,6 +352,7 @@ def test_nvls_disabled_falls_back_to_rings():
 # ================================================================ the accuracy report
 
 
+@pytest.mark.slow
 def test_the_accuracy_section_of_docs_simulator_is_what_the_script_generates():
     import subprocess
     import sys

@@ -132,7 +132,8 @@ def _brute_force(h, goal, max_steps):
     return found
 
 
-@pytest.mark.parametrize("sizes,steps", [((4,), 4), ((2, 2), 4), ((2, 3), 3), ((2, 2, 2), 3)])
+@pytest.mark.parametrize("sizes,steps", [((4,), 4), pytest.param((2, 2), 4, marks=pytest.mark.slow), ((2, 3), 3),
+                                         pytest.param((2, 2, 2), 3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("goal", list(Goal))
 def test_state_search_equals_string_enumeration(sizes, steps, goal):
     h = H(*sizes)
@@ -789,6 +790,7 @@ def _shifted_key(space, state, ids_upto):
     return None, False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sizes", [(4, 2, 2), (2, 2, 2, 2), (4, 4)])
 @pytest.mark.parametrize("goal", [Goal.ALLREDUCE, Goal.REDUCESCATTER])
 def test_groupings_of_one_first_group_share_their_outcomes(sizes, goal):

@@ -474,6 +474,7 @@ def sleeping_job(emulate, tmp_path) -> tuple[subprocess.Popen, str]:
     return job, nodes[1]
 
 
+@pytest.mark.slow
 def test_a_rank_whose_guard_dies_ends_the_job_with_a_message_naming_its_node(emulate, tmp_path):
     """Killing a rank's guard shell leaves its command running outside MPI's
     control: mpiexec would wait for it (here 300 s). emulate notices that no

@@ -99,6 +99,7 @@ def test_launch_problems_name_the_ranks_hosts_and_the_fix():
 # ---------------------------------------------------------------- light imports
 
 
+@pytest.mark.slow
 def test_synth_torch_and_synth_jax_do_not_load_the_synthesizer():
     code = ("import sys, synth.torch, synth.jax\n"
             "print(sorted({'z3', 'lark'} & {m.split('.')[0] for m in sys.modules}))\n"

@@ -139,6 +139,7 @@ def test_execute_allgather_and_broadcast_in_place():
     assert buf[0, :, 0].tolist() == [0, 8, 10, 10]
 
 
+@pytest.mark.slow
 def test_verification_scope_shrinks_with_size():
     topology = load_topology("dgx-a100").scaled({"node": 8})
     placement = Placement(topology, parse_axes("dp=64"), ((8, 8),))
