@@ -461,3 +461,21 @@ def test_the_program_freezes_what_survives_a_pause_and_a_library_call_does_not(m
         assert gc.is_tracked(kept[-1]) and not any(o is kept[-1] for o in gc.get_objects())  # frozen: not walked
     finally:
         gc.unfreeze()
+
+
+def test_the_version_is_the_packages_and_plans_name_it(tmp_path, capsys):
+    """One version (synth/version.py): the installed package's (pyproject),
+    the facade's, ``--version``'s and a written plan's ``created_by``."""
+    import re
+
+    import synth.version
+    from synth.cli import main
+
+    declared = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    assert synth.__version__ == synth.version.__version__ == declared
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out == f"synth-reduce {declared}\n"
+    solution = synth.solve("testbed-2x4", {"dp": 8}, verify=False, top=1)
+    synth.write_plan(tmp_path / "plan.json", solution.plan())
+    assert json.loads((tmp_path / "plan.json").read_text())["created_by"] == f"synth-reduce {declared}"
