@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from synth.cost import default_program
 from synth.cost.nccl_log import Capture, Choice, logged_version, parse, parse_line, summarize, version_text
 from synth.cost.records import Record, append_records, read_records
 from synth.errors import SynthError
-from synth.runtime.backends import LocalWorld, _LocalComm, _LocalShared
+from synth.runtime.backends import LocalWorld, run_local
 from synth.runtime.bench import bench_on
 from synth.synthesis.language import parse_program
 from synth.synthesis.placement import Placement, parse_axes
@@ -125,7 +124,7 @@ class LoggingComm:
     tuning line per call to the file NCCL_DEBUG_FILE names; only world rank 0
     logs (NCCL's log is per process)."""
 
-    def __init__(self, comm: _LocalComm, logs: bool) -> None:
+    def __init__(self, comm, logs: bool) -> None:  # comm: what LocalWorld.split returns
         self.comm, self.logs = comm, logs
 
     def _log(self, collective: str, a: np.ndarray) -> None:
@@ -153,36 +152,12 @@ class LoggingWorld(LocalWorld):
         return None if comm is None else LoggingComm(comm, self.rank == 0)
 
 
-def test_bench_records_what_nccl_logged_for_each_program_and_size(tmp_path, monkeypatch):
-    import synth.synthesis.placement
-
-    lock = threading.Lock()
-    enumerate_matrices = synth.synthesis.placement.enumerate_matrices
-
-    def one_at_a_time(*args, **kwargs):  # z3 is not thread-safe; every thread rank enumerates placements
-        with lock:
-            return enumerate_matrices(*args, **kwargs)
-
-    monkeypatch.setattr(synth.synthesis.placement, "enumerate_matrices", one_at_a_time)
+def test_bench_records_what_nccl_logged_for_each_program_and_size(tmp_path):
     jsonl = tmp_path / "m.jsonl"
     request = request_of(["--topology", "testbed-2x4", "--axes", "dp=8", "--sizes", "64,4K", "--top", "1",
                           "--iters", "2", "--warmup", "1", "--backend", "nccl", "--jsonl", str(jsonl)], tune=False)
-    shared = _LocalShared(8, 60.0)
-    errors = []
-    with Capture() as capture:
-        def body(rank):
-            try:
-                bench_on(LoggingWorld(shared, rank), request, capture)
-            except BaseException as exc:  # re-raised below
-                errors.append(exc)
-                shared.abort()
-
-        threads = [threading.Thread(target=body, args=(r,)) for r in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert not errors, errors
+    with Capture() as capture:  # eight thread ranks, each as a LoggingWorld on the same rendezvous
+        run_local(8, lambda world: bench_on(LoggingWorld(world.shared, world.rank), request, capture))
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert len(records) == 2 * 2  # the default and the best predicted program x 2 sizes
     for r in records:
