@@ -37,11 +37,14 @@ _allowed: set[str] = set()
 
 
 def launcher_marker(argv) -> str | None:
-    """The marker a command needs: ``mpi`` for mpiexec/mpirun, ``torchrun`` for
-    torchrun or ``python -m torch.distributed.run``; None for anything else."""
+    """The marker a command needs: ``mpi`` for mpiexec/mpirun or ``synth-reduce
+    emulate`` (mpiexec across emulated nodes), ``torchrun`` for torchrun or
+    ``python -m torch.distributed.run``; None for anything else."""
     if isinstance(argv, (str, bytes, os.PathLike)):
         argv = [argv]
     words = [os.path.basename(os.fsdecode(a)) for a in argv]
+    if "emulate" in words and ("synth.cli" in words or "synth-reduce" in words):
+        return "mpi"
     return next((LAUNCH_MARKERS[w] for w in words if w in LAUNCH_MARKERS), None)
 
 

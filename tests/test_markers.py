@@ -14,6 +14,7 @@ def test_the_launcher_of_a_command_names_its_marker():
     assert launcher_marker(["/venv/bin/mpiexec", "-n", "8", "python", "x.py"]) == "mpi"
     assert launcher_marker([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4"]) == "torchrun"
     assert launcher_marker("torchrun") == "torchrun"
+    assert launcher_marker([sys.executable, "-m", "synth.cli", "emulate", "--topology", "t.yaml", "--", "true"]) == "mpi"
     assert launcher_marker([sys.executable, "-m", "synth.cli", "bench"]) is None
 
 

@@ -377,6 +377,7 @@ levels:
 """
 
 
+@pytest.mark.mpi
 def test_bench_on_a_two_node_cluster_is_exact_and_leaves_nothing(emulate, tmp_path):
     (tmp_path / "2x2.yaml").write_text(TWO_BY_TWO)
     proc = emulate("--topology", "2x2.yaml", "--", sys.executable, "-m", "synth.cli", "bench",
@@ -392,6 +393,7 @@ def test_bench_on_a_two_node_cluster_is_exact_and_leaves_nothing(emulate, tmp_pa
     assert_nothing_left(proc.pid)
 
 
+@pytest.mark.mpi
 def test_the_links_a_rank_sees_carry_the_requested_mtu(emulate, tmp_path):
     (tmp_path / "2x2.yaml").write_text(TWO_BY_TWO)
     proc = emulate("--topology", "2x2.yaml", "--mtu", "9000", "--", "ip", "-o", "link", "show")
@@ -404,6 +406,7 @@ def test_the_links_a_rank_sees_carry_the_requested_mtu(emulate, tmp_path):
     assert_nothing_left(proc.pid)
 
 
+@pytest.mark.mpi
 def test_the_uplink_benchmark_runs_across_two_nodes(emulate, tmp_path):
     """scripts/bench_uplink.py (docs/testbed.md): a raw TCP stream and MPI
     pairs across the emulated nodes, each row with its ratio to the bound."""
@@ -420,6 +423,7 @@ def test_the_uplink_benchmark_runs_across_two_nodes(emulate, tmp_path):
     assert_nothing_left(proc.pid)
 
 
+@pytest.mark.mpi
 def test_a_failing_command_or_sigterm_still_tears_down(emulate, tmp_path):
     (tmp_path / "2x2.yaml").write_text(TWO_BY_TWO)
     failing = emulate("--topology", "2x2.yaml", "--", "false")
@@ -474,6 +478,7 @@ def sleeping_job(emulate, tmp_path) -> tuple[subprocess.Popen, str]:
     return job, nodes[1]
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_a_rank_whose_guard_dies_ends_the_job_with_a_message_naming_its_node(emulate, tmp_path):
     """Killing a rank's guard shell leaves its command running outside MPI's
@@ -498,6 +503,7 @@ def parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+@pytest.mark.mpi
 def test_a_node_whose_daemon_dies_fails_the_job_with_a_message_naming_it(emulate, tmp_path):
     """When a node's daemon (prted) dies, mpiexec ends the job at once with exit
     code 0 and leaves the ranks running; emulate says so and exits nonzero."""
