@@ -18,20 +18,19 @@ One module per collective, each answer in the one shape of
 :mod:`~synth.api.sparse` (sparse all-reduce), :mod:`~synth.api.alltoall`,
 :mod:`~synth.api.sizes` (axes without sizes) and :mod:`~synth.api.workload`
 (a whole step's reductions). Adding a collective: a module of its own on the
-bases of :mod:`~synth.api.results`, listed in :data:`COLLECTIVE_MODULES`, whose
-``__all__`` names are then this package's.
+bases of :mod:`~synth.api.results`, imported here and listed in
+:data:`COLLECTIVE_MODULES`, whose ``__all__`` names are then this package's.
 """
 
 from __future__ import annotations
 
-import importlib
+from . import alltoall, reduction, sizes, sparse, workload
 
 #: the modules whose ``__all__`` this package exports, one per collective
-COLLECTIVE_MODULES = ("reduction", "sizes", "workload", "sparse", "alltoall")
+COLLECTIVE_MODULES = (reduction, sizes, workload, sparse, alltoall)
 
 __all__ = ["COLLECTIVE_MODULES"]
-for _name in COLLECTIVE_MODULES:
-    _module = importlib.import_module(f"{__name__}.{_name}")
+for _module in COLLECTIVE_MODULES:
     globals().update({name: getattr(_module, name) for name in _module.__all__})
     __all__ += _module.__all__
-del _name, _module
+del _module
