@@ -4,16 +4,28 @@ torchrun carries the ``mpi`` or ``torchrun`` marker, so that the fast loop,
 ``pytest -m "not mpi and not torchrun and not slow"``, leaves it out) and
 timeouts stretched by the machine's load.
 
-This folder is on ``sys.path`` (pytest puts a rootdir conftest's folder there),
-so test modules in any subfolder import ``processes`` and ``helpers``."""
+The tests mirror the packages (tests/synthesis/, tests/cost/, ...; the top-level
+modules' tests here). This folder and every subfolder are on ``sys.path``, so a
+test module anywhere imports ``processes``, ``helpers`` and the helpers of any
+other test module by name."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+from pathlib import Path
 
-import pytest
-from processes import time_scale
+# every folder of tests/ on sys.path (this one is there already: pytest puts a
+# rootdir conftest's folder there), so that a test module imports the helpers of
+# another folder's module by its name (tests/synthesis/test_sparse.py:
+# ``from test_runtime import mpirun``), also when that file runs alone
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and not _folder.name.startswith((".", "_")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
+
+import pytest  # noqa: E402
+from processes import time_scale  # noqa: E402
 
 from synth.cli import main
 

@@ -1,4 +1,4 @@
-"""Worker for tests/test_runtime.py, run as ``mpiexec -n 8 python tests/mpi_worker.py MODE``.
+"""Worker for tests/runtime/test_runtime.py, run as ``mpiexec -n 8 python tests/mpi_worker.py MODE``.
 
 ``programs``: every program of every placement, for each goal and several axes
 and reductions on testbed-2x4, on odd and even lengths and four dtypes; every

@@ -355,7 +355,7 @@ def parity_plans(tmp_path_factory):
 @pytest.mark.timeout(600)
 def test_the_mpiexec_failure_cases_fail_alike_under_torchrun(parity_plans):
     """The tampered-plan, buffer-mismatch and argument-mismatch cases of
-    tests/test_runtime.py, under torchrun on gloo: every rank gets the same
+    tests/runtime/test_runtime.py, under torchrun on gloo: every rank gets the same
     one-line error, the one the MPI runs give (dtype names aside)."""
     done = torchrun(8, "tests/torch_worker.py", "parity", str(parity_plans), timeout_s=300)
     assert done.returncode == 0, launch_output(done)

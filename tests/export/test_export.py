@@ -31,7 +31,7 @@ from synth.synthesis.placement import enumerate_placements, parse_axes
 from synth.synthesis.reduction import Reduction
 from synth.topology import load_topology
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = "layers=4,hidden=256,heads=8,seq=128,vocab=1000"
 DEVICE = "memory_GiB=16,peak_TFLOPs=1"
 

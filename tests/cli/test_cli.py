@@ -19,7 +19,7 @@ from processes import limit_s
 
 from synth.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16", "--reduce", "dp")
 
 BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"

@@ -17,7 +17,7 @@ from processes import limit_s
 from synth.synthesis.problem import ProblemSpec
 from synth.testbed import evaluation as rep
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 run = rep  # the case list lives beside the measures
 
 

@@ -358,7 +358,7 @@ def test_the_accuracy_section_of_docs_simulator_is_what_the_script_generates():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, str(root / "scripts" / "nccl_accuracy.py"), "--check"],
                          capture_output=True, text=True, cwd=root, timeout=limit_s(300))
     assert run.returncode == 0, run.stderr

@@ -160,7 +160,7 @@ def test_flat_tree_allreduce_across_a_shared_nic_hand_computed(p2):
     # binary tree of the two node leaders (S/2 each way, both trees); 8 groups per node
     # pair: 16 flows of S/2 on each NIC direction, 0.5 GB/s each. The chain's GPUs
     # send their network flows over PCIe (GPUDirect RDMA), not NVLink. NCCL's tuning
-    # picks LL128 for this tree at 256 MiB (tests/test_nccl.py): efficiency
+    # picks LL128 for this tree at 256 MiB (tests/cost/test_nccl.py): efficiency
     # 120/128 (LL128's payload); latency 14 + 2 chain steps + 2 log2(2) network steps at LL128's.
     ranked = ranked_by_matrix(p2, "dp=4,mp=16", algo="tree")[SPLIT]
     latency = (TREE_BASE[LL128] + 2 * NVL_STEP[LL128] + 2 * NET_STEP[LL128]) * US
@@ -425,7 +425,7 @@ def test_tree_allreduce_hand_computed(p2):
     # one GPU on each of 4 nodes: trees 16->0 32->0 48->16 and (rotated by one)
     # 32->16 48->16 0->32, S/2 each, plus the same edges reversed: node 1 (16)
     # receives 48->16 twice, 32->16 and 0->16, 4 flows on its 8 GB/s NIC;
-    # between nodes NCCL's tuning picks LL128 (tests/test_nccl.py); 2 log2(4) = 4 network steps
+    # between nodes NCCL's tuning picks LL128 (tests/cost/test_nccl.py); 2 log2(4) = 4 network steps
     ll128 = lambda chain_steps, net_steps: (TREE_BASE[LL128] + chain_steps * NVL_STEP[LL128]  # noqa: E731
                                             + net_steps * NET_STEP[LL128]) * US
     across, f = step_cost(p2, prior, Algorithm.TREE, AR, [[0, 16, 32, 48]], [S])

@@ -36,7 +36,7 @@ def by_matrix(doc: dict, matrix) -> dict:
 # NCCL 2.27.7 on 4 A100s of a p2-a100 node (270 GB/s per GPU as NCCL sees it, ring graph
 # 18 channels x 15 GB/s): ring LL (min(87.7, 270/2) x 4/6 GB/s, 6.6 + 6 x 0.6 us) until
 # 1.37 MB, LL128 (248.4 x 4/6, 14 + 6 x 1.9) until 7.04 MB, then Simple (180, 8.4 + 6 x 3.4)
-# (tests/test_nccl.py checks such choices by hand). The time model: 6 rounds of S/4 at
+# (tests/cost/test_nccl.py checks such choices by hand). The time model: 6 rounds of S/4 at
 # 270 GB/s x the protocol's payload (LL .5, LL128 120/128, Simple 1), plus those latencies.
 PROTOCOLS = {"LL": (0.5, 6.6 + 6 * 0.6), "LL128": (120 / 128, 14.0 + 6 * 1.9), "Simple": (1.0, 8.4 + 6 * 3.4)}
 
@@ -203,7 +203,7 @@ def test_a_profile_is_refused_on_a_scaled_topology(cli, tmp_path, name, scale):
 # ================================================================ JSON and table
 
 
-# dp over 2 nodes x 2 GPUs (SPLIT), 256 MiB, NCCL's choices (tests/test_cost.py computes them):
+# dp over 2 nodes x 2 GPUs (SPLIT), 256 MiB, NCCL's choices (tests/cost/test_cost.py computes them):
 # BlueConnect = ring RS and AG of 2 GPUs inside the node (S/2 at 270 GB/s, 8.4 + 3.4 us each) and a
 # ring AR of 2 nodes on S/2 (2 rounds of S/4, 16 GPUs on one 8 GB/s NIC: 0.5 GB/s; 8.4 + 2 x 14 us);
 # the default all-reduce is NCCL's 2-node tree, LL128 (S/2 per NIC flow, 16 flows: 0.5 GB/s,

@@ -22,7 +22,7 @@ from synth.cli.args import Parser
 from synth.cli.bench import request_of
 from synth.cli.commands import COMMANDS, SUMMARIES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 P2 = ("--topology", "p2-a100", "--axes", "dp=4,mp=16")
 
 

@@ -12,7 +12,7 @@ from synth.synthesis.placement import parse_axis_ranges
 from synth.topology import load_topology
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 TINY = "layers=4,hidden=256,heads=8,seq=128,vocab=1000"

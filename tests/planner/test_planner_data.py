@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = sorted((ROOT / "models").glob("*.yaml"))
 MEGATRON = ROOT / "data" / "megatron_sc21.jsonl"
 GPUS = ROOT / "data" / "gpus.yaml"

@@ -64,7 +64,7 @@ from synth.planner.transformer import Recompute, load_model, parse_inline_model
 from synth.synthesis.placement import Axis, AxisRange, enumerate_placements
 from synth.topology import load_topology
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H100_RECORDS = REPO / "data" / "calibration" / "h100-ops.jsonl"
 H100_PROFILE = REPO / "profiles" / "h100-sxm5-80gb.compute.json"
 H100_LAYERS = REPO / "data" / "calibration" / "h100-layers.jsonl"

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "data", "nccl")
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "nccl")
 FILES = sorted(glob.glob(os.path.join(DATA, "*.jsonl")))
 
 COLLECTIVES = {"allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv"}

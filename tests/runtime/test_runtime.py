@@ -44,7 +44,7 @@ from synth.synthesis.search import synthesize_reduction
 from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BLUECONNECT = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
 
 

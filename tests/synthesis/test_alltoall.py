@@ -35,7 +35,7 @@ from synth.synthesis.problem import make_problem
 from synth.synthesis.semantics import Hierarchy, distinct_groupings
 from synth.topology import load_topology
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
+DATA = Path(__file__).resolve().parents[2] / "data" / "nccl"
 
 
 def _hierarchy(*sizes: int) -> Hierarchy:

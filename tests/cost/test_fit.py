@@ -352,7 +352,7 @@ def test_corpus_lines_need_the_measured_topology(cli, tmp_path):
 
 def test_the_committed_corpus_fits(cli, tmp_path):
     sets = ["stas00-h200x8-torch-allreduce-sweep", "azure-ndh200v5-x8-nvls-inplace", "stas00-h200x8-nvls-ramp-8g"]
-    paths = [str(Path(__file__).resolve().parents[1] / "data" / "nccl" / f"{s}.jsonl") for s in sets]
+    paths = [str(Path(__file__).resolve().parents[2] / "data" / "nccl" / f"{s}.jsonl") for s in sets]
     code, out, err = cli("validate", *paths, "--topology", "hgx-h200", "--holdout", "0.5", "--json")
     assert code == 0, err
     doc = json.loads(out)

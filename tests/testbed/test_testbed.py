@@ -32,7 +32,7 @@ from synth.testbed.namespaces import Leftovers, down, find_mpiexec, scan
 from synth.testbed.watch import JobWatch, Process
 from synth.topology import load_topology, topology_from_dict
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIGGEST_PID = 4194304  # Linux's pid_max limit
 
 
