@@ -178,3 +178,13 @@ def test_the_checks_catch_a_violation():
     cycle = {"synth.runtime.backends": {"synth.torch"}, "synth.torch": {"synth.runtime.backends"}}
     assert cycles(cycle) == ["synth.runtime.backends -> synth.torch -> synth.runtime.backends"]
     assert violations(cycle) == ["synth.runtime.backends (runtime) imports synth.torch (adapter)"]
+
+
+def test_the_tests_mirror_the_packages():
+    """tests/ holds a folder per stage it tests (tests/synthesis/, tests/cost/
+    ...) and, beside conftest.py, the tests of the top-level modules; no other
+    folder, and no test module in a folder of another name."""
+    tests = Path(__file__).resolve().parent
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    assert folders and set(folders) <= set(STAGES), f"test folders that are no stage: {set(folders) - set(STAGES)}"
+    assert all(p.parent == tests or p.parent.name in STAGES for p in tests.rglob("test_*.py"))
