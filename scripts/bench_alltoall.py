@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synth.runtime.alltoall import AllToAllRunner  # noqa: E402
 from synth.runtime.backends import MPIWorld  # noqa: E402
-from synth.runtime.bench import parse_sizes  # noqa: E402
+from synth.runtime.bench_setup import parse_sizes  # noqa: E402
 from synth.synthesis.alltoall import format_alltoall, synthesize_alltoall  # noqa: E402
 from synth.synthesis.placement import enumerate_placements, parse_axes  # noqa: E402
 from synth.synthesis.reduction import Reduction  # noqa: E402

@@ -1,4 +1,4 @@
-"""The benchmark's memory estimate (``synth.runtime.bench.memory_bytes``, which
+"""The benchmark's memory estimate (``synth.runtime.bench_setup.memory_bytes``, which
 ``bench`` and ``tune`` check against the machine's available memory before any
 work) against the memory real runs use.
 
@@ -40,7 +40,7 @@ CASES = [
 RANK = """
 import json, resource, sys
 from mpi4py import MPI
-import synth.runtime.bench as bench
+import synth.runtime.bench_setup as bench
 from synth.cli import main
 
 marks = []

@@ -30,7 +30,7 @@ from synth.cost.predict import Predictor, lowered_loads  # noqa: E402
 from synth.export.msccl import compile_program, schedule_of  # noqa: E402
 from synth.export.msccl_check import check_algorithm  # noqa: E402
 from synth.runtime.backends import MPIWorld  # noqa: E402
-from synth.runtime.bench import parse_sizes  # noqa: E402
+from synth.runtime.bench_setup import parse_sizes  # noqa: E402
 from synth.runtime.executor import Executor  # noqa: E402
 from synth.runtime.pipelined import allreduce  # noqa: E402
 from synth.synthesis.language import format_program  # noqa: E402

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth.runtime.bench import parse_sizes  # noqa: E402
+from synth.runtime.bench_setup import parse_sizes  # noqa: E402
 
 PORT = 45871
 

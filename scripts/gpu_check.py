@@ -46,7 +46,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
 def host_data(name: str) -> np.ndarray:
     """Small integers, exact in every dtype (bfloat16 through ml_dtypes)."""
-    from synth.runtime.bench import numpy_dtype
+    from synth.runtime.bench_setup import numpy_dtype
 
     return (np.arange(24) % 7 - 3).astype(numpy_dtype(name))
 
@@ -158,7 +158,8 @@ def executor_worker() -> int:
 
     import synth.torch
     from synth.plan import Plan
-    from synth.runtime.bench import numpy_dtype, rank_data
+    from synth.runtime.bench_measure import rank_data
+    from synth.runtime.bench_setup import numpy_dtype
     from synth.runtime.executor import reference
     from synth.synthesis.lowering import lower
     from synth.synthesis.placement import enumerate_placements, parse_axes

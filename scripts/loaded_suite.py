@@ -2,7 +2,7 @@
 pytest, as a shared CI box or a laptop in use would have.
 
     python scripts/loaded_suite.py 16                       # the whole suite, 16 busy loops
-    python scripts/loaded_suite.py 16 tests/test_runtime.py # part of it
+    python scripts/loaded_suite.py 16 tests/runtime/test_runtime.py # part of it
 
 Prints the load average before and after and pytest's own output; exits with
 pytest's code. SIGINT is set to its default in pytest (a background job of a

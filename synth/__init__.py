@@ -3,7 +3,7 @@
 The package shows the pipeline, one stage per subpackage, each importing only
 the stages below it (``tests/test_layout.py`` checks this):
 
-* top level, shared by every stage: ``errors``, ``units``, ``resources``,
+* top level, shared by every stage: ``version``, ``errors``, ``units``, ``resources``,
   ``documents`` (versioned JSON), ``topology``; ``plan`` (the plan document:
   built from and re-derived with the synthesis stage, read by every stage
   above it); ``api`` (the public API) and the adapters ``torch`` and ``jax``;
@@ -38,15 +38,16 @@ import importlib
 
 TYPE_CHECKING = False  # typing is not imported at run time: less start-up before the CLI's error handling
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _EXPORTS = {
     "solve": "api", "solve_problem": "api", "solve_sparse": "api", "SparseSolution": "api",
     "solve_alltoall": "api", "AllToAllSolution": "api", "solve_sizes": "api", "rank_placements": "api", "Solution": "api",
     "SizesSolution": "api", "PlacementResult": "api", "ProgramResult": "api", "WorkloadSolution": "api",
-    "plan_job": "planner.search", "JobRequest": "planner.search", "JobSolution": "planner.search",
+    "plan_job": "planner.configurations", "JobRequest": "planner.configurations",
+    "JobSolution": "planner.configurations",
     "load_plan": "plan", "write_plan": "plan", "Plan": "plan",
-    "verify_plan": "synthesis.verify", "Executor": "runtime.executor",
+    "verify_plan": "plan", "Executor": "runtime.executor",
     "Model": "cost", "Algorithm": "cost", "Profile": "cost",
     "Reduction": "synthesis.reduction", "Goal": "synthesis.semantics",
     "Topology": "topology", "load_topology": "topology",
@@ -81,12 +82,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     )
     from .cost import Algorithm, Model, Profile
     from .errors import SynthError
-    from .plan import Plan, load_plan, write_plan
-    from .planner.search import JobRequest, JobSolution, plan_job
+    from .plan import Plan, load_plan, verify_plan, write_plan
+    from .planner.configurations import JobRequest, JobSolution, plan_job
     from .runtime.executor import Executor
     from .synthesis.reduction import Reduction
     from .synthesis.semantics import Goal
-    from .synthesis.verify import verify_plan
     from .topology import Topology, load_topology
 
 

@@ -11,7 +11,7 @@ lark or yaml): it rebuilds the placement, re-derives every program's lowering
 from its text with the semantics (:func:`synth.synthesis.lowering.lower`) and refuses a
 file whose stored values differ in any field from that derivation. Proving the
 programs (numpy reference and z3) is a separate, explicit step:
-:func:`synth.synthesis.verify.verify_plan` or ``synth-reduce verify``.
+:func:`verify_plan` (which loads z3 only when called) or ``synth-reduce verify``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from . import __version__
+from .version import __version__
 from .documents import read_document, write_document
 from .errors import SynthError
 from .synthesis.language import Program, format_program, read_program
@@ -32,6 +32,9 @@ from .synthesis.reduction import Reduction
 from .synthesis.semantics import Goal
 from .topology import topology_from_dict
 from .units import MAX_COUNT
+
+if TYPE_CHECKING:
+    from .synthesis.verify import Verification
 
 SCHEMA = "synth-reduce/plan"
 VERSION = 2
@@ -501,3 +504,24 @@ def _checked_program(r: _Reader, doc: Any, at: str, reduction: Reduction) -> Low
             raise SynthError(f"{source}: step {number} ({want.instruction}) stores groups or chunks that differ "
                              f"from the lowering of the program on this placement; {_FIX}")
     return derived
+
+
+def verify_plan(plan: Plan, source: str = "plan") -> tuple[Verification, ...]:
+    """Prove every program of ``plan`` (in document order) with the numpy
+    reference and z3 (:func:`synth.synthesis.verify.verify_lowered`); SynthError
+    naming ``source``, the reduction and the size range of the first that fails.
+    The verifier (z3, lark) is imported here, on first call, so that
+    :func:`load_plan` stays light."""
+    from .synthesis.verify import verify_lowered
+
+    out = []
+    for planned in plan.reductions:
+        for program in planned.programs:
+            try:
+                out.append(verify_lowered(program.lowered))
+            except SynthError as exc:
+                where = planned.reduction.describe()
+                if len(planned.programs) > 1:
+                    where += f", buffers of {program.min_bytes}..{program.max_bytes or 'any'} bytes"
+                raise SynthError(f"{source}: {where}: {exc}") from None
+    return tuple(out)

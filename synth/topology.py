@@ -66,7 +66,7 @@ profile is used only on a topology of the same structure.
 An optional top-level ``device`` mapping describes one device (a leaf): its
 ``name``, usable ``memory_GiB`` (GiB = 2^30 bytes) and dense 16-bit tensor-core
 ``peak_TFLOPs``, with the ``source`` of the numbers. The job planner
-(:mod:`synth.planner.search`) needs it; the reduction tools ignore it.
+(:mod:`synth.planner.configurations`) needs it; the reduction tools ignore it.
 """
 
 from __future__ import annotations

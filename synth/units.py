@@ -83,11 +83,25 @@ def parse_size(text: str, option: str = "--size") -> int:
     return int(value)
 
 
-def format_size(nbytes: float) -> str:
-    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= factor:
-            return f"{nbytes / factor:g} {unit}"
-    return f"{nbytes:g} B"
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def format_size(nbytes: float, unit: str | None = None, places: int | None = None, short: bool = False) -> str:
+    """A byte count as people read it, the one formatter of sizes and memory
+    amounts: in the largest binary unit it reaches (``64 KiB``, ``1.5 GiB``,
+    ``12 B``), or in ``unit`` (``"GiB"``) when given; with ``places`` digits
+    after the point (default: as few as show it, ``:g``); ``short`` writes the
+    unit's first letter without a space, for narrow columns (``62.0G``).
+    ``format_size(3 * 2**29) == "1.5 GiB"``,
+    ``format_size(2**29, "GiB", 1) == "0.5 GiB"``,
+    ``format_size(2**29, places=1, short=True) == "512.0M"``."""
+    factors = dict(_UNITS)
+    if unit is not None and unit not in factors:
+        raise ValueError(f"unit {unit!r}: one of {', '.join(factors)}")
+    name = unit or next(u for u, factor in _UNITS if nbytes >= factor or factor == 1)
+    value = nbytes / factors[name]
+    number = f"{value:g}" if places is None else f"{value:.{places}f}"
+    return f"{number}{name[0]}" if short else f"{number} {name}"
 
 
 def format_seconds(seconds: float) -> str:

@@ -1,4 +1,4 @@
-"""Worker for tests/test_runtime.py, run as ``mpiexec -n 8 python tests/mpi_worker.py MODE``.
+"""Worker for tests/runtime/test_runtime.py, run as ``mpiexec -n 8 python tests/mpi_worker.py MODE``.
 
 ``programs``: every program of every placement, for each goal and several axes
 and reductions on testbed-2x4, on odd and even lengths and four dtypes; every
@@ -28,7 +28,7 @@ import numpy as np
 
 from synth.errors import SynthError
 from synth.runtime.backends import MPIWorld
-from synth.runtime.bench import rank_data
+from synth.runtime.bench_measure import rank_data
 from synth.runtime.executor import Executor, reference
 from synth.synthesis.language import Collective, format_program
 from synth.synthesis.lowering import lower

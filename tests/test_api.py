@@ -353,9 +353,9 @@ def test_the_best_programs_are_the_prefix_of_the_full_ranking(topology, axes, re
 
 
 def test_listing_every_program_is_refused_before_enumerating_beyond_the_limit(monkeypatch):
-    import synth.api
+    import synth.api.reduction
 
-    monkeypatch.setattr(synth.api, "LISTING_LIMIT", 50)
+    monkeypatch.setattr(synth.api.reduction, "LISTING_LIMIT", 50)
     with pytest.raises(SynthError) as exc:
         synth.solve("p2-a100", {"dp": 4, "mp": 16}, reduce="dp", verify=False)
     assert str(exc.value) == (
@@ -462,3 +462,21 @@ def test_the_program_freezes_what_survives_a_pause_and_a_library_call_does_not(m
         assert gc.is_tracked(kept[-1]) and not any(o is kept[-1] for o in gc.get_objects())  # frozen: not walked
     finally:
         gc.unfreeze()
+
+
+def test_the_version_is_the_packages_and_plans_name_it(tmp_path, capsys):
+    """One version (synth/version.py): the installed package's (pyproject),
+    the facade's, ``--version``'s and a written plan's ``created_by``."""
+    import re
+
+    import synth.version
+    from synth.cli import main
+
+    declared = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    assert synth.__version__ == synth.version.__version__ == declared
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out == f"synth-reduce {declared}\n"
+    solution = synth.solve("testbed-2x4", {"dp": 8}, verify=False, top=1)
+    synth.write_plan(tmp_path / "plan.json", solution.plan())
+    assert json.loads((tmp_path / "plan.json").read_text())["created_by"] == f"synth-reduce {declared}"

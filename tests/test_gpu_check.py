@@ -85,15 +85,17 @@ def test_the_single_rank_checks_pass_on_a_cpu_world(monkeypatch):
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         world = synth.torch.world()
-        comm = world.split([(0,)])
-        checks = (lambda a: world.xp.asarray(a), lambda t: t.float().numpy().astype("float64"),
-                  lambda a, n: torch.empty(n, dtype=a.dtype))
-        assert gpu_check.identity_checks(comm, *checks) == []
-        monkeypatch.setattr(comm, "bcast", lambda a: a.add_(1))
-        assert gpu_check.identity_checks(comm, *checks) == [f"bcast {name}" for name in gpu_check.DTYPES]
+        try:
+            comm = world.split([(0,)])
+            checks = (lambda a: world.xp.asarray(a), lambda t: t.float().numpy().astype("float64"),
+                      lambda a, n: torch.empty(n, dtype=a.dtype))
+            assert gpu_check.identity_checks(comm, *checks) == []
+            monkeypatch.setattr(comm, "bcast", lambda a: a.add_(1))
+            assert gpu_check.identity_checks(comm, *checks) == [f"bcast {name}" for name in gpu_check.DTYPES]
+        finally:
+            world.close()  # forgets the world; the process group is this test's, destroyed below
     finally:
         dist.destroy_process_group()
-        synth.runtime.torch_world._world_cache.clear()
 
 
 def test_the_msccl_check_says_what_it_needs(monkeypatch, tmp_path):

@@ -26,7 +26,7 @@ import synth.jax  # noqa: E402
 from synth.cli import main  # noqa: E402
 from synth.errors import SynthError  # noqa: E402
 from synth.plan import Plan, PlannedProgram, PlannedReduction  # noqa: E402
-from synth.runtime.bench import rank_data  # noqa: E402
+from synth.runtime.bench_measure import rank_data  # noqa: E402
 from synth.runtime.executor import reference  # noqa: E402
 from synth.synthesis.language import parse_program  # noqa: E402
 from synth.synthesis.lowering import lower  # noqa: E402
@@ -98,6 +98,7 @@ CASES = [("testbed-2x4", "dp=8", "dp"), ("testbed-2x4", "dp=2,mp=4", "dp,mp"), (
          ("testbed-2x2x2", "dp=4,mp=2", "dp,mp")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("topology, axes, reduce", CASES)
 def test_execute_leaves_what_the_runtimes_reference_leaves(topology, axes, reduce):

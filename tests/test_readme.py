@@ -39,6 +39,7 @@ def test_durations_are_the_only_thing_ignored():
     assert m.without_durations(a) != m.without_durations(a.replace("106", "107"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_readme_outputs_are_current():
     done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=limit_s(300))

@@ -123,6 +123,7 @@ def test_a_plan_for_another_topology_of_the_same_world_size_is_refused(tmp_path,
 # ---------------------------------------------------------------- light imports
 
 
+@pytest.mark.slow
 def test_synth_torch_and_synth_jax_do_not_load_the_synthesizer():
     code = ("import sys, synth.torch, synth.jax\n"
             "print(sorted({'z3', 'lark'} & {m.split('.')[0] for m in sys.modules}))\n"
@@ -178,6 +179,7 @@ def assert_check(checks, name: str) -> str:
     return results[name]["detail"]
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_executor_is_exact_on_every_allreduce_program_at_odd_lengths(checks):
     detail = assert_check(checks, "allreduce_programs")
@@ -187,6 +189,7 @@ def test_executor_is_exact_on_every_allreduce_program_at_odd_lengths(checks):
     assert count >= 100 and detail == f"{count} programs, {count * 3} runs per rank"
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_ddp_sparse_embedding_gradients_run_the_plans_program_in_sparse_form(checks):
     """comm_hook(plan, sparse=True) under DDP: nn.Embedding(sparse=True)'s
@@ -197,6 +200,7 @@ def test_ddp_sparse_embedding_gradients_run_the_plans_program_in_sparse_form(che
                         detail), detail
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_alltoall_programs_run_exactly_on_gloo(checks):
     """synth.runtime.alltoall on the torch world: the one call and both
@@ -204,15 +208,18 @@ def test_alltoall_programs_run_exactly_on_gloo(checks):
     assert assert_check(checks, "alltoall_programs") == "3 all-to-all programs exact"
 
 
+@pytest.mark.torchrun
 def test_executor_is_exact_on_reducescatter_and_allgather_plans(checks):
     assert re.fullmatch(r"\d+ programs", assert_check(checks, "shard_programs"))
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_executor_takes_a_plan_path_and_picks_the_program_by_size(checks):
     assert_check(checks, "plan_file_with_size_ranges")
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_a_job_plan_from_the_planner_runs_exactly_through_synth_torch(checks):
     detail = assert_check(checks, "job_plan")
@@ -220,11 +227,13 @@ def test_a_job_plan_from_the_planner_runs_exactly_through_synth_torch(checks):
         detail
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_device_mesh_groups_are_the_plans_reduction_groups(checks):
     assert_check(checks, "device_mesh")
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_ddp_with_the_plans_hook_trains_like_default_ddp(checks):
     for name in ("ddp_dp_only", "ddp_dp_mp"):
@@ -233,17 +242,20 @@ def test_ddp_with_the_plans_hook_trains_like_default_ddp(checks):
         assert all(n >= 3 for n in calls[1:]), detail
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_hsdp_on_the_hierarchical_mesh_runs_the_blueconnect_program(checks):
     assert_check(checks, "hsdp")
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_the_hook_refuses_a_process_group_other_than_the_plans(checks):
     detail = assert_check(checks, "hook_group")
     assert "else replicas would silently diverge" in detail
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_the_trainer_mesh_has_stable_names_and_the_plans_groups(checks):
     assert assert_check(checks, "trainer_mesh").startswith("tp [")
@@ -286,6 +298,7 @@ def _can_unshare() -> bool:
     return bool(unshare) and subprocess.run([unshare, "--uts", "true"], capture_output=True).returncode == 0
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not _can_unshare(), reason="giving ranks their own host names needs root (unshare --uts)")
 def test_bad_launches_fail_on_every_rank_with_one_message(tmp_path):
@@ -308,6 +321,7 @@ def test_bad_launches_fail_on_every_rank_with_one_message(tmp_path):
     assert "no error" not in done.stdout
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(300)
 def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
     done = torchrun(8, "tests/torch_worker.py", "bench", str(tmp_path), timeout_s=240)
@@ -330,6 +344,7 @@ def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
     assert programs[0].min_bytes == 0 and programs[-1].max_bytes is None
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(300)
 def test_the_ddp_example_trains_with_a_plans_hook(tmp_path):
     """A job plan (tp all-gather and reduce-scatter, dp all-reduce; the
@@ -375,10 +390,11 @@ def parity_plans(tmp_path_factory):
     return directory
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_the_mpiexec_failure_cases_fail_alike_under_torchrun(parity_plans):
     """The tampered-plan, buffer-mismatch and argument-mismatch cases of
-    tests/test_runtime.py, under torchrun on gloo: every rank gets the same
+    tests/runtime/test_runtime.py, under torchrun on gloo: every rank gets the same
     one-line error, the one the MPI runs give (dtype names aside)."""
     done = torchrun(8, "tests/torch_worker.py", "parity", str(parity_plans), timeout_s=300)
     assert done.returncode == 0, launch_output(done)
@@ -397,6 +413,7 @@ def test_the_mpiexec_failure_cases_fail_alike_under_torchrun(parity_plans):
                                      "ranks 4,5,6,7); give every rank the same arguments")
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(600)
 def test_a_rank_that_dies_ends_the_torchrun_job(parity_plans):
     """Rank 6 exits mid-run while the others are in collectives: the launch
@@ -406,6 +423,7 @@ def test_a_rank_that_dies_ends_the_torchrun_job(parity_plans):
     assert "exitcode  : 9" in done.stderr or "exitcode: 9" in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(400)
 def test_pipelined_schedules_are_exact_with_gloo_point_to_point(tmp_path):
     """MSCCL schedules of 12 all-reduce programs run with torch.distributed

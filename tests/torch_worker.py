@@ -38,7 +38,7 @@ import synth.torch
 from synth.cli import main as cli_main
 from synth.errors import SynthError
 from synth.plan import Plan, PlannedProgram, PlannedReduction, write_plan
-from synth.runtime.bench import rank_data
+from synth.runtime.bench_measure import rank_data
 from synth.runtime.executor import reference
 from synth.synthesis.language import format_program, parse_program
 from synth.synthesis.lowering import lower

@@ -10,7 +10,8 @@ from typing import Sequence
 from ..errors import SynthError
 from ..units import shown_number
 from ..runtime.backends import BACKENDS
-from ..runtime.bench import BenchRequest, parse_sizes, run
+from ..runtime.bench import run
+from ..runtime.bench_setup import BenchRequest, parse_sizes
 from ..runtime.watchdog import arm, parse_timeout
 from .args import Parser, add_problem_arguments, problem_spec, sparse_density
 

@@ -17,7 +17,7 @@ from ..planner.compute import DEFAULT_COMPUTE, ComputeModel
 from ..planner.frameworks import FRAMEWORK_CHOICES, framework_of
 from ..planner.operations import OperationProfile
 from ..planner.schedules import SCHEDULE_CHOICES
-from ..planner.search import Candidate, JobRequest, JobSolution, plan_job
+from ..planner.configurations import Candidate, JobRequest, JobSolution, plan_job
 from ..planner.stages import describe_layers
 from ..planner.stepmodel import Sharding, Training, sequence_parallel
 from ..planner.transformer import Recompute, load_model
@@ -329,10 +329,6 @@ def solution_document(solution: JobSolution) -> dict[str, Any]:
 # ---------------------------------------------------------------- table
 
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.3g}G" if nbytes < 2**30 else f"{nbytes / 2**30:.1f}G"
-
-
 def _compute_text(compute: ComputeModel) -> str:
     if isinstance(compute, OperationProfile):
         return (f"compute per operation ({compute.name or compute.source}: GEMMs up to "
@@ -401,7 +397,7 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
               + (f"{format_seconds(b.cp_s):>10} " if context else "")
               + (f"{format_seconds(b.ep_s):>10} " if experts else "") + f"{format_seconds(b.pp_s):>10} "
               f"{format_seconds(b.dp_s):>10} " + (f"{format_seconds(b.optimizer_s):>10} " if optimizer else "")
-              + f"{_gib(c.memory.total):>7} {c.tflops_per_device():>7.1f}  {fits}")
+              + f"{format_size(c.memory.total, places=1, short=True):>7} {c.tflops_per_device():>7.1f}  {fits}")
         print(_with_programs(row, programs, mark, len(header) - len("programs")))
     if feasible and solution.best.step.bucket_bytes:
         print(f"\nbest: DP bucket {format_size(solution.best.step.bucket_bytes)}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import SynthError
-from ..planner.search import Candidate, JobSolution
+from ..planner.configurations import Candidate, JobSolution
 
 # the step's terms, in StepTime.breakdown()'s names, and the memory's, in Memory.to_dict()'s
 STEP_TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "optimizer")

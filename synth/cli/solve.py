@@ -9,8 +9,9 @@ import time
 from json.encoder import encode_basestring_ascii
 from typing import Any, Callable, Sequence, TextIO
 
-from .. import __version__
+from ..version import __version__
 from ..api import SizesSolution, Solution, WorkloadSolution, rank_problem_placements, solve_problem, solve_sizes
+from ..api.results import Column
 from ..cost import default_program
 from ..documents import check_writable
 from ..errors import SynthError
@@ -20,7 +21,7 @@ from ..synthesis.alltoall import ALLTOALL, format_alltoall
 from ..synthesis.language import format_program
 from ..synthesis.placement import axes_have_sizes
 from ..synthesis.sparse import format_sparse
-from ..units import format_seconds, format_size, parse_size
+from ..units import format_size, parse_size
 from .args import Parser, add_model_arguments, add_problem_arguments, model_of, problem_spec, sparse_density
 from .commands import commands_text
 
@@ -229,9 +230,25 @@ def _steps(n: int) -> str:
     return f"{n} step" + ("" if n == 1 else "s")
 
 
-def _width(header: str, values: Sequence[str], least: int = 22) -> int:
-    """A column wide enough for its header and every value (at least ``least``)."""
-    return max([least, len(header)] + [len(v) for v in values])
+def print_ranked(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> None:
+    """The one printer of ranking tables (every collective's
+    :meth:`~synth.api.results.RankedSolution.table`): the column heads, a rule
+    as long as them, then the rows; each cell aligned in its column (a ``fit``
+    column as wide as its widest cell), the last column as it is, each line
+    without trailing spaces."""
+    widths = [max([c.width, len(c.header)] + [len(r[i]) for r in rows]) if c.fit else c.width
+              for i, c in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        last = len(columns) - 1
+        return "".join(c.gap + (text if i == last else f"{text:{c.align}{w}}")
+                       for i, (c, text, w) in enumerate(zip(columns, cells, widths))).rstrip()
+
+    header = line([c.header for c in columns])
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(line(row))
 
 
 def print_table(solution: Solution) -> None:
@@ -248,25 +265,7 @@ def print_table(solution: Solution) -> None:
     default = default_program(problem.goal).instructions[0].collective.value
     print(f"\nmatrix rows are axes, columns are levels ({' '.join(problem.topology.level_names)}); "
           f"default = one {default} over each whole reduction group")
-    matrices = [p.placement.matrix_text() for p in placements]
-    crosses = [p.hierarchy.describe() if p.hierarchy.names else "(nothing: k=1)" for p in placements]
-    mw, cw = _width("matrix", matrices), _width("reduction crosses", crosses)
-    header = (f"{'rank':>4} {'#':>3}  {'matrix':<{mw}} {'reduction crosses':<{cw}} {'progs':>5} "
-              f"{'default':>11} {'best':>11} {'speedup':>7}  programs, fastest first")
-    print(header)
-    print("-" * len(header))
-    for n, p in enumerate(placements):
-        first = p.programs[0] if p.programs else None
-        listed = (format_program(first.program, " ; ") if first
-                  else "(none within the step limit)" if not p.num_programs else "")
-        print(
-            f"{n + 1:>4} {p.index:>3}  {matrices[n]:<{mw}} {crosses[n]:<{cw}} "
-            f"{p.num_programs:>5} {format_seconds(p.default_s):>11} "
-            f"{format_seconds(p.best_s) if p.num_programs else '-':>11} {p.speedup:>6.2f}x  {listed}".rstrip()
-        )
-        for r in p.programs[1:]:
-            print(f"{'':>4} {'':>3}  {'':<{mw}} {'':<{cw}} {'':>5} {'':>11} {format_seconds(r.predicted_s):>11} "
-                  f"{'':>7}  {format_program(r.program, ' ; ')}")
+    print_ranked(*solution.table())
 
 
 # ---------------------------------------------------------------- sparse all-reduce
@@ -299,22 +298,7 @@ def _run_sparse(args: argparse.Namespace, density: float) -> int:
               "against the dense sum (uniform and zipf integer data)",
               "dense = one AllReduce of the dense buffer; crossover = density where the best sparse program meets "
               "it (predicted)")
-    rows = solution.by_speed
-    matrices = [p.reduction.placement.matrix_text() for p in rows]
-    mw = _width("matrix", matrices)
-    header = (f"{'rank':>4} {'#':>3}  {'matrix':<{mw}} {'dense':>11} {'best':>11} {'speedup':>7} "
-              f"{'crossover':>9}  sparse programs, fastest first")
-    print(header)
-    print("-" * len(header))
-    for n, p in enumerate(rows):
-        r = p.ranking
-        crossing = "> 1" if r.crossover_density is None else f"{r.crossover_density:.3g}"
-        first = format_sparse(p.listed[0], " ; ") if p.listed else "(none within the step limit)"
-        print(f"{n + 1:>4} {p.index:>3}  {matrices[n]:<{mw}} {format_seconds(r.dense_default_s):>11} "
-              f"{format_seconds(r.best_s):>11} {r.speedup:>6.2f}x {crossing:>9}  {first}")
-        for program, seconds in zip(p.listed[1:], r.predicted_s[1:]):
-            print(f"{'':>4} {'':>3}  {'':<{mw}} {'':>11} {format_seconds(seconds):>11} {'':>7} {'':>9}  "
-                  f"{format_sparse(program, ' ; ')}")
+    print_ranked(*solution.table())
     return 0
 
 
@@ -385,20 +369,7 @@ def _run_alltoall(args: argparse.Namespace) -> int:
     _preamble(solution, "listed programs proved: run once on distinct block labels (programs move blocks without "
               "reading them, so one run decides every input)",
               "direct = one all-to-all over each group (NCCL: grouped sends to every peer)")
-    rows = solution.by_speed
-    matrices = [p.groups.placement.matrix_text() for p in rows]
-    mw = _width("matrix", matrices)
-    header = (f"{'rank':>4} {'#':>3}  {'matrix':<{mw}} {'direct':>11} {'best':>11} {'speedup':>7}  "
-              f"programs, fastest first")
-    print(header)
-    print("-" * len(header))
-    for n, p in enumerate(rows):
-        first = format_alltoall(p.listed[0], " ; ") if p.listed else "-"
-        print(f"{n + 1:>4} {p.index:>3}  {matrices[n]:<{mw}} {format_seconds(p.direct_s):>11} "
-              f"{format_seconds(p.best_s):>11} {p.speedup:>6.2f}x  {first}")
-        for program, seconds in zip(p.listed[1:], p.predicted_s[1:]):
-            print(f"{'':>4} {'':>3}  {'':<{mw}} {'':>11} {format_seconds(seconds):>11} {'':>7}  "
-                  f"{format_alltoall(program, ' ; ')}")
+    print_ranked(*solution.table())
     return 0
 
 
@@ -484,19 +455,7 @@ def print_sizes_table(solution: SizesSolution) -> None:
               + ", ".join(" ".join(f"{a.name}={a.size}" for a in axes) for axes in solution.skipped))
     print(f"\nbest placement per size assignment; matrix rows are axes, columns are levels "
           f"({' '.join(topology.level_names)})")
-    width = _width("best matrix", [s.best.placement.matrix_text() for s in solutions])
-    header = (f"{'rank':>4}  {'sizes':<18} {'placements':>10}  {'best matrix':<{width}} {'reduction crosses':<22} "
-              f"{'default':>11} {'best':>11} {'speedup':>7}  best program")
-    print(header)
-    print("-" * len(header))
-    for n, s in enumerate(solutions):
-        best = s.best
-        sizes = " ".join(f"{a.name}={a.size}" for a in s.problem.axes)
-        crosses = best.hierarchy.describe() if best.hierarchy.names else "(nothing: k=1)"
-        program = (format_program(best.programs[0].program, " ; ") or "(nothing to do)") if best.programs else "-"
-        print(f"{n + 1:>4}  {sizes:<18} {len(s.placements):>10}  {best.placement.matrix_text():<{width}} {crosses:<22} "
-              f"{format_seconds(best.default_s):>11} "
-              f"{format_seconds(best.best_s) if best.num_programs else '-':>11} {best.speedup:>6.2f}x  {program}")
+    print_ranked(*solution.table())
     outside = _spread_others(solutions)
     if outside:
         axis, level = outside
@@ -606,17 +565,4 @@ def print_workload_table(solution: WorkloadSolution) -> None:
           "uses its best predicted program" + ("; those programs verified (numpy reference + z3)"
                                                if solution.verified else ""))
     print()
-    matrices = [c.placement.matrix_text() for c in solution.placements]
-    mw = _width("matrix", matrices)
-    header = (f"{'rank':>4} {'#':>3}  {'matrix':<{mw}} {'total':>11} {'with default':>13}  "
-              "best program per reduction")
-    print(header)
-    print("-" * len(header))
-    for n, c in enumerate(solution.placements):
-        print(f"{n + 1:>4} {c.index:>3}  {matrices[n]:<{mw}} "
-              f"{format_seconds(c.total_s):>11} {format_seconds(c.default_total_s):>13}  "
-              + " | ".join(
-                  f"{'+'.join(r.item.reduce_axes)}: " + (
-                      "-" if not r.best else format_sparse(r.best.program, " ; ") if r.item.sparse
-                      else format_program(r.best.program, " ; "))
-                  for r in c.items))
+    print_ranked(*solution.table())

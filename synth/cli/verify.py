@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from ..plan import load_plan
+from ..plan import load_plan, verify_plan
 from ..synthesis.language import format_program
-from ..synthesis.verify import verify_plan
 from .args import Parser
 
 

@@ -176,7 +176,7 @@ def record_from_dict(rec: Any, where: str, topology: Topology | None = None, lin
     )
 
 
-# what bench writes: the element types of its --dtype (bytes each) and its backends (synth.runtime.bench.backend_label)
+# what bench writes: the element types of its --dtype (bytes each) and its backends (synth.runtime.bench_report.backend_label)
 RECORD_DTYPES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2}
 RECORD_BACKENDS = ("mpi", "nccl", "torch-gloo", "torch-nccl", "torch-mpi")
 

@@ -75,7 +75,7 @@ class ComputeProfile:
 
 
 # Fitted by `python scripts/megatron_sc21.py fit` on data/megatron_sc21_steps.jsonl
-# with the default communication model (tests/test_planner.py checks that a refit
+# with the default communication model (tests/planner/test_planner_records.py checks that a refit
 # gives these numbers; regenerate them when the default cost model changes).
 DEFAULT_COMPUTE = ComputeProfile(
     efficiency_max=0.5670878178595884,

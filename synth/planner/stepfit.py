@@ -20,7 +20,7 @@ from ..errors import SynthError
 from .compute import ComputeModel, CurveFit, fit_curve
 from .layercompute import micro_batch_fixed_s
 from .operations import OperationProfile
-from .search import CollectiveCosts
+from .configurations import CollectiveCosts
 from .stepmodel import compute_estimate, micro_batch_seconds_for, step_shape, step_time
 from .steprecords import StepRecord
 
@@ -35,7 +35,7 @@ class Implied:
 
 
 class RecordCosts:
-    """:class:`~synth.planner.search.CollectiveCosts` per (topology, algorithm), shared by
+    """:class:`~synth.planner.configurations.CollectiveCosts` per (topology, algorithm), shared by
     the records that ran there."""
 
     def __init__(self, profile: Profile | None = None, profile_path: str | None = None) -> None:

@@ -69,7 +69,7 @@ gradient accumulation, the optimizer step's bytes) join the per-operation
 compute; the overlaps are in :mod:`synth.planner.overlaps`.
 
 Communication is given as a :class:`Collectives` (seconds for a size in bytes),
-which :mod:`synth.planner.search` computes with the project's cost model on the
+which :mod:`synth.planner.configurations` computes with the project's cost model on the
 configuration's placement.
 """
 

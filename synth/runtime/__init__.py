@@ -8,7 +8,8 @@
   (NCCL on GPUs, gloo on CPUs), imported only when chosen;
 * :mod:`~synth.runtime.meshes`: a plan's device mesh for trainers, and the hosts
   a launch must have;
-* :mod:`~synth.runtime.bench`: ``bench`` and ``tune``, nccl-tests style;
+* :mod:`~synth.runtime.bench`: ``bench`` and ``tune``, nccl-tests style (its parts:
+  ``bench_setup``, ``bench_measure``, ``bench_report``, ``bench_tune``);
 * :mod:`~synth.runtime.pipelined`: a chunk-level schedule (an MSCCL
   algorithm's thread blocks) run with non-blocking point-to-point (MPI or
   torch.distributed);

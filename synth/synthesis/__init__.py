@@ -30,8 +30,8 @@ The stage, one concept per module, each importing only those before it:
 
 Imports: the shared top-level values only (``errors``, ``units``,
 ``resources``, ``documents``, ``topology``, ``caches``); nothing of ``cost``, ``planner``,
-``runtime``, ``export``, ``testbed`` or ``cli``. :func:`~synth.synthesis.verify.verify_plan`
-takes a :class:`synth.plan.Plan` but only reads it (the plan module imports
-this stage, not the other way round). This ``__init__`` imports nothing, so
+``runtime``, ``export``, ``testbed`` or ``cli``, nor the plan document (the
+plan module imports this stage and proves a plan's programs with
+:func:`~synth.synthesis.verify.verify_lowered`). This ``__init__`` imports nothing, so
 ``import synth.synthesis.lowering`` does not load z3 or lark.
 """

@@ -31,7 +31,7 @@ goal is "all levels settled", and the programs are the sequences of groupings
 whose level sets are disjoint and cover the hierarchy, in increasing length up
 to the step limit (the one-call all-to-all first). This claim is tested against
 the explicit rule of :func:`execute_alltoall` over every sequence of groupings
-on small hierarchies (tests/test_alltoall.py).
+on small hierarchies (tests/synthesis/test_alltoall.py).
 
 Proof (:func:`check_alltoall`). A program moves blocks without reading them,
 so running it once with every block distinct decides it for all data:

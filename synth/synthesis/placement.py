@@ -271,14 +271,20 @@ def _index_constraints(
 MAX_PLACEMENTS = 20_000
 
 
-def enumerate_matrices(
+def _too_many_placements(counts: Sequence[int], sizes: Sequence[int]) -> str:
+    return (f"--axes: more than {MAX_PLACEMENTS:,} placements of {len(sizes)} axes on {len(counts)} levels; "
+            "pin axes to levels with --constrain (e.g. dp@node=2) or use fewer axes")
+
+
+def enumerate_matrices_z3(
     counts: Sequence[int],
     sizes: Sequence[int],
     constraints: Iterable[Constraint] = (),
     axis_names: Sequence[str] = (),
     level_names: Sequence[str] = (),
 ) -> list[Matrix]:
-    """Every parallelism matrix satisfying the constraints, enumerated with z3.
+    """The test reference of :func:`enumerate_matrices` (the package does not
+    call it): the same set, enumerated independently with z3.
 
     Each entry is encoded by its prime exponents, which turns the column and row
     product equations into linear sums; models are enumerated with blocking
@@ -289,8 +295,7 @@ def enumerate_matrices(
 
     if math.prod(counts) != math.prod(sizes):
         return []
-    too_many = (f"--axes: more than {MAX_PLACEMENTS:,} placements of {len(sizes)} axes on {len(counts)} levels; "
-                "pin axes to levels with --constrain (e.g. dp@node=2) or use fewer axes")
+    too_many = _too_many_placements(counts, sizes)
     constraints = tuple(constraints)
     if not constraints and matrix_count(counts, sizes, MAX_PLACEMENTS) > MAX_PLACEMENTS:
         raise SynthError(too_many)  # counted without enumerating: at once, however large
@@ -334,14 +339,25 @@ def enumerate_matrices(
     return sorted(found)
 
 
-def enumerate_matrices_plain(
+def enumerate_matrices(
     counts: Sequence[int],
     sizes: Sequence[int],
     constraints: Iterable[Constraint] = (),
     axis_names: Sequence[str] = (),
     level_names: Sequence[str] = (),
 ) -> list[Matrix]:
-    """The same set as :func:`enumerate_matrices`, by plain recursive factorisation."""
+    """Every parallelism matrix satisfying the constraints: each level's count
+    split over the axes (a column whose entries multiply to the count), level
+    by level, each axis's entries multiplying to its size. For counts ``(2, 4)``
+    and sizes ``(4, 2)``: ``[((1, 4), (2, 1)), ((2, 2), (1, 2))]``. By plain
+    recursive factorisation (hundreds of times faster than the z3 reference,
+    :func:`enumerate_matrices_z3`, which the tests show gives the same set);
+    sorted lexicographically by rows. More than :data:`MAX_PLACEMENTS` is a
+    SynthError: counted first without enumerating when unconstrained, else
+    found while enumerating."""
+    constraints = tuple(constraints)
+    if not constraints and matrix_count(counts, sizes, MAX_PLACEMENTS) > MAX_PLACEMENTS:
+        raise SynthError(_too_many_placements(counts, sizes))  # at once, however large the space
     indexed = _index_constraints(constraints, axis_names, level_names)
     out: list[Matrix] = []
 
@@ -361,6 +377,8 @@ def enumerate_matrices_plain(
             if all(r == 1 for r in remaining):
                 matrix = tuple(tuple(col[a] for col in columns) for a in range(len(sizes)))
                 if all(c.holds(matrix[a][lv]) for a, lv, c in indexed):
+                    if len(out) == MAX_PLACEMENTS:  # constrained, yet still more than the cap
+                        raise SynthError(_too_many_placements(counts, sizes))
                     out.append(matrix)
             return
         for col in splits(counts[l], remaining, 0):
@@ -462,7 +480,8 @@ def split_at_innermost_level(placement: Placement, axis: str, outer: str, inner:
 def enumerate_placements(
     topology: Topology, axes: Sequence[Axis], constraints: Sequence[Constraint] = ()
 ) -> list[Placement]:
-    """All placements of ``axes`` on ``topology`` satisfying ``constraints`` (z3)."""
+    """All placements of ``axes`` on ``topology`` satisfying ``constraints``
+    (:func:`enumerate_matrices`)."""
     check_axes_fit(axes, topology)
     matrices = enumerate_matrices(
         topology.counts,

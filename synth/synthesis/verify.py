@@ -27,8 +27,9 @@ sample of the chunks for numpy, skipped for z3 beyond ``k = 128``), never an
 error after the work.
 
 A plan's stored steps are already checked against the derivation of its
-programs when it is loaded (:func:`synth.plan.load_plan`); :func:`verify_plan`
-then proves every program of it.
+programs when it is loaded (:func:`synth.plan.load_plan`);
+:func:`synth.plan.verify_plan`, beside the plan, proves every program of it
+with :func:`verify_lowered` (this stage knows nothing of plans).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -55,10 +56,6 @@ from .lowering import (
 )
 from .prove import Proof, prove
 from .reduction import Reduction
-
-if TYPE_CHECKING:  # the plan module imports this stage; a plan is only read here
-    from ..plan import Plan
-
 
 @dataclass(frozen=True)
 class Verification:
@@ -253,23 +250,3 @@ def verify_program(program: Program, reduction: Reduction) -> Verification:
     elements, scope = _NUMERIC.get(key + (reduction.rank_to_synthesis_index,), numeric)
     shared = Proof(found.proved, _shared(found.scope, groups), found.obligations, found.counterexample)
     return Verification(elements, shared, _shared(scope, groups))
-
-
-def verify_plan(plan: Plan, source: str = "plan") -> tuple[Verification, ...]:
-    """Prove every program of ``plan`` (in document order); SynthError naming the
-    reduction and size range of the first that fails (and for anything but a
-    plan: load one with ``synth.load_plan(path)``)."""
-    if not hasattr(plan, "reductions") or not hasattr(plan, "placement"):
-        raise SynthError(f"verify_plan: 'plan' must be a synth.Plan, not {type(plan).__name__}; load a plan file "
-                         "with synth.load_plan(path) first")
-    out = []
-    for planned in plan.reductions:
-        for program in planned.programs:
-            try:
-                out.append(verify_lowered(program.lowered))
-            except SynthError as exc:
-                where = planned.reduction.describe()
-                if len(planned.programs) > 1:
-                    where += f", buffers of {program.min_bytes}..{program.max_bytes or 'any'} bytes"
-                raise SynthError(f"{source}: {where}: {exc}") from None
-    return tuple(out)

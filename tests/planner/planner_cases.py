@@ -1,0 +1,55 @@
+"""What the planner's tests share: small models, the job planner on a
+named topology and model, and collectives that record their calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from synth.planner.configurations import JobRequest, plan_job
+from synth.planner.stepmodel import Training
+from synth.planner.transformer import load_model, parse_inline_model
+from synth.synthesis.placement import parse_axis_ranges
+from synth.topology import load_topology
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+TINY = "layers=4,hidden=256,heads=8,seq=128,vocab=1000"
+
+
+def gpt(layers=4, hidden=64, heads=4, seq=32, vocab=100):
+    return parse_inline_model(f"layers={layers},hidden={hidden},heads={heads},seq={seq},vocab={vocab}")
+
+
+class Recording:
+    """Collectives that cost a fixed time per call and record every call."""
+
+    def __init__(self, reduce_s=1e-3, send_s=2e-3):
+        self.reduce_s, self.send_s = reduce_s, send_s
+        self.calls = []
+
+    def reduce(self, axis, goal, size_bytes):
+        self.calls.append(("reduce", axis, goal, size_bytes))
+        return self.reduce_s * (1 + size_bytes / 2**30)
+
+    def send(self, axis, size_bytes):
+        self.calls.append(("send", axis, size_bytes))
+        return self.send_s
+
+
+def plan(topology, model, batch, axes="tp,dp,pp", micro_batches=None, **kwargs):
+    topo = load_topology(topology) if isinstance(topology, str) else topology
+    return plan_job(JobRequest(topo, topo.device, load_model(model), Training(batch, **kwargs),
+                               parse_axis_ranges(axes), micro_batches))
+
+
+MOE = "layers=4,hidden=64,heads=4,ffn=96,mlp=swiglu,seq=32,vocab=100,experts=8,top_k=2,expert_ffn=48,shared_experts=1"
+
+
+class WithAllToAll(Recording):
+    """Recording collectives that also price all-to-alls."""
+
+    def alltoall(self, axis, size_bytes):
+        self.calls.append(("alltoall", axis, size_bytes))
+        return 5e-3

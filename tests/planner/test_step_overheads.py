@@ -1,0 +1,105 @@
+"""What a step spends outside the layers, per framework (``--framework``):
+weight casts per micro-batch, gradient accumulation, the optimizer's bytes
+per parameter, the eager loss's backward; and the measured single-GPU steps
+of data/calibration/h100-layers.jsonl within 10% median, 20% worst."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from synth.cli import main
+from synth.planner.compute import load_compute_profile
+from synth.planner.layercompute import Shard, head_compute
+from synth.planner.stepmodel import Configuration, Sharding, Training, compute_estimate
+from synth.planner.transformer import load_model
+from synth.topology import load_topology
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = load_compute_profile(str(REPO / "profiles/h100-sxm5-80gb.compute.json"))
+DEVICE = load_topology("dgx-h100").device
+
+
+def moved_s(nbytes: float) -> float:
+    return float(PROFILE.elementwise.bytes_seconds(nbytes))
+
+
+def _estimate(framework: str, micro_batch: int, global_batch: int = 8, **kw):
+    model = load_model("gpt3-350m")
+    training = Training(global_batch, cross_entropy="eager", framework=framework, **kw)
+    return model, compute_estimate(model, training, Configuration(1, 1, 1, micro_batch), DEVICE, PROFILE)
+
+
+def test_autocast_casts_every_weight_each_micro_batch():
+    model, eager = _estimate("eager", 2)
+    _, master = _estimate("eager-master", 2)
+    # per micro-batch: the fp32 weights cast to bf16 (read 4, write 2) and the bf16 gradients to fp32 (read 2, write 4)
+    assert eager.micro_batch_s - master.micro_batch_s == pytest.approx(moved_s(12 * model.parameters), rel=1e-9)
+
+
+@pytest.mark.parametrize("framework, accumulate, optimizer", [
+    ("eager", 12, 28),  # fp32 gradients added (read 4 + 4, write 4); fused AdamW on fp32
+    ("eager-master", 6, 6 + 28 + 6),  # bf16 gradients added; cast to fp32, Adam, master copied back
+    ("megatron", 0, 28 + 6 + 4),  # accumulation fused into the weight-gradient GEMM; Adam, copy, buffer zeroed
+])
+def test_accumulation_and_optimizer_move_the_framework_bytes(framework, accumulate, optimizer):
+    model, estimate = _estimate(framework, 2)  # four micro-batches: three accumulations
+    p = model.parameters
+    assert estimate.accumulate_s == pytest.approx(moved_s(3 * accumulate * p) if accumulate else 0.0)
+    assert estimate.optimizer_s == pytest.approx(moved_s(optimizer * p))
+    _, single = _estimate(framework, 8)
+    assert single.accumulate_s == 0.0
+
+
+def test_torchtitan_updates_its_shard_and_casts_it_before_each_gather():
+    model = load_model("gpt3-350m")
+    training = Training(16, sharding=Sharding.ZERO3, framework="torchtitan", cross_entropy="eager")
+    sharded = compute_estimate(model, training, Configuration(1, 8, 1, 2), DEVICE, PROFILE)
+    plain = compute_estimate(model, Training(16, framework="eager-master", cross_entropy="eager"),
+                             Configuration(1, 8, 1, 2), DEVICE, PROFILE)
+    p = model.parameters
+    assert sharded.optimizer_s == pytest.approx(moved_s(28 * p / 8))
+    # two casts of the fp32 shard (forward and backward gathers) and the gradients cast to fp32 for the reduction
+    assert sharded.micro_batch_s - plain.micro_batch_s == pytest.approx(moved_s(12 * p / 8 + 6 * p), rel=1e-9)
+
+
+def test_the_eager_loss_backward_moves_22_bytes_a_logit():
+    model = load_model("gpt3-350m")
+    shard = Shard(1, 2, model.seq)
+    logits = 2 * model.seq * model.vocab
+
+    def backward(loss: str) -> float:
+        return next(op.seconds for op in head_compute(PROFILE, model, shard, loss).ops if op.name == "loss.backward")
+
+    assert backward("eager") == pytest.approx(moved_s(22 * logits))
+    assert backward("fused") == pytest.approx(moved_s(14 * logits))
+
+
+def test_the_measured_single_gpu_steps_are_within_10_percent_median_and_20_percent_worst():
+    sys.path.insert(0, str(REPO / "scripts"))
+    from layer_accuracy import predict_step
+
+    rows = [json.loads(line) for line in (REPO / "data/calibration/h100-layers.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "step"]
+    errors = []
+    for r in steps:
+        model = replace(load_model(r["model"]), layers=r["layers"], seq=r["seq"])  # as measured
+        predicted, _ = predict_step(PROFILE, model, r["micro_batch"], r["global_batch"])
+        errors.append(abs(predicted - r["step_s"]) / r["step_s"])
+    assert len(errors) == 7
+    assert statistics.median(errors) < 0.10 and max(errors) < 0.20
+
+
+def test_plan_takes_the_framework_and_refuses_an_unknown_one(capsys):
+    argv = ["plan", "--topology", "dgx-h100", "--scale", "node=1,gpu=1", "--model", "gpt3-350m", "--global-batch",
+            "8", "--axes", "tp=1,dp=1,pp=1", "--micro-batch", "8", "--no-verify", "--json"]
+    assert main(argv + ["--framework", "eager"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["training"]["framework"] == "eager" and plan["training"]["cross_entropy"] == "eager"
+    assert main(argv + ["--framework", "nemo"]) == 2
+    assert "synth-reduce: error: argument --framework: invalid choice: 'nemo'" in capsys.readouterr().err

@@ -1,0 +1,163 @@
+"""Every z3 loop takes ``unknown`` for what it is: an interrupted check ends
+the command (``synth-reduce: interrupted``, exit 130, nothing written), any
+other ``unknown`` is an error naming the solver's reason; neither is ever read
+as the end of an enumeration or as an answer."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import z3
+from processes import run
+
+from synth.errors import SynthError
+from synth.synthesis.bounded import bounded_programs, is_valid
+from synth.synthesis.language import parse_program
+from synth.synthesis.lowering import lower
+from synth.synthesis.placement import Placement, enumerate_matrices, parse_axes
+from synth.synthesis.prove import prove
+from synth.synthesis.reduction import Reduction
+from synth.synthesis.semantics import Goal, Hierarchy
+from synth.topology import load_topology
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def unknown_from_call(monkeypatch, call: int, reason: str) -> list[int]:
+    """z3.Solver.check answers ``unknown`` (reason ``reason``) from its
+    ``call``-th call on; the calls made are counted in the list returned."""
+    real_check, real_reason = z3.Solver.check, z3.Solver.reason_unknown
+    calls: list[int] = []
+
+    def check(self, *args):
+        calls.append(1)
+        return z3.unknown if len(calls) >= call else real_check(self, *args)
+
+    monkeypatch.setattr(z3.Solver, "check", check)
+    monkeypatch.setattr(z3.Solver, "reason_unknown",
+                        lambda self: reason if len(calls) >= call else real_reason(self))
+    return calls
+
+
+def broken_program():
+    """A lowered program whose proof needs the solver (its second step's
+    chunks are wrong, so the sums differ)."""
+    placement = Placement(load_topology("p2-a100"), parse_axes("dp=4,mp=16"), ((2, 2), (2, 8)))
+    text = "ReduceScatter(node, inside)\nAllReduce(node, parallel(root))\nAllGather(node, inside)"
+    lowered = lower(parse_program(text), Reduction.of(placement, ["dp"]))
+    steps = lowered.steps
+    return replace(lowered, steps=(steps[0], replace(steps[1], chunks=tuple((0, 1) for _ in steps[1].chunks)),
+                                   steps[2]))
+
+
+LOOPS = {
+    "placement": lambda: enumerate_matrices((2, 2, 2), (2, 2, 2)),
+    "bounded programs": lambda: bounded_programs(Hierarchy(("node", "gpu"), (2, 2)), Goal.ALLREDUCE, 3),
+    "bounded validity": lambda: is_valid(Hierarchy(("node", "gpu"), (2, 2)), Goal.ALLREDUCE, ["AllReduce(root, inside)"]),
+    "proof": lambda: prove(broken_program()),
+}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_interrupted_check_is_an_interrupt_never_the_end(monkeypatch, loop):
+    work = LOOPS[loop]
+    real = work()  # the answer without interruption: the loops end on unsat, not on unknown
+    assert real or real is False or hasattr(real, "proved")
+    calls = unknown_from_call(monkeypatch, 2 if loop in ("placement", "bounded programs") else 1, "canceled")
+    with pytest.raises(KeyboardInterrupt):
+        work()
+    assert calls
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_any_other_unknown_is_an_error_naming_the_reason(monkeypatch, loop):
+    unknown_from_call(monkeypatch, 1, "(resource limits reached)")
+    with pytest.raises(SynthError, match=r"z3 solver gave no answer \(\(resource limits reached\)\)"):
+        LOOPS[loop]()
+
+
+def test_z3s_own_interrupt_ends_the_enumeration_with_keyboardinterrupt():
+    """z3's Context.interrupt from another thread cancels the check in flight
+    (it then answers unknown): the enumeration raises instead of returning the
+    placements found so far."""
+    stop = threading.Event()
+
+    def interrupt_until_stopped():
+        while not stop.wait(0.005):
+            z3.main_ctx().interrupt()
+
+    thread = threading.Thread(target=interrupt_until_stopped)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            enumerate_matrices((2,) * 6, (2,) * 6)  # 720 matrices: many checks, each one long enough to cancel
+    finally:
+        stop.set()
+        thread.join()
+    assert len(enumerate_matrices((2,) * 3, (2,) * 3)) == 6  # the context is usable again afterwards
+
+
+# the CLI with z3.Solver.check wrapped: at its 20th call a thread waits until the main thread is in z3's C
+# check (its Python frame is the ctypes call's) and sends SIGINT to the process: z3's own handler turns it
+# into unknown, which must not read as the end of the enumeration (exit 0 with the placements so far)
+DRIVER = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    import z3
+    from synth.cli import main
+
+    real_check = z3.Solver.check
+    calls = []
+    main_thread = threading.get_ident()
+
+    def interrupt_inside_the_check():
+        while sys._current_frames()[main_thread].f_code.co_name != "Z3_solver_check_assumptions":
+            time.sleep(0)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def check(self, *args):
+        calls.append(1)
+        if len(calls) == 20:
+            threading.Thread(target=interrupt_inside_the_check).start()
+        return real_check(self, *args)
+
+    z3.Solver.check = check
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_ctrl_c_during_the_enumeration_exits_130_and_writes_nothing(tmp_path):
+    levels = "\n".join(f"  - {{name: l{i}, count: 2, bandwidth_GBps: 10.0, latency_us: 1.0}}" for i in range(7))
+    (tmp_path / "seven.yaml").write_text(f"name: seven\nlevels:\n{levels}\n")
+    out = tmp_path / "p.json"
+    axes = ",".join(f"a{i}=2" for i in range(7))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = run([sys.executable, "-c", DRIVER, "--topology", str(tmp_path / "seven.yaml"), "--axes", axes,
+                  "--out", str(out)], 120, env=env, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (130, ""), result
+    assert result.stderr == "synth-reduce: interrupted\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seven.yaml"]
+
+
+def test_a_ctrl_c_that_ctypes_wraps_is_an_interrupt_not_a_traceback(cli, monkeypatch):
+    """Python raises a pending KeyboardInterrupt while ctypes converts a z3
+    call's arguments, and ctypes wraps it (ctypes.ArgumentError): the command
+    still ends as interrupted, exit 130, one line."""
+    import ctypes
+
+    def wrapped(self, *args):
+        raise ctypes.ArgumentError("argument 1: KeyboardInterrupt: ")
+
+    real_add = z3.Solver.add
+    monkeypatch.setattr(z3.Solver, "add", wrapped)  # while the solver is set up: the command line's net
+    code, out, err = cli("--topology", "testbed-2x4", "--axes", "dp=2,mp=4")
+    assert (code, out, err) == (130, "", "synth-reduce: interrupted\n")
+    monkeypatch.setattr(z3.Solver, "add", real_add)
+    monkeypatch.setattr(z3.Solver, "check", wrapped)  # inside the loop: solver_check's own
+    with pytest.raises(KeyboardInterrupt):
+        enumerate_matrices((2, 4), (2, 4))
