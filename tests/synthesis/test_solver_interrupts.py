@@ -20,7 +20,7 @@ from synth.errors import SynthError
 from synth.synthesis.bounded import bounded_programs, is_valid
 from synth.synthesis.language import parse_program
 from synth.synthesis.lowering import lower
-from synth.synthesis.placement import Placement, enumerate_matrices, parse_axes
+from synth.synthesis.placement import Placement, enumerate_matrices_z3, parse_axes
 from synth.synthesis.prove import prove
 from synth.synthesis.reduction import Reduction
 from synth.synthesis.semantics import Goal, Hierarchy
@@ -57,7 +57,7 @@ def broken_program():
 
 
 LOOPS = {
-    "placement": lambda: enumerate_matrices((2, 2, 2), (2, 2, 2)),
+    "placement (the tests' z3 reference)": lambda: enumerate_matrices_z3((2, 2, 2), (2, 2, 2)),
     "bounded programs": lambda: bounded_programs(Hierarchy(("node", "gpu"), (2, 2)), Goal.ALLREDUCE, 3),
     "bounded validity": lambda: is_valid(Hierarchy(("node", "gpu"), (2, 2)), Goal.ALLREDUCE, ["AllReduce(root, inside)"]),
     "proof": lambda: prove(broken_program()),
@@ -69,7 +69,7 @@ def test_an_interrupted_check_is_an_interrupt_never_the_end(monkeypatch, loop):
     work = LOOPS[loop]
     real = work()  # the answer without interruption: the loops end on unsat, not on unknown
     assert real or real is False or hasattr(real, "proved")
-    calls = unknown_from_call(monkeypatch, 2 if loop in ("placement", "bounded programs") else 1, "canceled")
+    calls = unknown_from_call(monkeypatch, 2 if loop.startswith(("placement", "bounded programs")) else 1, "canceled")
     with pytest.raises(KeyboardInterrupt):
         work()
     assert calls
@@ -96,37 +96,29 @@ def test_z3s_own_interrupt_ends_the_enumeration_with_keyboardinterrupt():
     thread.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            enumerate_matrices((2,) * 6, (2,) * 6)  # 720 matrices: many checks, each one long enough to cancel
+            enumerate_matrices_z3((2,) * 6, (2,) * 6)  # 720 matrices: many checks, each one long enough to cancel
     finally:
         stop.set()
         thread.join()
-    assert len(enumerate_matrices((2,) * 3, (2,) * 3)) == 6  # the context is usable again afterwards
+    assert len(enumerate_matrices_z3((2,) * 3, (2,) * 3)) == 6  # the context is usable again afterwards
 
 
-# the CLI with z3.Solver.check wrapped: at its 20th call a thread waits until the main thread is in z3's C
-# check (its Python frame is the ctypes call's) and sends SIGINT to the process: z3's own handler turns it
-# into unknown, which must not read as the end of the enumeration (exit 0 with the placements so far)
+# the CLI with the placement enumeration wrapped: once it has listed the placements a SIGINT arrives (as a
+# Ctrl-C would, mid-command): the command ends as interrupted, never with the placements found so far
 DRIVER = textwrap.dedent("""
-    import os, signal, sys, threading, time
-    import z3
+    import os, signal, sys, time
+    import synth.synthesis.placement as placement
     from synth.cli import main
 
-    real_check = z3.Solver.check
-    calls = []
-    main_thread = threading.get_ident()
+    real = placement.enumerate_matrices
 
-    def interrupt_inside_the_check():
-        while sys._current_frames()[main_thread].f_code.co_name != "Z3_solver_check_assumptions":
-            time.sleep(0)
+    def enumerate_then_ctrl_c(*args, **kwargs):
+        found = real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the KeyboardInterrupt arrives here
+        return found
 
-    def check(self, *args):
-        calls.append(1)
-        if len(calls) == 20:
-            threading.Thread(target=interrupt_inside_the_check).start()
-        return real_check(self, *args)
-
-    z3.Solver.check = check
+    placement.enumerate_matrices = enumerate_then_ctrl_c
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -153,11 +145,12 @@ def test_a_ctrl_c_that_ctypes_wraps_is_an_interrupt_not_a_traceback(cli, monkeyp
     def wrapped(self, *args):
         raise ctypes.ArgumentError("argument 1: KeyboardInterrupt: ")
 
-    real_add = z3.Solver.add
-    monkeypatch.setattr(z3.Solver, "add", wrapped)  # while the solver is set up: the command line's net
-    code, out, err = cli("--topology", "testbed-2x4", "--axes", "dp=2,mp=4")
+    import synth.synthesis.placement as placement
+
+    with monkeypatch.context() as patch:  # raised anywhere in a command: the command line's net
+        patch.setattr(placement, "enumerate_matrices", lambda *args, **kwargs: wrapped(None))
+        code, out, err = cli("--topology", "testbed-2x4", "--axes", "dp=2,mp=4")
     assert (code, out, err) == (130, "", "synth-reduce: interrupted\n")
-    monkeypatch.setattr(z3.Solver, "add", real_add)
     monkeypatch.setattr(z3.Solver, "check", wrapped)  # inside the loop: solver_check's own
     with pytest.raises(KeyboardInterrupt):
-        enumerate_matrices((2, 4), (2, 4))
+        enumerate_matrices_z3((2, 4), (2, 4))
