@@ -52,7 +52,7 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth.cost import Algorithm, Profile  # noqa: E402
+from synth.cost import Algorithm, NetworkProfile  # noqa: E402
 from synth.cost.fit import CallSample, fit_profile, predict_all  # noqa: E402
 from synth.cost.nccl import NCCL_VERSION, choose, comm_of, node_level  # noqa: E402
 from synth.cost.calibration import CORPUS_SETS, NOT_FITTED, corpus_samples, save_calibration  # noqa: E402
@@ -94,7 +94,7 @@ def heldout_by_size(by_topology: dict[str, list[str]], sets: dict[str, list[Call
     """Per set, predictions from a fit on the other size fold of its topology."""
     out = {name: np.full(len(sets[name]), math.nan) for name in sets}
     for topo, names in by_topology.items():
-        prior = Profile.prior(sets[names[0]][0].topology)
+        prior = NetworkProfile.prior(sets[names[0]][0].topology)
         for fold in (0, 1):
             train = [s for n in names for s in sets[n] if _fold(s) != fold]
             if not train:
@@ -118,7 +118,7 @@ def heldout_by_source(by_topology: dict[str, list[str]], sets: dict[str, list[Ca
         for n in names:
             train = [s for m in names if m != n for s in sets[m]]
             if train:
-                profile, _ = fit_profile(train, Profile.prior(sets[n][0].topology))
+                profile, _ = fit_profile(train, NetworkProfile.prior(sets[n][0].topology))
                 out[n] = predict_all(profile, sets[n])
     return out
 
@@ -167,7 +167,7 @@ def unseen_report(sets: dict[str, list[CallSample]]) -> list[str]:
     prior_errors: dict[str, list[float]] = defaultdict(list)
     multi: dict[str, bool] = defaultdict(bool)  # origin -> a call crosses a network
     for name, samples in sets.items():
-        prior = Profile.prior(samples[0].topology)
+        prior = NetworkProfile.prior(samples[0].topology)
         source = origin(samples)
         shipped_times = predict_calls(shipped_fit, samples)
         prior_times = predict_all(prior, samples)
@@ -349,7 +349,7 @@ def report() -> str:
     choice_rows = []
     for name in sorted(sets):
         samples = sets[name]
-        prior = predict_all(Profile.prior(samples[0].topology), samples)
+        prior = predict_all(NetworkProfile.prior(samples[0].topology), samples)
         cells, counts = [], []
         for label, predicted in (("prior", prior), ("size", size_fold[name]), ("source", source_fold.get(name))):
             for regime, pick in (("small", lambda b: b < SMALL), ("large", lambda b: b >= LARGE)):

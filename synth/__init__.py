@@ -48,7 +48,7 @@ _EXPORTS = {
     "JobSolution": "planner.configurations",
     "load_plan": "plan", "write_plan": "plan", "Plan": "plan",
     "verify_plan": "plan", "Executor": "runtime.executor",
-    "Model": "cost", "Algorithm": "cost", "Profile": "cost",
+    "Model": "cost", "Algorithm": "cost", "NetworkProfile": "cost", "Profile": "cost",
     "Reduction": "synthesis.reduction", "Goal": "synthesis.semantics",
     "Topology": "topology", "load_topology": "topology",
     "SynthError": "errors",
@@ -56,7 +56,8 @@ _EXPORTS = {
 _SUBMODULES = ("torch", "jax")
 
 __all__ = [
-    "AllToAllSolution", "Algorithm", "Executor", "Goal", "JobRequest", "JobSolution", "Model", "Plan", "PlacementResult", "Profile",
+    "AllToAllSolution", "Algorithm", "Executor", "Goal", "JobRequest", "JobSolution", "Model", "NetworkProfile", "Plan",
+    "PlacementResult", "Profile",
     "ProgramResult", "Reduction", "SizesSolution", "Solution", "SparseSolution", "SynthError", "Topology", "WorkloadSolution",
     "__version__", "load_plan", "load_topology", "plan_job", "rank_placements", "solve", "solve_problem",
     "solve_alltoall", "solve_sizes", "solve_sparse", "verify_plan", "write_plan",
@@ -80,7 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         solve_sizes,
         solve_sparse,
     )
-    from .cost import Algorithm, Model, Profile
+    from .cost import Algorithm, Model, NetworkProfile, Profile
     from .errors import SynthError
     from .plan import Plan, load_plan, verify_plan, write_plan
     from .planner.configurations import JobRequest, JobSolution, plan_job

@@ -17,7 +17,7 @@ from processes import limit_s
 
 import synth
 from synth.cli import main
-from synth.cost import Algorithm, Model, Profile, default_program
+from synth.cost import Algorithm, Model, NetworkProfile, default_program
 from synth.cost.records import Record, append_records, read_records
 from synth.errors import SynthError
 from synth.plan import Plan, PlannedProgram, PlannedReduction, load_plan, plan_document, write_plan
@@ -167,11 +167,11 @@ def test_model_names_its_algorithm_and_profile(tmp_path):
     p2 = load_topology("p2-a100")
     assert Model().describe() == "NCCL 2.27.7 model, shipped calibration from the public NCCL corpus"
     assert Model(prior=True).describe() == "NCCL 2.27.7 model, topology's numbers as priors"
-    assert Model(prior=True).profile_for(p2) == Profile.prior(p2)
+    assert Model(prior=True).profile_for(p2) == NetworkProfile.prior(p2)
     path = tmp_path / "p.json"
     from synth.cost import save_profile
 
-    save_profile(path, Profile.prior(p2))
+    save_profile(path, NetworkProfile.prior(p2))
     model = Model.load("mpi", path)
     assert model.algorithm is Algorithm.MPI and model.describe() == f"MPI (OpenMPI tuned defaults) model, profile {path}"
     with pytest.raises(SynthError, match=f"{path} was fitted for topology 'p2-a100'"):

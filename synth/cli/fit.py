@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import Model, Profile, load_profile, profile_document, save_profile
+from ..cost import Model, NetworkProfile, load_profile, profile_document, save_profile
 from ..cost.fit import MIN_CASES, accuracy, fit_profile, load_measurements, split_cases
 from ..documents import check_writable
 from ..errors import SynthError
@@ -32,7 +32,7 @@ from ..units import format_seconds
 from .args import Parser
 
 
-def _start(path: str | None, topology: Topology, default: str) -> Profile:
+def _start(path: str | None, topology: Topology, default: str) -> NetworkProfile:
     """The profile to start from: ``path`` (checked against the topology), the
     prior (``path`` = ``prior``) or, without ``path``, ``default`` (``prior``,
     or ``shipped``: the shipped calibration)."""

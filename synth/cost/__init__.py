@@ -7,7 +7,7 @@ The package, one concern per module:
 * :mod:`~synth.cost.priors`: what a call costs before any measurement (each
   protocol's payload fraction, NCCL's latencies), apart from NCCL's choosing
   factors;
-* :mod:`~synth.cost.profile`: the parameters (:class:`Profile`: per level
+* :mod:`~synth.cost.profile`: the parameters (:class:`NetworkProfile`: per level
   bandwidth, MPI latency and NCCL step latency per protocol, efficiencies, NCCL
   base latencies, the MPI call overhead) and their JSON document;
 * :mod:`~synth.cost.model`: :class:`Model` = an :class:`Algorithm` (NCCL's
@@ -51,17 +51,22 @@ Linear form. Given the critical (slowest) flow of every round and NCCL's
 choices, a prediction is linear in the latencies and in the inverse bandwidths
 once the efficiencies are fixed: :class:`Features` records the terms so that
 :mod:`synth.cost.fit` can fit the parameters.
+
+``Profile`` is a deprecated alias of :class:`NetworkProfile` (the same class),
+kept so that ``synth.Profile`` and ``synth.cost.Profile`` go on importing.
 """
 
 from .alltoall import AllToAll, alltoall_of, alltoall_s
 from .model import ALGORITHMS, Algorithm, Model
 from .predict import Predictor, default_program, lowered_loads, predict_program, step_cost
-from .profile import Profile, load_profile, profile_document, save_profile
+from .profile import NetworkProfile, load_profile, profile_document, save_profile
 from .ranking import Ranked, rank
 from .terms import Features
 
+Profile = NetworkProfile  # deprecated alias: the name before NetworkProfile
+
 __all__ = [
-    "ALGORITHMS", "AllToAll", "Algorithm", "Features", "Model", "Predictor", "Profile", "Ranked", "alltoall_of",
-    "alltoall_s", "default_program",
+    "ALGORITHMS", "AllToAll", "Algorithm", "Features", "Model", "NetworkProfile", "Predictor", "Profile", "Ranked",
+    "alltoall_of", "alltoall_s", "default_program",
     "load_profile", "lowered_loads", "predict_program", "profile_document", "rank", "save_profile", "step_cost",
 ]

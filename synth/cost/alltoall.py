@@ -49,7 +49,7 @@ from ..synthesis.reduction import Reduction
 from ..topology import Topology
 from .links import links_of, round_geometry
 from .model import Algorithm
-from .profile import Profile
+from .profile import NetworkProfile
 
 P2P_EFFICIENCY_KEY = Collective.BROADCAST.value
 
@@ -91,7 +91,7 @@ class AllToAll:
             np.max(self.latency_s + float(size_bytes) / self.members * self.seconds_per_byte))
 
 
-def alltoall_of(topology: Topology, profile: Profile, groups: np.ndarray, peer_s: float = NCCL_PEER_S) -> AllToAll:
+def alltoall_of(topology: Topology, profile: NetworkProfile, groups: np.ndarray, peer_s: float = NCCL_PEER_S) -> AllToAll:
     """The :class:`AllToAll` of every row of ``groups`` ((groups, members)
     device ids) at once (module docstring); ``peer_s``: :func:`peer_seconds`."""
     groups = np.asarray(groups)
@@ -115,7 +115,7 @@ def alltoall_of(topology: Topology, profile: Profile, groups: np.ndarray, peer_s
     return AllToAll(n, profile.latency_s @ crossing, slowest[used], peer_s)
 
 
-def alltoall_s(topology: Topology, profile: Profile, groups: np.ndarray, size_bytes: float,
+def alltoall_s(topology: Topology, profile: NetworkProfile, groups: np.ndarray, size_bytes: float,
                peer_s: float = NCCL_PEER_S) -> float:
     """Seconds of an all-to-all of ``size_bytes`` per member in every row of
     ``groups`` ((groups, members) device ids), all groups at once (module
@@ -136,7 +136,7 @@ def exchange_device_groups(groups: Reduction, program: AllToAllProgram) -> tuple
     return tuple(out)
 
 
-def program_alltoalls(topology: Topology, profile: Profile, groups: Reduction, program: AllToAllProgram,
+def program_alltoalls(topology: Topology, profile: NetworkProfile, groups: Reduction, program: AllToAllProgram,
                       peer_s: float = NCCL_PEER_S) -> tuple[AllToAll, ...]:
     """The :class:`AllToAll` of every step of ``program`` on the groups of
     ``groups`` (:func:`exchange_device_groups`); the program's time at a size

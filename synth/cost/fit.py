@@ -52,7 +52,7 @@ from ..synthesis.lowering import lower
 from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Loads
 from ..topology import Topology
-from . import Algorithm, Features, Model, Predictor, Profile, lowered_loads, step_cost
+from . import Algorithm, Features, Model, Predictor, NetworkProfile, lowered_loads, step_cost
 from .corpus import CorpusCall, is_corpus_line, read_corpus
 from .nccl import NCCL_KEYS, PROTOCOLS
 from .nccl_rules import NCCL_VERSION, RULES, rules_for
@@ -145,7 +145,7 @@ class CallSample:
         of the version its source states)."""
         return measured_rules(self.call.nccl_version)
 
-    def features(self, profile: Profile) -> Features:
+    def features(self, profile: NetworkProfile) -> Features:
         group = np.arange(self.call.ranks)[None, :]
         return step_cost(self.topology, profile, self.algorithm, self.call.collective, group,
                          np.array([float(self.call.size_bytes)]), self.call.nvls_enabled, self.nccl_rules,
@@ -241,7 +241,7 @@ def _is_corpus_file(path: str | Path) -> bool:
 class _Predictors:
     """Predictors per (reduction, algorithm) for one profile."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: NetworkProfile) -> None:
         self.profile = profile
         self._predictors: dict[tuple, Predictor] = {}
 
@@ -263,7 +263,7 @@ class _Predictors:
         return self.predictor(s).program(s.program, s.loads, s.size_bytes)
 
 
-def predict_all(profile: Profile, samples: Sequence[Measurement]) -> np.ndarray:
+def predict_all(profile: NetworkProfile, samples: Sequence[Measurement]) -> np.ndarray:
     predictors = _Predictors(profile)
     return np.array([predictors.predict(s) for s in samples])
 
@@ -275,7 +275,7 @@ class _Layout:
     """The linear parameters of a profile as one vector (seconds, and seconds
     per byte for the inverse bandwidths) and their names."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: NetworkProfile) -> None:
         self.levels = list(profile.level_names)
         L = len(self.levels)
         self.names = ([f"{n} latency_us" for n in self.levels] + ["call_overhead_us"]
@@ -296,7 +296,7 @@ class _Layout:
         kind[self.overhead], kind[self.inv_bw] = 3, 4
         self.fix_order = [int(i) for i in np.argsort(kind, kind="stable")]
 
-    def vector(self, p: Profile) -> np.ndarray:
+    def vector(self, p: NetworkProfile) -> np.ndarray:
         return np.concatenate([p.latency_s, [p.call_overhead_us * 1e-6], p.protocol_latency_s.ravel(),
                                [p.base_us(k) * 1e-6 for k in NCCL_KEYS], 1.0 / p.bandwidth_Bps])
 
@@ -305,9 +305,9 @@ class _Layout:
         inverse bandwidths), in vector order."""
         return np.concatenate([f.latency_count, [f.calls], f.steps.ravel(), [f.base_count.get(k, 0.0) for k in NCCL_KEYS]])
 
-    def profile(self, theta: np.ndarray, like: Profile, efficiency: dict[str, float]) -> Profile:
+    def profile(self, theta: np.ndarray, like: NetworkProfile, efficiency: dict[str, float]) -> NetworkProfile:
         L = len(self.levels)
-        return Profile(
+        return NetworkProfile(
             topology=like.topology, level_names=like.level_names,
             bandwidth_GBps=tuple(float(v) for v in 1.0 / theta[self.inv_bw] / 1e9),
             latency_us=tuple(float(v) for v in theta[self.mpi_lat] * 1e6),
@@ -429,15 +429,15 @@ def _anchor(keys: Sequence[str], counts: dict[str, int]) -> str | None:
 
 
 def fit_profile(
-    measurements: Sequence[Measurement], prior: Profile, iterations: int = 8, efficiency: bool = False
-) -> tuple[Profile, FitReport]:
+    measurements: Sequence[Measurement], prior: NetworkProfile, iterations: int = 8, efficiency: bool = False
+) -> tuple[NetworkProfile, FitReport]:
     """Least-squares fit of the profile's parameters (see the module docstring);
     with ``efficiency`` also the MPI model's per-collective efficiencies."""
     return _fit(measurements, prior, iterations, efficiency, {})
 
 
-def _fit(measurements: Sequence[Measurement], prior: Profile, iterations: int, efficiency: bool,
-         held: dict[str, str]) -> tuple[Profile, FitReport]:
+def _fit(measurements: Sequence[Measurement], prior: NetworkProfile, iterations: int, efficiency: bool,
+         held: dict[str, str]) -> tuple[NetworkProfile, FitReport]:
     """The fit with the parameters named in ``held`` at their prior.
 
     Each round fixes the critical paths (features) and fits all parameters
@@ -571,7 +571,7 @@ def measured_best_position(predicted: np.ndarray, measured: np.ndarray) -> int:
     return int(position[measured == measured.min()].min())
 
 
-def accuracy(profile: Profile, measurements: Sequence[Measurement], ks: Iterable[int] = (1, 3, 5, 10)) -> Accuracy:
+def accuracy(profile: NetworkProfile, measurements: Sequence[Measurement], ks: Iterable[int] = (1, 3, 5, 10)) -> Accuracy:
     """Top-k accuracy (with 95% Wilson intervals) over cases with at least two
     programs, mean Spearman correlation per case, and median relative error over
     all records. Below :data:`MIN_CASES` cases, :attr:`Accuracy.enough_cases` is

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..caches import memoised
 from ..topology import Topology
-from .profile import Profile
+from .profile import NetworkProfile
 from .terms import Features
 
 
@@ -225,7 +225,7 @@ def _kept(values: np.ndarray) -> np.ndarray:
 
 def round_cost(
     links: Links,
-    profile: Profile,
+    profile: NetworkProfile,
     key: str,
     src: np.ndarray | None,
     dst: np.ndarray | None,

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import SynthError
 from ..topology import Topology
 from .nccl_rules import NCCL_VERSION, rules_for
-from .profile import Profile, load_profile
+from .profile import NetworkProfile, load_profile
 from .shared import shipped
 
 PRIOR = "prior"  # --profile prior: the topology's numbers and NCCL's own constants, no calibration
@@ -68,7 +68,7 @@ class Model:
     ``profile_path`` only says where the profile was read, for reports."""
 
     algorithm: Algorithm = Algorithm.NCCL
-    profile: Profile | None = None
+    profile: NetworkProfile | None = None
     profile_path: str | None = None
     nccl_version: str = NCCL_VERSION  # whose rules choose (synth.cost.nccl_rules.rules_for)
     prior: bool = False  # NCCL's constants instead of the shipped calibration (--profile prior)
@@ -103,12 +103,12 @@ class Model:
         shipped calibration or prior) and NCCL version."""
         return replace(self, algorithm=algorithm)
 
-    def profile_for(self, topology: Topology) -> Profile:
+    def profile_for(self, topology: Topology) -> NetworkProfile:
         """The parameters to predict with on ``topology``; SynthError if a fitted
         profile belongs to another topology."""
         if self.profile is None:
             if self.prior or self.algorithm is Algorithm.MPI:
-                return Profile.prior(topology)
+                return NetworkProfile.prior(topology)
             return shipped().profile_for(topology)
         self.profile.check_matches(topology, self.profile_path or "profile")
         return self.profile

@@ -37,7 +37,7 @@ from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds
 from .links import Links, RoundGeometry, canonical_devices, group_scales, links_of, round_cost, round_geometry
 from .model import Algorithm, Model
 from .nccl import PROTOCOLS, call_channels, choose, comm_of, node_level
-from .profile import Profile
+from .profile import NetworkProfile
 from .terms import Features
 
 
@@ -49,7 +49,7 @@ class StepPricing:
     whose rules choose, None = the newest transcribed; ``dtype`` and ``op``)."""
 
     topology: Topology
-    profile: Profile
+    profile: NetworkProfile
     algorithm: Algorithm
     collective: Collective
     nvls_enabled: bool = True
@@ -60,7 +60,7 @@ class StepPricing:
 
 def step_cost(
     topology: Topology,
-    profile: Profile,
+    profile: NetworkProfile,
     algorithm: Algorithm,
     collective: Collective,
     groups: np.ndarray,
@@ -152,7 +152,7 @@ def clear_caches() -> None:
     _clear_registered("synth.cost")
 
 
-def _mpi_step(links: Links, profile: Profile, collective: Collective, groups: np.ndarray,
+def _mpi_step(links: Links, profile: NetworkProfile, collective: Collective, groups: np.ndarray,
               nbytes: np.ndarray, scales: np.ndarray | None = None) -> tuple[float, Features]:
     """A step of the MPI model: OpenMPI's algorithm for the group size and the
     largest message, latency per level crossed and round, a call overhead."""
@@ -164,7 +164,7 @@ def _mpi_step(links: Links, profile: Profile, collective: Collective, groups: np
     return total + profile.call_overhead_us * 1e-6, features
 
 
-def _add_rounds(links: Links, profile: Profile, key: str, pattern: tuple[Round, ...], groups: np.ndarray,
+def _add_rounds(links: Links, profile: NetworkProfile, key: str, pattern: tuple[Round, ...], groups: np.ndarray,
                 nbytes: np.ndarray, features: Features, lanes: np.ndarray | None = None,
                 nccl: bool = False, scales: np.ndarray | None = None) -> float:
     """Seconds of ``pattern`` run by every group at once; adds its features.
@@ -208,7 +208,7 @@ def content_key(array: np.ndarray) -> tuple:
     return array.dtype.str, array.shape, hashlib.sha256(data.data).digest()
 
 
-def _geometry(links: Links, profile: Profile, rnd: Round, groups: np.ndarray, groups_key: tuple,
+def _geometry(links: Links, profile: NetworkProfile, rnd: Round, groups: np.ndarray, groups_key: tuple,
               lanes: np.ndarray | None, rdma: bool, scale: np.ndarray | None = None) -> RoundGeometry:
     """:func:`~synth.cost.links.round_geometry` of a round of ``groups`` (its
     flows, group-major: every group's ``rnd.src[i] -> rnd.dst[i]``), memoised."""
@@ -262,7 +262,7 @@ _MODEL_IDS: dict[tuple, int] = register_table({}, __name__, "_MODEL_IDS")
 _NEXT_MODEL_ID = itertools.count()
 
 
-def model_id(topology: Topology, profile: Profile, algorithm: Algorithm, nccl_version: str | None) -> int:
+def model_id(topology: Topology, profile: NetworkProfile, algorithm: Algorithm, nccl_version: str | None) -> int:
     """A small id for what prices a step besides its groups and bytes, so
     that a key need not hash the topology and profile (frozen dataclasses
     hash every field each time). Ids are never reused, so forgetting the
@@ -274,7 +274,7 @@ def model_id(topology: Topology, profile: Profile, algorithm: Algorithm, nccl_ve
     return found
 
 
-def shared_step_cost(topology: Topology, profile: Profile, algorithm: Algorithm, collective: Collective,
+def shared_step_cost(topology: Topology, profile: NetworkProfile, algorithm: Algorithm, collective: Collective,
                       groups: np.ndarray, nbytes: np.ndarray, nccl_version: str | None = None,
                       key: tuple | None = None) -> tuple[float, Features]:
     """:func:`_ordered_step_cost` (rows in ring and tree order) memoised on the

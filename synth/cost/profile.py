@@ -10,7 +10,7 @@ five collectives for the MPI model and ``algorithm.protocol`` such as
 call (``base_latency_us``); ``call_overhead_us`` (per step, MPI model); and the
 :attr:`~synth.topology.Topology.structure` of the topology it belongs to.
 
-The prior (:meth:`Profile.prior`) is the topology's numbers and, for the NCCL
+The prior (:meth:`NetworkProfile.prior`) is the topology's numbers and, for the NCCL
 models, each protocol's payload fraction as efficiency and NCCL 2.27.7's own
 latencies (:mod:`synth.cost.priors`; NCCL's choosing factors stay in its
 choice, :mod:`synth.cost.nccl`). A profile built by hand with some of these left out gets
@@ -42,7 +42,7 @@ DEFAULT_EFFICIENCY = {**{c.value: 1.0 for c in Collective}, **EFFICIENCY_PRIOR}
 
 
 @dataclass(frozen=True)
-class Profile:
+class NetworkProfile:
     """Effective parameters per level, per efficiency key and per call (see the
     module docstring). Invariant: after construction ``efficiency`` and
     ``base_latency_us`` list every key in a fixed order and
@@ -75,7 +75,7 @@ class Profile:
             object.__setattr__(self, "protocol_latency_us", tuple((l, l, l) for l in self.latency_us))
 
     @classmethod
-    def prior(cls, topology: Topology) -> "Profile":
+    def prior(cls, topology: Topology) -> "NetworkProfile":
         return cls(
             topology=topology.name,
             level_names=topology.level_names,
@@ -130,7 +130,7 @@ class Profile:
             )
 
 
-def profile_document(profile: Profile, report: dict[str, Any] | None = None) -> dict[str, Any]:
+def profile_document(profile: NetworkProfile, report: dict[str, Any] | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = {"schema": PROFILE_SCHEMA, "version": PROFILE_VERSION, "topology": profile.topology}
     if profile.structure:
         doc["structure"] = {
@@ -150,11 +150,11 @@ def profile_document(profile: Profile, report: dict[str, Any] | None = None) -> 
     return doc
 
 
-def save_profile(path: str | Path, profile: Profile, report: dict[str, Any] | None = None) -> None:
+def save_profile(path: str | Path, profile: NetworkProfile, report: dict[str, Any] | None = None) -> None:
     write_document(path, "profile", profile_document(profile, report))
 
 
-def load_profile(path: str | Path) -> Profile:
+def load_profile(path: str | Path) -> NetworkProfile:
     source = str(path)
     doc = read_document(path, "profile", PROFILE_SCHEMA, PROFILE_VERSION, fix="re-fit it with synth-reduce fit")
     try:
@@ -167,7 +167,7 @@ def load_profile(path: str | Path) -> Profile:
                  None if lv["nvlinks"] is None else int(lv["nvlinks"]), bool(lv["nvls"]))
                 for lv in shape["levels"]
             ) + (("compute_capability", float(shape["compute_capability"])),)
-        profile = Profile(
+        profile = NetworkProfile(
             topology=str(doc["topology"]),
             level_names=tuple(str(lv["name"]) for lv in levels),
             bandwidth_GBps=tuple(float(lv["bandwidth_GBps"]) for lv in levels),

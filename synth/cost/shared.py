@@ -3,7 +3,7 @@ shipped calibration's file, which every NCCL prediction reads
 (:func:`shipped`; how it is fitted: :mod:`synth.cost.calibration`; the fit
 itself: :mod:`synth.cost.transfer`).
 
-A :class:`~synth.cost.profile.Profile` belongs to one topology; these
+A :class:`~synth.cost.profile.NetworkProfile` belongs to one topology; these
 parameters are per link kind (NVLink, PCIe, a network per transport) and per
 ``algorithm.protocol``, so they price any topology
 (:meth:`SharedParameters.profile_for`).
@@ -23,7 +23,7 @@ from ..resources import profiles_dir
 from ..topology import TRANSPORTS, Topology
 from .nccl import NCCL_KEYS, PROTOCOLS
 from .priors import BASE_PRIOR_US, EFFICIENCY_PRIOR, hop_latency_prior_us
-from .profile import Profile
+from .profile import NetworkProfile
 
 CALIBRATION_SCHEMA = "synth-reduce/calibration"
 CALIBRATION_VERSION = 1
@@ -58,12 +58,12 @@ class SharedParameters:
             efficiency=tuple((k, EFFICIENCY_PRIOR[k]) for k in NCCL_KEYS),
         )
 
-    def profile_for(self, topology: Topology) -> Profile:
+    def profile_for(self, topology: Topology) -> NetworkProfile:
         """The profile of ``topology`` these parameters give (what nccl-tests
         would measure: no tool overhead)."""
         achieved, steps = dict(self.achieved), dict(self.step_latency_us)
         kinds = [link_kind(topology, i) for i in range(len(topology.levels))]
-        return Profile(
+        return NetworkProfile(
             topology=topology.name,
             level_names=topology.level_names,
             bandwidth_GBps=tuple(lv.bandwidth_GBps * achieved[k] for lv, k in zip(topology.levels, kinds)),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .profile import Profile
+from .profile import NetworkProfile
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Features:
         for k, n in other.base_count.items():
             self.base_count[k] = self.base_count.get(k, 0.0) + times * n
 
-    def seconds(self, profile: Profile) -> float:
+    def seconds(self, profile: NetworkProfile) -> float:
         total = float(profile.latency_s @ self.latency_count) + self.calls * profile.call_overhead_us * 1e-6
         if self.protocol_count is not None:
             total += float((profile.protocol_latency_s * self.protocol_count).sum())

@@ -1,6 +1,6 @@
 """Parameters that carry over to a system never measured.
 
-A :class:`~synth.cost.profile.Profile` belongs to one topology: its bandwidths
+A :class:`~synth.cost.profile.NetworkProfile` belongs to one topology: its bandwidths
 and latencies are per level, so a fit of one system says nothing of another.
 :class:`SharedParameters` expresses the same cost per *kind of link* instead,
 so that measurements of some systems predict another:
@@ -44,7 +44,7 @@ from ..errors import SynthError
 from ..topology import Topology
 from .fit import levenberg_marquardt
 from .nccl import NCCL_KEYS, PROTOCOLS
-from .profile import Profile
+from .profile import NetworkProfile
 from .shared import ANCHOR, LINK_KINDS, PULL, TOOLS, SharedParameters, link_kind
 from .terms import Features
 
@@ -60,7 +60,7 @@ def predict_calls(shared: SharedParameters, samples: Sequence) -> np.ndarray:
                      + overhead.get(s.call.tool, 0.0) * 1e-6 for s in samples])
 
 
-def _profiles(shared: SharedParameters, samples: Sequence) -> dict[Topology, Profile]:
+def _profiles(shared: SharedParameters, samples: Sequence) -> dict[Topology, NetworkProfile]:
     """The profile of each topology the samples are on."""
     return {t: shared.profile_for(t) for t in {s.topology for s in samples}}
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from ..cost import Model, Profile
+from ..cost import Model, NetworkProfile
 from ..errors import SynthError
 from .compute import ComputeModel, CurveFit, fit_curve
 from .layercompute import micro_batch_fixed_s
@@ -38,7 +38,7 @@ class RecordCosts:
     """:class:`~synth.planner.configurations.CollectiveCosts` per (topology, algorithm), shared by
     the records that ran there."""
 
-    def __init__(self, profile: Profile | None = None, profile_path: str | None = None) -> None:
+    def __init__(self, profile: NetworkProfile | None = None, profile_path: str | None = None) -> None:
         self.profile = profile
         self.profile_path = profile_path
         self._costs: dict[tuple, CollectiveCosts] = {}

@@ -504,14 +504,14 @@ def shape_reason(collective: Collective, held: Sequence[HeldRuns], size: int) ->
 #: a device state with each contributor mask replaced by its size: which chunks
 #: are held and by how many contributors, the same in every frame of a
 #: :class:`~synth.synthesis.statespace.StateSpace`
-Profile = tuple[tuple[int, ...], tuple[int, ...]]
+StateProfile = tuple[tuple[int, ...], tuple[int, ...]]
 
 
-def profile_of(s: DeviceState) -> Profile:
+def profile_of(s: DeviceState) -> StateProfile:
     return make_state(s[0], [m.bit_count() for m in s[1]])
 
 
-def profile_reason(collective: Collective, members: Sequence[tuple[Profile, int]], size: int,
+def profile_reason(collective: Collective, members: Sequence[tuple[StateProfile, int]], size: int,
                     held: Sequence[HeldRuns] | None = None) -> str | None:
     """Why the collective cannot run on a group of ``size`` members, judged on
     their profiles alone, or None. ``members`` are ``(profile, how many members
@@ -523,7 +523,7 @@ def profile_reason(collective: Collective, members: Sequence[tuple[Profile, int]
     return reason if reason is not None else count_reason(collective, members)
 
 
-def count_reason(collective: Collective, members: Sequence[tuple[Profile, int]]) -> str | None:
+def count_reason(collective: Collective, members: Sequence[tuple[StateProfile, int]]) -> str | None:
     """Summing more than ``k`` contributors on a chunk is double counting, and
     a Broadcast member with more contributors on a chunk than the root is not
     contained in it (for members that hold the right chunks)."""
@@ -550,7 +550,7 @@ def count_reason(collective: Collective, members: Sequence[tuple[Profile, int]])
     return None
 
 
-def more_contributors(small: Profile, big: Profile) -> bool:
+def more_contributors(small: StateProfile, big: StateProfile) -> bool:
     """Whether ``small`` carries more contributors than ``big`` on some chunk."""
     i = j = 0
     (small_stops, small_counts), (big_stops, big_counts) = small, big
@@ -563,7 +563,7 @@ def more_contributors(small: Profile, big: Profile) -> bool:
     return False
 
 
-def profile_results(collective: Collective, members: Sequence[tuple[Profile, int]], k: int) -> list[Profile]:
+def profile_results(collective: Collective, members: Sequence[tuple[StateProfile, int]], k: int) -> list[StateProfile]:
     """The members' profiles after ``collective``, from their profiles alone
     (for members that pass :func:`profile_reason`): counts add where masks
     are united, and everything else moves as the masks do. ``members`` are

@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..cost import Profile
+from ..cost import NetworkProfile
 from ..cost.fit import Sample, fit_profile, measured_best_position, predict_all, split_cases
 from ..cost.records import Record
 from ..synthesis.language import format_program
@@ -208,7 +208,7 @@ class Predicted:
     measured_s: np.ndarray
     prior_s: np.ndarray  # the topology file's parameters
     heldout_s: np.ndarray  # fitted on the other half of the cases
-    fitted: Profile  # fitted on all cases (reported, not used for scores)
+    fitted: NetworkProfile  # fitted on all cases (reported, not used for scores)
     heldout_efficiency_s: np.ndarray | None = None  # the same, fitting per-collective efficiencies too
     samples: tuple[Sample, ...] = ()  # as synth.cost.fit read them, in file order
 
@@ -217,7 +217,7 @@ def predictions(samples: Sequence[Sample], baseline: str, seed: int = 0) -> Pred
     """Prior, held-out and fitted predictions of one cluster's samples (of one
     topology, in file order)."""
     ms = list(samples)
-    prior = Profile.prior(ms[0].reduction.topology)
+    prior = NetworkProfile.prior(ms[0].reduction.topology)
     first, second = split_cases(ms, 0.5, seed)
 
     def heldout(efficiency: bool) -> np.ndarray:

@@ -10,7 +10,7 @@ import math
 import pytest
 from helpers import usage_error
 
-from synth.cost import Profile, save_profile
+from synth.cost import NetworkProfile, save_profile
 from synth.errors import SynthError
 from synth.topology import load_topology
 from synth.units import format_seconds, format_size, parse_size
@@ -168,7 +168,7 @@ def test_unknown_algo(cli):
 def fast_gpu_profile(tmp_path):
     p2 = load_topology("p2-a100")
     path = tmp_path / "fast.json"
-    save_profile(path, Profile(p2.name, p2.level_names, (8.0, 540.0), (5.0, 0.5)))
+    save_profile(path, NetworkProfile(p2.name, p2.level_names, (8.0, 540.0), (5.0, 0.5)))
     return path
 
 
@@ -191,7 +191,7 @@ def test_a_profile_is_refused_on_a_scaled_topology(cli, tmp_path, name, scale):
     # issue 12, item 14: a profile belongs to the whole level structure, counts included
     topology = load_topology(name)
     path = tmp_path / "fitted.json"
-    save_profile(path, Profile.prior(topology))
+    save_profile(path, NetworkProfile.prior(topology))
     axes = "dp=16" if name == "testbed-2x4" else "dp=4,mp=8"
     message = usage_error(cli, "--topology", name, "--scale", scale, "--axes", axes, "--no-verify",
                           "--profile", path)

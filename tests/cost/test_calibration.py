@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synth.cost import Algorithm, Model, Profile
+from synth.cost import Algorithm, Model, NetworkProfile
 from synth.cost.calibration import CORPUS_SETS, NOT_FITTED, corpus_samples, fit_corpus
 from synth.cost.shared import load_calibration, shipped, shipped_path
 from synth.cost.fit import predict_all
@@ -47,8 +47,8 @@ def test_the_default_model_prices_with_the_shipped_calibration():
     p5 = load_topology("p5")
     assert Model().profile_for(p5) == shipped().profile_for(p5)
     assert Model.load("ring").profile_for(p5) == shipped().profile_for(p5)
-    assert Model.load("nccl", "prior").profile_for(p5) == Profile.prior(p5)  # --profile prior: NCCL's constants
-    assert Model(Algorithm.MPI).profile_for(p5) == Profile.prior(p5)  # the CPU testbed's model is not NCCL's
+    assert Model.load("nccl", "prior").profile_for(p5) == NetworkProfile.prior(p5)  # --profile prior: NCCL's constants
+    assert Model(Algorithm.MPI).profile_for(p5) == NetworkProfile.prior(p5)  # the CPU testbed's model is not NCCL's
     # the calibration moves the network: EFA's achieved fraction scales the stated 50 GB/s
     achieved = dict(shipped().achieved)["efa"]
     assert Model().profile_for(p5).bandwidth_GBps[0] == pytest.approx(50.0 * achieved)
@@ -58,7 +58,7 @@ def test_the_default_model_prices_with_the_shipped_calibration():
 
 def test_a_profile_and_the_prior_are_exclusive():
     with pytest.raises(SynthError, match="not both"):
-        Model(profile=Profile.prior(load_topology("p5")), prior=True)
+        Model(profile=NetworkProfile.prior(load_topology("p5")), prior=True)
 
 
 def test_a_damaged_calibration_is_refused(tmp_path):
@@ -82,12 +82,12 @@ def test_validate_uses_the_shipped_calibration_unless_profile_prior(cli):
     samples = corpus_samples(DATA)["aws-p5-2x8-allreduce"]
     measured = np.array([s.median_s for s in samples])
 
-    def median_error(profile: Profile) -> float:
+    def median_error(profile: NetworkProfile) -> float:
         return float(np.median(np.abs(predict_all(profile, samples) - measured) / measured))
 
     assert _validate_error(cli) == pytest.approx(median_error(shipped().profile_for(p5)), rel=1e-9)
-    assert _validate_error(cli, "--profile", "prior") == pytest.approx(median_error(Profile.prior(p5)), rel=1e-9)
-    assert median_error(shipped().profile_for(p5)) != median_error(Profile.prior(p5))
+    assert _validate_error(cli, "--profile", "prior") == pytest.approx(median_error(NetworkProfile.prior(p5)), rel=1e-9)
+    assert median_error(shipped().profile_for(p5)) != median_error(NetworkProfile.prior(p5))
 
 
 def test_profile_prior_on_the_main_command(cli):
@@ -105,5 +105,5 @@ def test_profile_prior_on_the_main_command(cli):
 
 def test_a_forced_algorithm_keeps_the_models_parameters():
     p5 = load_topology("p5")
-    assert Model(prior=True).with_algorithm(Algorithm.RING).profile_for(p5) == Profile.prior(p5)
+    assert Model(prior=True).with_algorithm(Algorithm.RING).profile_for(p5) == NetworkProfile.prior(p5)
     assert Model().with_algorithm(Algorithm.TREE).profile_for(p5) == shipped().profile_for(p5)

@@ -20,7 +20,7 @@ from synth.cost import (
     Features,
     Model,
     Predictor,
-    Profile,
+    NetworkProfile,
     default_program,
     lowered_loads,
     predict_program,
@@ -246,7 +246,7 @@ def test_forced_tree_inside_a_node_is_slower_than_ring_programs():
 
 
 def test_ring_allreduce_of_four_gpus_inside_a_node(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     # small messages: NCCL picks LL (half the bandwidth, 0.6 us steps), large: Simple. The ring graph has 18
     # channels, the communicator 36; a call runs on floor(bytes / (threads x threshold)) of them (enqueue.cc): LL
     # 512 threads x 8 bytes x 4 ranks, so one channel below 16 KiB, and its bytes move at 1/36 of the rate
@@ -260,7 +260,7 @@ def test_ring_allreduce_of_four_gpus_inside_a_node(p2):
 
 
 def test_concurrent_groups_inside_nodes_do_not_contend_on_a_switch(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     one, _ = step_cost(p2, prior, Algorithm.RING, AR, [[0, 1, 2, 3]], [S])
     # 16 groups of 4 covering all 64 GPUs: every GPU has its own NVSwitch port
     many, _ = step_cost(p2, prior, Algorithm.RING, AR, [list(range(i, i + 4)) for i in range(0, 64, 4)], [S] * 16)
@@ -271,7 +271,7 @@ TWO_NODE_RING = (RING_BASE[SIMPLE] + 2 * NET_STEP[SIMPLE]) * US  # a ring of 2 n
 
 
 def test_sixteen_flows_share_one_nic(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     single, _ = step_cost(p2, prior, Algorithm.RING, AR, [[0, 16]], [S])
     assert close(single, 2 * S / 2 / 8e9 + TWO_NODE_RING)
     groups = [[g, 16 + g] for g in range(16)]  # every GPU of node 0 talks to node 1
@@ -285,7 +285,7 @@ def test_sixteen_flows_share_one_nic(p2):
 
 
 def test_flows_from_different_nodes_share_the_receiving_nic(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     chain = (RING_BASE[SIMPLE] + NET_STEP[SIMPLE]) * US  # a chain of 2 over the network: one step
     seconds, _ = step_cost(p2, prior, Algorithm.RING, RED, [[16, 0], [17, 32]], [S, S])
     # Reduce (chain towards the first member in id order): 16 -> 0 and 32 -> 17:
@@ -298,7 +298,7 @@ def test_flows_from_different_nodes_share_the_receiving_nic(p2):
 
 def test_ports_of_a_dgx_a100_node():
     dgx = topo("dgx-a100")
-    prior = Profile.prior(dgx)
+    prior = NetworkProfile.prior(dgx)
     four, _ = step_cost(dgx, prior, Algorithm.RING, AR, [[g, 8 + g] for g in range(4)], [S] * 4)
     eight, _ = step_cost(dgx, prior, Algorithm.RING, AR, [[g, 8 + g] for g in range(8)], [S] * 8)
     # 8 ports x 24 GB/s, one per GPU rail: a group with one GPU per node uses its rail;
@@ -306,13 +306,13 @@ def test_ports_of_a_dgx_a100_node():
     assert close(four, 2 * S / 2 / 24e9 + TWO_NODE_RING)
     assert close(eight, 2 * S / 2 / 24e9 + TWO_NODE_RING)
     wide = topo("dgx-a100", gpu=16)  # 16 GPUs behind the same 8 ports
-    sixteen, _ = step_cost(wide, Profile.prior(wide), Algorithm.RING, AR, [[g, 16 + g] for g in range(16)], [S] * 16)
+    sixteen, _ = step_cost(wide, NetworkProfile.prior(wide), Algorithm.RING, AR, [[g, 16 + g] for g in range(16)], [S] * 16)
     assert close(sixteen, 2 * S / 2 / 12e9 + TWO_NODE_RING)
 
 
 def test_a_ring_over_whole_dgx_nodes_spreads_over_their_rails():
     dgx = topo("dgx-a100")
-    prior = Profile.prior(dgx)
+    prior = NetworkProfile.prior(dgx)
     # 2 nodes x 8 GPUs: NCCL's channels cross through all 8 rail NICs of a node, so the
     # crossing edge gets 8 x 24 = 192 GB/s, below the 230 GB/s NVLink: the bottleneck
     members = list(range(16))
@@ -338,7 +338,7 @@ def test_a_ring_over_whole_dgx_nodes_spreads_over_their_rails():
 def test_mpi_latency_adds_per_level_crossed(pair, latency_us, rate_GBps):
     rack = topo("rack")
     size = 4096.0  # tuned's recursive doubling for 2 members: one exchange of S
-    seconds, f = step_cost(rack, Profile.prior(rack), Algorithm.MPI, AR, [list(pair)], [size])
+    seconds, f = step_cost(rack, NetworkProfile.prior(rack), Algorithm.MPI, AR, [list(pair)], [size])
     assert close(seconds, latency_us * US + size / (rate_GBps * 1e9))
     crossed = {1.5: 1, 3.5: 2, 8.5: 3, 18.5: 4}[latency_us]
     assert f.latency_count.tolist() == [0] * (4 - crossed) + [1] * crossed
@@ -360,13 +360,13 @@ def test_nccl_steps_pay_the_latency_of_the_outermost_level_crossed(pair, step_us
     size = 4096.0  # ring LL: two rounds of S/2 at half the rate, 2 * 2 - 2 = 2 steps
     # on one channel of the communicator's (4096 < 512 threads x 8 bytes x 2 ranks: enqueue.cc)
     share = 1 / runtime_channels(comm_of(rack, pair))
-    seconds, _ = step_cost(rack, Profile.prior(rack), Algorithm.RING, AR, [list(pair)], [size])
+    seconds, _ = step_cost(rack, NetworkProfile.prior(rack), Algorithm.RING, AR, [list(pair)], [size])
     assert close(seconds, 2 * size / 2 / (rate_GBps * 1e9 * 0.5 * share) + (RING_BASE[LL] + 2 * step_us) * US)
 
 
 def test_ring_fabric_loads_ring_links_with_distance():
     v100 = topo("p2-v100")
-    prior = Profile.prior(v100)
+    prior = NetworkProfile.prior(v100)
     size = float(S)
     latency = (RING_BASE[SIMPLE] + 2 * NVL_STEP[SIMPLE]) * US  # a ring of 2: 2 * 2 - 2 steps
     neighbours, _ = step_cost(v100, prior, Algorithm.RING, AR, [[0, 1], [2, 3]], [size, size])
@@ -382,13 +382,13 @@ def test_ring_fabric_loads_ring_links_with_distance():
     assert close(opposite, 2 * size / 2 / 135e9 + latency)
     # the same groups on a switched node (p2-a100): no sharing at all
     p2 = topo("p2-a100")
-    switched, _ = step_cost(p2, Profile.prior(p2), Algorithm.RING, AR, [[0, 2], [1, 3]], [size, size])
+    switched, _ = step_cost(p2, NetworkProfile.prior(p2), Algorithm.RING, AR, [[0, 2], [1, 3]], [size, size])
     assert close(switched, 2 * size / 2 / 270e9 + latency)
 
 
 @pytest.mark.parametrize("collective", [RS, AG])
 def test_ring_reducescatter_and_allgather_take_m_minus_1_rounds(p2, collective):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     for members in ([0, 1, 2, 3], list(range(16))):
         m = len(members)
         seconds, f = step_cost(p2, prior, Algorithm.RING, collective, [members], [S])
@@ -400,7 +400,7 @@ def test_ring_reducescatter_and_allgather_take_m_minus_1_rounds(p2, collective):
 
 @pytest.mark.parametrize("collective", [RED, BC])
 def test_ring_reduce_and_broadcast_are_a_pipelined_chain(p2, collective):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     seconds, f = step_cost(p2, prior, Algorithm.RING, collective, [[0, 1, 2, 3]], [S])
     assert close(seconds, S / 270e9 + (RING_BASE[SIMPLE] + 3 * NVL_STEP[SIMPLE]) * US)
     assert f.steps[:, SIMPLE].tolist() == [0, 3]
@@ -408,7 +408,7 @@ def test_ring_reduce_and_broadcast_are_a_pipelined_chain(p2, collective):
 
 @pytest.mark.parametrize("collective", [RS, AG, RED, BC])
 def test_tree_is_ring_except_for_allreduce(p2, collective):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     for groups in ([[0, 1, 2, 3]], [[0, 16, 32, 48]], [[g, 16 + g, 32 + g] for g in range(5)]):
         sizes = [float(S)] * len(groups)
         assert step_cost(p2, prior, Algorithm.TREE, collective, groups, sizes)[0] == \
@@ -416,7 +416,7 @@ def test_tree_is_ring_except_for_allreduce(p2, collective):
 
 
 def test_tree_allreduce_hand_computed(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     tree = lambda chain_steps, net_steps: (TREE_BASE[SIMPLE] + chain_steps * NVL_STEP[SIMPLE]  # noqa: E731
                                            + net_steps * NET_STEP[SIMPLE]) * US
     # inside one node: one chain 3 -> 2 -> 1 -> 0 carrying S up while the
@@ -460,7 +460,7 @@ def test_mpi_algorithm_follows_openmpi_tuned_decisions(collective, m, nbytes, ex
 
 
 def test_mpi_allreduce_recursive_doubling_then_rabenseifner(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     members = [[0, 1, 2, 3]]
     rd, _ = step_cost(p2, prior, Algorithm.MPI, AR, members, [4096.0])
     assert close(rd, 2 * (1 * US + 4096 / 270e9))  # log2(4) rounds of S
@@ -476,14 +476,14 @@ def test_mpi_allreduce_recursive_doubling_then_rabenseifner(p2):
 
 
 def test_mpi_allgather_doubling_pieces(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     for size in (32768.0, float(S)):
         ag, _ = step_cost(p2, prior, Algorithm.MPI, AG, [[0, 1, 2, 3]], [size])
         assert close(ag, (1 * US + size / 4 / 270e9) + (1 * US + size / 2 / 270e9))
 
 
 def test_mpi_linear_algorithms_share_the_root_port(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     # Reduce, 4 members, 1 MiB: all send S to member 0 at once; its port is shared by 3
     red, _ = step_cost(p2, prior, Algorithm.MPI, RED, [[0, 1, 2, 3]], [float(MiB)])
     assert close(red, 1 * US + MiB / (270e9 / 3))
@@ -497,7 +497,7 @@ def test_mpi_linear_algorithms_share_the_root_port(p2):
 
 @pytest.mark.parametrize("collective", [RED, BC])
 def test_mpi_reduce_and_broadcast_binomial_and_chain(p2, collective):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     members, size = ([list(range(8))], float(S)) if collective is RED else ([list(range(16))], 65536.0)
     tree, _ = step_cost(p2, prior, Algorithm.MPI, collective, members, [size])
     assert close(tree, math.log2(len(members[0])) * (1 * US + size / 270e9))  # binomial: log2(m) rounds of S
@@ -507,7 +507,7 @@ def test_mpi_reduce_and_broadcast_binomial_and_chain(p2, collective):
 
 
 def test_efficiency_divides_the_bandwidth_terms(p2):
-    prior = Profile.prior(p2)
+    prior = NetworkProfile.prior(p2)
     # NCCL models: one efficiency per algorithm.protocol
     slow = replace(prior, efficiency=(("ring.Simple", 0.5),))
     seconds, _ = step_cost(p2, slow, Algorithm.RING, AR, [[0, 1, 2, 3]], [S])
@@ -526,7 +526,7 @@ def test_efficiency_divides_the_bandwidth_terms(p2):
 
 def test_profile_parameters_replace_the_topology_numbers(p2):
     # a profile without NCCL step latencies uses latency_us for every protocol
-    fitted = Profile(p2.name, p2.level_names, (4.0, 100.0), (20.0, 3.0))
+    fitted = NetworkProfile(p2.name, p2.level_names, (4.0, 100.0), (20.0, 3.0))
     seconds, _ = step_cost(p2, fitted, Algorithm.RING, AR, [[0, 16]], [S])
     assert close(seconds, 2 * S / 2 / 4e9 + (RING_BASE[SIMPLE] + 2 * 20) * US)
     inside, _ = step_cost(p2, fitted, Algorithm.RING, AR, [[0, 1, 2, 3]], [S])
@@ -567,8 +567,8 @@ def _random_cases():
     out = []
     for name, scale, axes, reduce in cases:
         t = topo(name, **scale)
-        prior = Profile.prior(t)
-        other = Profile(t.name, t.level_names,
+        prior = NetworkProfile.prior(t)
+        other = NetworkProfile(t.name, t.level_names,
                         tuple(b * rng.uniform(0.3, 3) for b in prior.bandwidth_GBps),
                         tuple(l * rng.uniform(0.3, 3) for l in prior.latency_us),
                         tuple((k, rng.uniform(0.5, 1.5)) for k, _ in prior.efficiency),
@@ -600,8 +600,8 @@ def test_features_give_the_predicted_time_for_random_programs():
 def test_features_are_linear_in_inverse_bandwidth_and_latency(p2):
     # 16 flows through one NIC: doubling the NIC bandwidth halves the bandwidth term
     groups = [[g, 16 + g] for g in range(16)]
-    _, f = step_cost(p2, Profile.prior(p2), Algorithm.RING, AR, groups, [S] * 16)
-    doubled = Profile(p2.name, p2.level_names, (16.0, 270.0), (5.0, 1.0))
+    _, f = step_cost(p2, NetworkProfile.prior(p2), Algorithm.RING, AR, groups, [S] * 16)
+    doubled = NetworkProfile(p2.name, p2.level_names, (16.0, 270.0), (5.0, 1.0))
     assert close(f.seconds(doubled), 2 * S / 2 / 1e9 + (RING_BASE[SIMPLE] + 2 * 5.0) * US)
     assert close(f.seconds(doubled), step_cost(p2, doubled, Algorithm.RING, AR, groups, [S] * 16)[0])
 
@@ -612,16 +612,16 @@ def test_features_are_linear_in_inverse_bandwidth_and_latency(p2):
 def test_profile_for_another_topology_is_rejected():
     p2, dgx = topo("p2-a100"), topo("dgx-a100")
     with pytest.raises(SynthError) as exc:
-        Profile.prior(p2).check_matches(dgx, "fitted.json")
+        NetworkProfile.prior(p2).check_matches(dgx, "fitted.json")
     assert str(exc.value) == (
         "fitted.json was fitted for topology 'p2-a100' with levels node, gpu, not 'dgx-a100' "
         "with levels node, gpu; fit a profile for this topology"
     )
-    renamed = Profile("p2-a100", ("node", "rank"), (8.0, 270.0), (5.0, 1.0))
+    renamed = NetworkProfile("p2-a100", ("node", "rank"), (8.0, 270.0), (5.0, 1.0))
     with pytest.raises(SynthError, match="with levels node, rank, not 'p2-a100' with levels node, gpu"):
         renamed.check_matches(p2)
     with pytest.raises(SynthError) as exc:  # a scaled copy is another system (issue 12, item 14)
-        Profile.prior(p2).check_matches(topo("p2-a100", node=2), "fitted.json")
+        NetworkProfile.prior(p2).check_matches(topo("p2-a100", node=2), "fitted.json")
     assert str(exc.value) == (
         "fitted.json was fitted for 'p2-a100' as node x4 (net) > gpu x16 (nvlink), compute capability 8, not as "
         "node x2 (net) > gpu x16 (nvlink), compute capability 8; fit a profile for this shape of the topology "
@@ -630,11 +630,11 @@ def test_profile_for_another_topology_is_rejected():
     hgx = topo("dgx-h100")
     without_nvls = replace(hgx, levels=(hgx.levels[0], replace(hgx.levels[1], nvls=False)))
     with pytest.raises(SynthError, match=r"gpu x8 \(nvlink, 18 nvlinks, nvls\), compute capability 9, not as "):
-        Profile.prior(hgx).check_matches(without_nvls)
-    Profile.prior(p2).check_matches(replace(p2, levels=(replace(p2.levels[0], bandwidth_GBps=1.0), p2.levels[1])))
+        NetworkProfile.prior(hgx).check_matches(without_nvls)
+    NetworkProfile.prior(p2).check_matches(replace(p2, levels=(replace(p2.levels[0], bandwidth_GBps=1.0), p2.levels[1])))
     placement = enumerate_placements(dgx, parse_axes("dp=16,mp=8"))[0]
     with pytest.raises(SynthError, match="profile was fitted for topology 'p2-a100'"):
-        Predictor(Reduction.of(placement, ("dp",)), model("ring", Profile.prior(p2)))
+        Predictor(Reduction.of(placement, ("dp",)), model("ring", NetworkProfile.prior(p2)))
 
 
 def test_unknown_algorithm_is_rejected():
@@ -814,7 +814,7 @@ def test_canonical_groups_are_a_symmetric_image_with_the_same_step_cost(name):
 
     t = load_topology(name)
     links = links_of(t)
-    prior = Profile.prior(t)
+    prior = NetworkProfile.prior(t)
     rng = random.Random(11)
     n = t.num_devices
     cases = [np.arange(n).reshape(-1, 4) if n % 4 == 0 else np.arange(n)[None]]

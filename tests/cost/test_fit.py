@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import model, synthesize_all, usage_error
 
-from synth.cost import Algorithm, Predictor, Profile, default_program, load_profile, save_profile, step_cost
+from synth.cost import Algorithm, Predictor, NetworkProfile, default_program, load_profile, save_profile, step_cost
 from synth.cost.fit import accuracy, fit_profile, split_cases
 from synth.cost.fit import load_samples as load_measurements
 from synth.cost.nccl import NCCL_KEYS
@@ -38,13 +38,13 @@ TRUE_BASE = (("ring.LL", 5.0), ("ring.LL128", 12.0), ("ring.Simple", 20.0))
 
 
 def profile_for(topology, bandwidth, latency, efficiency=TRUE_EFFICIENCY, call_overhead_us=0.0,
-                steps=TRUE_STEPS, base=TRUE_BASE) -> Profile:
-    return replace(Profile.prior(topology), bandwidth_GBps=tuple(bandwidth), latency_us=tuple(latency),
+                steps=TRUE_STEPS, base=TRUE_BASE) -> NetworkProfile:
+    return replace(NetworkProfile.prior(topology), bandwidth_GBps=tuple(bandwidth), latency_us=tuple(latency),
                    efficiency=tuple(efficiency.items()), call_overhead_us=call_overhead_us,
                    protocol_latency_us=steps, base_latency_us=base)
 
 
-def expected_fit(true: Profile) -> Profile:
+def expected_fit(true: NetworkProfile) -> NetworkProfile:
     """What a fit can identify: with ring Simple measured (at its prior 1) everything."""
     return true
 
@@ -92,7 +92,7 @@ def write(path: Path, records) -> Path:
     return path
 
 
-def assert_recovers(fitted: Profile, expected: Profile, rel: float) -> None:
+def assert_recovers(fitted: NetworkProfile, expected: NetworkProfile, rel: float) -> None:
     assert fitted.topology == expected.topology and fitted.level_names == expected.level_names
     for name, got, want in zip(expected.level_names, fitted.bandwidth_GBps, expected.bandwidth_GBps):
         assert math.isclose(got, want, rel_tol=rel), ("bandwidth", name, got, want)
@@ -114,7 +114,7 @@ def testbed():
 
 
 @pytest.fixture(scope="module")
-def true_testbed(testbed) -> Profile:
+def true_testbed(testbed) -> NetworkProfile:
     return profile_for(testbed, (0.3, 5.0), (40.0, 3.0), call_overhead_us=25.0)
 
 
@@ -150,7 +150,7 @@ def test_synthetic_file_covers_every_level_collective_and_algorithm(clean_file, 
 
 def test_noise_free_fit_recovers_every_parameter(clean_file, true_testbed):
     topology, measurements = load_measurements(clean_file)
-    fitted, report = fit_profile(measurements, Profile.prior(topology), efficiency=True)
+    fitted, report = fit_profile(measurements, NetworkProfile.prior(topology), efficiency=True)
     assert_recovers(fitted, expected_fit(true_testbed), rel=1e-5)
     assert fitted.efficiency_of("ring.Simple") == 1.0  # the anchor keeps its prior
     assert report.records == len(measurements)
@@ -162,7 +162,7 @@ def test_noise_free_fit_recovers_every_parameter(clean_file, true_testbed):
 
 def test_fit_keeps_the_prior_mpi_efficiencies_unless_asked(tmp_path, clean_file, testbed):
     topology, measurements = load_measurements(clean_file)
-    prior = Profile.prior(topology)
+    prior = NetworkProfile.prior(topology)
     fitted, report = fit_profile(measurements, prior)
     assert [fitted.efficiency_of(c) for c in Collective] == [1.0] * 5  # the MPI model's stay
     assert fitted.efficiency_of("ring.LL") != prior.efficiency_of("ring.LL")  # NCCL's are fitted
@@ -172,7 +172,7 @@ def test_fit_keeps_the_prior_mpi_efficiencies_unless_asked(tmp_path, clean_file,
                         call_overhead_us=25.0)
     records = make_records(testbed, plain, TESTBED_CONFIGS, ("ring", "mpi"), TESTBED_SIZES)
     topology, measurements = load_measurements(write(tmp_path / "plain.jsonl", records))
-    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    fitted, report = fit_profile(measurements, NetworkProfile.prior(topology))
     assert_recovers(fitted, plain, rel=1e-5)
     assert report.max_rel_error < 1e-6
 
@@ -186,7 +186,7 @@ def test_fit_with_5_percent_lognormal_noise_is_within_10_percent(tmp_path, testb
     records = make_records(testbed, true_testbed, TESTBED_CONFIGS, ("mpi",), TESTBED_SIZES,
                            goals=(Goal.ALLREDUCE, Goal.REDUCESCATTER), noise=0.05, seed=3)
     topology, measurements = load_measurements(write(tmp_path / "noisy.jsonl", records))
-    prior = Profile.prior(topology)
+    prior = NetworkProfile.prior(topology)
     fitted, report = fit_profile(measurements, prior, efficiency=True)
     # MPI records only: AllReduce is the anchor (kept at 1), the bandwidths absorb its 0.9
     scale = true_testbed.efficiency_of(Collective.ALLREDUCE)
@@ -213,7 +213,7 @@ def test_fit_on_p2_a100_with_ring_and_tree(tmp_path):
                            [65536, 4 * 2**20, 256 * 2**20])
     topology, measurements = load_measurements(write(tmp_path / "p2.jsonl", records))
     assert {m.algorithm.value for m in measurements} == {"ring", "tree"}
-    fitted, report = fit_profile(measurements, Profile.prior(topology))
+    fitted, report = fit_profile(measurements, NetworkProfile.prior(topology))
     assert report.max_rel_error < 1e-6
     assert math.isclose(fitted.bandwidth_GBps[0], 6.0, rel_tol=1e-6)
     assert math.isclose(fitted.bandwidth_GBps[1], 200.0, rel_tol=1e-6)
@@ -229,7 +229,7 @@ def test_levels_no_record_exercises_keep_their_prior(tmp_path, testbed, true_tes
                            keep=lambda p: p.matrix[1][0] == 1)
     topology, measurements = load_measurements(write(tmp_path / "inside.jsonl", records))
     assert {m.reduction.placement.matrix for m in measurements} == {((2, 1), (1, 4))}
-    fitted, report = fit_profile(measurements, Profile.prior(topology), efficiency=True)
+    fitted, report = fit_profile(measurements, NetworkProfile.prior(topology), efficiency=True)
     assert math.isclose(fitted.latency_us[0], 100.0, rel_tol=1e-9)
     assert math.isclose(fitted.bandwidth_GBps[0], 0.125, rel_tol=1e-9)
     assert math.isclose(fitted.latency_us[1], 3.0, rel_tol=1e-6)
@@ -247,7 +247,7 @@ def test_five_records_do_not_fit_degenerate_parameters(tmp_path, testbed, true_t
     records = make_records(testbed, true_testbed, [("dp=8", ("dp",))], ("mpi",), TESTBED_SIZES, max_steps=2)
     five = [records[i] for i in (2, 5, 7, 9, 12)]
     topology, measurements = load_measurements(write(tmp_path / "five.jsonl", five))
-    prior = Profile.prior(topology)
+    prior = NetworkProfile.prior(topology)
     fitted, report = fit_profile(measurements, prior)
     for got, start in zip(fitted.bandwidth_GBps, prior.bandwidth_GBps):
         assert start / 10 < got < start * 10, (fitted, report)
@@ -303,7 +303,7 @@ def test_fit_recovers_known_parameters_from_corpus_lines(cli, tmp_path):
     all-reduce and all-gather, 2 to 64 GPUs, 8 B to 16 GiB) from a known profile:
     the fit recovers every parameter the lines exercise."""
     dgx = load_topology("dgx-h100")
-    prior = Profile.prior(dgx)
+    prior = NetworkProfile.prior(dgx)
     rng = random.Random(1)
     true = replace(prior, bandwidth_GBps=(40.0, 380.0),
                    protocol_latency_us=tuple(tuple(x * rng.uniform(.5, 2) for x in p) for p in prior.protocol_latency_us),
@@ -728,7 +728,7 @@ def test_record_with_an_unknown_algorithm(cli, tmp_path, clean_records):
 
 def profile_file(tmp_path: Path, topology_name: str, change=lambda doc: doc) -> Path:
     path = tmp_path / f"{topology_name}.json"
-    save_profile(path, Profile.prior(load_topology(topology_name)))
+    save_profile(path, NetworkProfile.prior(load_topology(topology_name)))
     path.write_text(json.dumps(change(json.loads(path.read_text()))))
     return path
 

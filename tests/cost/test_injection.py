@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from synth.cost import Algorithm, Profile, step_cost
+from synth.cost import Algorithm, NetworkProfile, step_cost
 from synth.cost.algorithms import rail_lanes
 from synth.cost.links import links_of
 from synth.errors import SynthError
@@ -39,7 +39,7 @@ def bytes_term_s(topology, members, size_bytes: float) -> float:
     """Seconds per byte-count ``size_bytes`` of a forced-ring AllReduce over
     ``members``: the difference between 2x and 1x the size (both Simple, all
     channels), so the latency terms cancel."""
-    prior = Profile.prior(topology)
+    prior = NetworkProfile.prior(topology)
     group = np.array([members])
 
     def at(n: float) -> float:

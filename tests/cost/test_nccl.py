@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from processes import limit_s
 
-from synth.cost import Algorithm, Model, Profile, step_cost
+from synth.cost import Algorithm, Model, NetworkProfile, step_cost
 from synth.cost.nccl import (
     Comm,
     Graph,
@@ -257,7 +257,7 @@ def test_a_small_call_runs_on_fewer_channels():
     assert call_channels(comm, "ring", "Simple", 24 * 512 * 64 - 1.0) == (23, 24)
     h200 = first(load_topology("hgx-h200"), 8)
     assert call_channels(h200, "nvls", "Simple", 1024.0) == (nvls_graph(h200).channels,) * 2
-    prior = Profile.prior(load_topology("dgx-a100"))
+    prior = NetworkProfile.prior(load_topology("dgx-a100"))
     seconds, f = step_cost(load_topology("dgx-a100"), prior, Algorithm.RING, AR, np.arange(8)[None],
                            np.array([100_000.0]))
     assert choose(comm, AR, 100_000.0, ("ring",)).protocol == "LL"
@@ -273,7 +273,7 @@ def test_the_cost_prior_is_each_protocols_payload_not_nccls_choosing_factors():
     """NCCL's table chooses with tree x .92, PAT x .75, NVLS 5/6, LL128 x .92;
     the time model's prior efficiency is the protocol's payload on the wire: LL's
     16-byte line holds 8 bytes of data, LL128's 128-byte line 120, Simple all."""
-    prior = Profile.prior(load_topology("p2-a100"))
+    prior = NetworkProfile.prior(load_topology("p2-a100"))
     payload = {"LL": 8 / 16, "LL128": 120 / 128, "Simple": 1.0}
     for key, efficiency in prior.efficiency:
         if "." in key:
@@ -300,7 +300,7 @@ def test_no_program_speedup_from_a_choosing_factor_alone():
 
 def test_nvls_allreduce_moves_s_times_m_plus_1_over_m_per_gpu():
     h200 = load_topology("hgx-h200")
-    prior = Profile.prior(h200)
+    prior = NetworkProfile.prior(h200)
     seconds, f = step_cost(h200, prior, Algorithm.NCCL, AR, np.arange(8)[None], np.array([float(GiB)]))
     # each GPU sends its data up and its reduced shard, receives the shards: 9/8 S at 450 GB/s,
     # efficiency 1 (Simple's payload; NCCL's 5/6 is its bus-to-algorithm ratio for choosing, and the
@@ -313,7 +313,7 @@ def test_nvls_allreduce_moves_s_times_m_plus_1_over_m_per_gpu():
 
 def test_nvls_tree_across_two_dgx_h100_nodes():
     dgx = load_topology("dgx-h100")
-    prior = Profile.prior(dgx)
+    prior = NetworkProfile.prior(dgx)
     seconds, f = step_cost(dgx, prior, Algorithm.NCCL, AR, np.arange(16)[None], np.array([float(GiB)]))
     # inside: NVLS, 9/8 S per GPU at 450 GB/s. Between the nodes, for each of the 8 local
     # indexes a double binary tree over the 2 nodes carries S/16 per tree both ways:
@@ -327,7 +327,7 @@ def test_nvls_tree_across_two_dgx_h100_nodes():
 
 def test_pat_allgather_recursive_doubling_one_rail_per_node():
     dgx = load_topology("dgx-a100")
-    prior = Profile.prior(dgx)
+    prior = NetworkProfile.prior(dgx)
     members = np.arange(0, 128, 8)[None]  # one GPU on each of the 16 nodes
     size = 16 * 1024.0
     seconds, _ = step_cost(dgx, prior, Algorithm.NCCL, AG, members, np.array([size]))
@@ -342,7 +342,7 @@ def test_pat_allgather_recursive_doubling_one_rail_per_node():
 def test_nvls_disabled_falls_back_to_rings():
     h200 = load_topology("hgx-h200")
     off = replace(h200, levels=(replace(h200.levels[0], nvls=False),))
-    prior = Profile.prior(h200)
+    prior = NetworkProfile.prior(h200)
     with_nvls = step_cost(h200, prior, Algorithm.NCCL, AR, np.arange(8)[None], np.array([float(GiB)]))[1]
     without = step_cost(off, prior, Algorithm.NCCL, AR, np.arange(8)[None], np.array([float(GiB)]))[1]
     same = step_cost(h200, prior, Algorithm.NCCL, AR, np.arange(8)[None], np.array([float(GiB)]), nvls_enabled=False)[1]

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from synth.cli import main
-from synth.cost import Model, Profile, default_program
+from synth.cost import Model, NetworkProfile, default_program
 from synth.cost.corpus import call_from_dict
 from synth.cost.fit import call_samples, load_samples, measured_rules, predict_all
 from synth.cost.nccl import algo_time_us, choose, comm_of, cost_table, ring_graph, runtime_channels
@@ -178,7 +178,7 @@ def test_a_bench_record_is_modelled_with_the_nccl_it_ran(tmp_path):
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     _, samples = load_samples(path)
     assert [s.nccl_rules for s in samples] == ["2.18.5", "2.27.7"]
-    old, new = predict_all(Profile.prior(dgx), samples)
+    old, new = predict_all(NetworkProfile.prior(dgx), samples)
     comm_old, comm_new = (comm_of(dgx, tuple(range(16)), version=v) for v in ("2.18.5", "2.27.7"))
     assert choose(comm_old, AR, 2.0**20) != choose(comm_new, AR, 2.0**20) and old != new
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from synth.cost import Profile
+from synth.cost import NetworkProfile
 from synth.cost.corpus import CorpusCall
 from synth.cost.fit import call_samples
 from synth.cost.priors import BASE_PRIOR_US, EFFICIENCY_PRIOR
@@ -53,7 +53,7 @@ def test_profile_for_scales_each_level_by_its_link_kind():
     assert profile.efficiency_of("tree.Simple") == pytest.approx(0.9)
     assert profile.base_us("ring.LL") == pytest.approx(BASE_PRIOR_US["ring.LL"])
     prior = SharedParameters.prior().profile_for(dgx)
-    assert prior == Profile.prior(dgx)  # the shared prior is each topology's prior
+    assert prior == NetworkProfile.prior(dgx)  # the shared prior is each topology's prior
 
 
 def test_fitted_on_two_systems_it_predicts_a_third_it_never_saw():

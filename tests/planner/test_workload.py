@@ -9,7 +9,7 @@ import math
 import pytest
 from helpers import model, synthesize_all, usage_error
 
-from synth.cost import Profile, rank
+from synth.cost import NetworkProfile, rank
 from synth.errors import SynthError
 from synth.planner.workload import WorkloadItem, parse_workload, placement_costs
 from synth.synthesis.placement import enumerate_placements, parse_axes
@@ -129,7 +129,7 @@ def test_whole_job_ranking_differs_from_one_reduction(p2_placements):
 
 def test_rank_placements_uses_the_profile(p2_placements):
     p2 = load_topology("p2-a100")
-    fast = Profile(p2.name, p2.level_names, (80.0, 270.0), (5.0, 1.0))
+    fast = NetworkProfile(p2.name, p2.level_names, (80.0, 270.0), (5.0, 1.0))
     workload = parse_workload(JOB, AXES)
     costs = placement_costs(p2_placements, workload, model=model("ring", fast))
     totals, _ = independent_totals(p2_placements, workload, profile=fast)

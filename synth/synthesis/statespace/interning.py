@@ -37,7 +37,7 @@ from ..semantics import (
     DeviceState,
     Goal,
     HeldRuns,
-    Profile,
+    StateProfile,
     Run,
     State,
     chunk_count,
@@ -93,8 +93,8 @@ class InternedStates:
         self._base_profile: list[int] = []
         # profiles (profile_of) of the device states, interned likewise: base profiles,
         # their held runs, held chunk counts and lookahead flags (see Lookahead._delta)
-        self._profile_ids: dict[Profile, int] = {}
-        self._base_profiles: list[Profile] = []
+        self._profile_ids: dict[StateProfile, int] = {}
+        self._base_profiles: list[StateProfile] = []
         self._base_held: list[HeldRuns] = []
         self._base_held_count: list[int] = []
         self._base_whole: list[bool] = []  # per base profile: one run over every chunk (see _whole_members)
@@ -109,7 +109,7 @@ class InternedStates:
             self.device_states: Sequence[DeviceState] = Derived(
                 lambda i: moved_to(base_states[i // stride], i % stride - 1, self.k))
             self._profile: Sequence[int] = Derived(lambda i: base_profile[i // stride] + max(i % stride - 1, 0))
-            self._profiles: Sequence[Profile] = Derived(
+            self._profiles: Sequence[StateProfile] = Derived(
                 lambda p: moved_to(base_profiles[p // stride], p % stride - 1, self.k))
             self._held: Sequence[HeldRuns] = Derived(lambda p: moved_runs(base_held[p // stride], p % stride - 1))
             self._held_count: Sequence[int] = Derived(lambda p: base_held_count[p // stride])
@@ -229,7 +229,7 @@ class InternedStates:
             self._mask_list.append(mask)
         return out
 
-    def _intern_profile(self, profile: Profile) -> int:
+    def _intern_profile(self, profile: StateProfile) -> int:
         """The id of a profile (encoded like device states, "Positions")."""
         if not self._encoded:
             return self._intern_base_profile(profile)
@@ -237,7 +237,7 @@ class InternedStates:
         base = self._intern_base_profile(moved_down(profile, first, self.k) if first > 0 else profile)
         return base * self._stride + first + 1
 
-    def _intern_base_profile(self, profile: Profile) -> int:
+    def _intern_base_profile(self, profile: StateProfile) -> int:
         p = self._profile_ids.get(profile)
         if p is None:
             k = self.k
