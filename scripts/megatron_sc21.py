@@ -36,7 +36,7 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from synth.planner.compute import ComputeProfile  # noqa: E402
+from synth.planner.compute import EfficiencyCurve  # noqa: E402
 from synth.planner.configurations import JobRequest, plan_job  # noqa: E402
 from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s  # noqa: E402
 from synth.planner.stepmodel import Configuration, Sharding, Training  # noqa: E402
@@ -120,7 +120,7 @@ def comparison(progress: bool = True) -> tuple[str, float]:
     for i, (row, record) in enumerate(zip(rows, records)):
         others = [r for j, r in enumerate(records) if j != i]
         fit, _ = fit_compute(others, costs, source=f"leave-one-out fit without row {row['row']}")
-        compute: ComputeProfile = fit.profile
+        compute: EfficiencyCurve = fit.profile
         theirs_s = predicted_step_s(record, compute, costs)
         topology = record.topology
         request = JobRequest(topology, topology.device, record.model, record.training,
@@ -161,7 +161,7 @@ def _rank_of(solution, config: Configuration) -> str:
     return "not evaluated"
 
 
-def _megatron_breakdown(record: StepRecord, compute: ComputeProfile, costs: RecordCosts) -> dict:
+def _megatron_breakdown(record: StepRecord, compute: EfficiencyCurve, costs: RecordCosts) -> dict:
     from synth.planner.stepmodel import compute_estimate, step_shape, step_time
 
     shape = step_shape(record.model, record.training, record.config)

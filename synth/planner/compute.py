@@ -52,8 +52,9 @@ OPERATIONS_VERSION = 2  # the per-operation model
 
 
 @dataclass(frozen=True)
-class ComputeProfile:
-    """``efficiency(x) = efficiency_max * x / (x + half_flops)`` (module docstring);
+class EfficiencyCurve:
+    """The compute-efficiency curve (the version-1 compute profile):
+    ``efficiency(x) = efficiency_max * x / (x + half_flops)`` (module docstring);
     ``source`` says where the parameters come from."""
 
     efficiency_max: float
@@ -77,7 +78,7 @@ class ComputeProfile:
 # Fitted by `python scripts/megatron_sc21.py fit` on data/megatron_sc21_steps.jsonl
 # with the default communication model (tests/planner/test_planner_records.py checks that a refit
 # gives these numbers; regenerate them when the default cost model changes).
-DEFAULT_COMPUTE = ComputeProfile(
+DEFAULT_COMPUTE = EfficiencyCurve(
     efficiency_max=0.5670878178595884,
     half_flops=0.0,
     source="least-squares fit on the 10 Megatron-LM SC'21 Table 1 runs (data/megatron_sc21_steps.jsonl)",
@@ -89,7 +90,7 @@ class CurveFit:
     """The fitted curve and its residuals: relative errors of the predicted
     compute times (1/efficiency) against the implied ones."""
 
-    profile: ComputeProfile
+    profile: EfficiencyCurve
     points: int
     median_rel_error: float
     max_rel_error: float
@@ -114,7 +115,7 @@ def fit_curve(flops_per_layer: Sequence[float], efficiency: Sequence[float], sou
         u = 1.0
         v = max(0.0, float(np.sum((e / x) * (1 - e)) / np.sum((e / x) ** 2)))
     rel = np.abs((u + v / x) * e - 1)
-    profile = ComputeProfile(1.0 / u, v / u, source)
+    profile = EfficiencyCurve(1.0 / u, v / u, source)
     return CurveFit(profile, len(x), float(np.median(rel)), float(rel.max()))
 
 
@@ -139,7 +140,7 @@ def load_compute_profile(path: str | Path) -> "ComputeModel":
         if doc["version"] == OPERATIONS_VERSION:
             profile = operation_profile_from_dict(doc)
             return profile if profile.source else replace(profile, source=str(path))
-        return ComputeProfile(float(doc["efficiency_max"]), float(doc["half_flops"]),
+        return EfficiencyCurve(float(doc["efficiency_max"]), float(doc["half_flops"]),
                               str(doc.get("source") or path))
     except (KeyError, TypeError, ValueError):
         raise SynthError(f"{path}: not a valid compute profile: expected efficiency_max and half_flops "
@@ -189,4 +190,4 @@ def shipped_profile_for(name: str) -> OperationProfile:
                      "this GPU with synth-reduce calibrate --out PROFILE.json and pass --compute-profile PROFILE.json")
 
 
-ComputeModel = Union[ComputeProfile, OperationProfile]
+ComputeModel = Union[EfficiencyCurve, OperationProfile]

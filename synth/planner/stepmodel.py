@@ -82,7 +82,7 @@ from typing import Protocol
 from ..errors import SynthError
 from ..synthesis.semantics import Goal
 from ..topology import Device
-from .compute import ComputeModel, ComputeProfile
+from .compute import ComputeModel, EfficiencyCurve
 from .layercompute import (
     FP8_GEMM_SPEEDUP,
     Shard,
@@ -259,7 +259,7 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
     efficiency) or the per-operation model (each stage's operations, the
     slowest stage setting the pace, the optimizer step apart)."""
     shape = shape or step_shape(model, training, config)
-    if isinstance(compute, ComputeProfile):
+    if isinstance(compute, EfficiencyCurve):
         efficiency = compute.efficiency(shape.flops_per_layer)
         seconds = shape.flops_per_micro_batch / (device.peak_flops * efficiency)
         if training.fp8:  # the layers' GEMMs at the FP8 speed-up, the rest as before
@@ -317,7 +317,7 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     device, for balancing the stages (:func:`~synth.planner.stages.balanced_layers`):
     seconds by the per-operation model, FLOPs by the efficiency curve (which
     prices them all at one rate)."""
-    if isinstance(compute, ComputeProfile):
+    if isinstance(compute, EfficiencyCurve):
         return _flops_stage_costs(model, training, config)
     shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
                   training.fp8, config.cp)

@@ -29,7 +29,7 @@ from synth.planner.calibration import (
 )
 from synth.planner.compute import (
     DEFAULT_COMPUTE,
-    ComputeProfile,
+    EfficiencyCurve,
     default_compute,
     load_compute_profile,
     operation_profile_document,
@@ -708,7 +708,7 @@ def test_fp8_with_the_efficiency_curve_by_hand():
     from synth.planner.stepmodel import memory_per_device
 
     model = load_model("gpt3-1.3b")
-    curve = ComputeProfile(0.5, 0.0)
+    curve = EfficiencyCurve(0.5, 0.0)
     device = load_topology("dgx-h100").device
     config = Configuration(1, 1, 1, 2)
     for recompute in (Recompute.NONE, Recompute.FULL):

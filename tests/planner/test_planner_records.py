@@ -13,7 +13,7 @@ from planner_cases import REPO, TINY
 
 from synth.cli import main
 from synth.errors import SynthError
-from synth.planner.compute import DEFAULT_COMPUTE, ComputeProfile, fit_curve, load_compute_profile
+from synth.planner.compute import DEFAULT_COMPUTE, EfficiencyCurve, fit_curve, load_compute_profile
 from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s
 from synth.planner.stepmodel import Configuration, Training
 from synth.planner.steprecords import StepRecord, read_step_records, write_step_records
@@ -26,7 +26,7 @@ from synth.topology import load_topology
 
 
 def test_step_records_round_trip_and_the_fit_recovers_a_known_curve(tmp_path):
-    truth = ComputeProfile(0.5, 4e9, "truth")
+    truth = EfficiencyCurve(0.5, 4e9, "truth")
     topology = load_topology("dgx-a100").scaled({"node": 2})
     costs = RecordCosts()
     records = []
