@@ -16,6 +16,9 @@ six), and every full collection after that again. Frozen objects are still
 freed by reference counting when dropped; a garbage cycle that exists at that
 moment is kept until the process ends, which is why a library call does not
 freeze unless asked.
+
+Test hook: ``_freezing`` (whether :func:`freeze_after_pauses` was asked in this
+process), which tests reset and read.
 """
 
 from __future__ import annotations

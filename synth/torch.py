@@ -20,6 +20,9 @@ the same schedule, buffer layout and semantics as the MPI runtime
 (``docs/runtime.md``), with one process group per distinct group of the plan,
 created by every rank in the same order (NCCL for CUDA tensors, gloo for CPU
 tensors). See ``docs/trainers.md``.
+
+Test hook: ``_BucketQueue`` (the communication hook's queue of buckets, run in
+submission order on a thread of its own).
 """
 
 from __future__ import annotations

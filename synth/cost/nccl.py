@@ -150,10 +150,10 @@ def comm_of(topology: Topology, members: tuple[int, ...], nvls_enabled: bool = T
     """NCCL's view of a communicator over ``members`` (device ids) of
     ``topology``, under the rules of NCCL ``version`` (default: the newest
     transcribed; :func:`synth.cost.nccl_rules.rules_for`)."""
-    return _comm_of(topology, _shape(topology, members), nvls_enabled, rules_for(version).version)
+    return _comm_of(topology, communicator_shape(topology, members), nvls_enabled, rules_for(version).version)
 
 
-def _shape(topology: Topology, members: tuple[int, ...]) -> tuple:
+def communicator_shape(topology: Topology, members: tuple[int, ...]) -> tuple:
     """What :func:`comm_of` depends on: per level, the number of distinct elements
     of that level among the members and the most members in one of them."""
     counts = topology.counts

@@ -77,10 +77,10 @@ def step_cost(
     (the other arguments: :class:`StepPricing`)."""
     groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
     pricing = StepPricing(topology, profile, algorithm, collective, nvls_enabled, nccl_version, dtype, op)
-    return _ordered_step_cost(pricing, groups, nbytes)
+    return ordered_step_cost(pricing, groups, nbytes)
 
 
-def _ordered_step_cost(pricing: StepPricing, groups: np.ndarray, nbytes: np.ndarray) -> tuple[float, Features]:
+def ordered_step_cost(pricing: StepPricing, groups: np.ndarray, nbytes: np.ndarray) -> tuple[float, Features]:
     """:func:`step_cost` of ``groups`` whose rows are already in ring and tree
     order: sorted by device id, or the image of sorted rows under a symmetry of
     the topology (:func:`~synth.cost.links.canonical_devices`; the cost is the
@@ -277,7 +277,7 @@ def model_id(topology: Topology, profile: NetworkProfile, algorithm: Algorithm, 
 def shared_step_cost(topology: Topology, profile: NetworkProfile, algorithm: Algorithm, collective: Collective,
                       groups: np.ndarray, nbytes: np.ndarray, nccl_version: str | None = None,
                       key: tuple | None = None) -> tuple[float, Features]:
-    """:func:`_ordered_step_cost` (rows in ring and tree order) memoised on the
+    """:func:`ordered_step_cost` (rows in ring and tree order) memoised on the
     values of its arguments in ``_SHARED_STEPS``. Callers pass the canonical image
     of their groups (:func:`~synth.cost.links.canonical_devices`), so that steps
     over groups placed alike on other devices share one entry. ``key``: a
@@ -290,7 +290,7 @@ def shared_step_cost(topology: Topology, profile: NetworkProfile, algorithm: Alg
     if cost is None:
         if len(_SHARED_STEPS) >= _SHARED_STEPS_LIMIT:
             _SHARED_STEPS.clear()
-        cost = _SHARED_STEPS[key] = _ordered_step_cost(
+        cost = _SHARED_STEPS[key] = ordered_step_cost(
             StepPricing(topology, profile, algorithm, collective, nccl_version=nccl_version), groups, nbytes)
     return cost
 

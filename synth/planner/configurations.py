@@ -27,6 +27,8 @@ Broadcast over each pair of adjacent stages, all pairs at once.
 :meth:`JobSolution.plan` writes a configuration as a job plan (a
 :class:`~synth.plan.Plan` with one reduction per reduced axis, programs by
 size range, every one proved) that the runtime and the trainers accept.
+
+Test hooks: ``_variants``, ``_schedules``, ``_placements`` and ``_evaluate``.
 """
 
 from __future__ import annotations

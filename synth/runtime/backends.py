@@ -258,7 +258,7 @@ class MPIWorld(World):
 # ---------------------------------------------------------------- NCCL
 
 
-def _import_cupy_nccl() -> tuple[Any, Any]:
+def import_cupy_nccl() -> tuple[Any, Any]:
     """cupy and cupy.cuda.nccl, or a SynthError naming what is missing."""
     try:
         import cupy
@@ -325,7 +325,7 @@ class NCCLWorld(World):
         self.rank, self.size = self.mpi.rank, self.mpi.size
         problem = None
         try:
-            self.xp, self.nccl = _import_cupy_nccl()
+            self.xp, self.nccl = import_cupy_nccl()
             devices = self.xp.cuda.runtime.getDeviceCount()
             if devices < 1:
                 raise SynthError("the nccl backend needs a CUDA GPU and this machine shows none")

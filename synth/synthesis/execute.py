@@ -21,6 +21,10 @@ of the members: chunks never mix. So a run on some of the chunks (buffer
 columns for those chunks only) computes exactly what a run on all chunks
 computes for them; :func:`check_numerically` uses that to check a sample of
 the chunks of a reduction group too large to hold whole.
+
+Test hooks: ``_apply_columns`` (one collective on buffer columns) and
+``_apply_tiled`` (its path on a view of the buffers when a step tiles the
+devices); tests replace ``_apply_tiled`` to compare the two paths.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarr
             key = (runs, len(members))
             found = columns.get(key)
             if found is None:
-                if sampled is not None and not _samples_in(runs, sampled):
+                if sampled is not None and not samples_in(runs, sampled):
                     found = columns[key] = _NO_COLUMNS  # most groups of a large step hold no sampled chunk
                 else:
                     found = columns[key] = _columns(runs, len(members), sample)
@@ -190,7 +194,7 @@ def _run_from_prefix(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.n
 _NO_COLUMNS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
-def _samples_in(runs: Runs, sampled: list[int]) -> bool:
+def samples_in(runs: Runs, sampled: list[int]) -> bool:
     """Whether some chunk of ``sampled`` (sorted) lies in one of ``runs``."""
     for first, stop in runs:
         i = bisect_left(sampled, first)

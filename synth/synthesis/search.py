@@ -16,6 +16,9 @@ directly: the number of programs (:meth:`Search.count`, a sum over paths), all
 of them in order (:meth:`Search.indices`, only when asked), or the ``top``
 cheapest under an additive cost per step (:meth:`Search.best`, k shortest
 paths over the layers).
+
+Test hook: ``_search`` (one search, not memoised), which tests replace to see
+how :func:`search` calls it.
 """
 
 from __future__ import annotations

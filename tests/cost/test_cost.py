@@ -810,7 +810,7 @@ def test_canonical_groups_are_a_symmetric_image_with_the_same_step_cost(name):
     step cost of the image, computed from empty memos, equals that of the
     groups themselves to the bit, for every algorithm and collective."""
     from synth.cost.links import canonical_devices, links_of
-    from synth.cost.predict import StepPricing, _ordered_step_cost, clear_caches
+    from synth.cost.predict import StepPricing, clear_caches, ordered_step_cost
 
     t = load_topology(name)
     links = links_of(t)
@@ -842,10 +842,10 @@ def test_canonical_groups_are_a_symmetric_image_with_the_same_step_cost(name):
                 want = step_cost(t, prior, algorithm, collective, groups, nbytes)
                 pricing = StepPricing(t, prior, algorithm, collective)
                 clear_caches()
-                assert _same_step(_ordered_step_cost(pricing, image, nbytes), want), \
+                assert _same_step(ordered_step_cost(pricing, image, nbytes), want), \
                     (name, groups.tolist(), algorithm, collective)
                 clear_caches()
-                assert _same_step(_ordered_step_cost(pricing, moved, nbytes), want)
+                assert _same_step(ordered_step_cost(pricing, moved, nbytes), want)
 
 
 def _reference_rounds(algorithm: str, collective, m: int, buckets: tuple[int, ...]):
@@ -906,7 +906,7 @@ def test_communicator_shapes_of_large_groups_count_like_the_loop():
     on: the same shape as counting each member, on random and whole groups."""
     from collections import Counter
 
-    from synth.cost.nccl import _shape
+    from synth.cost.nccl import communicator_shape
 
     t = load_topology("dgx-a100").scaled({"node": 96})
     rng = random.Random(11)
@@ -918,7 +918,7 @@ def test_communicator_shapes_of_large_groups_count_like_the_loop():
         for level in range(len(t.counts)):
             per = Counter(d // math.prod(t.counts[level + 1:]) for d in members)
             want.append((len(per), max(per.values())))
-        assert _shape(t, members) == (len(members), tuple(want))
+        assert communicator_shape(t, members) == (len(members), tuple(want))
 
 
 @pytest.mark.parametrize("name", ["dgx-h100", "p2-a100", "rack"])

@@ -25,7 +25,7 @@ from synth.cli.bench import request_of
 from synth.cost import Algorithm, Model, default_program
 from synth.errors import SynthError
 from synth.plan import Plan, load_plan, write_plan
-from synth.runtime.backends import _import_cupy_nccl, make_world, run_local
+from synth.runtime.backends import import_cupy_nccl, make_world, run_local
 from synth.runtime.bench_measure import RankData, bus_factor, measure, rank_data
 from synth.runtime.bench_setup import (
     BenchRequest,
@@ -214,7 +214,7 @@ def test_an_executor_given_a_plan_file_runs_it_exactly(plan8):
 def test_the_nccl_backend_says_what_is_missing_without_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
     with pytest.raises(SynthError, match=r"the nccl backend needs CuPy .*pip install cupy-cuda12x"):
-        _import_cupy_nccl()
+        import_cupy_nccl()
     with pytest.raises(SynthError, match="unknown backend 'gloo'"):
         make_world("gloo")
 

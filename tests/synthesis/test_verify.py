@@ -244,7 +244,7 @@ def test_a_sampled_run_computes_the_sampled_columns_of_the_whole_run():
     """Chunks never mix: running a sample of the chunks (groups that hold
     none of them are skipped) gives exactly those columns of the full run,
     for every program of a two-level placement and random samples, seeded."""
-    from synth.synthesis.execute import _samples_in, execute_runs, run_steps
+    from synth.synthesis.execute import execute_runs, run_steps, samples_in
 
     rng = np.random.default_rng(3)
     topology = load_topology("p2-a100")
@@ -266,7 +266,7 @@ def test_a_sampled_run_computes_the_sampled_columns_of_the_whole_run():
                 assert (part == whole[:, sample]).all(), str(program)
                 runs += 1
     assert runs > 30
-    assert _samples_in(((0, 4), (10, 12)), [5, 11]) and not _samples_in(((0, 4), (10, 12)), [4, 9, 12])
+    assert samples_in(((0, 4), (10, 12)), [5, 11]) and not samples_in(((0, 4), (10, 12)), [4, 9, 12])
 
 
 @pytest.mark.parametrize("collective", list(Collective))
