@@ -75,10 +75,10 @@ def identity_checks(comm, to_device, to_host, empty) -> list[str]:
 def check_cupy() -> tuple[str, str]:
     from synth.cost.nccl_log import version_text
     from synth.errors import SynthError
-    from synth.runtime.backends import _import_cupy_nccl, _NCCLComm
+    from synth.runtime.backends import _NCCLComm, import_cupy_nccl
 
     try:
-        cupy, nccl = _import_cupy_nccl()
+        cupy, nccl = import_cupy_nccl()
     except SynthError as exc:
         return "SKIP", str(exc)
     comm = _NCCLComm(nccl.NcclCommunicator(1, nccl.get_unique_id(), 0), 0, 1, cupy, nccl)
