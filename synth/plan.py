@@ -512,6 +512,9 @@ def verify_plan(plan: Plan, source: str = "plan") -> tuple[Verification, ...]:
     naming ``source``, the reduction and the size range of the first that fails.
     The verifier (z3, lark) is imported here, on first call, so that
     :func:`load_plan` stays light."""
+    if not isinstance(plan, Plan):
+        raise SynthError(f"verify_plan: 'plan' must be a synth.Plan, not {type(plan).__name__}; load a plan file "
+                         "with synth.load_plan(path) first")
     from .synthesis.verify import verify_lowered
 
     out = []

@@ -97,6 +97,7 @@ def test_the_api_and_the_ddp_hook_refuse_the_crafted_plan(tmp_path, plan_doc):
         dist.destroy_process_group()
 
 
+@pytest.mark.mpi
 def test_a_bench_of_a_crafted_plan_under_mpi_ends_every_rank(tmp_path, plan_doc):
     """Every rank refuses the crafted plan with the same line, and no process
     of the job is left behind once mpiexec has returned."""

@@ -361,6 +361,7 @@ def test_the_ddp_example_trains_with_a_plans_hook(tmp_path):
     assert "parameters equal on every rank" in done.stdout
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(300)
 def test_the_ddp_example_refuses_a_plan_without_a_dp_allreduce_in_one_line(tmp_path):
     """A placement plan reducing over tp of tp=2,dp=4: every rank that prints

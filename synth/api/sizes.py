@@ -53,7 +53,7 @@ class SizesSolution:
     #: the table: the best placement of each size assignment
     COLUMNS: ClassVar[tuple[Column, ...]] = (
         Column("rank", width=4, gap=""), Column("sizes", "<", 18, gap="  "), Column("placements", width=10),
-        Column("best matrix", "<", 22, gap="  "), Column("reduction crosses", "<", 22), Column("default", width=11),
+        Column("best matrix", "<", 22, fit=True, gap="  "), Column("reduction crosses", "<", 22), Column("default", width=11),
         Column("best", width=11), Column("speedup", width=7), Column("best program", "<", gap="  "))
 
     def table(self) -> tuple[tuple[Column, ...], list[tuple[str, ...]]]:

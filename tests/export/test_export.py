@@ -213,6 +213,7 @@ def test_launch_under_torchrun_gives_megatrons_groups_the_plans_devices(tmp_path
     assert "renumbered: tp, dp groups are the plan's on 8 ranks" in done.stdout
 
 
+@pytest.mark.torchrun
 @pytest.mark.timeout(300)
 def test_synth_torch_under_launch_puts_every_axis_on_the_plans_devices(tmp_path):
     """8 gloo ranks under ``synth-reduce launch`` on a plan whose rank map

@@ -111,6 +111,7 @@ def test_no_cross_node_ll128_where_the_model_would_pick_it():
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("goal", GOALS)
 @pytest.mark.parametrize("name", TOPOLOGIES)
 def test_every_shipped_topology_exports_files_that_run(name, goal):
@@ -118,6 +119,7 @@ def test_every_shipped_topology_exports_files_that_run(name, goal):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("topology,axes,reduce", [("p2-a100", "dp=4,mp=16", "dp"), ("p2-a100", "dp=4,mp=16", "mp"),
                                                   ("p2-v100", "dp=4,mp=8", "dp"), ("p2-v100", "dp=4,mp=8", "mp")])
 def test_every_listed_p2_program_exports_files_that_run(topology, axes, reduce):

@@ -100,6 +100,7 @@ def torchrun4(tmp_path, script: str, start: str = "rank") -> tuple[list[str], st
     return sorted(line for line in done.stdout.splitlines() if line.startswith(start)), done.stdout + done.stderr
 
 
+@pytest.mark.torchrun
 def test_a_ddp_hook_before_init_process_group_is_refused_on_every_rank(tmp_path):
     lines, output = torchrun4(tmp_path, BEFORE_INIT)
     assert lines == [f"rank {r}: torch.distributed is not initialized: call torch.distributed.init_process_group() "
@@ -107,6 +108,7 @@ def test_a_ddp_hook_before_init_process_group_is_refused_on_every_rank(tmp_path)
                      for r in range(4)], output
 
 
+@pytest.mark.torchrun
 def test_ddp_hooks_and_executors_given_different_arguments_are_refused_on_every_rank(tmp_path):
     lines, output = torchrun4(tmp_path, ARGUMENTS)
     assert lines == [f"rank {r}: the arguments to comm_hook (reduce, process_group, sparse) differ across ranks "
@@ -116,6 +118,7 @@ def test_ddp_hooks_and_executors_given_different_arguments_are_refused_on_every_
     assert executors[0].split(": ", 1)[1].startswith("rank 2: TypeError: "), output
 
 
+@pytest.mark.torchrun
 def test_torchrun_reports_the_ranks_one_line_as_the_cause(tmp_path):
     """A refusal under torchrun: torchrun's own failure report names the
     rank's one line (written to its error file), not its traceback hint."""

@@ -30,6 +30,7 @@ STALLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.mpi
 def test_a_stalled_rank_ends_the_job_after_the_timeout(tmp_path):
     script = tmp_path / "stalled.py"
     script.write_text(STALLED)
