@@ -24,6 +24,10 @@ parts) are checked from their base states' runs with numpy
 another share one check (:meth:`ProfileChecks._passes_shifted`); a pattern's
 large classes are checked on their distinct profiles and counts
 (:meth:`ProfileChecks._passes_counted`).
+
+Test hooks: the tests (tests/synthesis/test_semantics.py, test_search.py) read or call
+these members of this part directly, to check its invariants against an independent
+reference: ``_check_profiles``, ``_passes_counted``, ``_passing``, ``_positions_shape``.
 """
 
 from __future__ import annotations

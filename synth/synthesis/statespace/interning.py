@@ -27,6 +27,11 @@ a mask reads all its ``k`` bits), with its contributor count, and a
 translated state is interned through its masks' ids, each mask id's
 translation memoised per offset (:meth:`InternedStates._translated_base`).
 Below, states are keyed by value.
+
+Test hooks: the tests (tests/synthesis/test_semantics.py, test_search.py) read or call
+these members of this part directly, to check its invariants against an independent
+reference: ``_base_mask_ids``, ``_base_profile``, ``_base_states``, ``_base_whole``,
+``_intern_profile``, ``_moved_mask_ids``, ``_profile``, ``_stride``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ mass=4, empty=0, held_squared=1)``, so every device's sum is ``(0, 4, 4, 16,
 0, 4)``; the last step must give every device mass ``k**2 = 16``, i.e. a
 total of 64: an AllGather over all four (``m * S = 4 * 16``, complete) passes
 "goal", a Broadcast cannot (its roots are not done).
+
+Test hooks: the tests (tests/synthesis/test_semantics.py, test_search.py) read or call
+these members of this part directly, to check its invariants against an independent
+reference: ``_deltas``, ``_exact_in_floats``, ``_grouping_sums``, ``_hopeful``,
+``_named_sums``, ``_set_counts``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,11 @@ moved back up (:meth:`GroupOutcomes._compute_shifted`).
 offsets from its root, the same in all groups of a grouping: groupings with
 the same first group (parallel(j) and master(j) at one level) share one memo
 (``_alike``).
+
+Test hooks: the tests (tests/synthesis/test_semantics.py, test_search.py) read or call
+these members of this part directly, to check its invariants against an independent
+reference: ``_compute_here``, ``_gathered``, ``_member_ids``, ``_memos``,
+``_shifted_memos``, ``_split_ids``, ``_translated``.
 """
 
 from __future__ import annotations

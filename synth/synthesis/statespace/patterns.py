@@ -20,6 +20,11 @@ The search keeps such a state as a :class:`~.keys.Packed` key and steps it
 without a tuple of ``k`` ids: each next state's pattern is found from its
 parent's classes with one bytes translation (:meth:`PatternSteps._tokens`,
 :meth:`PatternSteps._packed_key`).
+
+Test hooks: the tests (tests/synthesis/test_semantics.py, test_search.py) read or call
+these members of this part directly, to check its invariants against an independent
+reference: ``_classes``, ``_pattern``, ``_pattern_successors``, ``_patterns``,
+``_tokens``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ compare both). Example, ``k = 4``, stride 5, the grouping of two groups
 ``(0, 1), (2, 3)``: rows ``[[6, 7], [8, 9]]`` (one base 1 at chunks 0, 1 and
 2, 3) move down by 0 and 2 to ``[[6, 7], [6, 7]]``: one class, one look-up,
 and the second group's new ids move back up by 2.
+
+Test hooks: the tests (tests/synthesis/test_semantics.py, test_search.py) read or call
+these members of this part directly, to check its invariants against an independent
+reference: ``_member_array``, ``_vector_successors``, ``_whole_members``.
 """
 
 from __future__ import annotations
