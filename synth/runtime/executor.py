@@ -25,6 +25,11 @@ one rank's view of all ranks; ``split`` makes the communicators of a set of
 disjoint groups; a communicator has ``allreduce(a)``, ``reduce_scatter(a, out)``,
 ``allgather(a)``, ``reduce(a)`` and ``bcast(a)``, in place on a contiguous array
 ``a``, sum, root = member 0, ``out`` = this member's part of the sum.
+
+Test hook: ``Executor._runners[i]._ops[(length, dtype)]`` (the prepared steps
+of program ``i`` for a buffer length and element type, and its padded copy)
+is read by tests/runtime/test_runtime.py to count the scratch memory an
+executor holds against :func:`scratch_elements`.
 """
 
 from __future__ import annotations
