@@ -185,6 +185,7 @@ def _collected() -> int:
 BAND = 0.15  # tests are added all the time: a stated "about N" holds within 15% of the count
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_stated_test_counts_are_about_right():
     collected = _collected()

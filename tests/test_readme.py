@@ -54,6 +54,7 @@ def test_the_runnable_blocks_are_found():
     assert len(ddp) == 1 and ddp[0][0].startswith("synth-reduce plan ") and "--nproc-per-node 8" in ddp[0][1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_readmes_runnable_blocks_run_as_written():
     """Each runnable block (the DDP example among them) runs as written, on

@@ -88,6 +88,7 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_readmes_plans_are_drawn_as_png(tmp_path, capsys):
     """The main job's plan (placement 1 of p2-a100) and a job plan of 512

@@ -53,6 +53,7 @@ def shipped_plans(tmp_path_factory) -> list[Path]:
     return plans + [_plan(directory, name, model, options) for name, model, options in VARIANTS]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_megatron_lm_parses_and_validates_every_export(shipped_plans):
     warnings.filterwarnings("ignore")  # megatron-core warns about absent Transformer Engine / APEX
@@ -100,6 +101,7 @@ def test_the_rules_refuse_what_megatron_lm_refuses():
         megatron_args.validate(megatron_args.parse(base + ["--tp-comm-overlap"]), 8)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_torchtitans_config_manager_parses_every_export(shipped_plans, tmp_path):
     """torchtitan 0.3's ConfigManager parses each exported command line and
@@ -131,6 +133,7 @@ def test_torchtitans_config_manager_parses_every_export(shipped_plans, tmp_path)
         assert got["activation_checkpoint"] == modes[export.activation_checkpoint]
 
 
+@pytest.mark.slow
 def test_torchtitans_config_manager_refuses_the_old_spelling(tmp_path):
     """The parse is real: the pre-0.3 spelling of the same settings fails."""
     pytest.importorskip("torchtitan.config.manager", reason="torchtitan is not installed (.ci/run installs it)")

@@ -78,6 +78,7 @@ def test_schedule_lists_each_ranks_calls_with_byte_ranges():
     assert element_ranges((0, 1, 3, 4, 7), 10) == ((0, 20), (30, 50), (70, 80))
 
 
+@pytest.mark.slow
 def test_every_program_matches_the_reference_on_the_numpy_backend():
     count = 0
     for _, lowered in mpi_worker.lowered_programs():
