@@ -137,7 +137,7 @@ def _append_many(path: str, job: int, count: int) -> None:
 def test_processes_appending_at_once_keep_every_record(tmp_path):
     path = str(tmp_path / "m.jsonl")
     jobs, count = 4, 50
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter each: forking a process that holds threads (JAX, torch) may deadlock
     workers = [context.Process(target=_append_many, args=(path, job, count)) for job in range(jobs)]
     for w in workers:
         w.start()
