@@ -85,19 +85,24 @@ def print_speedups(timings: Sequence[Timing], sizes: Sequence[int]) -> None:
         print("".join([f"{label:>10}"] + [f"{by_size[z]:>9.2f}x" if z in by_size else f"{'-':>10}" for z in sizes]))
 
 
+def is_record(m: Timing) -> bool:
+    """Whether ``m`` becomes a measurement record: a pipelined schedule's
+    timing does not (records describe step-by-step execution)."""
+    return not m.candidate.label.endswith(PIPELINED_MARK)
+
+
 def print_written(request: BenchRequest, timings: Sequence[Timing]) -> None:
-    """Say how many records ``--jsonl`` got (the pipelined timings are not records)."""
+    """Say how many records ``--jsonl`` got (:func:`is_record`)."""
     if request.jsonl:
-        written = sum(1 for m in timings if not m.candidate.label.endswith(PIPELINED_MARK))
+        written = sum(1 for m in timings if is_record(m))
         print(f"#\n# wrote {written} measurement record(s) to {request.jsonl} (appended; synth-reduce fit reads them)")
 
 
 def write_record(world: World, request: BenchRequest, m: Timing) -> None:
     """Collective: with ``--jsonl``, rank 0 appends the measurement record of
-    ``m`` (:meth:`Timing.record`); a failed write (full disk, /proc) fails every
-    rank alike. A pipelined schedule's timing is no record (records describe
-    step-by-step execution)."""
-    if not request.jsonl or m.candidate.label.endswith(PIPELINED_MARK):
+    ``m`` (:meth:`Timing.record`) where it is one (:func:`is_record`); a failed
+    write (full disk, /proc) fails every rank alike."""
+    if not request.jsonl or not is_record(m):
         return
     record = m.record(backend_label(world), request.dtype, world.size, getattr(world, "nccl_version", None))
     collectively(world, lambda: append_records(request.jsonl, [record]) if world.rank == 0 else None)
