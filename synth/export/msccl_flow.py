@@ -223,7 +223,7 @@ class _Run:
                 pos[0], pos[1] = it + 1, 0
 
     def describe(self, i: int) -> str:
-        b, (it, at, piece, part) = self.blocks[i], self.position[i]
+        b, (it, at, piece, _) = self.blocks[i], self.position[i]
         step = b.steps[at]
         where = (f"gpu {b.gpu} tb {b.id} step {step.s} ({step.type} cnt={step.cnt}, line {step.line}), "
                  f"iteration {it + 1}")

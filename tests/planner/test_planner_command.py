@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from helpers import usage_error
-from planner_cases import MOE, TINY, plan
+from planner_cases import MOE, TINY
 
 from synth.errors import SynthError
 from synth.plan import load_plan

@@ -5,7 +5,6 @@ executed exactly and re-proved, and the frontier models as documented."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest

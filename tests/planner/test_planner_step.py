@@ -11,9 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import yaml
-from planner_cases import MOE, Recording, WithAllToAll, gpt, plan
+from planner_cases import MOE, Recording, WithAllToAll, gpt
 
-from synth.cost import Model
 from synth.errors import SynthError
 from synth.planner.compute import DEFAULT_COMPUTE
 from synth.planner.configurations import plan_job
