@@ -34,7 +34,6 @@ Test hooks: ``_variants``, ``_schedules``, ``_placements`` and ``_evaluate``.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -65,6 +64,7 @@ from ..topology import Device, Topology
 from ..units import format_size
 from .compute import ComputeModel, default_compute
 from .schedules import SCHEDULE_CHOICES, Schedule, virtual_stage_choices
+from .pruning import LayoutEstimates, Skipped, variant_beaten
 from .stages import STAGE_CHOICES, balanced_layers
 from .stepmodel import (
     HSDP_REPLICATE,
@@ -127,10 +127,21 @@ class CollectiveCosts:
         self._default_best: dict[tuple, BestProgram] = {}
         self._hsdp: dict[tuple, Placement] = {}
         self._proved: dict[tuple, LoweredProgram] = {}
+        self._reduction_keys: dict[tuple[int, str], tuple] = {}  # by (placement's id, axis): _reduction_key's
 
     def _key(self, placement: Placement, axes: tuple[str, ...]) -> tuple:
         rows = tuple(placement.matrix[placement.axis_names.index(a)] for a in axes)
         return rows if self.symmetric else (placement.matrix, placement.axis_names, axes)
+
+    def _reduction_key(self, placement: Placement, axis: str) -> tuple[Placement, tuple[str, ...], tuple]:
+        """The placement a collective over ``axis`` runs on (:meth:`placement_for`), its axes
+        (:func:`reduce_axes`) and their :meth:`_key`, each once per (placement, axis)."""
+        found = self._reduction_keys.get((id(placement), axis))
+        if found is None or found[0] is not placement:  # the placement is kept: its id is not reused
+            on = self.placement_for(placement, axis)
+            axes = reduce_axes(on, axis)
+            found = self._reduction_keys[(id(placement), axis)] = (placement, on, axes, self._key(on, axes))
+        return found[1:]
 
     @property
     def reductions_synthesized(self) -> int:
@@ -159,9 +170,8 @@ class CollectiveCosts:
         """The fastest program of a reduction over ``axis`` (``dp+ep``: over
         both; ``dp_shard``, ``dp_replicate``: HSDP's sub-axes of dp) on
         ``placement``."""
-        placement = self.placement_for(placement, axis)
-        axes = reduce_axes(placement, axis)
-        key = (self._key(placement, axes), goal)
+        placement, axes, rows = self._reduction_key(placement, axis)
+        key = (rows, goal)
         found = self._reductions.get(key)
         if found is None:
             programs = synthesize_reduction(Reduction(placement, axes, goal), self.max_steps)
@@ -177,9 +187,8 @@ class CollectiveCosts:
         """The library's one-call collective for the reduction over ``axis``
         (:func:`~synth.cost.predict.default_program`), priced without any
         program search: what a configuration that does not fit is priced with."""
-        placement = self.placement_for(placement, axis)
-        axes = reduce_axes(placement, axis)
-        key = (self._key(placement, axes), goal)
+        placement, axes, rows = self._reduction_key(placement, axis)
+        key = (rows, goal)
         at = (key, size_bytes)
         found = self._default_best.get(at)  # placements of the same reduction shape share it
         if found is None:
@@ -193,7 +202,7 @@ class CollectiveCosts:
         """Every device sends ``size_bytes`` to the device of the next ``axis``
         rank (same other coordinates), all pairs at once: a Broadcast over each
         pair."""
-        key = (self._key(placement, (axis,)), size_bytes)
+        key = (self._reduction_key(placement, axis)[2], size_bytes)  # the rows of (axis,)
         if key not in self._sends:
             mesh = np.moveaxis(placement.mesh, placement.axis_names.index(axis), -1)
             pairs = np.stack([mesh[..., :-1], mesh[..., 1:]], axis=-1).reshape(-1, 2)
@@ -504,7 +513,8 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
     ranges = {r.name: r for r in request.axes}
     names = tuple(r.name for r in request.axes)
     assignments = size_assignments(request.axes, topology.num_devices)
-    skipped = _Skipped()
+    skipped = Skipped()
+    layouts = LayoutEstimates(model, request.device, request.compute)  # shared by the schedules of a layout
     candidates: list[Candidate] = []
     evaluated = 0
     for n, axes in enumerate(assignments):
@@ -535,14 +545,16 @@ def plan_job(request: JobRequest, progress: Progress | None = None) -> JobSoluti
                     skipped.add(problem)
                     continue
                 trained = _training_for(request, config)
-                shape = step_shape(model, trained, config)
-                compute = compute_estimate(model, trained, config, request.device, request.compute, shape)
+                shape, compute = layouts.of(trained, config)
                 memory = memory_per_device(model, trained, config)
                 trials.append((_bound(request, config, trained, shape, compute, memory), len(trials), config, trained,
                                shape, compute, memory))
             for bound, _, config, trained, shape, compute, memory in sorted(trials, key=lambda t: t[:2]):
                 if best is not None and bound > (not best.feasible, best.predicted_step_s):
                     break  # no placement of this variant or of the later ones can rank before the one kept
+                if best is not None and variant_beaten(best, bound[0], model, trained, config, costs, placements,
+                                                       shape, compute):
+                    continue  # nor can one of this variant, each collective at its cheapest placement's price
                 candidate = _evaluate(request, costs, config, trained, placements, shape, compute, memory)
                 evaluated += len(placements)
                 if best is None or (not candidate.feasible, candidate.predicted_step_s) < (
@@ -625,28 +637,6 @@ def _training_for(request: JobRequest, config: Configuration) -> Training:
         if memory_per_device(request.model, trial, config).total <= usable:
             return trial
     return replace(training, recompute=Recompute.FULL)
-
-
-class _Skipped:
-    """Reasons why size assignments or micro-batches were not evaluated: counted
-    by kind (sizes left out: 'tp does not divide ...'), the first few kept whole."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.first: list[str] = []
-
-    def add(self, reason: str) -> None:
-        kind = re.sub(r"\b(tp|cp|ep|dp|pp)=\d+", r"\1", reason)
-        kind = re.sub(r"= \d+( x \d+)+$", "", kind)
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        if len(self.first) < 3 and reason not in self.first:
-            self.first.append(reason)
-
-    def summary(self) -> tuple[tuple[str, int], ...]:
-        return tuple(self.counts.items())
-
-    def examples(self) -> str:
-        return "; ".join(self.first) + ("; ..." if sum(self.counts.values()) > len(self.first) else "")
 
 
 def _placements(topology: Topology, axes: tuple[Axis, ...], constraints: Sequence[str]) -> list[Placement]:

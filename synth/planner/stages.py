@@ -83,6 +83,8 @@ def balanced_layers(layers: int, pp: int, costs: StageCosts) -> tuple[int, ...]:
     for middle in middle_counts:
         rest = layers - (pp - 2) * middle  # for the first and the last stage together
         middle_cost = costs.stage(middle, False, False) if pp > 2 else 0.0
+        if best is not None and middle_cost > best[0][0]:
+            break  # the middle stages alone are slower than the best layout, and more layers only slower
         for first in _least_slowest_candidates(rest, middle_cost, costs):
             last = rest - first
             # slowest_stage of the layout, from its three kinds of stage
