@@ -68,7 +68,7 @@ def build_layer(model: Transformer, tp: int, device: str, dtype):
     taking and returning ``[batch, seq, hidden]``)."""
     torch, F = _torch()
     h, heads = model.hidden, model.heads
-    head_dim = h // heads
+    head_dim = model.head_dimension  # the attention is heads x head_dim wide, as the planner counts it
     q_heads, kv_heads = heads // tp, model.kv_heads // tp
     gated = model.gated_mlp
     bias = not gated

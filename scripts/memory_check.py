@@ -54,6 +54,9 @@ CASES = (("gpt3-350m", 8, "flash"), ("gpt3-760m", 8, "flash"), ("gpt3-1.3b", 8, 
 # fp32 states (16 bytes per parameter) fit one 80 GB GPU; sequence 8192, micro-batches 1 and 2
 MODELS = {"llama3-8b-4layers": "layers=4,hidden=4096,heads=32,kv_heads=8,ffn=14336,gated_mlp=true,"
                                "tied_embeddings=false,seq=8192,vocab=128256"}
+# GPT-3 XL as its records were measured: 24 heads of hidden // heads = 85 dimensions (attention 2040 wide, the
+# network's 1,314,149,824 parameters its records state), not the model file's d_head 128 (3072 wide)
+MODELS["gpt3-1.3b"] = "layers=24,hidden=2048,heads=24,head_dim=85,seq=2048,vocab=50257"
 CASES += (("llama3-8b-4layers", 1, "flash"), ("llama3-8b-4layers", 2, "flash"),
           ("llama3-8b-4layers", 2, "full-recompute"))
 PLAN_OPTIONS = {"flash": (), "full-recompute": ("--recompute", "full"), "unfused": ("--attention", "unfused")}

@@ -218,7 +218,8 @@ def run(argv: Sequence[str]) -> int:
     model = request.model
     if model.source_inconsistency:
         print(f"synth-reduce: note: model {model.name}: {' '.join(model.source_inconsistency.split())}; the "
-              f"planner uses hidden={model.hidden} as printed (tp must divide both heads and hidden)",
+              f"planner uses hidden={model.hidden} as printed, and heads x head_dim = {model.q_dim} for the "
+              "attention (tp must divide both heads and hidden)",
               file=sys.stderr)
     if plan is not None:
         write_plan(args.out, plan)

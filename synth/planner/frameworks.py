@@ -130,7 +130,7 @@ def torchtitan_gemm_outputs(model: Transformer, tp: int) -> tuple[int, ...]:
     width (partial sums before tensor parallelism's reduction)."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn
     mlp = (f // tp, f // tp, h) if model.gated_mlp else (f // tp, h)
-    return (h // tp, kv // tp, kv // tp, h) + mlp
+    return (model.q_dim // tp, kv // tp, kv // tp, h) + mlp
 
 
 def sac_activation_bytes(model: Transformer, micro_batch: int, tp: int, cp: int = 1,
@@ -148,7 +148,7 @@ def sac_activation_bytes(model: Transformer, micro_batch: int, tp: int, cp: int 
     tokens = micro_batch * model.seq // cp
     kept = sum(torchtitan_gemm_outputs(model, tp)[0::2])
     layer_input = model.hidden // tp if sequence_parallel else model.hidden
-    return 2.0 * tokens * (layer_input + model.hidden // tp + kept)
+    return 2.0 * tokens * (layer_input + model.q_dim // tp + kept)  # the attention's output: heads x head_dim
 
 
 def step_overhead_bytes(framework: Framework, parameters: float, updated: float,

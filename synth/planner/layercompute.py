@@ -3,23 +3,24 @@ profile (:mod:`synth.planner.operations`): one layer and one pipeline stage's
 micro-batch.
 
 Shapes per device, with T = b s tokens of a micro-batch, t = tensor-parallel
-size, kv = h x kv_heads / heads (Megatron-LM's layout; with sequence
-parallelism the norms and residual adds, written below over T h, run over
-T h / t):
+size, q = heads x head_dim and kv = kv_heads x head_dim (the query and
+key/value widths: h and h x kv_heads / heads unless the model file gives a
+head_dim that differs; Megatron-LM's layout; with sequence parallelism the
+norms and residual adds, written below over T h, run over T h / t):
 
-* GEMMs ``(M, K, N)``: qkv ``(T, h, (h + 2 kv) / t)``, attention output
-  projection ``(T, h / t, h)``, MLP up ``(T, h, m f / t)`` (m = 2 for a gated
+* GEMMs ``(M, K, N)``: qkv ``(T, h, (q + 2 kv) / t)``, attention output
+  projection ``(T, q / t, h)``, MLP up ``(T, h, m f / t)`` (m = 2 for a gated
   MLP: gate and up in one GEMM, as Megatron-LM fuses them), MLP down
   ``(T, f / t, h)``. Backward: the input gradient ``(T, N, K)`` and the weight
   gradient ``(K, T, N)`` of each.
-* Attention: batch b, heads / t heads, sequence s, head dim h / heads, causal;
+* Attention: batch b, heads / t heads, sequence s, head dim q / heads, causal;
   forward and backward (grouped-query attention computes like full heads).
 * Elementwise, forward: two norms (``layer_norm``'s rate for LayerNorm and
   RMSNorm) and two residual adds over T h (replicated on every tensor-parallel
   rank), the activation over T f / t (``silu_mul`` for a gated MLP, else
   ``gelu_tanh``'s rate: ReLU and squared ReLU are priced as GeLU, one
   bandwidth-bound pass) and, for rotary positions, one pass over the
-  T (h + kv) / t query and key values at ``silu_mul``'s rate. Backward: twice
+  T (q + kv) / t query and key values at ``silu_mul``'s rate. Backward: twice
   each forward pass (it reads the input and the output gradient and writes the
   input gradient), and one add per residual (the gradients of the two branches
   meet). These backward factors are modelling choices: the calibration grid
@@ -195,12 +196,12 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, m
     """One layer's operations on one device, forward and backward (no
     recomputation; see the module docstring for every shape); ``moe``: an
     MoE layer (:func:`_expert_ops` in place of the MLP)."""
-    t, tokens, h, f, kv = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim
+    t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
     ops: list[OpTime] = []
     fp8 = shard.fp8
-    ops += _gemm(profile, "qkv", tokens, h, (h + 2 * kv) // t, fp8)
+    ops += _gemm(profile, "qkv", tokens, h, (q + 2 * kv) // t, fp8)
     ops += attention_ops(profile, model, shard)
-    ops += _gemm(profile, "attention_projection", tokens, h // t, h, fp8)
+    ops += _gemm(profile, "attention_projection", tokens, q // t, h, fp8)
     if moe and model.moe:
         ops += _expert_ops(profile, model, shard)
     else:
@@ -211,7 +212,7 @@ def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, m
         ops += _pass(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
         ops += _pass(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
     if model.positions == "rotary":
-        ops += _pass(profile, "rotary", "silu_mul", tokens * (h + kv) // t, 2)
+        ops += _pass(profile, "rotary", "silu_mul", tokens * (q + kv) // t, 2)
     launches = layer_launches(model)
     for phase, count in zip(("forward", "backward"), launches):
         host_s = count * profile.host.launch_s(phase)

@@ -94,8 +94,8 @@ MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2
                 "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22, "shared_experts": 2**16,
                 "dense_layers": 10_000}
 MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
-INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "mlp", "gated_mlp", "biases",
-                 "norm", "positions", "tied_embeddings") + MOE_FIELDS
+INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "gated_mlp",
+                 "biases", "norm", "positions", "tied_embeddings") + MOE_FIELDS
 # 16-bit values of s b f each MLP keeps for its backward (Korthikanti et al. count GeLU's input and output,
 # 4 bytes): GeLU keeps its input, the down GEMM its output (2 tensors); SwiGLU the gate-and-up output (2),
 # the product the down GEMM reads (1); ReLU keeps only its output, which is the down GEMM's input (1);
@@ -179,14 +179,21 @@ class Transformer:
     @property
     def head_dimension(self) -> int:
         """One attention head's width: the model file's ``head_dim``, else
-        hidden / heads (the attention core's shapes; the projections keep the
-        hidden width)."""
+        hidden / heads."""
         return self.head_dim or self.hidden // self.heads
 
     @property
+    def q_dim(self) -> int:
+        """Width of the query projection, and of the attention output the
+        output projection reads: heads x head_dim (the hidden width unless the
+        model file gives a head_dim that differs; Megatron-LM's
+        ``--kv-channels``)."""
+        return self.heads * self.head_dimension
+
+    @property
     def kv_dim(self) -> int:
-        """Width of the key (and value) projection: h x kv_heads / heads."""
-        return self.hidden * self.kv_heads // self.heads
+        """Width of the key (and value) projection: kv_heads x head_dim."""
+        return self.kv_heads * self.head_dimension
 
     @property
     def mlp_matrices(self) -> int:
@@ -195,9 +202,14 @@ class Transformer:
 
     @property
     def attention_matrix_params(self) -> int:
-        """Q, K, V and the output projection."""
-        h = self.hidden
-        return h * (h + 2 * self.kv_dim) + h * h
+        """Q, K, V (hidden to q_dim + 2 kv_dim) and the output projection
+        (q_dim to hidden)."""
+        return sum(self.layer_gemm_params[:2])
+
+    @property
+    def attention_bias_params(self) -> int:
+        """The biases of Q, K, V and of the output projection (0 without ``biases``)."""
+        return (self.q_dim + 2 * self.kv_dim + self.hidden) if self.biases else 0
 
     def mlp_params(self, width: int) -> int:
         """One MLP of ``width``: its matrices and (with ``biases``) their biases."""
@@ -239,8 +251,7 @@ class Transformer:
         """One MoE layer: attention, norms, router (h x experts), routed and
         shared experts."""
         assert self.moe is not None
-        attention_biases = (2 * self.hidden + 2 * self.kv_dim) if self.biases else 0
-        return (self.attention_matrix_params + attention_biases + 2 * self.norm_params
+        return (self.attention_matrix_params + self.attention_bias_params + 2 * self.norm_params
                 + self.hidden * self.moe.experts + self.moe_layer_routed_params
                 + self.moe.shared_experts * self.expert_params)
 
@@ -259,23 +270,23 @@ class Transformer:
         """The matrices of a layer's four tensor-parallel GEMMs, in order:
         QKV, attention output projection, MLP up (with the gate when gated),
         MLP down. Their sum is :attr:`layer_matrix_params`."""
-        h, f = self.hidden, self.ffn
-        return h * (h + 2 * self.kv_dim), h * h, (self.mlp_matrices - 1) * h * f, h * f
+        h, f, q = self.hidden, self.ffn, self.q_dim
+        return h * (q + 2 * self.kv_dim), q * h, (self.mlp_matrices - 1) * h * f, h * f
 
     @property
     def moe_layer_gemm_params(self) -> tuple[float, float, float, float]:
         """:attr:`layer_gemm_params` of an MoE layer per token: the experts a
         token passes (routed, padded, and shared) in place of the MLP."""
         assert self.moe is not None
-        h, f = self.hidden, self.moe.expert_ffn
+        h, f, q = self.hidden, self.moe.expert_ffn, self.q_dim
         experts = self.moe.routed_per_token + self.moe.shared_experts
-        return h * (h + 2 * self.kv_dim), h * h, experts * (self.mlp_matrices - 1) * h * f, experts * h * f
+        return h * (q + 2 * self.kv_dim), q * h, experts * (self.mlp_matrices - 1) * h * f, experts * h * f
 
     @property
     def layer_params(self) -> int:
         """One dense layer: matrices, biases and norms."""
-        attention_biases = (2 * self.hidden + 2 * self.kv_dim) if self.biases else 0
-        return self.attention_matrix_params + attention_biases + self.mlp_params(self.ffn) + 2 * self.norm_params
+        return (self.attention_matrix_params + self.attention_bias_params + self.mlp_params(self.ffn)
+                + 2 * self.norm_params)
 
     def layers_params(self, dense: int, moe: int) -> int:
         """``dense`` dense layers and ``moe`` MoE layers."""
@@ -321,8 +332,9 @@ class Transformer:
         return dense * self.layer_forward_flops(tokens) + (moe * self.moe_layer_forward_flops(tokens) if moe else 0.0)
 
     def attention_core_flops(self, tokens: int) -> float:
-        """Forward FLOPs of QK^T and (scores)V for ``tokens`` tokens: 4 T s h."""
-        return 4.0 * tokens * self.seq * self.hidden
+        """Forward FLOPs of QK^T and (scores)V for ``tokens`` tokens: 4 T s q
+        (q = heads x head_dim, :attr:`q_dim`)."""
+        return 4.0 * tokens * self.seq * self.q_dim
 
     def logits_forward_flops(self, tokens: int) -> float:
         return 2.0 * tokens * self.hidden * self.vocab
@@ -372,7 +384,8 @@ class Transformer:
                    + 2 * s * b * h * routed + 4 * s * b * self.moe.experts)
         else:
             mlp = 2 * MLP_WIDE_VALUES[self.mlp] * s * b * f
-        split = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h + mlp
+        q = self.q_dim  # Q and the attention output are heads x head_dim wide
+        split = 2 * s * b * q + 4 * s * b * kv + 2 * s * b * q + mlp
         if recompute is Recompute.NONE and scores:  # scores, softmax, dropout mask and output: 5 a s^2 b
             split += 5 * self.heads * s * self.seq * b
         return scale * (replicated / replicas + split / tp)
@@ -408,6 +421,8 @@ class Transformer:
 
     def describe(self) -> str:
         extra = []
+        if self.q_dim != self.hidden:
+            extra.append(f"head_dim {self.head_dimension}")
         if self.ffn != 4 * self.hidden:
             extra.append(f"ffn {self.ffn}")
         if self.kv_heads != self.heads:

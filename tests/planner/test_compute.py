@@ -715,8 +715,9 @@ def test_fp8_with_the_efficiency_curve_by_hand():
         bf16 = compute_estimate(model, Training(8, recompute=recompute), config, device, curve)
         fp8 = compute_estimate(model, Training(8, dtype="fp8", recompute=recompute), config, device, curve)
         T, L, h, s, V = 2 * 2048, model.layers, model.hidden, 2048, model.vocab
+        q = 24 * 128  # the attention's width: Table 2.1's 24 heads of d_head 128 (models/gpt3-1.3b.yaml)
         gemm = 2 * T * L * model.layer_matrix_params
-        total = 3 * (gemm + L * 4 * T * s * h + 2 * T * h * V) + (gemm + L * 4 * T * s * h if recompute is
+        total = 3 * (gemm + L * 4 * T * s * q + 2 * T * h * V) + (gemm + L * 4 * T * s * q if recompute is
                                                                    Recompute.FULL else 0)
         share = (3 * gemm + (gemm if recompute is Recompute.FULL else 0)) / total
         assert fp8.micro_batch_s == pytest.approx(bf16.micro_batch_s * (1 - share + share / FP8_GEMM_SPEEDUP))

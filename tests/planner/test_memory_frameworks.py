@@ -80,7 +80,9 @@ def test_the_single_gpu_peaks_are_within_10_percent_as_eager_autocast():
     """data/calibration/h100-memory.jsonl: fp32 weights under bf16 autocast, fused AdamW, eager loss."""
     rows = [json.loads(line) for line in (REPO / "data/calibration/h100-memory.jsonl").read_text().splitlines()]
     inline = {"llama3-8b-4layers": "layers=4,hidden=4096,heads=32,kv_heads=8,ffn=14336,gated_mlp=true,"
-                                   "tied_embeddings=false,seq=8192,vocab=128256"}
+                                   "tied_embeddings=false,seq=8192,vocab=128256",
+              # the measured network's heads: hidden // heads = 85 dimensions each (scripts/memory_check.py)
+              "gpt3-1.3b": "layers=24,hidden=2048,heads=24,head_dim=85,seq=2048,vocab=50257"}
     errors = []
     for row in rows:
         name = row["model"]
