@@ -309,6 +309,7 @@ def recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard, r
     return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))
 
 
+@memoised(maxsize=4096)  # stage_costs and stage_compute ask for the same shards
 def embedding_compute(profile: OperationProfile, model: Transformer, shard: Shard) -> ComputeTime:
     tokens, h = shard.tokens, model.hidden
     e = profile.elementwise
@@ -320,6 +321,7 @@ def embedding_compute(profile: OperationProfile, model: Transformer, shard: Shar
     return ComputeTime(tuple(ops))
 
 
+@memoised(maxsize=4096)  # stage_costs and stage_compute ask for the same shards
 def head_compute(profile: OperationProfile, model: Transformer, shard: Shard, loss: str = "fused") -> ComputeTime:
     """The final norm, the logits GEMM and the loss (``loss``: the
     ``--cross-entropy`` kind, :data:`LOSS_BYTES_PER_LOGIT`)."""

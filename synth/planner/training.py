@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..errors import SynthError
 from ..units import MAX_COUNT, shown_number
@@ -171,13 +172,13 @@ class Configuration:
         return {"tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {}), **({"ep": self.ep} if self.ep > 1 else {}),
                 "dp": self.dp, "pp": self.pp}
 
-    @property
+    @cached_property  # asked at every step prediction; a frozen value's own memo
     def dense_axes(self) -> str:
         """The axes the dense weights' gradients reduce over (``dp``,
         ``dp+ep``, ``dp+cp``, ...; empty: none), as a reduction's axis text."""
         return "+".join(axis for axis, size in (("dp", self.dp), ("cp", self.cp), ("ep", self.ep)) if size > 1)
 
-    @property
+    @cached_property
     def expert_axes(self) -> str:
         """The axes the routed experts' gradients reduce over: dp and cp."""
         return "+".join(axis for axis, size in (("dp", self.dp), ("cp", self.cp)) if size > 1)

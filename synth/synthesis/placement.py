@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..caches import memoised
 from ..errors import SynthError
 from ..interrupts import solver_check, z3_interrupts
 from .counting import matrix_count
@@ -255,8 +256,9 @@ def _prime_exponents(n: int) -> dict[int, int]:
     return out
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@memoised(maxsize=4096)  # the enumeration asks for the same few numbers at every node of its recursion
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def _index_constraints(
