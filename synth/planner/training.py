@@ -124,14 +124,21 @@ class Training:
         3.3.4); with fp16 it reduces in fp16 (that setting stays off);
         FSDP2's ``reduce_dtype=float32`` (torchtitan) and the eager loops'
         gradients are as :attr:`recipe` holds them."""
-        if self.framework == "megatron" and self.dtype == "fp16":
-            return 2
-        return self.recipe.gradient_bytes
+        return gradient_reduce_bytes(self.framework, self.dtype)
 
     @property
     def recipe(self) -> Framework:
         """The framework's states and passes at this dtype (:func:`~synth.planner.frameworks.at_dtype`)."""
         return at_dtype(framework_of(self.framework), self.value_bytes)
+
+
+def gradient_reduce_bytes(framework: str, dtype: str) -> int:
+    """:attr:`Training.gradient_reduce_bytes` of a framework and dtype (also
+    what a DP bucket's bytes are counted in, for the exports' bucket sizes in
+    gradient elements)."""
+    if framework == "megatron" and dtype == "fp16":
+        return 2
+    return at_dtype(framework_of(framework), DTYPE_BYTES[dtype]).gradient_bytes
 
 
 @dataclass(frozen=True)
