@@ -45,7 +45,9 @@ sources):
   4 for Megatron-LM's fp32 main gradients under bf16), in buckets
   of ``bucket_bytes`` reduced while the last micro-batch's backward runs (DDP's
   bucketing, DisCo's tensor fusion: the planner picks the bucket size); exposed is
-  what outlasts that backward (:func:`overlapped_s`), all of it without overlap.
+  what outlasts that backward (:func:`overlapped_s`), all of it without overlap;
+  interleaved, each model chunk's gradients are reduced once its last backward
+  has run (:func:`~synth.planner.overlaps.chunked_overlap_s`).
   ZeRO-1 reduce-scatters the gradients the same way and all-gathers the updated
   16-bit weights after the optimizer step (exposed; ``w / g`` of each bucket's bytes); ZeRO-2 does the same but,
   holding only its shard of the gradients, reduce-scatters after every
