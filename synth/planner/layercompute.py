@@ -359,4 +359,29 @@ def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, l
         total = total + embedding_compute(profile, model, shard)
     if last:
         total = total + head_compute(profile, model, shard, loss)
-    return total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
+    total = total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
+    return issued_ahead(total, layers * stage_host_s(profile, model, recompute))
+
+
+def stage_host_s(profile: OperationProfile, model: Transformer, recompute: Recompute) -> float:
+    """The host's seconds issuing one layer's kernels in a micro-batch: its
+    forward and backward launches (:func:`layer_launches`) at the profile's
+    seconds per launch, and the forward's again under full recomputation (the
+    attention core's two under selective), at the forward's rate."""
+    forward, backward = layer_launches(model)
+    again = {Recompute.NONE: 0, Recompute.FULL: forward, Recompute.SELECTIVE: EAGER_LAUNCHES["attention"][0]}
+    return (forward + again[recompute]) * profile.host.forward_launch_s + backward * profile.host.backward_launch_s
+
+
+def issued_ahead(stretch: ComputeTime, host_s: float) -> ComputeTime:
+    """A stretch of work issued without a synchronisation (a stage's
+    micro-batch: its forward, loss and backward): the host queues kernels
+    ahead of the GPU, so the stretch lasts the larger of the GPU's time (its
+    operations without the per-phase ``host_issue``, which bounds a layer
+    timed alone) and the host's ``host_s``; the excess, if any, is one
+    ``host_issue`` operation."""
+    gpu = tuple(op for op in stretch.ops if op.name not in ("host_issue", "host_issue.recompute"))
+    gpu_s = sum(op.seconds for op in gpu)
+    if host_s <= gpu_s:
+        return ComputeTime(gpu)
+    return ComputeTime(gpu + (OpTime("host_issue", "backward", (), host_s - gpu_s),))
