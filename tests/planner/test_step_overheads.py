@@ -138,3 +138,20 @@ def test_plan_takes_the_framework_and_refuses_an_unknown_one(capsys):
     assert plan["training"]["framework"] == "eager" and plan["training"]["cross_entropy"] == "eager"
     assert main(argv + ["--framework", "nemo"]) == 2
     assert "synth-reduce: error: argument --framework: invalid choice: 'nemo'" in capsys.readouterr().err
+
+
+def test_deepseek_recomputes_both_rmsnorms_of_every_layer_in_the_backward():
+    """DeepSeek-V3 recomputes all RMSNorm operations during back-propagation
+    (arXiv:2412.19437 Section 3.2.3): each layer's two norms' forward again,
+    over T h values at the profile's layer_norm rate; with full recomputation
+    the whole forward is already recomputed and nothing more is added."""
+    model = load_model("llama2-7b")
+    config = Configuration(1, 1, 1, 1)
+
+    def micro_batch_s(framework: str, recompute=Recompute.NONE) -> float:
+        training = Training(8, cross_entropy="fused", framework=framework, recompute=recompute)
+        return compute_estimate(model, training, config, DEVICE, PROFILE).micro_batch_s
+
+    norm_s = float(PROFILE.elementwise.seconds("layer_norm", model.seq * model.hidden))
+    assert micro_batch_s("deepseek") - micro_batch_s("megatron") == pytest.approx(model.layers * 2 * norm_s)
+    assert micro_batch_s("deepseek", Recompute.FULL) == pytest.approx(micro_batch_s("megatron", Recompute.FULL))
