@@ -290,7 +290,8 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
         again_s = sum(op.seconds for op in layer_compute(compute, model, shard).ops
                       if op.phase == "forward" and op.name in ("norm1", "norm2"))
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
-                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy).total_s
+                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy,
+                                      training.recipe.name == "torchtitan").total_s
                         + layers * again_s for kind, layers in stage_kinds(layout).items())
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())

@@ -155,3 +155,25 @@ def test_deepseek_recomputes_both_rmsnorms_of_every_layer_in_the_backward():
     norm_s = float(PROFILE.elementwise.seconds("layer_norm", model.seq * model.hidden))
     assert micro_batch_s("deepseek") - micro_batch_s("megatron") == pytest.approx(model.layers * 2 * norm_s)
     assert micro_batch_s("deepseek", Recompute.FULL) == pytest.approx(micro_batch_s("megatron", Recompute.FULL))
+
+
+def test_torchtitan_selective_checkpointing_recomputes_every_second_gemm_and_the_elementwise_ops():
+    """torchtitan's operator-level selective checkpointing saves the attention
+    core and every first, third, ... GEMM output (wq, wv, w1, w2 of wq, wk, wv,
+    wo, w1, w3, w2) and recomputes the rest in the backward: wk, wo and w3 at
+    their own shapes, the norms, residual adds, SwiGLU and rotary positions; not
+    the attention core, which Megatron-LM's selective recomputation repeats."""
+    model = load_model("llama3-8b")
+    shard = Shard(1, 2, model.seq)
+    tokens, h, kv, f = 2 * model.seq, model.hidden, model.kv_dim, model.ffn
+    plain = stage_compute(PROFILE, model, shard, 4, Recompute.NONE, False, False)
+    sac = stage_compute(PROFILE, model, shard, 4, Recompute.SELECTIVE, False, False, torchtitan_sac=True)
+    gemm = PROFILE.gemm
+    gemms_s = float(gemm.seconds(tokens, h, kv) + gemm.seconds(tokens, h, h) + gemm.seconds(tokens, h, f))
+    e = PROFILE.elementwise
+    passes_s = float(2 * e.seconds("layer_norm", tokens * h) + 2 * e.seconds("add", tokens * h)
+                     + e.seconds("silu_mul", tokens * f) + e.seconds("silu_mul", tokens * (h + kv)))
+    assert sac.total_s - plain.total_s == pytest.approx(4 * (gemms_s + passes_s), rel=1e-9)
+    megatron = stage_compute(PROFILE, model, shard, 4, Recompute.SELECTIVE, False, False)
+    assert [op for op in megatron.ops if op.name == "attention.recompute"]
+    assert not [op for op in sac.ops if op.name.startswith("attention") and op.name.endswith(".recompute")]
