@@ -294,9 +294,14 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
                   training.fp8, config.cp)
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
+    again_s = 0.0  # per layer: DeepSeek-V3's RMSNorms, recomputed in the backward (frameworks.deepseek_activation_bytes)
+    if training.recipe.recomputes_norms and training.recompute is Recompute.NONE:
+        again_s = sum(op.seconds for op in layer_compute(compute, model, shard).ops
+                      if op.phase == "forward" and op.name in ("norm1", "norm2"))
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
-                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy).total_s
-                        for kind, layers in stage_kinds(layout).items())
+                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy,
+                                      training.recipe.name == "torchtitan").total_s
+                        + layers * again_s for kind, layers in stage_kinds(layout).items())
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
     dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)
@@ -379,7 +384,11 @@ def step_time(
     ep_mb = 0.0
     if shape.alltoall_bytes:  # per MoE layer and pass: the dispatch to the experts and the combine back
         passes = 3 if training.recompute is Recompute.FULL else 2
-        layer_alltoalls_s = 2 * passes * collectives.alltoall("ep", shape.alltoall_bytes)
+        size = shape.alltoall_bytes
+        if model.moe and model.moe.max_nodes:  # node-limited routing: one copy per node reached
+            copies = model.moe.node_copies_per_token(ep_nodes(collectives))
+            size = math.ceil(size * copies / model.moe.routed_per_token)
+        layer_alltoalls_s = 2 * passes * collectives.alltoall("ep", size)
         if training.ep_overlap:  # beside another micro-batch's computation of the layer
             layer_alltoalls_s = ep_overlap_exposed_s(layer_alltoalls_s, micro_batch_s / shape.layers_per_stage)
         ep_mb = shape.moe_layers_per_stage * layer_alltoalls_s
@@ -424,6 +433,16 @@ def step_time(
         cp_s=m * cp_mb,
         alltoalls=(("ep", shape.alltoall_bytes),) if shape.alltoall_bytes else (),
     )
+
+
+def ep_nodes(collectives: Collectives) -> int:
+    """Nodes (groups of the innermost hierarchy level) an expert-parallel
+    group spans on the placement the collectives price (1 without one): the
+    ep axis's split over the levels above the innermost."""
+    placement = getattr(collectives, "placement", None)
+    if placement is None or "ep" not in placement.axis_names:
+        return 1
+    return math.prod(placement.matrix[placement.axis_names.index("ep")][:-1])
 
 
 class _FreeCollectives:

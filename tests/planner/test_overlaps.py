@@ -7,6 +7,7 @@ the sharded optimizer's weight all-gather beside the next forward
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -169,3 +170,45 @@ def test_zero3_with_context_parallelism_shards_over_dp_and_cp():
     c = Fixed()
     step_time(model, training, config, c, 1e-3)
     assert {("dp+cp", Goal.ALLGATHER), ("dp+cp", Goal.REDUCESCATTER)} <= c.axes
+
+
+class _Spanning:
+    """An all-to-all priced at its bytes (1 GB/s), over an ep group split
+    ``outer`` ways above the innermost level (nodes) and ``inner`` inside."""
+
+    def __init__(self, outer: int, inner: int):
+        self.placement = SimpleNamespace(axis_names=("ep",), matrix=((outer, inner),))
+        self.sizes = []
+
+    def reduce(self, axis, goal, size_bytes):
+        return 0.0
+
+    def send(self, axis, size_bytes):
+        return 0.0
+
+    def alltoall(self, axis, size_bytes):
+        self.sizes.append(size_bytes)
+        return size_bytes / 1e9
+
+
+@pytest.mark.parametrize("outer, inner, copies", [
+    (8, 8, 4),  # 8 experts over 8 nodes reach 8 (1 - (7/8)^8) = 5.25 nodes on average: 4 at most
+    (2, 8, 2 * (1 - 0.5 ** 8)),  # two nodes: each token reaches 1.99 of them, under the limit
+    (1, 8, 8),  # inside one node: one copy per routed expert, as without the limit
+])
+def test_node_limited_routing_sends_a_token_once_per_node_it_reaches_by_hand(outer, inner, copies):
+    """DeepSeek-V3 (arXiv:2412.19437 Sections 2.1.2, 3.2.2): a token goes to at
+    most 4 nodes, once to each over InfiniBand, and is forwarded over NVLink to
+    its experts there; the all-to-all carries those copies, not one per expert."""
+    spec = MOE.replace("experts=8,top_k=2", "experts=64,top_k=8")
+    limited, plain = parse_inline_model(spec + ",max_nodes=4"), parse_inline_model(spec)
+    config = Configuration(1, 1, 1, 1, ep=outer * inner)
+    token_bytes = limited.hidden * 2  # bf16
+    seen = {}
+    for name, model in (("limited", limited), ("plain", plain)):
+        spanning = _Spanning(outer, inner)
+        step_time(model, Training(64), config, spanning, 1.0)
+        seen[name] = set(spanning.sizes)
+    tokens = limited.seq  # micro-batch 1, no tp or cp
+    assert seen["plain"] == {tokens * 8 * token_bytes}
+    assert seen["limited"] == {math.ceil(tokens * 8 * token_bytes * copies / 8)}
