@@ -132,11 +132,40 @@ def _describe_state(space: StateSpace, state: tuple[int, ...]) -> str:
     return "; ".join(parts) + ("; ..." if len(state) > 4 else "")
 
 
+def _step_runs(space: StateSpace, state: tuple[int, ...], grouping: int, collective: Collective,
+               groups: tuple[tuple[int, ...], ...], shared: dict[tuple[int, ...], Runs]) -> tuple[Runs, ...]:
+    """Per group of a valid step, its ordered chunk list as runs
+    (:meth:`~synth.synthesis.statespace.StateSpace.chunk_runs`), groups with
+    the same list sharing one tuple object.
+
+    A chunk list is a function of the members' device state ids alone, in
+    member order: the list of one member's (the root's) held runs, or for
+    AllGather the members' held runs one after the other (a device state id
+    names the chunks held, in every frame). So groups whose members have the
+    same ids, in order, have the same list: it is built once per distinct
+    tuple of ids (``shared``, kept over the trace's steps). Where every node
+    of a wide step holds the same chunks (an AllGather inside the nodes after
+    one across them), thousands of groups share one list of thousands of
+    runs; sharing the object also lets the numeric check (:mod:`.execute`)
+    compute its columns once for all of them, by identity."""
+    if collective is not Collective.ALLGATHER:  # the root's held runs: one stored tuple per id already
+        return tuple(space.chunk_runs(state, grouping, collective, n) for n in range(len(groups)))
+    out = []
+    for n, members in enumerate(groups):
+        key = tuple([state[m] for m in members])
+        runs = shared.get(key)
+        if runs is None:
+            runs = shared[key] = space.chunk_runs(state, grouping, collective, n)
+        out.append(runs)
+    return tuple(out)
+
+
 @memoised(maxsize=4096)
 def trace(program: Program, hierarchy: Hierarchy, goal: Goal) -> Trace:
     """Run the program on the synthesis hierarchy; SynthError names the first
     invalid step, or says that the end state is not the goal."""
     space = state_space(hierarchy.sizes, goal)
+    shared: dict[tuple[int, ...], Runs] = {}  # members' device state ids -> their AllGather chunk list
     index = {(g.level, g.form, g.ancestor): i for i, g in enumerate(space.groupings)}
     state = space.start
     steps = []
@@ -154,8 +183,8 @@ def trace(program: Program, hierarchy: Hierarchy, goal: Goal) -> Trace:
             if nxt == NO_CHANGE:
                 raise SynthError(f"step {number} {instruction} is invalid: {nxt} (a step must change some device)")
             raise SynthError(f"step {number} {instruction} is invalid: {nxt}")
-        runs = tuple(space.chunk_runs(state, g, instruction.collective, n) for n in range(len(grouping.groups)))
-        steps.append(TracedStep(instruction, grouping.groups, runs))
+        steps.append(TracedStep(instruction, grouping.groups,
+                                _step_runs(space, state, g, instruction.collective, grouping.groups, shared)))
         state = nxt
     if not space.is_goal(state):
         raise SynthError(
