@@ -53,7 +53,18 @@ RunStep = tuple[Collective, Sequence[tuple[Sequence[int], Runs]]]
 
 
 def run_steps(steps: Sequence[LoweredStep]) -> list[RunStep]:
-    return [(s.collective, [(g, as_runs(c)) for g, c in zip(s.groups, s.chunks)]) for s in steps]
+    """The steps as :func:`execute_runs` runs them: each chunk list as runs,
+    made once per chunk-list object (lowering shares one list among the rows
+    of a synthesis group), so that those groups share one runs object too."""
+    made: dict[int, tuple[tuple[int, ...], Runs]] = {}  # id of a chunk list -> (the list, kept alive; its runs)
+
+    def runs_of(chunks: tuple[int, ...]) -> Runs:
+        seen = made.get(id(chunks))
+        if seen is None:
+            seen = made[id(chunks)] = (chunks, as_runs(chunks))
+        return seen[1]
+
+    return [(s.collective, [(g, runs_of(c)) for g, c in zip(s.groups, s.chunks)]) for s in steps]
 
 
 def execute(steps: Sequence[LoweredStep], buffers: np.ndarray) -> None:
