@@ -111,7 +111,8 @@ def test_a_fault_in_one_group_of_a_step_whose_groups_share_a_list_is_caught(chun
     steps = _steps(traced)
     broken = _plant(steps, 3, group, _swap_parts(steps[3][1][group][1], 2))
     assert len(broken[3][1][group][1]) == len(steps[3][1][group][1])
-    with pytest.raises(SynthError, match=f"numpy reference: device {2 * group}|numpy reference: device {2 * group + 1}"):
+    node = f"numpy reference: device ({2 * group}|{2 * group + 1}) holds a wrong result"
+    with pytest.raises(SynthError, match=node):
         check_runs(Goal.ALLREDUCE, np.arange(WIDE.k)[None, :], range(WIDE.k), broken, chunks, seed=4)
 
 
