@@ -12,8 +12,6 @@ from :func:`fit_corpus`; a test refits the
 corpus and compares, so the shipped file is what the committed data give.
 
 Which corpus set was measured on which shipped topology is :data:`CORPUS_SETS`;
-:data:`RUN_ENVIRONMENT` the NCCL variables a set's run applied that its lines do
-not print (the setup its source names documents them);
 :data:`NOT_FITTED` names the sets left out and why. Both are read by
 ``scripts/nccl_accuracy.py`` too.
 """
@@ -26,7 +24,7 @@ from typing import Any
 from ..documents import write_document
 from ..errors import SynthError
 from ..topology import load_topology
-from .corpus import read_corpus, with_environment
+from .corpus import read_corpus
 from .fit import call_samples
 from .shared import CALIBRATION_SCHEMA, CALIBRATION_VERSION, SharedParameters, parameters_from_dict
 from .transfer import fit_shared
@@ -65,13 +63,6 @@ CORPUS_SETS = {
     **{f"abci-v100-{n}x4-allreduce": "abci-v" for n in (1, 2, 4, 8, 16, 32)},
     **{f"abci-a100-{n}-allreduce": "abci-a" for n in ("1x4of8", "1x8", "2x8", "4x8", "8x8", "16x8")},
 }
-# corpus set -> NCCL variables its run applied, not printed by the source: the run sourced
-# /var/lib/tcpxo/lib64/nccl-env-profile.sh of the GPUDirect-TCPXO plugin image (data/nccl/README.md); Google's
-# A3 Mega setup of the same release line states that profile's choice variables as "NCCL_ALGO=Ring,Tree",
-# "NCCL_PROTO=Simple", "NCCL_NVLS_ENABLE=0" (GoogleCloudPlatform/cluster-toolkit,
-# examples/machine-learning/a3-megagpu-8g/nemo-framework/Dockerfile, commit 5417609, over /var/lib/tcpxo/lib64)
-TCPXO_PROFILE = {"NCCL_ALGO": "Ring,Tree", "NCCL_PROTO": "Simple", "NCCL_NVLS_ENABLE": "0"}
-RUN_ENVIRONMENT = {"a3mega-2x8-allreduce": TCPXO_PROFILE}
 NOT_FITTED = {
     "abcidocs-a100-2x8-allreduce-sharp": "CollNet (SHARP in the switches) ran; the model has no CollNet",
     "dstack-lambda-b200-2x8-allreduce": "the source states neither the NICs nor their rate",
@@ -96,8 +87,6 @@ def corpus_samples(data_dir: str | Path) -> dict[str, list]:
             raise SynthError(f"{path}: no topology for this set; add it to CORPUS_SETS or NOT_FITTED in "
                              f"synth/cost/calibration.py")
         calls, _ = read_corpus(path)
-        if name in RUN_ENVIRONMENT:
-            calls = [with_environment(c, RUN_ENVIRONMENT[name], f"RUN_ENVIRONMENT[{name!r}]") for c in calls]
         sets[name] = call_samples(calls, load_topology(CORPUS_SETS[name]))
     return sets
 

@@ -11,7 +11,10 @@ bus-bandwidth factor (all-reduce ``2(n-1)/n``, reduce-scatter and all-gather
 ``(n-1)/n``, others 1), each marked ``derived``. ``algo`` (``NCCL_ALGO``) forces
 the algorithm; ``NCCL_NVLS_ENABLE=0`` in ``env`` or ``"nvls": false`` in
 ``system`` turns NVLS off; ``NCCL_ALGO`` in ``env`` (a list, ``^`` to exclude)
-restricts the algorithms NCCL chooses from, ``NCCL_PROTO`` the protocols. Send/receive and all-to-all are not collectives the
+restricts the algorithms NCCL chooses from, ``NCCL_PROTO`` the protocols. A set
+whose run applied NCCL variables its lines do not print gets them from
+:data:`RUN_ENVIRONMENT` (the setup its source names documents them).
+Send/receive and all-to-all are not collectives the
 model has, nor is CollNet; such lines are skipped and counted, as are lines
 whose only number is a bandwidth printed as 0.00.
 """
@@ -32,6 +35,14 @@ COLLECTIVES = {
 }
 FORCED = {"Ring": "ring", "Tree": "tree", "NVLS": "nvls", "NVLSTree": "nvlstree", "PAT": "pat"}
 REQUIRED = ("set", "source", "system", "collective", "size_bytes", "ranks")
+
+# corpus set -> NCCL variables its run applied, not printed by the source: the run sourced
+# /var/lib/tcpxo/lib64/nccl-env-profile.sh of the GPUDirect-TCPXO plugin image (data/nccl/README.md); Google's
+# A3 Mega setup of the same release line states that profile's choice variables as "NCCL_ALGO=Ring,Tree",
+# "NCCL_PROTO=Simple", "NCCL_NVLS_ENABLE=0" (GoogleCloudPlatform/cluster-toolkit,
+# examples/machine-learning/a3-megagpu-8g/nemo-framework/Dockerfile, commit 5417609, over /var/lib/tcpxo/lib64)
+TCPXO_PROFILE = {"NCCL_ALGO": "Ring,Tree", "NCCL_PROTO": "Simple", "NCCL_NVLS_ENABLE": "0"}
+RUN_ENVIRONMENT = {"a3mega-2x8-allreduce": TCPXO_PROFILE}
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,7 @@ def call_from_dict(doc: dict, where: str) -> CorpusCall | None:
     if timed is None:
         return None
     seconds, derived = timed
-    env = doc.get("env") or {}
+    env = {**RUN_ENVIRONMENT.get(str(doc["set"]), {}), **(doc.get("env") or {})}
     system = doc["system"] if isinstance(doc["system"], dict) else {}
     nvls = not (str(env.get("NCCL_NVLS_ENABLE", "")) == "0" or system.get("nvls") is False)
     call = CorpusCall(str(doc["set"]), str(doc["source"]), collective, size, seconds, derived, ranks,

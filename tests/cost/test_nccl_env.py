@@ -5,13 +5,14 @@ them is priced with what they allow."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from synth.cost import NetworkProfile
-from synth.cost.calibration import RUN_ENVIRONMENT, corpus_samples
-from synth.cost.corpus import call_from_dict, read_corpus, with_environment
+from synth.cost.calibration import corpus_samples
+from synth.cost.corpus import RUN_ENVIRONMENT, call_from_dict, read_corpus, with_environment
 from synth.cost.fit import call_samples
 from synth.cost.nccl import choose, comm_of
 from synth.errors import SynthError
@@ -68,7 +69,6 @@ def test_the_step_cost_prices_the_restricted_choice(tmp_path):
 
 
 def test_the_tcpxo_run_is_priced_under_its_profile():
-    from pathlib import Path
     data = Path(__file__).resolve().parents[2] / "data" / "nccl"
     env = RUN_ENVIRONMENT["a3mega-2x8-allreduce"]
     sets = corpus_samples(data)
@@ -78,4 +78,6 @@ def test_the_tcpxo_run_is_priced_under_its_profile():
     keys = {k for s in samples for k in s.features(prior).base_count}
     assert keys <= {"ring.Simple", "tree.Simple"} and env["NCCL_PROTO"] == "Simple"
     assert with_environment(samples[0].call, {}, "x") == samples[0].call  # no variables: unchanged
+    calls, _ = read_corpus(data / "a3mega-2x8-allreduce.jsonl")  # what validate and fit read: the same
+    assert [c.protocols for c in calls] == [("Simple",)] * len(samples)
     assert np.isfinite([s.median_s for s in samples]).all()
