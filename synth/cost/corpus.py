@@ -11,12 +11,12 @@ bus-bandwidth factor (all-reduce ``2(n-1)/n``, reduce-scatter and all-gather
 ``(n-1)/n``, others 1), each marked ``derived``. ``algo`` (``NCCL_ALGO``) forces
 the algorithm; ``NCCL_NVLS_ENABLE=0`` in ``env`` or ``"nvls": false`` in
 ``system`` turns NVLS off; ``NCCL_ALGO`` in ``env`` (a list, ``^`` to exclude)
-restricts the algorithms NCCL chooses from, ``NCCL_PROTO`` the protocols. A set
-whose run applied NCCL variables its lines do not print gets them from
-:data:`RUN_ENVIRONMENT` (the setup its source names documents them).
-Send/receive and all-to-all are not collectives the
-model has, nor is CollNet; such lines are skipped and counted, as are lines
-whose only number is a bandwidth printed as 0.00.
+restricts the algorithms NCCL chooses from, ``proto`` or ``NCCL_PROTO`` the
+protocols. A set whose run applied NCCL variables its lines do not print gets
+them from :data:`RUN_ENVIRONMENT` (the setup its source names documents them).
+Send/receive and all-to-all are not collectives the model has, nor is CollNet;
+such lines are skipped and counted, as are lines whose only number is a
+bandwidth printed as 0.00.
 """
 
 from __future__ import annotations
@@ -106,6 +106,8 @@ def call_from_dict(doc: dict, where: str) -> CorpusCall | None:
                       FORCED[forced] if forced else None, doc.get("algo_reported"), nvls, where,
                       str(doc.get("tool") or "nccl-tests"), _version(doc.get("nccl_version")),
                       *_call_type(doc, where))
+    if doc.get("proto") is not None:  # the format's own field for NCCL_PROTO
+        call = with_environment(call, {"NCCL_PROTO": doc["proto"]}, f"{where}: field 'proto'")
     return with_environment(call, env, f"{where}: field 'env'") if env else call
 
 

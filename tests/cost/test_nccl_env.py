@@ -33,6 +33,7 @@ def test_nccl_algo_and_proto_lists_as_nccl_reads_them():
     assert _call({"NCCL_PROTO": "^LL"}).protocols == ("LL128", "Simple")  # ^: all but these
     assert _call({"NCCL_ALGO": "nvls,NVLSTree"}).allowed == ("nvls", "nvlstree")  # any case
     assert _call({}).allowed is None and _call({}).protocols is None
+    assert call_from_dict({**LINE, "proto": "LL128"}, "t.jsonl:1").protocols == ("LL128",)  # the format's field
     forced = call_from_dict({**LINE, "algo": "Ring", "env": {"NCCL_ALGO": "Ring,Tree"}}, "t.jsonl:1")
     assert (forced.algo, forced.allowed) == ("ring", None)  # the line's forced algorithm wins
 
