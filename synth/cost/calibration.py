@@ -53,6 +53,10 @@ CORPUS_SETS = {
     "oci-oke-bmgpu48-a100-2x8-allreduce": "oci-bm-gpu4-8",
     "dranet-gke-a3ultra-2x1-allgather": "gke-a3ultra-1gpu1nic",
     "dranet-gke-h200-2x1-allreduce": "gke-a3ultra-1gpu1nic",
+    "skypilot-gke-a3ultra-2x8-allgather": "gcp-a3-ultra",
+    "skypilot-gke-a3ultra-2x8-allgather-nccl2.26.6": "gcp-a3-ultra",
+    "skypilot-gcp-a3high-2x8-allreduce-ring-simple-tcpx": "a3-high",
+    "skypilot-gcp-a3high-2x8-allreduce-ring-simple-tcp": "gcp-a3-high-tcp1",  # TCP sockets on the primary NIC
     "cybertronai-p3dn-2x8-allreduce-treesoff": "p3dn",
     "awsdlami-p3dn-2x8-allreduce-treesoff": "p3dn",
     "eksefa-p3dn-2x8-allreduce": "p3dn",
