@@ -57,6 +57,8 @@ CORPUS_SETS = {
     "skypilot-gke-a3ultra-2x8-allgather-nccl2.26.6": "gcp-a3-ultra",
     "skypilot-gcp-a3high-2x8-allreduce-ring-simple-tcpx": "a3-high",
     "skypilot-gcp-a3high-2x8-allreduce-ring-simple-tcp": "gcp-a3-high-tcp1",  # TCP sockets on the primary NIC
+    "skypilot-aws-p4d-hyperpod-2x8-allreduce-efa": "p4d",
+    "skypilot-aws-p4d-vm-2x8-allreduce-4efa": "p4d",
     "cybertronai-p3dn-2x8-allreduce-treesoff": "p3dn",
     "awsdlami-p3dn-2x8-allreduce-treesoff": "p3dn",
     "eksefa-p3dn-2x8-allreduce": "p3dn",
