@@ -59,6 +59,9 @@ CORPUS_SETS = {
     "skypilot-gcp-a3high-2x8-allreduce-ring-simple-tcp": "gcp-a3-high-tcp1",  # TCP sockets on the primary NIC
     "skypilot-aws-p4d-hyperpod-2x8-allreduce-efa": "p4d",
     "skypilot-aws-p4d-vm-2x8-allreduce-4efa": "p4d",
+    "keitaw-p5-2x8-allreduce-nccl2.22.3": "p5",
+    "keitaw-p5-2x8-allreduce-nccl2.22.3-run2": "p5",
+    "keitaw-p5-2x8-allreduce-nccl2.20.3-ofituner": "p5",
     "cybertronai-p3dn-2x8-allreduce-treesoff": "p3dn",
     "awsdlami-p3dn-2x8-allreduce-treesoff": "p3dn",
     "eksefa-p3dn-2x8-allreduce": "p3dn",
