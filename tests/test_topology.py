@@ -49,6 +49,7 @@ SHIPPED = {
     "gke-a3ultra-1gpu1nic": [("node", 2), ("gpu", 1)],
     "gcp-a3-ultra": [("node", 2), ("gpu", 8)],
     "gcp-a3-high-tcp1": [("node", 2), ("gpu", 8)],
+    "together-b200-ib": [("node", 64), ("gpu", 8)],
     "p3dn": [("node", 8), ("gpu", 8)],
     "p4d": [("node", 2), ("gpu", 8)],
     "abci-v": [("node", 32), ("gpu", 4)],
@@ -70,6 +71,7 @@ NCCL_FACTS = {
     "gke-a3ultra-1gpu1nic": (1, 47.68, 18, False, 9.0),
     "gcp-a3-ultra": (8, 50.0, 18, True, 9.0),
     "gcp-a3-high-tcp1": (1, 25.0, 18, True, 9.0),
+    "together-b200-ib": (8, 50.0, 18, True, 10.0),
     "p3dn": (1, 12.5, 6, False, 7.0),
     "p4d": (4, 12.5, 12, False, 8.0),
     "abci-v": (2, 12.5, 6, False, 7.0),
@@ -531,7 +533,7 @@ def test_parse_device():
 
 TRANSPORT = {"a3-high": "tcp", "a3-mega": "tcp", "abci-a": "ib", "abci-v": "ib", "dgx-a100": "ib", "dgx-h100": "ib",
              "dgx-h800": "ib", "gcp-a4": "roce", "gke-a3ultra-1gpu1nic": "roce", "oci-bm-gpu4-8": "roce",
-             "gcp-a3-ultra": "roce", "gcp-a3-high-tcp1": "tcp",
+             "gcp-a3-ultra": "roce", "gcp-a3-high-tcp1": "tcp", "together-b200-ib": "ib",
              "p3dn": "efa", "p4d": "efa", "p4de": "efa", "p5": "efa", "p6-b200": "efa"}
 
 

@@ -62,6 +62,8 @@ CORPUS_SETS = {
     "keitaw-p5-2x8-allreduce-nccl2.22.3": "p5",
     "keitaw-p5-2x8-allreduce-nccl2.22.3-run2": "p5",
     "keitaw-p5-2x8-allreduce-nccl2.20.3-ofituner": "p5",
+    "together-b200-ib-1to64x8-allreduce-ring-tree-32g": "together-b200-ib",  # first n of its 64 nodes
+    "together-b200-ib-1to64x8-allgather-ring-32g": "together-b200-ib",
     "cybertronai-p3dn-2x8-allreduce-treesoff": "p3dn",
     "awsdlami-p3dn-2x8-allreduce-treesoff": "p3dn",
     "eksefa-p3dn-2x8-allreduce": "p3dn",
