@@ -52,7 +52,7 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth.cost import Algorithm, NetworkProfile  # noqa: E402
+from synth.cost import NetworkProfile  # noqa: E402
 from synth.cost.fit import CallSample, fit_profile, predict_all  # noqa: E402
 from synth.cost.nccl import NCCL_VERSION, choose, comm_of, node_level  # noqa: E402
 from synth.cost.calibration import CORPUS_SETS, NOT_FITTED, corpus_samples, save_calibration  # noqa: E402
@@ -289,7 +289,7 @@ def agreement(samples: list[CallSample]) -> tuple[int, int, list[str]]:
         if call.algo_reported is None or call.algo is not None:
             continue
         comm = comm_of(s.topology, tuple(range(call.ranks)), call.nvls_enabled, s.nccl_rules)
-        got = choose(comm, call.collective, call.size_bytes, Algorithm.NCCL.forced)
+        got = choose(comm, call.collective, call.size_bytes, call.allowed, protocols=call.protocols)
         total += 1
         if got.algorithm == call.algo_reported.lower():
             agree += 1

@@ -66,6 +66,7 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--num-layers-per-virtual-pipeline-stage": (int, f"{ARGS}:3114"),
     "--overlap-grad-reduce": ("switch", f"{ARGS}:3121"),
     "--ddp-bucket-size": (int, f"{ARGS}:3125"),
+    "--overlap-param-gather": ("switch", f"{ARGS}:3148"),
     "--use-distributed-optimizer": ("switch", f"{ARGS}:3156"),
     "--seq-length": (int, f"{ARGS}:3305"),
     "--num-experts": (int, f"{ARGS}:3518"),
@@ -162,6 +163,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
             rule(pp > 1, 1002, "virtual stages need pp > 1")
     elif not uneven:
         rule(a.num_layers % pp == 0, 997, f"layers {a.num_layers} % pp {pp}")
+    if a.overlap_param_gather:
+        rule(a.use_distributed_optimizer, 1025, "--overlap-param-gather only with the distributed optimizer")
+        rule(a.overlap_grad_reduce, 1028, "--overlap-param-gather needs --overlap-grad-reduce")
     if a.use_torch_fsdp2:
         rule(pp == 1, 1034, "--use-torch-fsdp2 with pipeline parallelism")
         rule(a.expert_model_parallel_size == 1, 1036, "--use-torch-fsdp2 with expert parallelism")

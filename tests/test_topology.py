@@ -47,6 +47,9 @@ SHIPPED = {
     "p6-b200": [("node", 4), ("gpu", 8)],
     "oci-bm-gpu4-8": [("node", 2), ("gpu", 8)],
     "gke-a3ultra-1gpu1nic": [("node", 2), ("gpu", 1)],
+    "gcp-a3-ultra": [("node", 2), ("gpu", 8)],
+    "gcp-a3-high-tcp1": [("node", 2), ("gpu", 8)],
+    "together-b200-ib": [("node", 64), ("gpu", 8)],
     "p3dn": [("node", 8), ("gpu", 8)],
     "p4d": [("node", 2), ("gpu", 8)],
     "abci-v": [("node", 32), ("gpu", 4)],
@@ -66,6 +69,9 @@ NCCL_FACTS = {
     "gb200-nvl72": (None, None, 18, True, 10.0),
     "oci-bm-gpu4-8": (16, 12.5, 12, False, 8.0),
     "gke-a3ultra-1gpu1nic": (1, 47.68, 18, False, 9.0),
+    "gcp-a3-ultra": (8, 50.0, 18, True, 9.0),
+    "gcp-a3-high-tcp1": (1, 25.0, 18, True, 9.0),
+    "together-b200-ib": (8, 50.0, 18, True, 10.0),
     "p3dn": (1, 12.5, 6, False, 7.0),
     "p4d": (4, 12.5, 12, False, 8.0),
     "abci-v": (2, 12.5, 6, False, 7.0),
@@ -457,7 +463,8 @@ def test_duplicate_key_in_a_level_rejected(tmp_path):
 # ---------------------------------------------------------------- device (job planner)
 
 GPU_TOPOLOGIES = ("dgx-a100", "dgx-h100", "p2-a100", "p2-v100", "p5", "a3-mega", "a3-high", "p4de", "oci-bm-gpu4-8", "abci-v",
-                  "abci-a", "p4d", "hgx-h200", "gke-a3ultra-1gpu1nic", "dgx-h800")
+                  "abci-a", "p4d", "hgx-h200", "gke-a3ultra-1gpu1nic", "dgx-h800",
+                  "gcp-a3-ultra", "gcp-a3-high-tcp1")
 
 
 def _gpus() -> dict:
@@ -526,6 +533,7 @@ def test_parse_device():
 
 TRANSPORT = {"a3-high": "tcp", "a3-mega": "tcp", "abci-a": "ib", "abci-v": "ib", "dgx-a100": "ib", "dgx-h100": "ib",
              "dgx-h800": "ib", "gcp-a4": "roce", "gke-a3ultra-1gpu1nic": "roce", "oci-bm-gpu4-8": "roce",
+             "gcp-a3-ultra": "roce", "gcp-a3-high-tcp1": "tcp", "together-b200-ib": "ib",
              "p3dn": "efa", "p4d": "efa", "p4de": "efa", "p5": "efa", "p6-b200": "efa"}
 
 

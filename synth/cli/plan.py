@@ -74,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the training framework, for the states it holds and what its step does outside the layers "
                         "(docs/planner.md, 'Frameworks'): megatron (default: bf16 weights, fp32 main gradients), "
                         "torchtitan (FSDP2, fp32 sharded states, operator-level selective recomputation), eager "
-                        "(fp32 weights under bf16 autocast), eager-master (bf16 weights, an fp32 master copy)")
+                        "(fp32 weights under bf16 autocast), eager-master (bf16 weights, an fp32 master copy), deepseek "
+                        "(DeepSeek-V3's: BF16 Adam moments, FP8 activation caches, RMSNorm recomputed)")
     p.add_argument("--sequence-parallel", choices=("on", "off"), default="on",
                    help="Megatron-LM's sequence parallelism where tp > 1 (default on): norms, residuals and their "
                         "activations split over the tensor-parallel group, each tp all-reduce an all-gather and a "

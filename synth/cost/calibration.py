@@ -53,6 +53,17 @@ CORPUS_SETS = {
     "oci-oke-bmgpu48-a100-2x8-allreduce": "oci-bm-gpu4-8",
     "dranet-gke-a3ultra-2x1-allgather": "gke-a3ultra-1gpu1nic",
     "dranet-gke-h200-2x1-allreduce": "gke-a3ultra-1gpu1nic",
+    "skypilot-gke-a3ultra-2x8-allgather": "gcp-a3-ultra",
+    "skypilot-gke-a3ultra-2x8-allgather-nccl2.26.6": "gcp-a3-ultra",
+    "skypilot-gcp-a3high-2x8-allreduce-ring-simple-tcpx": "a3-high",
+    "skypilot-gcp-a3high-2x8-allreduce-ring-simple-tcp": "gcp-a3-high-tcp1",  # TCP sockets on the primary NIC
+    "skypilot-aws-p4d-hyperpod-2x8-allreduce-efa": "p4d",
+    "skypilot-aws-p4d-vm-2x8-allreduce-4efa": "p4d",
+    "keitaw-p5-2x8-allreduce-nccl2.22.3": "p5",
+    "keitaw-p5-2x8-allreduce-nccl2.22.3-run2": "p5",
+    "keitaw-p5-2x8-allreduce-nccl2.20.3-ofituner": "p5",
+    "together-b200-ib-1to64x8-allreduce-ring-tree-32g": "together-b200-ib",  # first n of its 64 nodes
+    "together-b200-ib-1to64x8-allgather-ring-32g": "together-b200-ib",
     "cybertronai-p3dn-2x8-allreduce-treesoff": "p3dn",
     "awsdlami-p3dn-2x8-allreduce-treesoff": "p3dn",
     "eksefa-p3dn-2x8-allreduce": "p3dn",

@@ -10,20 +10,24 @@ it, else ``size / algbw``, else ``size / (busbw / factor)`` with nccl-tests'
 bus-bandwidth factor (all-reduce ``2(n-1)/n``, reduce-scatter and all-gather
 ``(n-1)/n``, others 1), each marked ``derived``. ``algo`` (``NCCL_ALGO``) forces
 the algorithm; ``NCCL_NVLS_ENABLE=0`` in ``env`` or ``"nvls": false`` in
-``system`` turns NVLS off. Send/receive and all-to-all are not collectives the
-model has, nor is CollNet; such lines are skipped and counted, as are lines
-whose only number is a bandwidth printed as 0.00.
+``system`` turns NVLS off; ``NCCL_ALGO`` in ``env`` (a list, ``^`` to exclude)
+restricts the algorithms NCCL chooses from, ``proto`` or ``NCCL_PROTO`` the
+protocols. A set whose run applied NCCL variables its lines do not print gets
+them from :data:`RUN_ENVIRONMENT` (the setup its source names documents them).
+Send/receive and all-to-all are not collectives the model has, nor is CollNet;
+such lines are skipped and counted, as are lines whose only number is a
+bandwidth printed as 0.00.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..documents import json_lines
 from ..errors import SynthError
 from ..synthesis.language import Collective
-from .nccl import call_type
+from .nccl import PROTOCOLS, call_type
 
 COLLECTIVES = {
     "allreduce": Collective.ALLREDUCE, "reducescatter": Collective.REDUCESCATTER, "allgather": Collective.ALLGATHER,
@@ -31,6 +35,14 @@ COLLECTIVES = {
 }
 FORCED = {"Ring": "ring", "Tree": "tree", "NVLS": "nvls", "NVLSTree": "nvlstree", "PAT": "pat"}
 REQUIRED = ("set", "source", "system", "collective", "size_bytes", "ranks")
+
+# corpus set -> NCCL variables its run applied, not printed by the source: the run sourced
+# /var/lib/tcpxo/lib64/nccl-env-profile.sh of the GPUDirect-TCPXO plugin image (data/nccl/README.md); Google's
+# A3 Mega setup of the same release line states that profile's choice variables as "NCCL_ALGO=Ring,Tree",
+# "NCCL_PROTO=Simple", "NCCL_NVLS_ENABLE=0" (GoogleCloudPlatform/cluster-toolkit,
+# examples/machine-learning/a3-megagpu-8g/nemo-framework/Dockerfile, commit 5417609, over /var/lib/tcpxo/lib64)
+TCPXO_PROFILE = {"NCCL_ALGO": "Ring,Tree", "NCCL_PROTO": "Simple", "NCCL_NVLS_ENABLE": "0"}
+RUN_ENVIRONMENT = {"a3mega-2x8-allreduce": TCPXO_PROFILE}
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,8 @@ class CorpusCall:
     nccl_version: str | None = None  # as the source states it (None: not stated)
     dtype: str = "float32"  # NCCL's name (synth.cost.nccl.DTYPES) of nccl-tests' type column
     op: str = "sum"  # its redop column
+    allowed: tuple[str, ...] | None = None  # algorithms NCCL_ALGO lets NCCL choose from (None: all)
+    protocols: tuple[str, ...] | None = None  # protocols of NCCL_PROTO (None: all)
 
 
 def is_corpus_line(doc: object) -> bool:
@@ -85,13 +99,46 @@ def call_from_dict(doc: dict, where: str) -> CorpusCall | None:
     if timed is None:
         return None
     seconds, derived = timed
-    env = doc.get("env") or {}
+    env = {**RUN_ENVIRONMENT.get(str(doc["set"]), {}), **(doc.get("env") or {})}
     system = doc["system"] if isinstance(doc["system"], dict) else {}
     nvls = not (str(env.get("NCCL_NVLS_ENABLE", "")) == "0" or system.get("nvls") is False)
-    return CorpusCall(str(doc["set"]), str(doc["source"]), collective, size, seconds, derived, ranks,
+    call = CorpusCall(str(doc["set"]), str(doc["source"]), collective, size, seconds, derived, ranks,
                       FORCED[forced] if forced else None, doc.get("algo_reported"), nvls, where,
                       str(doc.get("tool") or "nccl-tests"), _version(doc.get("nccl_version")),
                       *_call_type(doc, where))
+    if doc.get("proto") is not None:  # the format's own field for NCCL_PROTO
+        call = with_environment(call, {"NCCL_PROTO": doc["proto"]}, f"{where}: field 'proto'")
+    return with_environment(call, env, f"{where}: field 'env'") if env else call
+
+
+def with_environment(call: CorpusCall, env: dict, where: str) -> CorpusCall:
+    """``call`` run under NCCL variables ``env``: ``NCCL_NVLS_ENABLE=0`` turns
+    NVLS off, ``NCCL_ALGO`` (unless the line forces one algorithm) and
+    ``NCCL_PROTO`` restrict NCCL's choice (lists as NCCL reads them: names
+    separated by commas, case-insensitive, ``^`` first to exclude them).
+    SynthError naming ``where`` for a name NCCL would not know."""
+    nvls = call.nvls_enabled and str(env.get("NCCL_NVLS_ENABLE", "")) != "0"
+    allowed = call.allowed
+    if "NCCL_ALGO" in env and call.algo is None:
+        allowed = _nccl_list(env["NCCL_ALGO"], {k.lower(): v for k, v in FORCED.items()}, "NCCL_ALGO", where)
+    protocols = call.protocols
+    if "NCCL_PROTO" in env:
+        protocols = _nccl_list(env["NCCL_PROTO"], {p.lower(): p for p in PROTOCOLS}, "NCCL_PROTO", where)
+    return replace(call, nvls_enabled=nvls, allowed=allowed, protocols=protocols)
+
+
+def _nccl_list(text: object, names: dict[str, str], variable: str, where: str) -> tuple[str, ...]:
+    """The names an NCCL list variable selects, in ``names``' order."""
+    raw = str(text).strip()
+    exclude = raw.startswith("^")
+    given = [t.strip().lower() for t in raw.lstrip("^").split(",") if t.strip()]
+    unknown = [t for t in given if t not in names]
+    if unknown or not given:
+        raise SynthError(f"{where}: {variable}={text!r}: expected names among {', '.join(names.values())}")
+    picked = tuple(v for k, v in names.items() if (k in given) != exclude)
+    if not picked:
+        raise SynthError(f"{where}: {variable}={text!r} leaves nothing to choose")
+    return picked
 
 
 def _call_type(doc: dict, where: str) -> tuple[str, str]:

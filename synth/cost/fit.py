@@ -149,7 +149,7 @@ class CallSample:
         group = np.arange(self.call.ranks)[None, :]
         return step_cost(self.topology, profile, self.algorithm, self.call.collective, group,
                          np.array([float(self.call.size_bytes)]), self.call.nvls_enabled, self.nccl_rules,
-                         self.call.dtype, self.call.op)[1]
+                         self.call.dtype, self.call.op, self.call.allowed, self.call.protocols)[1]
 
 
 Measurement = Sample | CallSample

@@ -574,11 +574,12 @@ def nvls_supported(dtype: str, op: str) -> bool:
 
 @memoised(maxsize=65536)
 def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str, ...] | None = None,
-           dtype: str = "float32", op: str = "sum") -> PredictedChoice:
+           dtype: str = "float32", op: str = "sum", protocols: tuple[str, ...] | None = None) -> PredictedChoice:
     """The (algorithm, protocol) of least estimated time, as ``topoGetAlgoInfo``
     picks it (table order on ties). ``allowed`` restricts the algorithms like
     ``NCCL_ALGO``; if none of them exists for this collective and communicator,
     the ring runs (a forced tree for ReduceScatter, NVLS on a PCIe node).
+    ``protocols`` restricts the protocols like ``NCCL_PROTO`` (None: all).
     ``dtype`` and ``op`` (:data:`DTYPES`, :data:`REDUCTIONS`) take NVLS out
     where it cannot reduce them (:func:`nvls_supported`; an all-gather reduces
     nothing), PAT out of an averaging reduce-scatter, and, from NCCL 2.24 (2.27.7
@@ -592,6 +593,8 @@ def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str
     for (a, p), entry in table.items():
         if allowed is not None and a not in allowed:
             continue
+        if protocols is not None and p not in protocols:
+            continue
         if a in ("nvls", "nvlstree") and not nvls_ok:
             continue
         if a == "pat" and collective is Collective.REDUCESCATTER and op == "avg":
@@ -604,7 +607,7 @@ def choose(comm: Comm, collective: Collective, nbytes: float, allowed: tuple[str
             best = PredictedChoice(a, p, _graph_channels(comm, a), t)
     if best is None:
         if allowed is not None and allowed != ("ring",):
-            return choose(comm, collective, nbytes, ("ring",), dtype, op)
+            return choose(comm, collective, nbytes, ("ring",), dtype, op, protocols)
         return PredictedChoice("ring", "Simple", 1, 0.0)  # one rank: nothing to do
     return best
 

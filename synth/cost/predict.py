@@ -46,7 +46,9 @@ class StepPricing:
     """What prices a step besides its groups and bytes: the topology and its
     profile, the model's algorithm, the collective, and what NCCL's choice reads
     (``nvls_enabled`` False = ``NCCL_NVLS_ENABLE=0``; ``nccl_version`` the release
-    whose rules choose, None = the newest transcribed; ``dtype`` and ``op``)."""
+    whose rules choose, None = the newest transcribed; ``dtype`` and ``op``;
+    ``allowed`` the algorithms ``NCCL_ALGO`` lets NCCL choose from, None = the
+    model's algorithm decides; ``protocols`` those of ``NCCL_PROTO``, None = all)."""
 
     topology: Topology
     profile: NetworkProfile
@@ -56,6 +58,8 @@ class StepPricing:
     nccl_version: str | None = None
     dtype: str = "float32"
     op: str = "sum"
+    allowed: tuple[str, ...] | None = None
+    protocols: tuple[str, ...] | None = None
 
 
 def step_cost(
@@ -69,6 +73,8 @@ def step_cost(
     nccl_version: str | None = None,
     dtype: str = "float32",
     op: str = "sum",
+    allowed: tuple[str, ...] | None = None,
+    protocols: tuple[str, ...] | None = None,
 ) -> tuple[float, Features]:
     """Seconds of one step and its critical-path features. ``groups`` is an
     (n, m) array of device ids (n groups of m members, all at once) and
@@ -76,7 +82,8 @@ def step_cost(
     :func:`synth.cost.nccl.choose` picks for group 0 at the largest ``nbytes``
     (the other arguments: :class:`StepPricing`)."""
     groups = np.sort(np.asarray(groups), axis=1)  # ring and tree order: device ids
-    pricing = StepPricing(topology, profile, algorithm, collective, nvls_enabled, nccl_version, dtype, op)
+    pricing = StepPricing(topology, profile, algorithm, collective, nvls_enabled, nccl_version, dtype, op, allowed,
+                          protocols)
     return ordered_step_cost(pricing, groups, nbytes)
 
 
@@ -94,8 +101,9 @@ def ordered_step_cost(pricing: StepPricing, groups: np.ndarray, nbytes: np.ndarr
     features = Features.zero(len(topology.levels))
     if groups.shape[1] < 2:
         return 0.0, features
-    plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), algorithm.forced,
-                      pricing.nvls_enabled, pricing.nccl_version, pricing.dtype, pricing.op)
+    forced = algorithm.forced if pricing.allowed is None else pricing.allowed
+    plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), forced,
+                      pricing.nvls_enabled, pricing.nccl_version, pricing.dtype, pricing.op, pricing.protocols)
     total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True,
                         scales=scales)
     if plan.channel_factor != 1.0:  # a small call runs on fewer channels: its bytes move that much slower
@@ -123,9 +131,9 @@ class _NcclPlan:
 @memoised(maxsize=16384)
 def _nccl_plan(topology: Topology, members: tuple[int, ...], collective: Collective, nbytes: float,
                forced: tuple[str, ...] | None, nvls_enabled: bool, nccl_version: str | None = None,
-               dtype: str = "float32", op: str = "sum") -> _NcclPlan:
+               dtype: str = "float32", op: str = "sum", protocols: tuple[str, ...] | None = None) -> _NcclPlan:
     comm = comm_of(topology, members, nvls_enabled, nccl_version)
-    choice = choose(comm, collective, nbytes, forced, dtype, op)
+    choice = choose(comm, collective, nbytes, forced, dtype, op, protocols)
     pattern, lanes, hops = _nccl_shape(topology, members, choice.algorithm, collective)
     used, full = call_channels(comm, choice.algorithm, choice.protocol, nbytes)
     return _NcclPlan(choice.key, PROTOCOLS.index(choice.protocol), pattern, lanes, hops, full / used)

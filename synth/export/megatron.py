@@ -26,9 +26,12 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   ``--recompute-method uniform --recompute-num-layers 1``), interleaving
   (``--num-layers-per-virtual-pipeline-stage``), the optimizer sharding
   (``--use-distributed-optimizer`` for ZeRO-1, ``--use-torch-fsdp2`` with
-  ``--no-gradient-accumulation-fusion`` for ZeRO-3 of an untied model without pp or ep), ``--overlap-grad-reduce`` and the DP bucket
-  (``--ddp-bucket-size``, in gradient elements: the planner's bucket bytes over
-  the bytes of the training dtype).
+  ``--no-gradient-accumulation-fusion`` for ZeRO-3 of an untied model without pp or ep), ``--overlap-grad-reduce``,
+  ``--overlap-param-gather`` when planned with it (with the distributed
+  optimizer and ``--overlap-grad-reduce``, which Megatron-LM asks beside it,
+  arguments.py:1024-1029), and the DP bucket (``--ddp-bucket-size``, in
+  gradient elements: the planner's bucket bytes over the bytes it reduced each
+  gradient in, 4 for Megatron-LM's fp32 main gradients under bf16).
 
 ``--sequence-parallel`` when the planned configuration runs it (the
 planner's default where tp > 1), with ``--tp-comm-overlap`` when planned
@@ -47,7 +50,9 @@ from typing import Any
 
 from ..errors import SynthError
 from ..plan import Plan
+from ..planner.frameworks import FRAMEWORK_CHOICES
 from ..planner.stepmodel import DTYPE_BYTES
+from ..planner.training import gradient_reduce_bytes
 from ..planner.transformer import family_defaults
 from .rank_map import MEGATRON_ORDER, RankMap, rank_map
 from .trainer import TrainerJob, renamed, trainer_job
@@ -182,9 +187,23 @@ def _job(job: TrainerJob, pp: int, ep: int = 1) -> list[str]:
         args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]  # FSDP2 refuses the fusion
     if job.overlap_dp:
         args += ["--overlap-grad-reduce"]
-    if job.bucket_bytes is not None:
-        args += ["--ddp-bucket-size", str(job.bucket_bytes // DTYPE_BYTES.get(job.dtype, 2))]
+    if job.overlap_param_gather:  # Megatron-LM asks both beside it (arguments.py:1024-1029)
+        if job.sharding != "zero1" or not job.overlap_dp:
+            raise SynthError("plan: --overlap-param-gather needs Megatron-LM's distributed optimizer (--sharding "
+                             "zero1) and overlapped gradient reduction; plan with --sharding zero1 and the default "
+                             "DP overlap")
+        args += ["--overlap-param-gather"]
+    if job.bucket_bytes is not None:  # in gradient elements, of the values the plan reduced them in
+        args += ["--ddp-bucket-size", str(job.bucket_bytes // _reduce_bytes(job))]
     return args
+
+
+def _reduce_bytes(job: TrainerJob) -> int:
+    """Bytes of one gradient element in the plan's DP buckets (Megatron-LM
+    under bf16: fp32 main gradients, :func:`gradient_reduce_bytes`)."""
+    if job.framework in FRAMEWORK_CHOICES and job.dtype in DTYPE_BYTES:
+        return gradient_reduce_bytes(job.framework, job.dtype)
+    return DTYPE_BYTES.get(job.dtype, 2)
 
 
 def megatron_export(plan: Plan, axis_names: dict[str, str] | None = None) -> MegatronExport:

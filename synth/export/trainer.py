@@ -121,6 +121,8 @@ class TrainerJob:
     stage_layers: tuple[int, ...] = ()  # layers per pipeline stage; empty: even (or a plan that predates them)
     schedule: str = "1f1b"  # the pipeline schedule: 1f1b, interleaved or zero-bubble
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs
+    overlap_param_gather: bool = False  # the sharded optimizer's weight all-gather beside the next forward
+    framework: str = "megatron"  # whose bytes the plan counted (the DP bucket's gradients among them)
 
 
 def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -167,4 +169,6 @@ def trainer_job(plan: Plan) -> TrainerJob | None:
                       overlap_dp=bool(training.get("overlap_dp", True)), virtual_stages=virtual, bucket_bytes=bucket,
                       sequence_parallel=sequence_parallel,
                       stage_layers=tuple(stages) if len(set(stages)) > 1 else (), schedule=schedule,
-                      tp_overlap=training.get("tp_overlap") is True)
+                      tp_overlap=training.get("tp_overlap") is True,
+                      overlap_param_gather=training.get("overlap_param_gather") is True,
+                      framework=str(training.get("framework", "megatron")))

@@ -40,6 +40,15 @@ the step moves outside the layers' operations:
   (read 2 and 2, write 2); the step casts the gradients to fp32 (read 2, write
   4), runs fused Adam (28) and copies the master weights back (read 4, write 2).
 
+* ``deepseek`` (DeepSeek-V3's framework as its report states it, arXiv:2412.19437
+  Sections 3.2.3 and 3.3.3): bf16 weights, fp32 master weights and gradients
+  ("used for batch size accumulation"), AdamW's two moments in BF16 (4 bytes,
+  so Adam moves 20 bytes, not 28); the passes outside the layers, which the
+  report does not describe, are Megatron-LM's. Without other recomputation it
+  stores a layer's activations as :func:`deepseek_activation_bytes` counts
+  (RMSNorm recomputed, FP8 and E5M6 caches) and recomputes both RMSNorms in
+  the backward (:attr:`Framework.recomputes_norms`).
+
 All these passes are priced at the profile's ``add`` bandwidth
 (:meth:`~synth.planner.operations.ElementwiseModel.bytes_seconds`).
 """
@@ -49,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SynthError
-from .transformer import Transformer
+from .transformer import MLP_WIDE_VALUES, Recompute, Transformer
 
 ADAM_BYTES = 28  # fused Adam(W) on fp32: read weight, gradient, two moments; write weight and moments
 
@@ -76,6 +85,7 @@ class Framework:
     zero_bytes: int = 0  # moved per parameter (unsharded) to clear the gradients each step
     gradients_freed: bool = False  # the gradients are set to None each step and made anew by the first backward
     logits_freed: bool = False  # the training loop drops its bf16 logits before the backward (eager loss: 12, not 14)
+    recomputes_norms: bool = False  # DeepSeek-V3's storage without recomputation: deepseek_activation_bytes
 
     @property
     def state_bytes(self) -> int:
@@ -85,7 +95,8 @@ class Framework:
     @property
     def optimizer_bytes(self) -> int:
         """Bytes the optimizer step moves per updated parameter."""
-        return self.optimizer_cast_bytes + ADAM_BYTES + self.copy_back_bytes
+        adam = ADAM_BYTES - 2 * (8 - self.moment_bytes)  # the moments read and written at their own width
+        return self.optimizer_cast_bytes + adam + self.copy_back_bytes
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -100,6 +111,9 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               cast_copy_bytes=2, forward_cast_bytes=6, gradient_cast_bytes=6, accumulate_bytes=12, gradients_freed=True),
     Framework("eager-master", "bf16 weights, fp32 master copy, fused Adam, gradients set to None each step", 2, 2, 4,
               accumulate_bytes=6, optimizer_cast_bytes=6, copy_back_bytes=6, gradients_freed=True),
+    Framework("deepseek", "DeepSeek-V3 technical report (arXiv:2412.19437), Sections 3.2.3 and 3.3.3: fp32 master "
+              "weights and gradients, BF16 AdamW moments, RMSNorm recomputed, FP8 activation caches", 2, 4, 4,
+              moment_bytes=4, default_cross_entropy="fused", copy_back_bytes=6, zero_bytes=4, recomputes_norms=True),
 )}
 FRAMEWORK_CHOICES = tuple(FRAMEWORKS)
 
@@ -162,3 +176,33 @@ def step_overhead_bytes(framework: Framework, parameters: float, updated: float,
     accumulate = framework.accumulate_bytes * parameters * max(0, micro_batches - 1)
     optimizer = framework.optimizer_bytes * updated + framework.zero_bytes * parameters
     return per_micro_batch, accumulate, optimizer
+
+
+def deepseek_activation_bytes(model: Transformer, micro_batch: int, tp: int, moe: bool, cp: int = 1,
+                              sequence_parallel: bool = False) -> float:
+    """Bytes one layer keeps for one micro-batch as DeepSeek-V3 stores them
+    (arXiv:2412.19437), from the planner's count without recomputation
+    (:meth:`~synth.planner.transformer.Transformer.activation_bytes_per_layer`,
+    flash attention), each difference a statement of the report:
+
+    * both RMSNorms are recomputed in the backward (Section 3.2.3): their
+      outputs, the QKV and MLP inputs (``2 s b h`` each), are not kept;
+    * the input of the linear after the attention is cached in E5M6, 12 bits
+      (Section 3.3.3 (1)): ``1.5 s b h`` for ``2 s b h``;
+    * an MoE layer caches its experts' inputs in FP8, as the dispatch sends
+      them (Section 3.3.3, "Low-Precision Communication"): ``s b h`` per routed
+      copy for ``2 s b h``; and of each expert's SwiGLU it caches the inputs in
+      FP8 and recomputes the output (Section 3.3.3 (2)): ``2 s b f_e`` per
+      expert pass (routed and shared) for ``6 s b f_e`` (SwiGLU experts).
+
+    MLA's up-projections, also recomputed (Section 3.2.3), are not modelled
+    (the model approximates MLA by multi-head attention, with no latents)."""
+    baseline = model.activation_bytes_per_layer(micro_batch, tp, Recompute.NONE, 2, False, sequence_parallel, moe, cp)
+    s, b, h = model.seq // cp, micro_batch, model.hidden
+    replicas = tp if sequence_parallel else 1
+    saved = 2 * 2 * s * b * h / replicas + 0.5 * s * b * h / tp  # the norms' outputs; E5M6 for bf16
+    if moe and model.moe and model.mlp == "swiglu":
+        expert_passes = model.moe.routed_per_token + model.moe.shared_experts
+        saved += (s * b * h * model.moe.routed_per_token  # FP8 for bf16 routed copies
+                  + (2 * MLP_WIDE_VALUES[model.mlp] - 2) * s * b * expert_passes * model.moe.expert_ffn) / tp
+    return baseline - saved

@@ -309,6 +309,26 @@ def recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard, r
     return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))
 
 
+def torchtitan_recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard,
+                             layer: ComputeTime) -> ComputeTime:
+    """What torchtitan's operator-level selective checkpointing
+    (``selective_ac_option = "op"``) recomputes in one layer's backward: the
+    forward of every second GEMM in the order the layer runs them (wk, wo, w3
+    of wq, wk, wv, wo, w1, w3, w2; wk, wo, down for an ungated MLP) at its own
+    shape, and of every elementwise operation (norms, residual adds, the
+    activation, rotary positions), none of which it saves; the attention core's
+    output is saved and not recomputed (the memory side:
+    :func:`synth.planner.frameworks.sac_activation_bytes`)."""
+    t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
+    gemms = [("wq", h, q // t), ("wk", h, kv // t), ("wv", h, kv // t), ("wo", q // t, h)]
+    gemms += ([("w1", h, f // t), ("w3", h, f // t), ("w2", f // t, h)] if model.gated_mlp
+              else [("up", h, f // t), ("down", f // t, h)])
+    chosen = [_gemm(profile, name, tokens, k, n, shard.fp8)[0] for name, k, n in gemms[1::2]]
+    chosen += [op for op in layer.ops if op.phase == "forward"
+               and op.name in ("norm1", "norm2", "residual1", "residual2", "activation", "rotary")]
+    return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))
+
+
 @memoised(maxsize=4096)  # stage_costs and stage_compute ask for the same shards
 def embedding_compute(profile: OperationProfile, model: Transformer, shard: Shard) -> ComputeTime:
     tokens, h = shard.tokens, model.hidden
@@ -346,20 +366,53 @@ def micro_batch_fixed_s(profile: OperationProfile) -> float:
 
 @memoised(maxsize=8192)  # every schedule and recomputation search variant of a configuration asks again
 def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, layers: int, recompute: Recompute,
-                  first: bool, last: bool, moe_layers: int = 0, loss: str = "fused") -> ComputeTime:
+                  first: bool, last: bool, moe_layers: int = 0, loss: str = "fused",
+                  torchtitan_sac: bool = False) -> ComputeTime:
     """One micro-batch of one pipeline stage of ``layers`` layers, of which
     ``moe_layers`` have experts: forward, backward and recomputation, the
     embedding on the first stage, the head and loss (``loss``: its
     ``--cross-entropy`` kind) on the last, and the
-    micro-batch's fixed cost."""
+    micro-batch's fixed cost. ``torchtitan_sac``: selective recomputation is
+    torchtitan's operator-level one (:func:`torchtitan_recompute_ops`)."""
+
+    def again(layer: ComputeTime) -> ComputeTime:
+        if torchtitan_sac and recompute is Recompute.SELECTIVE:
+            return torchtitan_recompute_ops(profile, model, shard, layer)
+        return recompute_ops(profile, model, shard, recompute, layer)
+
     layer = layer_compute(profile, model, shard)
-    one = layer + recompute_ops(profile, model, shard, recompute, layer)
+    one = layer + again(layer)
     total = one.times(layers - moe_layers)
     if moe_layers:
         expert_layer = layer_compute(profile, model, shard, True)
-        total = total + (expert_layer + recompute_ops(profile, model, shard, recompute, expert_layer)).times(moe_layers)
+        total = total + (expert_layer + again(expert_layer)).times(moe_layers)
     if first:
         total = total + embedding_compute(profile, model, shard)
     if last:
         total = total + head_compute(profile, model, shard, loss)
-    return total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
+    total = total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
+    return issued_ahead(total, layers * stage_host_s(profile, model, recompute))
+
+
+def stage_host_s(profile: OperationProfile, model: Transformer, recompute: Recompute) -> float:
+    """The host's seconds issuing one layer's kernels in a micro-batch: its
+    forward and backward launches (:func:`layer_launches`) at the profile's
+    seconds per launch, and the forward's again under full recomputation (the
+    attention core's two under selective), at the forward's rate."""
+    forward, backward = layer_launches(model)
+    again = {Recompute.NONE: 0, Recompute.FULL: forward, Recompute.SELECTIVE: EAGER_LAUNCHES["attention"][0]}
+    return (forward + again[recompute]) * profile.host.forward_launch_s + backward * profile.host.backward_launch_s
+
+
+def issued_ahead(stretch: ComputeTime, host_s: float) -> ComputeTime:
+    """A stretch of work issued without a synchronisation (a stage's
+    micro-batch: its forward, loss and backward): the host queues kernels
+    ahead of the GPU, so the stretch lasts the larger of the GPU's time (its
+    operations without the per-phase ``host_issue``, which bounds a layer
+    timed alone) and the host's ``host_s``; the excess, if any, is one
+    ``host_issue`` operation."""
+    gpu = tuple(op for op in stretch.ops if op.name not in ("host_issue", "host_issue.recompute"))
+    gpu_s = sum(op.seconds for op in gpu)
+    if host_s <= gpu_s:
+        return ComputeTime(gpu)
+    return ComputeTime(gpu + (OpTime("host_issue", "backward", (), host_s - gpu_s),))

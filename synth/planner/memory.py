@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .frameworks import sac_activation_bytes
+from .frameworks import deepseek_activation_bytes, sac_activation_bytes
 from .schedules import in_flight_micro_batches
 from .training import (CROSS_ENTROPY_BYTES, Configuration, Sharding, Training, largest_layer_params, sequence_parallel,
                        stage_mix, stage_parameters, stage_routed_parameters)
@@ -67,6 +67,9 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
     sac = recipe.name == "torchtitan" and training.recompute is Recompute.SELECTIVE
     if sac:  # torchtitan's operator-level selective checkpointing of the dense layers
         per_layer = sac_activation_bytes(model, config.micro_batch, config.tp, config.cp, sp) * w / 2
+    if recipe.recomputes_norms and training.recompute is Recompute.NONE:  # DeepSeek-V3's own storage
+        per_layer, per_moe_layer = (deepseek_activation_bytes(model, config.micro_batch, config.tp, moe, config.cp, sp)
+                                    for moe in (False, True))
     working = 0.0  # full (or torchtitan's selective) recomputation rebuilds one layer's activations at a time
     if training.recompute is Recompute.FULL or sac:
         working = max(model.activation_bytes_per_layer(config.micro_batch, config.tp, Recompute.NONE, w, scores, sp,

@@ -51,6 +51,30 @@ def overlapped_s(count: int, each_s: float, window_s: float) -> float:
     return max(each_s, count * each_s - window_s * (1 - 1 / count))
 
 
+def chunked_overlap_s(total_s: float, chunks: int, window_s: float) -> float:
+    """Exposed seconds of a data-parallel transfer of ``total_s`` split over
+    the ``chunks`` model chunks of the interleaved schedule, each chunk's part
+    sent at once, one chunk after another, ``window_s / chunks`` apart, the
+    last one where the step needs it: :func:`overlapped_s` of ``chunks``
+    transfers of ``total_s / chunks`` over ``window_s``, i.e. ``max(total /
+    chunks, total - window (1 - 1/chunks))``.
+
+    Megatron-LM (NVIDIA/Megatron-LM at d98e8a64dd) launches each chunk's
+    gradient reduction whole (``start_grad_sync``, megatron/training/training.py:4357)
+    when that chunk's last micro-batch's backward has run, at the same time
+    on every pipeline rank (megatron/core/pipeline_parallel/schedules.py:1438-1455;
+    the remaining chunks after the cool-down, 2063-2069): in the cool-down the
+    chunks' backwards run in groups of pp micro-batches (the schedule table,
+    ``microbatch_group_size_per_vp_stage`` = pp), so consecutive chunks'
+    reductions start pp chunk-backwards apart, ``window_s`` = pp micro-batch
+    backwards, and the first chunk's, launched last, overlaps nothing. With
+    ``--overlap-param-gather`` it all-gathers the first two chunks' weights at
+    the start of the step and each further chunk's as the forward of the
+    chunk before it begins (schedules.py:1219-1221, 1341-1352): the same
+    form, ``window_s`` = pp micro-batch forwards."""
+    return overlapped_s(chunks, total_s / chunks, window_s)
+
+
 def tp_overlap_exposed_s(gather_s: float, scatter_s: float, gemms_s: list[float], tp: int) -> tuple[float, float]:
     """Exposed seconds of one layer's tensor-parallel collectives in a forward
     and in a backward pass when each is overlapped with the GEMM it feeds or follows (Megatron-LM's

@@ -40,12 +40,16 @@ sources):
   ``(pp - 1) (slot - 2 t_W)`` in zero-bubble ZB-H1 (Qi et al. 2024), ``t_W``
   the weight-gradient share of ``t_mb`` (by FLOPs: the weight GEMMs of the
   layers and of the output layer);
-* data parallelism: the gradients of a stage, ``P_s w / tp`` bytes, in buckets
+* data parallelism: the gradients of a stage, ``P_s g / tp`` bytes (``g`` the
+  bytes the framework reduces them in, :attr:`Training.gradient_reduce_bytes`:
+  4 for Megatron-LM's fp32 main gradients under bf16), in buckets
   of ``bucket_bytes`` reduced while the last micro-batch's backward runs (DDP's
   bucketing, DisCo's tensor fusion: the planner picks the bucket size); exposed is
-  what outlasts that backward (:func:`overlapped_s`), all of it without overlap.
+  what outlasts that backward (:func:`overlapped_s`), all of it without overlap;
+  interleaved, each model chunk's gradients are reduced once its last backward
+  has run (:func:`~synth.planner.overlaps.chunked_overlap_s`).
   ZeRO-1 reduce-scatters the gradients the same way and all-gathers the updated
-  16-bit weights after the optimizer step (exposed); ZeRO-2 does the same but,
+  16-bit weights after the optimizer step (exposed; ``w / g`` of each bucket's bytes); ZeRO-2 does the same but,
   holding only its shard of the gradients, reduce-scatters after every
   micro-batch's backward (DeepSpeed's stage 2 under gradient accumulation);
   ZeRO-3 (FSDP) all-gathers
@@ -97,6 +101,7 @@ from .memory import Memory, memory_per_device
 from .operations import OperationProfile
 from .overlaps import (
     EP_OVERLAP_SM_SHARE,
+    chunked_overlap_s,
     ep_overlap_exposed_s,
     overlapped_mixed_s,
     overlapped_s,
@@ -190,9 +195,11 @@ class StepShape:
     weight_gradient_fraction: float  # of a micro-batch's compute: the weight GEMMs of the backward
     activation_bytes: int  # b s h w: one tp all-reduce, one pipeline send (before / tp)
     gemm_flops: tuple[float, ...]  # per device: one forward of each tensor-parallel GEMM of a layer (QKV, proj, up, down)
-    gradient_bytes: int  # per device: the worst stage's dense parameters / tp, in w bytes (reduced over dp x ep)
+    gradient_bytes: int  # per device: the worst stage's dense parameters / tp, in the reduction's bytes (over dp x ep)
     layer_bytes: int  # one layer's parameters per device, in w bytes
-    expert_gradient_bytes: int = 0  # per device: its routed experts of that stage, in w bytes (reduced over dp)
+    expert_gradient_bytes: int = 0  # per device: its routed experts of that stage, in the reduction's bytes (over dp)
+    weight_value_bytes: int = 2  # w, of the weights ZeRO-1/2 all-gather after the step
+    gradient_value_bytes: int = 2  # of the reduced gradients (Training.gradient_reduce_bytes)
     moe_layers_per_stage: int = 0  # the most MoE layers a stage holds
     alltoall_bytes: int = 0  # per device: one all-to-all of expert parallelism (the routed token copies)
     kv_bytes: int = 0  # per device: one ring step of context parallelism (its chunk's keys and values)
@@ -229,9 +236,11 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
                          for p in (model.moe_layer_gemm_params if moe else model.layer_gemm_params)),
         kv_bytes=2 * config.micro_batch * model.seq // config.cp * model.kv_dim * w // config.tp,
         attention_fraction=model.layers * 3 * model.attention_core_flops(config.micro_batch * model.seq) / flops.total,
-        gradient_bytes=math.ceil((params - routed[kind]) / config.tp) * w,
+        gradient_bytes=math.ceil((params - routed[kind]) / config.tp) * training.gradient_reduce_bytes,
         layer_bytes=math.ceil(largest_layer_params(model) / config.tp) * w,
-        expert_gradient_bytes=math.ceil(routed[kind] / (config.tp * config.ep)) * w,
+        expert_gradient_bytes=math.ceil(routed[kind] / (config.tp * config.ep)) * training.gradient_reduce_bytes,
+        weight_value_bytes=w,
+        gradient_value_bytes=training.gradient_reduce_bytes,
         moe_layers_per_stage=max(moe_layers for _, moe_layers in stage_mix(model, layout).values()),
         alltoall_bytes=alltoall,
     )
@@ -285,9 +294,14 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
                   training.fp8, config.cp)
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
+    again_s = 0.0  # per layer: DeepSeek-V3's RMSNorms, recomputed in the backward (frameworks.deepseek_activation_bytes)
+    if training.recipe.recomputes_norms and training.recompute is Recompute.NONE:
+        again_s = sum(op.seconds for op in layer_compute(compute, model, shard).ops
+                      if op.phase == "forward" and op.name in ("norm1", "norm2"))
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
-                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy).total_s
-                        for kind, layers in stage_kinds(layout).items())
+                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy,
+                                      training.recipe.name == "torchtitan").total_s
+                        + layers * again_s for kind, layers in stage_kinds(layout).items())
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
     dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)
@@ -345,7 +359,7 @@ def step_time(
     device (:func:`compute_estimate`, or a measured or fitted one) and the
     optimizer step's. ``memo``: a dict kept with ``collectives`` (one
     placement) in which the data-parallel term, the same for every schedule of
-    a configuration, is reused. ``data_parallel=False`` leaves that term out
+    a configuration with the same virtual stages, is reused. ``data_parallel=False`` leaves that term out
     (0): the step is then a lower bound of the full one."""
     shape = shape or step_shape(model, training, config)
     m, v = shape.micro_batches, config.virtual_stages
@@ -371,7 +385,11 @@ def step_time(
     ep_mb = 0.0
     if shape.alltoall_bytes:  # per MoE layer and pass: the dispatch to the experts and the combine back
         passes = 3 if training.recompute is Recompute.FULL else 2
-        layer_alltoalls_s = 2 * passes * collectives.alltoall("ep", shape.alltoall_bytes)
+        size = shape.alltoall_bytes
+        if model.moe and model.moe.max_nodes:  # node-limited routing: one copy per node reached
+            copies = model.moe.node_copies_per_token(ep_nodes(collectives))
+            size = math.ceil(size * copies / model.moe.routed_per_token)
+        layer_alltoalls_s = 2 * passes * collectives.alltoall("ep", size)
         if training.ep_overlap:  # beside another micro-batch's computation of the layer
             layer_alltoalls_s = ep_overlap_exposed_s(layer_alltoalls_s, micro_batch_s / shape.layers_per_stage)
         ep_mb = shape.moe_layers_per_stage * layer_alltoalls_s
@@ -387,7 +405,8 @@ def step_time(
     if config.pp > 1:
         pp_mb = 2 * v * collectives.send("pp", max(1, shape.activation_bytes // config.tp))
     slot = micro_batch_s + tp_mb + ep_mb + cp_mb + pp_mb
-    key = (training.sharding, training.overlap_dp, training.overlap_param_gather, config.dense_axes, config.expert_axes, shape.gradient_bytes,
+    key = (training.sharding, training.overlap_dp, training.overlap_param_gather, config.dense_axes, config.expert_axes,
+           config.pp, v, shape.gradient_bytes,
            shape.expert_gradient_bytes, shape.micro_batches, shape.layer_bytes, shape.layers_per_stage,
            shape.backward_fraction, micro_batch_s)
     found = memo.get(key) if memo is not None else None
@@ -415,6 +434,16 @@ def step_time(
         cp_s=m * cp_mb,
         alltoalls=(("ep", shape.alltoall_bytes),) if shape.alltoall_bytes else (),
     )
+
+
+def ep_nodes(collectives: Collectives) -> int:
+    """Nodes (groups of the innermost hierarchy level) an expert-parallel
+    group spans on the placement the collectives price (1 without one): the
+    ep axis's split over the levels above the innermost."""
+    placement = getattr(collectives, "placement", None)
+    if placement is None or "ep" not in placement.axis_names:
+        return 1
+    return math.prod(placement.matrix[placement.axis_names.index("ep")][:-1])
 
 
 class _FreeCollectives:
@@ -467,13 +496,22 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     if shape.expert_gradient_bytes and config.expert_axes:
         sets.append((config.expert_axes, shape.expert_gradient_bytes))
     best: tuple[float, int] | None = None
+    chunks = config.virtual_stages if config.pp > 1 else 1
     for bucket in bucket_sizes(sum(size for _, size in sets)):
         transfers = [(math.ceil(size / bucket), collectives.reduce(axes, goal, bucket)) for axes, size in sets]
-        exposed = reductions * (overlapped_mixed_s(transfers, backward_s) if training.overlap_dp
-                                else sum(n * each for n, each in transfers))
-        if sharded:
-            gathers = [(n, collectives.reduce(axes, Goal.ALLGATHER, bucket)) for (n, _), (axes, _) in zip(transfers, sets)]
-            if training.overlap_param_gather:  # beside the next step's first forward, bucket by bucket
+        if not training.overlap_dp:
+            exposed = reductions * sum(n * each for n, each in transfers)
+        elif chunks > 1 and reductions == 1:  # interleaved: each model chunk's reduction after its last backward
+            exposed = chunked_overlap_s(sum(n * each for n, each in transfers), chunks, config.pp * backward_s)
+        else:
+            exposed = reductions * overlapped_mixed_s(transfers, backward_s)
+        if sharded:  # the updated 16-bit weights of each bucket's gradients
+            gathers = [(n, collectives.reduce(axes, Goal.ALLGATHER, _weights_of(bucket, shape)))
+                       for (n, _), (axes, _) in zip(transfers, sets)]
+            if training.overlap_param_gather and chunks > 1:  # each model chunk's before its first forward
+                exposed += chunked_overlap_s(sum(n * each for n, each in gathers), chunks,
+                                             config.pp * (micro_batch_s - backward_s))
+            elif training.overlap_param_gather:  # beside the next step's first forward, bucket by bucket
                 exposed += overlapped_mixed_s(gathers, micro_batch_s - backward_s)
             else:
                 exposed += sum(n * each for n, each in gathers)
@@ -482,8 +520,16 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     assert best is not None
     used = [(axes, goal, best[1]) for axes, _ in sets]
     if sharded:
-        used += [(axes, Goal.ALLGATHER, best[1]) for axes, _ in sets]
+        used += [(axes, Goal.ALLGATHER, _weights_of(best[1], shape)) for axes, _ in sets]
     return best[0], best[1], used
+
+
+def _weights_of(bucket_bytes: int, shape: StepShape) -> int:
+    """The bytes of the weights whose gradients fill a bucket of
+    ``bucket_bytes``: the gradients may be reduced in wider values than
+    the weights are gathered in (Megatron-LM: fp32 gradients, bf16
+    weights)."""
+    return max(1, bucket_bytes * shape.weight_value_bytes // shape.gradient_value_bytes)
 
 
 HSDP_SHARD, HSDP_REPLICATE = "dp_shard", "dp_replicate"  # the sub-axes of dp an HSDP step reduces over

@@ -114,9 +114,32 @@ class Training:
                 "overlap_param_gather": self.overlap_param_gather, "ep_overlap": self.ep_overlap}
 
     @property
+    def gradient_reduce_bytes(self) -> int:
+        """Bytes per value of the data-parallel gradient reduction (DDP,
+        ZeRO-1/2): the gradients as the framework holds them. Megatron-LM
+        with bf16 reduces its fp32 main gradients in fp32
+        (``validate_args`` sets ``accumulate_allreduce_grads_in_fp32`` for
+        bf16 unless ``--grad-reduce-in-bf16``, NVIDIA/Megatron-LM
+        megatron/training/arguments.py:1209-1217 at d98e8a64dd; Meta's
+        Llama 3 likewise reduce-scatters in fp32, arXiv:2407.21783 Section
+        3.3.4); with fp16 it reduces in fp16 (that setting stays off);
+        FSDP2's ``reduce_dtype=float32`` (torchtitan) and the eager loops'
+        gradients are as :attr:`recipe` holds them."""
+        return gradient_reduce_bytes(self.framework, self.dtype)
+
+    @property
     def recipe(self) -> Framework:
         """The framework's states and passes at this dtype (:func:`~synth.planner.frameworks.at_dtype`)."""
         return at_dtype(framework_of(self.framework), self.value_bytes)
+
+
+def gradient_reduce_bytes(framework: str, dtype: str) -> int:
+    """:attr:`Training.gradient_reduce_bytes` of a framework and dtype (also
+    what a DP bucket's bytes are counted in, for the exports' bucket sizes in
+    gradient elements)."""
+    if framework == "megatron" and dtype == "fp16":
+        return 2
+    return at_dtype(framework_of(framework), DTYPE_BYTES[dtype]).gradient_bytes
 
 
 @dataclass(frozen=True)

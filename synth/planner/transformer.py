@@ -92,8 +92,8 @@ _CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("l
 MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16,
                 "ffn": 2**22, "vocab": 2**24, "seq": 2**24, "params": 10**15, "train_batch_tokens": 10**15,
                 "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22, "shared_experts": 2**16,
-                "dense_layers": 10_000}
-MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
+                "dense_layers": 10_000, "max_nodes": 2**16}
+MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "capacity_factor")
 INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "gated_mlp",
                  "biases", "norm", "positions", "tied_embeddings") + MOE_FIELDS
 # 16-bit values of s b f each MLP keeps for its backward (Korthikanti et al. count GeLU's input and output,
@@ -121,7 +121,10 @@ class MoE:
     first ``dense_layers`` layers are dense (the model's ``ffn``);
     ``capacity_factor`` (None: dropless) pads every expert to ``capacity_factor
     x`` its even share of the tokens, which the experts then compute and the
-    all-to-alls carry."""
+    all-to-alls carry; ``max_nodes`` (0: not limited) is node-limited routing
+    (DeepSeek-V3, arXiv:2412.19437 Sections 2.1.2 and 3.2.2): each token goes
+    to experts on at most that many nodes, and is sent once to each node it
+    reaches, then forwarded inside the node (:meth:`node_copies_per_token`)."""
 
     experts: int
     top_k: int
@@ -129,16 +132,27 @@ class MoE:
     shared_experts: int = 0
     dense_layers: int = 0
     capacity_factor: float | None = None
+    max_nodes: int = 0
 
     @property
     def routed_per_token(self) -> float:
         """Expert passes per token: top_k, padded by the capacity factor."""
         return self.top_k * (self.capacity_factor or 1.0)
 
+    def node_copies_per_token(self, nodes: int) -> float:
+        """Copies of a token an expert-parallel group spanning ``nodes`` nodes
+        sends in one all-to-all: without node-limited routing (or inside one
+        node) one per routed expert (:attr:`routed_per_token`); with it, one
+        per node reached, ``nodes (1 - (1 - 1 / nodes)^top_k)`` when the
+        ``top_k`` experts fall on the nodes evenly, at most ``max_nodes``."""
+        if not self.max_nodes or nodes <= 1:
+            return self.routed_per_token
+        return min(float(self.max_nodes), nodes * (1 - (1 - 1 / nodes) ** self.top_k))
+
     def to_dict(self) -> dict[str, Any]:
         return {"experts": self.experts, "top_k": self.top_k, "expert_ffn": self.expert_ffn,
                 "shared_experts": self.shared_experts, "dense_layers": self.dense_layers,
-                "capacity_factor": self.capacity_factor}
+                "capacity_factor": self.capacity_factor, **({"max_nodes": self.max_nodes} if self.max_nodes else {})}
 
 
 @dataclass(frozen=True)
@@ -572,7 +586,7 @@ def _moe_from(block: Any, layers: int, source: str) -> MoE:
     for key in ("experts", "top_k", "expert_ffn"):
         if key not in block:
             raise SynthError(f"{source}: missing field 'moe.{key}'")
-    for key in MOE_FIELDS[:5]:
+    for key in MOE_FIELDS[:6]:
         value = block.get(key, 0)
         least = 1 if key in ("experts", "top_k", "expert_ffn") else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -592,7 +606,7 @@ def _moe_from(block: Any, layers: int, source: str) -> MoE:
         raise SynthError(f"{source}: field 'moe.capacity_factor' must be a number from 1 to 64 or null (dropless), "
                          f"got {capacity!r}")
     return MoE(block["experts"], block["top_k"], block["expert_ffn"], block.get("shared_experts", 0),
-               block.get("dense_layers", 0), None if capacity is None else float(capacity))
+               block.get("dense_layers", 0), None if capacity is None else float(capacity), block.get("max_nodes", 0))
 
 
 def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
@@ -623,7 +637,7 @@ def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
             raise SynthError(f"{option} {key}={value}: must be an integer >= 1")
         else:
             data[key] = bounded_int(value, f"{option} {key}=", MODEL_LIMITS.get(key, MAX_COUNT),
-                                    low=0 if key in ("shared_experts", "dense_layers") else 1)
+                                    low=0 if key in ("shared_experts", "dense_layers", "max_nodes") else 1)
     moe = {key: data.pop(key) for key in MOE_FIELDS if key in data}
     if moe:
         data["moe"] = moe

@@ -53,7 +53,18 @@ RunStep = tuple[Collective, Sequence[tuple[Sequence[int], Runs]]]
 
 
 def run_steps(steps: Sequence[LoweredStep]) -> list[RunStep]:
-    return [(s.collective, [(g, as_runs(c)) for g, c in zip(s.groups, s.chunks)]) for s in steps]
+    """The steps as :func:`execute_runs` runs them: each chunk list as runs,
+    made once per chunk-list object (lowering shares one list among the rows
+    of a synthesis group), so that those groups share one runs object too."""
+    made: dict[int, tuple[tuple[int, ...], Runs]] = {}  # id of a chunk list -> (the list, kept alive; its runs)
+
+    def runs_of(chunks: tuple[int, ...]) -> Runs:
+        seen = made.get(id(chunks))
+        if seen is None:
+            seen = made[id(chunks)] = (chunks, as_runs(chunks))
+        return seen[1]
+
+    return [(s.collective, [(g, runs_of(c)) for g, c in zip(s.groups, s.chunks)]) for s in steps]
 
 
 def execute(steps: Sequence[LoweredStep], buffers: np.ndarray) -> None:
@@ -68,20 +79,31 @@ def execute_runs(steps: Sequence[RunStep], buffers: np.ndarray, sample: np.ndarr
     members are computed together, every (group, column) pair in one array
     operation. Groups that hold the same
     chunk runs (the parallel groups of a step, and the same runs in later
-    steps) share one computation of their columns."""
+    steps) share one computation of their columns: looked up first by the
+    identity of the runs object (a trace shares one object among the groups
+    with the same list, :func:`~synth.synthesis.lowering.trace`), so a list
+    of thousands of runs met by thousands of groups is not hashed and
+    compared per group; then by value, once per distinct object."""
     columns: dict[tuple[Runs, int], tuple[np.ndarray, np.ndarray]] = {}
+    # (id of a runs object, members) -> (the object, kept so that its id is not reused; its columns)
+    same_object: dict[tuple[int, int], tuple[Runs, tuple[np.ndarray, np.ndarray]]] = {}
     sampled = None if sample is None else sample.tolist()
     for collective, groups in steps:
         # per group size: the groups' members, and per (group, column) pair its column and owner
         alike: dict[int, tuple[list[Sequence[int]], list[np.ndarray], list[np.ndarray]]] = {}
         for members, runs in groups:
-            key = (runs, len(members))
-            found = columns.get(key)
-            if found is None:
-                if sampled is not None and not samples_in(runs, sampled):
-                    found = columns[key] = _NO_COLUMNS  # most groups of a large step hold no sampled chunk
-                else:
-                    found = columns[key] = _columns(runs, len(members), sample)
+            seen = same_object.get((id(runs), len(members)))
+            if seen is not None:
+                found = seen[1]
+            else:
+                key = (runs, len(members))
+                found = columns.get(key)
+                if found is None:
+                    if sampled is not None and not samples_in(runs, sampled):
+                        found = columns[key] = _NO_COLUMNS  # most groups of a large step hold no sampled chunk
+                    else:
+                        found = columns[key] = _columns(runs, len(members), sample)
+                same_object[id(runs), len(members)] = (runs, found)
             cols, owner = found
             if len(cols):
                 same = alike.setdefault(len(members), ([], [], []))

@@ -132,11 +132,56 @@ def _describe_state(space: StateSpace, state: tuple[int, ...]) -> str:
     return "; ".join(parts) + ("; ..." if len(state) > 4 else "")
 
 
+class _SharedRuns:
+    """The chunk lists of a trace, one tuple object per distinct list.
+
+    A group's chunk list is a function of its members' device state ids
+    alone, in member order: the root's held runs, or for AllGather the
+    members' held runs one after the other (a device state id names the
+    chunks held, in every frame of the space). So an AllGather list is built
+    once per distinct tuple of ids (``by_ids``), and every list, built or
+    stored by the space, is replaced by the first equal one met in the trace
+    (``by_value``, each distinct object hashed once: ``by_object``). Where
+    every node of a wide step holds the same chunks (an AllGather inside the
+    nodes after one across them), thousands of groups then share one list of
+    thousands of runs, built once, and the numeric check (:mod:`.execute`)
+    finds its columns by the object's identity, once for all of them."""
+
+    def __init__(self, space: StateSpace) -> None:
+        self.space = space
+        self.by_ids: dict[tuple[int, ...], Runs] = {}
+        self.by_value: dict[Runs, Runs] = {}
+        self.by_object: dict[int, tuple[Runs, Runs]] = {}  # id -> (the object, kept alive; its equal first one)
+
+    def canonical(self, runs: Runs) -> Runs:
+        seen = self.by_object.get(id(runs))
+        if seen is None:
+            seen = self.by_object[id(runs)] = (runs, self.by_value.setdefault(runs, runs))
+        return seen[1]
+
+    def step(self, state: tuple[int, ...], grouping: int, collective: Collective,
+             groups: tuple[tuple[int, ...], ...]) -> tuple[Runs, ...]:
+        """Per group of a valid step, its ordered chunk list as runs
+        (:meth:`~synth.synthesis.statespace.StateSpace.chunk_runs`)."""
+        space = self.space
+        if collective is not Collective.ALLGATHER:  # the root's held runs: one stored tuple per id
+            return tuple(self.canonical(space.chunk_runs(state, grouping, collective, n)) for n in range(len(groups)))
+        out = []
+        for n, members in enumerate(groups):
+            key = tuple([state[m] for m in members])
+            runs = self.by_ids.get(key)
+            if runs is None:
+                runs = self.by_ids[key] = self.canonical(space.chunk_runs(state, grouping, collective, n))
+            out.append(runs)
+        return tuple(out)
+
+
 @memoised(maxsize=4096)
 def trace(program: Program, hierarchy: Hierarchy, goal: Goal) -> Trace:
     """Run the program on the synthesis hierarchy; SynthError names the first
     invalid step, or says that the end state is not the goal."""
     space = state_space(hierarchy.sizes, goal)
+    shared = _SharedRuns(space)
     index = {(g.level, g.form, g.ancestor): i for i, g in enumerate(space.groupings)}
     state = space.start
     steps = []
@@ -154,8 +199,8 @@ def trace(program: Program, hierarchy: Hierarchy, goal: Goal) -> Trace:
             if nxt == NO_CHANGE:
                 raise SynthError(f"step {number} {instruction} is invalid: {nxt} (a step must change some device)")
             raise SynthError(f"step {number} {instruction} is invalid: {nxt}")
-        runs = tuple(space.chunk_runs(state, g, instruction.collective, n) for n in range(len(grouping.groups)))
-        steps.append(TracedStep(instruction, grouping.groups, runs))
+        steps.append(TracedStep(instruction, grouping.groups,
+                                shared.step(state, g, instruction.collective, grouping.groups)))
         state = nxt
     if not space.is_goal(state):
         raise SynthError(

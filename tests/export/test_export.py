@@ -304,7 +304,7 @@ def test_megatron_arguments_of_a_job_plan(job_plan):
     assert value("--micro-batch-size") == str(job["micro_batch"]) and value("--global-batch-size") == "16"
     assert value("--num-layers") == "4" and value("--hidden-size") == "256" and value("--num-attention-heads") == "8"
     assert value("--recompute-granularity") == "selective" and "--use-distributed-optimizer" in args
-    assert value("--ddp-bucket-size") == str(job["bucket_bytes"] // 2)  # bf16 gradient elements
+    assert value("--ddp-bucket-size") == str(job["bucket_bytes"] // 4)  # fp32 main gradients (bf16 training)
     assert "--bf16" in args and "--context-parallel-size" not in args
     assert job["sequence_parallel"] is True and "--sequence-parallel" in args  # the planner's default at tp 2
 
@@ -517,6 +517,30 @@ def test_tp_overlap_in_the_trainer_exports(job_plan, cli):
         "--tp-overlap", "--sequence-parallel", "off")
 
 
+def test_overlap_param_gather_in_the_megatron_export(job_plan):
+    """A plan made with --overlap-param-gather (ZeRO-1) exports Megatron-LM's
+    --overlap-param-gather beside the distributed optimizer and
+    --overlap-grad-reduce, which its validate_args asks for
+    (arguments.py:1024-1029); without the DP overlap it is refused."""
+    from dataclasses import replace
+
+    import megatron_args
+
+    plan = load_plan(job_plan)
+    assert "--overlap-param-gather" not in megatron_export(plan).arguments
+    on = replace(plan, job={**plan.job, "training": {**plan.job["training"], "overlap_param_gather": True}})
+    export = megatron_export(on)
+    args = list(export.arguments)
+    assert {"--overlap-param-gather", "--overlap-grad-reduce", "--use-distributed-optimizer"} <= set(args)
+    megatron_args.validate(megatron_args.parse(args), len(export.ranks.device_of_rank))
+    without = [a for a in args if a != "--overlap-grad-reduce"]
+    with pytest.raises(AssertionError, match="arguments.py:1028"):
+        megatron_args.validate(megatron_args.parse(without), len(export.ranks.device_of_rank))
+    off = replace(on, job={**on.job, "training": {**on.job["training"], "overlap_dp": False}})
+    with pytest.raises(SynthError, match="--overlap-param-gather needs Megatron-LM's distributed optimizer"):
+        megatron_export(off)
+
+
 def test_fp8_in_the_trainer_exports(job_plan):
     """A plan made with --dtype fp8 is BF16 training with FP8 GEMMs: Megatron-LM
     gets --bf16 --fp8-format hybrid, torchtitan its float8 model converter."""
@@ -526,7 +550,10 @@ def test_fp8_in_the_trainer_exports(job_plan):
     fp8 = replace(plan, job={**plan.job, "training": {**plan.job["training"], "dtype": "fp8"}})
     args = list(megatron_export(fp8).arguments)
     assert "--bf16" in args and args[args.index("--fp8-format") + 1] == "hybrid"
-    assert args[args.index("--ddp-bucket-size") + 1] == str(plan.job["bucket_bytes"] // 2)  # 16-bit gradients
+    assert args[args.index("--ddp-bucket-size") + 1] == str(plan.job["bucket_bytes"] // 4)  # fp32 main gradients
+    fp16 = replace(plan, job={**plan.job, "training": {**plan.job["training"], "dtype": "fp16"}})
+    args = list(megatron_export(fp16).arguments)  # Megatron-LM reduces fp16 gradients in fp16
+    assert args[args.index("--ddp-bucket-size") + 1] == str(plan.job["bucket_bytes"] // 2)
     titan = torchtitan_export(fp8)
     assert titan.converters == ("float8",) and '[model]\nconverters = ["float8"]' in titan.toml()
     assert not any("converters" in a for a in titan.overrides())  # 0.3: part of the model's config, not a flag

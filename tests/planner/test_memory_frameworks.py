@@ -117,3 +117,54 @@ def test_torchtitans_published_llama3_8b_peaks_are_within_10_percent():
         config = Configuration(1, row["fsdp"], 1, row["local_batch"], cp=row["cp"])
         memory = memory_per_device(model, training, config)
         assert _relative(memory.reserved / GIB, row["memory_GiB"]) < 0.10, row
+
+
+def test_deepseek_holds_bf16_moments_beside_fp32_master_weights_and_gradients():
+    """DeepSeek-V3 (arXiv:2412.19437 Section 3.3.3): AdamW's moments in BF16,
+    the master weights and the gradients in fp32, bf16 weights: 2 + 4 + 4 + 4
+    bytes a parameter, ZeRO-1 sharding the master weights and moments (6 + 8/d);
+    Adam reads weight, gradient and moments (4 + 4 + 2 + 2) and writes weight and
+    moments (4 + 2 + 2): 20 bytes, 28 with fp32 moments."""
+    from synth.planner.frameworks import framework_of
+
+    model = load_model("gpt3-350m")
+    whole = memory_per_device(model, Training(8, framework="deepseek"), Configuration(1, 1, 1, 8))
+    assert _states(whole) == pytest.approx(14 * model.parameters)
+    sharded = memory_per_device(model, Training(32, sharding=Sharding.ZERO1, framework="deepseek"),
+                                Configuration(1, 4, 1, 8))
+    assert _states(sharded) == pytest.approx((6 + 8 / 4) * model.parameters)
+    assert framework_of("deepseek").optimizer_bytes == 20 + 6  # and the master weights copied to bf16
+    assert framework_of("megatron").optimizer_bytes == 28 + 6
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_deepseek_stores_activations_as_its_report_says_by_hand(moe):
+    """Per token of one layer, tp 1, flash attention. The planner's count
+    without recomputation: norms' inputs 4h, their outputs (QKV and MLP inputs)
+    2h + 2h, dropout masks 2h; Q, K, V 2h + 4kv; the attention projection's input
+    2h; SwiGLU's gate, up and product 6 f (per expert pass 6 f_e, the routed
+    copies of the input 2h each, the router's fp32 probabilities 4E). DeepSeek-V3:
+    the norms' outputs recomputed (Section 3.2.3), the projection's input in
+    E5M6 (1.5h), the routed copies in FP8 (h each) and the experts' SwiGLU inputs
+    in FP8 with the output recomputed (2 f_e per pass; Section 3.3.3)."""
+    from synth.planner.frameworks import deepseek_activation_bytes
+
+    model = parse_inline_model("layers=4,hidden=64,heads=4,kv_heads=2,ffn=96,mlp=swiglu,seq=32,vocab=100,"
+                               "experts=8,top_k=2,expert_ffn=48,shared_experts=1")
+    h, kv, f, fe, k, e = 64, 32, 96, 48, 2, 8
+    if moe:
+        planner = 10 * h + 2 * h + 4 * kv + 2 * h + 6 * (k + 1) * fe + 2 * h * k + 4 * e
+        deepseek = 6 * h + 2 * h + 4 * kv + 1.5 * h + 2 * (k + 1) * fe + h * k + 4 * e
+    else:
+        planner = 10 * h + 2 * h + 4 * kv + 2 * h + 6 * f
+        deepseek = 6 * h + 2 * h + 4 * kv + 1.5 * h + 6 * f
+    tokens = 2 * 32  # micro-batch 2
+    assert model.activation_bytes_per_layer(2, 1, Recompute.NONE, 2, False, False, moe) == pytest.approx(
+        tokens * planner)
+    assert deepseek_activation_bytes(model, 2, 1, moe) == pytest.approx(tokens * deepseek)
+    megatron = memory_per_device(model, Training(2), Configuration(1, 1, 1, 2))
+    ours = memory_per_device(model, Training(2, framework="deepseek"), Configuration(1, 1, 1, 2))
+    assert megatron.activations - ours.activations == pytest.approx(
+        (model.layers - model.moe_layers) * tokens * (10 * h + 2 * h + 4 * kv + 2 * h + 6 * f - 6 * h - 2 * h - 4 * kv
+                                                      - 1.5 * h - 6 * f)
+        + model.moe_layers * tokens * (4 * h + 0.5 * h + 4 * (k + 1) * fe + h * k))  # one micro-batch in flight

@@ -7,6 +7,7 @@ the sharded optimizer's weight all-gather beside the next forward
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,15 +70,17 @@ def test_ep_overlap_hides_the_all_to_alls_behind_another_micro_batch_by_hand(t_m
 
 def _sharded_dp_by_hand(gradient_bytes: int, backward_s: float, forward_s: float, overlap_gather: bool,
                         c: Fixed) -> float:
-    """ZeRO-1's exposed seconds, the best bucket of the grid: the reduce-scatters become ready over the last
-    backward (the last one never hides), the all-gathers after the step or, overlapped, over the next forward
-    (the first one never hides)."""
+    """ZeRO-1's exposed seconds, the best bucket of the grid: the reduce-scatters (fp32 gradients, Megatron-LM
+    under bf16) become ready over the last backward (the last one never hides), the all-gathers of the bf16
+    weights (half a bucket's bytes) after the step or, overlapped, over the next forward (the first one never
+    hides)."""
     best = math.inf
     for bucket in [b for b in BUCKET_GRID_BYTES if b <= gradient_bytes] or BUCKET_GRID_BYTES[:1]:
         n = math.ceil(gradient_bytes / bucket)
         each = c.alpha_s + bucket / c.bytes_per_s
+        weights = c.alpha_s + bucket / 2 / c.bytes_per_s
         scatter = max(each, n * each - backward_s * (1 - 1 / n))
-        gather = max(each, n * each - forward_s * (1 - 1 / n)) if overlap_gather else n * each
+        gather = max(weights, n * weights - forward_s * (1 - 1 / n)) if overlap_gather else n * weights
         best = min(best, scatter + gather)
     return best
 
@@ -100,6 +103,53 @@ def test_overlap_param_gather_hides_the_weight_all_gathers_behind_the_next_forwa
         assert overlapped.dp_s < plain.dp_s
 
 
+def _queue_exposed_s(starts_s: list[float], each_s: float) -> float:
+    """Transfers of ``each_s`` run one at a time, each from its start (seconds before the moment the step needs
+    them all, negative: earlier): how long after that moment the last one ends."""
+    free = -math.inf
+    for start in sorted(starts_s):
+        free = max(free, start) + each_s
+    return max(0.0, free)
+
+
+@pytest.mark.parametrize("t_mb", [1e-3, 0.05, 10.0])
+def test_interleaved_reduces_and_gathers_each_model_chunk_in_its_own_window_by_hand(t_mb):
+    """Megatron-LM's interleaved schedule (schedules.py:1438-1455, 1219-1221, 1341-1352) reduces a model
+    chunk's gradients whole once its last backward has run: in the cool-down the chunks' backwards come in
+    groups of pp micro-batches, last chunk first, so chunk c's reduction starts c groups (c x pp chunk
+    backwards, each 1/v of a micro-batch's) before the end, and chunk 0's at the end. With
+    --overlap-param-gather the first two chunks' weights are gathered at the step's start, chunk c + 1's when
+    chunk c's forwards begin; chunk c's forwards wait for its weights."""
+    model = parse_inline_model("layers=8,hidden=1024,heads=8,seq=256,vocab=1000")
+    pp, v, dp = 2, 4, 4
+    config = Configuration(1, dp, pp, 1, virtual_stages=v)  # 8 micro-batches
+    c = Fixed(alpha_s=1e-4, bytes_per_s=1e10)
+    for gather in (False, True):
+        training = Training(dp * 8, sharding=Sharding.ZERO1, overlap_param_gather=gather)
+        shape = step_shape(model, training, config)
+        step = step_time(model, training, config, c, t_mb)
+        backward = t_mb * shape.backward_fraction
+        forward = t_mb - backward
+        bucket = step.bucket_bytes
+        n = math.ceil(shape.gradient_bytes / bucket)
+        chunk_reduce = n * (c.alpha_s + bucket / c.bytes_per_s) / v
+        chunk_gather = n * (c.alpha_s + bucket / 2 / c.bytes_per_s) / v
+        reduce = _queue_exposed_s([-k * pp * backward / v for k in range(v)], chunk_reduce)
+        if gather:  # chunk k's weights needed after chunk 0's gather and k groups of forwards
+            starts = [0.0, 0.0] + [(k - 1) * pp * forward / v for k in range(2, v)]
+            needed = [k * pp * forward / v for k in range(v)]
+            free, late = 0.0, 0.0
+            for start, need in zip(starts, needed):
+                free = max(free, start) + chunk_gather
+                late = max(late, free - need - chunk_gather)  # the first chunk's gather itself is exposed
+            gathered = chunk_gather + late
+        else:
+            gathered = v * chunk_gather
+        assert step.dp_s == pytest.approx(reduce + gathered)
+        if t_mb == 10.0:  # long windows: only the first chunk's reduction (and gather, overlapped) stay exposed
+            assert step.dp_s == pytest.approx(chunk_reduce + (chunk_gather if gather else v * chunk_gather))
+
+
 def test_overlap_param_gather_needs_a_sharded_optimizer():
     with pytest.raises(SynthError, match="--overlap-param-gather needs --sharding zero1 or zero2"):
         Training(8, overlap_param_gather=True)
@@ -120,3 +170,45 @@ def test_zero3_with_context_parallelism_shards_over_dp_and_cp():
     c = Fixed()
     step_time(model, training, config, c, 1e-3)
     assert {("dp+cp", Goal.ALLGATHER), ("dp+cp", Goal.REDUCESCATTER)} <= c.axes
+
+
+class _Spanning:
+    """An all-to-all priced at its bytes (1 GB/s), over an ep group split
+    ``outer`` ways above the innermost level (nodes) and ``inner`` inside."""
+
+    def __init__(self, outer: int, inner: int):
+        self.placement = SimpleNamespace(axis_names=("ep",), matrix=((outer, inner),))
+        self.sizes = []
+
+    def reduce(self, axis, goal, size_bytes):
+        return 0.0
+
+    def send(self, axis, size_bytes):
+        return 0.0
+
+    def alltoall(self, axis, size_bytes):
+        self.sizes.append(size_bytes)
+        return size_bytes / 1e9
+
+
+@pytest.mark.parametrize("outer, inner, copies", [
+    (8, 8, 4),  # 8 experts over 8 nodes reach 8 (1 - (7/8)^8) = 5.25 nodes on average: 4 at most
+    (2, 8, 2 * (1 - 0.5 ** 8)),  # two nodes: each token reaches 1.99 of them, under the limit
+    (1, 8, 8),  # inside one node: one copy per routed expert, as without the limit
+])
+def test_node_limited_routing_sends_a_token_once_per_node_it_reaches_by_hand(outer, inner, copies):
+    """DeepSeek-V3 (arXiv:2412.19437 Sections 2.1.2, 3.2.2): a token goes to at
+    most 4 nodes, once to each over InfiniBand, and is forwarded over NVLink to
+    its experts there; the all-to-all carries those copies, not one per expert."""
+    spec = MOE.replace("experts=8,top_k=2", "experts=64,top_k=8")
+    limited, plain = parse_inline_model(spec + ",max_nodes=4"), parse_inline_model(spec)
+    config = Configuration(1, 1, 1, 1, ep=outer * inner)
+    token_bytes = limited.hidden * 2  # bf16
+    seen = {}
+    for name, model in (("limited", limited), ("plain", plain)):
+        spanning = _Spanning(outer, inner)
+        step_time(model, Training(64), config, spanning, 1.0)
+        seen[name] = set(spanning.sizes)
+    tokens = limited.seq  # micro-batch 1, no tp or cp
+    assert seen["plain"] == {tokens * 8 * token_bytes}
+    assert seen["limited"] == {math.ceil(tokens * 8 * token_bytes * copies / 8)}

@@ -26,6 +26,7 @@ from synth.planner.stepmodel import (
     configuration_problem,
     memory_per_device,
     overlapped_s,
+    step_shape,
     step_time,
 )
 from synth.planner.transformer import Recompute, load_model, parse_inline_model
@@ -206,12 +207,34 @@ def test_zero2_shards_gradients_and_reduce_scatters_every_micro_batch():
     rec1, rec2 = Recording(), Recording()
     step1, step2 = step_time(m, zero1, config, rec1, t_mb), step_time(m, zero2, config, rec2, t_mb)
     assert step1.bucket_bytes == step2.bucket_bytes == BUCKET_GRID_BYTES[0]  # one padded bucket
-    scatter = gather = 1e-3 * (1 + BUCKET_GRID_BYTES[0] / 2**30)
+    # the bucket holds fp32 gradients (Megatron-LM under bf16); the gathered bf16 weights are half its bytes
+    scatter, gather = (1e-3 * (1 + size / 2**30) for size in (BUCKET_GRID_BYTES[0], BUCKET_GRID_BYTES[0] // 2))
     backward = t_mb * 2 / 3
     assert step1.dp_s == pytest.approx(overlapped_s(1, scatter, backward) + gather)
     assert step2.dp_s == pytest.approx(8 * overlapped_s(1, scatter, backward) + gather)
     assert {(c[1], c[2]) for c in rec2.calls if c[0] == "reduce"} >= {("dp", Goal.REDUCESCATTER),
                                                                      ("dp", Goal.ALLGATHER)}
+
+
+def test_gradients_reduce_in_the_bytes_the_framework_holds_them():
+    """Megatron-LM under bf16 reduces its fp32 main gradients in fp32
+    (arguments.py's validate_args), under fp16 in fp16; the eager-master loop
+    its bf16 gradients. Counted by hand: a GPT layer holds 12 h^2 + 13 h
+    parameters, plus the tied word embeddings V h, learned positions s h and
+    the final LayerNorm 2 h; tp 2 splits them."""
+    h, layers, seq, vocab = 64, 8, 32, 100
+    m = gpt(layers, h, 4, seq, vocab)
+    params = layers * (12 * h * h + 13 * h) + vocab * h + seq * h + 2 * h
+    config = Configuration(2, 2, 1, 2)
+    for dtype, framework, value_bytes in (("bf16", "megatron", 4), ("fp16", "megatron", 2),
+                                          ("bf16", "eager-master", 2), ("bf16", "torchtitan", 4)):
+        training = Training(32, dtype=dtype, framework=framework, sharding=Sharding.ZERO1)
+        assert step_shape(m, training, config).gradient_bytes == params // 2 * value_bytes
+        rec = Recording()
+        step_time(m, training, config, rec, 0.01)
+        sizes = {c[2]: c[3] for c in rec.calls if c[0] == "reduce" and c[1] == "dp"}
+        # one padded bucket of gradients, the weights' all-gather in the training dtype's 2 bytes
+        assert sizes[Goal.ALLGATHER] == sizes[Goal.REDUCESCATTER] * 2 // value_bytes
 
 
 class Linear(Recording):
@@ -298,7 +321,7 @@ def test_selective_recomputation_step_and_memory_by_hand(attention):
     window_share = (2 * forward + recomputed) / (3 * forward + recomputed)
     t_mb = 0.015
     step = step_time(m, selective, config, Linear(), t_mb)
-    grads = (L * (12 * h * h + 13 * h) + V * h + s * h + 2 * h) * 2  # bf16, one stage, tp 1
+    grads = (L * (12 * h * h + 13 * h) + V * h + s * h + 2 * h) * 4  # fp32 main gradients (bf16), one stage, tp 1
 
     def by_hand(share):
         return min(_exposed_by_hand(math.ceil(grads / bucket), Linear.price(bucket), t_mb * share)
