@@ -281,7 +281,7 @@ def attention_ops(profile: OperationProfile, model: Transformer, shard: Shard) -
     chunks do as much work and are priced alike). Together they are ``1 / cp``
     of the whole sequence's causal attention, in shorter kernels."""
     a = profile.attention
-    b, heads, head_dim = shard.micro_batch, model.heads // shard.tp, model.head_dimension
+    b, heads, head_dim = shard.micro_batch, model.heads // shard.tp, model.attention_head_dim
     shape = (b, heads, shard.seq, head_dim)
     local = shard.seq // shard.cp
 

@@ -78,7 +78,7 @@ class Recompute(enum.Enum):
 
 # field -> (type, required); the files' other keys are informative
 _INT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "params", "head_dim",
-               "train_batch_tokens")
+               "core_head_dim", "train_batch_tokens")
 _REQUIRED = ("layers", "hidden", "heads", "seq", "vocab")
 _BOOL_FIELDS = ("gated_mlp", "biases", "tied_embeddings")
 _TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
@@ -90,8 +90,8 @@ _CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("l
 # 2.5 x 10^4 hidden, 10^2 heads, 2.6 x 10^5 vocabulary, 4 x 10^2 experts, 10^6-10^7 tokens of context), so that
 # a typo of many digits is one error line, not a plan of "25 billion GiB per device"
 MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16,
-                "ffn": 2**22, "vocab": 2**24, "seq": 2**24, "params": 10**15, "train_batch_tokens": 10**15,
-                "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22, "shared_experts": 2**16,
+                "core_head_dim": 2**16, "ffn": 2**22, "vocab": 2**24, "seq": 2**24, "params": 10**15,
+                "train_batch_tokens": 10**15, "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22, "shared_experts": 2**16,
                 "dense_layers": 10_000, "max_nodes": 2**16}
 MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "capacity_factor")
 INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "gated_mlp",
@@ -174,6 +174,7 @@ class Transformer:
     tied_embeddings: bool = True
     moe: MoE | None = None  # None: every layer dense
     head_dim: int | None = None  # the model file's head_dim where it gives one (None: hidden / heads)
+    core_head_dim: int | None = None  # the attention core's head width where not head_dim's (latent attention)
     params_stated: int | None = None  # the count the source states (informative)
     source: str = ""
     source_inconsistency: str | None = None
@@ -195,6 +196,14 @@ class Transformer:
         """One attention head's width: the model file's ``head_dim``, else
         hidden / heads."""
         return self.head_dim or self.hidden // self.heads
+
+    @property
+    def attention_head_dim(self) -> int:
+        """The head width the attention core computes over: the model file's
+        ``core_head_dim`` where its core differs from its projections (DeepSeek-V3's
+        multi-head latent attention, approximated as ordinary heads whose
+        projections are :attr:`head_dimension` wide), else :attr:`head_dimension`."""
+        return self.core_head_dim or self.head_dimension
 
     @property
     def q_dim(self) -> int:
@@ -480,6 +489,7 @@ class Transformer:
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.ffn, "kv_heads": self.kv_heads,
                 "mlp": self.mlp, "gated_mlp": self.gated_mlp, "biases": self.biases, "norm": self.norm,
                 "positions": self.positions, "tied_embeddings": self.tied_embeddings, "head_dim": self.head_dimension,
+                **({"core_head_dim": self.core_head_dim} if self.core_head_dim else {}),
                 "parameters": self.parameters,
                 **({"moe": self.moe.to_dict(), "active_parameters": self.active_parameters} if self.moe else {})}
 
@@ -571,6 +581,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         norm=str(data.get("norm", defaults["norm"])),
         positions=str(data.get("positions", defaults["positions"])),
         tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe, head_dim=data.get("head_dim"),
+        core_head_dim=data.get("core_head_dim"),
         params_stated=data.get("params"), source=str(data.get("source", "")),
         source_inconsistency=data.get("source_inconsistency"),
     )

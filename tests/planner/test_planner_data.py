@@ -43,7 +43,7 @@ GPUS = ROOT / "data" / "gpus.yaml"
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
 
 REQUIRED_INT = ("layers", "hidden", "heads", "seq", "vocab")
-OPTIONAL_INT = ("ffn", "kv_heads", "params", "head_dim", "train_batch_tokens")
+OPTIONAL_INT = ("ffn", "kv_heads", "params", "head_dim", "core_head_dim", "train_batch_tokens")
 IGNORED_REL = 0.01
 MAX_REL = 0.04
 
@@ -159,8 +159,9 @@ def test_model_heads_divide_hidden(path: Path):
     """hidden = heads x head size, unless the file records that its source disagrees."""
     m = _load(path)
     consistent = m["hidden"] % m["heads"] == 0
-    if "head_dim" in m:
-        consistent = consistent and m["heads"] * m["head_dim"] == m["hidden"]
+    for width in ("head_dim", "core_head_dim"):  # the projections' heads, the attention core's
+        if width in m:
+            consistent = consistent and m["heads"] * m[width] == m["hidden"]
     if not consistent:
         assert isinstance(m.get("source_inconsistency"), str), (
             f"{path.name}: hidden {m['hidden']} does not match heads {m['heads']}"
