@@ -9,7 +9,9 @@ computes once, without changing what it picks.
   its data-parallel term (at least 0), is at most the variant's step on each
   placement: when it is above the best variant kept for the (sizes,
   micro-batch), no placement of this variant can rank first, and the planner
-  does not evaluate it.
+  does not evaluate it. Where the step model reads the placement itself (the
+  nodes an expert-parallel group spans, which set its all-to-all's size;
+  HSDP's group sizes) a least price is no bound, and no variant is skipped.
 * :class:`LayoutEstimates`: a configuration's step shape and compute estimate
   depend on its stage layout, not on its pipeline schedule
   (``tests/planner/test_planner_pruning.py`` checks it), so the variants of
@@ -42,12 +44,25 @@ from .stepmodel import (
 from .transformer import Transformer
 
 
+class PlacementDependent(Exception):
+    """The step model asked :class:`CheapestCollectives` for a placement."""
+
+
 class CheapestCollectives:
     """:class:`~synth.planner.stepmodel.Collectives` whose every price is the
-    least of ``placements``' prices for it (each a placement's collectives)."""
+    least of ``placements``' prices for it (each a placement's collectives).
+    It stands for no one placement: asking for its ``placement`` or an axis's
+    ``size`` raises :class:`PlacementDependent`."""
 
     def __init__(self, placements: Sequence[Collectives]) -> None:
         self.placements = placements
+
+    @property
+    def placement(self) -> Any:
+        raise PlacementDependent
+
+    def size(self, axis: str) -> int:
+        raise PlacementDependent
 
     def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
         return min(p.reduce(axis, goal, size_bytes) for p in self.placements)
@@ -80,7 +95,10 @@ def variant_beaten(best: Any, infeasible: bool, model: Transformer, training: Tr
     if training.sharding is Sharding.HSDP:
         return False
     collectives = [costs.on(p, infeasible) for p in placements]
-    bound = cheapest_step_bound_s(model, training, config, collectives, shape, compute)
+    try:
+        bound = cheapest_step_bound_s(model, training, config, collectives, shape, compute)
+    except PlacementDependent:  # the step depends on the placement beyond its prices: no bound
+        return False
     return (infeasible, bound) > (not best.feasible, best.predicted_step_s)
 
 

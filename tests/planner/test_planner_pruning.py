@@ -28,9 +28,10 @@ from synth.synthesis.placement import parse_axis_ranges
 from synth.topology import load_topology
 
 
-def _request(**kw) -> JobRequest:
+def _request(model=None, **kw) -> JobRequest:
     topology = load_topology("dgx-h100").scaled({"node": 4})
-    model = parse_inline_model("layers=30,hidden=1024,heads=8,kv_heads=2,seq=4096,vocab=1000,gated_mlp=true,ffn=2816")
+    model = model or parse_inline_model("layers=30,hidden=1024,heads=8,kv_heads=2,seq=4096,vocab=1000,gated_mlp=true,"
+                                        "ffn=2816")
     base = dict(axes=parse_axis_ranges("tp,cp,dp,pp"), stages="uneven", schedule="search", micro_batches=(1, 2))
     base.update(kw)
     return JobRequest(topology, topology.device, model, Training(64, sharding=Sharding.ZERO1), **base)
@@ -59,19 +60,28 @@ def test_the_cheapest_collectives_bound_every_placements_step_from_below():
     assert checked >= 12
 
 
-def test_variants_skipped_by_the_cheapest_bound_never_hold_the_pick(monkeypatch):
-    request = _request()
+MOE = ("layers=8,hidden=512,heads=8,seq=1024,vocab=1000,gated_mlp=true,ffn=1408,experts=16,top_k=4,expert_ffn=256,"
+       "max_nodes=2")
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_variants_skipped_by_the_cheapest_bound_never_hold_the_pick(monkeypatch, moe):
+    """With node-limited routing the all-to-all's size is the placement's (the
+    nodes its expert-parallel group spans): no variant is skipped then."""
+    request = _request(model=parse_inline_model(MOE), axes=parse_axis_ranges("tp,ep,dp,pp")) if moe else _request()
     skipped = []
     beaten = pruning.variant_beaten
 
     def counting(*args):
         out = beaten(*args)
-        skipped.append(out)
+        skipped.append((out, args[4].ep))  # (skipped, the variant's ep)
         return out
 
     monkeypatch.setattr("synth.planner.configurations.variant_beaten", counting)
     solution = plan_job(request)
-    assert any(skipped)  # the bound skips variants here
+    assert any(out for out, _ in skipped)  # the bound skips variants here
+    if moe:  # but none whose step reads the placement: with ep > 1, node-limited routing's all-to-all size
+        assert any(ep > 1 for _, ep in skipped) and not any(out and ep > 1 for out, ep in skipped)
     for kept in solution.candidates:
         config = replace(kept.config, schedule=Schedule.ONE_F_ONE_B, virtual_stages=1, stage_layers=())
         placements = _placements(request.topology, kept.placement.axes, ())  # every variant on every placement
