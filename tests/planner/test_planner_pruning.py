@@ -90,15 +90,17 @@ def test_variants_skipped_by_the_cheapest_bound_never_hold_the_pick(monkeypatch,
         assert (not kept.feasible, kept.predicted_step_s) == min((not c.feasible, c.predicted_step_s) for c in every)
 
 
+@pytest.mark.parametrize("moe", [False, True])
 @pytest.mark.parametrize("compute", ["curve", "operations"])
-def test_shape_and_compute_do_not_depend_on_the_schedule(compute):
+def test_shape_and_compute_do_not_depend_on_the_schedule(compute, moe):
     """What lets every schedule of a stage layout share one estimate
     (pruning.LayoutEstimates)."""
-    request = _request()
+    request = _request(model=parse_inline_model(MOE)) if moe else _request()
     model, training = request.model, request.training
     profile = DEFAULT_COMPUTE if compute == "curve" else shipped_profile_for("h100-sxm5-80gb")
-    for layout in ((), (7, 8, 8, 7)):
-        base = Configuration(2, 2, 4, 2, stage_layers=layout, cp=2)
+    for layout in ((), (1, 3, 3, 1) if moe else (7, 8, 8, 7)):
+        base = Configuration(2, 2, 4, 2, stage_layers=layout, ep=2) if moe else Configuration(
+            2, 2, 4, 2, stage_layers=layout, cp=2)
         variants = [replace(base, schedule=Schedule.ZERO_BUBBLE), replace(base, virtual_stages=2)]
         want_shape = step_shape(model, training, base)
         want_compute = compute_estimate(model, training, base, request.device, profile, want_shape)
