@@ -33,7 +33,7 @@ def measured_by(shared, samples):
     return [replace(s, call=replace(s.call, time_s=float(t))) for s, t in zip(samples, times)]
 
 
-NETWORKS = {"ib": (0.7, (9.0, 12.0, 20.0)), "efa": (0.6, (30.0, 40.0, 60.0))}  # other transports keep the prior
+NETWORKS = {"ib": (0.7, (9.0, 12.0, 20.0)), "efa2": (0.6, (30.0, 40.0, 60.0))}  # other transports keep the prior
 PRIOR = SharedParameters.prior()
 TRUE = replace(
     PRIOR,
@@ -83,7 +83,7 @@ def test_fitted_on_two_systems_it_predicts_a_third_it_never_saw():
     worst = [s for s, e in zip(unseen, error) if e > 0.05]
     assert len(worst) <= 4 and all(s.call.size_bytes <= 64 * 2**20 for s in worst)
     assert dict(fitted.achieved)["ib"] == pytest.approx(0.7, rel=0.01)
-    assert dict(fitted.achieved)["efa"] == pytest.approx(0.6, rel=0.01)
+    assert dict(fitted.achieved)["efa2"] == pytest.approx(0.6, rel=0.01)
     assert dict(fitted.achieved)["nvlink"] == pytest.approx(0.8, rel=0.01)
 
 
@@ -123,8 +123,8 @@ def test_a_timing_tools_overhead_is_learned_apart_from_nccls_latency():
 def test_link_kinds_are_the_topologys_links_and_transports():
     # a network is priced by its transport; one that states none by the documented default, InfiniBand
     assert sorted(LINK_KINDS) == sorted(tuple(k for k in LINKS if k != "net") + TRANSPORTS)
-    # a network level's kind is its transport: the p5's EFA and dgx-h100's InfiniBand get their own numbers
-    shared = replace(SharedParameters.prior(), achieved=tuple((k, {"efa": .5, "ib": .9}.get(k, 1.0))
+    # a network level's kind is its transport: the p5's EFAv2 and dgx-h100's InfiniBand get their own numbers
+    shared = replace(SharedParameters.prior(), achieved=tuple((k, {"efa2": .5, "ib": .9}.get(k, 1.0))
                                                               for k in LINK_KINDS))
     assert shared.profile_for(load_topology("p5")).bandwidth_GBps[0] == pytest.approx(50.0 * .5)
     assert shared.profile_for(load_topology("dgx-h100")).bandwidth_GBps[0] == pytest.approx(47.0 * .9)
