@@ -6,8 +6,8 @@ and latencies are per level, so a fit of one system says nothing of another.
 so that measurements of some systems predict another:
 
 * the achieved fraction of a level's stated bandwidth, per link kind: ``nvlink``,
-  ``pcie``, and for a network its ``transport`` (``ib``, ``roce``, ``efa``,
-  ``tcp``; :data:`~synth.topology.DEFAULT_TRANSPORT` where the topology does
+  ``pcie``, and for a network its ``transport`` (one of
+  :data:`~synth.topology.TRANSPORTS`; :data:`~synth.topology.DEFAULT_TRANSPORT` where the topology does
   not state it), since each network stack has its own latency and efficiency. The level's bandwidth is its
   topology's ``bandwidth_GBps`` times ``achieved[kind]``;
 * the latency of one NCCL step per link kind and protocol (LL, LL128, Simple);
