@@ -24,8 +24,13 @@ the hardware the way NCCL's topology detection sees it:
   H100/H200, 10.0 B200/GB200), which selects NCCL's per-architecture tables.
   Only on the innermost level (the devices). Default 8.0.
 * ``transport``: what carries a ``net`` level's traffic: ``ib`` (InfiniBand
-  verbs), ``roce`` (RDMA over Converged Ethernet), ``efa`` (AWS's Elastic
-  Fabric Adapter, SRD) or ``tcp`` (sockets, GCP's GPUDirect-TCPX/TCPXO). Only on
+  verbs), ``roce`` (RDMA over Converged Ethernet), ``efa``, ``efa2``, ``efa4`` (AWS's Elastic
+  Fabric Adapter, SRD, by the generation AWS states per instance type: the
+  first on p3dn, "EFAv1" on p4d and p4de, "EFAv2" on p5, "EFA v4" on
+  p6-b200), ``tcp`` (NCCL's socket transport: data through host
+  memory), ``tcpx`` (GCP's GPUDirect-TCPX: TCP whose payload the NIC writes to
+  GPU memory, the receive path run by a host daemon) or ``tcpxo`` (GCP's
+  GPUDirect-TCPXO, A3 Mega: the TCP path offloaded to the NIC). Only on
   a ``net`` level. The NCCL choice does not read it; the
   cost parameters shared across systems are per transport
   (:mod:`synth.cost.transfer`), since each network stack has its own latency.
@@ -91,7 +96,7 @@ MAX_LEVELS = 64  # levels of a topology: real ones have 2-4
 
 FABRICS = ("switch", "ring")
 LINKS = ("net", "nvlink", "pcie")
-TRANSPORTS = ("ib", "roce", "efa", "tcp")  # of a net level (Level.transport)
+TRANSPORTS = ("ib", "roce", "efa", "efa2", "efa4", "tcp", "tcpx", "tcpxo")  # of a net level (Level.transport)
 DEFAULT_TRANSPORT = "ib"  # a net level that states none is priced as InfiniBand verbs
 # GB/s per direction of one PCIe lane, by generation: signalling rate x encoding / 8 bits (PCI-SIG base specs:
 # 8b/10b up to Gen 2, 128b/130b for Gen 3-5, Gen 6's FLIT mode carries 242 of every 256 bytes)
@@ -124,7 +129,7 @@ class Level:
     nvlinks: int | None = None  # NVLinks per element, on an nvlink level
     nvls: bool = False  # the parent switch is an NVSwitch with NVLink SHARP
     compute_capability: float | None = None  # of the devices; innermost level only
-    transport: str | None = None  # of a net level: ib, roce, efa, tcp (None: not stated)
+    transport: str | None = None  # of a net level: one of TRANSPORTS (None: not stated)
     nic_path: str | None = None  # of a net level: the GPU-NIC path type (NIC_PATHS; None: not stated)
     gpus_per_nic: int | None = None  # of a net level: GPUs sharing each NIC (None: not stated)
     pcie_gen: int | None = None  # of a net level: PCIe generation of each GPU's link (None: not stated)

@@ -60,8 +60,8 @@ NCCL_FACTS = {
     "dgx-a100": (8, 24.0, 12, False, 8.0),
     "dgx-h100": (8, 47.0, 18, True, 9.0),
     "p5": (8, 50.0, 18, True, 9.0),
-    "a3-mega": (8, 28.125, 18, True, 9.0),
-    "a3-high": (4, 31.25, 18, True, 9.0),
+    "a3-mega": (8, 25.0, 18, True, 9.0),
+    "a3-high": (4, 25.0, 18, True, 9.0),
     "p6-b200": (8, 50.0, 18, True, 10.0),
     "gcp-a4": (8, 50.0, 18, True, 10.0),
     "p4de": (4, 12.5, 12, False, 8.0),  # 4 EFA NICs (aws-ofi-nccl topology/p4de-24xl-topo.xml)
@@ -531,10 +531,10 @@ def test_parse_device():
         parse_device("memory_GiB=1,peak_TFLOPs=1,hbm=2")
 
 
-TRANSPORT = {"a3-high": "tcp", "a3-mega": "tcp", "abci-a": "ib", "abci-v": "ib", "dgx-a100": "ib", "dgx-h100": "ib",
+TRANSPORT = {"a3-high": "tcpx", "a3-mega": "tcpxo", "abci-a": "ib", "abci-v": "ib", "dgx-a100": "ib", "dgx-h100": "ib",
              "dgx-h800": "ib", "gcp-a4": "roce", "gke-a3ultra-1gpu1nic": "roce", "oci-bm-gpu4-8": "roce",
              "gcp-a3-ultra": "roce", "gcp-a3-high-tcp1": "tcp", "together-b200-ib": "ib",
-             "p3dn": "efa", "p4d": "efa", "p4de": "efa", "p5": "efa", "p6-b200": "efa"}
+             "p3dn": "efa", "p4d": "efa", "p4de": "efa", "p5": "efa2", "p6-b200": "efa4"}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -552,7 +552,7 @@ def test_transport_is_one_of_four_and_only_on_a_network():
     gpu = {"name": "gpu", "count": 8, "bandwidth_GBps": 300.0, "latency_us": 1.0}
     ok = topology_from_dict({"name": "t", "levels": [level(transport="roce"), gpu]}, "t.yaml")
     assert ok.levels[0].transport == "roce" and topology_from_dict(ok.to_dict(), "x") == ok
-    with pytest.raises(SynthError, match=r"'transport' must be one of ib, roce, efa, tcp, on a level with link: net; "
+    with pytest.raises(SynthError, match=r"'transport' must be one of ib, roce, efa, efa2, efa4, tcp, tcpx, tcpxo, on a level with link: net; "
                                          r"got 'ethernet' on link: net"):
         topology_from_dict({"name": "t", "levels": [level(transport="ethernet"), gpu]}, "t.yaml")
     with pytest.raises(SynthError, match="got 'ib' on link: nvlink"):

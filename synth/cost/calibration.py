@@ -4,7 +4,7 @@ Every NCCL prediction uses it unless a profile is given (``--profile PROFILE.jso
 own constants are asked for (``--profile prior``).
 
 The parameters are per link kind (NVLink, PCIe, and a network per transport:
-``ib``, ``roce``, ``efa``, ``tcp``) and per ``algorithm.protocol``, not per
+one of :data:`~synth.topology.TRANSPORTS`) and per ``algorithm.protocol``, not per
 system, so they price any topology: :meth:`SharedParameters.profile_for`. They
 live in ``profiles/nccl-calibration.json`` (schema ``synth-reduce/calibration``,
 read by :func:`synth.cost.shared.shipped`), written by :func:`save_calibration`

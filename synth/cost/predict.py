@@ -91,7 +91,17 @@ def ordered_step_cost(pricing: StepPricing, groups: np.ndarray, nbytes: np.ndarr
     """:func:`step_cost` of ``groups`` whose rows are already in ring and tree
     order: sorted by device id, or the image of sorted rows under a symmetry of
     the topology (:func:`~synth.cost.links.canonical_devices`; the cost is the
-    same, to the bit, as that of the sorted rows)."""
+    same, to the bit, as that of the sorted rows).
+
+    NCCL's ring all-reduce is a reduce-scatter and an all-gather of the same
+    buffer run as one call, so it is priced no dearer than with the protocol
+    NCCL picks for either phase as a call of its own: NCCL picks each
+    collective's protocol from its own table, whose per-collective factors
+    (LL's quarter of the bus for an all-reduce against a third for the other
+    two, the per-collective LL128 caps) are how it chooses, not what a
+    protocol costs (:mod:`synth.cost.priors`); without this, the pick and the
+    model's costs of the protocols could make one all-reduce dearer than the
+    two calls it is made of."""
     topology, profile, algorithm, collective = pricing.topology, pricing.profile, pricing.algorithm, pricing.collective
     links = links_of(topology)
     nbytes = np.asarray(nbytes, dtype=float)
@@ -104,28 +114,34 @@ def ordered_step_cost(pricing: StepPricing, groups: np.ndarray, nbytes: np.ndarr
     forced = algorithm.forced if pricing.allowed is None else pricing.allowed
     plan = _nccl_plan(topology, tuple(groups[0].tolist()), collective, float(nbytes.max()), forced,
                       pricing.nvls_enabled, pricing.nccl_version, pricing.dtype, pricing.op, pricing.protocols)
-    total = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True,
+    moved = _add_rounds(links, profile, plan.key, plan.pattern, groups, nbytes, features, plan.lanes, nccl=True,
                         scales=scales)
-    if plan.channel_factor != 1.0:  # a small call runs on fewer channels: its bytes move that much slower
-        total *= plan.channel_factor
-        features.load = {k: x * plan.channel_factor for k, x in features.load.items()}
-    features.steps[:, plan.protocol] = plan.hops
-    features.base_count[plan.key] = 1.0
-    total += float(profile.protocol_latency_s[:, plan.protocol] @ plan.hops) + profile.base_us(plan.key) * 1e-6
+    load = features.load.pop(plan.key)  # bytes over rate at the chosen key's efficiency, every channel
+    total, protocol, key, factor = min(
+        (moved * profile.efficiency_of(plan.key) / profile.efficiency_of(k) * f
+         + float(profile.protocol_latency_s[:, p] @ plan.hops) + profile.base_us(k) * 1e-6, p, k, f)
+        for p, k, f in plan.protocols)
+    features.load[key] = load * factor  # a small call runs on fewer channels: its bytes move that much slower
+    features.steps[:, protocol] = plan.hops
+    features.base_count[key] = 1.0
     return total, features
 
 
 @dataclass(frozen=True)
 class _NcclPlan:
-    """What NCCL runs for one group and size: the ``algorithm.protocol`` key, the
-    protocol's index, the rounds, the lanes per level and the latency steps per level."""
+    """What NCCL runs for one group and size: the ``algorithm.protocol`` key NCCL
+    picks, the rounds, the lanes per level, the latency steps per level, and
+    ``protocols``: the protocols the call is priced with, the least of them
+    (NCCL's pick; for a ring all-reduce also those NCCL picks for a ring
+    reduce-scatter and a ring all-gather of the same buffer, its two phases:
+    see :func:`ordered_step_cost`), as (protocol index, key, the
+    communicator's channels / the call's: :func:`synth.cost.nccl.call_channels`)."""
 
     key: str
-    protocol: int
     pattern: tuple[Round, ...]
     lanes: np.ndarray
     hops: np.ndarray
-    channel_factor: float = 1.0  # the communicator's channels / the call's (synth.cost.nccl.call_channels)
+    protocols: tuple[tuple[int, str, float], ...]
 
 
 @memoised(maxsize=16384)
@@ -135,8 +151,16 @@ def _nccl_plan(topology: Topology, members: tuple[int, ...], collective: Collect
     comm = comm_of(topology, members, nvls_enabled, nccl_version)
     choice = choose(comm, collective, nbytes, forced, dtype, op, protocols)
     pattern, lanes, hops = _nccl_shape(topology, members, choice.algorithm, collective)
-    used, full = call_channels(comm, choice.algorithm, choice.protocol, nbytes)
-    return _NcclPlan(choice.key, PROTOCOLS.index(choice.protocol), pattern, lanes, hops, full / used)
+    names = [choice.protocol]
+    if choice.algorithm == "ring" and collective is Collective.ALLREDUCE:  # its two phases' own protocols
+        names += [choose(comm, phase, nbytes, ("ring",), dtype, op, protocols).protocol
+                  for phase in (Collective.REDUCESCATTER, Collective.ALLGATHER)]
+    names = [p for p in PROTOCOLS if p in names]
+    alternatives = []
+    for p in names:
+        used, full = call_channels(comm, choice.algorithm, p, nbytes)
+        alternatives.append((PROTOCOLS.index(p), f"{choice.algorithm}.{p}", full / used))
+    return _NcclPlan(choice.key, pattern, lanes, hops, tuple(alternatives))
 
 
 @memoised(maxsize=4096)

@@ -6,8 +6,8 @@ and latencies are per level, so a fit of one system says nothing of another.
 so that measurements of some systems predict another:
 
 * the achieved fraction of a level's stated bandwidth, per link kind: ``nvlink``,
-  ``pcie``, and for a network its ``transport`` (``ib``, ``roce``, ``efa``,
-  ``tcp``; :data:`~synth.topology.DEFAULT_TRANSPORT` where the topology does
+  ``pcie``, and for a network its ``transport`` (one of
+  :data:`~synth.topology.TRANSPORTS`; :data:`~synth.topology.DEFAULT_TRANSPORT` where the topology does
   not state it), since each network stack has its own latency and efficiency. The level's bandwidth is its
   topology's ``bandwidth_GBps`` times ``achieved[kind]``;
 * the latency of one NCCL step per link kind and protocol (LL, LL128, Simple);
@@ -27,9 +27,12 @@ linear in the latencies and a sum of ``load / (bandwidth x achieved x
 efficiency)`` terms (:class:`~synth.cost.terms.Features`): Levenberg-Marquardt
 on relative errors over the log of the fractions and efficiencies and the
 latencies (held at >= 0; :func:`synth.cost.fit.levenberg_marquardt`, the
-profiles' own), with a weak pull toward the prior (weight ``PULL``) so that a
-parameter no call exercises keeps its prior value; the critical flows are then
-recomputed and the fit repeated (``rounds``).
+profiles' own), with a weak pull toward the prior (weight ``PULL``) against
+what few calls say; a parameter no call exercises (:func:`exercised`: a
+transport, link kind or protocol absent from the calls) is held at its prior
+value, so a system whose transport the calls never measured is priced by the
+prior there. The critical flows are then recomputed and the fit repeated
+(``rounds``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from .profile import NetworkProfile
 from .shared import ANCHOR, LINK_KINDS, PULL, TOOLS, SharedParameters, link_kind
 from .terms import Features
 
-__all__ = ["ANCHOR", "LINK_KINDS", "PULL", "TOOLS", "SharedParameters", "fit_shared", "predict_calls"]
+__all__ = ["ANCHOR", "LINK_KINDS", "PULL", "TOOLS", "SharedParameters", "exercised", "fit_shared", "predict_calls"]
 
 
 def predict_calls(shared: SharedParameters, samples: Sequence) -> np.ndarray:
@@ -168,10 +171,27 @@ def fit_shared(samples: Sequence, prior: SharedParameters | None = None, rounds:
         rows = [_terms(s.features(profiles[s.topology]), s.topology, s.call.tool) for s in samples]
         linear = np.array([r.linear for r in rows])
         transfer = np.array([r.transfer for r in rows])
+        held = free & ~exercised(linear, transfer)  # no call depends on them: they stay the prior's, exactly
+        x[held] = x0[held]
 
         def model(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             seconds, jac = _predict(v, linear, transfer)
             return np.concatenate([seconds, v]), np.vstack([jac, np.eye(_SIZE)])
 
-        x, *_ = levenberg_marquardt(x, free, floor, np.full(_SIZE, np.inf), target, weight, *model(x), model, steps)
+        x, *_ = levenberg_marquardt(x, free & ~held, floor, np.full(_SIZE, np.inf), target, weight, *model(x), model,
+                                    steps)
     return _parameters(x)
+
+
+def exercised(linear: np.ndarray, transfer: np.ndarray) -> np.ndarray:
+    """Per parameter, whether any call's time depends on it: a latency that some
+    call counts, the achieved fraction of a link kind some call moves bytes
+    over, the efficiency of a key some call moves bytes with. A parameter no
+    call exercises has nothing to be fitted to, so :func:`fit_shared` keeps its
+    prior value (a transport never measured is priced by NCCL's constants and
+    its topology's numbers, not by a fit to nothing)."""
+    used = np.zeros(_SIZE, dtype=bool)
+    used[:_LINEAR] = (linear != 0).any(axis=0)
+    used[_ACH] = (transfer != 0).any(axis=(0, 2))
+    used[_EFF] = (transfer != 0).any(axis=(0, 1))
+    return used

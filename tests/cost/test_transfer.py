@@ -33,7 +33,7 @@ def measured_by(shared, samples):
     return [replace(s, call=replace(s.call, time_s=float(t))) for s, t in zip(samples, times)]
 
 
-NETWORKS = {"ib": (0.7, (9.0, 12.0, 20.0)), "efa": (0.6, (30.0, 40.0, 60.0))}  # other transports keep the prior
+NETWORKS = {"ib": (0.7, (9.0, 12.0, 20.0)), "efa2": (0.6, (30.0, 40.0, 60.0))}  # other transports keep the prior
 PRIOR = SharedParameters.prior()
 TRUE = replace(
     PRIOR,
@@ -83,7 +83,7 @@ def test_fitted_on_two_systems_it_predicts_a_third_it_never_saw():
     worst = [s for s, e in zip(unseen, error) if e > 0.05]
     assert len(worst) <= 4 and all(s.call.size_bytes <= 64 * 2**20 for s in worst)
     assert dict(fitted.achieved)["ib"] == pytest.approx(0.7, rel=0.01)
-    assert dict(fitted.achieved)["efa"] == pytest.approx(0.6, rel=0.01)
+    assert dict(fitted.achieved)["efa2"] == pytest.approx(0.6, rel=0.01)
     assert dict(fitted.achieved)["nvlink"] == pytest.approx(0.8, rel=0.01)
 
 
@@ -123,8 +123,8 @@ def test_a_timing_tools_overhead_is_learned_apart_from_nccls_latency():
 def test_link_kinds_are_the_topologys_links_and_transports():
     # a network is priced by its transport; one that states none by the documented default, InfiniBand
     assert sorted(LINK_KINDS) == sorted(tuple(k for k in LINKS if k != "net") + TRANSPORTS)
-    # a network level's kind is its transport: the p5's EFA and dgx-h100's InfiniBand get their own numbers
-    shared = replace(SharedParameters.prior(), achieved=tuple((k, {"efa": .5, "ib": .9}.get(k, 1.0))
+    # a network level's kind is its transport: the p5's EFAv2 and dgx-h100's InfiniBand get their own numbers
+    shared = replace(SharedParameters.prior(), achieved=tuple((k, {"efa2": .5, "ib": .9}.get(k, 1.0))
                                                               for k in LINK_KINDS))
     assert shared.profile_for(load_topology("p5")).bandwidth_GBps[0] == pytest.approx(50.0 * .5)
     assert shared.profile_for(load_topology("dgx-h100")).bandwidth_GBps[0] == pytest.approx(47.0 * .9)
@@ -138,3 +138,36 @@ def test_errors_name_the_problem():
     with pytest.raises(SynthError, match="unknown timing tool 'stopwatch'"):
         fit_shared(calls(a100, 8, tool="stopwatch"))
     assert math.isfinite(predict_calls(SharedParameters.prior(), calls(a100, 8))[0])
+
+
+def test_a_transport_no_call_measured_is_priced_by_the_prior():
+    """Held-out honesty: calls over GPUDirect-TCPX (a3-high) and InfiniBand fit
+    their own transports; GPUDirect-TCPXO (a3-mega), which none of them
+    crosses, keeps NCCL's constants and its topology's numbers exactly, and so
+    does its prediction of an a3-mega call's network part, whatever the other
+    transports learned."""
+    truth = replace(TRUE, achieved=tuple((k, 0.5 if k == "tcpx" else v) for k, v in TRUE.achieved),
+                    step_latency_us=tuple((k, (80.0, 90.0, 100.0) if k == "tcpx" else v)
+                                          for k, v in TRUE.step_latency_us))
+    a3_high, a100 = load_topology("a3-high"), load_topology("dgx-a100").scaled({"node": 2})
+    fitted = fit_shared(measured_by(truth, calls(a3_high, 16, algo="ring") + calls(a100, 16, algo="ring")))
+    prior = SharedParameters.prior()
+    assert dict(fitted.step_latency_us)["tcpxo"] == pytest.approx(dict(prior.step_latency_us)["tcpxo"], rel=1e-12)
+    assert dict(fitted.achieved)["tcpxo"] == dict(prior.achieved)["tcpxo"] == 1.0
+    assert dict(fitted.achieved)["tcpx"] == pytest.approx(0.5, rel=0.05)  # learned where measured
+    a3_mega = load_topology("a3-mega")
+    mega, mega_prior = fitted.profile_for(a3_mega), prior.profile_for(a3_mega)
+    assert mega.protocol_latency_us[0] == pytest.approx(mega_prior.protocol_latency_us[0], rel=1e-12)
+    assert mega.bandwidth_GBps[0] == mega_prior.bandwidth_GBps[0] == 25.0
+
+
+def test_a_fit_moves_only_what_its_calls_exercise():
+    """A ring over GPUDirect-TCPX and NVLink exercises neither another
+    transport nor the tree, NVLS or PAT: those stay the prior's, exactly."""
+    fitted = fit_shared(measured_by(TRUE, calls(load_topology("a3-high"), 16, algo="ring")))
+    prior = SharedParameters.prior()
+    for kind in ("efa", "roce", "tcp", "tcpxo", "ib", "pcie"):  # the same, to the seconds-to-us rounding
+        assert dict(fitted.step_latency_us)[kind] == pytest.approx(dict(prior.step_latency_us)[kind], rel=1e-12)
+        assert dict(fitted.achieved)[kind] == 1.0
+    for key in ("tree.LL", "tree.LL128", "tree.Simple", "nvls.Simple", "pat.Simple"):
+        assert dict(fitted.efficiency)[key] == EFFICIENCY_PRIOR[key]

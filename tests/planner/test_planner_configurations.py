@@ -259,7 +259,9 @@ def test_branch_and_bound_keeps_the_best_placement_of_a_full_scan():
     """The planner skips placements whose step without data parallelism is
     already slower than the best found; every configuration's placement and
     step are still those of a scan over every placement (ties to the first
-    enumerated)."""
+    enumerated). A configuration that fits no placement prices its reductions
+    as the library's default collectives (no program search), so the scan
+    does too."""
     topology = load_topology("dgx-a100").scaled({"node": 4})
     request = JobRequest(topology, topology.device, load_model("megatron-7.5b"), Training(64),
                          parse_axis_ranges("tp,dp,pp"), (1, 4))
@@ -268,8 +270,9 @@ def test_branch_and_bound_keeps_the_best_placement_of_a_full_scan():
     for c in solution.candidates:
         placements = enumerate_placements(topology, [Axis(n, c.config.sizes()[n]) for n in c.placement.axis_names])
         assert c.placements_tried == len(placements)
-        steps = [step_time(request.model, c.training, c.config, solution.costs.on(p), c.step.micro_batch_s,
-                           c.step.efficiency, optimizer_s=c.step.optimizer_s) for p in placements]
+        steps = [step_time(request.model, c.training, c.config, solution.costs.on(p, not c.feasible),
+                           c.step.micro_batch_s, c.step.efficiency, optimizer_s=c.step.optimizer_s)
+                 for p in placements]
         scan = min(range(len(placements)), key=lambda i: (steps[i].total_s, i))
         assert c.placement.matrix == placements[scan].matrix
         assert c.step == steps[scan]
