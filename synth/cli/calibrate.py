@@ -113,8 +113,9 @@ def run(argv: Sequence[str]) -> int:
           f"{a.backward_floor_s * 1e6:.1f} us per call")
     if profile.host.forward_launch_s:
         print(f"host: {profile.host.forward_launch_s * 1e6:.1f} us per kernel launch forward, "
-              f"{profile.host.backward_launch_s * 1e6:.1f} backward (median of {profile.fit['host']['host_bound_forward']}"
-              f" and {profile.fit['host']['host_bound_backward']} host-bound layer phases)")
+              f"{profile.host.backward_launch_s * 1e6:.1f} backward (fitted on {profile.fit['host']['layers']} layers, "
+              f"{profile.fit['host']['host_bound_forward']} and {profile.fit['host']['host_bound_backward']} of their "
+              "phases host-bound)")
     print(f"memory-bound: {e.bandwidth_Bps / 1e9:.0f} GB/s (add); "
           + ", ".join(f"{p.name} {p.seconds_per_element * 1e12:.3g} ps per element" for p in e.passes))
     print(f"{'family':<20} {'points':>6} {'median':>7} {'p90':>7} {'max':>7}  (relative errors on these records)")

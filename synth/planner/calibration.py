@@ -208,22 +208,47 @@ def fit_attention(records: OpRecords, units: int) -> AttentionModel:
 
 
 # a layer's phase counts as host-bound when its eager time is at least this multiple of the same
-# work replayed as a CUDA graph (the GPU's own time): the host, not the GPU, sets its pace
+# work replayed as a CUDA graph (the GPU's own time): the host, not the GPU, sets its pace. The fit
+# needs one such phase each, forward and backward, for the host's cost to show at all.
 HOST_BOUND_RATIO = 1.5
 
 
+def _issue_error(cost_s: float, gpu_s: np.ndarray, ahead_s: np.ndarray, kernels: np.ndarray,
+                 measured_s: np.ndarray) -> float:
+    """Mean |log error| of ``max(gpu_s, ahead_s + kernels * cost_s)`` against ``measured_s``."""
+    return float(_log_error(np.maximum(gpu_s, ahead_s + kernels * cost_s), measured_s).mean())
+
+
+def _fit_issue_cost(gpu_s: np.ndarray, ahead_s: np.ndarray, kernels: np.ndarray, measured_s: np.ndarray) -> float:
+    """The seconds per launch minimising :func:`_issue_error`, over the costs
+    where a record's host time meets its measured or its GPU time (where the
+    error's slope changes); the smallest on a tie."""
+    candidates = np.concatenate([(measured_s - ahead_s) / kernels, (gpu_s - ahead_s) / kernels])
+    candidates = np.unique(candidates[candidates > 0])
+    errors = [_issue_error(c, gpu_s, ahead_s, kernels, measured_s) for c in candidates]
+    return float(candidates[int(np.argmin(errors))])
+
+
 def fit_host(lines: Iterable[tuple[str, Any]]) -> tuple[HostModel, dict[str, Any]]:
-    """The host's seconds per kernel launch, forward and backward: the median
-    over host-bound whole-layer records (``kind`` "layer" with eager and
-    CUDA-graph times and kernel counts, as ``scripts/layer_accuracy.py
-    measure`` writes them) of eager seconds per kernel. Other records are
-    skipped; SynthError when no layer is host-bound in a phase."""
-    per_kernel: dict[str, list[float]] = {"forward": [], "backward": []}
-    layers = 0
+    """The host's seconds per kernel launch, forward and backward, from
+    whole-layer records (``kind`` "layer" with eager and CUDA-graph times and
+    kernel counts, as ``scripts/layer_accuracy.py measure`` writes them; other
+    records are skipped). The model is the planner's: work issued without a
+    synchronisation lasts the larger of the GPU's time (the graph replay) and
+    its kernels times the seconds per launch. The forward's cost minimises the
+    mean |log error| of ``max(forward_graph_s, forward_kernels x forward cost)``
+    against ``forward_s`` over every layer; the backward's, with the forward's
+    fixed, that of ``max(forward_backward_graph_s, forward launches + backward
+    launches)`` against ``forward_backward_s`` (a forward and its backward run
+    back to back, the GPU catching up in one on what the host left it in the
+    other). Layers the GPU bounds cap the cost (their eager time is not
+    exceeded), host-bound ones set it. SynthError when no phase is host-bound
+    (eager at least ``HOST_BOUND_RATIO`` x its graph replay): the cost does not
+    show."""
+    columns: list[tuple[float, ...]] = []
     for where, r in lines:
         if not isinstance(r, dict) or r.get("kind") != "layer" or "error" in r or "forward_graph_s" not in r:
             continue
-        layers += 1
         forward, both = _number(r, "forward_s", where), _number(r, "forward_backward_s", where)
         graph_forward, graph_both = _number(r, "forward_graph_s", where), _number(r, "forward_backward_graph_s", where)
         kernels_forward = _number(r, "forward_kernels", where, integer=True)
@@ -231,20 +256,24 @@ def fit_host(lines: Iterable[tuple[str, Any]]) -> tuple[HostModel, dict[str, Any
         if kernels_both <= kernels_forward:
             raise SynthError(f"{where}: forward_backward_kernels ({kernels_both:g}) must exceed forward_kernels "
                              f"({kernels_forward:g})")
-        for phase, eager, graph, kernels in (("forward", forward, graph_forward, kernels_forward),
-                                             ("backward", both - forward, graph_both - graph_forward,
-                                              kernels_both - kernels_forward)):
-            if eager >= HOST_BOUND_RATIO * graph:
-                per_kernel[phase].append(eager / kernels)
-    missing = [phase for phase, values in per_kernel.items() if not values]
+        columns.append((forward, both, graph_forward, graph_both, kernels_forward, kernels_both - kernels_forward))
+    rows = np.array(columns).reshape(-1, 6)
+    forward, both, graph_forward, graph_both, kernels_forward, kernels_backward = rows.T
+    bound = {"forward": int((forward >= HOST_BOUND_RATIO * graph_forward).sum()),
+             "backward": int((both - forward >= HOST_BOUND_RATIO * (graph_both - graph_forward)).sum())}
+    missing = [phase for phase, count in bound.items() if not count]
     if missing:
-        raise SynthError(f"layer records: no host-bound layer in the {' and '.join(missing)} of {layers} layer "
+        raise SynthError(f"layer records: no host-bound layer in the {' and '.join(missing)} of {len(rows)} layer "
                          f"record(s) with CUDA-graph times (eager at least {HOST_BOUND_RATIO:g} x the graph replay); "
                          "measure small layers too (scripts/layer_accuracy.py measure)")
-    host = HostModel(float(np.median(per_kernel["forward"])), float(np.median(per_kernel["backward"])))
-    stats = {"layers": layers, "host_bound_forward": len(per_kernel["forward"]),
-             "host_bound_backward": len(per_kernel["backward"])}
-    return host, stats
+    forward_s = _fit_issue_cost(graph_forward, np.zeros(len(rows)), kernels_forward, forward)
+    backward_s = _fit_issue_cost(graph_both, kernels_forward * forward_s, kernels_backward, both)
+    stats = {"layers": len(rows), "host_bound_forward": bound["forward"], "host_bound_backward": bound["backward"],
+             "forward_median_rel_error": float(np.median(np.abs(
+                 np.maximum(graph_forward, kernels_forward * forward_s) / forward - 1))),
+             "forward_backward_median_rel_error": float(np.median(np.abs(
+                 np.maximum(graph_both, kernels_forward * forward_s + kernels_backward * backward_s) / both - 1)))}
+    return HostModel(forward_s, backward_s), stats
 
 
 def fit_operation_profile(records: OpRecords, units: int, name: str, devices: Sequence[str],

@@ -395,17 +395,46 @@ def _layer_record(forward_s, both_s, graph_forward_s, graph_both_s, kernels=(10,
             "forward_kernels": kernels[0], "forward_backward_kernels": kernels[1]}
 
 
-def test_the_host_fit_takes_the_median_over_host_bound_layers():
-    rows = [("a", _layer_record(4e-4, 1.4e-3, 1e-4, 3e-4)),  # host-bound: 40 us / 50 us per kernel
-            ("b", _layer_record(6e-4, 1.8e-3, 2e-4, 6e-4)),  # host-bound: 60 us / 60 us
-            ("c", _layer_record(5e-4, 1.1e-3, 1e-4, 3e-4, (10, 20))),  # host-bound: 50 us / 60 us
-            ("d", _layer_record(9e-3, 2.7e-2, 8e-3, 2.5e-2)),  # GPU-bound: left out
-            ("e", {"kind": "step", "step_s": 1.0}), ("f", {"kind": "host", "add_s": 1e-5})]
+def _issued(kernels: tuple[int, int], graph_s: tuple[float, float], launch_s: tuple[float, float]) -> dict:
+    """A layer record as a host issuing each kernel at ``launch_s`` (forward,
+    backward) ahead of a GPU taking ``graph_s`` (forward, backward) would time
+    it: a forward alone lasts the larger of its GPU and host times, a forward
+    with its backward the larger of their sums."""
+    host_forward, host_backward = kernels[0] * launch_s[0], kernels[1] * launch_s[1]
+    return _layer_record(max(graph_s[0], host_forward), max(sum(graph_s), host_forward + host_backward),
+                         graph_s[0], sum(graph_s), (kernels[0], sum(kernels)))
+
+
+def test_the_host_fit_recovers_the_launch_costs_the_records_were_issued_at():
+    """Records built from known costs (40 us forward, 55 us backward) over
+    small host-bound layers, large GPU-bound ones and layers near the edge
+    (the forward GPU-bound, the backward's host time showing only in the sum):
+    the fit returns those costs."""
+    costs = (4e-5, 5.5e-5)
+    shapes = [((11, 28), (1e-4, 3e-4)), ((22, 43), (2e-4, 5e-4)), ((13, 30), (3e-4, 6e-4)),  # host-bound
+              ((11, 28), (6e-4, 8e-4)), ((22, 43), (1.0e-3, 1.2e-3)), ((12, 30), (5e-4, 7e-4)),  # near the edge
+              ((15, 36), (5e-3, 1.1e-2)), ((26, 49), (9e-3, 2e-2))]  # GPU-bound
+    rows = [(str(i), _issued(kernels, graph, costs)) for i, (kernels, graph) in enumerate(shapes)]
+    rows += [("step", {"kind": "step", "step_s": 1.0}), ("host", {"kind": "host", "add_s": 1e-5})]
     host, stats = fit_host(rows)
-    assert (host.forward_launch_s, host.backward_launch_s) == (pytest.approx(5e-5), pytest.approx(6e-5))
-    assert stats == {"layers": 4, "host_bound_forward": 3, "host_bound_backward": 3}
+    assert (host.forward_launch_s, host.backward_launch_s) == (pytest.approx(4e-5, rel=1e-9),
+                                                               pytest.approx(5.5e-5, rel=1e-9))
+    assert stats["layers"] == 8 and stats["forward_backward_median_rel_error"] == pytest.approx(0, abs=1e-12)
+    # a disturbed host-bound record (its eager times doubled) moves neither cost
+    disturbed = dict(rows[0][1], forward_s=2 * rows[0][1]["forward_s"],
+                     forward_backward_s=2 * rows[0][1]["forward_backward_s"])
+    host, _ = fit_host([("d", disturbed)] + rows[1:])
+    assert (host.forward_launch_s, host.backward_launch_s) == (pytest.approx(4e-5, rel=1e-9),
+                                                               pytest.approx(5.5e-5, rel=1e-9))
+
+
+def test_the_host_fit_needs_a_host_bound_phase_and_refuses_bad_records():
+    rows = [("a", _layer_record(4e-4, 1.4e-3, 1e-4, 3e-4)),  # host-bound both ways
+            ("d", _layer_record(9e-3, 2.7e-2, 8e-3, 2.5e-2))]  # GPU-bound
+    _, stats = fit_host(rows)
+    assert (stats["layers"], stats["host_bound_forward"], stats["host_bound_backward"]) == (2, 1, 1)
     with pytest.raises(SynthError, match=r"no host-bound layer in the forward and backward of 1 layer record"):
-        fit_host(rows[3:])
+        fit_host(rows[1:])
     with pytest.raises(SynthError, match=r"^x: forward_backward_kernels \(10\) must exceed forward_kernels \(10\)"):
         fit_host([("x", _layer_record(4e-4, 1.4e-3, 1e-4, 3e-4, (10, 10)))])
     with pytest.raises(SynthError, match="^y: field 'forward_graph_s' must be a number > 0, got -1"):
@@ -566,7 +595,8 @@ def test_calibrate_from_records_and_its_errors(cli, tmp_path):
                         "--layer-records", H100_LAYERS)
     shipped = load_compute_profile(H100_PROFILE).host
     assert code == 0 and (f"host: {shipped.forward_launch_s * 1e6:.1f} us per kernel launch forward, "
-                          f"{shipped.backward_launch_s * 1e6:.1f} backward (median of 9 and 9") in text
+                          f"{shipped.backward_launch_s * 1e6:.1f} backward (fitted on 96 layers, 9 and 9 of their phases "
+                          "host-bound)") in text
     assert load_compute_profile(out).host == load_compute_profile(H100_PROFILE).host
     assert "no host-bound layer" in usage_error(cli, "calibrate", "--records", H100_RECORDS, "--units", "132",
                                                 "--out", out, "--layer-records", H100_RECORDS)
