@@ -107,6 +107,7 @@ def test_z3s_own_interrupt_ends_the_enumeration_with_keyboardinterrupt():
 # Ctrl-C would, mid-command): the command ends as interrupted, never with the placements found so far
 DRIVER = textwrap.dedent("""
     import os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # an interactive shell's Ctrl-C, whatever the runner inherited
     import synth.synthesis.placement as placement
     from synth.cli import main
 
