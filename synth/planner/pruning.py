@@ -39,7 +39,7 @@ from .stepmodel import (
     Training,
     compute_estimate,
     step_shape,
-    step_time,
+    step_without_dp_s,
 )
 from .transformer import Transformer
 
@@ -79,8 +79,7 @@ def cheapest_step_bound_s(model: Transformer, training: Training, config: Config
     """A lower bound of ``config``'s step on each of ``placements``: the step
     without its data-parallel term with every other collective at its
     cheapest over them (module docstring)."""
-    return step_time(model, training, config, CheapestCollectives(placements), compute.micro_batch_s,
-                     compute.efficiency, shape, compute.optimizer_s, None, False, compute.accumulate_s).total_s
+    return step_without_dp_s(model, training, config, CheapestCollectives(placements), shape, compute)
 
 
 def variant_beaten(best: Any, infeasible: bool, model: Transformer, training: Training, config: Configuration,

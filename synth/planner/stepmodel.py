@@ -132,7 +132,7 @@ __all__ = ["ATTENTIONS", "BUCKET_GRID_BYTES", "CROSS_ENTROPY_BYTES", "DTYPE_BYTE
            "Training", "bucket_sizes", "compute_estimate", "configuration_problem", "largest_layer_params",
            "memory_per_device", "micro_batch_seconds_for", "overlapped_mixed_s", "overlapped_s", "sequence_parallel",
            "stage_costs", "stage_kinds", "stage_mix", "stage_parameters", "stage_routed_parameters", "step_shape",
-           "step_lower_bound_s", "step_time", "tp_overlap_exposed_s"]
+           "step_lower_bound_s", "step_time", "step_without_dp_s", "tp_overlap_exposed_s"]
 
 MiB = 2**20
 # DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
@@ -459,13 +459,20 @@ class _FreeCollectives:
         return 0.0
 
 
+def step_without_dp_s(model: Transformer, training: Training, config: Configuration, collectives: Collectives,
+                      shape: StepShape, compute: ComputeEstimate) -> float:
+    """The step on ``collectives`` less its data-parallel term (at least 0):
+    no step whose every collective costs at least these ``collectives``' is
+    shorter (no term decreases as a collective's cost grows)."""
+    return step_time(model, training, config, collectives, compute.micro_batch_s, compute.efficiency, shape,
+                     compute.optimizer_s, None, False, compute.accumulate_s).total_s
+
+
 def step_lower_bound_s(model: Transformer, training: Training, config: Configuration, shape: StepShape,
                        compute: ComputeEstimate) -> float:
-    """The step with free communication: no placement's step is shorter (no
-    term decreases as a collective's cost grows; the data-parallel term is
-    left out, as it is at least 0)."""
-    return step_time(model, training, config, _FreeCollectives(), compute.micro_batch_s, compute.efficiency, shape,
-                     compute.optimizer_s, None, False, compute.accumulate_s).total_s
+    """The step with free communication: no placement's step is shorter
+    (:func:`step_without_dp_s`)."""
+    return step_without_dp_s(model, training, config, _FreeCollectives(), shape, compute)
 
 
 def _data_parallel(training: Training, config: Configuration, collectives: Collectives, shape: StepShape,
