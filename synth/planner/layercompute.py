@@ -191,18 +191,25 @@ def _pass(profile: OperationProfile, name: str, op: str, elements: int, backward
     return ops
 
 
-@memoised(maxsize=4096)  # the planner asks for each (tp, micro-batch) once per stage kind and size assignment
 def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, moe: bool = False) -> ComputeTime:
     """One layer's operations on one device, forward and backward (no
     recomputation; see the module docstring for every shape); ``moe``: an
-    MoE layer (:func:`_expert_ops` in place of the MLP)."""
+    MoE layer (:func:`_expert_ops` in place of the MLP; a dense model's
+    layers are dense whatever ``moe`` says). Memoised as one entry per
+    layer, however the call is spelled."""
+    return _layer_compute(profile, model, shard, bool(moe) and model.moe is not None)
+
+
+@memoised(maxsize=4096)  # the planner asks for each (tp, micro-batch) once per stage kind and size assignment
+def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, moe: bool) -> ComputeTime:
+    """:func:`layer_compute`, its arguments in one spelling (``moe`` only for a model with experts)."""
     t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
     ops: list[OpTime] = []
     fp8 = shard.fp8
     ops += _gemm(profile, "qkv", tokens, h, (q + 2 * kv) // t, fp8)
     ops += attention_ops(profile, model, shard)
     ops += _gemm(profile, "attention_projection", tokens, q // t, h, fp8)
-    if moe and model.moe:
+    if moe:
         ops += _expert_ops(profile, model, shard)
     else:
         ops += _gemm(profile, "mlp_up", tokens, h, (model.mlp_matrices - 1) * f // t, fp8)

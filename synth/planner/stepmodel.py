@@ -335,8 +335,7 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
         return _flops_stage_costs(model, training, config)
     shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
                   training.fp8, config.cp)
-    # an MoE model's layers: as its MoE layers (called as stage_compute calls it: the memo's key is the call's)
-    layer = layer_compute(compute, model, shard, True) if model.moe_layers else layer_compute(compute, model, shard)
+    layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
     return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
                       head_compute(compute, model, shard, training.cross_entropy).total_s)
