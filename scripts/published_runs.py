@@ -1,0 +1,111 @@
+"""Recompute docs/planner.md's "Published runs, recomputed" table: each run's
+planner command, its predicted step and throughput, and its error against the
+published measurement.
+
+    python scripts/published_runs.py            # the table's rows, recomputed
+    python scripts/published_runs.py --check    # exit 1 if the doc's table states another prediction
+
+``error`` is predicted over measured throughput less 1, or, for a run
+published as a step time, measured over predicted step time less 1 (both:
+positive = predicted faster than measured). The measurements are the
+sources' own figures, as the table cites them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "planner.md"
+
+LLAMA_405B = ("--topology dgx-h100 --scale node=2048 --model llama3-405b --global-batch 2048 "
+              "--axes tp=8,dp=128,pp=16 --micro-batch 1 --stages uneven --sharding zero2")
+LLAMA_128K = ("--topology dgx-h100 --scale node=2048 --model layers=126,hidden=16384,heads=128,kv_heads=8,ffn=53248,"
+              "gated_mlp=true,tied_embeddings=false,seq=131072,vocab=128256 --global-batch 128 "
+              "--axes tp=8,cp=16,dp=8,pp=16 --micro-batch 1 --stages uneven --sharding zero2 --schedule search")
+DEEPSEEK_V3 = ("--topology dgx-h800 --model deepseek-v3 --global-batch 15360 --sharding zero1 "
+               "--device memory_GiB=79.647,peak_TFLOPs=989.4 --compute-profile profiles/h100-sxm5-80gb.compute.json "
+               "--axes tp=1,ep=64,dp=2,pp=16 --micro-batch 1 --constrain ep@gpu=8 --stages search --schedule search "
+               "--recompute search --framework deepseek --ep-overlap")
+MEGATRON_462B = ("--topology dgx-h100 --scale node=768 --model megatron-462b --global-batch 3072 "
+                 "--axes tp=8,dp=48,pp=16 --micro-batch 1 --sharding zero1 --stages search --recompute search")
+TORCHTITAN_8B = ("--topology dgx-h100 --scale node=1 --model llama3-8b --global-batch 16 --axes tp=1,dp=8,pp=1 "
+                 "--micro-batch 2 --sharding zero3 --recompute selective --framework torchtitan")
+TORCHTITAN_TOKENS_PER_GPU = 16 * 8192 / 8  # sequences x tokens per step / GPUs
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: its label, planner arguments, the published figure
+    and what it measures (``tflops``: TFLOP/s per GPU, ``step_s``: seconds per
+    step, ``tokens``: tokens/s per GPU)."""
+
+    label: str
+    arguments: str
+    measured: float
+    measures: str
+
+
+RUNS = (
+    Run("[1] Llama 3 405B, interleaved (Meta, Table 4)", LLAMA_405B + " --schedule search", 400, "tflops"),
+    Run("[2] the same, zero bubble", LLAMA_405B + " --schedule zero-bubble", 400, "tflops"),
+    Run("[3] Llama 3 405B, 128K stage (Meta, SC'24)", LLAMA_128K, 380, "tflops"),
+    Run("[4] DeepSeek-V3 (arXiv:2412.19437)", DEEPSEEK_V3, 19.9, "step_s"),
+    Run("[4] the same in FP8", DEEPSEEK_V3 + " --dtype fp8", 19.9, "step_s"),
+    Run("[5] Megatron-LM 462B, interleaved (README)", MEGATRON_462B + " --schedule search", 459.9, "tflops"),
+    Run("[6] the same, plain 1F1B", MEGATRON_462B + " --schedule 1f1b", 459.9, "tflops"),
+    Run("[7] the same, --tp-overlap --overlap-param-gather",
+        MEGATRON_462B + " --schedule search --tp-overlap --overlap-param-gather", 459.9, "tflops"),
+    Run("[8] torchtitan Llama 3.1 8B (benchmark, Table 1)", TORCHTITAN_8B, 5762, "tokens"),
+    Run("[9] the same with Float8 (compiled)", TORCHTITAN_8B + " --dtype fp8", 8532, "tokens"),
+)
+
+
+def predict(run: Run) -> dict:
+    """The first configuration of the run's ``synth-reduce plan --json``."""
+    done = subprocess.run([sys.executable, "-m", "synth.cli", "plan", *run.arguments.split(), "--no-verify",
+                           "--top", "1", "--json"], capture_output=True, text=True, cwd=REPO)
+    if done.returncode:
+        raise SystemExit(f"{run.label}: synth-reduce plan failed: {done.stderr.strip().splitlines()[-1]}")
+    return json.loads(done.stdout)["configurations"][0]
+
+
+def predicted_cell(run: Run, configuration: dict) -> tuple[str, float]:
+    """The table's "predicted" text for the run, and its error."""
+    step_s = configuration["predicted_step_s"]
+    if run.measures == "step_s":
+        return f"{step_s:.2f} s", run.measured / step_s - 1
+    if run.measures == "tokens":
+        tokens = TORCHTITAN_TOKENS_PER_GPU / step_s
+        return f"{tokens:,.0f} tokens/s ({step_s:.3f} s)", tokens / run.measured - 1
+    tflops = configuration["model_tflops_per_device"]
+    return f"{tflops:.0f} TFLOP/s ({step_s:.2f} s)", tflops / run.measured - 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/planner.md's table states another prediction")
+    args = parser.parse_args()
+    text = DOC.read_text()
+    start = text.index("## Published runs, recomputed")
+    doc = text[start:text.index("\nCommands (", start)]  # the table, not the sections after it
+    stale = []
+    print("| run | predicted | error |\n| --- | --- | --- |")
+    for run in RUNS:
+        cell, error = predicted_cell(run, predict(run))
+        print(f"| {run.label} | {cell} | {error:+.1%} |", flush=True)
+        if f"| {cell} |" not in doc and f"| {cell};" not in doc:
+            stale.append(f"{run.label}: {cell}")
+    if args.check and stale:
+        print("docs/planner.md does not state: " + "; ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
