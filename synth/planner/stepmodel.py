@@ -28,8 +28,10 @@ sources):
   residuals and dropouts run on ``s / tp`` of the sequence, and each
   all-reduce becomes the pair of an all-gather (before the tensor-parallel
   GEMMs) and a reduce-scatter (after them), the same bytes; with
-  ``--tp-overlap`` each of them is pipelined with its GEMM and only what the
-  GEMM cannot hide shows (:func:`tp_overlap_exposed_s`);
+  ``--tp-overlap`` each runs beside a GEMM as Transformer Engine's userbuffers
+  run it, and what the GEMM does not hide, or loses to the kernels' SMs, shows
+  (:func:`tp_overlap_exposed_s`; the backward's two extra all-gathers, of the
+  normalised input, with them);
 * pipeline parallelism: per micro-batch one send of the activations forward and
   one of their gradients backward between adjacent stages (``b s h w / tp`` per
   tensor-parallel rank: Megatron's scatter/gather), v times with interleaving;
