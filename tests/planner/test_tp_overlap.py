@@ -7,14 +7,21 @@ shares no code with the closed forms of synth.planner.overlaps."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from planner_cases import Recording, gpt
 
 from synth.errors import SynthError
+from synth.planner.compute import load_compute_profile
+from synth.planner.layercompute import Shard, tp_overlap_chunk_ops
 from synth.planner.overlaps import tp_overlap_exposed_s
-from synth.planner.stepmodel import Configuration, Training, memory_per_device, step_time
-from synth.planner.transformer import Recompute
+from synth.planner.stepmodel import Configuration, Training, compute_estimate, memory_per_device, step_time
+from synth.planner.transformer import Recompute, load_model
 from synth.synthesis.semantics import Goal
+from synth.topology import load_topology
+
+H100_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "h100-sxm5-80gb.compute.json"
 
 SHARE = 16 / 132  # Transformer Engine <= v1.7: pipeline and bulk kernels on 16 SMs, no margin; an H100's 132 SMs
 
@@ -133,3 +140,54 @@ def test_the_step_counts_the_overlap_per_layer_and_pass():
                 memory_per_device(m, Training(8, recompute=recompute), config)
     with pytest.raises(SynthError, match="--tp-overlap needs --sequence-parallel on"):
         Training(8, sequence_parallel=False, tp_overlap=True)
+
+
+def test_the_gemms_run_in_transformer_engines_chunks():
+    """The ring exchange's GEMMs as tp GEMMs of T / tp tokens (QKV and MLP-up
+    forward, the projection's and MLP-down's input gradients), the pipelined
+    ones as 4 GEMMs of a quarter of the output features (projection and
+    MLP-down forward), each priced by the profile, less the whole GEMM; an MoE
+    layer's MLP is its experts' and not chunked; nothing without sequence
+    parallelism or at tp 1. On the H100 profile, a 462B layer at tp 8 (4,096
+    tokens): chunks of 512 tokens cost more than the whole GEMM."""
+    profile = load_compute_profile(H100_PROFILE)
+    model = load_model("megatron-462b")
+    tp, T, h = 8, model.seq, model.hidden
+    f = model.ffn
+
+    def gemm(m, k, n):
+        return float(profile.gemm.seconds(m, k, n, 1.0, None))
+
+    expected = {  # name: (whole GEMM, its chunks), shapes written out from the model's sizes
+        "qkv.chunks": ((T, h, 3 * h // tp), [(T // tp, h, 3 * h // tp)] * tp),
+        "attention_projection.chunks": ((T, h // tp, h), [(T, h // tp, h // 4)] * 4),
+        "attention_projection.dgrad.chunks": ((T, h, h // tp), [(T // tp, h, h // tp)] * tp),
+        "mlp_up.chunks": ((T, h, f // tp), [(T // tp, h, f // tp)] * tp),
+        "mlp_down.chunks": ((T, f // tp, h), [(T, f // tp, h // 4)] * 4),
+        "mlp_down.dgrad.chunks": ((T, h, f // tp), [(T // tp, h, f // tp)] * tp),
+    }
+    ops = {op.name: op for op in tp_overlap_chunk_ops(profile, model, Shard(tp, 1, T, True)).ops}
+    assert set(ops) == set(expected)
+    for name, (whole, chunks) in expected.items():
+        assert ops[name].seconds == pytest.approx(sum(gemm(*c) for c in chunks) - gemm(*whole))
+    assert ops["qkv.chunks"].seconds > 0 and ops["mlp_up.chunks"].seconds > 0
+    assert tp_overlap_chunk_ops(profile, model, Shard(tp, 1, T, False)).ops == ()
+    assert tp_overlap_chunk_ops(profile, model, Shard(1, 1, T, True)).ops == ()
+    moe = load_model("deepseek-v3")
+    names = {op.name for op in tp_overlap_chunk_ops(profile, moe, Shard(2, 1, moe.seq, True), moe=True).ops}
+    assert names == {"qkv.chunks", "attention_projection.chunks", "attention_projection.dgrad.chunks"}
+
+
+def test_the_chunks_lengthen_each_layer_of_the_micro_batch():
+    """--tp-overlap adds each layer's chunk cost to the micro-batch: once,
+    and its forward part again under full recomputation."""
+    profile = load_compute_profile(H100_PROFILE)
+    device = load_topology("dgx-h100").device
+    model = load_model("layers=8,hidden=4096,heads=32,seq=2048,vocab=32000")
+    config = Configuration(4, 2, 2, 1)  # 4 layers a stage
+    chunks = tp_overlap_chunk_ops(profile, model, Shard(4, 1, 2048, True))
+    for recompute, forwards in ((Recompute.NONE, 0), (Recompute.FULL, 1)):
+        off = compute_estimate(model, Training(8, recompute=recompute), config, device, profile)
+        on = compute_estimate(model, Training(8, recompute=recompute, tp_overlap=True), config, device, profile)
+        assert on.micro_batch_s - off.micro_batch_s == pytest.approx(
+            4 * (chunks.total_s + forwards * chunks.forward_s), rel=1e-9)
