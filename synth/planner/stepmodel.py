@@ -31,7 +31,8 @@ sources):
   ``--tp-overlap`` each runs beside a GEMM as Transformer Engine's userbuffers
   run it, and what the GEMM does not hide, or loses to the kernels' SMs, shows
   (:func:`tp_overlap_exposed_s`; the backward's two extra all-gathers, of the
-  normalised input, with them);
+  normalised input, with them), and the per-operation model prices those GEMMs
+  in its chunks (:func:`~synth.planner.layercompute.tp_overlap_chunk_ops`);
 * pipeline parallelism: per micro-batch one send of the activations forward and
   one of their gradients backward between adjacent stages (``b s h w / tp`` per
   tensor-parallel rank: Megatron's scatter/gather), v times with interleaving;
