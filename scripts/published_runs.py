@@ -59,7 +59,7 @@ RUNS = (
     Run("[4] the same in FP8", DEEPSEEK_V3 + " --dtype fp8", 19.9, "step_s"),
     Run("[5] Megatron-LM 462B, interleaved (README)", MEGATRON_462B + " --schedule search", 459.9, "tflops"),
     Run("[6] the same, plain 1F1B", MEGATRON_462B + " --schedule 1f1b", 459.9, "tflops"),
-    Run("[7] the same, --tp-overlap --overlap-param-gather",
+    Run("[7] the same with the README's overlaps, --tp-overlap --overlap-param-gather",
         MEGATRON_462B + " --schedule search --tp-overlap --overlap-param-gather", 459.9, "tflops"),
     Run("[8] torchtitan Llama 3.1 8B (benchmark, Table 1)", TORCHTITAN_8B, 5762, "tokens"),
     Run("[9] the same with Float8 (compiled)", TORCHTITAN_8B + " --dtype fp8", 8532, "tokens"),

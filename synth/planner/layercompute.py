@@ -229,6 +229,44 @@ def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, 
     return ComputeTime(tuple(ops))
 
 
+# Transformer Engine's userbuffers (NVIDIA/TransformerEngine at 4e7caa1c3, v1.7; synth.planner.overlaps): the ring
+# exchange runs its GEMM in tp chunks of the gathered tokens (comm_gemm_overlap.h:769-939), the pipeline in 4 chunks of
+# the weight's rows, i.e. of the output features (comm_gemm_overlap.h:333-336, A the weight: module/linear.py:302-304)
+TP_OVERLAP_PIPELINE_CHUNKS = 4
+
+
+def tp_overlap_chunk_ops(profile: OperationProfile, model: Transformer, shard: Shard, moe: bool = False) -> ComputeTime:
+    """What running a layer's GEMMs in Transformer Engine's chunks adds to
+    them (Megatron-LM's ``--tp-comm-overlap``; with sequence parallelism and
+    tp > 1, else nothing): the ring exchange's GEMMs (QKV and MLP-up forward,
+    the projection's and MLP-down's input gradients) as ``tp`` GEMMs of ``T /
+    tp`` tokens, the pipelined ones (projection and MLP-down forward) as
+    :data:`TP_OVERLAP_PIPELINE_CHUNKS` GEMMs of that share of the output
+    features; each an operation of the chunks' seconds less the whole GEMM's.
+    ``moe``: an MoE layer, whose MLP is its experts' (not chunked). The bulk
+    overlaps run their GEMMs whole."""
+    t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
+    if t < 2 or not shard.sequence_parallel:
+        return ComputeTime(())
+    g, p = profile.gemm, TP_OVERLAP_PIPELINE_CHUNKS
+    rate, operand = (FP8_GEMM_SPEEDUP, FP8_OPERAND_BYTES) if shard.fp8 else (1.0, None)
+
+    def extra(name: str, phase: str, m: int, k: int, n: int, chunks: int, rows: bool) -> OpTime:
+        whole = float(g.seconds(m, k, n, rate, operand))
+        part = (m // chunks, k, n) if rows else (m, k, n // chunks)
+        return OpTime(f"{name}.chunks", phase, part, chunks * float(g.seconds(*part, rate, operand)) - whole)
+
+    ops = [extra("qkv", "forward", tokens, h, (q + 2 * kv) // t, t, True),
+           extra("attention_projection", "forward", tokens, q // t, h, p, False),
+           extra("attention_projection.dgrad", "backward", tokens, h, q // t, t, True)]
+    if not (moe and model.moe is not None):
+        up = (model.mlp_matrices - 1) * f // t
+        ops += [extra("mlp_up", "forward", tokens, h, up, t, True),
+                extra("mlp_down", "forward", tokens, f // t, h, p, False),
+                extra("mlp_down.dgrad", "backward", tokens, h, f // t, t, True)]
+    return ComputeTime(tuple(ops))
+
+
 def _activation_rate(model: Transformer) -> str:
     """The measured elementwise pass an MLP's activation is priced at:
     ``silu_mul`` for SwiGLU, ``gelu_tanh`` for the others (module docstring)."""

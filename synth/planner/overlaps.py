@@ -9,12 +9,22 @@ takes streaming multiprocessors from it."""
 
 from __future__ import annotations
 
-# Transformer Engine's userbuffers (transformer_engine/pytorch/module/base.py, initialize_ub's defaults): the
-# "pipeline" (reduce-scatter after the projection and MLP-down GEMMs) and "bulk" (beside the QKV and MLP-up input
-# gradients) overlaps run their communication on 16 SMs and set the GEMM's SM margin, so those GEMMs run on the
-# others; "ring_exchange" (the all-gathers) uses 1 SM and copy engines, no margin. Of an H100's 132 SMs.
-TP_OVERLAP_SMS, HOPPER_SMS = 16, 132
+# Transformer Engine's userbuffers as Megatron-LM's --tp-comm-overlap sets them up: Megatron-LM (NVIDIA/Megatron-LM
+# at f2e5db402c, the README's H100 runs) passes an empty config (megatron/training/initialize.py:197-210) to
+# initialize_ub(shape, tp_size, ...), the signature of Transformer Engine up to v1.7 (NVIDIA/TransformerEngine at
+# 4e7caa1c3, transformer_engine/pytorch/module/base.py:64-69), whose defaults are: ring_exchange for the forward
+# all-gathers and the backward's output-gradient all-gathers (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad), pipeline
+# for the forward reduce-scatters (proj_fprop, fc2_fprop), bulk for the backward beside the QKV and MLP-up input and
+# weight gradients (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad) (base.py:88-92); num_sm 16, set_sm_margin 0
+# (base.py:110, 112, 219-226); num_splits 4 for pipeline, none for the others (base.py:225).
+# Transformer Engine from v2.0 sets an SM margin for pipeline and bulk (at d0067d0da, base.py:384-387), so those GEMMs
+# run on 116 SMs throughout; that is not the release the README's runs could call, and not modelled here.
+TP_OVERLAP_SMS, HOPPER_SMS = 16, 132  # the pipeline and bulk kernels' SMs (base.py:110), of an H100's 132
 TP_OVERLAP_SM_SHARE = TP_OVERLAP_SMS / HOPPER_SMS
+# pipeline: the GEMM and its reduce-scatter in 4 chunks (base.py:199, 225; comm_gemm_overlap.h:336); with no margin
+# the GEMM is launched on every SM (comm_gemm_overlap.h:118). The last chunk's reduce-scatter runs on UB_MAX_SM = 32
+# SMs (comm_gemm_overlap.h:25, 419), alone; its time is taken as the others'.
+TP_OVERLAP_PIPELINE_SPLITS = 4
 # DeepSeek-V3 (arXiv:2412.19437, Section 3.2.2): "only 20 SMs are sufficient to fully utilize the bandwidths of IB
 # and NVLink" for its all-to-all kernels overlapped with computation, of the H800's 132
 EP_OVERLAP_SMS = 20
@@ -75,32 +85,83 @@ def chunked_overlap_s(total_s: float, chunks: int, window_s: float) -> float:
     return overlapped_s(chunks, total_s / chunks, window_s)
 
 
+def beside_s(gemm_s: float, comm_s: float, sm_share: float) -> float:
+    """Wall seconds of a GEMM of ``gemm_s`` (alone, on every SM) started
+    together with a communication kernel of ``comm_s`` that holds
+    ``sm_share`` of the SMs while it runs, the GEMM given no SM margin (it is
+    launched on all of them and runs on what the kernel leaves): while both
+    run the GEMM goes at ``1 - sm_share`` of its speed. ``max(comm, gemm +
+    sm_share x comm)``: the GEMM ends ``sm_share x comm`` late if it outlasts
+    the kernel, else the kernel ends last."""
+    return max(comm_s, gemm_s + sm_share * comm_s)
+
+
+def ring_exchange_exposed_s(gather_s: float, gemm_s: float, tp: int) -> float:
+    """Exposed seconds of Transformer Engine's ring-exchange all-gather
+    (``split_overlap_ag``, transformer_engine/pytorch/csrc/comm_gemm_overlap.h:769-939 at 4e7caa1c3): the
+    GEMM runs in ``tp`` chunks, the first on the rank's own shard, each next
+    one on the shard the previous ring step brought; the ``tp - 1`` steps
+    (``gather_s / (tp - 1)`` each, the all-gather's time) go by copy engine
+    (``use_ce`` 1 for the P2P overlap, comm_gemm_overlap.h:566;
+    userbuffers/userbuffers.cu:2334, 2347-2352: a ``cudaMemcpyAsync`` and one-thread
+    signal kernels), so they take no SMs from the GEMM.
+    ``(tp - 1) max(0, step - gemm / tp)`` = ``max(0, gather - gemm (1 - 1/tp))``."""
+    if tp < 2:
+        return 0.0
+    return max(0.0, gather_s - gemm_s * (1 - 1 / tp))
+
+
+def pipeline_exposed_s(scatter_s: float, gemm_s: float, sm_share: float = TP_OVERLAP_SM_SHARE,
+                       splits: int = TP_OVERLAP_PIPELINE_SPLITS) -> float:
+    """Exposed seconds of Transformer Engine's pipelined GEMM and
+    reduce-scatter (``split_overlap_rs``, comm_gemm_overlap.h:320-481 at
+    4e7caa1c3, called with ``gemm_overlap`` true: cpp_extensions/gemm.py:120-125): the GEMM in ``splits`` chunks, each chunk's reduce-scatter
+    (``scatter_s / splits``, on ``sm_share`` of the SMs) after it, beside the
+    next chunk's GEMM (:func:`beside_s`); the first chunk's GEMM runs alone
+    and the last chunk's reduce-scatter after the whole GEMM.
+    ``scatter / splits + (1 - 1/splits) max(scatter - gemm, sm_share x scatter)``."""
+    return scatter_s / splits + (1 - 1 / splits) * max(scatter_s - gemm_s, sm_share * scatter_s)
+
+
+def bulk_exposed_s(comm_s: float, gemm_s: float, sm_share: float = TP_OVERLAP_SM_SHARE) -> float:
+    """Exposed seconds of Transformer Engine's bulk overlap (``bulk_overlap``,
+    comm_gemm_overlap.h:141-207 at 4e7caa1c3): the whole collective on
+    ``sm_share`` of the SMs started with the whole GEMM, unsplit
+    (:func:`beside_s` less the GEMM): ``max(comm - gemm, sm_share x comm)``."""
+    return beside_s(gemm_s, comm_s, sm_share) - gemm_s
+
+
 def tp_overlap_exposed_s(gather_s: float, scatter_s: float, gemms_s: list[float], tp: int) -> tuple[float, float]:
-    """Exposed seconds of one layer's tensor-parallel collectives in a forward
-    and in a backward pass when each is overlapped with the GEMM it feeds or follows (Megatron-LM's
-    ``--tp-comm-overlap``: Transformer Engine splits the GEMM and the
-    collective into ``tp`` chunks and pipelines them). A collective of ``c``
-    seconds beside a GEMM of ``g`` shows ``max(c / tp, c - g)``: the first
-    chunk never overlaps, and no more than the GEMM can be hidden. Forward:
-    all-gather with QKV, reduce-scatter with the projection, all-gather with
-    the MLP's up, reduce-scatter with its down GEMM; the backward pairs the
-    transposed collectives with the same GEMMs' input-gradient halves (the
-    same FLOPs; ``gemms_s``: QKV, projection, up, down). A GEMM beside a
-    reduce-scatter (forward: projection and down; backward: QKV and up) runs
-    on the SMs the communication leaves (:data:`TP_OVERLAP_SM_SHARE`): its
-    extra time is added (:func:`slowed_s`)."""
+    """Exposed seconds of one layer's tensor-parallel collectives (with
+    sequence parallelism) in a forward and in a backward pass under
+    Megatron-LM's ``--tp-comm-overlap`` with Transformer Engine's default
+    userbuffers (the constants above; ``gemms_s``: the forward QKV,
+    projection, MLP-up and MLP-down GEMMs, each backward GEMM, input or
+    weight gradient, as long as its forward one):
+
+    - forward: the all-gather before QKV and before MLP-up by ring exchange
+      (:func:`ring_exchange_exposed_s`), the reduce-scatter after the
+      projection and after MLP-down pipelined in 4 chunks
+      (:func:`pipeline_exposed_s`);
+    - backward: the output gradient's all-gather before the projection's and
+      MLP-down's input-gradient GEMMs by ring exchange; for QKV and MLP-up
+      (Megatron-LM's LayerNorm-and-linear modules, ``ub_bulk_dgrad`` and
+      ``ub_bulk_wgrad`` on by default: model_parallel_config.py:152-160 at
+      f2e5db402c) the all-gather of the normalised input, needed by the weight
+      gradient, beside the input-gradient GEMM, and the input gradient's
+      reduce-scatter beside the weight-gradient GEMM, both bulk
+      (:func:`bulk_exposed_s`): four all-gathers and two reduce-scatters.
+
+    Worked example, tp 8, all-gather and reduce-scatter 0.8 ms each, GEMMs
+    QKV 1.2, projection 0.4, MLP up and down 1.6 ms, SM share 16/132:
+    forward 0 + (0.2 + 0.75 x 0.4) + 0 + (0.2 + 0.75 x 0.8 x 16/132) = 0.7727
+    ms; backward (0.8 - 0.35) + 0 + 4 x 0.8 x 16/132 = 0.8379 ms."""
     qkv, proj, up, down = gemms_s
-
-    def shown(c: float, g: float) -> float:
-        return max(c / tp, c - g)
-
-    def margin(g: float) -> float:  # the GEMM on the SMs the reduce-scatter's kernels leave it
-        return slowed_s(g, TP_OVERLAP_SM_SHARE)
-
-    forward = (shown(gather_s, qkv) + shown(scatter_s, proj) + margin(proj) + shown(gather_s, up)
-               + shown(scatter_s, down) + margin(down))
-    backward = (shown(scatter_s, qkv) + margin(qkv) + shown(gather_s, proj) + shown(scatter_s, up) + margin(up)
-                + shown(gather_s, down))
+    forward = (ring_exchange_exposed_s(gather_s, qkv, tp) + pipeline_exposed_s(scatter_s, proj)
+               + ring_exchange_exposed_s(gather_s, up, tp) + pipeline_exposed_s(scatter_s, down))
+    backward = (ring_exchange_exposed_s(gather_s, proj, tp) + ring_exchange_exposed_s(gather_s, down, tp)
+                + bulk_exposed_s(gather_s, qkv) + bulk_exposed_s(scatter_s, qkv)
+                + bulk_exposed_s(gather_s, up) + bulk_exposed_s(scatter_s, up))
     return forward, backward
 
 

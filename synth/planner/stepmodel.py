@@ -28,8 +28,11 @@ sources):
   residuals and dropouts run on ``s / tp`` of the sequence, and each
   all-reduce becomes the pair of an all-gather (before the tensor-parallel
   GEMMs) and a reduce-scatter (after them), the same bytes; with
-  ``--tp-overlap`` each of them is pipelined with its GEMM and only what the
-  GEMM cannot hide shows (:func:`tp_overlap_exposed_s`);
+  ``--tp-overlap`` each runs beside a GEMM as Transformer Engine's userbuffers
+  run it, and what the GEMM does not hide, or loses to the kernels' SMs, shows
+  (:func:`tp_overlap_exposed_s`; the backward's two extra all-gathers, of the
+  normalised input, with them), and the per-operation model prices those GEMMs
+  in its chunks (:func:`~synth.planner.layercompute.tp_overlap_chunk_ops`);
 * pipeline parallelism: per micro-batch one send of the activations forward and
   one of their gradients backward between adjacent stages (``b s h w / tp`` per
   tensor-parallel rank: Megatron's scatter/gather), v times with interleaving;
@@ -95,6 +98,7 @@ from .layercompute import (
     layer_compute,
     recompute_ops,
     stage_compute,
+    tp_overlap_chunk_ops,
 )
 from .frameworks import step_overhead_bytes
 from .memory import Memory, memory_per_device
@@ -298,10 +302,16 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
     if training.recipe.recomputes_norms and training.recompute is Recompute.NONE:
         again_s = sum(op.seconds for op in layer_compute(compute, model, shard).ops
                       if op.phase == "forward" and op.name in ("norm1", "norm2"))
+    chunks_s = (0.0, 0.0)  # per dense and MoE layer: its GEMMs in Transformer Engine's chunks (--tp-overlap)
+    if training.tp_overlap:
+        again = 1 if training.recompute is Recompute.FULL else 0  # the recomputed forward runs them so too
+        chunks_s = tuple(c.total_s + again * c.forward_s
+                         for c in (tp_overlap_chunk_ops(compute, model, shard, moe) for moe in (False, True)))
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
                                       kind in ("last", "only"), mix[kind][1], training.cross_entropy,
                                       training.recipe.name == "torchtitan").total_s
-                        + layers * again_s for kind, layers in stage_kinds(layout).items())
+                        + layers * again_s + (layers - mix[kind][1]) * chunks_s[0] + mix[kind][1] * chunks_s[1]
+                        for kind, layers in stage_kinds(layout).items())
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
     dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)

@@ -341,49 +341,6 @@ def test_selective_recomputation_step_and_memory_by_hand(attention):
     assert step_time(m, selective, wide, Recording(), t_mb).tp_s == step_time(m, none, wide, Recording(), t_mb).tp_s
 
 
-def test_tp_overlap_hides_what_each_gemm_can_by_hand():
-    """--tp-overlap: per layer and pass each all-gather and reduce-scatter
-    shows max(c / tp, c - g), g its GEMM's share of the micro-batch's
-    compute by FLOPs (QKV, projection, MLP up, MLP down), and a GEMM beside a
-    reduce-scatter runs on fewer SMs; long GEMMs leave one
-    chunk in tp, short ones most of the collective; full recomputation adds a
-    forward pass; it needs sequence parallelism."""
-    L, h, a, s, V = 8, 64, 4, 32, 100
-    m = gpt(L, h, a, s, V)
-    tp, b = 4, 2
-    config = Configuration(tp, 1, 2, b)  # 4 layers per stage, 4 micro-batches
-    T = b * s
-    gemms = [2 * T * 3 * h * h / tp, 2 * T * h * h / tp, 2 * T * 4 * h * h / tp, 2 * T * 4 * h * h / tp]
-    for recompute, passes in ((Recompute.NONE, 2), (Recompute.FULL, 3)):
-        flops = m.training_flops(b, recompute).total / (tp * 2)
-        for t_mb in (1e-6, 1.0):  # GEMMs shorter than the collectives, and far longer
-            g = [t_mb * f / flops for f in gemms]
-            rec = ByGoal()
-            on = step_time(m, Training(8, recompute=recompute, tp_overlap=True), config, rec, t_mb)
-            gather, scatter = 1e-3, 2e-3  # ByGoal's seconds per all-gather and reduce-scatter
-
-            def shown(c, gemm):
-                return max(c / tp, c - gemm)
-
-            # a GEMM beside a reduce-scatter runs on the SMs its 16 kernels leave of the 132 (Transformer Engine)
-            margin = 16 / (132 - 16)
-            forward = (shown(gather, g[0]) + shown(scatter, g[1]) + shown(gather, g[2]) + shown(scatter, g[3])
-                       + margin * (g[1] + g[3]))
-            backward = (shown(scatter, g[0]) + shown(gather, g[1]) + shown(scatter, g[2]) + shown(gather, g[3])
-                        + margin * (g[0] + g[2]))
-            assert on.tp_s == pytest.approx(4 * 4 * ((passes - 1) * forward + backward))
-            off = step_time(m, Training(8, recompute=recompute), config, ByGoal(), t_mb)
-            assert off.tp_s == pytest.approx(4 * 4 * 2 * passes * (gather + scatter))
-            if t_mb == 1.0:  # one chunk in tp of each collective shows, and the GEMMs' SM margin
-                slower = 4 * 4 * margin * ((passes - 1) * (g[1] + g[3]) + g[0] + g[2])
-                assert on.tp_s == pytest.approx(off.tp_s / tp + slower)
-            # the overlap moves no tensor: the memory is the same term by term
-            assert memory_per_device(m, Training(8, recompute=recompute, tp_overlap=True), config) == \
-                memory_per_device(m, Training(8, recompute=recompute), config)
-    with pytest.raises(SynthError, match="--tp-overlap needs --sequence-parallel on"):
-        Training(8, sequence_parallel=False, tp_overlap=True)
-
-
 def test_expert_parallel_step_by_hand():
     """Per MoE layer and pass one dispatch and one combine all-to-all over ep
     of the micro-batch's routed token copies (its sequence-parallel share),
