@@ -11,10 +11,10 @@ the passes around them and its FP8 communication, each a small term.
   scale per 1x128 tile of an activation (per token and 128 channels) and per
   128x128 block of a weight, and the tensor cores' partial sums are promoted to
   FP32 on the CUDA cores every N_C = 128 elements, multiplied there by the
-  scales. The report says the promotion is overlapped with another warpgroup's
-  MMA but that the data movement "still limit[s] the computational efficiency";
-  it gives no rate. DeepSeek's FP8 GEMM library, DeepGEMM, states one: its
-  first README (deepseek-ai/DeepGEMM, commit a6d97a1, 2025-02-25, "Performance")
+  scales. The report says one warpgroup's promotion overlaps another's MMA,
+  and (Section 3.5.2) that the data moving between tensor and CUDA cores still
+  costs efficiency; it gives no rate. DeepSeek's FP8 GEMM library, DeepGEMM,
+  states one: its first README (deepseek-ai/DeepGEMM, commit a6d97a1, 2025-02-25, "Performance")
   times the FP8 GEMMs of DeepSeek-V3's shapes on an H800 with this scaling and
   promotion, and each row's speed-up over "our internally and carefully
   optimized implementation based on CUTLASS 3.6", the kernels of that time (the
@@ -25,8 +25,8 @@ the passes around them and its FP8 communication, each a small term.
   :func:`block_scaled_speedup` is the median over those rows of the profile's
   own BF16 time at the shape over that FP8 time: the same kind of ratio, at
   the same shapes, as the row-wise ``FP8_GEMM_SPEEDUP``.
-* **Online quantization** (Section 3.5.2, "Support for Fused FP8 Cast and TMA
-  Access"): before an FP8 GEMM its BF16 activation is read from memory,
+* **Online quantization** (Section 3.5.2, "Support for Online Quantization"):
+  before an FP8 GEMM its BF16 activation is read from memory,
   quantized and written back in FP8 with its scales (:func:`quantize_bytes`),
   then read again by the GEMM; and ("Support for Transposed GEMM Operations")
   the activations cached in 1x128 tiles are read back in the backward,
@@ -35,8 +35,10 @@ the passes around them and its FP8 communication, each a small term.
   reduction runs over tokens. The output gradient feeds Dgrad in 1x128 tiles
   and Wgrad in 128x1 tiles: two quantizations of it. The weights' 128x128
   blocks serve their transpose too (Dgrad) without another pass; when the
-  weights are quantized the report does not say (once per step it is well
-  under a millisecond here), so that is not counted.
+  weights are quantized the report does not say (once per step, a few
+  milliseconds of DeepSeek-V3's step), so that is not counted. The input of
+  the linear after the attention is cached in E5M6, not FP8 (Section 3.3.3):
+  counted as FP8, half a byte a value less.
 * **FP8 communication** (Section 3.3.3, "Low-Precision Communication"): the
   activations before the MoE up-projections are quantized into FP8 before
   the dispatch, and so is the activation gradient before the MoE

@@ -443,8 +443,19 @@ def step_time(
         accumulate_s=accumulate_s,
         ep_s=m * ep_mb,
         cp_s=m * cp_mb,
-        alltoalls=(("ep", shape.alltoall_bytes),) if shape.alltoall_bytes else (),
+        alltoalls=_alltoall_sizes(training, shape.alltoall_bytes),
     )
+
+
+def _alltoall_sizes(training: Training, alltoall_bytes: int) -> tuple[tuple[str, int], ...]:
+    """The step's all-to-alls, (axis, bytes per device): the MoE payload in
+    16 bits, and in FP8 too where the framework dispatches in FP8
+    (:func:`~synth.planner.fp8.moe_alltoall_bytes`)."""
+    if not alltoall_bytes:
+        return ()
+    if training.fp8 and training.recipe.fp8_blocks:
+        return ("ep", math.ceil(moe_alltoall_bytes(alltoall_bytes)[0])), ("ep", alltoall_bytes)
+    return (("ep", alltoall_bytes),)
 
 
 def ep_nodes(collectives: Collectives) -> int:
