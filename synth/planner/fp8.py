@@ -14,13 +14,14 @@ the passes around them and its FP8 communication, each a small term.
   scales. The report says one warpgroup's promotion overlaps another's MMA,
   and (Section 3.5.2) that the data moving between tensor and CUDA cores still
   costs efficiency; it gives no rate. DeepSeek's FP8 GEMM library, DeepGEMM,
-  states one: its first README (deepseek-ai/DeepGEMM, commit a6d97a1, 2025-02-25, "Performance")
-  times the FP8 GEMMs of DeepSeek-V3's shapes on an H800 with this scaling and
-  promotion, and each row's speed-up over "our internally and carefully
-  optimized implementation based on CUTLASS 3.6", the kernels of that time (the
-  report, December 2024, predates DeepGEMM). :data:`DEEPGEMM_H800` transcribes
-  the training-size rows (M = 4096 tokens, and the grouped GEMMs of the
-  contiguous layout that README names for training); the earlier kernels'
+  states one: its first README (deepseek-ai/DeepGEMM, commit a6d97a1,
+  2025-02-25, "Performance") times the FP8 GEMMs of DeepSeek-V3's (inference)
+  shapes on an H800 with this scaling and promotion, and each row's speed-up
+  over "our internally and carefully optimized implementation based on CUTLASS
+  3.6", the kernels of that time (the report, December 2024, predates
+  DeepGEMM). :data:`DEEPGEMM_H800` transcribes the rows of 4,096 tokens (a
+  one-sequence micro-batch's) and the grouped GEMMs of the contiguous layout,
+  which that README names for training forward passes; the earlier kernels'
   rate is each row's TFLOP/s over its speed-up.
   :func:`block_scaled_speedup` is the median over those rows of the profile's
   own BF16 time at the shape over that FP8 time: the same kind of ratio, at
