@@ -46,6 +46,10 @@ norms and residual adds, written below over T h, run over T h / t):
   profile's host seconds per launch (``OperationProfile.host``), the excess
   over the GPU's time an operation ``host_issue``. Small layers (tp 8, one
   sequence) are host-bound in eager PyTorch on the measured machine.
+* FP8 (``--dtype fp8``): the layers' GEMMs (not the router's nor the
+  logits') at FP8's rate, row-wise scaled (``FP8_GEMM_SPEEDUP``) or, under
+  DeepSeek-V3's framework, tile- and block-scaled with the online quantization
+  passes around them (:func:`block_fp8_passes`, :mod:`synth.planner.fp8`).
 * The optimizer step and the framework's passes outside the layers (weight
   casts, gradient accumulation): :mod:`synth.planner.frameworks`.
 """
