@@ -294,7 +294,7 @@ def layer_shard(training: Training, config: Configuration, model: Transformer) -
     per-operation model times (FP8 block-scaled where the framework's FP8 is,
     :attr:`~synth.planner.frameworks.Framework.fp8_blocks`)."""
     return Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
-                 training.fp8, config.cp, training.fp8 and training.recipe.fp8_blocks)
+                 training.fp8, config.cp, training.fp8_blocks)
 
 
 def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
@@ -395,7 +395,7 @@ def step_time(
         if model.moe and model.moe.max_nodes:  # node-limited routing: one copy per node reached
             copies = model.moe.node_copies_per_token(ep_nodes(collectives))
             size = math.ceil(size * copies / model.moe.routed_per_token)
-        if training.fp8 and training.recipe.fp8_blocks:  # each pass: one all-to-all in FP8, one in BF16
+        if training.fp8_blocks:  # each pass: one all-to-all in FP8, one in BF16
             fp8_size, bf16_size = moe_alltoall_bytes(size)
             layer_alltoalls_s = passes * (collectives.alltoall("ep", math.ceil(fp8_size))
                                           + collectives.alltoall("ep", math.ceil(bf16_size)))
@@ -453,7 +453,7 @@ def _alltoall_sizes(training: Training, alltoall_bytes: int) -> tuple[tuple[str,
     (:func:`~synth.planner.fp8.moe_alltoall_bytes`)."""
     if not alltoall_bytes:
         return ()
-    if training.fp8 and training.recipe.fp8_blocks:
+    if training.fp8_blocks:
         return ("ep", math.ceil(moe_alltoall_bytes(alltoall_bytes)[0])), ("ep", alltoall_bytes)
     return (("ep", alltoall_bytes),)
 
