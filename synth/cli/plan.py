@@ -51,7 +51,9 @@ def parser() -> argparse.ArgumentParser:
                    help="constrain placements, e.g. tp@node=1; repeatable")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp8"),
                    help="training dtype (default bf16); fp8: BF16 training whose layers' GEMMs run in FP8 "
-                        "(Transformer Engine, torchtitan's float8), on GPUs of compute capability 8.9 or more")
+                        "(Transformer Engine, torchtitan's float8: row-wise scaled; --framework deepseek: "
+                        "DeepSeek-V3's tile- and block-scaled FP8 with FP8 dispatch), on GPUs of compute "
+                        "capability 8.9 or more")
     p.add_argument("--sharding", default="none", help="sharding over dp: none (default), zero1 (optimizer states), zero2 (and gradients, "
                         "reduce-scattered every micro-batch), zero3 (fsdp: and weights), hsdp (zero3 inside dp's "
                         "group at the innermost level it spans, replicated across)")
@@ -75,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
                         "(docs/planner.md, 'Frameworks'): megatron (default: bf16 weights, fp32 main gradients), "
                         "torchtitan (FSDP2, fp32 sharded states, operator-level selective recomputation), eager "
                         "(fp32 weights under bf16 autocast), eager-master (bf16 weights, an fp32 master copy), deepseek "
-                        "(DeepSeek-V3's: BF16 Adam moments, FP8 activation caches, RMSNorm recomputed)")
+                        "(DeepSeek-V3's: BF16 Adam moments, FP8 activation caches, RMSNorm recomputed, block-scaled FP8)")
     p.add_argument("--sequence-parallel", choices=("on", "off"), default="on",
                    help="Megatron-LM's sequence parallelism where tp > 1 (default on): norms, residuals and their "
                         "activations split over the tensor-parallel group, each tp all-reduce an all-gather and a "

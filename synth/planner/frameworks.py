@@ -47,7 +47,11 @@ the step moves outside the layers' operations:
   report does not describe, are Megatron-LM's. Without other recomputation it
   stores a layer's activations as :func:`deepseek_activation_bytes` counts
   (RMSNorm recomputed, FP8 and E5M6 caches) and recomputes both RMSNorms in
-  the backward (:attr:`Framework.recomputes_norms`).
+  the backward (:attr:`Framework.recomputes_norms`). Under ``--dtype fp8`` its
+  GEMMs are DeepSeek-V3's tile- and block-scaled ones, with their online
+  quantization passes and FP8 dispatch (:attr:`Framework.fp8_blocks`,
+  :mod:`synth.planner.fp8`); the other frameworks' FP8 is row-wise scaled
+  (``FP8_GEMM_SPEEDUP``, quantization inside its rate).
 
 All these passes are priced at the profile's ``add`` bandwidth
 (:meth:`~synth.planner.operations.ElementwiseModel.bytes_seconds`).
@@ -86,6 +90,7 @@ class Framework:
     gradients_freed: bool = False  # the gradients are set to None each step and made anew by the first backward
     logits_freed: bool = False  # the training loop drops its bf16 logits before the backward (eager loss: 12, not 14)
     recomputes_norms: bool = False  # DeepSeek-V3's storage without recomputation: deepseek_activation_bytes
+    fp8_blocks: bool = False  # under --dtype fp8: DeepSeek-V3's tile- and block-scaled FP8 (synth.planner.fp8)
 
     @property
     def state_bytes(self) -> int:
@@ -113,7 +118,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               accumulate_bytes=6, optimizer_cast_bytes=6, copy_back_bytes=6, gradients_freed=True),
     Framework("deepseek", "DeepSeek-V3 technical report (arXiv:2412.19437), Sections 3.2.3 and 3.3.3: fp32 master "
               "weights and gradients, BF16 AdamW moments, RMSNorm recomputed, FP8 activation caches", 2, 4, 4,
-              moment_bytes=4, default_cross_entropy="fused", copy_back_bytes=6, zero_bytes=4, recomputes_norms=True),
+              moment_bytes=4, default_cross_entropy="fused", copy_back_bytes=6, zero_bytes=4, recomputes_norms=True,
+              fp8_blocks=True),
 )}
 FRAMEWORK_CHOICES = tuple(FRAMEWORKS)
 

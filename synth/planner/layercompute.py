@@ -46,6 +46,10 @@ norms and residual adds, written below over T h, run over T h / t):
   profile's host seconds per launch (``OperationProfile.host``), the excess
   over the GPU's time an operation ``host_issue``. Small layers (tp 8, one
   sequence) are host-bound in eager PyTorch on the measured machine.
+* FP8 (``--dtype fp8``): the layers' GEMMs (not the router's nor the
+  logits') at FP8's rate, row-wise scaled (``FP8_GEMM_SPEEDUP``) or, under
+  DeepSeek-V3's framework, tile- and block-scaled with the online quantization
+  passes around them (:func:`block_fp8_passes`, :mod:`synth.planner.fp8`).
 * The optimizer step and the framework's passes outside the layers (weight
   casts, gradient accumulation): :mod:`synth.planner.frameworks`.
 """
@@ -58,6 +62,7 @@ from functools import cached_property
 from typing import Any
 
 from ..caches import memoised
+from .fp8 import block_scaled_speedup, quantize_bytes, requantize_transposed_bytes
 from .operations import OperationProfile
 from .transformer import Recompute, Transformer
 
@@ -155,6 +160,17 @@ class Shard:
     ep: int = 1  # expert-parallel size: the device holds experts / ep of each MoE layer's routed experts
     fp8: bool = False  # the layers' GEMMs run in FP8 (FP8_GEMM_SPEEDUP); router and logits stay 16-bit
     cp: int = 1  # context-parallel size: the device holds seq / cp of each sequence
+    fp8_blocks: bool = False  # with fp8: DeepSeek-V3's tile- and block-scaled GEMMs (synth.planner.fp8)
+
+    @property
+    def fp8_gemms(self) -> str:
+        """How the layers' GEMMs run: ``""`` (16-bit), ``"rowwise"``
+        (FP8_GEMM_SPEEDUP) or ``"blocks"`` (DeepSeek-V3's scaling,
+        :func:`~synth.planner.fp8.block_scaled_speedup`, with its quantization
+        passes, :func:`block_fp8_passes`)."""
+        if not self.fp8:
+            return ""
+        return "blocks" if self.fp8_blocks else "rowwise"
 
     @property
     def replicated_tokens(self) -> int:
@@ -168,14 +184,17 @@ class Shard:
         return self.micro_batch * self.seq // self.cp
 
 
-def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int, fp8: bool = False) -> list[OpTime]:
-    """A GEMM ``(m, k, n)`` forward and its two backward GEMMs; ``fp8``: their
-    tiles at FP8's sustained rate (FP8_GEMM_SPEEDUP x the profile's 16-bit
-    rate, the same tiles and waves) and their operands one byte a value (the
-    product stays 16-bit); a GEMM bound by the call's fixed cost gains
-    nothing."""
+def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int, fp8: str = "") -> list[OpTime]:
+    """A GEMM ``(m, k, n)`` forward and its two backward GEMMs; ``fp8``
+    (:attr:`Shard.fp8_gemms`): their tiles at FP8's sustained rate (``rowwise``:
+    FP8_GEMM_SPEEDUP, ``blocks``: DeepSeek-V3's, x the profile's 16-bit rate,
+    the same tiles and waves) and their operands one byte a value (the product
+    stays 16-bit); a GEMM bound by the call's fixed cost gains nothing."""
     g = profile.gemm
-    rate, operand = (FP8_GEMM_SPEEDUP, FP8_OPERAND_BYTES) if fp8 else (1.0, None)
+    rate, operand = 1.0, None
+    if fp8:
+        rate = block_scaled_speedup(g) if fp8 == "blocks" else FP8_GEMM_SPEEDUP
+        operand = FP8_OPERAND_BYTES
     return [OpTime(name, "forward", (m, k, n), float(g.seconds(m, k, n, rate, operand))),
             OpTime(f"{name}.dgrad", "backward", (m, n, k), float(g.seconds(m, n, k, rate, operand))),
             OpTime(f"{name}.wgrad", "backward", (k, m, n), float(g.seconds(k, m, n, rate, operand)))]
@@ -205,7 +224,7 @@ def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, 
     """:func:`layer_compute`, its arguments in one spelling (``moe`` only for a model with experts)."""
     t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
     ops: list[OpTime] = []
-    fp8 = shard.fp8
+    fp8 = shard.fp8_gemms
     ops += _gemm(profile, "qkv", tokens, h, (q + 2 * kv) // t, fp8)
     ops += attention_ops(profile, model, shard)
     ops += _gemm(profile, "attention_projection", tokens, q // t, h, fp8)
@@ -220,6 +239,8 @@ def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, 
         ops += _pass(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
     if model.positions == "rotary":
         ops += _pass(profile, "rotary", "silu_mul", tokens * (q + kv) // t, 2)
+    if fp8 == "blocks":
+        ops += block_fp8_passes(profile, model, shard, moe)
     launches = layer_launches(model)
     for phase, count in zip(("forward", "backward"), launches):
         host_s = count * profile.host.launch_s(phase)
@@ -290,19 +311,68 @@ def _expert_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> 
     ops = _gemm(profile, "router", tokens, h, moe.experts)
     if moe.shared_experts:
         width = moe.shared_experts * f
-        ops += _gemm(profile, "shared_up", tokens, h, up * width // t, shard.fp8)
-        ops += _gemm(profile, "shared_down", tokens, width // t, h, shard.fp8)
+        ops += _gemm(profile, "shared_up", tokens, h, up * width // t, shard.fp8_gemms)
+        ops += _gemm(profile, "shared_down", tokens, width // t, h, shard.fp8_gemms)
         ops += _pass(profile, "shared_activation", activation, tokens * width // t, 2)
     local = moe.experts // shard.ep
     routed = tokens * moe.routed_per_token  # token copies the device's experts receive
     per_expert = max(1, math.ceil(routed * shard.ep / moe.experts))
-    experts = (_gemm(profile, "expert_up", per_expert, h, up * f // t, shard.fp8)
-               + _gemm(profile, "expert_down", per_expert, f // t, h, shard.fp8))
+    experts = (_gemm(profile, "expert_up", per_expert, h, up * f // t, shard.fp8_gemms)
+               + _gemm(profile, "expert_down", per_expert, f // t, h, shard.fp8_gemms))
     for op in experts:
         ops.append(OpTime(op.name, op.phase, op.shape, local * op.seconds, local))
     ops += _pass(profile, "expert_activation", activation, int(routed) * f // t, 2)
     ops += _pass(profile, "permute", "add", 2 * int(routed) * h // t, 2)
     return ops
+
+
+def block_fp8_passes(profile: OperationProfile, model: Transformer, shard: Shard, moe: bool) -> list[OpTime]:
+    """DeepSeek-V3's online quantization around one layer's FP8 GEMMs
+    (:mod:`synth.planner.fp8`), each pass one kernel at the profile's ``add``
+    bandwidth. Per GEMM with input X (M x K) and output Y (M x N): forward, X
+    quantized into 1x128 tiles (:func:`~synth.planner.fp8.quantize_bytes`);
+    backward, X's cached tiles re-quantized transposed for the weight gradient
+    (:func:`~synth.planner.fp8.requantize_transposed_bytes`) and Y's gradient
+    quantized twice, 1x128 for Dgrad and 128x1 for Wgrad. In an MoE layer each
+    token is quantized once, before the dispatch (T h values; the shared
+    expert's up-projection reads the same FP8 values), and the routed copies
+    reach the experts in FP8, so the routed up-projection has no forward pass
+    of its own; the MoE output's gradient is quantized once, before the
+    combine's backward (the shared down-projection's Dgrad operand too), and
+    reaches the routed down-projection in FP8, which re-quantizes it
+    transposed for its Wgrad. Named ``<gemm>.quantize`` per phase."""
+    t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
+    up = model.mlp_matrices - 1
+    passes: list[tuple[str, str, float]] = []  # (GEMM, phase, bytes) of each kernel
+
+    def linear(name: str, inputs: int, outputs: int, quantized_input: bool = False, gradients: int = 2) -> None:
+        if not quantized_input:
+            passes.append((name, "forward", quantize_bytes(inputs)))
+        passes.append((name, "backward", requantize_transposed_bytes(inputs)))
+        passes.extend([(name, "backward", quantize_bytes(outputs))] * gradients)
+
+    linear("qkv", tokens * h, tokens * (q + 2 * kv) // t)
+    linear("attention_projection", tokens * q // t, tokens * h)
+    if not moe:
+        linear("mlp_up", tokens * h, tokens * up * f // t)
+        linear("mlp_down", tokens * f // t, tokens * h)
+    else:
+        assert model.moe is not None
+        routed, expert_ffn = int(tokens * model.moe.routed_per_token), model.moe.expert_ffn
+        passes += [("dispatch", "forward", quantize_bytes(tokens * h)),
+                   ("combine", "backward", quantize_bytes(tokens * h))]
+        if model.moe.shared_experts:
+            width = model.moe.shared_experts * expert_ffn
+            linear("shared_up", tokens * h, tokens * up * width // t, quantized_input=True)
+            linear("shared_down", tokens * width // t, tokens * h, gradients=1)
+        linear("expert_up", routed * h, routed * up * expert_ffn // t, quantized_input=True)
+        linear("expert_down", routed * expert_ffn // t, routed * h, gradients=0)
+        passes.append(("expert_down", "backward", requantize_transposed_bytes(routed * h)))
+    seconds: dict[tuple[str, str], float] = {}
+    for name, phase, nbytes in passes:
+        seconds[name, phase] = seconds.get((name, phase), 0.0) + float(profile.elementwise.bytes_seconds(nbytes))
+    return [OpTime(f"{name}.quantize" + (".backward" if phase == "backward" else ""), phase, (), s)
+            for (name, phase), s in seconds.items()]
 
 
 def layer_launches(model: Transformer) -> tuple[int, int]:
@@ -368,7 +438,7 @@ def torchtitan_recompute_ops(profile: OperationProfile, model: Transformer, shar
     gemms = [("wq", h, q // t), ("wk", h, kv // t), ("wv", h, kv // t), ("wo", q // t, h)]
     gemms += ([("w1", h, f // t), ("w3", h, f // t), ("w2", f // t, h)] if model.gated_mlp
               else [("up", h, f // t), ("down", f // t, h)])
-    chosen = [_gemm(profile, name, tokens, k, n, shard.fp8)[0] for name, k, n in gemms[1::2]]
+    chosen = [_gemm(profile, name, tokens, k, n, shard.fp8_gemms)[0] for name, k, n in gemms[1::2]]
     chosen += [op for op in layer.ops if op.phase == "forward"
                and op.name in ("norm1", "norm2", "residual1", "residual2", "activation", "rotary")]
     return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))

@@ -101,6 +101,7 @@ from .layercompute import (
     tp_overlap_chunk_ops,
 )
 from .frameworks import step_overhead_bytes
+from .fp8 import moe_alltoall_bytes
 from .memory import Memory, memory_per_device
 from .operations import OperationProfile
 from .overlaps import (
@@ -292,10 +293,17 @@ def _gemm_flops_fraction(model: Transformer, training: Training, config: Configu
     return (3 * layers_gemm + recomputed) / flops.total
 
 
+def layer_shard(training: Training, config: Configuration, model: Transformer) -> Shard:
+    """What one device runs of each layer under ``config``: the shard the
+    per-operation model times (FP8 block-scaled where the framework's FP8 is,
+    :attr:`~synth.planner.frameworks.Framework.fp8_blocks`)."""
+    return Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
+                 training.fp8, config.cp, training.fp8_blocks)
+
+
 def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
                          compute: OperationProfile, shape: StepShape) -> ComputeEstimate:
-    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
-                  training.fp8, config.cp)
+    shard = layer_shard(training, config, model)
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
     again_s = 0.0  # per layer: DeepSeek-V3's RMSNorms, recomputed in the backward (frameworks.deepseek_activation_bytes)
@@ -343,8 +351,7 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     prices them all at one rate)."""
     if isinstance(compute, EfficiencyCurve):
         return _flops_stage_costs(model, training, config)
-    shard = Shard(config.tp, config.micro_batch, model.seq, sequence_parallel(training, config), config.ep,
-                  training.fp8, config.cp)
+    shard = layer_shard(training, config, model)
     layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
     return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
@@ -398,7 +405,12 @@ def step_time(
         if model.moe and model.moe.max_nodes:  # node-limited routing: one copy per node reached
             copies = model.moe.node_copies_per_token(ep_nodes(collectives))
             size = math.ceil(size * copies / model.moe.routed_per_token)
-        layer_alltoalls_s = 2 * passes * collectives.alltoall("ep", size)
+        if training.fp8_blocks:  # each pass: one all-to-all in FP8, one in BF16
+            fp8_size, bf16_size = moe_alltoall_bytes(size)
+            layer_alltoalls_s = passes * (collectives.alltoall("ep", math.ceil(fp8_size))
+                                          + collectives.alltoall("ep", math.ceil(bf16_size)))
+        else:
+            layer_alltoalls_s = 2 * passes * collectives.alltoall("ep", size)
         if training.ep_overlap:  # beside another micro-batch's computation of the layer
             layer_alltoalls_s = ep_overlap_exposed_s(layer_alltoalls_s, micro_batch_s / shape.layers_per_stage)
         ep_mb = shape.moe_layers_per_stage * layer_alltoalls_s
@@ -441,8 +453,19 @@ def step_time(
         accumulate_s=accumulate_s,
         ep_s=m * ep_mb,
         cp_s=m * cp_mb,
-        alltoalls=(("ep", shape.alltoall_bytes),) if shape.alltoall_bytes else (),
+        alltoalls=_alltoall_sizes(training, shape.alltoall_bytes),
     )
+
+
+def _alltoall_sizes(training: Training, alltoall_bytes: int) -> tuple[tuple[str, int], ...]:
+    """The step's all-to-alls, (axis, bytes per device): the MoE payload in
+    16 bits, and in FP8 too where the framework dispatches in FP8
+    (:func:`~synth.planner.fp8.moe_alltoall_bytes`)."""
+    if not alltoall_bytes:
+        return ()
+    if training.fp8_blocks:
+        return ("ep", math.ceil(moe_alltoall_bytes(alltoall_bytes)[0])), ("ep", alltoall_bytes)
+    return (("ep", alltoall_bytes),)
 
 
 def ep_nodes(collectives: Collectives) -> int:

@@ -106,6 +106,12 @@ class Training:
         """The layers' GEMMs run in FP8 (``--dtype fp8``)."""
         return self.dtype == "fp8"
 
+    @property
+    def fp8_blocks(self) -> bool:
+        """FP8 scaled as DeepSeek-V3 scales it, per tile and block, with FP8
+        dispatch (the framework's :attr:`~synth.planner.frameworks.Framework.fp8_blocks`)."""
+        return self.fp8 and self.recipe.fp8_blocks
+
     def to_dict(self) -> dict:
         return {"global_batch": self.global_batch, "dtype": self.dtype, "sharding": self.sharding.value,
                 "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
