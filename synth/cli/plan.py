@@ -363,6 +363,7 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     print(f"global batch {t.global_batch}, {t.dtype}, framework {t.framework}, sharding {t.sharding.value}, "
           f"recompute {r.recompute_text}, "
           f"{schedule}, stages {r.stages}, " + ("tp overlapped with GEMMs, " if t.tp_overlap else "") +
+          ("cp keys and values all-gathered, " if t.cp_comm == "allgather" else "") +
           f"sequence parallel {'on where tp > 1' if t.sequence_parallel else 'off'}; "
           f"{r.comm.describe()}; {_compute_text(r.compute)}")
     feasible = len(solution.feasible)

@@ -11,7 +11,7 @@ Format (``"schema": "synth-reduce/step"``, ``"version": 1``), required fields:
 * ``training``: ``global_batch`` and optionally ``dtype`` (bf16), ``sharding``
   (none), ``recompute`` (none), ``overlap_dp`` (true), ``attention`` (flash),
   ``sequence_parallel`` (true: Megatron-LM's, where tp > 1), ``tp_overlap``
-  (false);
+  (false), ``cp_comm`` (ring; or allgather: Llama 3's context parallelism);
 * ``axes`` (``{name, size}`` with names among tp, dp, pp; an axis left out has
   size 1) and ``matrix``: the placement the run used;
 * ``micro_batch``; ``step_s``: the measured seconds of one training step.
