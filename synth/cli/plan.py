@@ -20,6 +20,7 @@ from ..planner.schedules import SCHEDULE_CHOICES
 from ..planner.configurations import Candidate, JobRequest, JobSolution, plan_job
 from ..planner.stages import describe_layers
 from ..planner.stepmodel import Sharding, Training, sequence_parallel
+from ..planner.training import CP_COMMS
 from ..planner.transformer import Recompute, load_model
 from ..synthesis.placement import parse_axis_ranges
 from ..synthesis.problem import MAX_STEPS_DEFAULT
@@ -93,6 +94,11 @@ def parser() -> argparse.ArgumentParser:
                    help="run each MoE layer's all-to-alls beside another micro-batch's computation of that layer "
                         "(DeepSeek-V3's DualPipe): only what outlasts it shows, and the computation beside them runs "
                         "on the 112 of 132 SMs they leave")
+    p.add_argument("--cp-comm", choices=CP_COMMS, default="ring",
+                   help="how context parallelism exchanges keys and values: ring (Megatron-LM's, default: cp - 1 "
+                        "sends per layer and pass, each beside the attention it feeds) or allgather (Llama 3's: "
+                        "the whole sequence's keys and values gathered before the attention and their gradients "
+                        "reduce-scattered after it, on the critical path)")
     p.add_argument("--stages", choices=("even", "uneven", "search"), default="even",
                    help="layers per pipeline stage: even (pp divides the layers; default), uneven (first and last "
                         "stage counts chosen so the slowest stage, with the embedding and the loss, is fastest; pp "
@@ -185,7 +191,7 @@ def request_of(args: argparse.Namespace) -> JobRequest:
                         Recompute.NONE if search_recompute else Recompute.from_text(args.recompute),
                         not args.no_overlap, args.attention, args.sequence_parallel == "on", args.tp_overlap,
                         args.cross_entropy or framework_of(args.framework).default_cross_entropy, args.framework,
-                        args.overlap_param_gather, args.ep_overlap)
+                        args.overlap_param_gather, args.ep_overlap, args.cp_comm)
     if args.max_steps < 1:
         raise SynthError(f"--max-steps {args.max_steps}: must be >= 1")
     compute = compute_profile_argument(args.compute_profile) if args.compute_profile else None  # None: by device
@@ -359,6 +365,7 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
     print(f"global batch {t.global_batch}, {t.dtype}, framework {t.framework}, sharding {t.sharding.value}, "
           f"recompute {r.recompute_text}, "
           f"{schedule}, stages {r.stages}, " + ("tp overlapped with GEMMs, " if t.tp_overlap else "") +
+          ("cp keys and values all-gathered, " if t.cp_comm == "allgather" else "") +
           f"sequence parallel {'on where tp > 1' if t.sequence_parallel else 'off'}; "
           f"{r.comm.describe()}; {_compute_text(r.compute)}")
     feasible = len(solution.feasible)

@@ -43,6 +43,16 @@ sources):
   ``(pp - 1) (slot - 2 t_W)`` in zero-bubble ZB-H1 (Qi et al. 2024), ``t_W``
   the weight-gradient share of ``t_mb`` (by FLOPs: the weight GEMMs of the
   layers and of the output layer);
+* context parallelism, per layer and micro-batch, the keys and values of the
+  device's ``s / cp`` tokens (``2 b (s / cp) kv w / tp`` bytes, ``kv`` the
+  key/value width): Megatron-LM's ring (``--cp-comm ring``) sends them
+  ``cp - 1`` times per pass, each send beside the attention it feeds
+  (:func:`overlapped_s`), their gradients too in the backward; Llama 3's
+  all-gather (``--cp-comm allgather``, Llama Team 2024, Section 3.3.2)
+  gathers the whole sequence's before the attention of each forward, gathers
+  them again for the backward (the gathered ones are not held: memory is the
+  ring's) and reduce-scatters their gradients after it, all on the critical
+  path;
 * data parallelism: the gradients of a stage, ``P_s g / tp`` bytes (``g`` the
   bytes the framework reduces them in, :attr:`Training.gradient_reduce_bytes`:
   4 for Megatron-LM's fp32 main gradients under bf16), in buckets
@@ -415,7 +425,14 @@ def step_time(
             layer_alltoalls_s = ep_overlap_exposed_s(layer_alltoalls_s, micro_batch_s / shape.layers_per_stage)
         ep_mb = shape.moe_layers_per_stage * layer_alltoalls_s
     cp_mb = 0.0
-    if config.cp > 1:  # ring attention: cp - 1 steps per layer and pass, beside the attention they feed
+    if config.cp > 1 and training.cp_comm == "allgather":  # gathered before the attention, exposed (docstring)
+        passes = 3 if training.recompute is Recompute.FULL else 2
+        gathered = config.cp * shape.kv_bytes
+        gather_s = collectives.reduce("cp", Goal.ALLGATHER, gathered)
+        scatter_s = collectives.reduce("cp", Goal.REDUCESCATTER, gathered)
+        cp_mb = shape.layers_per_stage * (passes * gather_s + scatter_s)
+        reductions += [("cp", Goal.ALLGATHER, gathered), ("cp", Goal.REDUCESCATTER, gathered)]
+    elif config.cp > 1:  # ring attention: cp - 1 steps per layer and pass, beside the attention they feed
         passes = 3 if training.recompute is Recompute.FULL else 2
         ring_step_s = collectives.send("cp", shape.kv_bytes)
         attention_s = micro_batch_s * shape.attention_fraction / shape.layers_per_stage  # forward and backward

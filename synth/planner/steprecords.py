@@ -11,7 +11,7 @@ Format (``"schema": "synth-reduce/step"``, ``"version": 1``), required fields:
 * ``training``: ``global_batch`` and optionally ``dtype`` (bf16), ``sharding``
   (none), ``recompute`` (none), ``overlap_dp`` (true), ``attention`` (flash),
   ``sequence_parallel`` (true: Megatron-LM's, where tp > 1), ``tp_overlap``
-  (false);
+  (false), ``cp_comm`` (ring; or allgather: Llama 3's context parallelism);
 * ``axes`` (``{name, size}`` with names among tp, dp, pp; an axis left out has
   size 1) and ``matrix``: the placement the run used;
 * ``micro_batch``; ``step_s``: the measured seconds of one training step.
@@ -110,7 +110,7 @@ def _training(raw: Any, where: str) -> Training:
     if not isinstance(raw, dict):
         raise SynthError(f"{where}: 'training' must be an object with global_batch")
     known = ("global_batch", "dtype", "sharding", "recompute", "overlap_dp", "attention", "sequence_parallel",
-             "tp_overlap", "cross_entropy", "framework", "overlap_param_gather", "ep_overlap")
+             "tp_overlap", "cross_entropy", "framework", "overlap_param_gather", "ep_overlap", "cp_comm")
     for key in raw:
         if key not in known:
             raise SynthError(f"{where}: unknown training field '{key}'; known fields are {', '.join(known)}")
@@ -132,7 +132,7 @@ def _training(raw: Any, where: str) -> Training:
                         Recompute.from_text(str(raw.get("recompute", "none")), "training.recompute"), overlap,
                         str(raw.get("attention", "flash")), flags["sequence_parallel"], flags["tp_overlap"],
                         str(raw.get("cross_entropy", "fused")), str(raw.get("framework", "megatron")),
-                        flags["overlap_param_gather"], flags["ep_overlap"])
+                        flags["overlap_param_gather"], flags["ep_overlap"], str(raw.get("cp_comm", "ring")))
     except SynthError as exc:
         raise SynthError(f"{where}: {exc}") from None
 

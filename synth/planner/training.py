@@ -24,6 +24,9 @@ from .transformer import Recompute, Transformer
 # FP8 (Transformer Engine's and torchtitan's float8 recipes), with the same 16-bit tensors around them
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 ATTENTIONS = ("flash", "unfused")
+# how context parallelism exchanges keys and values: Megatron-LM's ring (each step beside the attention it feeds)
+# or Llama 3's all-gather before the attention (exposed; stepmodel.step_time)
+CP_COMMS = ("ring", "allgather")
 # the loss's memory at the start of the backward, in bytes per logit (s b V / (t cp) of them): Megatron-LM's fused
 # vocabulary-parallel cross-entropy keeps the fp32 logits and overwrites them with their gradient (4); PyTorch's
 # F.cross_entropy on ``logits.float()`` (torchtitan, plain eager loops) keeps the bf16 logits (2), the fp32
@@ -77,6 +80,7 @@ class Training:
     framework: str = "megatron"  # the states and the step's passes outside the layers: synth.planner.frameworks
     overlap_param_gather: bool = False  # ZeRO-1/2's all-gather of the updated weights beside the next forward
     ep_overlap: bool = False  # MoE all-to-alls beside another micro-batch's computation (DualPipe-style)
+    cp_comm: str = "ring"  # CP_COMMS: context parallelism's exchange of keys and values
 
     def __post_init__(self) -> None:
         if self.tp_overlap and not self.sequence_parallel:
@@ -84,6 +88,8 @@ class Training:
                              "all-gathers and reduce-scatters of sequence parallelism with their GEMMs")
         if self.attention not in ATTENTIONS:
             raise SynthError(f"--attention {self.attention}: choose one of {', '.join(ATTENTIONS)}")
+        if self.cp_comm not in CP_COMMS:
+            raise SynthError(f"--cp-comm {self.cp_comm}: choose one of {', '.join(CP_COMMS)}")
         if self.cross_entropy not in CROSS_ENTROPY_BYTES:
             raise SynthError(f"--cross-entropy {self.cross_entropy}: choose one of {', '.join(CROSS_ENTROPY_BYTES)}")
         framework_of(self.framework)  # SynthError naming the choices
@@ -117,7 +123,8 @@ class Training:
                 "recompute": self.recompute.value, "overlap_dp": self.overlap_dp, "attention": self.attention,
                 "sequence_parallel": self.sequence_parallel, "tp_overlap": self.tp_overlap,
                 "cross_entropy": self.cross_entropy, "framework": self.framework,
-                "overlap_param_gather": self.overlap_param_gather, "ep_overlap": self.ep_overlap}
+                "overlap_param_gather": self.overlap_param_gather, "ep_overlap": self.ep_overlap,
+                "cp_comm": self.cp_comm}
 
     @property
     def gradient_reduce_bytes(self) -> int:

@@ -466,6 +466,36 @@ def test_context_parallel_step_and_memory_by_hand():
     assert m.parallelism_problem(1, 1, 1, 3) == "cp=3 does not split the model's seq (32) into 2 x cp equal chunks"
 
 
+@pytest.mark.parametrize("recompute", [Recompute.NONE, Recompute.FULL])
+def test_context_parallel_allgather_is_on_the_critical_path_by_hand(recompute):
+    """--cp-comm allgather (Llama 3's context parallelism, Llama Team 2024,
+    Section 3.3.2): per layer and micro-batch the whole sequence's keys and
+    values (cp x the chunk's) are all-gathered before each forward (the
+    recomputed one too) and again for the backward, and their gradients
+    reduce-scattered after it; none of it hides, no ring step is sent, and
+    the bubble's slot carries it as it carries the ring."""
+    L, h, a, s, V = 8, 64, 4, 32, 100
+    m = gpt(L, h, a, s, V)
+    tp, cp, dp, pp, b, B = 2, 4, 2, 2, 1, 8  # 4 micro-batches, 4 layers per stage
+    config = Configuration(tp, dp, pp, b, cp=cp)
+    training = Training(B, sequence_parallel=False, recompute=recompute, cp_comm="allgather")
+    rec = Recording()
+    step = step_time(m, training, config, rec, 0.05)
+    ring = step_time(m, replace(training, cp_comm="ring"), config, Recording(), 0.05)
+    gathered = cp * 2 * b * (s // cp) * h * 2 // tp  # every chunk's keys and values, bf16, this rank's heads
+    each = 1e-3 * (1 + gathered / 2**30)  # Recording's price of one reduction
+    gathers = 3 if recompute is Recompute.FULL else 2  # each forward's, and the backward's
+    per_micro_batch = 4 * (gathers * each + each)  # 4 layers: the gathers and one reduce-scatter each
+    assert step.cp_s == pytest.approx(4 * per_micro_batch)
+    assert ("reduce", "cp", Goal.ALLGATHER, gathered) in rec.calls
+    assert ("reduce", "cp", Goal.REDUCESCATTER, gathered) in rec.calls
+    assert not [c for c in rec.calls if c[0] == "send" and c[1] == "cp"]
+    assert step.bubble_s - ring.bubble_s == pytest.approx((pp - 1) * (per_micro_batch - ring.cp_s / 4))
+    assert step.compute_s == ring.compute_s and step.dp_s == ring.dp_s
+    with pytest.raises(SynthError, match=r"^--cp-comm a2a: choose one of ring, allgather$"):
+        Training(B, cp_comm="a2a")
+
+
 # ================================================================ HSDP
 
 
