@@ -74,7 +74,15 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--micro-batch-size": (int, f"{TRAIN}:11"),
     "--global-batch-size": (int, f"{TRAIN}:15"),
     "--use-torch-fsdp2": ("switch", f"{COMMON}:95"),
+    "--cp-comm-type": ("list", f"{ARGS}:3221 (nargs '+', default ['p2p']; one value becomes a string, "
+                               "megatron/training/argument_utils.py:343-344)"),
 }
+
+# the values Transformer Engine's attention takes as ``cp_comm_type`` (Megatron-LM
+# hands the option on as written: megatron/core/extensions/transformer_engine.py:2153):
+# the branches of ``attn_forward_func_with_cp`` in this file of Transformer Engine
+TE_CP = "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py"
+TE_CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 # the dataclass field each option of megatron-core's configs sets (what the test
 # checks against the installed megatron-core: the option exists there too)
@@ -93,7 +101,7 @@ CORE_FIELDS = {"--tensor-model-parallel-size": "tensor_model_parallel_size",
                "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
                "--moe-pad-expert-input-to-capacity": "moe_pad_expert_input_to_capacity",
                "--sequence-parallel": "sequence_parallel", "--fp16": "fp16", "--bf16": "bf16",
-               "--tp-comm-overlap": "tp_comm_overlap"}
+               "--tp-comm-overlap": "tp_comm_overlap", "--cp-comm-type": "cp_comm_type"}
 
 
 def _freq(text: str) -> int | list[int]:
@@ -122,6 +130,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(option, dest="gradient_accumulation_fusion", action="store_false")
         elif kind == "freq":
             p.add_argument(option, type=_freq, default=1)
+        elif kind == "list":
+            p.add_argument(option, nargs="+", type=str, default=["p2p"])
         elif isinstance(kind, tuple):
             p.add_argument(option, choices=kind)
         else:
@@ -149,6 +159,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     a = args
     model = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
     rule(world_size % model == 0, 432, f"world size {world_size} % (tp x pp x cp = {model})")
+    rule("a2a+p2p" not in a.cp_comm_type, 583, "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
     rule(a.micro_batch_size is not None and a.micro_batch_size > 0, 693, "micro batch size > 0")
     rule(a.global_batch_size is None or a.global_batch_size > 0, 705, "global batch size > 0")
     pp = a.pipeline_model_parallel_size
@@ -190,6 +201,10 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     sequence_parallel = a.sequence_parallel and a.tensor_model_parallel_size > 1  # arguments.py:1433-1439
     if a.tp_comm_overlap:
         rule(sequence_parallel, 1442, "--tp-comm-overlap needs sequence parallelism")
+    for kind in a.cp_comm_type:  # not validate_args: Transformer Engine's attention refuses any other
+        if kind not in TE_CP_COMM_TYPES:
+            raise AssertionError(f"{TE_CP}: --cp-comm-type {kind}: Transformer Engine takes "
+                                 f"{', '.join(TE_CP_COMM_TYPES)}")
     if a.expert_model_parallel_size > 1:
         rule(a.num_experts is not None, 1656, "expert parallelism without --num-experts")
         rule(a.num_experts % a.expert_model_parallel_size == 0, 1657, "experts % ep")
@@ -216,7 +231,8 @@ def core_checks(args: argparse.Namespace, world_size: int) -> None:
                   sequence_parallel=a.sequence_parallel and tp > 1, gated_linear_unit=a.swiglu,
                   add_bias_linear=a.add_bias_linear, normalization=a.normalization or "LayerNorm",
                   bf16=a.bf16, fp16=a.fp16, recompute_granularity=a.recompute_granularity,
-                  recompute_method=a.recompute_method, recompute_num_layers=a.recompute_num_layers)
+                  recompute_method=a.recompute_method, recompute_num_layers=a.recompute_num_layers,
+                  cp_comm_type=a.cp_comm_type[0] if len(a.cp_comm_type) == 1 else a.cp_comm_type)
     if pp > 1:
         kwargs["pipeline_dtype"] = __import__("torch").bfloat16 if a.bf16 else __import__("torch").float16
     if a.num_experts:

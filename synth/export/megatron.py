@@ -37,7 +37,8 @@ whatever the placement. Arguments (Megatron-LM's spelling):
 planner's default where tp > 1), with ``--tp-comm-overlap`` when planned
 with ``--tp-overlap``, and uneven pipeline stages
 (``plan --stages uneven``) as ``--decoder-first-pipeline-num-layers`` and
-``--decoder-last-pipeline-num-layers``. Refused with the reason: a
+``--decoder-last-pipeline-num-layers``, and ``--cp-comm-type all_gather``
+for a plan made with ``--cp-comm allgather`` (:data:`_ALL_GATHER_CP`). Refused with the reason: a
 zero-bubble schedule (not in Megatron-LM's main line) and ZeRO-2 (Megatron-LM
 shards gradients only with FSDP).
 """
@@ -206,6 +207,19 @@ def _reduce_bytes(job: TrainerJob) -> int:
     return DTYPE_BYTES.get(job.dtype, 2)
 
 
+# Llama 3's context parallelism (``--cp-comm allgather``: keys and values
+# all-gathered before the attention) is Transformer Engine's ``all_gather``
+# (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+# the ``cp_comm_type == "all_gather"`` branch of ``attn_forward_func_with_cp``,
+# AttnFuncWithCPAndKVAllGather). Megatron-LM passes ``--cp-comm-type`` to it as
+# written (megatron/training/argument_utils.py:343-344 makes one value a string;
+# megatron/core/extensions/transformer_engine.py:2153 hands it on), so the
+# spelling is Transformer Engine's, not the "allgather" of the option's help
+# text (arguments.py:3221-3226). Its default ``p2p`` is the ring the planner
+# prices by default, and is left unwritten.
+_ALL_GATHER_CP = ("--cp-comm-type", "all_gather")
+
+
 def megatron_export(plan: Plan, axis_names: dict[str, str] | None = None) -> MegatronExport:
     """Megatron-LM's arguments for ``plan`` and its rank map in Megatron's
     order (``tp-cp-ep-dp-pp``)."""
@@ -216,6 +230,8 @@ def megatron_export(plan: Plan, axis_names: dict[str, str] | None = None) -> Meg
     job = trainer_job(plan)
     if job is not None:
         args += _job(job, ranks.size("pp"), ranks.size("ep"))
+        if job.cp_comm == "allgather" and "cp" in ranks.order and ranks.size("cp") > 1:
+            args += _ALL_GATHER_CP
     return MegatronExport(tuple(args), ranks)
 
 

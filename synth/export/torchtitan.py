@@ -52,6 +52,7 @@ class TorchtitanExport:
     activation_checkpoint: str | None
     ranks: RankMap
     converters: tuple[str, ...] = ()  # torchtitan's model converters: float8 for a plan made with --dtype fp8
+    cp_comm: str = "allgather"  # the keys' and values' exchange the plan priced (torchtitan 0.3 gathers them)
 
     def overrides(self) -> list[str]:
         """The settings as torchtitan 0.3's command line (its ``ConfigManager``,
@@ -78,11 +79,23 @@ class TorchtitanExport:
         return args
 
     def notes(self) -> list[str]:
-        """What the command line cannot say: the FP8 model converter."""
+        """What the command line cannot say: the FP8 model converter, and
+        that torchtitan 0.3 has no choice of how context parallelism
+        exchanges keys and values: it all-gathers them (FlexAttention:
+        ``flex_cp_allgather`` in ``apply_cp_to_forward``,
+        torchtitan/distributed/context_parallel/api.py; SDPA: PyTorch's
+        context-parallel dispatcher, whose ``_ContextParallelOptions.rotate_method``
+        defaults to ``ALL_GATHER``), so a plan that priced a ring says so."""
+        notes = []
         if "float8" in self.converters:
-            return ["fp8: torchtitan 0.3 takes its float8 converter from the model's config (a config function whose "
-                    "model_spec has Float8LinearConverter, as its *_float8 configs do), not from the command line"]
-        return []
+            notes.append("fp8: torchtitan 0.3 takes its float8 converter from the model's config (a config function "
+                         "whose model_spec has Float8LinearConverter, as its *_float8 configs do), not from the "
+                         "command line")
+        if int(self.parallelism.get("context_parallel_degree", 1)) > 1 and self.cp_comm != "allgather":
+            notes.append("cp: torchtitan 0.3 all-gathers each layer's keys and values over the cp group, and this "
+                         f"plan priced a {self.cp_comm} exchange; plan with --cp-comm allgather to price what "
+                         "torchtitan runs")
+        return notes
 
     def toml(self) -> str:
         """The job-file tables of the torchtitan releases that read TOML job
@@ -150,7 +163,7 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
         parallelism["pipeline_parallel_schedule"] = _schedule(job)
     checkpoint = None if job is None else job.recompute
     converters = ("float8",) if job is not None and job.dtype == "fp8" else ()
-    return TorchtitanExport(parallelism, checkpoint, ranks, converters)
+    return TorchtitanExport(parallelism, checkpoint, ranks, converters, "allgather" if job is None else job.cp_comm)
 
 
 def _schedule(job: TrainerJob) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import SynthError
 from ..plan import Plan
+from ..planner.training import CP_COMMS
 from ..synthesis.placement import Placement
 
 TRAINER_AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -123,6 +124,7 @@ class TrainerJob:
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs
     overlap_param_gather: bool = False  # the sharded optimizer's weight all-gather beside the next forward
     framework: str = "megatron"  # whose bytes the plan counted (the DP bucket's gradients among them)
+    cp_comm: str = "ring"  # how context parallelism exchanges keys and values: ring or allgather (Llama 3's)
 
 
 def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -171,4 +173,13 @@ def trainer_job(plan: Plan) -> TrainerJob | None:
                       stage_layers=tuple(stages) if len(set(stages)) > 1 else (), schedule=schedule,
                       tp_overlap=training.get("tp_overlap") is True,
                       overlap_param_gather=training.get("overlap_param_gather") is True,
-                      framework=str(training.get("framework", "megatron")))
+                      framework=str(training.get("framework", "megatron")), cp_comm=_cp_comm(training))
+
+
+def _cp_comm(training: Mapping[str, Any]) -> str:
+    """The plan's ``training.cp_comm`` (``ring`` in plans written before it was a choice)."""
+    cp_comm = training.get("cp_comm", "ring")
+    if cp_comm not in CP_COMMS:
+        raise SynthError(f"plan: job.training.cp_comm must be one of {', '.join(CP_COMMS)}, not {cp_comm!r}; "
+                         "write the plan again with synth-reduce plan --out")
+    return cp_comm

@@ -17,8 +17,9 @@ from __future__ import annotations
 # for the forward reduce-scatters (proj_fprop, fc2_fprop), bulk for the backward beside the QKV and MLP-up input and
 # weight gradients (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad) (base.py:88-92); num_sm 16, set_sm_margin 0
 # (base.py:110, 112, 219-226); num_splits 4 for pipeline, none for the others (base.py:225).
-# Transformer Engine from v2.0 sets an SM margin for pipeline and bulk (at d0067d0da, base.py:384-387), so those GEMMs
-# run on 116 SMs throughout; that is not the release the README's runs could call, and not modelled here.
+# Transformer Engine from v2.0 sets an SM margin for pipeline and bulk (NVIDIA/TransformerEngine at d0067d0da,
+# base.py:384-387), so those GEMMs run on 116 SMs throughout; that is not the release the README's runs could call,
+# and not modelled here.
 TP_OVERLAP_SMS, HOPPER_SMS = 16, 132  # the pipeline and bulk kernels' SMs (base.py:110), of an H100's 132
 TP_OVERLAP_SM_SHARE = TP_OVERLAP_SMS / HOPPER_SMS
 # pipeline: the GEMM and its reduce-scatter in 4 chunks (base.py:199, 225; comm_gemm_overlap.h:336); with no margin
@@ -125,7 +126,7 @@ def pipeline_exposed_s(scatter_s: float, gemm_s: float, sm_share: float = TP_OVE
 
 def bulk_exposed_s(comm_s: float, gemm_s: float, sm_share: float = TP_OVERLAP_SM_SHARE) -> float:
     """Exposed seconds of Transformer Engine's bulk overlap (``bulk_overlap``,
-    comm_gemm_overlap.h:141-207 at 4e7caa1c3): the whole collective on
+    comm_gemm_overlap.h:141-207, NVIDIA/TransformerEngine at 4e7caa1c3): the whole collective on
     ``sm_share`` of the SMs started with the whole GEMM, unsplit
     (:func:`beside_s` less the GEMM): ``max(comm - gemm, sm_share x comm)``."""
     return beside_s(gemm_s, comm_s, sm_share) - gemm_s

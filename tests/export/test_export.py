@@ -541,6 +541,46 @@ def test_overlap_param_gather_in_the_megatron_export(job_plan):
         megatron_export(off)
 
 
+def test_cp_comm_in_the_trainer_exports(tmp_path):
+    """A plan priced with Llama 3's all-gather context parallelism (--cp-comm
+    allgather) exports Megatron-LM's --cp-comm-type all_gather, Transformer
+    Engine's spelling, which the transcribed rules accept and whose help-text
+    spelling "allgather" Transformer Engine refuses; a ring plan keeps
+    Megatron-LM's default p2p (nothing written). torchtitan 0.3 has no choice
+    and all-gathers: its export says so for a ring plan only."""
+    from dataclasses import replace
+
+    import megatron_args
+
+    from synth.cli import main
+
+    exports = {}
+    for comm in ("ring", "allgather"):
+        path = tmp_path / f"{comm}.json"
+        assert main(["plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "16", "--axes",
+                     "tp=2,cp=2,dp=2", "--device", DEVICE, "--cp-comm", comm, "--no-verify", "--out", str(path)]) == 0
+        plan = load_plan(path)
+        assert plan.job["training"]["cp_comm"] == comm
+        exports[comm] = (megatron_export(plan), torchtitan_export(plan))
+    ring, gathered = (list(exports[c][0].arguments) for c in ("ring", "allgather"))
+    assert "--cp-comm-type" not in ring
+    assert gathered[gathered.index("--cp-comm-type") + 1] == "all_gather" and gathered.count("--cp-comm-type") == 1
+    for args in (ring, gathered):
+        parsed = megatron_args.parse(args)
+        megatron_args.validate(parsed, 8)
+        megatron_args.core_checks(parsed, 8)
+    with pytest.raises(AssertionError, match="Transformer Engine takes p2p, all_gather"):
+        megatron_args.validate(megatron_args.parse(ring + ["--cp-comm-type", "allgather"]), 8)
+    assert [n for n in exports["ring"][1].notes() if n.startswith("cp:")] == [
+        "cp: torchtitan 0.3 all-gathers each layer's keys and values over the cp group, and this plan priced a ring "
+        "exchange; plan with --cp-comm allgather to price what torchtitan runs"]
+    assert exports["allgather"][1].notes() == []
+    plan = load_plan(tmp_path / "allgather.json")
+    bad = replace(plan, job={**plan.job, "training": {**plan.job["training"], "cp_comm": "all_gather"}})
+    with pytest.raises(SynthError, match="job.training.cp_comm must be one of ring, allgather, not 'all_gather'"):
+        megatron_export(bad)
+
+
 def test_fp8_in_the_trainer_exports(job_plan):
     """A plan made with --dtype fp8 is BF16 training with FP8 GEMMs: Megatron-LM
     gets --bf16 --fp8-format hybrid, torchtitan its float8 model converter."""

@@ -31,6 +31,7 @@ VARIANTS = [("zero3", "llama3-8b", ["--sharding", "zero3", "--axes", "tp,dp"]),
             ("fp8-tp-overlap", "llama2-7b", ["--dtype", "fp8", "--tp-overlap", "--axes", "tp=4,dp,pp"]),
             ("param-gather", "gpt3-6.7b", ["--sharding", "zero1", "--overlap-param-gather", "--axes", "tp=2,dp,pp=2"]),
             ("cp", "llama3-8b", ["--axes", "tp=2,cp=2,dp,pp"]),
+            ("cp-allgather", "llama3-8b", ["--axes", "tp=2,cp=2,dp,pp", "--cp-comm", "allgather"]),
             ("selective", "gpt3-13b", ["--recompute", "selective", "--axes", "tp=2,dp,pp=2"])]
 # the 405B fits on 1,024 GPUs with ZeRO-1 and full recomputation, in 16 uneven stages (126 layers)
 SCALE = {"llama3-405b": ["--scale", "node=128", "--sharding", "zero1", "--recompute", "full", "--axes",
