@@ -35,8 +35,12 @@ def test_a_version_uses_the_newest_transcribed_rules_not_newer_than_it():
     assert rules_for("2.26.2").version == "2.23.4"
     assert rules_for("2.28").version == "2.27.7"
     assert rules_for("2.12.12").version == "2.8.4"
-    with pytest.raises(SynthError, match=r"--nccl-version 2\.7\.8: the oldest transcribed NCCL is 2\.8\.4"):
-        rules_for("2.7.8")
+    assert rules_for("2.8.3").version == "2.7.8"
+    assert rules_for("2.7.8").version == "2.7.8"
+    assert rules_for("2.6.4").version == "2.6.4"
+    assert rules_for("2.7.3").version == "2.6.4"
+    with pytest.raises(SynthError, match=r"--nccl-version 2\.5\.6: the oldest transcribed NCCL is 2\.6\.4"):
+        rules_for("2.5.6")
     with pytest.raises(SynthError, match="--nccl-version 'banana': give a version such as 2.21.5"):
         rules_for("banana")
     with pytest.raises(SynthError, match="--nccl-version 2.4.6"):
@@ -142,8 +146,8 @@ def test_the_model_and_the_command_line_carry_the_version(capsys):
     assert main(args) == 0
     new = capsys.readouterr().out
     assert "NCCL 2.18.5 model" in old and "NCCL 2.27.7 model" in new and old.splitlines()[3:] != new.splitlines()[3:]
-    assert main(args + ["--nccl-version", "2.6"]) == 2
-    assert "--nccl-version 2.6: the oldest transcribed NCCL is 2.8.4" in capsys.readouterr().err
+    assert main(args + ["--nccl-version", "2.5"]) == 2
+    assert "--nccl-version 2.5: the oldest transcribed NCCL is 2.6.4" in capsys.readouterr().err
 
 
 def test_a_corpus_line_is_modelled_with_the_version_its_source_states():
@@ -156,14 +160,14 @@ def test_a_corpus_line_is_modelled_with_the_version_its_source_states():
     assert call_samples([call_from_dict({**line, "nccl_version": None}, "l:2")], load_topology("dgx-h100"))[
         0].nccl_rules is None
     old = call_samples([call_from_dict({**line, "nccl_version": "2.4.6"}, "l:3")], load_topology("dgx-h100"))[0]
-    assert old.nccl_rules == "2.8.4"  # older than every transcribed release: the oldest
+    assert old.nccl_rules == "2.6.4"  # older than every transcribed release: the oldest
 
 
 def test_a_bench_record_is_modelled_with_the_nccl_it_ran(tmp_path):
     """``bench`` records NCCL's version; ``fit`` and ``validate`` model each
     record with that release's rules (:func:`synth.cost.fit.measured_rules`)."""
     assert (measured_rules("2.21.5"), measured_rules("2.20.3"), measured_rules("2.4.6"), measured_rules(None)) == (
-        "2.21.5", "2.18.5", "2.8.4", None)
+        "2.21.5", "2.18.5", "2.6.4", None)
     dgx = load_topology("dgx-h100").scaled({"node": 2})
     placement = enumerate_placements(dgx, parse_axes("dp=16"))[0]
     lines = []
