@@ -5,7 +5,7 @@ between releases, one :class:`NcclRules` per transcribed release.
 is the newest. Each value is NCCL's, read at the release tag of NVIDIA/nccl
 (``v<version>-1``) in the file and line the comment gives (``tuning.cc`` is
 ``src/graph/tuning.cc``, ``search.cc`` and ``connect.cc`` likewise under
-``src/graph/``, ``topo.h`` too); docs/nccl-versions.md has the reading in full.
+``src/graph/``, ``topo.h`` and ``topo.cc`` too); docs/nccl-versions.md has the reading in full.
 
 A requested version that is not one of :data:`RULES` uses the newest rule set
 not newer than it (:func:`rules_for`): NCCL 2.26.2 is predicted with 2.23.4's
@@ -259,7 +259,8 @@ NCCL_2_7_8 = NcclRules(
        "ll_max_bws": (),  # no LL cap (tuning.cc:113, 119)
        "per_ch_max_tree_bws": (),  # unused: tree_bus_caps
        "nvlink_GBps": ((61, 21.0), (60, 18.0), (0, 21.0)),  # topo.cc:445: 18 on sm60, else 21 (topo.h:15-16)
-       "speeds_all": (42.0, 24.0, 21.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24, 0.12),  # search.cc:626
+       "speeds_all": (42.0, 24.0, 21.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24,
+                      0.12),  # search.cc:626
        "ll128_per_coll_caps": (18.8, 12.0, 18.3, 15.2, 16.7),  # tuning.cc:74
        "tree_bus_caps": (.9, 110.0, 80.0, 130.0, 105.0),  # tuning.cc:115-118
        "tree_ll128_cap_factor": 7.0 / 9.0,  # tuning.cc:120
@@ -284,7 +285,8 @@ NCCL_2_6_4 = NcclRules(
        "ll_max_bws": (),  # no LL cap (tuning.cc:110, 113)
        "per_ch_max_tree_bws": (),  # unused: tree_bus_caps
        "nvlink_GBps": ((61, 21.0), (60, 18.0), (0, 21.0)),  # topo.cc:447: 18 on sm60, else 21 (topo.h:15-16)
-       "speeds_all": (24.0, 21.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24, 0.12),  # search.cc:624
+       "speeds_all": (24.0, 21.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24,
+                      0.12),  # search.cc:624
        "cc80_bus_cap": None,  # no such cap (tuning.cc:105-117)
        "compcap80_rows": False,  # no per-architecture tables
        "ll128_per_coll_caps": None,
