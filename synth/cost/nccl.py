@@ -408,7 +408,7 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
 
     if rules.compcap80_rows:  # before 2.18: the Ampere row only when every GPU is sm80, else Volta's
         sm_i = 1 if comm.sm == 80 else 0
-    ll_max = cap(rules.ll_max_bws, sm_i if nodes == 1 else 0)
+    ll_max = cap(rules.ll_max_bws, sm_i if nodes == 1 else 0) if rules.ll_max_bws else math.inf  # 2.6: no cap
     ll128_coll_cap = None
     if rules.ll128_per_coll_caps:  # ll128MaxBwPerCh[coll]: Broadcast, Reduce, AllGather, ReduceScatter, AllReduce
         ll128_coll_cap = rules.ll128_per_coll_caps[(Collective.BROADCAST, Collective.REDUCE, Collective.ALLGATHER,
@@ -426,6 +426,9 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
     ll128 = comm.intra != "pcie" and (comm.sm >= 70 if rules.ll128_archs is None else comm.sm in rules.ll128_archs)
     ll128 = ll128 and graphs["ring"].path_type != "pci"  # tuning.cc:468: LL128 only up to PATH_NVB inside a node
     ll128 = ll128 and (nodes == 1 or ll128_over_network(comm))
+    if rules.ll128_pix_nvl:  # 2.6: NVLink between the node's GPUs (not one GPU per node), the NIC at PIX
+        ll128 = ll128 and comm.intra == "nvlink" and graphs["ring"].path_type == "nvl" and (
+            nodes == 1 or comm.nic_path in (None, "pix"))
     out = {}
     for a in ALGORITHMS:
         if collective in (Collective.BROADCAST, Collective.REDUCE) and a != "ring":
@@ -460,19 +463,26 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
             if rules.cc80_bus_cap is not None and comm.sm == 80:
                 bus = min(bus, rules.cc80_bus_cap)
             if a == "ring" and p == "LL":
-                third = nodes == 1 and collective not in (Collective.ALLREDUCE, Collective.REDUCE)
+                third = nodes == 1 and collective not in (Collective.ALLREDUCE, Collective.REDUCE) and (
+                    rules.ring_ll_one_node_third)
                 bus = min(ll_max, bus * ((1.0 / 3.0 if third else .25) if rules.ring_ll_quarter else .5))
             if a == "ring" and p == "LL128":
-                factor = rules.ring_ll128_ppn1 if rules.ring_ll128_ppn1 is not None and ppn < 2 else .92
-                bus = min(bus * factor, g.channels * (
-                    ll128_coll_cap if ll128_coll_cap is not None else cap(rules.per_ch_max_ring_ll128_bws, sm_i)))
-            if a == "tree" and collective is Collective.ALLREDUCE:
+                factor = rules.ring_ll128_ppn1 if rules.ring_ll128_ppn1 is not None and ppn < 2 else (
+                    rules.ring_ll128_factor)
+                bus = min(bus * factor, _ring_ll128_cap(rules, collective, g.channels, ll128_coll_cap, cap, sm_i))
+            if a == "tree" and rules.tree_bus_caps is not None:  # before 2.8: an absolute cap, every protocol
+                factor, *caps = rules.tree_bus_caps
+                bus = min(bus * factor, caps[(nodes > 2) + 2 * (p == "LL128" and comm.sm == 80)])
+            elif a == "tree" and collective is Collective.ALLREDUCE:
                 bus = min(bus * .92, g.channels * cap(rules.per_ch_max_tree_bws, sm_i))
             if a == "tree" and p == "LL":
-                bus = min(bus / 3.8, ll_max)
-            if a == "tree" and p == "LL128":
+                bus = min(bus / rules.tree_ll_divisor, ll_max)
+            if a == "tree" and p == "LL128" and rules.ll128_total_caps is not None:
+                bus *= rules.tree_ll128_internode  # 2.6: x 7/9, no cap
+            elif a == "tree" and p == "LL128":
                 bus = min(bus * (7.0 / 9.0 if nodes == 1 else rules.tree_ll128_internode), g.channels * (
-                    ll128_coll_cap if ll128_coll_cap is not None else cap(rules.per_ch_max_tree_ll128_bws, sm_i)))
+                    ll128_coll_cap if ll128_coll_cap is not None else cap(rules.per_ch_max_tree_ll128_bws, sm_i))
+                    * rules.tree_ll128_cap_factor)
             if a == "tree" and tree_pattern_is_tree and rules.tree_pattern_085:
                 bus *= TREE_PATTERN_FACTOR
             if a == "pat":
@@ -487,6 +497,16 @@ def cost_table(comm: Comm, collective: Collective) -> dict[tuple[str, str], tupl
                 continue
             out[(a, p)] = (_latency_us(comm, collective, a, pi, intra_hw, nsteps), bus)
     return out
+
+
+def _ring_ll128_cap(rules: NcclRules, collective: Collective, channels: int, per_coll: float | None, cap,
+                    sm_i: int) -> float:
+    """The ring LL128 bandwidth cap: 2.6's absolute one per collective
+    (``ll128MaxBw``), else a per-channel cap x the graph's channels."""
+    if rules.ll128_total_caps is not None:
+        return rules.ll128_total_caps[(Collective.BROADCAST, Collective.REDUCE, Collective.ALLGATHER,
+                                       Collective.REDUCESCATTER, Collective.ALLREDUCE).index(collective)]
+    return channels * (per_coll if per_coll is not None else cap(rules.per_ch_max_ring_ll128_bws, sm_i))
 
 
 def _latency_us(comm: Comm, collective: Collective, a: str, p: int, intra_hw: str, nsteps: int) -> float:
@@ -506,6 +526,8 @@ def _latency_us(comm: Comm, collective: Collective, a: str, p: int, intra_hw: st
         intra = max(intra, overhead)
         if nodes == 1:
             inter_steps = 0
+        elif rules.ring_steps_all_net:  # 2.6: every step at the network's hwLat
+            inter_steps = nsteps
         elif collective is Collective.ALLREDUCE:
             inter_steps = 2 * nodes if rules.ring_inter_steps_all_nodes else 2 * (nodes - 1)
         else:
@@ -543,9 +565,11 @@ def _entry_time_us(comm: Comm, collective: Collective, algorithm: str, protocol:
     if log_size < 0 and comm.rules.log2_of_zero_is_zero:
         log_size = 0
     rules = comm.rules
-    if algorithm == "tree" and collective is Collective.ALLREDUCE and 0 <= log_size < 23:
-        bw *= (rules.tree_correction or TREE_CORRECTION)[PROTOCOLS.index(protocol)][log_size]
-    if algorithm == "ring" and protocol == "Simple" and comm.nodes > 1 and collective is Collective.ALLREDUCE:
+    correction = (rules.tree_correction or TREE_CORRECTION)[PROTOCOLS.index(protocol)]
+    if algorithm == "tree" and collective is Collective.ALLREDUCE and 0 <= log_size < len(correction):
+        bw *= correction[log_size]
+    if algorithm == "ring" and protocol == "Simple" and comm.nodes > 1 and collective is Collective.ALLREDUCE and (
+            rules.ring_plateau):
         if rules.plateau_bytes_per_rank is not None:  # before 2.18: x1.9 from nRanks / 16 x 65536 bytes
             if nbytes >= comm.ranks * rules.plateau_bytes_per_rank:
                 lat *= 1.9

@@ -5,7 +5,7 @@ between releases, one :class:`NcclRules` per transcribed release.
 is the newest. Each value is NCCL's, read at the release tag of NVIDIA/nccl
 (``v<version>-1``) in the file and line the comment gives (``tuning.cc`` is
 ``src/graph/tuning.cc``, ``search.cc`` and ``connect.cc`` likewise under
-``src/graph/``, ``topo.h`` too); docs/nccl-versions.md has the reading in full.
+``src/graph/``, ``topo.h`` and ``topo.cc`` too); docs/nccl-versions.md has the reading in full.
 
 A requested version that is not one of :data:`RULES` uses the newest rule set
 not newer than it (:func:`rules_for`): NCCL 2.26.2 is predicted with 2.23.4's
@@ -74,6 +74,18 @@ class NcclRules:
     plateau_bytes_per_rank: int | None = None  # old plateau: x1.9 from ranks x this many bytes (no channel count)
     tree_correction: tuple | None = None  # treeCorrectionFactor (None: TREE_CORRECTION of synth.cost.nccl)
     fp8_ring_penalty: bool = False  # enqueue.cc: fp8 rings over more than 8 ranks x 1024 (fp8 types from 2.24)
+    # the switches of releases before 2.7 (2.6.4); their defaults are 2.8.4 onwards
+    ring_ll_one_node_third: bool = True  # ring LL x 1/3 on one node for Broadcast, AllGather, ReduceScatter
+    ring_ll128_factor: float = .92  # the ring's LL128 factor (ppn >= 2, or always without ring_ll128_ppn1)
+    ll128_total_caps: tuple | None = None  # ring LL128 capped at this many GB/s by collective, not per channel
+    # tree bw = min(bw x factor, cap) before 2.8: (factor, cap on <= 2 nodes, on more, LL128 on all-sm80 on <= 2
+    # nodes, on more); None: x .92 and a per-channel cap
+    tree_bus_caps: tuple | None = None
+    tree_ll128_cap_factor: float = 1.0  # the tree's LL128 per-channel cap x this (2.7: 7/9)
+    tree_ll_divisor: float = 3.8  # the tree's LL bandwidth / this
+    ring_steps_all_net: bool = False  # across nodes every ring step costs the network hwLat
+    ring_plateau: bool = True  # the ring Simple plateau factor across nodes (x1.9 / x1.4)
+    ll128_pix_nvl: bool = False  # LL128 only with the NIC at PIX (or no network) and NVLink (not LOC) inside
 
 
 _VOLTA_AMPERE_LL = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0))
@@ -236,7 +248,70 @@ NCCL_2_8_4 = NcclRules(
        }
 )
 
-RULES = {r.version: r for r in (NCCL_2_8_4, NCCL_2_18_5, NCCL_2_21_5, NCCL_2_23_4, NCCL_2_27_7)}
+NCCL_2_7_8 = NcclRules(
+    **{**NCCL_2_8_4.__dict__,
+       "version": "2.7.8",
+       "hw_lat_us": {  # tuning.cc:63-70
+           "nvlink": {"tree": (.52, 1.2, 28.0), "ring": (.47, 1.9, 3.4)},
+           "pcie": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7)},
+           "net": {"tree": (5.0, 8.5, 50.0), "ring": (2.7, 4.0, 9.6)},
+       },
+       "ll_max_bws": (),  # no LL cap (tuning.cc:113, 119)
+       "per_ch_max_tree_bws": (),  # unused: tree_bus_caps
+       "nvlink_GBps": ((61, 21.0), (60, 18.0), (0, 21.0)),  # topo.cc:445: 18 on sm60, else 21 (topo.h:15-16)
+       "speeds_all": (42.0, 24.0, 21.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24,
+                      0.12),  # search.cc:626
+       "ll128_per_coll_caps": (18.8, 12.0, 18.3, 15.2, 16.7),  # tuning.cc:74
+       "tree_bus_caps": (.9, 110.0, 80.0, 130.0, 105.0),  # tuning.cc:115-118
+       "tree_ll128_cap_factor": 7.0 / 9.0,  # tuning.cc:120
+       "tree_correction": (  # tuning.cc:247-251: 22 columns, applied if logSize < 22 (:260)
+           (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0),
+           (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9, 1.0),
+           (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9),
+       ),
+       }
+)
+
+NCCL_2_6_4 = NcclRules(
+    **{**NCCL_2_7_8.__dict__,
+       "version": "2.6.4",
+       # tuning.cc:60 (Tree, Ring; CollNet is not modelled)
+       "base_lat_us": {"tree": (4.4, 4.4, 0.0), "ring": (3.6, 3.6, 8.4)},
+       "hw_lat_us": {  # tuning.cc:67-74
+           "nvlink": {"tree": (.5, 1.9, 28.0), "ring": (.4, 2.5, 5.7)},
+           "pcie": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7)},
+           "net": {"tree": (5.0, 7.5, 50.0), "ring": (.9, 2.5, 6.6)},
+       },
+       "ll_max_bws": (),  # no LL cap (tuning.cc:110, 113)
+       "per_ch_max_tree_bws": (),  # unused: tree_bus_caps
+       "nvlink_GBps": ((61, 21.0), (60, 18.0), (0, 21.0)),  # topo.cc:447: 18 on sm60, else 21 (topo.h:15-16)
+       "speeds_all": (24.0, 21.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24,
+                      0.12),  # search.cc:624
+       "cc80_bus_cap": None,  # no such cap (tuning.cc:105-117)
+       "compcap80_rows": False,  # no per-architecture tables
+       "ll128_per_coll_caps": None,
+       "ll128_archs": (70,),  # tuning.cc:165: minCompCap == maxCompCap == 70
+       "tree_ll128_internode": 7.0 / 9.0,  # tuning.cc:114, every node count
+       "ll_intra_x18": False,  # tuning.cc:137-140: no x1.8
+       "plateau_bytes_per_rank": None,
+       "tree_correction": (  # tuning.cc:232-236: 22 columns, applied if logSize < 22 (:244)
+           (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .5, .5, .6, .7, .8, .9, .9, 1.0, 1.0, 1.0),
+           (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .8, .7, .7, .7, .6, .6, .7, .7, .8, .8, .9, .9, 1.0),
+           (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9),
+       ),
+       "ring_ll128_ppn1": None,  # tuning.cc:111: 120/128 whatever the GPUs per node
+       "ring_ll_one_node_third": False,  # tuning.cc:110: x 1/4 for every collective
+       "ring_ll128_factor": 120.0 / 128.0,  # tuning.cc:111
+       "ll128_total_caps": (113.0, 72.0, 110.0, 91.0, 100.0),  # tuning.cc:77 ll128MaxBw, used at :111
+       "tree_bus_caps": (.9, 110.0, 80.0, 110.0, 80.0),  # tuning.cc:112
+       "tree_ll_divisor": 3.0,  # tuning.cc:113
+       "ring_steps_all_net": True,  # tuning.cc:95, 134: nsteps x hwLat[NET] across nodes
+       "ring_plateau": False,  # no plateau factor (tuning.cc:238-246)
+       "ll128_pix_nvl": True,  # tuning.cc:165: typeInter <= LINK_PCI (PATH_PIX), typeIntra == LINK_NVL
+       }
+)
+
+RULES = {r.version: r for r in (NCCL_2_6_4, NCCL_2_7_8, NCCL_2_8_4, NCCL_2_18_5, NCCL_2_21_5, NCCL_2_23_4, NCCL_2_27_7)}
 NCCL_VERSION = NCCL_2_27_7.version  # the default: the newest transcribed
 
 

@@ -35,8 +35,12 @@ def test_a_version_uses_the_newest_transcribed_rules_not_newer_than_it():
     assert rules_for("2.26.2").version == "2.23.4"
     assert rules_for("2.28").version == "2.27.7"
     assert rules_for("2.12.12").version == "2.8.4"
-    with pytest.raises(SynthError, match=r"--nccl-version 2\.7\.8: the oldest transcribed NCCL is 2\.8\.4"):
-        rules_for("2.7.8")
+    assert rules_for("2.8.3").version == "2.7.8"
+    assert rules_for("2.7.8").version == "2.7.8"
+    assert rules_for("2.6.4").version == "2.6.4"
+    assert rules_for("2.7.3").version == "2.6.4"
+    with pytest.raises(SynthError, match=r"--nccl-version 2\.5\.6: the oldest transcribed NCCL is 2\.6\.4"):
+        rules_for("2.5.6")
     with pytest.raises(SynthError, match="--nccl-version 'banana': give a version such as 2.21.5"):
         rules_for("banana")
     with pytest.raises(SynthError, match="--nccl-version 2.4.6"):
@@ -142,8 +146,8 @@ def test_the_model_and_the_command_line_carry_the_version(capsys):
     assert main(args) == 0
     new = capsys.readouterr().out
     assert "NCCL 2.18.5 model" in old and "NCCL 2.27.7 model" in new and old.splitlines()[3:] != new.splitlines()[3:]
-    assert main(args + ["--nccl-version", "2.6"]) == 2
-    assert "--nccl-version 2.6: the oldest transcribed NCCL is 2.8.4" in capsys.readouterr().err
+    assert main(args + ["--nccl-version", "2.5"]) == 2
+    assert "--nccl-version 2.5: the oldest transcribed NCCL is 2.6.4" in capsys.readouterr().err
 
 
 def test_a_corpus_line_is_modelled_with_the_version_its_source_states():
@@ -156,14 +160,15 @@ def test_a_corpus_line_is_modelled_with_the_version_its_source_states():
     assert call_samples([call_from_dict({**line, "nccl_version": None}, "l:2")], load_topology("dgx-h100"))[
         0].nccl_rules is None
     old = call_samples([call_from_dict({**line, "nccl_version": "2.4.6"}, "l:3")], load_topology("dgx-h100"))[0]
-    assert old.nccl_rules == "2.8.4"  # older than every transcribed release: the oldest
+    assert old.nccl_rules == "2.6.4"  # older than every transcribed release: the oldest
 
 
 def test_a_bench_record_is_modelled_with_the_nccl_it_ran(tmp_path):
     """``bench`` records NCCL's version; ``fit`` and ``validate`` model each
     record with that release's rules (:func:`synth.cost.fit.measured_rules`)."""
     assert (measured_rules("2.21.5"), measured_rules("2.20.3"), measured_rules("2.4.6"), measured_rules(None)) == (
-        "2.21.5", "2.18.5", "2.8.4", None)
+        "2.21.5", "2.18.5", "2.6.4", None)
+    assert (measured_rules("2.6.4"), measured_rules("2.7.8"), measured_rules("2.8.3")) == ("2.6.4", "2.7.8", "2.7.8")
     dgx = load_topology("dgx-h100").scaled({"node": 2})
     placement = enumerate_placements(dgx, parse_axes("dp=16"))[0]
     lines = []
@@ -217,3 +222,87 @@ def test_the_data_type_and_the_reduction_take_part_in_the_choice():
     assert (call_from_dict(line, "l:1").dtype, call_from_dict(line, "l:1").op) == ("float16", "max")
     with pytest.raises(SynthError, match="l:2: fields 'dtype', 'redop': data type 'quad' is not one NCCL reduces"):
         call_from_dict({**line, "dtype": "quad"}, "l:2")
+
+
+def test_nccl_2_6_4_on_two_p3dn_nodes():
+    """v2.6.4-1 tuning.cc:60 baseLat (Tree LL/LL128/Simple 4.4, 4.4, 0; Ring 3.6,
+    3.6, 8.4); :67-74 hwLat (NVLink tree .5, 1.9, 28; NET tree 5.0, 7.5, 50; NET
+    ring .9, 2.5, 6.6); :95 and :134 every ring step across nodes at the NET row;
+    :140 the tree 2((ppn-1) intra + log2(nodes) inter); :110-114 ring LL x1/4,
+    ring LL128 min(x 120/128, ll128MaxBw[AllReduce] = 100), tree min(x .9, 110 on
+    two nodes), tree LL x1/3, tree LL128 x7/9; :120 ratio nRanks/nsteps, tree .5;
+    :232-244 the tree correction, none from logSize 22; no ring plateau. The graph:
+    search.cc:624 speeds from 24, one 12.5 GB/s EFA: one channel of 12; the tree's
+    intra speed raised below twice that (pass 2, :747-754): 21, which two nodes use."""
+    p3dn = load_topology("p3dn").scaled({"node": 2})
+    comm = comm_of(p3dn, tuple(range(16)), version="2.6.4")
+    assert comm.version == "2.6.4" and comm.intra_GBps == 6 * 21.0  # topo.cc:447: 21 per NVLink off sm60
+    assert (ring_graph(comm).channels, ring_graph(comm).bw_intra) == (1, 12.0)
+    assert runtime_channels(comm) == 2
+    table = cost_table(comm, AR)
+    assert close(table[("ring", "LL")][0], 3.6 + 30 * .9) and close(table[("ring", "LL")][1], 12.0 / 4 * 16 / 30)
+    assert close(table[("ring", "LL128")][0], 3.6 + 30 * 2.5)
+    assert close(table[("ring", "LL128")][1], min(12.0 * 120 / 128, 100.0) * 16 / 30)
+    assert close(table[("ring", "Simple")][0], 8.4 + 30 * 6.6) and close(table[("ring", "Simple")][1], 12.0 * 16 / 30)
+    assert close(table[("tree", "LL")][0], 4.4 + 2 * (7 * .5 + 1 * 5.0))
+    assert close(table[("tree", "LL")][1], min(21.0 * .9, 110.0) / 3 * .5)
+    assert close(table[("tree", "LL128")][0], 4.4 + 2 * (7 * 1.9 + 1 * 7.5))
+    assert close(table[("tree", "LL128")][1], min(21.0 * .9, 110.0) * 7 / 9 * .5)
+    assert close(table[("tree", "Simple")][0], 2 * (7 * 28.0 + 1 * 50.0))
+    assert close(table[("tree", "Simple")][1], min(21.0 * .9, 110.0) * .5)
+    mib16, gib = float(2 ** 24), float(2 ** 30)
+    # 16 MiB: log2(2^24 / 64) = 18, Simple correction .6; 1 GiB: 24, none; the ring never x1.9
+    assert close(algo_time_us(comm, AR, "tree", "Simple", mib16), 492.0 + mib16 / (1000 * 9.45 * .6))
+    assert close(algo_time_us(comm, AR, "tree", "Simple", gib), 492.0 + gib / (1000 * 9.45))
+    assert close(algo_time_us(comm, AR, "ring", "Simple", gib), 206.4 + gib / (1000 * 6.4))
+    # 16 MiB: ring Simple 206.4 + 2621.4 us beats ring LL128 (78.6 + 2796.2) and tree LL128 (46 + 2853.3)
+    assert choose(comm, AR, mib16).key == "ring.Simple"
+    assert choose(comm, AR, gib).key == "tree.Simple"
+    # 2.8.4 on the same nodes: 28 intra-node ring steps at the NVLink row's 3.4, the 2 network ones at 9.6
+    # (v2.8.4-1 tuning.cc:63-70, 112-114)
+    old = cost_table(comm_of(p3dn, tuple(range(16)), version="2.8.4"), AR)[("ring", "Simple")][0]
+    assert close(old, 8.4 + 28 * 3.4 + 2 * 9.6)
+
+
+def test_nccl_2_6_and_2_7_cap_the_tree_absolutely_and_2_8_per_channel():
+    """One ABCI V100 node: 6 NVLinks x 21 GB/s = 126 per GPU, 6 ring channels of
+    21 under every rule set here. The tree: v2.6.4-1 tuning.cc:112 and v2.7.8-1
+    tuning.cc:115-118 min(126 x .9, 110) = 110 (no LL128 exception off sm80);
+    v2.8.4-1 tuning.cc:127 min(126 x .92, 6 x perChMaxTreeBws[0][0] = 26.5). LL128:
+    2.6.4 tree x7/9 (:114), ring min(126 x 120/128, 100) (:111); 2.7.8 tree min(110 x
+    7/9, 16.7 x 6 x 7/9) (:74, :120), ring min(126 x .92, 16.7 x 6) (:114)."""
+    node = load_topology("abci-v").scaled({"node": 1})
+    tables = {}
+    for version in ("2.6.4", "2.7.8", "2.8.4"):
+        comm = comm_of(node, tuple(range(4)), version=version)
+        assert (ring_graph(comm).channels, ring_graph(comm).bw_intra) == (6, 21.0), version
+        tables[version] = cost_table(comm, AR)
+    assert close(tables["2.6.4"][("tree", "Simple")][1], 110.0 * .5)
+    assert close(tables["2.7.8"][("tree", "Simple")][1], 110.0 * .5)
+    assert close(tables["2.8.4"][("tree", "Simple")][1], 126.0 * .92 * .5)
+    assert close(tables["2.6.4"][("tree", "LL128")][1], 110.0 * 7 / 9 * .5)
+    assert close(tables["2.7.8"][("tree", "LL128")][1], min(110.0 * 7 / 9, 16.7 * 6 * 7 / 9) * .5)
+    assert close(tables["2.6.4"][("ring", "LL128")][1], 100.0 * 4 / 6)
+    assert close(tables["2.7.8"][("ring", "LL128")][1], min(126.0 * .92, 16.7 * 6) * 4 / 6)
+    # LL: no cap before 2.8 (2.8.4: llMaxBws[0][0] = 39 on one V100 node)
+    assert close(tables["2.6.4"][("ring", "LL")][1], 126.0 / 4 * 4 / 6)
+    assert close(tables["2.8.4"][("ring", "LL")][1], min(39.0, 126.0 / 4) * 4 / 6)
+    assert close(tables["2.6.4"][("tree", "LL")][1], 110.0 / 3 * .5)
+    assert close(tables["2.7.8"][("tree", "LL")][1], 110.0 / 3.8 * .5)
+
+
+def test_nccl_2_6_4_turns_ll128_on_only_for_volta_on_nvlink():
+    """v2.6.4-1 tuning.cc:165: LL128 by default only if typeIntra == LINK_NVL and
+    all GPUs are sm70 (and the NIC path <= LINK_PCI, i.e. PIX). One GPU per node is
+    PATH_LOC, so no LL128 there; A100s have none. 2.7.8 (tuning.cc:176-177) allows
+    typeIntra <= PATH_NVL (LOC too) and sm80."""
+    p3dn = load_topology("p3dn").scaled({"node": 2})
+    ppn1 = (0, 8)
+    a100 = load_topology("dgx-a100").scaled({"node": 1})
+
+    def ll128(topology, members, version):
+        return any(p == "LL128" for _, p in cost_table(comm_of(topology, members, version=version), AR))
+
+    assert ll128(p3dn, tuple(range(16)), "2.6.4")
+    assert not ll128(p3dn, ppn1, "2.6.4") and ll128(p3dn, ppn1, "2.7.8")
+    assert not ll128(a100, tuple(range(8)), "2.6.4") and ll128(a100, tuple(range(8)), "2.7.8")
