@@ -23,8 +23,12 @@ the step moves outside the layers' operations:
   input (``_foreach_copy_``, read 2, write 2), and after it copies the
   gathered bf16 weights out of the all-gather's output into the layer's
   parameters (``split_with_sizes_copy``, read 2, write 2 per gathered
-  weight); the unsharded bf16 gradients are cast to fp32 for the
-  reduce-scatter (read 2, write 4); foreach AdamW on the shard (80 bytes,
+  weight; ``foreach_all_gather`` and ``foreach_all_gather_copy_out`` in
+  PyTorch's torch/distributed/_composable/fsdp/_fsdp_collectives.py); the
+  unsharded bf16 gradients are cast to fp32 for the reduce-scatter (read 2,
+  write 4), which runs in fp32 (``reduce_dtype``: parallelize_llama.py line
+  320, ``--training.mixed_precision_reduce`` float32 in config_manager.py
+  lines 389-392; :attr:`Framework.zero3_reduce_bytes`); foreach AdamW on the shard (80 bytes,
   :data:`~synth.planner.eagerops.FOREACH_ADAMW_BYTES`) after gradient
   clipping (12, :data:`~synth.planner.eagerops.CLIP_GRAD_NORM_BYTES`);
   ``zero_grad`` sets the gradients to None; torchtitan wraps each layer and
