@@ -46,6 +46,10 @@ norms and residual adds, written below over T h, run over T h / t):
   profile's host seconds per launch (``OperationProfile.host``), the excess
   over the GPU's time an operation ``host_issue``. Small layers (tp 8, one
   sequence) are host-bound in eager PyTorch on the measured machine.
+* torchtitan's Llama without ``torch.compile`` (``--framework torchtitan``):
+  its RMSNorm, rotary positions and grouped keys' copies as the eager kernel
+  chains its source writes (:func:`torchtitan_eager_ops`,
+  :mod:`synth.planner.eagerops`).
 * The optimizer step and the framework's passes outside the layers (weight
   casts, gradient accumulation): :mod:`synth.planner.frameworks`.
 """
