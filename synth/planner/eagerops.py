@@ -28,6 +28,14 @@ RMS_NORM_BYTES = (36, 92)
 # backward runs the same three kernels (the bf16 gradient to fp32, the product with the conjugate, back to
 # bf16): 20.
 ROTARY_BYTES = (20, 20)
+# Kernels launched, (forward, backward), as PyTorch's dispatcher runs the operations above: RMSNorm's six
+# forward operations over the values and two over each row's statistic (mean's + eps, rsqrt); its backward's
+# thirteen over the values and three over the rows (rsqrt's gradient). Rotary positions:
+# three forward kernels for the queries and three for the keys; backward, each also materialises the
+# conjugate of freqs_cis (one more). repeat_kv: one copy each for the keys and the values, one sum each backward.
+RMS_NORM_LAUNCHES = (8, 16)
+ROTARY_LAUNCHES = (6, 8)
+REPEAT_KV_LAUNCHES = (2, 2)
 
 
 def repeat_kv_bytes(n_rep: int) -> tuple[int, int]:

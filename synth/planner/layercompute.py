@@ -62,7 +62,8 @@ from functools import cached_property
 from typing import Any
 
 from ..caches import memoised
-from .eagerops import RMS_NORM_BYTES, ROTARY_BYTES, repeat_kv_bytes
+from .eagerops import (REPEAT_KV_LAUNCHES, RMS_NORM_BYTES, RMS_NORM_LAUNCHES, ROTARY_BYTES, ROTARY_LAUNCHES,
+                       repeat_kv_bytes)
 from .operations import OperationProfile
 from .transformer import Recompute, Transformer
 
@@ -445,16 +446,49 @@ def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, l
     if last:
         total = total + eager(head_compute(profile, model, shard, loss))
     total = total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
-    return issued_ahead(total, layers * stage_host_s(profile, model, recompute))
+    return issued_ahead(total, layers * stage_host_s(profile, model, recompute, torchtitan))
 
 
-def stage_host_s(profile: OperationProfile, model: Transformer, recompute: Recompute) -> float:
+def torchtitan_layer_launches(model: Transformer) -> tuple[int, int, int]:
+    """Kernels one layer of torchtitan's Llama launches without
+    ``torch.compile``, (forward, backward, forward again under its
+    operator-level selective checkpointing): :func:`layer_launches` with one
+    GEMM per weight (wq, wk, wv, wo and w1, w3, w2, or up and down), each
+    RMSNorm as :data:`~synth.planner.eagerops.RMS_NORM_LAUNCHES`, the rotary
+    positions as :data:`~synth.planner.eagerops.ROTARY_LAUNCHES` and, with
+    grouped queries, ``repeat_kv``'s copies
+    (:data:`~synth.planner.eagerops.REPEAT_KV_LAUNCHES`). The recomputation
+    runs the forward again but for the GEMMs it saved (the 1st, 3rd, ...)
+    and the attention core's two kernels, whose outputs it keeps."""
+    forward, backward = layer_launches(model)
+    gemms = 7 if model.gated_mlp else 6
+    gemm_f, gemm_b = EAGER_LAUNCHES["gemm_bias" if model.biases else "gemm"]
+    forward, backward = forward + (gemms - 4) * gemm_f, backward + (gemms - 4) * gemm_b
+    if model.norm == "rmsnorm":
+        forward += 2 * (RMS_NORM_LAUNCHES[0] - EAGER_LAUNCHES["rms_norm"][0])
+        backward += 2 * (RMS_NORM_LAUNCHES[1] - EAGER_LAUNCHES["rms_norm"][1])
+    if model.positions == "rotary":
+        forward += ROTARY_LAUNCHES[0] - EAGER_LAUNCHES["rotary"][0]
+        backward += ROTARY_LAUNCHES[1] - EAGER_LAUNCHES["rotary"][1]
+    if model.kv_heads < model.heads:
+        forward, backward = forward + REPEAT_KV_LAUNCHES[0], backward + REPEAT_KV_LAUNCHES[1]
+    saved = (gemms + 1) // 2 * gemm_f + EAGER_LAUNCHES["attention"][0]
+    return forward, backward, forward - saved
+
+
+def stage_host_s(profile: OperationProfile, model: Transformer, recompute: Recompute,
+                 torchtitan: bool = False) -> float:
     """The host's seconds issuing one layer's kernels in a micro-batch: its
     forward and backward launches (:func:`layer_launches`) at the profile's
     seconds per launch, and the forward's again under full recomputation (the
-    attention core's two under selective), at the forward's rate."""
+    attention core's two under selective), at the forward's rate;
+    ``torchtitan``: torchtitan's eager Llama and its selective checkpointing
+    (:func:`torchtitan_layer_launches`)."""
     forward, backward = layer_launches(model)
-    again = {Recompute.NONE: 0, Recompute.FULL: forward, Recompute.SELECTIVE: EAGER_LAUNCHES["attention"][0]}
+    selective = EAGER_LAUNCHES["attention"][0]
+    if torchtitan:
+        forward, backward, selective = torchtitan_layer_launches(model)
+    again = {Recompute.NONE: 0, Recompute.FULL: forward, Recompute.SELECTIVE: selective}
     return (forward + again[recompute]) * profile.host.forward_launch_s + backward * profile.host.backward_launch_s
 
 

@@ -61,12 +61,14 @@ def test_accumulation_and_optimizer_move_the_framework_bytes(framework, accumula
 
 def test_torchtitan_updates_its_shard_and_casts_it_before_each_gather():
     """gpt3-350m (LayerNorm, learned positions, a key head per query head: no
-    eager chain of torchtitan's Llama applies) under FSDP2 on 8 GPUs."""
+    eager chain of torchtitan's Llama applies, only its kernel launches) under
+    FSDP2 on 8 GPUs."""
     model = load_model("gpt3-350m")
     training = Training(16, sharding=Sharding.ZERO3, framework="torchtitan", cross_entropy="eager")
     sharded = compute_estimate(model, training, Configuration(1, 8, 1, 2), DEVICE, PROFILE)
-    plain = compute_estimate(model, Training(16, framework="eager-master", cross_entropy="eager"),
-                             Configuration(1, 8, 1, 2), DEVICE, PROFILE)
+    # the layers, embedding and loss as torchtitan runs them (its kernel launches: this stage is host-bound)
+    stage = stage_compute(PROFILE, model, Shard(1, 2, model.seq), model.layers, Recompute.NONE, True, True,
+                          loss="eager", torchtitan=True)
     p = model.parameters
     # foreach AdamW on the fp32 shard: weight decay 8, lerp 12, mul 8, addcmul 12, sqrt 8, div 8, add 8, addcdiv 16;
     # gradient clipping: the norm reads each gradient (4), the scaling reads and writes it (8)
@@ -75,7 +77,7 @@ def test_torchtitan_updates_its_shard_and_casts_it_before_each_gather():
     # input (2 + 2), and every gathered bf16 weight copied out of its output (2 + 2); the bf16 gradients cast to
     # fp32 for the reduce-scatter (2 + 4)
     expected = moved_s(2 * (6 + 4) * p / 8 + 2 * 4 * p + 6 * p)
-    assert sharded.micro_batch_s - plain.micro_batch_s == pytest.approx(expected, rel=1e-9)
+    assert sharded.micro_batch_s - stage.total_s == pytest.approx(expected, rel=1e-9)
 
 
 def test_the_eager_loss_backward_moves_22_bytes_a_logit():
@@ -224,3 +226,21 @@ def test_torchtitan_runs_rmsnorm_rotary_and_grouped_keys_as_eager_kernel_chains(
     assert titan.total_s - plain.total_s == pytest.approx(eager_s - fused_s, rel=1e-9)
     names = {op.name for op in titan.ops}
     assert {"repeat_kv", "repeat_kv.backward", "final_norm.backward"} <= names
+
+
+def test_torchtitan_issues_its_eager_kernels_and_its_recomputation_from_the_host():
+    """A host-bound stage (one Llama 3 8B layer over 16 tokens) lasts the
+    host's launches as torchtitan issues them: per layer forward 4 + 3 more
+    GEMMs (wq, wk, wv, wo, w1, w3, w2), attention 2, two RMSNorms of 8 kernels
+    (cast, pow, mean, + eps, rsqrt, product, cast back, weight), residuals 2,
+    SwiGLU 2, rotary 6 (cast, complex product, cast back, for q and k),
+    repeat_kv 2 = 37; backward 14 + 7 + 2 x 16 + 2 + 4 + 8 + 2 = 69; the
+    selective checkpointing runs the forward again but for the four saved
+    GEMMs and the attention core's two kernels: 31."""
+    model = load_model("llama3-8b")
+    shard = Shard(1, 1, 16)
+    titan = stage_compute(PROFILE, model, shard, 1, Recompute.SELECTIVE, False, False, torchtitan=True)
+    host = PROFILE.host
+    expected = (37 + 31) * host.forward_launch_s + 69 * host.backward_launch_s
+    assert any(op.name == "host_issue" for op in titan.ops)
+    assert titan.total_s == pytest.approx(expected, rel=1e-9)
