@@ -18,10 +18,27 @@ the step moves outside the layers' operations:
 * ``torchtitan`` (FSDP2 with ``MixedPrecisionPolicy(param_dtype=bfloat16,
   reduce_dtype=float32)``, torchtitan's defaults): the sharded parameters,
   gradients and moments in fp32 (16 bytes per parameter, all over the shard
-  group); FSDP2 casts the local shard to bf16 before each all-gather (read 4,
-  write 2, forward and backward) and the unsharded bf16 gradients to fp32 for
-  the reduce-scatter (read 2, write 4); fused AdamW on the shard (28 bytes);
-  ``zero_grad`` sets the gradients to None; the training step deletes the
+  group); before each all-gather (forward and backward) FSDP2 casts the
+  local shard to bf16 (read 4, write 2) and copies it into the all-gather's
+  input (``_foreach_copy_``, read 2, write 2), and after it copies the
+  gathered bf16 weights out of the all-gather's output into the layer's
+  parameters (``split_with_sizes_copy``, read 2, write 2 per gathered
+  weight; ``foreach_all_gather`` and ``foreach_all_gather_copy_out`` in
+  PyTorch's torch/distributed/_composable/fsdp/_fsdp_collectives.py; two
+  gathers are counted for every weight, though the root unit and the last
+  layer are gathered once: for Llama 3 8B on 8 GPUs 2 ms of a 2 s step); the
+  unsharded bf16 gradients are cast to fp32 for the reduce-scatter (read 2,
+  write 4), which runs in fp32 (``reduce_dtype``: parallelize_llama.py line
+  320, ``--training.mixed_precision_reduce`` float32 in config_manager.py
+  lines 389-392; :attr:`Framework.zero3_reduce_bytes`); foreach AdamW on the shard (80 bytes,
+  :data:`~synth.planner.eagerops.FOREACH_ADAMW_BYTES`) after gradient
+  clipping (12, :data:`~synth.planner.eagerops.CLIP_GRAD_NORM_BYTES`);
+  ``zero_grad`` sets the gradients to None; torchtitan wraps each layer and
+  then the whole model with ``fully_shard`` (torchtitan/parallelisms/
+  parallelize_llama.py lines 324-339 at 9dec370), so the embedding, the
+  final norm and the output layer are one unit whose gather opens the step
+  and whose reduce-scatter, after the embedding's backward, closes it
+  (:attr:`Framework.root_unit`); the training step deletes the
   bf16 logits before the backward (``del pred`` in torchtitan's train.py), so
   the eager loss holds 12 bytes per logit. Its ``--recompute selective`` is
   torchtitan's operator-level selective checkpointing (:func:`sac_activation_bytes`).
@@ -62,6 +79,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SynthError
+from .eagerops import CLIP_GRAD_NORM_BYTES, FOREACH_ADAMW_BYTES
 from .transformer import MLP_WIDE_VALUES, Recompute, Transformer
 
 ADAM_BYTES = 28  # fused Adam(W) on fp32: read weight, gradient, two moments; write weight and moments
@@ -82,6 +100,7 @@ class Framework:
     cast_copy_bytes: int = 0  # a 16-bit copy of each weight made for the GEMMs and held through the backward
     forward_cast_bytes: int = 0  # moved per parameter and micro-batch before the layers use the weights
     forward_cast_on_shard: bool = False  # ... on the device's shard only (FSDP2 casts before gathering)
+    gather_copy_bytes: int = 0  # moved per gathered weight and micro-batch copying ZeRO-3's all-gather outputs out
     gradient_cast_bytes: int = 0  # moved per parameter and micro-batch as the backward makes the gradients
     accumulate_bytes: int = 0  # moved per parameter and micro-batch after the first (adding into held gradients)
     optimizer_cast_bytes: int = 0  # per updated parameter: the gradients cast to fp32 before the optimizer
@@ -91,6 +110,11 @@ class Framework:
     logits_freed: bool = False  # the training loop drops its bf16 logits before the backward (eager loss: 12, not 14)
     recomputes_norms: bool = False  # DeepSeek-V3's storage without recomputation: deepseek_activation_bytes
     fp8_blocks: bool = False  # under --dtype fp8: DeepSeek-V3's tile- and block-scaled FP8 (synth.planner.fp8)
+    adam_bytes: int = ADAM_BYTES  # Adam(W) with fp32 moments, per updated parameter (fused: 28)
+    clip_bytes: int = 0  # per updated parameter: the gradients' norm and their scaling before the optimizer
+    zero3_reduce_bytes: int = 0  # bytes per value ZeRO-3 reduce-scatters a layer's gradients in (0: the weights')
+    root_unit: bool = False  # ZeRO-3 gathers the embedding and output layer as one unit before the first layer
+    # and reduce-scatters its gradients after the last (FSDP2's root module), both outside any overlap
 
     @property
     def state_bytes(self) -> int:
@@ -100,8 +124,8 @@ class Framework:
     @property
     def optimizer_bytes(self) -> int:
         """Bytes the optimizer step moves per updated parameter."""
-        adam = ADAM_BYTES - 2 * (8 - self.moment_bytes)  # the moments read and written at their own width
-        return self.optimizer_cast_bytes + adam + self.copy_back_bytes
+        adam = self.adam_bytes - 2 * (8 - self.moment_bytes)  # the moments read and written at their own width
+        return self.optimizer_cast_bytes + self.clip_bytes + adam + self.copy_back_bytes
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -109,9 +133,10 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "per parameter, 6 + 12/d distributed", 2, 4, 4, default_cross_entropy="fused", copy_back_bytes=6,
               zero_bytes=4),
     Framework("torchtitan", "torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
-              "fused AdamW, cross_entropy on logits.float(), del pred before the backward", 4, 4, 0,
-              forward_cast_bytes=2 * 6, forward_cast_on_shard=True, gradient_cast_bytes=6, gradients_freed=True,
-              logits_freed=True),
+              "foreach AdamW after foreach gradient clipping, cross_entropy on logits.float(), del pred before the "
+              "backward", 4, 4, 0, forward_cast_bytes=2 * (6 + 4), forward_cast_on_shard=True, gather_copy_bytes=2 * 4,
+              gradient_cast_bytes=6, gradients_freed=True, logits_freed=True, adam_bytes=FOREACH_ADAMW_BYTES,
+              clip_bytes=CLIP_GRAD_NORM_BYTES, zero3_reduce_bytes=4, root_unit=True),
     Framework("eager", "fp32 weights under torch.autocast(bfloat16), fused AdamW, zero_grad(set_to_none=True)", 4, 4, 0,
               cast_copy_bytes=2, forward_cast_bytes=6, gradient_cast_bytes=6, accumulate_bytes=12, gradients_freed=True),
     Framework("eager-master", "bf16 weights, fp32 master copy, fused Adam, gradients set to None each step", 2, 2, 4,
@@ -172,13 +197,16 @@ def sac_activation_bytes(model: Transformer, micro_batch: int, tp: int, cp: int 
 
 
 def step_overhead_bytes(framework: Framework, parameters: float, updated: float,
-                        micro_batches: int) -> tuple[float, float, float]:
+                        micro_batches: int, gathered: bool = False) -> tuple[float, float, float]:
     """(bytes per micro-batch, bytes of the accumulation over the step, bytes
     of the optimizer step) one device moves outside the layers: ``parameters``
     the weights it computes with, ``updated`` those its optimizer updates (its
-    ZeRO shard, which FSDP2 also casts before each all-gather)."""
+    ZeRO shard, which FSDP2 also casts before each all-gather); ``gathered``:
+    ZeRO-3 gathers the weights it computes with (``gather_copy_bytes`` each)."""
     cast_on = updated if framework.forward_cast_on_shard else parameters
     per_micro_batch = framework.forward_cast_bytes * cast_on + framework.gradient_cast_bytes * parameters
+    if gathered:
+        per_micro_batch += framework.gather_copy_bytes * parameters
     accumulate = framework.accumulate_bytes * parameters * max(0, micro_batches - 1)
     optimizer = framework.optimizer_bytes * updated + framework.zero_bytes * parameters
     return per_micro_batch, accumulate, optimizer

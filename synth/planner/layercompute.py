@@ -50,6 +50,10 @@ norms and residual adds, written below over T h, run over T h / t):
   logits') at FP8's rate, row-wise scaled (``FP8_GEMM_SPEEDUP``) or, under
   DeepSeek-V3's framework, tile- and block-scaled with the online quantization
   passes around them (:func:`block_fp8_passes`, :mod:`synth.planner.fp8`).
+* torchtitan's Llama without ``torch.compile`` (``--framework torchtitan``):
+  its RMSNorm, rotary positions and grouped keys' copies as the eager kernel
+  chains its source writes (:func:`torchtitan_eager_ops`,
+  :mod:`synth.planner.eagerops`).
 * The optimizer step and the framework's passes outside the layers (weight
   casts, gradient accumulation): :mod:`synth.planner.frameworks`.
 """
@@ -62,6 +66,8 @@ from functools import cached_property
 from typing import Any
 
 from ..caches import memoised
+from .eagerops import (REPEAT_KV_LAUNCHES, RMS_NORM_BYTES, RMS_NORM_LAUNCHES, ROTARY_BYTES, ROTARY_LAUNCHES,
+                       repeat_kv_bytes)
 from .fp8 import block_scaled_speedup, quantize_bytes, requantize_transposed_bytes
 from .operations import OperationProfile
 from .transformer import Recompute, Transformer
@@ -424,6 +430,42 @@ def recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard, r
     return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))
 
 
+def _bytes_pass(profile: OperationProfile, name: str, elements: int, per_element: tuple[int, int]) -> list[OpTime]:
+    """An operation of ``elements`` values priced by the bytes its eager
+    kernels move per value, (forward, backward), at the profile's ``add``
+    bandwidth."""
+    moved = profile.elementwise.bytes_seconds
+    return [OpTime(name, "forward", (elements,), float(moved(per_element[0] * elements))),
+            OpTime(f"{name}.backward", "backward", (elements,), float(moved(per_element[1] * elements)))]
+
+
+def torchtitan_eager_ops(profile: OperationProfile, model: Transformer, shard: Shard,
+                         ops: ComputeTime) -> ComputeTime:
+    """``ops`` (a layer's, or the head's) as torchtitan's Llama runs them
+    without ``torch.compile`` (:mod:`synth.planner.eagerops`): each RMSNorm
+    (``norm1``, ``norm2``, ``final_norm``) and the rotary positions priced by
+    the bytes their fp32 kernel chains move in place of the profile's fused
+    rates, and, in a layer with fewer key heads than query heads, the keys'
+    and values' copies for the attention (``repeat_kv``) added. Models
+    without RMSNorm, rotary positions or grouped queries keep those
+    operations as they are."""
+    h, replicated = model.hidden, shard.replicated_tokens
+    new: dict[str, list[OpTime]] = {}
+    if model.norm == "rmsnorm":
+        for name in ("norm1", "norm2", "final_norm"):
+            new[name] = _bytes_pass(profile, name, replicated * h, RMS_NORM_BYTES)
+    if model.positions == "rotary":
+        new["rotary"] = _bytes_pass(profile, "rotary", shard.tokens * (model.q_dim + model.kv_dim) // shard.tp,
+                                    ROTARY_BYTES)
+    names = {op.name for op in ops.ops}
+    kept = [op for op in ops.ops if op.name.removesuffix(".backward") not in new]
+    added = [op for name, passes in new.items() if name in names for op in passes]
+    copies = repeat_kv_bytes(model.heads // model.kv_heads)
+    if copies[0] and "qkv" in names:  # a layer: the keys and the values, each copied
+        added += _bytes_pass(profile, "repeat_kv", 2 * shard.tokens * model.kv_dim // shard.tp, copies)
+    return ComputeTime(tuple(kept + added))
+
+
 def torchtitan_recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard,
                              layer: ComputeTime) -> ComputeTime:
     """What torchtitan's operator-level selective checkpointing
@@ -431,7 +473,8 @@ def torchtitan_recompute_ops(profile: OperationProfile, model: Transformer, shar
     forward of every second GEMM in the order the layer runs them (wk, wo, w3
     of wq, wk, wv, wo, w1, w3, w2; wk, wo, down for an ungated MLP) at its own
     shape, and of every elementwise operation (norms, residual adds, the
-    activation, rotary positions), none of which it saves; the attention core's
+    activation, rotary positions, the keys' and values' copies for grouped
+    queries), none of which it saves; the attention core's
     output is saved and not recomputed (the memory side:
     :func:`synth.planner.frameworks.sac_activation_bytes`)."""
     t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
@@ -440,7 +483,7 @@ def torchtitan_recompute_ops(profile: OperationProfile, model: Transformer, shar
               else [("up", h, f // t), ("down", f // t, h)])
     chosen = [_gemm(profile, name, tokens, k, n, shard.fp8_gemms)[0] for name, k, n in gemms[1::2]]
     chosen += [op for op in layer.ops if op.phase == "forward"
-               and op.name in ("norm1", "norm2", "residual1", "residual2", "activation", "rotary")]
+               and op.name in ("norm1", "norm2", "residual1", "residual2", "activation", "rotary", "repeat_kv")]
     return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))
 
 
@@ -482,40 +525,78 @@ def micro_batch_fixed_s(profile: OperationProfile) -> float:
 @memoised(maxsize=8192)  # every schedule and recomputation search variant of a configuration asks again
 def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, layers: int, recompute: Recompute,
                   first: bool, last: bool, moe_layers: int = 0, loss: str = "fused",
-                  torchtitan_sac: bool = False) -> ComputeTime:
+                  torchtitan: bool = False) -> ComputeTime:
     """One micro-batch of one pipeline stage of ``layers`` layers, of which
     ``moe_layers`` have experts: forward, backward and recomputation, the
     embedding on the first stage, the head and loss (``loss``: its
     ``--cross-entropy`` kind) on the last, and the
-    micro-batch's fixed cost. ``torchtitan_sac``: selective recomputation is
-    torchtitan's operator-level one (:func:`torchtitan_recompute_ops`)."""
+    micro-batch's fixed cost. ``torchtitan``: the layers and the head as
+    torchtitan's Llama runs them eagerly (:func:`torchtitan_eager_ops`), and
+    selective recomputation its operator-level one
+    (:func:`torchtitan_recompute_ops`)."""
+
+    def eager(ops: ComputeTime) -> ComputeTime:
+        return torchtitan_eager_ops(profile, model, shard, ops) if torchtitan else ops
 
     def again(layer: ComputeTime) -> ComputeTime:
-        if torchtitan_sac and recompute is Recompute.SELECTIVE:
+        if torchtitan and recompute is Recompute.SELECTIVE:
             return torchtitan_recompute_ops(profile, model, shard, layer)
         return recompute_ops(profile, model, shard, recompute, layer)
 
-    layer = layer_compute(profile, model, shard)
+    layer = eager(layer_compute(profile, model, shard))
     one = layer + again(layer)
     total = one.times(layers - moe_layers)
     if moe_layers:
-        expert_layer = layer_compute(profile, model, shard, True)
+        expert_layer = eager(layer_compute(profile, model, shard, True))
         total = total + (expert_layer + again(expert_layer)).times(moe_layers)
     if first:
         total = total + embedding_compute(profile, model, shard)
     if last:
-        total = total + head_compute(profile, model, shard, loss)
+        total = total + eager(head_compute(profile, model, shard, loss))
     total = total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
-    return issued_ahead(total, layers * stage_host_s(profile, model, recompute))
+    return issued_ahead(total, layers * stage_host_s(profile, model, recompute, torchtitan))
 
 
-def stage_host_s(profile: OperationProfile, model: Transformer, recompute: Recompute) -> float:
+def torchtitan_layer_launches(model: Transformer) -> tuple[int, int, int]:
+    """Kernels one layer of torchtitan's Llama launches without
+    ``torch.compile``, (forward, backward, forward again under its
+    operator-level selective checkpointing): :func:`layer_launches` with one
+    GEMM per weight (wq, wk, wv, wo and w1, w3, w2, or up and down), each
+    RMSNorm as :data:`~synth.planner.eagerops.RMS_NORM_LAUNCHES`, the rotary
+    positions as :data:`~synth.planner.eagerops.ROTARY_LAUNCHES` and, with
+    grouped queries, ``repeat_kv``'s copies
+    (:data:`~synth.planner.eagerops.REPEAT_KV_LAUNCHES`). The recomputation
+    runs the forward again but for the GEMMs it saved (the 1st, 3rd, ...)
+    and the attention core's two kernels, whose outputs it keeps."""
+    forward, backward = layer_launches(model)
+    gemms = 7 if model.gated_mlp else 6
+    gemm_f, gemm_b = EAGER_LAUNCHES["gemm_bias" if model.biases else "gemm"]
+    forward, backward = forward + (gemms - 4) * gemm_f, backward + (gemms - 4) * gemm_b
+    if model.norm == "rmsnorm":
+        forward += 2 * (RMS_NORM_LAUNCHES[0] - EAGER_LAUNCHES["rms_norm"][0])
+        backward += 2 * (RMS_NORM_LAUNCHES[1] - EAGER_LAUNCHES["rms_norm"][1])
+    if model.positions == "rotary":
+        forward += ROTARY_LAUNCHES[0] - EAGER_LAUNCHES["rotary"][0]
+        backward += ROTARY_LAUNCHES[1] - EAGER_LAUNCHES["rotary"][1]
+    if model.kv_heads < model.heads:
+        forward, backward = forward + REPEAT_KV_LAUNCHES[0], backward + REPEAT_KV_LAUNCHES[1]
+    saved = (gemms + 1) // 2 * gemm_f + EAGER_LAUNCHES["attention"][0]
+    return forward, backward, forward - saved
+
+
+def stage_host_s(profile: OperationProfile, model: Transformer, recompute: Recompute,
+                 torchtitan: bool = False) -> float:
     """The host's seconds issuing one layer's kernels in a micro-batch: its
     forward and backward launches (:func:`layer_launches`) at the profile's
     seconds per launch, and the forward's again under full recomputation (the
-    attention core's two under selective), at the forward's rate."""
+    attention core's two under selective), at the forward's rate;
+    ``torchtitan``: torchtitan's eager Llama and its selective checkpointing
+    (:func:`torchtitan_layer_launches`)."""
     forward, backward = layer_launches(model)
-    again = {Recompute.NONE: 0, Recompute.FULL: forward, Recompute.SELECTIVE: EAGER_LAUNCHES["attention"][0]}
+    selective = EAGER_LAUNCHES["attention"][0]
+    if torchtitan:
+        forward, backward, selective = torchtitan_layer_launches(model)
+    again = {Recompute.NONE: 0, Recompute.FULL: forward, Recompute.SELECTIVE: selective}
     return (forward + again[recompute]) * profile.host.forward_launch_s + backward * profile.host.backward_launch_s
 
 

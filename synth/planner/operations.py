@@ -46,7 +46,7 @@ plain numbers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -364,3 +364,21 @@ def operation_profile_from_dict(doc: dict[str, Any]) -> OperationProfile:
         fit=dict(doc.get("fit") or {}),
         host=HostModel(**host),
     )
+
+
+def at_memory_bandwidth(profile: OperationProfile, ratio: float, name: str, devices: tuple[str, ...],
+                        source: str) -> OperationProfile:
+    """``profile`` moved to a device whose memory bandwidth is ``ratio`` times
+    its own (the ratio of the two devices' stated peaks, the measured device
+    reaching the same fraction of its peak): every elementwise pass takes
+    ``1 / ratio`` times its seconds per element, and the GEMM reads its
+    operands at ``ratio`` times its bandwidth; the GEMM and attention rates,
+    every floor and the host's cost are kept (a compute rate does not follow
+    from a bandwidth). The fit statistics are dropped: they belong to the
+    measured device."""
+    if not ratio > 0:
+        raise SynthError(f"bandwidth ratio {ratio}: give a positive number")
+    passes = tuple(replace(p, seconds_per_element=p.seconds_per_element / ratio) for p in profile.elementwise.passes)
+    return replace(profile, name=name, devices=devices, source=source, fit={},
+                   gemm=replace(profile.gemm, bandwidth_Bps=profile.gemm.bandwidth_Bps * ratio),
+                   elementwise=ElementwiseModel(passes))

@@ -219,6 +219,7 @@ class StepShape:
     alltoall_bytes: int = 0  # per device: one all-to-all of expert parallelism (the routed token copies)
     kv_bytes: int = 0  # per device: one ring step of context parallelism (its chunk's keys and values)
     attention_fraction: float = 0.0  # of a micro-batch's compute: the attention core (forward and backward)
+    outer_params: int = 0  # per device: the worst stage's parameters outside its layers (embedding, output layer)
 
     @property
     def flops_per_layer(self) -> float:
@@ -258,6 +259,7 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
         gradient_value_bytes=training.gradient_reduce_bytes,
         moe_layers_per_stage=max(moe_layers for _, moe_layers in stage_mix(model, layout).values()),
         alltoall_bytes=alltoall,
+        outer_params=math.ceil((params - model.layers_params(*stage_mix(model, layout)[kind])) / config.tp),
     )
 
 
@@ -327,7 +329,7 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
                          for c in (tp_overlap_chunk_ops(compute, model, shard, moe) for moe in (False, True)))
     micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
                                       kind in ("last", "only"), mix[kind][1], training.cross_entropy,
-                                      training.recipe.name == "torchtitan").total_s
+                                      torchtitan=training.recipe.name == "torchtitan").total_s
                         + layers * again_s + (layers - mix[kind][1]) * chunks_s[0] + mix[kind][1] * chunks_s[1]
                         for kind, layers in stage_kinds(layout).items())
     routed = stage_routed_parameters(model, layout)
@@ -337,8 +339,8 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
     updated = held
     if training.sharding is not Sharding.NONE:  # ZeRO updates its shard only
         updated = dense / config.dense_shards + experts / config.expert_shards
-    per_micro_batch, accumulate, optimizer = step_overhead_bytes(training.recipe, held, updated,
-                                                                shape.micro_batches)
+    per_micro_batch, accumulate, optimizer = step_overhead_bytes(training.recipe, held, updated, shape.micro_batches,
+                                                                training.sharding in (Sharding.ZERO3, Sharding.HSDP))
     moved_s = compute.elementwise.bytes_seconds
     micro_batch_s += float(moved_s(per_micro_batch)) if per_micro_batch else 0.0
     efficiency = shape.flops_per_micro_batch / (device.peak_flops * micro_batch_s)
@@ -535,13 +537,19 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     backward_s = micro_batch_s * shape.backward_fraction
     if training.sharding is Sharding.ZERO3:  # not with ep > 1 (configuration_problem); over dp x cp with cp
         size = shape.layer_bytes
+        # the gradients reduce-scattered as the weights are gathered, or wider (torchtitan: reduce_dtype fp32)
+        reduce_bytes = training.recipe.zero3_reduce_bytes or shape.weight_value_bytes
+        scattered = size // shape.weight_value_bytes * reduce_bytes
         gather = collectives.reduce(dense_axes, Goal.ALLGATHER, size)
-        scatter = collectives.reduce(dense_axes, Goal.REDUCESCATTER, size)
+        scatter = collectives.reduce(dense_axes, Goal.REDUCESCATTER, scattered)
         n = shape.layers_per_stage
         per_micro_batch = (overlapped_s(n, gather, micro_batch_s - backward_s)
                            + overlapped_s(n, gather + scatter, backward_s))
-        return (shape.micro_batches * per_micro_batch, None,
-                [(dense_axes, Goal.ALLGATHER, size), (dense_axes, Goal.REDUCESCATTER, size)])
+        exposed = shape.micro_batches * per_micro_batch
+        if training.recipe.root_unit and shape.outer_params:  # once a step, before the first layer and after the last
+            exposed += (collectives.reduce(dense_axes, Goal.ALLGATHER, shape.outer_params * shape.weight_value_bytes)
+                        + collectives.reduce(dense_axes, Goal.REDUCESCATTER, shape.outer_params * reduce_bytes))
+        return (exposed, None, [(dense_axes, Goal.ALLGATHER, size), (dense_axes, Goal.REDUCESCATTER, scattered)])
     if training.sharding is Sharding.HSDP:
         return _hsdp(collectives, shape, micro_batch_s, backward_s)
     sharded = training.sharding in (Sharding.ZERO1, Sharding.ZERO2)

@@ -571,8 +571,9 @@ def test_fit_on_step_records_recovers_the_fixed_cost_per_micro_batch(tmp_path, c
 def test_compute_command_text_and_errors(cli, tmp_path):
     code, out, _ = cli("compute", "--device", "h100-sxm5-80gb", "--model", "llama2-7b", "--tp", "8")
     assert code == 0 and "one layer on one device of h100-sxm5-80gb" in out and "mlp_up.wgrad" in out
-    assert usage_error(cli, "compute", "--device", "nosuchgpu", "--model", "gpt3-125m").startswith(
-        "--device nosuchgpu: no shipped per-operation compute profile (shipped: h100-sxm5-80gb")
+    unknown = usage_error(cli, "compute", "--device", "nosuchgpu", "--model", "gpt3-125m")
+    assert unknown.startswith("--device nosuchgpu: no shipped per-operation compute profile (shipped: ")
+    assert "h100-sxm5-80gb (NVIDIA H100 80GB HBM3" in unknown
     assert "give --device NAME" in usage_error(cli, "compute", "--model", "gpt3-125m")
     assert usage_error(cli, "compute", "--device", "h100-sxm5-80gb", "--model", "gpt3-125m", "--tp", "5") == (
         "--tp 5: tp=5 does not divide the model's heads (12)")

@@ -295,6 +295,32 @@ def test_zero3_step_by_hand():
     assert memory.optimizer == pytest.approx(12 * stage / dp)
 
 
+def test_torchtitan_zero3_reduces_in_fp32_and_gathers_its_root_unit_outside_the_layers():
+    """torchtitan's FSDP2 (pytorch/torchtitan at 9dec370,
+    torchtitan/parallelisms/parallelize_llama.py lines 320-339): each layer's
+    gradients reduce-scattered in fp32 (``reduce_dtype``), twice the bytes of
+    its bf16 gathers, and the model's root unit (the embedding, tied here to
+    the output layer, and the final norm) gathered once before the first layer
+    and reduce-scattered once after the last, neither overlapped."""
+    L, h, s, V = 4, 64, 32, 100
+    m = gpt(L, h, 4, s, V)
+    tp, dp, b, B = 2, 2, 1, 2  # one micro-batch
+    training = Training(B, sharding=Sharding.ZERO3, sequence_parallel=False, framework="torchtitan")
+    config = Configuration(tp, dp, 1, b)
+    layer_params = 12 * h * h + 13 * h
+    gathered = math.ceil(layer_params / tp) * 2
+    root = math.ceil((V * h + s * h + 2 * h) / tp)  # word and position embeddings, final norm's weight and bias
+
+    def price(nbytes: int) -> float:
+        return 1e-3 * (1 + nbytes / 2**30)  # Recording's price of one all-gather or reduce-scatter
+
+    t_mb = 8e-3
+    step = step_time(m, training, config, Recording(), t_mb)
+    forward = _exposed_by_hand(L, price(gathered), t_mb / 3)
+    backward = _exposed_by_hand(L, price(gathered) + price(2 * gathered), 2 * t_mb / 3)
+    assert step.dp_s == pytest.approx(forward + backward + price(2 * root) + price(4 * root))
+
+
 @pytest.mark.parametrize("attention", ["unfused", "flash"])
 def test_selective_recomputation_step_and_memory_by_hand(attention):
     """Selective recomputation (Korthikanti et al. 2022, Section 5): the

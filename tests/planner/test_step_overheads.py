@@ -60,15 +60,24 @@ def test_accumulation_and_optimizer_move_the_framework_bytes(framework, accumula
 
 
 def test_torchtitan_updates_its_shard_and_casts_it_before_each_gather():
+    """gpt3-350m (LayerNorm, learned positions, a key head per query head: no
+    eager chain of torchtitan's Llama applies, only its kernel launches) under
+    FSDP2 on 8 GPUs."""
     model = load_model("gpt3-350m")
     training = Training(16, sharding=Sharding.ZERO3, framework="torchtitan", cross_entropy="eager")
     sharded = compute_estimate(model, training, Configuration(1, 8, 1, 2), DEVICE, PROFILE)
-    plain = compute_estimate(model, Training(16, framework="eager-master", cross_entropy="eager"),
-                             Configuration(1, 8, 1, 2), DEVICE, PROFILE)
+    # the layers, embedding and loss as torchtitan runs them (its kernel launches: this stage is host-bound)
+    stage = stage_compute(PROFILE, model, Shard(1, 2, model.seq), model.layers, Recompute.NONE, True, True,
+                          loss="eager", torchtitan=True)
     p = model.parameters
-    assert sharded.optimizer_s == pytest.approx(moved_s(28 * p / 8))
-    # two casts of the fp32 shard (forward and backward gathers) and the gradients cast to fp32 for the reduction
-    assert sharded.micro_batch_s - plain.micro_batch_s == pytest.approx(moved_s(12 * p / 8 + 6 * p), rel=1e-9)
+    # foreach AdamW on the fp32 shard: weight decay 8, lerp 12, mul 8, addcmul 12, sqrt 8, div 8, add 8, addcdiv 16;
+    # gradient clipping: the norm reads each gradient (4), the scaling reads and writes it (8)
+    assert sharded.optimizer_s == pytest.approx(moved_s((8 + 12 + 8 + 12 + 8 + 8 + 8 + 16 + 4 + 8) * p / 8))
+    # per gather (forward and backward): the fp32 shard cast to bf16 (4 + 2) and copied into the all-gather's
+    # input (2 + 2), and every gathered bf16 weight copied out of its output (2 + 2); the bf16 gradients cast to
+    # fp32 for the reduce-scatter (2 + 4)
+    expected = moved_s(2 * (6 + 4) * p / 8 + 2 * 4 * p + 6 * p)
+    assert sharded.micro_batch_s - stage.total_s == pytest.approx(expected, rel=1e-9)
 
 
 def test_the_eager_loss_backward_moves_22_bytes_a_logit():
@@ -175,14 +184,63 @@ def test_torchtitan_selective_checkpointing_recomputes_every_second_gemm_and_the
     model = load_model("llama3-8b")
     shard = Shard(1, 2, model.seq)
     tokens, h, kv, f = 2 * model.seq, model.hidden, model.kv_dim, model.ffn
-    plain = stage_compute(PROFILE, model, shard, 4, Recompute.NONE, False, False)
-    sac = stage_compute(PROFILE, model, shard, 4, Recompute.SELECTIVE, False, False, torchtitan_sac=True)
+    plain = stage_compute(PROFILE, model, shard, 4, Recompute.NONE, False, False, torchtitan=True)
+    sac = stage_compute(PROFILE, model, shard, 4, Recompute.SELECTIVE, False, False, torchtitan=True)
     gemm = PROFILE.gemm
     gemms_s = float(gemm.seconds(tokens, h, kv) + gemm.seconds(tokens, h, h) + gemm.seconds(tokens, h, f))
     e = PROFILE.elementwise
-    passes_s = float(2 * e.seconds("layer_norm", tokens * h) + 2 * e.seconds("add", tokens * h)
-                     + e.seconds("silu_mul", tokens * f) + e.seconds("silu_mul", tokens * (h + kv)))
+    # the eager RMSNorm's forward (36 bytes a value), rotary's (20), the keys' and values' copies for 32 query
+    # heads over 8 key heads (read 2, write 4 x 2 a key value), residual adds and SwiGLU at the profile's rates
+    passes_s = float(2 * moved_s(36 * tokens * h) + 2 * e.seconds("add", tokens * h)
+                     + e.seconds("silu_mul", tokens * f) + moved_s(20 * tokens * (h + kv))
+                     + moved_s(10 * 2 * tokens * kv))
     assert sac.total_s - plain.total_s == pytest.approx(4 * (gemms_s + passes_s), rel=1e-9)
     megatron = stage_compute(PROFILE, model, shard, 4, Recompute.SELECTIVE, False, False)
     assert [op for op in megatron.ops if op.name == "attention.recompute"]
     assert not [op for op in sac.ops if op.name.startswith("attention") and op.name.endswith(".recompute")]
+
+
+def test_torchtitan_runs_rmsnorm_rotary_and_grouped_keys_as_eager_kernel_chains():
+    """torchtitan's Llama (pytorch/torchtitan at 9dec370) without
+    torch.compile: RMSNorm in fp32 (norms.py lines 96-101: cast 2+4, pow 4+4,
+    mean 4, product 4+4, cast back 4+2, weight 2+2 = 36 bytes a value
+    forward; its autograd backward 92), rotary positions through complex64
+    (model.py lines 108-113: cast 2+4, product 4+4, cast back 4+2 = 20 each
+    way) and repeat_kv's copies of the keys and values for 32 query heads
+    over 8 (model.py lines 116-125: read 2, write 2 x 4 per key value;
+    backward the sum, read 8, write 2), in place of the profile's fused
+    rates; the rest of the layer as it is."""
+    model = load_model("llama3-8b")
+    shard = Shard(1, 1, model.seq)
+    tokens, h, kv, f = model.seq, model.hidden, model.kv_dim, model.ffn
+    plain = stage_compute(PROFILE, model, shard, 1, Recompute.NONE, False, True)
+    titan = stage_compute(PROFILE, model, shard, 1, Recompute.NONE, False, True, torchtitan=True)
+    e = PROFILE.elementwise
+
+    def profile_rates(op: str, elements: int) -> float:  # forward and backward (twice the forward's values)
+        return float(e.seconds(op, elements) + e.seconds(op, 2 * elements))
+
+    fused_s = 3 * profile_rates("layer_norm", tokens * h) + profile_rates("silu_mul", tokens * (h + kv))
+    eager_s = (3 * (moved_s(36 * tokens * h) + moved_s(92 * tokens * h))  # two layer norms and the final one
+               + 2 * moved_s(20 * tokens * (h + kv)) + 2 * moved_s(10 * 2 * tokens * kv))
+    assert titan.total_s - plain.total_s == pytest.approx(eager_s - fused_s, rel=1e-9)
+    names = {op.name for op in titan.ops}
+    assert {"repeat_kv", "repeat_kv.backward", "final_norm.backward"} <= names
+
+
+def test_torchtitan_issues_its_eager_kernels_and_its_recomputation_from_the_host():
+    """A host-bound stage (one Llama 3 8B layer over 16 tokens) lasts the
+    host's launches as torchtitan issues them: per layer forward 4 + 3 more
+    GEMMs (wq, wk, wv, wo, w1, w3, w2), attention 2, two RMSNorms of 8 kernels
+    (cast, pow, mean, + eps, rsqrt, product, cast back, weight), residuals 2,
+    SwiGLU 2, rotary 6 (cast, complex product, cast back, for q and k),
+    repeat_kv 2 = 37; backward 14 + 7 + 2 x 16 + 2 + 4 + 8 + 2 = 69; the
+    selective checkpointing runs the forward again but for the four saved
+    GEMMs and the attention core's two kernels: 31."""
+    model = load_model("llama3-8b")
+    shard = Shard(1, 1, 16)
+    titan = stage_compute(PROFILE, model, shard, 1, Recompute.SELECTIVE, False, False, torchtitan=True)
+    host = PROFILE.host
+    expected = (37 + 31) * host.forward_launch_s + 69 * host.backward_launch_s
+    assert any(op.name == "host_issue" for op in titan.ops)
+    assert titan.total_s == pytest.approx(expected, rel=1e-9)
