@@ -3,7 +3,7 @@ al., SC'21, Table 1: data/megatron_sc21.jsonl).
 
     python scripts/megatron_sc21.py records   # data/megatron_sc21_steps.jsonl from the table
     python scripts/megatron_sc21.py fit       # the compute curve fitted on all ten rows (DEFAULT_COMPUTE)
-    python scripts/megatron_sc21.py compare [--write docs/planner.md]
+    python scripts/megatron_sc21.py compare [--write | --check]
 
 ``records`` turns each Table 1 row into a step-time record: the model file, the
 DGX A100 topology scaled to the row's GPUs, Megatron's rank order (tensor
@@ -172,16 +172,23 @@ def _megatron_breakdown(record: StepRecord, compute: EfficiencyCurve, costs: Rec
 
 def cmd_compare(args: argparse.Namespace) -> None:
     table, elapsed = comparison()
-    if args.write:
-        text = DOC.read_text()
-        if BEGIN not in text or END not in text:
-            raise SystemExit(f"{DOC}: the markers {BEGIN} and {END} are missing")
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
-        print(f"wrote the comparison into {DOC.relative_to(ROOT)} ({elapsed:.0f} s)")
-    else:
+    if not (args.write or args.check):
         print(table)
+        return
+    text = DOC.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{DOC}: the markers {BEGIN} and {END} are missing")
+    head, rest = text.split(BEGIN, 1)
+    stated, tail = rest.split(END, 1)
+    if args.check:
+        if stated.strip() != table.strip():
+            print(table)
+            raise SystemExit(f"{DOC.relative_to(ROOT)}: the comparison between its markers is not what the planner "
+                             "predicts now (above); regenerate it with: python scripts/megatron_sc21.py compare --write")
+        print(f"{DOC.relative_to(ROOT)}: the comparison is current ({elapsed:.0f} s)")
+        return
+    DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    print(f"wrote the comparison into {DOC.relative_to(ROOT)} ({elapsed:.0f} s)")
 
 
 def main() -> int:
@@ -191,6 +198,7 @@ def main() -> int:
     sub.add_parser("fit", help="fit the compute curve on all rows").set_defaults(run=cmd_fit)
     compare = sub.add_parser("compare", help="the comparison table")
     compare.add_argument("--write", action="store_true", help="write it into docs/planner.md")
+    compare.add_argument("--check", action="store_true", help="exit 1 unless docs/planner.md states it as it is now")
     compare.set_defaults(run=cmd_compare)
     args = p.parse_args()
     args.run(args)

@@ -19,6 +19,16 @@ def test_the_published_runs_table_is_current():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_megatron_sc21_comparison_is_current():
+    """docs/planner.md's generated comparison with Megatron-LM's SC'21 runs is
+    what the planner predicts now (it had drifted once with the model)."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "megatron_sc21.py"), "compare", "--check"],
+                          capture_output=True, text=True, timeout=limit_s(300), cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
 def _script():
     """scripts/published_runs.py as a module (scripts/ is not a package)."""
     import importlib.util
