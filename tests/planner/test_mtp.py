@@ -196,3 +196,13 @@ def test_a_bad_inline_depth_is_one_error_line(cli):
                           "layers=4,hidden=64,heads=4,seq=32,vocab=100,mtp_depth=5", "--global-batch", "8")
     assert message == ("--model: model field 'mtp_depth' is 5; at most the model's layers (4): each depth is one "
                        "more transformer block")
+
+
+def test_the_depth_travels_with_the_architecture_a_step_record_keeps():
+    """Step records write a model's shape and :meth:`architecture_fields`;
+    read back, the model has its modules again."""
+    m = parse_inline_model(SMALL_MOE + ",mtp_depth=1")
+    data = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq, "vocab": m.vocab,
+            "ffn": m.ffn, "kv_heads": m.kv_heads, **m.architecture_fields()}
+    assert m.architecture_fields()["mtp_depth"] == 1
+    assert model_from_dict(data, "record").mtp_params == m.mtp_params
