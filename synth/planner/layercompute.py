@@ -41,6 +41,10 @@ norms and residual adds, written below over T h, run over T h / t):
   backward: ``nll_loss``'s fp32 gradient written (4), the log-softmax
   backward reading it and the saved output and writing its own (12), and the
   cast's backward to bf16 (read 4, write 2).
+* Multi-token prediction (last stage, per module, :func:`mtp_compute`): its
+  block as a layer, the embedding's lookup of the shifted tokens, the two
+  input norms, their concatenation, the projection ``(T, 2h, h / t)`` and the
+  head and loss again.
 * Host issue: eager PyTorch launches ``EAGER_LAUNCHES`` kernels per
   operation; each phase of a layer lasts at least its launches times the
   profile's host seconds per launch (``OperationProfile.host``), the excess
@@ -512,6 +516,27 @@ def head_compute(profile: OperationProfile, model: Transformer, shard: Shard, lo
     return ComputeTime(tuple(ops))
 
 
+@memoised(maxsize=4096)  # stage_costs and stage_compute ask for the same shards
+def mtp_compute(profile: OperationProfile, model: Transformer, shard: Shard, loss: str = "fused") -> ComputeTime:
+    """One multi-token prediction module beside its block (which runs as a
+    layer, :func:`layer_compute`), on the last stage: the shared embedding's
+    lookup of the shifted tokens (as :func:`embedding_compute` gathers, its
+    T h gradient accumulated backward), the norms of the two inputs (as a
+    layer's norms), their concatenation (one pass over 2 T h values at
+    ``add``'s rate; its backward is views), the projection GEMM ``(T, 2h,
+    h / t)`` (FP8 where the layers' GEMMs are) and the shared output head
+    with its own loss (:func:`head_compute`). Named ``mtp.<operation>``."""
+    tokens, h, e = shard.tokens, model.hidden, profile.elementwise
+    ops = [OpTime("embedding", "forward", (tokens, h), float(e.seconds("add", tokens * h))),
+           OpTime("embedding.backward", "backward", (tokens, h), float(e.seconds("add", tokens * h)))]
+    for name in ("embedding_norm", "hidden_norm"):
+        ops += _pass(profile, name, "layer_norm", shard.replicated_tokens * h, 2)
+    ops += _pass(profile, "concat", "add", 2 * shard.replicated_tokens * h, 0)
+    ops += _gemm(profile, "projection", tokens, 2 * h, h // shard.tp, shard.fp8_gemms)
+    ops += head_compute(profile, model, shard, loss).ops
+    return ComputeTime(tuple(OpTime(f"mtp.{op.name}", op.phase, op.shape, op.seconds) for op in ops))
+
+
 def micro_batch_fixed_s(profile: OperationProfile) -> float:
     """The fixed cost of one micro-batch: the profile's own (fitted on step
     records) or, without one, a standalone attention backward call's fixed
@@ -529,7 +554,9 @@ def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, l
     """One micro-batch of one pipeline stage of ``layers`` layers, of which
     ``moe_layers`` have experts: forward, backward and recomputation, the
     embedding on the first stage, the head and loss (``loss``: its
-    ``--cross-entropy`` kind) on the last, and the
+    ``--cross-entropy`` kind) on the last, with the rest of the model's
+    multi-token prediction modules (:func:`mtp_compute`; their blocks are
+    among ``layers``, :func:`~synth.planner.training.stage_mix`), and the
     micro-batch's fixed cost. ``torchtitan``: the layers and the head as
     torchtitan's Llama runs them eagerly (:func:`torchtitan_eager_ops`), and
     selective recomputation its operator-level one
@@ -553,6 +580,8 @@ def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, l
         total = total + embedding_compute(profile, model, shard)
     if last:
         total = total + eager(head_compute(profile, model, shard, loss))
+        if model.mtp_depth:
+            total = total + mtp_compute(profile, model, shard, loss).times(model.mtp_depth)
     total = total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
     return issued_ahead(total, layers * stage_host_s(profile, model, recompute, torchtitan))
 

@@ -104,7 +104,9 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
             loss_bytes = CROSS_ENTROPY_BYTES[training.cross_entropy]
             if recipe.logits_freed and training.cross_entropy == "eager":
                 loss_bytes -= 2  # the bf16 logits are gone before the backward
-            activations += model.logits_bytes(config.micro_batch, config.tp, config.cp) * loss_bytes / 4
+            heads = 1 + model.mtp_depth  # each MTP module's loss holds its logits too, until the backward
+            activations += heads * model.logits_bytes(config.micro_batch, config.tp, config.cp) * loss_bytes / 4
+            activations += model.mtp_depth * in_flight * mtp_input_bytes(model, config, w, sp)
         if recipe.gradients_freed and m == 1 and training.sharding not in (Sharding.ZERO3, Sharding.HSDP):
             # one micro-batch and no gradients at its start: the backward makes them as it frees the
             # activations, so the peak is the larger of the two (the gradients counted are what exceeds)
@@ -114,3 +116,14 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
             worst = memory
     assert worst is not None
     return worst
+
+
+def mtp_input_bytes(model: Transformer, config: Configuration, bytes_per_value: int, sp: bool) -> float:
+    """What one multi-token prediction module stores for its backward beside
+    its block (whose activations are a layer's) and its loss (the logits'):
+    its two inputs before their norms and the 2h-wide concatenation the
+    projection reads, ``4 s b h`` values per micro-batch (``s / cp`` of the
+    sequence; split over tp with sequence parallelism, as a layer's norm
+    inputs are)."""
+    values = 4 * model.seq // config.cp * config.micro_batch * model.hidden
+    return bytes_per_value * values / (config.tp if sp else 1)

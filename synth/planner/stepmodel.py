@@ -106,6 +106,7 @@ from .layercompute import (
     embedding_compute,
     head_compute,
     layer_compute,
+    mtp_compute,
     recompute_ops,
     stage_compute,
     tp_overlap_chunk_ops,
@@ -243,7 +244,7 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
                              / (config.tp * config.cp))
     return StepShape(
         micro_batches=config.micro_batches(training),
-        layers_per_stage=max(layout),
+        layers_per_stage=max(layout[:-1] + (layout[-1] + model.mtp_depth,)),  # blocks: the MTP ones on the last
         flops_per_micro_batch=per_device,
         backward_fraction=(flops.backward + flops.recompute) / flops.total,
         weight_gradient_fraction=flops.weight_gradient / flops.total,
@@ -251,7 +252,8 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
         gemm_flops=tuple(2.0 * config.micro_batch * model.seq * p / (config.tp * config.cp)
                          for p in (model.moe_layer_gemm_params if moe else model.layer_gemm_params)),
         kv_bytes=2 * config.micro_batch * model.seq // config.cp * model.kv_dim * w // config.tp,
-        attention_fraction=model.layers * 3 * model.attention_core_flops(config.micro_batch * model.seq) / flops.total,
+        attention_fraction=((model.layers + model.mtp_depth) * 3 * model.attention_core_flops(config.micro_batch * model.seq)
+                            / flops.total),
         gradient_bytes=math.ceil((params - routed[kind]) / config.tp) * training.gradient_reduce_bytes,
         layer_bytes=math.ceil(largest_layer_params(model) / config.tp) * w,
         expert_gradient_bytes=math.ceil(routed[kind] / (config.tp * config.ep)) * training.gradient_reduce_bytes,
@@ -298,9 +300,11 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
 
 def _gemm_flops_fraction(model: Transformer, training: Training, config: Configuration) -> float:
     """The share of a micro-batch's training FLOPs in the layers' GEMMs
-    (recomputed ones included; not the attention core nor the logits)."""
+    (recomputed ones included, the MTP modules' too; not the attention core
+    nor the logits)."""
     flops = model.training_flops(config.micro_batch, training.recompute)
-    layers_gemm = flops.weight_gradient - model.logits_forward_flops(config.micro_batch * model.seq)
+    heads = 1 + model.mtp_depth  # the output head and each MTP module's pass through it
+    layers_gemm = flops.weight_gradient - heads * model.logits_forward_flops(config.micro_batch * model.seq)
     recomputed = layers_gemm if training.recompute is Recompute.FULL else 0.0
     return (3 * layers_gemm + recomputed) / flops.total
 
@@ -327,11 +331,12 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
         again = 1 if training.recompute is Recompute.FULL else 0  # the recomputed forward runs them so too
         chunks_s = tuple(c.total_s + again * c.forward_s
                          for c in (tp_overlap_chunk_ops(compute, model, shard, moe) for moe in (False, True)))
-    micro_batch_s = max(stage_compute(compute, model, shard, layers, training.recompute, kind in ("first", "only"),
-                                      kind in ("last", "only"), mix[kind][1], training.cross_entropy,
+    # each kind of stage's transformer blocks: its layers, and the MTP modules' on the last (stage_mix)
+    micro_batch_s = max(stage_compute(compute, model, shard, dense + moe, training.recompute, kind in ("first", "only"),
+                                      kind in ("last", "only"), moe, training.cross_entropy,
                                       torchtitan=training.recipe.name == "torchtitan").total_s
-                        + layers * again_s + (layers - mix[kind][1]) * chunks_s[0] + mix[kind][1] * chunks_s[1]
-                        for kind, layers in stage_kinds(layout).items())
+                        + (dense + moe) * again_s + dense * chunks_s[0] + moe * chunks_s[1]
+                        for kind, (dense, moe) in mix.items())
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
     dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)
@@ -350,15 +355,18 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
 
 def _flops_stage_costs(model: Transformer, training: Training, config: Configuration) -> StageCosts:
     """One micro-batch's training FLOPs (recomputation included) per layer and
-    of the output layer; the embedding does none."""
+    of the output layer with the multi-token prediction modules; the
+    embedding does none."""
     flops = model.training_flops(config.micro_batch, training.recompute)
-    logits = 3 * model.logits_forward_flops(config.micro_batch * model.seq)
-    return StageCosts((flops.total - logits) / model.layers, 0.0, logits)
+    last = 3 * model.logits_forward_flops(config.micro_batch * model.seq)
+    last += model.mtp_training_flops(config.micro_batch, training.recompute)
+    return StageCosts((flops.total - last) / model.layers, 0.0, last)
 
 
 def stage_costs(model: Transformer, training: Training, config: Configuration, compute: ComputeModel) -> StageCosts:
-    """One micro-batch's cost per layer, embedding and output layer on one
-    device, for balancing the stages (:func:`~synth.planner.stages.balanced_layers`):
+    """One micro-batch's cost per layer, embedding and output layer (with the
+    multi-token prediction modules, each a layer and :func:`mtp_compute`) on
+    one device, for balancing the stages (:func:`~synth.planner.stages.balanced_layers`):
     seconds by the per-operation model, FLOPs by the efficiency curve (which
     prices them all at one rate)."""
     if isinstance(compute, EfficiencyCurve):
@@ -366,8 +374,10 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     shard = layer_shard(training, config, model)
     layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)
-    return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s,
-                      head_compute(compute, model, shard, training.cross_entropy).total_s)
+    last_s = head_compute(compute, model, shard, training.cross_entropy).total_s
+    if model.mtp_depth:
+        last_s += model.mtp_depth * (layer.total_s + mtp_compute(compute, model, shard, training.cross_entropy).total_s)
+    return StageCosts(layer.total_s, embedding_compute(compute, model, shard).total_s, last_s)
 
 
 def step_time(

@@ -283,19 +283,30 @@ def stage_kinds(layout: tuple[int, ...]) -> dict[str, int]:
 
 
 def stage_mix(model: Transformer, layout: tuple[int, ...]) -> dict[str, tuple[int, int]]:
-    """``(dense, moe)`` layers of each kind of pipeline stage
-    (:func:`stage_kinds`): an MoE model's first ``dense_layers`` layers are
-    dense, on the first stages."""
+    """``(dense, moe)`` transformer blocks each kind of pipeline stage
+    (:func:`stage_kinds`) runs: its layers (an MoE model's first
+    ``dense_layers`` layers are dense, on the first stages) and, on the last,
+    the ``mtp_depth`` blocks of the multi-token prediction modules (MoE where
+    the model has experts)."""
     starts = {"only": 0, "first": 0, "middle": layout[0], "last": sum(layout[:-1])}
-    return {kind: model.layer_mix(starts[kind], layers) for kind, layers in stage_kinds(layout).items()}
+    mix = {kind: model.layer_mix(starts[kind], layers) for kind, layers in stage_kinds(layout).items()}
+    if model.mtp_depth:
+        kind = "only" if len(layout) == 1 else "last"
+        dense, moe = mix[kind]
+        mix[kind] = (dense, moe + model.mtp_depth) if model.moe else (dense + model.mtp_depth, moe)
+    return mix
 
 
 def stage_parameters(model: Transformer, layout: tuple[int, ...]) -> dict[str, int]:
     """Parameters of each kind of pipeline stage (:func:`stage_kinds`). With
     tied embeddings and pp > 1 the last stage keeps its own copy of the word
-    embeddings for the output layer (as Megatron-LM does)."""
-    head = model.head_params + (model.vocab * model.hidden if model.tied_embeddings and len(layout) > 1 else 0)
-    extra = {"only": model.embedding_params + model.head_params, "first": model.embedding_params, "last": head,
+    embeddings for the output layer (as Megatron-LM does). The last holds the
+    multi-token prediction modules: their blocks (:func:`stage_mix`) and the
+    rest of each (:attr:`~synth.planner.transformer.Transformer.mtp_extra_params`;
+    the embedding and head they use are the model's, no other copy)."""
+    mtp = model.mtp_depth * model.mtp_extra_params
+    head = model.head_params + (model.vocab * model.hidden if model.tied_embeddings and len(layout) > 1 else 0) + mtp
+    extra = {"only": model.embedding_params + model.head_params + mtp, "first": model.embedding_params, "last": head,
              "middle": 0}
     return {kind: model.layers_params(dense, moe) + extra[kind] for kind, (dense, moe) in stage_mix(model, layout).items()}
 

@@ -6,7 +6,8 @@ A :class:`Transformer` is a decoder-only model as ``models/*.yaml`` describe it
 attention; default a), ``mlp`` (``gelu``, ``swiglu``, ``relu`` or
 ``squared_relu``; ``gated_mlp: true`` is ``mlp: swiglu``), ``biases`` on the
 linear layers, ``norm`` (``layernorm`` or ``rmsnorm``), ``positions``
-(``learned`` or ``rotary``) and ``tied_embeddings``. It is loaded from a
+(``learned`` or ``rotary``), ``tied_embeddings`` and ``mtp_depth`` (multi-token
+prediction modules, default 0: :attr:`Transformer.mtp_depth`). It is loaded from a
 shipped name (``gpt3-175b``), a YAML path, or inline text
 (``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``).
 
@@ -26,6 +27,10 @@ Formulas (b = micro-batch, t = tensor-parallel size, kv = h x kv_heads / a):
   Megatron's ``12 h^2 + 13 h``;
 * embeddings ``V h`` (+ ``s h`` learned positions), an untied output head
   ``V h``, a final norm ``2h`` (LayerNorm) or ``h`` (RMSNorm);
+* a multi-token prediction module (``mtp_depth``, :class:`Transformer`):
+  one layer of the model's kind, a ``2h x h`` projection and three norms
+  (its two inputs', and the one before the shared head); forward FLOPs its
+  layer's, ``2 T x 2h^2`` and the shared head's logits ``2 T h V``;
 * forward FLOPs of one layer for T = b s tokens: ``2 T x (matrix parameters)``
   + ``4 T s h`` (attention scores and their product with V, counted over the
   full s x s as Megatron-LM does); logits ``2 T h V``. Training (forward and
@@ -79,6 +84,7 @@ class Recompute(enum.Enum):
 # field -> (type, required); the files' other keys are informative
 _INT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "params", "head_dim",
                "core_head_dim", "train_batch_tokens")
+_COUNT_FIELDS = ("mtp_depth",)  # integers that may be 0
 _REQUIRED = ("layers", "hidden", "heads", "seq", "vocab")
 _BOOL_FIELDS = ("gated_mlp", "biases", "tied_embeddings")
 _TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
@@ -92,10 +98,10 @@ _CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("l
 MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16,
                 "core_head_dim": 2**16, "ffn": 2**22, "vocab": 2**24, "seq": 2**24, "params": 10**15,
                 "train_batch_tokens": 10**15, "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22, "shared_experts": 2**16,
-                "dense_layers": 10_000, "max_nodes": 2**16}
+                "dense_layers": 10_000, "max_nodes": 2**16, "mtp_depth": 10_000}
 MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "capacity_factor")
 INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "gated_mlp",
-                 "biases", "norm", "positions", "tied_embeddings") + MOE_FIELDS
+                 "biases", "norm", "positions", "tied_embeddings", "mtp_depth") + MOE_FIELDS
 # 16-bit values of s b f each MLP keeps for its backward (Korthikanti et al. count GeLU's input and output,
 # 4 bytes): GeLU keeps its input, the down GEMM its output (2 tensors); SwiGLU the gate-and-up output (2),
 # the product the down GEMM reads (1); ReLU keeps only its output, which is the down GEMM's input (1);
@@ -157,7 +163,18 @@ class MoE:
 
 @dataclass(frozen=True)
 class Transformer:
-    """A decoder-only transformer (see the module docstring)."""
+    """A decoder-only transformer (see the module docstring).
+
+    ``mtp_depth`` D: D multi-token prediction modules (DeepSeek-AI 2024,
+    arXiv:2412.19437 Section 2.2), the k-th predicting the token k + 1 ahead:
+    the shared embedding of the shifted tokens and the previous depth's output,
+    each RMS-normed, concatenated and projected from 2h to h, one transformer
+    block of the model's kind (an MoE layer where the model has experts), and
+    the shared output head with a loss of its own. They run on the last
+    pipeline stage (Section 3.2.1: DeepSeek-V3 keeps the embedding and the
+    output head on the same rank for them; Megatron-LM's ``mtp_on_this_rank``
+    puts them on the last stage): their blocks count with that stage's layers
+    (:func:`~synth.planner.training.stage_mix`), the rest with its head."""
 
     name: str
     layers: int
@@ -176,6 +193,7 @@ class Transformer:
     head_dim: int | None = None  # the model file's head_dim where it gives one (None: hidden / heads)
     core_head_dim: int | None = None  # the attention core's head width where not head_dim's (latent attention)
     params_stated: int | None = None  # the count the source states (informative)
+    mtp_depth: int = 0  # multi-token prediction modules on the last stage (:attr:`mtp_module_params`)
     source: str = ""
     source_inconsistency: str | None = None
 
@@ -327,8 +345,10 @@ class Transformer:
 
     @property
     def parameters(self) -> int:
+        """Every parameter trained: the layers, embeddings, head and the
+        multi-token prediction modules (:attr:`mtp_params`)."""
         return (self.layers_params(self.layers - self.moe_layers, self.moe_layers) + self.embedding_params
-                + self.head_params)
+                + self.head_params + self.mtp_params)
 
     @property
     def active_parameters(self) -> int:
@@ -337,7 +357,31 @@ class Transformer:
         if not self.moe:
             return self.parameters
         unused = (self.moe.experts - self.moe.top_k) * self.expert_params
-        return self.parameters - self.moe_layers * unused
+        return self.parameters - (self.moe_layers + self.mtp_depth) * unused
+
+    # ------------------------------------------------ multi-token prediction
+
+    @property
+    def mtp_block_params(self) -> int:
+        """The transformer block of one multi-token prediction module: a
+        layer of the model's kind (an MoE layer when the model has experts)."""
+        return self.moe_layer_params if self.moe else self.layer_params
+
+    @property
+    def mtp_extra_params(self) -> int:
+        """What one MTP module holds beside its block: the projection of the
+        two normalised inputs, concatenated, from 2h to h (DeepSeek-V3's
+        matrix M; a bias of h with ``biases``), the norms of its two inputs
+        and the norm before the shared output head (Megatron-LM's
+        ``final_layernorm`` of an MTP layer). The embedding and the output
+        head are the model's own, shared: not counted again."""
+        h = self.hidden
+        return 2 * h * h + (h if self.biases else 0) + 3 * self.norm_params
+
+    @property
+    def mtp_params(self) -> int:
+        """The parameters of all ``mtp_depth`` MTP modules (0 without)."""
+        return self.mtp_depth * (self.mtp_block_params + self.mtp_extra_params)
 
     # ------------------------------------------------------------ FLOPs
 
@@ -362,15 +406,42 @@ class Transformer:
     def logits_forward_flops(self, tokens: int) -> float:
         return 2.0 * tokens * self.hidden * self.vocab
 
+    def mtp_block_forward_flops(self, tokens: int) -> float:
+        """Forward FLOPs of one MTP module's block (:attr:`mtp_block_params`)."""
+        return self.moe_layer_forward_flops(tokens) if self.moe else self.layer_forward_flops(tokens)
+
+    def mtp_forward_flops(self, tokens: int) -> float:
+        """Forward FLOPs of the ``mtp_depth`` MTP modules: per module its
+        block, its projection (``2 T x 2h x h``) and the shared head's logits
+        (``2 T h V``); 0 without."""
+        if not self.mtp_depth:
+            return 0.0
+        projection = 2.0 * tokens * 2 * self.hidden * self.hidden
+        return self.mtp_depth * (self.mtp_block_forward_flops(tokens) + projection + self.logits_forward_flops(tokens))
+
     def training_flops(self, samples: int, recompute: Recompute = Recompute.NONE) -> "Flops":
-        """FLOPs of forward, backward and recomputation for ``samples`` sequences."""
+        """FLOPs of forward, backward and recomputation for ``samples``
+        sequences, the MTP modules included (recomputation redoes their blocks
+        as it does the layers)."""
         tokens = samples * self.seq
         layers = self.layers_forward_flops(tokens, self.layers - self.moe_layers, self.moe_layers)
-        forward = layers + self.logits_forward_flops(tokens)
-        extra = {Recompute.NONE: 0.0, Recompute.FULL: layers,
-                 Recompute.SELECTIVE: self.layers * self.attention_core_flops(tokens)}[recompute]
-        weight_gradient = forward - self.layers * self.attention_core_flops(tokens)  # every GEMM's weight gradient
+        forward = layers + self.logits_forward_flops(tokens) + self.mtp_forward_flops(tokens)
+        blocks = self.layers + self.mtp_depth  # the layers and the MTP modules' blocks
+        extra = {Recompute.NONE: 0.0,
+                 Recompute.FULL: layers + self.mtp_depth * self.mtp_block_forward_flops(tokens),
+                 Recompute.SELECTIVE: blocks * self.attention_core_flops(tokens)}[recompute]
+        weight_gradient = forward - blocks * self.attention_core_flops(tokens)  # every GEMM's weight gradient
         return Flops(forward, 2.0 * forward, extra, weight_gradient)
+
+    def mtp_training_flops(self, samples: int, recompute: Recompute = Recompute.NONE) -> float:
+        """Of :meth:`training_flops`' total, the MTP modules' (0 without)."""
+        if not self.mtp_depth:
+            return 0.0
+        tokens = samples * self.seq
+        block = self.mtp_depth * self.mtp_block_forward_flops(tokens)
+        again = {Recompute.NONE: 0.0, Recompute.FULL: block,
+                 Recompute.SELECTIVE: self.mtp_depth * self.attention_core_flops(tokens)}[recompute]
+        return 3 * self.mtp_forward_flops(tokens) + again
 
     # ------------------------------------------------------------ activations
 
@@ -464,6 +535,8 @@ class Transformer:
             shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
             dense = f", {moe.dense_layers} dense layers first" if moe.dense_layers else ""
             extra.append(f"MoE {moe.experts} experts{shared} of {moe.expert_ffn}, top-{moe.top_k}{dense}")
+        if self.mtp_depth:
+            extra.append(f"multi-token prediction depth {self.mtp_depth} ({_count(self.mtp_params)} parameters)")
         more = ", " + ", ".join(extra) if extra else ""
         return (f"model {self.name}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads{more}, "
                 f"seq {self.seq}, vocab {self.vocab} ({_count(self.parameters)} parameters"
@@ -482,6 +555,8 @@ class Transformer:
         out.update({key: getattr(self, key) for key, default in defaults.items() if getattr(self, key) != default})
         if self.moe:
             out["moe"] = self.moe.to_dict()
+        if self.mtp_depth:
+            out["mtp_depth"] = self.mtp_depth
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -490,6 +565,7 @@ class Transformer:
                 "mlp": self.mlp, "gated_mlp": self.gated_mlp, "biases": self.biases, "norm": self.norm,
                 "positions": self.positions, "tied_embeddings": self.tied_embeddings, "head_dim": self.head_dimension,
                 **({"core_head_dim": self.core_head_dim} if self.core_head_dim else {}),
+                **({"mtp_depth": self.mtp_depth, "mtp_parameters": self.mtp_params} if self.mtp_depth else {}),
                 "parameters": self.parameters,
                 **({"moe": self.moe.to_dict(), "active_parameters": self.active_parameters} if self.moe else {})}
 
@@ -531,7 +607,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     """Build and check a model; errors name ``source`` and the field."""
     if not isinstance(data, dict):
         raise SynthError(f"{source}: expected a mapping with keys {', '.join(_REQUIRED)}")
-    allowed = _INT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + tuple(_CHOICE_FIELDS) + ("moe",)
+    allowed = _INT_FIELDS + _COUNT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + tuple(_CHOICE_FIELDS) + ("moe",)
     for key in data:
         if key not in allowed:
             raise SynthError(f"{source}: unknown model field '{key}'; known fields are {', '.join(allowed)}")
@@ -546,6 +622,14 @@ def model_from_dict(data: Any, source: str) -> Transformer:
             if value > MODEL_LIMITS.get(key, value):
                 raise SynthError(f"{source}: model field '{key}' is {shown_number(str(value))}; at most "
                                  f"{MODEL_LIMITS[key]:,} (far above any model trained today)")
+    for key in _COUNT_FIELDS:
+        if key in data:
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SynthError(f"{source}: model field '{key}' must be an integer >= 0 (0: none), got {value!r}")
+            if value > data["layers"]:
+                raise SynthError(f"{source}: model field '{key}' is {shown_number(str(value))}; at most the model's "
+                                 f"layers ({data['layers']}): each depth is one more transformer block")
     for key in _BOOL_FIELDS:
         if key in data and not isinstance(data[key], bool):
             raise SynthError(f"{source}: model field '{key}' must be true or false, got {data[key]!r}")
@@ -583,7 +667,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe, head_dim=data.get("head_dim"),
         core_head_dim=data.get("core_head_dim"),
         params_stated=data.get("params"), source=str(data.get("source", "")),
-        source_inconsistency=data.get("source_inconsistency"),
+        source_inconsistency=data.get("source_inconsistency"), mtp_depth=data.get("mtp_depth", 0),
     )
 
 
@@ -648,7 +732,7 @@ def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
             raise SynthError(f"{option} {key}={value}: must be an integer >= 1")
         else:
             data[key] = bounded_int(value, f"{option} {key}=", MODEL_LIMITS.get(key, MAX_COUNT),
-                                    low=0 if key in ("shared_experts", "dense_layers", "max_nodes") else 1)
+                                    low=0 if key in ("shared_experts", "dense_layers", "max_nodes", "mtp_depth") else 1)
     moe = {key: data.pop(key) for key in MOE_FIELDS if key in data}
     if moe:
         data["moe"] = moe
