@@ -73,7 +73,7 @@ from ..caches import memoised
 from .eagerops import (REPEAT_KV_LAUNCHES, RMS_NORM_BYTES, RMS_NORM_LAUNCHES, ROTARY_BYTES, ROTARY_LAUNCHES,
                        repeat_kv_bytes)
 from .fp8 import block_scaled_speedup, quantize_bytes, requantize_transposed_bytes
-from .operations import OperationProfile
+from .operations import GemmModel, OperationProfile
 from .transformer import Recompute, Transformer
 
 # bytes per logit the loss moves (forward, backward) per --cross-entropy (module docstring)
@@ -194,6 +194,15 @@ class Shard:
         return self.micro_batch * self.seq // self.cp
 
 
+def _gemm_rate(gemm: GemmModel, fp8: str) -> tuple[float, int | None]:
+    """The rate multiplier over the profile's 16-bit GEMMs and the operand
+    bytes per value (None: the profile's) of GEMMs run as ``fp8`` says
+    (:attr:`Shard.fp8_gemms`)."""
+    if not fp8:
+        return 1.0, None
+    return (block_scaled_speedup(gemm) if fp8 == "blocks" else FP8_GEMM_SPEEDUP), FP8_OPERAND_BYTES
+
+
 def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int, fp8: str = "") -> list[OpTime]:
     """A GEMM ``(m, k, n)`` forward and its two backward GEMMs; ``fp8``
     (:attr:`Shard.fp8_gemms`): their tiles at FP8's sustained rate (``rowwise``:
@@ -201,10 +210,7 @@ def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int, fp8: str
     the same tiles and waves) and their operands one byte a value (the product
     stays 16-bit); a GEMM bound by the call's fixed cost gains nothing."""
     g = profile.gemm
-    rate, operand = 1.0, None
-    if fp8:
-        rate = block_scaled_speedup(g) if fp8 == "blocks" else FP8_GEMM_SPEEDUP
-        operand = FP8_OPERAND_BYTES
+    rate, operand = _gemm_rate(g, fp8)
     return [OpTime(name, "forward", (m, k, n), float(g.seconds(m, k, n, rate, operand))),
             OpTime(f"{name}.dgrad", "backward", (m, n, k), float(g.seconds(m, n, k, rate, operand))),
             OpTime(f"{name}.wgrad", "backward", (k, m, n), float(g.seconds(k, m, n, rate, operand)))]
@@ -280,7 +286,7 @@ def tp_overlap_chunk_ops(profile: OperationProfile, model: Transformer, shard: S
     if t < 2 or not shard.sequence_parallel:
         return ComputeTime(())
     g, p = profile.gemm, TP_OVERLAP_PIPELINE_CHUNKS
-    rate, operand = (FP8_GEMM_SPEEDUP, FP8_OPERAND_BYTES) if shard.fp8 else (1.0, None)
+    rate, operand = _gemm_rate(g, shard.fp8_gemms)
 
     def extra(name: str, phase: str, m: int, k: int, n: int, chunks: int, rows: bool) -> OpTime:
         whole = float(g.seconds(m, k, n, rate, operand))
