@@ -119,7 +119,6 @@ def parser() -> argparse.ArgumentParser:
     (``exit_on_error`` off: an unknown option or a bad value raises)."""
     p = argparse.ArgumentParser(prog="pretrain_gpt.py", exit_on_error=False, allow_abbrev=False)
     for option, (kind, _) in OPTIONS.items():
-        dest = option[2:].replace("-", "_")
         if option == "--disable-bias-linear":
             p.add_argument(option, dest="add_bias_linear", action="store_false")
         elif option == "--fp8-format":

@@ -166,7 +166,6 @@ def test_profile_fields_are_checked_with_their_names():
             (lambda d: d["host"].update(forward_launch_s=-1e-6), "host.forward_launch_s must be a number >= 0")):
         doc = json.loads(json.dumps(good))
         change(doc)
-        from synth.errors import SynthError
         from synth.planner.operations import operation_profile_from_dict
         with pytest.raises(SynthError, match=message.replace("(", r"\(").replace(")", r"\)")):
             operation_profile_from_dict(doc)

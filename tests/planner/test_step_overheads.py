@@ -212,7 +212,7 @@ def test_torchtitan_runs_rmsnorm_rotary_and_grouped_keys_as_eager_kernel_chains(
     rates; the rest of the layer as it is."""
     model = load_model("llama3-8b")
     shard = Shard(1, 1, model.seq)
-    tokens, h, kv, f = model.seq, model.hidden, model.kv_dim, model.ffn
+    tokens, h, kv = model.seq, model.hidden, model.kv_dim
     plain = stage_compute(PROFILE, model, shard, 1, Recompute.NONE, False, True)
     titan = stage_compute(PROFILE, model, shard, 1, Recompute.NONE, False, True, torchtitan=True)
     e = PROFILE.elementwise
