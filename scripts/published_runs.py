@@ -44,7 +44,8 @@ DEEPSEEK_V3 = ("--topology dgx-h800 --model deepseek-v3 --global-batch 15360 --s
                "--axes tp=1,ep=64,dp=2,pp=16 --micro-batch 1 --constrain ep@gpu=8 --stages search --schedule search "
                "--recompute search --framework deepseek --ep-overlap")
 MEGATRON_462B = ("--topology dgx-h100 --scale node=768 --model megatron-462b --global-batch 3072 "
-                 "--axes tp=8,dp=48,pp=16 --micro-batch 1 --sharding zero1 --stages search --recompute search")
+                 "--axes tp=8,dp=48,pp=16 --micro-batch 1 --sharding zero1 --stages search --recompute search "
+                 "--cross-entropy megatron")
 TORCHTITAN_8B = ("--topology dgx-h100 --scale node=1 --model llama3-8b --global-batch 16 --axes tp=1,dp=8,pp=1 "
                  "--micro-batch 2 --sharding zero3 --recompute selective --framework torchtitan")
 TORCHTITAN_TOKENS_PER_GPU = 16 * 8192 / 8  # sequences x tokens per step / GPUs
@@ -87,7 +88,9 @@ RUNS = (
 def readme_arguments(row: dict) -> str:
     """The planner arguments of one row of Megatron-LM's README table, as the
     README ran it: the row's shape and degrees (untied embeddings, as
-    models/megatron-462b.yaml infers from the table's parameter counts), the
+    models/megatron-462b.yaml infers from the table's parameter counts),
+    Megatron-LM's defaults at f2e5db402c for what the README does not state
+    (its hidden dropout, 0.1, and its unfused cross-entropy), the
     distributed optimizer (``--sharding zero1``) with its overlapped parameter
     all-gather, tp's overlap where tp > 1, and for pp > 1 the interleaved
     schedule (the README overlaps pipeline communication, which Megatron-LM
@@ -96,10 +99,10 @@ def readme_arguments(row: dict) -> str:
     by the README: the micro-batch, the search's pick (the fastest that fits),
     and recomputation, searched."""
     shape = (f"layers={row['layers']},hidden={row['hidden_size']},heads={row['attention_heads']},"
-             f"seq={row['seq_length']},vocab={row['vocab_size']},tied_embeddings=false")
+             f"seq={row['seq_length']},vocab={row['vocab_size']},tied_embeddings=false,dropout=0.1")
     words = [f"--topology dgx-h100 --scale node={row['gpus'] // 8} --model {shape}",
              f"--global-batch {row['batch_size']} --axes tp={row['tp']},dp={row['dp']},pp={row['pp']}",
-             "--sharding zero1 --overlap-param-gather --stages search --recompute search"]
+             "--sharding zero1 --overlap-param-gather --stages search --recompute search --cross-entropy megatron"]
     if row["tp"] > 1:
         words.append("--tp-overlap")
     if row["pp"] > 1:

@@ -11,6 +11,9 @@ import sys
 import pytest
 from planner_cases import REPO
 
+from synth.errors import SynthError
+from synth.planner.compute import load_compute_profile
+from synth.planner.layercompute import Shard, embedding_compute, head_compute, layer_compute
 from synth.planner.transformer import load_model
 
 ROWS = [json.loads(line) for line in (REPO / "data" / "megatron_lm_h100.jsonl").read_text().splitlines() if line]
@@ -75,3 +78,45 @@ def test_readme_arguments_as_the_readme_ran_them():
 def test_count_cell_counts_runs_within_ten_percent():
     script = _script()
     assert script.count_cell([0.05, -0.10, 0.101, 0.40]) == "-10.0% to +40.0% | 2 of 4"
+
+
+# ---------------------------------------------------------------- what Megatron-LM's step runs beside the layers
+
+H100 = load_compute_profile(str(REPO / "profiles" / "h100-sxm5-80gb.compute.json"))
+GPT = "layers=2,hidden=2048,heads=16,seq=4096,vocab=131072,tied_embeddings=false"
+
+
+def test_megatron_loss_moves_its_unfused_passes_by_hand():
+    """Megatron-LM's unfused vocabulary-parallel cross-entropy
+    (megatron/core/tensor_parallel/cross_entropy.py at f2e5db402c), bytes per
+    logit: forward .float() 2+4, max 4, -= max 4+4, exp 4+4, sum 4, div_ 4+4;
+    backward mul_ 4+4 and the cast back 4+2."""
+    model, shard = load_model(GPT), Shard(2, 1, 4096)
+    head = head_compute(H100, model, shard, "megatron")
+    loss = {op.name: op.seconds for op in head.ops if op.name.startswith("loss")}
+    logits = 4096 * 131072 // 2
+    assert loss["loss"] == pytest.approx(float(H100.elementwise.bytes_seconds(38 * logits)))
+    assert loss["loss.backward"] == pytest.approx(float(H100.elementwise.bytes_seconds(14 * logits)))
+    fused = {op.name: op.seconds for op in head_compute(H100, model, shard, "fused").ops}
+    assert loss["loss"] > fused["loss"] and loss["loss.backward"] == pytest.approx(fused["loss.backward"])
+
+
+def test_dropout_adds_its_masks_by_hand():
+    """A model with dropout adds, per layer, two residual branches' masks
+    (1 byte forward, 5 backward per value) and, on the first stage, the
+    embedding's dropout (5 and 5): the rest of the layer is unchanged."""
+    plain, dropped = load_model(GPT), load_model(GPT + ",dropout=0.1")
+    shard = Shard(1, 2, 4096)
+    values = 2 * 4096 * 2048
+    moved = H100.elementwise.bytes_seconds
+    layer = layer_compute(H100, dropped, shard).total_s - layer_compute(H100, plain, shard).total_s
+    assert layer == pytest.approx(2 * float(moved(1 * values) + moved(5 * values)))
+    first = embedding_compute(H100, dropped, shard).total_s - embedding_compute(H100, plain, shard).total_s
+    assert first == pytest.approx(2 * float(moved(5 * values)))
+    assert dropped.training_flops(4) == plain.training_flops(4)
+
+
+@pytest.mark.parametrize("value, message", [("1.5", "must be a number from 0 to below 1"), ("x", "must be a number")])
+def test_dropout_field_errors_name_it(value, message):
+    with pytest.raises(SynthError, match=f"dropout.*{message}"):
+        load_model(GPT + f",dropout={value}")
