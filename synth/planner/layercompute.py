@@ -26,8 +26,9 @@ norms and residual adds, written below over T h, run over T h / t):
   meet). With the model's ``dropout``, each residual branch's dropout mask
   (written forward, applied backward) and the embedding's dropout
   (:data:`RESIDUAL_DROPOUT_BYTES`, :data:`EMBEDDING_DROPOUT_BYTES`); the
-  attention's dropout inside its kernel is not priced. These backward factors are modelling choices: the calibration grid
-  times forward passes only.
+  attention's dropout inside its kernel is not priced. These backward
+  factors are modelling choices: the calibration grid times forward passes
+  only.
 * Inside a backward pass kernels are issued by the autograd engine, one call
   per micro-batch: the attention backward there costs its GPU time with the
   forward's floor; the standalone backward call's extra fixed cost is part of

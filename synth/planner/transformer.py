@@ -646,7 +646,8 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     for key in _FRACTION_FIELDS:
         value = data.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise SynthError(f"{source}: model field '{key}' must be a number from 0 to below 1 (0: none), got {value!r}")
+            raise SynthError(f"{source}: model field '{key}' must be a number from 0 to below 1 (0: none), "
+                             f"got {value!r}")
     for key in _TEXT_FIELDS:
         if key in data and not isinstance(data[key], str):
             raise SynthError(f"{source}: model field '{key}' must be text, got {data[key]!r}")
