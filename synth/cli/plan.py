@@ -20,7 +20,7 @@ from ..planner.schedules import SCHEDULE_CHOICES
 from ..planner.configurations import Candidate, JobRequest, JobSolution, plan_job
 from ..planner.stages import describe_layers
 from ..planner.stepmodel import Sharding, Training, sequence_parallel
-from ..planner.training import CP_COMMS
+from ..planner.training import CP_COMMS, CROSS_ENTROPY_BYTES
 from ..planner.transformer import Recompute, load_model
 from ..synthesis.placement import parse_axis_ranges
 from ..synthesis.problem import MAX_STEPS_DEFAULT
@@ -68,11 +68,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
                         "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")
-    p.add_argument("--cross-entropy", default=None, choices=("fused", "eager"),
+    p.add_argument("--cross-entropy", default=None, choices=tuple(CROSS_ENTROPY_BYTES),
                    help="the loss, for memory: fused keeps the fp32 logits, 4 s b V / tp bytes (Megatron-LM's "
                         "vocabulary-parallel cross-entropy; megatron's default); eager is F.cross_entropy on "
                         "logits.float() (torchtitan, plain PyTorch loops; their default): 14 s b V / tp at the start "
-                        "of the backward")
+                        "of the backward; megatron is Megatron-LM's unfused vocabulary-parallel cross-entropy (without "
+                        "--cross-entropy-loss-fusion): fused's memory, 38 bytes per logit forward where fused moves 14")
     p.add_argument("--framework", default="megatron", choices=FRAMEWORK_CHOICES,
                    help="the training framework, for the states it holds and what its step does outside the layers "
                         "(docs/planner.md, 'Frameworks'): megatron (default: bf16 weights, fp32 main gradients), "

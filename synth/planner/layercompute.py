@@ -23,8 +23,12 @@ norms and residual adds, written below over T h, run over T h / t):
   T (q + kv) / t query and key values at ``silu_mul``'s rate. Backward: twice
   each forward pass (it reads the input and the output gradient and writes the
   input gradient), and one add per residual (the gradients of the two branches
-  meet). These backward factors are modelling choices: the calibration grid
-  times forward passes only.
+  meet). With the model's ``dropout``, each residual branch's dropout mask
+  (written forward, applied backward) and the embedding's dropout
+  (:data:`RESIDUAL_DROPOUT_BYTES`, :data:`EMBEDDING_DROPOUT_BYTES`); the
+  attention's dropout inside its kernel is not priced. These backward
+  factors are modelling choices: the calibration grid times forward passes
+  only.
 * Inside a backward pass kernels are issued by the autograd engine, one call
   per micro-batch: the attention backward there costs its GPU time with the
   forward's floor; the standalone backward call's extra fixed cost is part of
@@ -40,7 +44,9 @@ norms and residual adds, written below over T h, run over T h / t):
   ``F.cross_entropy(logits.float())`` (``--cross-entropy eager``) moves 22
   backward: ``nll_loss``'s fp32 gradient written (4), the log-softmax
   backward reading it and the saved output and writing its own (12), and the
-  cast's backward to bf16 (read 4, write 2).
+  cast's backward to bf16 (read 4, write 2); Megatron-LM's unfused
+  vocabulary-parallel cross-entropy (``--cross-entropy megatron``) moves 38
+  forward and 14 backward (:func:`megatron_loss_bytes`).
 * Multi-token prediction (last stage, per module, :func:`mtp_compute`): its
   block as a layer, the embedding's lookup of the shifted tokens, the two
   input norms, their concatenation, the projection ``(T, 2h, h / t)`` and the
@@ -76,8 +82,38 @@ from .fp8 import block_scaled_speedup, quantize_bytes, requantize_transposed_byt
 from .operations import GemmModel, OperationProfile
 from .transformer import Recompute, Transformer
 
-# bytes per logit the loss moves (forward, backward) per --cross-entropy (module docstring)
-LOSS_BYTES_PER_LOGIT = {"fused": (14, 14), "eager": (14, 22)}
+# bytes per logit the loss moves (forward, backward) per --cross-entropy (module docstring;
+# megatron: megatron_loss_bytes)
+def megatron_loss_bytes() -> tuple[int, int]:
+    """Bytes per logit (forward, backward) of Megatron-LM's vocabulary-parallel
+    cross-entropy without ``--cross-entropy-loss-fusion`` (off by default:
+    ``megatron/training/arguments.py`` line 1134 at f2e5db402c; the GPT model
+    then calls ``tensor_parallel.vocab_parallel_cross_entropy``,
+    ``megatron/core/models/common/language_module/language_module.py`` line
+    40), each of its passes over the logits as
+    ``megatron/core/tensor_parallel/cross_entropy.py`` at f2e5db402c runs it
+    (the per-token gathers and all-reduces aside). Forward: the bf16 logits
+    cast to fp32 (``.float()``, line 27: read 2, write 4), their maximum (line
+    29: read 4), the maximum subtracted in place (line 43: read 4, write 4),
+    ``exp`` in place (line 62: read 4, write 4), its sum (line 63: read 4) and
+    the division by it in place (line 75: read 4, write 4): 38. Backward: the
+    softmax times the output gradient in place (line 112: read 4, write 4)
+    and the cast's backward to bf16 (read 4, write 2): 14."""
+    forward = (2 + 4) + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4)
+    backward = (4 + 4) + (4 + 2)
+    return forward, backward
+
+
+LOSS_BYTES_PER_LOGIT = {"fused": (14, 14), "eager": (14, 22), "megatron": megatron_loss_bytes()}
+# Dropout of a model with ``dropout`` (Megatron-LM's --hidden-dropout, 0.1 by default: arguments.py line 949 at
+# f2e5db402c), bytes per value (forward, backward) beyond the passes priced without it:
+# * on each residual branch, inside Megatron-LM's fused bias-dropout-add (megatron/core/fusions/
+#   fused_bias_dropout.py lines 30-33; transformer_layer.py lines 189-190 and 229-230): forward, the boolean mask
+#   written beside the sum (1); backward, the branch's gradient times the mask (read 2 and 1, write 2: 5);
+# * after the embedding, torch.nn.Dropout (language_model_embedding.py lines 77 and 133): forward, read 2, write 2
+#   and the mask 1; backward, read 2 and 1, write 2.
+RESIDUAL_DROPOUT_BYTES = (1, 2 + 1 + 2)
+EMBEDDING_DROPOUT_BYTES = (2 + 2 + 1, 2 + 1 + 2)
 # Kernels eager PyTorch launches per operation of a layer, (forward, backward). The totals per
 # layer agree with the PyTorch profiler's counts at the host-bound shapes of
 # data/calibration/h100-layers.jsonl (GPT 11 and 28, Llama 22 and 42-46); the split by operation
@@ -253,6 +289,8 @@ def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, 
     for i in (1, 2):
         ops += _pass(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
         ops += _pass(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
+        if model.dropout:
+            ops += _bytes_pass(profile, f"dropout{i}", shard.replicated_tokens * h, RESIDUAL_DROPOUT_BYTES)
     if model.positions == "rotary":
         ops += _pass(profile, "rotary", "silu_mul", tokens * (q + kv) // t, 2)
     if fp8 == "blocks":
@@ -506,6 +544,8 @@ def embedding_compute(profile: OperationProfile, model: Transformer, shard: Shar
                   float(e.seconds("add", model.vocab * h // shard.tp)) + float(e.seconds("add", tokens * h)))]
     if model.positions == "learned":
         ops += _pass(profile, "positions", "add", tokens * h, 1)
+    if model.dropout:
+        ops += _bytes_pass(profile, "embedding_dropout", tokens * h, EMBEDDING_DROPOUT_BYTES)
     return ComputeTime(tuple(ops))
 
 

@@ -30,8 +30,10 @@ CP_COMMS = ("ring", "allgather")
 # the loss's memory at the start of the backward, in bytes per logit (s b V / (t cp) of them): Megatron-LM's fused
 # vocabulary-parallel cross-entropy keeps the fp32 logits and overwrites them with their gradient (4); PyTorch's
 # F.cross_entropy on ``logits.float()`` (torchtitan, plain eager loops) keeps the bf16 logits (2), the fp32
-# log-softmax it saved (4), and makes the fp32 gradients of its output and of its input (4 + 4)
-CROSS_ENTROPY_BYTES = {"fused": 4, "eager": 14}
+# log-softmax it saved (4), and makes the fp32 gradients of its output and of its input (4 + 4); Megatron-LM's
+# unfused one (megatron/core/tensor_parallel/cross_entropy.py at f2e5db402c) saves the fp32 softmax it computed in
+# place in the logits' fp32 copy and multiplies it in place by the output gradient (4)
+CROSS_ENTROPY_BYTES = {"fused": 4, "eager": 14, "megatron": 4}
 
 
 class Sharding(enum.Enum):

@@ -7,7 +7,9 @@ attention; default a), ``mlp`` (``gelu``, ``swiglu``, ``relu`` or
 ``squared_relu``; ``gated_mlp: true`` is ``mlp: swiglu``), ``biases`` on the
 linear layers, ``norm`` (``layernorm`` or ``rmsnorm``), ``positions``
 (``learned`` or ``rotary``), ``tied_embeddings`` and ``mtp_depth`` (multi-token
-prediction modules, default 0: :attr:`Transformer.mtp_depth`). It is loaded from a
+prediction modules, default 0: :attr:`Transformer.mtp_depth`), ``dropout`` (the
+training's dropout probability of the residual branches and the embedding, default
+0; it changes the compute, not the FLOPs). It is loaded from a
 shipped name (``gpt3-175b``), a YAML path, or inline text
 (``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``).
 
@@ -88,6 +90,7 @@ _COUNT_FIELDS = ("mtp_depth",)  # integers that may be 0
 _REQUIRED = ("layers", "hidden", "heads", "seq", "vocab")
 _BOOL_FIELDS = ("gated_mlp", "biases", "tied_embeddings")
 _TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
+_FRACTION_FIELDS = ("dropout",)  # numbers from 0 to below 1
 # architecture choices: field -> its values (the first of each is the GPT default, :func:`model_from_dict`)
 _CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("layernorm", "rmsnorm"),
                   "positions": ("learned", "rotary")}
@@ -101,7 +104,7 @@ MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2
                 "dense_layers": 10_000, "max_nodes": 2**16, "mtp_depth": 10_000}
 MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "capacity_factor")
 INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "gated_mlp",
-                 "biases", "norm", "positions", "tied_embeddings", "mtp_depth") + MOE_FIELDS
+                 "biases", "norm", "positions", "tied_embeddings", "mtp_depth", "dropout") + MOE_FIELDS
 # 16-bit values of s b f each MLP keeps for its backward (Korthikanti et al. count GeLU's input and output,
 # 4 bytes): GeLU keeps its input, the down GEMM its output (2 tensors); SwiGLU the gate-and-up output (2),
 # the product the down GEMM reads (1); ReLU keeps only its output, which is the down GEMM's input (1);
@@ -194,6 +197,7 @@ class Transformer:
     core_head_dim: int | None = None  # the attention core's head width where not head_dim's (latent attention)
     params_stated: int | None = None  # the count the source states (informative)
     mtp_depth: int = 0  # multi-token prediction modules on the last stage (:attr:`mtp_module_params`)
+    dropout: float = 0.0  # training's dropout of the residual branches and the embedding (Megatron's --hidden-dropout)
     source: str = ""
     source_inconsistency: str | None = None
 
@@ -535,6 +539,8 @@ class Transformer:
             shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
             dense = f", {moe.dense_layers} dense layers first" if moe.dense_layers else ""
             extra.append(f"MoE {moe.experts} experts{shared} of {moe.expert_ffn}, top-{moe.top_k}{dense}")
+        if self.dropout:
+            extra.append(f"dropout {self.dropout:g}")
         if self.mtp_depth:
             extra.append(f"multi-token prediction depth {self.mtp_depth} ({_count(self.mtp_params)} parameters)")
         more = ", " + ", ".join(extra) if extra else ""
@@ -557,6 +563,8 @@ class Transformer:
             out["moe"] = self.moe.to_dict()
         if self.mtp_depth:
             out["mtp_depth"] = self.mtp_depth
+        if self.dropout:
+            out["dropout"] = self.dropout
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -566,6 +574,7 @@ class Transformer:
                 "positions": self.positions, "tied_embeddings": self.tied_embeddings, "head_dim": self.head_dimension,
                 **({"core_head_dim": self.core_head_dim} if self.core_head_dim else {}),
                 **({"mtp_depth": self.mtp_depth, "mtp_parameters": self.mtp_params} if self.mtp_depth else {}),
+                **({"dropout": self.dropout} if self.dropout else {}),
                 "parameters": self.parameters,
                 **({"moe": self.moe.to_dict(), "active_parameters": self.active_parameters} if self.moe else {})}
 
@@ -607,7 +616,8 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     """Build and check a model; errors name ``source`` and the field."""
     if not isinstance(data, dict):
         raise SynthError(f"{source}: expected a mapping with keys {', '.join(_REQUIRED)}")
-    allowed = _INT_FIELDS + _COUNT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + tuple(_CHOICE_FIELDS) + ("moe",)
+    allowed = (_INT_FIELDS + _COUNT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + _FRACTION_FIELDS + tuple(_CHOICE_FIELDS)
+               + ("moe",))
     for key in data:
         if key not in allowed:
             raise SynthError(f"{source}: unknown model field '{key}'; known fields are {', '.join(allowed)}")
@@ -633,6 +643,11 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     for key in _BOOL_FIELDS:
         if key in data and not isinstance(data[key], bool):
             raise SynthError(f"{source}: model field '{key}' must be true or false, got {data[key]!r}")
+    for key in _FRACTION_FIELDS:
+        value = data.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise SynthError(f"{source}: model field '{key}' must be a number from 0 to below 1 (0: none), "
+                             f"got {value!r}")
     for key in _TEXT_FIELDS:
         if key in data and not isinstance(data[key], str):
             raise SynthError(f"{source}: model field '{key}' must be text, got {data[key]!r}")
@@ -668,6 +683,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         core_head_dim=data.get("core_head_dim"),
         params_stated=data.get("params"), source=str(data.get("source", "")),
         source_inconsistency=data.get("source_inconsistency"), mtp_depth=data.get("mtp_depth", 0),
+        dropout=float(data.get("dropout", 0.0)),
     )
 
 
@@ -723,7 +739,7 @@ def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
             data[key] = value == "true"
         elif key in _CHOICE_FIELDS:
             data[key] = value  # model_from_dict names the values
-        elif key == "capacity_factor":
+        elif key in ("capacity_factor",) + _FRACTION_FIELDS:
             try:
                 data[key] = float(value)
             except ValueError:
