@@ -74,6 +74,9 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--micro-batch-size": (int, f"{TRAIN}:11"),
     "--global-batch-size": (int, f"{TRAIN}:15"),
     "--use-torch-fsdp2": ("switch", f"{COMMON}:95"),
+    "--cross-entropy-loss-fusion": ("switch", f"{MPC}:320"),
+    "--hidden-dropout": (float, f"{TC}:188"),
+    "--attention-dropout": (float, f"{TC}:191"),
     "--cp-comm-type": ("list", f"{ARGS}:3221 (nargs '+', default ['p2p']; one value becomes a string, "
                                "megatron/training/argument_utils.py:343-344)"),
 }
@@ -101,7 +104,9 @@ CORE_FIELDS = {"--tensor-model-parallel-size": "tensor_model_parallel_size",
                "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
                "--moe-pad-expert-input-to-capacity": "moe_pad_expert_input_to_capacity",
                "--sequence-parallel": "sequence_parallel", "--fp16": "fp16", "--bf16": "bf16",
-               "--tp-comm-overlap": "tp_comm_overlap", "--cp-comm-type": "cp_comm_type"}
+               "--tp-comm-overlap": "tp_comm_overlap", "--cp-comm-type": "cp_comm_type",
+               "--cross-entropy-loss-fusion": "cross_entropy_loss_fusion", "--hidden-dropout": "hidden_dropout",
+               "--attention-dropout": "attention_dropout"}
 
 
 def _freq(text: str) -> int | list[int]:
@@ -231,7 +236,9 @@ def core_checks(args: argparse.Namespace, world_size: int) -> None:
                   add_bias_linear=a.add_bias_linear, normalization=a.normalization or "LayerNorm",
                   bf16=a.bf16, fp16=a.fp16, recompute_granularity=a.recompute_granularity,
                   recompute_method=a.recompute_method, recompute_num_layers=a.recompute_num_layers,
-                  cp_comm_type=a.cp_comm_type[0] if len(a.cp_comm_type) == 1 else a.cp_comm_type)
+                  cp_comm_type=a.cp_comm_type[0] if len(a.cp_comm_type) == 1 else a.cp_comm_type,
+                  cross_entropy_loss_fusion=a.cross_entropy_loss_fusion,
+                  **{k: getattr(a, k) for k in ("hidden_dropout", "attention_dropout") if getattr(a, k) is not None})
     if pp > 1:
         kwargs["pipeline_dtype"] = __import__("torch").bfloat16 if a.bf16 else __import__("torch").float16
     if a.num_experts:

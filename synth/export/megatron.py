@@ -21,7 +21,10 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   first layers, the capacity factor, and the all-to-all dispatcher),
   ``--seq-length``,
   ``--max-position-embeddings``, ``--untie-embeddings-and-output-weights``),
-  ``--micro-batch-size``, ``--global-batch-size``, ``--bf16``/``--fp16``, the
+  ``--micro-batch-size``, ``--global-batch-size``, the loss and the dropout
+  the plan priced (``--cross-entropy-loss-fusion`` for the fused loss,
+  ``--hidden-dropout`` and ``--attention-dropout`` at the model's ``dropout``:
+  :func:`_loss_and_dropout`), ``--bf16``/``--fp16``, the
   recomputation (``--recompute-granularity selective``, or ``full`` with
   ``--recompute-method uniform --recompute-num-layers 1``), interleaving
   (``--num-layers-per-virtual-pipeline-stage``), the optimizer sharding
@@ -120,6 +123,21 @@ def _experts(model: dict[str, Any]) -> list[str]:
     return args
 
 
+def _loss_and_dropout(job: TrainerJob) -> list[str]:
+    """The loss and the dropout the plan priced, which Megatron-LM's defaults
+    are not: its loss is the unfused one unless ``--cross-entropy-loss-fusion``
+    (``cross_entropy_loss_fusion``, megatron/core/model_parallel_config.py:320,
+    default off), which the planner's ``fused`` loss is; its dropouts are 0.1
+    unless set (``hidden_dropout``, ``attention_dropout``,
+    megatron/core/transformer/transformer_config.py:188, 191), and the plan
+    priced the model's ``dropout`` (0 unless the model file says), written as
+    both (the planner prices the residual branches' masks, not the attention
+    kernel's: docs/planner.md)."""
+    dropout = job.model.get("dropout", 0.0)
+    args = ["--cross-entropy-loss-fusion"] if job.cross_entropy == "fused" else []
+    return args + ["--hidden-dropout", f"{dropout:g}", "--attention-dropout", f"{dropout:g}"]
+
+
 def _job(job: TrainerJob, pp: int, ep: int = 1) -> list[str]:
     model = job.model
     layers, hidden, heads = model["layers"], model["hidden"], model["heads"]
@@ -137,6 +155,7 @@ def _job(job: TrainerJob, pp: int, ep: int = 1) -> list[str]:
     if model.get("tied_embeddings") is False:
         args += ["--untie-embeddings-and-output-weights"]
     args += ["--micro-batch-size", str(job.micro_batch), "--global-batch-size", str(job.global_batch)]
+    args += _loss_and_dropout(job)
     if job.dtype in ("bf16", "fp16"):
         args += [f"--{job.dtype}"]
     elif job.dtype == "fp8":  # BF16 training with Transformer Engine's FP8 GEMMs (E4M3 forward, E5M2 backward)

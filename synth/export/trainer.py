@@ -125,6 +125,7 @@ class TrainerJob:
     overlap_param_gather: bool = False  # the sharded optimizer's weight all-gather beside the next forward
     framework: str = "megatron"  # whose bytes the plan counted (the DP bucket's gradients among them)
     cp_comm: str = "ring"  # how context parallelism exchanges keys and values: ring or allgather (Llama 3's)
+    cross_entropy: str = "fused"  # the loss the plan priced (synth.planner.training.CROSS_ENTROPY_BYTES)
 
 
 def _field(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -173,7 +174,8 @@ def trainer_job(plan: Plan) -> TrainerJob | None:
                       stage_layers=tuple(stages) if len(set(stages)) > 1 else (), schedule=schedule,
                       tp_overlap=training.get("tp_overlap") is True,
                       overlap_param_gather=training.get("overlap_param_gather") is True,
-                      framework=str(training.get("framework", "megatron")), cp_comm=_cp_comm(training))
+                      framework=str(training.get("framework", "megatron")), cp_comm=_cp_comm(training),
+                      cross_entropy=str(training.get("cross_entropy", "fused")))
 
 
 def _cp_comm(training: Mapping[str, Any]) -> str:

@@ -581,6 +581,32 @@ def test_cp_comm_in_the_trainer_exports(tmp_path):
         megatron_export(bad)
 
 
+def test_the_megatron_export_runs_the_loss_and_dropout_the_plan_priced(job_plan):
+    """Megatron-LM's defaults are the unfused loss and dropouts of 0.1
+    (model_parallel_config.py:320, transformer_config.py:188, 191): the
+    export asks for the fused loss where the plan priced it, and sets both
+    dropouts to the model's ``dropout`` (0 unless its file says), so the run
+    is the one the plan priced; the transcribed parser and megatron-core's
+    TransformerConfig take them."""
+    from dataclasses import replace
+
+    import megatron_args
+
+    plan = load_plan(job_plan)
+    args = list(megatron_export(plan).arguments)
+    assert plan.job["training"]["cross_entropy"] == "fused" and "--cross-entropy-loss-fusion" in args
+    assert args[args.index("--hidden-dropout") + 1] == "0" and args[args.index("--attention-dropout") + 1] == "0"
+    parsed = megatron_args.parse(args)
+    assert parsed.cross_entropy_loss_fusion and parsed.hidden_dropout == 0.0 and parsed.attention_dropout == 0.0
+    megatron_args.core_checks(parsed, len(megatron_export(plan).ranks.device_of_rank))
+    unfused = replace(plan, job={**plan.job, "model": {**plan.job["model"], "dropout": 0.1},
+                                 "training": {**plan.job["training"], "cross_entropy": "megatron"}})
+    args = list(megatron_export(unfused).arguments)
+    assert "--cross-entropy-loss-fusion" not in args
+    assert args[args.index("--hidden-dropout") + 1] == "0.1" and args[args.index("--attention-dropout") + 1] == "0.1"
+    assert megatron_args.parse(args).hidden_dropout == 0.1
+
+
 def test_fp8_in_the_trainer_exports(job_plan):
     """A plan made with --dtype fp8 is BF16 training with FP8 GEMMs: Megatron-LM
     gets --bf16 --fp8-format hybrid, torchtitan its float8 model converter."""
