@@ -4,6 +4,7 @@ named topology and model, and collectives that record their calls."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from synth.planner.configurations import JobRequest, plan_job
 from synth.planner.stepmodel import Training
@@ -53,3 +54,23 @@ class WithAllToAll(Recording):
     def alltoall(self, axis, size_bytes):
         self.calls.append(("alltoall", axis, size_bytes))
         return 5e-3
+
+
+class AlltoallsByBytes:
+    """Collectives whose all-to-alls cost their bytes at 1 GB/s, every size
+    recorded, over an ep group split ``outer`` ways above the innermost level
+    (nodes) and ``inner`` inside; reductions and sends cost nothing."""
+
+    def __init__(self, outer: int, inner: int):
+        self.placement = SimpleNamespace(axis_names=("ep",), matrix=((outer, inner),))
+        self.sizes: list[int] = []
+
+    def reduce(self, axis, goal, size_bytes):
+        return 0.0
+
+    def send(self, axis, size_bytes):
+        return 0.0
+
+    def alltoall(self, axis, size_bytes):
+        self.sizes.append(size_bytes)
+        return size_bytes / 1e9

@@ -10,9 +10,9 @@ import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from planner_cases import AlltoallsByBytes
 
 from synth.planner.fp8 import DEEPGEMM_H800, block_scaled_speedup, moe_alltoall_bytes
 from synth.planner.layercompute import FP8_GEMM_SPEEDUP, Shard, layer_compute
@@ -169,24 +169,6 @@ def test_only_deepseeks_framework_scales_fp8_by_blocks(framework, dtype, kind):
     assert shard.fp8_gemms == kind
 
 
-class _ByBytes:
-    """All-to-alls priced at their bytes (1 GB/s), every size recorded."""
-
-    def __init__(self, ep: int):
-        self.placement = SimpleNamespace(axis_names=("ep",), matrix=((1, ep),))
-        self.sizes: list[int] = []
-
-    def reduce(self, axis, goal, size_bytes):
-        return 0.0
-
-    def send(self, axis, size_bytes):
-        return 0.0
-
-    def alltoall(self, axis, size_bytes):
-        self.sizes.append(size_bytes)
-        return size_bytes / 1e9
-
-
 @pytest.mark.parametrize("recompute, passes", [("none", 2), ("full", 3)])
 def test_deepseeks_fp8_dispatch_by_hand(recompute, passes):
     """Section 3.3.3: per pass, one of the two all-to-alls of an MoE layer
@@ -203,7 +185,7 @@ def test_deepseeks_fp8_dispatch_by_hand(recompute, passes):
     assert moe_alltoall_bytes(bf16_bytes) == (fp8_bytes, bf16_bytes)
     steps = {}
     for framework in ("deepseek", "megatron"):
-        collectives = _ByBytes(4)
+        collectives = AlltoallsByBytes(1, 4)
         training = Training(8, "fp8", recompute=Recompute(recompute), framework=framework)
         steps[framework] = step_time(model, training, config, collectives, 1.0)
         expected = {"deepseek": {fp8_bytes, bf16_bytes}, "megatron": {bf16_bytes}}[framework]

@@ -7,9 +7,9 @@ the sharded optimizer's weight all-gather beside the next forward
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
+from planner_cases import AlltoallsByBytes
 
 from synth.errors import SynthError
 from synth.planner.stepmodel import (
@@ -172,25 +172,6 @@ def test_zero3_with_context_parallelism_shards_over_dp_and_cp():
     assert {("dp+cp", Goal.ALLGATHER), ("dp+cp", Goal.REDUCESCATTER)} <= c.axes
 
 
-class _Spanning:
-    """An all-to-all priced at its bytes (1 GB/s), over an ep group split
-    ``outer`` ways above the innermost level (nodes) and ``inner`` inside."""
-
-    def __init__(self, outer: int, inner: int):
-        self.placement = SimpleNamespace(axis_names=("ep",), matrix=((outer, inner),))
-        self.sizes = []
-
-    def reduce(self, axis, goal, size_bytes):
-        return 0.0
-
-    def send(self, axis, size_bytes):
-        return 0.0
-
-    def alltoall(self, axis, size_bytes):
-        self.sizes.append(size_bytes)
-        return size_bytes / 1e9
-
-
 @pytest.mark.parametrize("outer, inner, copies", [
     (8, 8, 4),  # 8 experts over 8 nodes reach 8 (1 - (7/8)^8) = 5.25 nodes on average: 4 at most
     (2, 8, 2 * (1 - 0.5 ** 8)),  # two nodes: each token reaches 1.99 of them, under the limit
@@ -206,7 +187,7 @@ def test_node_limited_routing_sends_a_token_once_per_node_it_reaches_by_hand(out
     token_bytes = limited.hidden * 2  # bf16
     seen = {}
     for name, model in (("limited", limited), ("plain", plain)):
-        spanning = _Spanning(outer, inner)
+        spanning = AlltoallsByBytes(outer, inner)
         step_time(model, Training(64), config, spanning, 1.0)
         seen[name] = set(spanning.sizes)
     tokens = limited.seq  # micro-batch 1, no tp or cp
