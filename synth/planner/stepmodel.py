@@ -68,7 +68,10 @@ sources):
   ZeRO-3 (FSDP) all-gathers
   each layer's weights before its forward and its backward and reduce-scatters
   its gradients after the backward, for every micro-batch, overlapped with that
-  phase's compute.
+  phase's compute. Every one of these collectives overlapped with compute
+  also slows that compute while it runs: its NCCL kernel holds one SM per
+  channel (:func:`~synth.planner.overlaps.sm_held_s`, the share from the
+  collectives' ``sm_share``: :func:`sm_share`).
 
 Memory per device (:mod:`synth.planner.memory`) is the worst pipeline
 stage's (the first holds the activations of ``min(pp, m)`` micro-batches in
