@@ -140,3 +140,32 @@ def test_an_a100_has_108_sms_and_mpi_holds_none():
     assert channels == pytest.approx(round(channels)) and channels >= 1  # a whole number of A100 SMs
     mpi = _predictor("dgx-a100", {"node": 2}, "dp=16", ((2, 8),), Goal.REDUCESCATTER, "mpi")
     assert _share(mpi, Goal.REDUCESCATTER, 2**30) == 0.0
+
+
+class HoldingWithSizes(Holding):
+    """:class:`Holding` that knows HSDP's sub-axes' sizes, its shares per axis."""
+
+    def __init__(self, shard, replicate, shares_by_axis):
+        super().__init__()
+        self.sizes, self.by_axis = {"dp_shard": shard, "dp_replicate": replicate}, shares_by_axis
+
+    def size(self, axis):
+        return self.sizes[axis]
+
+    def sm_share(self, axis, goal, size_bytes):
+        return self.by_axis[axis]
+
+
+def test_hsdp_shard_and_replicate_collectives_slow_each_phase_by_hand():
+    model = parse_inline_model("layers=4,hidden=256,heads=4,seq=64,vocab=100")
+    config = Configuration(1, 8, 1, 1)
+    training = Training(8, sharding=Sharding.HSDP)
+    shape = step_shape(model, training, config)
+    c = HoldingWithSizes(2, 4, {"dp_shard": 16 / 132, "dp_replicate": 4 / 132})
+    step = step_time(model, training, config, c, 1.0)  # every transfer but each phase's last hidden
+    n, size = shape.layers_per_stage, shape.layer_bytes
+    gather = scatter = c.reduce("dp_shard", Goal.ALLGATHER, size)
+    across = c.reduce("dp_replicate", Goal.ALLREDUCE, size // 2)
+    forward = gather + (n - 1) * gather * 16 / 116
+    backward = (gather + scatter + across) + (n - 1) * ((gather + scatter) * 16 / 116 + across * 4 / 128)
+    assert step.dp_s == pytest.approx(shape.micro_batches * (forward + backward))
