@@ -375,7 +375,7 @@ def runtime_channels(comm: Comm) -> int:
 
 def nvls_channels(comm: Comm) -> int:
     """NVLS's channels on a communicator where NVLS is usable
-    (``comm->nvlsChannels``, src/transport/nvls.cc:146-148, 193-198 at
+    (``comm->nvlsChannels``, src/transport/nvls.cc:147-149, 193-198 at
     v2.27.7-1): 16 on sm90, on sm100 32 across nodes and 24 on one node."""
     if comm.sm >= 100 and comm.rules.nvls_channels_sm100:
         return comm.rules.nvls_channels_sm100[0 if comm.nodes > 1 else 1]
