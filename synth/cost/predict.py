@@ -301,6 +301,8 @@ def group_members(instruction: Instruction, hierarchy: Hierarchy) -> int:
 # when it reaches _SHARED_STEPS_LIMIT entries and by clear_caches.
 _SHARED_STEPS: dict[tuple, tuple[float, Features]] = register_table({}, __name__, "_SHARED_STEPS")
 _SHARED_STEPS_LIMIT = 1 << 16
+# step_channels' results, keyed as _SHARED_STEPS (Predictor._channels); emptied with it
+_SHARED_CHANNELS: dict[tuple, int] = register_table({}, __name__, "_SHARED_CHANNELS")
 
 
 # (topology, profile, algorithm, NCCL version) -> id, never reused
@@ -415,12 +417,21 @@ class Predictor:
         return held / total_s / streaming_multiprocessors(self.reduction.topology)
 
     def _channels(self, instruction: Instruction, loads: Loads, size_bytes: float) -> int:
+        """:func:`step_channels` of one step, shared like :meth:`step`'s costs
+        (``_SHARED_CHANNELS``)."""
         groups = self.global_groups(instruction)
-        nbytes = np.repeat(np.asarray(loads, dtype=float) * (size_bytes / self.reduction.k),
-                           len(self.reduction.synthesis_groups))
-        groups, nbytes = groups[nbytes > 0], nbytes[nbytes > 0]
-        return step_channels(self.reduction.topology, self.model.algorithm, instruction.collective, groups, nbytes,
-                             self.model.rules_version)
+        chunk_bytes = size_bytes / self.reduction.k
+        key = (self._model_id, instruction.collective, self._group_key(instruction, groups), loads, chunk_bytes)
+        found = _SHARED_CHANNELS.get(key)
+        if found is None:
+            nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, len(self.reduction.synthesis_groups))
+            groups, nbytes = groups[nbytes > 0], nbytes[nbytes > 0]
+            if len(_SHARED_CHANNELS) >= _SHARED_STEPS_LIMIT:
+                _SHARED_CHANNELS.clear()
+            found = _SHARED_CHANNELS[key] = step_channels(self.reduction.topology, self.model.algorithm,
+                                                          instruction.collective, groups, nbytes,
+                                                          self.model.rules_version)
+        return found
 
     def _group_key(self, instruction: Instruction, groups: np.ndarray) -> tuple:
         """The value of :meth:`global_groups` as a hashable key

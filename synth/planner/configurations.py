@@ -316,10 +316,12 @@ class PlacementCollectives:
         return seconds
 
     def sm_share(self, axis: str, goal: Goal, size_bytes: int) -> float:
-        """The share of each device's SMs :meth:`reduce`'s program holds
-        while it runs (:meth:`~synth.cost.Predictor.sm_share`)."""
-        price = self.costs.default if self.default_only else self.costs.best
-        return price(self.placement, axis, goal, size_bytes).sm_share
+        """The share of each device's SMs :meth:`reduce`'s program holds while it runs (BestProgram.sm_share)."""
+        key = ("share", axis, goal, size_bytes)
+        if key not in self._seconds:
+            price = self.costs.default if self.default_only else self.costs.best
+            self._seconds[key] = price(self.placement, axis, goal, size_bytes).sm_share
+        return self._seconds[key]
 
     def send(self, axis: str, size_bytes: int) -> float:
         key = ("send", axis, size_bytes)

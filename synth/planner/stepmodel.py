@@ -595,27 +595,26 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
         transfers = [(math.ceil(size / bucket), collectives.reduce(axes, goal, bucket)) for axes, size in sets]
         total = sum(n * each for n, each in transfers)
         # overlapped, each costs the computation beside it the SMs its kernels hold (sm_held_s)
-        share = mean_share([(n * each, sm_share(collectives, axes, goal, bucket))
-                            for (n, each), (axes, _) in zip(transfers, sets)])
         if not training.overlap_dp:
             exposed = reductions * total
         elif chunks > 1 and reductions == 1:  # interleaved: each model chunk's reduction after its last backward
-            exposed = sm_held_s(total, chunked_overlap_s(total, chunks, config.pp * backward_s), share)
+            exposed = sm_held_s(total, chunked_overlap_s(total, chunks, config.pp * backward_s),
+                                _sets_share(collectives, transfers, sets, goal, bucket))
         else:
-            exposed = reductions * sm_held_s(total, overlapped_mixed_s(transfers, backward_s), share)
+            exposed = reductions * sm_held_s(total, overlapped_mixed_s(transfers, backward_s),
+                                             _sets_share(collectives, transfers, sets, goal, bucket))
         if sharded:  # the updated 16-bit weights of each bucket's gradients
             weights = _weights_of(bucket, shape)
             gathers = [(n, collectives.reduce(axes, Goal.ALLGATHER, weights))
                        for (n, _), (axes, _) in zip(transfers, sets)]
             gathered = sum(n * each for n, each in gathers)
-            gather_share = mean_share([(n * each, sm_share(collectives, axes, Goal.ALLGATHER, weights))
-                                       for (n, each), (axes, _) in zip(gathers, sets)])
             if training.overlap_param_gather and chunks > 1:  # each model chunk's before its first forward
                 exposed += sm_held_s(gathered, chunked_overlap_s(gathered, chunks,
                                                                  config.pp * (micro_batch_s - backward_s)),
-                                     gather_share)
+                                     _sets_share(collectives, gathers, sets, Goal.ALLGATHER, weights))
             elif training.overlap_param_gather:  # beside the next step's first forward, bucket by bucket
-                exposed += sm_held_s(gathered, overlapped_mixed_s(gathers, micro_batch_s - backward_s), gather_share)
+                exposed += sm_held_s(gathered, overlapped_mixed_s(gathers, micro_batch_s - backward_s),
+                                     _sets_share(collectives, gathers, sets, Goal.ALLGATHER, weights))
             else:
                 exposed += gathered
         if best is None or exposed < best[0]:
@@ -625,6 +624,17 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     if sharded:
         used += [(axes, Goal.ALLGATHER, _weights_of(best[1], shape)) for axes, _ in sets]
     return best[0], best[1], used
+
+
+def _sets_share(collectives: Collectives, transfers: list[tuple[int, float]], sets: list[tuple[str, int]],
+                goal: Goal, size_bytes: int) -> float:
+    """The SM share of the buckets of each set of gradients (``transfers``:
+    their count and seconds each, ``sets``: their axes), one set after
+    another (:func:`~synth.planner.overlaps.mean_share`)."""
+    if len(sets) == 1:
+        return sm_share(collectives, sets[0][0], goal, size_bytes)
+    return mean_share([(n * each, sm_share(collectives, axes, goal, size_bytes))
+                       for (n, each), (axes, _) in zip(transfers, sets)])
 
 
 def _weights_of(bucket_bytes: int, shape: StepShape) -> int:
