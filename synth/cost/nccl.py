@@ -369,11 +369,17 @@ def runtime_channels(comm: Comm) -> int:
     if hopper and fits and comm.nodes > 1 and ring.bw_intra > 45.0:
         nc = min(most, 2 * nc)
     if comm.nvls and rules.nvls_channel_raise:
-        nvls = NVLS_CHANNELS
-        if comm.sm >= 100 and rules.nvls_channels_sm100:
-            nvls = rules.nvls_channels_sm100[0 if comm.nodes > 1 else 1]
-        nc = max(nc, nvls)
+        nc = max(nc, nvls_channels(comm))
     return nc
+
+
+def nvls_channels(comm: Comm) -> int:
+    """NVLS's channels on a communicator where NVLS is usable
+    (``comm->nvlsChannels``, src/transport/nvls.cc:147-149, 193-198 at
+    v2.27.7-1): 16 on sm90, on sm100 32 across nodes and 24 on one node."""
+    if comm.sm >= 100 and comm.rules.nvls_channels_sm100:
+        return comm.rules.nvls_channels_sm100[0 if comm.nodes > 1 else 1]
+    return NVLS_CHANNELS
 
 
 # ---------------------------------------------------------------- the cost table (ncclTopoTuneModel)
@@ -679,6 +685,30 @@ def call_channels(comm: Comm, algorithm: str, protocol: str, nbytes: float) -> t
     while nc >= 2 and nbytes < nc * threads * threshold:
         nc -= 1
     return nc, full
+
+
+# SMs per GPU by compute capability x 10, each architecture's data-centre SXM part: V100 80 (NVIDIA Tesla V100 GPU
+# Architecture whitepaper), A100 108 (NVIDIA A100 Tensor Core GPU Architecture whitepaper), H100 SXM5 132 (NVIDIA H100
+# Tensor Core GPU Architecture whitepaper; the H800 the same: DeepSeek-V3, arXiv:2412.19437, Section 3.2.2)
+SMS_BY_ARCH = {70: 80, 80: 108, 90: 132}
+ASSUMED_SMS = 132  # any other compute capability: taken as Hopper's (no figure transcribed)
+
+
+def kernel_ctas(comm: Comm, algorithm: str, protocol: str, nbytes: float) -> int:
+    """The thread blocks (CTAs) of one call's kernel on each rank: one per
+    channel it runs on (``grid = {nChannels}``, src/enqueue.cc:1539-1541 at
+    v2.27.7-1). ``topoGetAlgoInfo`` (enqueue.cc:1831-1853) sets the channels:
+    the communicator's NVLS channels for NVLS and NVLS Tree
+    (:func:`nvls_channels`; enqueue.cc:1847), else :func:`call_channels`'s."""
+    if algorithm in ("nvls", "nvlstree") and comm.nvls:
+        return nvls_channels(comm)
+    return call_channels(comm, algorithm, protocol, nbytes)[0]
+
+
+def streaming_multiprocessors(topology: Topology) -> int:
+    """The SMs of each of ``topology``'s devices, by their compute capability
+    (:data:`SMS_BY_ARCH`; :data:`ASSUMED_SMS` for one not listed)."""
+    return SMS_BY_ARCH.get(int(round(topology.compute_capability * 10)), ASSUMED_SMS)
 
 
 def _graph_channels(comm: Comm, algorithm: str) -> int:

@@ -36,7 +36,7 @@ from ..topology import Topology
 from .algorithms import Round, buckets_at, mpi_algorithm, nccl_hops, nccl_rounds, rail_lanes, rounds_of
 from .links import Links, RoundGeometry, canonical_devices, group_scales, links_of, round_cost, round_geometry
 from .model import Algorithm, Model
-from .nccl import PROTOCOLS, call_channels, choose, comm_of, node_level
+from .nccl import PROTOCOLS, call_channels, choose, comm_of, kernel_ctas, node_level, streaming_multiprocessors
 from .profile import NetworkProfile
 from .terms import Features
 
@@ -259,6 +259,20 @@ def _geometry(links: Links, profile: NetworkProfile, rnd: Round, groups: np.ndar
     return geometry
 
 
+def step_channels(topology: Topology, algorithm: Algorithm, collective: Collective, groups: np.ndarray,
+                  nbytes: np.ndarray, nccl_version: str | None = None) -> int:
+    """The channels, hence thread blocks (CTAs), each device's kernel of one
+    step runs on (0 under the MPI model: no kernel): those of the call
+    :func:`ordered_step_cost` prices (NCCL's pick for group 0 at the largest
+    ``nbytes``, :func:`synth.cost.nccl.kernel_ctas`), each CTA held on one SM
+    for the kernel's life."""
+    if algorithm is Algorithm.MPI or groups.shape[1] < 2 or not len(nbytes):
+        return 0
+    comm = comm_of(topology, tuple(int(d) for d in groups[0]), True, nccl_version)
+    choice = choose(comm, collective, float(np.max(nbytes)), algorithm.forced)
+    return kernel_ctas(comm, choice.algorithm, choice.protocol, float(np.max(nbytes)))
+
+
 def default_program(goal: Goal) -> Program:
     """The library's one-call collective over each whole reduction group."""
     return Program((Instruction(goal.collective, "root", Form.INSIDE),))
@@ -287,6 +301,8 @@ def group_members(instruction: Instruction, hierarchy: Hierarchy) -> int:
 # when it reaches _SHARED_STEPS_LIMIT entries and by clear_caches.
 _SHARED_STEPS: dict[tuple, tuple[float, Features]] = register_table({}, __name__, "_SHARED_STEPS")
 _SHARED_STEPS_LIMIT = 1 << 16
+# step_channels' results, keyed as _SHARED_STEPS (Predictor._channels); emptied with it
+_SHARED_CHANNELS: dict[tuple, int] = register_table({}, __name__, "_SHARED_CHANNELS")
 
 
 # (topology, profile, algorithm, NCCL version) -> id, never reused
@@ -383,6 +399,39 @@ class Predictor:
                 self.model.rules_version, key=shared,
             )
         return cost
+
+    def sm_share(self, program: Program, loads: Sequence[Loads], size_bytes: float) -> float:
+        """The share of each device's SMs ``program`` holds while it runs:
+        its steps' channels (:func:`step_channels`, one CTA on one SM each)
+        over the device's SMs
+        (:func:`~synth.cost.nccl.streaming_multiprocessors`), weighted by each
+        step's seconds (0 for a program that takes none)."""
+        total_s = held = 0.0
+        for instruction, step_loads in zip(program.instructions, loads):
+            seconds = self.step(instruction, step_loads, size_bytes)[0]
+            if seconds > 0:
+                total_s += seconds
+                held += seconds * self._channels(instruction, step_loads, size_bytes)
+        if total_s <= 0:
+            return 0.0
+        return held / total_s / streaming_multiprocessors(self.reduction.topology)
+
+    def _channels(self, instruction: Instruction, loads: Loads, size_bytes: float) -> int:
+        """:func:`step_channels` of one step, shared like :meth:`step`'s costs
+        (``_SHARED_CHANNELS``)."""
+        groups = self.global_groups(instruction)
+        chunk_bytes = size_bytes / self.reduction.k
+        key = (self._model_id, instruction.collective, self._group_key(instruction, groups), loads, chunk_bytes)
+        found = _SHARED_CHANNELS.get(key)
+        if found is None:
+            nbytes = np.repeat(np.asarray(loads, dtype=float) * chunk_bytes, len(self.reduction.synthesis_groups))
+            groups, nbytes = groups[nbytes > 0], nbytes[nbytes > 0]
+            if len(_SHARED_CHANNELS) >= _SHARED_STEPS_LIMIT:
+                _SHARED_CHANNELS.clear()
+            found = _SHARED_CHANNELS[key] = step_channels(self.reduction.topology, self.model.algorithm,
+                                                          instruction.collective, groups, nbytes,
+                                                          self.model.rules_version)
+        return found
 
     def _group_key(self, instruction: Instruction, groups: np.ndarray) -> tuple:
         """The value of :meth:`global_groups` as a hashable key

@@ -105,6 +105,7 @@ class BestProgram:
 
     seconds: float
     program: Program | None  # None: no program within the step limit
+    sm_share: float = 0.0  # of each device's SMs its kernels hold while it runs (Predictor.sm_share)
 
 
 class CollectiveCosts:
@@ -195,7 +196,9 @@ class CollectiveCosts:
             predictor = self._defaults.get(key)
             if predictor is None:
                 predictor = self._defaults[key] = Predictor(Reduction(placement, axes, goal), self.model)
-            found = self._default_best[at] = BestProgram(predictor.default(goal, size_bytes), default_program(goal))
+            program, loads = default_program(goal), ((predictor.reduction.k,),)
+            found = self._default_best[at] = BestProgram(predictor.default(goal, size_bytes), program,
+                                                         predictor.sm_share(program, loads, size_bytes))
         return found
 
     def send(self, placement: Placement, axis: str, size_bytes: int) -> float:
@@ -290,8 +293,8 @@ def _fastest(programs: ReductionPrograms, predictor: Predictor, size_bytes: int)
     found = programs.best(lambda instruction, loads: predictor.step(instruction, loads, size_bytes)[0], 1)
     if not found:
         return BestProgram(math.inf, None)
-    seconds, program, _ = found[0]
-    return BestProgram(seconds, program)
+    seconds, program, loads = found[0]
+    return BestProgram(seconds, program, predictor.sm_share(program, loads, size_bytes))
 
 
 @dataclass(frozen=True)
@@ -311,6 +314,14 @@ class PlacementCollectives:
             price = self.costs.default if self.default_only else self.costs.best
             seconds = self._seconds[key] = price(self.placement, axis, goal, size_bytes).seconds
         return seconds
+
+    def sm_share(self, axis: str, goal: Goal, size_bytes: int) -> float:
+        """The share of each device's SMs :meth:`reduce`'s program holds while it runs (BestProgram.sm_share)."""
+        key = ("share", axis, goal, size_bytes)
+        if key not in self._seconds:
+            price = self.costs.default if self.default_only else self.costs.best
+            self._seconds[key] = price(self.placement, axis, goal, size_bytes).sm_share
+        return self._seconds[key]
 
     def send(self, axis: str, size_bytes: int) -> float:
         key = ("send", axis, size_bytes)

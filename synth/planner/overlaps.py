@@ -39,6 +39,40 @@ def slowed_s(compute_s: float, sm_share: float) -> float:
     return compute_s * sm_share / (1 - sm_share)
 
 
+def sm_held_s(comm_s: float, exposed_s: float, sm_share: float) -> float:
+    """Exposed seconds of an NCCL collective of ``comm_s`` overlapped with
+    computation, ``exposed_s`` of it outlasting the compute window (the
+    overlap's own term: :func:`overlapped_s`, :func:`overlapped_mixed_s`,
+    :func:`chunked_overlap_s`), counting what it costs the computation
+    beside it: NCCL runs one thread block per channel, each on one SM for the
+    kernel's life (``grid = {nChannels}``, src/enqueue.cc:1539-1541 at
+    NVIDIA/nccl v2.27.7-1), so for the ``comm_s - exposed_s`` the collective
+    runs beside the computation, that computation runs on the ``1 - sm_share``
+    of the SMs it leaves (``sm_share``: its channels over the device's SMs,
+    :meth:`synth.cost.Predictor.sm_share`). ``exposed + slowed_s(comm -
+    exposed, sm_share)``; with the window at least as long as the collective
+    and nothing exposed, ``slowed_s(min(comm, window), sm_share)``.
+
+    Worked example: a gradient reduce-scatter of 0.2 s on 16 channels of an
+    H100's 132 SMs, 0.01 s of it after the backward: 0.01 + 0.19 x 16 / 116
+    = 0.036207 s."""
+    return exposed_s + slowed_s(max(0.0, comm_s - exposed_s), sm_share)
+
+
+def mean_share(parts: list[tuple[float, float]]) -> float:
+    """The one SM share that slows computation as much as several
+    collectives run one after another beside it, ``(seconds, sm_share)``
+    each: :func:`slowed_s` of their seconds together at it is the sum of
+    theirs (the slowdowns ``share / (1 - share)`` averaged by seconds); 0 when
+    they take none. Of 1 s at 16/132 and 1 s at 8/132: slowdowns 16/116 and
+    8/124, mean 0.10120, share 0.10120 / 1.10120."""
+    total = sum(seconds for seconds, _ in parts)
+    if total <= 0:
+        return 0.0
+    slowdown = sum(slowed_s(seconds, share) for seconds, share in parts) / total
+    return slowdown / (1 + slowdown)
+
+
 def overlapped_mixed_s(transfers: list[tuple[int, float]], window_s: float) -> float:
     """:func:`overlapped_s` of several kinds of transfers, ``(count,
     seconds each)``, ready evenly over the window one after another: the

@@ -68,7 +68,10 @@ sources):
   ZeRO-3 (FSDP) all-gathers
   each layer's weights before its forward and its backward and reduce-scatters
   its gradients after the backward, for every micro-batch, overlapped with that
-  phase's compute.
+  phase's compute. Every one of these collectives overlapped with compute
+  also slows that compute while it runs: its NCCL kernel holds one SM per
+  channel (:func:`~synth.planner.overlaps.sm_held_s`, the share from the
+  collectives' ``sm_share``: :func:`sm_share`).
 
 Memory per device (:mod:`synth.planner.memory`) is the worst pipeline
 stage's (the first holds the activations of ``min(pp, m)`` micro-batches in
@@ -119,8 +122,10 @@ from .overlaps import (
     EP_OVERLAP_SM_SHARE,
     chunked_overlap_s,
     ep_overlap_exposed_s,
+    mean_share,
     overlapped_mixed_s,
     overlapped_s,
+    sm_held_s,
     tp_overlap_exposed_s,
 )
 from .schedules import bubble_s
@@ -167,6 +172,17 @@ class Collectives(Protocol):
 
     def alltoall(self, axis: str, size_bytes: int) -> float:
         """An all-to-all of ``size_bytes`` per device in every group of ``axis`` at once."""
+
+    # optional: ``sm_share(axis, goal, size_bytes)``, the share of each device's SMs :meth:`reduce`'s
+    # collective holds while it runs (:func:`sm_share`; collectives without it hold none)
+
+
+def sm_share(collectives: Collectives, axis: str, goal: Goal, size_bytes: int) -> float:
+    """The share of each device's SMs the reduction over ``axis`` holds while
+    it runs, where ``collectives`` says it (the placements' collectives: NCCL's
+    channels over the device's SMs), else 0."""
+    share = getattr(collectives, "sm_share", None)
+    return share(axis, goal, size_bytes) if share is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -553,8 +569,12 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
         gather = collectives.reduce(dense_axes, Goal.ALLGATHER, size)
         scatter = collectives.reduce(dense_axes, Goal.REDUCESCATTER, scattered)
         n = shape.layers_per_stage
-        per_micro_batch = (overlapped_s(n, gather, micro_batch_s - backward_s)
-                           + overlapped_s(n, gather + scatter, backward_s))
+        gather_share = sm_share(collectives, dense_axes, Goal.ALLGATHER, size)
+        both_share = mean_share([(gather, gather_share),
+                                 (scatter, sm_share(collectives, dense_axes, Goal.REDUCESCATTER, scattered))])
+        per_micro_batch = (sm_held_s(n * gather, overlapped_s(n, gather, micro_batch_s - backward_s), gather_share)
+                           + sm_held_s(n * (gather + scatter), overlapped_s(n, gather + scatter, backward_s),
+                                       both_share))
         exposed = shape.micro_batches * per_micro_batch
         if training.recipe.root_unit and shape.outer_params:  # once a step, before the first layer and after the last
             exposed += (collectives.reduce(dense_axes, Goal.ALLGATHER, shape.outer_params * shape.weight_value_bytes)
@@ -573,22 +593,30 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     chunks = config.virtual_stages if config.pp > 1 else 1
     for bucket in bucket_sizes(sum(size for _, size in sets)):
         transfers = [(math.ceil(size / bucket), collectives.reduce(axes, goal, bucket)) for axes, size in sets]
+        total = sum(n * each for n, each in transfers)
+        # overlapped, each costs the computation beside it the SMs its kernels hold (sm_held_s)
         if not training.overlap_dp:
-            exposed = reductions * sum(n * each for n, each in transfers)
+            exposed = reductions * total
         elif chunks > 1 and reductions == 1:  # interleaved: each model chunk's reduction after its last backward
-            exposed = chunked_overlap_s(sum(n * each for n, each in transfers), chunks, config.pp * backward_s)
+            exposed = sm_held_s(total, chunked_overlap_s(total, chunks, config.pp * backward_s),
+                                _sets_share(collectives, transfers, sets, goal, bucket))
         else:
-            exposed = reductions * overlapped_mixed_s(transfers, backward_s)
+            exposed = reductions * sm_held_s(total, overlapped_mixed_s(transfers, backward_s),
+                                             _sets_share(collectives, transfers, sets, goal, bucket))
         if sharded:  # the updated 16-bit weights of each bucket's gradients
-            gathers = [(n, collectives.reduce(axes, Goal.ALLGATHER, _weights_of(bucket, shape)))
+            weights = _weights_of(bucket, shape)
+            gathers = [(n, collectives.reduce(axes, Goal.ALLGATHER, weights))
                        for (n, _), (axes, _) in zip(transfers, sets)]
+            gathered = sum(n * each for n, each in gathers)
             if training.overlap_param_gather and chunks > 1:  # each model chunk's before its first forward
-                exposed += chunked_overlap_s(sum(n * each for n, each in gathers), chunks,
-                                             config.pp * (micro_batch_s - backward_s))
+                exposed += sm_held_s(gathered, chunked_overlap_s(gathered, chunks,
+                                                                 config.pp * (micro_batch_s - backward_s)),
+                                     _sets_share(collectives, gathers, sets, Goal.ALLGATHER, weights))
             elif training.overlap_param_gather:  # beside the next step's first forward, bucket by bucket
-                exposed += overlapped_mixed_s(gathers, micro_batch_s - backward_s)
+                exposed += sm_held_s(gathered, overlapped_mixed_s(gathers, micro_batch_s - backward_s),
+                                     _sets_share(collectives, gathers, sets, Goal.ALLGATHER, weights))
             else:
-                exposed += sum(n * each for n, each in gathers)
+                exposed += gathered
         if best is None or exposed < best[0]:
             best = (exposed, bucket)
     assert best is not None
@@ -596,6 +624,17 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
     if sharded:
         used += [(axes, Goal.ALLGATHER, _weights_of(best[1], shape)) for axes, _ in sets]
     return best[0], best[1], used
+
+
+def _sets_share(collectives: Collectives, transfers: list[tuple[int, float]], sets: list[tuple[str, int]],
+                goal: Goal, size_bytes: int) -> float:
+    """The SM share of the buckets of each set of gradients (``transfers``:
+    their count and seconds each, ``sets``: their axes), one set after
+    another (:func:`~synth.planner.overlaps.mean_share`)."""
+    if len(sets) == 1:
+        return sm_share(collectives, sets[0][0], goal, size_bytes)
+    return mean_share([(n * each, sm_share(collectives, axes, goal, size_bytes))
+                       for (n, each), (axes, _) in zip(transfers, sets)])
 
 
 def _weights_of(bucket_bytes: int, shape: StepShape) -> int:
@@ -628,8 +667,14 @@ def _hsdp(collectives: Collectives, shape: StepShape, micro_batch_s: float,
         across = collectives.reduce(HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes)
         used.append((HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes))
     n = shape.layers_per_stage
-    per_micro_batch = (overlapped_s(n, gather, micro_batch_s - backward_s)
-                       + overlapped_s(n, gather + scatter + across, backward_s))
+    gather_share = sm_share(collectives, HSDP_SHARD, Goal.ALLGATHER, size)
+    backward_share = mean_share([(gather, gather_share),
+                                 (scatter, sm_share(collectives, HSDP_SHARD, Goal.REDUCESCATTER, size))]
+                                + ([(across, sm_share(collectives, HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes))]
+                                   if replicate > 1 else []))
+    per_micro_batch = (sm_held_s(n * gather, overlapped_s(n, gather, micro_batch_s - backward_s), gather_share)
+                       + sm_held_s(n * (gather + scatter + across),
+                                   overlapped_s(n, gather + scatter + across, backward_s), backward_share))
     return shape.micro_batches * per_micro_batch, None, used
 
 
