@@ -29,8 +29,11 @@ parameters); the fastest names the rule for the sizes from that power of two
 to just below the next, and equal neighbours are merged.
 
 Channels. Every rule states the channels NCCL itself would run the call on
-(:func:`synth.cost.nccl.call_channels`: the communicator's channels, fewer
-for small calls; ``src/enqueue.cc:2070-2097`` at the commit above), and a
+(:func:`synth.cost.nccl.kernel_ctas`: for ring and tree the communicator's
+channels, fewer for small calls, ``src/enqueue.cc:2070-2097`` at the commit
+above; for NVLS and NVLS Tree the communicator's ``nvlsChannels``, 16 on an
+H100, ``src/enqueue.cc:1845-1847`` at v2.27.7-1, not the NVLS graph's heads
+the cost model prices the bandwidth with), and a
 range is cut where that count changes. The example plugin never keeps
 NCCL's count: it sets ``*nChannels = 1`` before matching
 (``plugins/tuner/example/plugin.c:361``) and a rule's ``-1`` leaves that 1
@@ -46,7 +49,7 @@ from typing import Sequence
 
 from ..cost import Model
 from ..cost.model import Algorithm
-from ..cost.nccl import call_channels, choose, comm_of
+from ..cost.nccl import choose, comm_of, kernel_ctas
 from ..cost.predict import Predictor, default_program, lowered_loads
 from ..errors import SynthError
 from ..synthesis.lowering import lower
@@ -122,7 +125,7 @@ class _Pricer:
 
     def channels(self, algorithm: str, protocol: str, size: int) -> int:
         """The channels NCCL runs the call on (module docstring)."""
-        return call_channels(self.comm, algorithm, protocol, float(size))[0]
+        return kernel_ctas(self.comm, algorithm, protocol, float(size))
 
     def rules(self, low: int, high: int, algorithm: str, protocol: str) -> list[tuple[int, int, str, str, int]]:
         """``low..high`` (inclusive) cut where the channel count changes (it

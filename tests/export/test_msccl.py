@@ -416,11 +416,23 @@ def test_tuner_rules_cover_every_size_with_the_cheapest_algorithm(hierarchical_p
                     assert rule.channels == _nccl_channels(comm, rule.algorithm, rule.protocol, end), (rule, end)
 
 
-def _nccl_channels(comm, algorithm: str, protocol: str, nbytes: int) -> int:
-    from synth.cost.nccl import MAX_THREADS, PCI_BW, THREAD_THRESHOLDS, nvls_graph, ring_graph, runtime_channels
+def test_tuner_rules_keep_nvls_on_the_channels_nccl_runs_it_on():
+    """NCCL runs an NVLS call on the communicator's nvlsChannels (16 on an
+    H100: src/enqueue.cc:1845-1847, src/transport/nvls.cc:147-149 at
+    v2.27.7-1) and a tuner's count overrides its own: the rules of an NVLS
+    all-reduce inside a DGX H100 node state 16, not the NVLS graph's 8 heads."""
+    from synth.export.nccl_tuner import plan_rules
 
-    if algorithm in ("nvls", "nvls_tree"):
-        return nvls_graph(comm).channels or runtime_channels(comm)
+    rules = plan_rules(_dp_and_tp_plan("dgx-h100", "tp=8,dp=16"))
+    nvls = [r for r in rules if r.algorithm in ("nvls", "nvls_tree")]
+    assert nvls and {r.channels for r in nvls} == {16}, nvls
+
+
+def _nccl_channels(comm, algorithm: str, protocol: str, nbytes: int) -> int:
+    from synth.cost.nccl import MAX_THREADS, PCI_BW, THREAD_THRESHOLDS, ring_graph, runtime_channels
+
+    if algorithm in ("nvls", "nvls_tree"):  # comm->nvlsChannels (src/enqueue.cc:1845-1847; nvls.cc:147-149, 193-198)
+        return 16 if comm.sm < 100 else (32 if comm.nodes > 1 else 24)
     proto = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}[protocol]
     threads = MAX_THREADS[proto]
     if algorithm == "ring" and proto == "Simple":
