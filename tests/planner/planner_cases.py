@@ -3,11 +3,12 @@ named topology and model, and collectives that record their calls."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
 from synth.planner.configurations import JobRequest, plan_job
-from synth.planner.stepmodel import Training
+from synth.planner.stepmodel import BUCKET_GRID_BYTES, Training
 from synth.planner.transformer import load_model, parse_inline_model
 from synth.synthesis.placement import parse_axis_ranges
 from synth.topology import load_topology
@@ -74,3 +75,23 @@ class AlltoallsByBytes:
     def alltoall(self, axis, size_bytes):
         self.sizes.append(size_bytes)
         return size_bytes / 1e9
+
+
+def zero1_dp_by_hand(gradient_bytes: int, backward_s: float, forward_s: float, alpha_s: float, bytes_per_s: float,
+                     overlap_gather: bool = True, cost=lambda total_s, exposed_s: exposed_s) -> float:
+    """ZeRO-1's data-parallel seconds by hand, the best bucket of the grid,
+    each collective ``alpha_s + bytes / bytes_per_s``: the reduce-scatters
+    (fp32 gradients, Megatron-LM under bf16) become ready over the last
+    backward (the last one never hides), the all-gathers of the bf16 weights
+    (half a bucket's bytes) after the step or, overlapped, over the next
+    forward (the first one never hides). ``cost(total_s, exposed_s)``: what a
+    phase of collectives costs the step (default: its exposed seconds)."""
+    best = math.inf
+    for bucket in [b for b in BUCKET_GRID_BYTES if b <= gradient_bytes] or BUCKET_GRID_BYTES[:1]:
+        n = math.ceil(gradient_bytes / bucket)
+        each = alpha_s + bucket / bytes_per_s
+        weights = alpha_s + bucket / 2 / bytes_per_s
+        scatter = max(each, n * each - backward_s * (1 - 1 / n))
+        gather = max(weights, n * weights - forward_s * (1 - 1 / n)) if overlap_gather else n * weights
+        best = min(best, cost(n * each, scatter) + cost(n * weights, gather))
+    return best

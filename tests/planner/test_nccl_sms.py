@@ -7,14 +7,14 @@ runs on."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
+from planner_cases import zero1_dp_by_hand
 
 from synth.cost import Algorithm, Model, Predictor
 from synth.cost.predict import default_program
 from synth.planner.overlaps import mean_share, sm_held_s
-from synth.planner.stepmodel import BUCKET_GRID_BYTES, Configuration, Sharding, Training, step_shape, step_time
+from synth.planner.stepmodel import Configuration, Sharding, Training, step_shape, step_time
 from synth.planner.transformer import parse_inline_model
 from synth.synthesis.placement import Placement, parse_axes
 from synth.synthesis.reduction import Reduction
@@ -67,20 +67,6 @@ def _hidden_cost_s(comm_s: float, exposed_s: float) -> float:
     return exposed_s + beside * 132 / 116 - beside
 
 
-def _zero1_by_hand(gradient_bytes: int, backward_s: float, forward_s: float, c: Holding) -> float:
-    """ZeRO-1 with overlapped reduce-scatters (beside the last backward) and weight all-gathers (beside the next
-    forward, half a bucket's bytes: bf16 weights of fp32 gradients), the best bucket of the grid."""
-    best = math.inf
-    for bucket in [b for b in BUCKET_GRID_BYTES if b <= gradient_bytes] or BUCKET_GRID_BYTES[:1]:
-        n = math.ceil(gradient_bytes / bucket)
-        each = c.alpha_s + bucket / c.bytes_per_s
-        weights = c.alpha_s + bucket / 2 / c.bytes_per_s
-        scatter = max(each, n * each - backward_s * (1 - 1 / n))
-        gather = max(weights, n * weights - forward_s * (1 - 1 / n))
-        best = min(best, _hidden_cost_s(n * each, scatter) + _hidden_cost_s(n * weights, gather))
-    return best
-
-
 @pytest.mark.parametrize("t_mb", [1e-3, 10.0])  # collectives mostly exposed, and hidden entirely
 def test_overlapped_reduce_scatter_and_gather_slow_the_computation_beside_them_by_hand(t_mb):
     model = parse_inline_model("layers=4,hidden=1024,heads=8,seq=256,vocab=1000")
@@ -88,8 +74,10 @@ def test_overlapped_reduce_scatter_and_gather_slow_the_computation_beside_them_b
     training = Training(8, sharding=Sharding.ZERO1, overlap_param_gather=True)
     shape = step_shape(model, training, config)
     backward = t_mb * shape.backward_fraction
-    step = step_time(model, training, config, Holding(), t_mb)
-    assert step.dp_s == pytest.approx(_zero1_by_hand(shape.gradient_bytes, backward, t_mb - backward, Holding()))
+    c = Holding()
+    step = step_time(model, training, config, c, t_mb)
+    assert step.dp_s == pytest.approx(zero1_dp_by_hand(shape.gradient_bytes, backward, t_mb - backward, c.alpha_s,
+                                                       c.bytes_per_s, cost=_hidden_cost_s))
     assert step.dp_s > step_time(model, training, config, Holding(share=0.0), t_mb).dp_s
 
 

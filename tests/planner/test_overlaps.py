@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from planner_cases import AlltoallsByBytes
+from planner_cases import AlltoallsByBytes, zero1_dp_by_hand
 
 from synth.errors import SynthError
 from synth.planner.stepmodel import (
-    BUCKET_GRID_BYTES,
     Configuration,
     Sharding,
     Training,
@@ -68,23 +67,6 @@ def test_ep_overlap_hides_the_all_to_alls_behind_another_micro_batch_by_hand(t_m
         assert overlapped.ep_s == pytest.approx(2 * 4 * layer_alltoalls * 20 / 112)
 
 
-def _sharded_dp_by_hand(gradient_bytes: int, backward_s: float, forward_s: float, overlap_gather: bool,
-                        c: Fixed) -> float:
-    """ZeRO-1's exposed seconds, the best bucket of the grid: the reduce-scatters (fp32 gradients, Megatron-LM
-    under bf16) become ready over the last backward (the last one never hides), the all-gathers of the bf16
-    weights (half a bucket's bytes) after the step or, overlapped, over the next forward (the first one never
-    hides)."""
-    best = math.inf
-    for bucket in [b for b in BUCKET_GRID_BYTES if b <= gradient_bytes] or BUCKET_GRID_BYTES[:1]:
-        n = math.ceil(gradient_bytes / bucket)
-        each = c.alpha_s + bucket / c.bytes_per_s
-        weights = c.alpha_s + bucket / 2 / c.bytes_per_s
-        scatter = max(each, n * each - backward_s * (1 - 1 / n))
-        gather = max(weights, n * weights - forward_s * (1 - 1 / n)) if overlap_gather else n * weights
-        best = min(best, scatter + gather)
-    return best
-
-
 @pytest.mark.parametrize("t_mb", [1e-3, 10.0])
 def test_overlap_param_gather_hides_the_weight_all_gathers_behind_the_next_forward_by_hand(t_mb):
     model = parse_inline_model("layers=4,hidden=1024,heads=8,seq=256,vocab=1000")
@@ -95,9 +77,9 @@ def test_overlap_param_gather_hides_the_weight_all_gathers_behind_the_next_forwa
     backward = t_mb * shape.backward_fraction
     plain = step_time(model, training, config, c, t_mb)
     overlapped = step_time(model, Training(8, sharding=Sharding.ZERO1, overlap_param_gather=True), config, c, t_mb)
-    assert plain.dp_s == pytest.approx(_sharded_dp_by_hand(shape.gradient_bytes, backward, t_mb - backward, False, c))
-    assert overlapped.dp_s == pytest.approx(_sharded_dp_by_hand(shape.gradient_bytes, backward, t_mb - backward,
-                                                                 True, c))
+    by_hand = (shape.gradient_bytes, backward, t_mb - backward, c.alpha_s, c.bytes_per_s)
+    assert plain.dp_s == pytest.approx(zero1_dp_by_hand(*by_hand, overlap_gather=False))
+    assert overlapped.dp_s == pytest.approx(zero1_dp_by_hand(*by_hand, overlap_gather=True))
     assert overlapped.dp_s <= plain.dp_s
     if t_mb == 10.0:
         assert overlapped.dp_s < plain.dp_s
