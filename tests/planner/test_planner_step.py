@@ -610,7 +610,7 @@ def test_interleaving_on_uneven_stages_by_hand():
     memory = memory_per_device(m, training, config)
     assert memory.total == pytest.approx(max(first, last))
     assert memory.stage == ("first" if first > last else "last")
-    from synth.planner.configurations import JobRequest as Request
+    from synth.planner.request import JobRequest as Request
 
     topology = load_topology("dgx-a100").scaled({"node": 1, "gpu": 4})
     request = Request(topology, topology.device, m, training, parse_axis_ranges("tp=2,dp=1,pp=2"), (2,),
