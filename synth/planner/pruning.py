@@ -28,8 +28,8 @@ from typing import Any
 
 from ..synthesis.semantics import Goal
 from ..topology import Device
-from .compute import ComputeModel
 from .collectives import Collectives
+from .compute import ComputeModel
 from .schedules import Schedule
 from .stepmodel import (
     ComputeEstimate,
