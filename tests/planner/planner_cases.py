@@ -27,8 +27,8 @@ def gpt(layers=4, hidden=64, heads=4, seq=32, vocab=100):
 class Recording(BareCollectives):
     """Collectives that cost a fixed time per call and record every call."""
 
-    def __init__(self, reduce_s=1e-3, send_s=2e-3):
-        self.reduce_s, self.send_s = reduce_s, send_s
+    def __init__(self, reduce_s=1e-3, send_s=2e-3, alltoall_s=5e-3):
+        self.reduce_s, self.send_s, self.alltoall_s = reduce_s, send_s, alltoall_s
         self.calls = []
 
     def reduce(self, axis, goal, size_bytes):
@@ -39,6 +39,10 @@ class Recording(BareCollectives):
         self.calls.append(("send", axis, size_bytes))
         return self.send_s
 
+    def alltoall(self, axis, size_bytes):
+        self.calls.append(("alltoall", axis, size_bytes))
+        return self.alltoall_s
+
 
 def plan(topology, model, batch, axes="tp,dp,pp", micro_batches=None, **kwargs):
     topo = load_topology(topology) if isinstance(topology, str) else topology
@@ -47,14 +51,6 @@ def plan(topology, model, batch, axes="tp,dp,pp", micro_batches=None, **kwargs):
 
 
 MOE = "layers=4,hidden=64,heads=4,ffn=96,mlp=swiglu,seq=32,vocab=100,experts=8,top_k=2,expert_ffn=48,shared_experts=1"
-
-
-class WithAllToAll(Recording):
-    """Recording collectives that also price all-to-alls."""
-
-    def alltoall(self, axis, size_bytes):
-        self.calls.append(("alltoall", axis, size_bytes))
-        return 5e-3
 
 
 class AlltoallsByBytes(BareCollectives):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from planner_cases import AlltoallsByBytes, WithAllToAll
+from planner_cases import AlltoallsByBytes, Recording
 from test_nccl_sms import Holding
 from test_overlaps import Fixed
 
@@ -30,7 +30,7 @@ def test_every_implementation_states_every_member():
     costs = CollectiveCosts(topology)
     placement = enumerate_placements(topology, parse_axes("ep=4,dp=2"))[0]
     implementations = [costs.on(placement), costs.on(placement, True), CheapestCollectives([costs.on(placement)]),
-                       stepmodel._FreeCollectives(), WithAllToAll(), AlltoallsByBytes(2), Fixed(), Holding()]
+                       stepmodel._FreeCollectives(), Recording(), AlltoallsByBytes(2), Fixed(), Holding()]
     for collectives in implementations:
         missing = [name for name in MEMBERS if not callable(getattr(type(collectives), name, None))]
         assert not missing, f"{type(collectives).__name__} lacks {missing}"
