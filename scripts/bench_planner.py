@@ -39,7 +39,8 @@ except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synth.planner.compute import shipped_profile_for  # noqa: E402
-from synth.planner.configurations import JobRequest, plan_job  # noqa: E402
+from synth.planner.configurations import plan_job  # noqa: E402
+from synth.planner.request import JobRequest  # noqa: E402
 from synth.planner.stepmodel import Sharding, Training  # noqa: E402
 from synth.planner.transformer import Recompute, load_model  # noqa: E402
 from synth.synthesis.placement import parse_axis_ranges  # noqa: E402

@@ -37,7 +37,8 @@ except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from synth.planner.compute import EfficiencyCurve  # noqa: E402
-from synth.planner.configurations import JobRequest, plan_job  # noqa: E402
+from synth.planner.configurations import plan_job  # noqa: E402
+from synth.planner.request import JobRequest  # noqa: E402
 from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s  # noqa: E402
 from synth.planner.stepmodel import Configuration, Sharding, Training  # noqa: E402
 from synth.planner.steprecords import StepRecord, read_step_records, write_step_records  # noqa: E402

@@ -44,7 +44,7 @@ _EXPORTS = {
     "solve": "api", "solve_problem": "api", "solve_sparse": "api", "SparseSolution": "api",
     "solve_alltoall": "api", "AllToAllSolution": "api", "solve_sizes": "api", "rank_placements": "api", "Solution": "api",
     "SizesSolution": "api", "PlacementResult": "api", "ProgramResult": "api", "WorkloadSolution": "api",
-    "plan_job": "planner.configurations", "JobRequest": "planner.configurations",
+    "plan_job": "planner.configurations", "JobRequest": "planner.request",
     "JobSolution": "planner.configurations",
     "load_plan": "plan", "write_plan": "plan", "Plan": "plan",
     "verify_plan": "plan", "Executor": "runtime.executor",
@@ -84,7 +84,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .cost import Algorithm, Model, NetworkProfile, Profile
     from .errors import SynthError
     from .plan import Plan, load_plan, verify_plan, write_plan
-    from .planner.configurations import JobRequest, JobSolution, plan_job
+    from .planner.configurations import JobSolution, plan_job
+    from .planner.request import JobRequest
     from .runtime.executor import Executor
     from .synthesis.reduction import Reduction
     from .synthesis.semantics import Goal

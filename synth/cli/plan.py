@@ -17,7 +17,8 @@ from ..planner.compute import DEFAULT_COMPUTE, ComputeModel
 from ..planner.frameworks import FRAMEWORK_CHOICES, framework_of
 from ..planner.operations import OperationProfile
 from ..planner.schedules import SCHEDULE_CHOICES
-from ..planner.configurations import Candidate, JobRequest, JobSolution, plan_job
+from ..planner.configurations import Candidate, JobSolution, plan_job
+from ..planner.request import JobRequest
 from ..planner.stages import describe_layers
 from ..planner.stepmodel import Sharding, Training, sequence_parallel
 from ..planner.training import CP_COMMS, CROSS_ENTROPY_BYTES

@@ -7,8 +7,11 @@ give the fastest training step that fits in memory (``synth-reduce plan``).
 * :mod:`~synth.planner.stepmodel`: time of one training step (:mod:`~synth.planner.training`: the options and configurations, :mod:`~synth.planner.memory`: memory per device);
 * :mod:`~synth.planner.workload`: whole-job workloads (``--workload``): the
   reductions of a step, ranked per placement;
-* :mod:`~synth.planner.configurations`: the search over sizes, micro-batches and
-  placements, collective costs with the best synthesized programs, job plans;
+* :mod:`~synth.planner.collectives`: what the step model asks of a placement's
+  collectives; :mod:`~synth.planner.collectivecosts`: those collectives priced
+  with the best synthesized programs;
+* :mod:`~synth.planner.request` and :mod:`~synth.planner.configurations`: what
+  to plan, and the search over sizes, micro-batches and placements, job plans;
 * :mod:`~synth.planner.steprecords` and :mod:`~synth.planner.stepfit`: step-time
   records of real runs and the compute-curve fit learned from them.
 

@@ -28,10 +28,10 @@ from typing import Any
 
 from ..synthesis.semantics import Goal
 from ..topology import Device
+from .collectives import Collectives
 from .compute import ComputeModel
 from .schedules import Schedule
 from .stepmodel import (
-    Collectives,
     ComputeEstimate,
     Configuration,
     Sharding,
@@ -45,23 +45,27 @@ from .transformer import Transformer
 
 
 class PlacementDependent(Exception):
-    """The step model asked :class:`CheapestCollectives` for a placement."""
+    """The step model asked :class:`CheapestCollectives` what only a placement says."""
 
 
 class CheapestCollectives:
-    """:class:`~synth.planner.stepmodel.Collectives` whose every price is the
+    """:class:`~synth.planner.collectives.Collectives` whose every price is the
     least of ``placements``' prices for it (each a placement's collectives).
-    It stands for no one placement: asking for its ``placement`` or an axis's
-    ``size`` raises :class:`PlacementDependent`."""
+    Its kernels hold no SMs (no placement's share is lower, and the step
+    never shortens as a share grows: the bound holds). It stands for no one
+    placement: asking for an axis's ``size`` or ``nodes`` raises
+    :class:`PlacementDependent`."""
 
     def __init__(self, placements: Sequence[Collectives]) -> None:
         self.placements = placements
 
-    @property
-    def placement(self) -> Any:
-        raise PlacementDependent
+    def sm_share(self, axis: str, goal: Goal, size_bytes: int) -> float:
+        return 0.0
 
     def size(self, axis: str) -> int:
+        raise PlacementDependent
+
+    def nodes(self, axis: str) -> int:
         raise PlacementDependent
 
     def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:

@@ -17,10 +17,10 @@ from typing import Sequence
 
 from ..cost import Model, NetworkProfile
 from ..errors import SynthError
+from .collectivecosts import CollectiveCosts
 from .compute import ComputeModel, CurveFit, fit_curve
 from .layercompute import micro_batch_fixed_s
 from .operations import OperationProfile
-from .configurations import CollectiveCosts
 from .stepmodel import compute_estimate, micro_batch_seconds_for, step_shape, step_time
 from .steprecords import StepRecord
 
@@ -35,7 +35,7 @@ class Implied:
 
 
 class RecordCosts:
-    """:class:`~synth.planner.configurations.CollectiveCosts` per (topology, algorithm), shared by
+    """:class:`~synth.planner.collectivecosts.CollectiveCosts` per (topology, algorithm), shared by
     the records that ran there."""
 
     def __init__(self, profile: NetworkProfile | None = None, profile_path: str | None = None) -> None:

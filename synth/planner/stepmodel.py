@@ -71,7 +71,7 @@ sources):
   phase's compute. Every one of these collectives overlapped with compute
   also slows that compute while it runs: its NCCL kernel holds one SM per
   channel (:func:`~synth.planner.overlaps.sm_held_s`, the share from the
-  collectives' ``sm_share``: :func:`sm_share`).
+  collectives' :meth:`~synth.planner.collectives.Collectives.sm_share`).
 
 Memory per device (:mod:`synth.planner.memory`) is the worst pipeline
 stage's (the first holds the activations of ``min(pp, m)`` micro-batches in
@@ -88,20 +88,20 @@ The framework's passes outside the layers (weight casts per micro-batch,
 gradient accumulation, the optimizer step's bytes) join the per-operation
 compute; the overlaps are in :mod:`synth.planner.overlaps`.
 
-Communication is given as a :class:`Collectives` (seconds for a size in bytes),
-which :mod:`synth.planner.configurations` computes with the project's cost model on the
-configuration's placement.
+Communication is given as a :class:`~synth.planner.collectives.Collectives`
+(seconds for a size in bytes), which :mod:`synth.planner.collectivecosts`
+computes with the project's cost model on the configuration's placement.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 from ..errors import SynthError
 from ..synthesis.semantics import Goal
 from ..topology import Device
+from .collectives import BareCollectives, Collectives
 from .compute import ComputeModel, EfficiencyCurve
 from .layercompute import (
     FP8_GEMM_SPEEDUP,
@@ -149,7 +149,7 @@ from .transformer import Recompute, Transformer
 
 # the names of :mod:`synth.planner.training` and :mod:`synth.planner.memory` that callers import from here
 __all__ = ["ATTENTIONS", "BUCKET_GRID_BYTES", "CROSS_ENTROPY_BYTES", "DTYPE_BYTES", "HSDP_REPLICATE", "HSDP_SHARD",
-           "Collectives", "ComputeEstimate", "Configuration", "EP_OVERLAP_SM_SHARE", "Memory", "Sharding", "StepShape", "StepTime",
+           "ComputeEstimate", "Configuration", "EP_OVERLAP_SM_SHARE", "Memory", "Sharding", "StepShape", "StepTime",
            "Training", "bucket_sizes", "compute_estimate", "configuration_problem", "largest_layer_params",
            "memory_per_device", "micro_batch_seconds_for", "overlapped_mixed_s", "overlapped_s", "sequence_parallel",
            "stage_costs", "stage_kinds", "stage_mix", "stage_parameters", "stage_routed_parameters", "step_shape",
@@ -158,31 +158,6 @@ __all__ = ["ATTENTIONS", "BUCKET_GRID_BYTES", "CROSS_ENTROPY_BYTES", "DTYPE_BYTE
 MiB = 2**20
 # DP bucket sizes the planner tries: 1 MiB x 4^k up to 4 GiB (DDP's default is 25 MiB)
 BUCKET_GRID_BYTES = tuple(MiB * 4**k for k in range(7))
-
-
-class Collectives(Protocol):
-    """Predicted seconds of the job's collectives on one placement (each with the
-    best program for that axis, placement and size)."""
-
-    def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
-        """One reduction over ``axis`` toward ``goal`` of ``size_bytes`` per device."""
-
-    def send(self, axis: str, size_bytes: int) -> float:
-        """Every device sends ``size_bytes`` to its next neighbour along ``axis`` at once."""
-
-    def alltoall(self, axis: str, size_bytes: int) -> float:
-        """An all-to-all of ``size_bytes`` per device in every group of ``axis`` at once."""
-
-    # optional: ``sm_share(axis, goal, size_bytes)``, the share of each device's SMs :meth:`reduce`'s
-    # collective holds while it runs (:func:`sm_share`; collectives without it hold none)
-
-
-def sm_share(collectives: Collectives, axis: str, goal: Goal, size_bytes: int) -> float:
-    """The share of each device's SMs the reduction over ``axis`` holds while
-    it runs, where ``collectives`` says it (the placements' collectives: NCCL's
-    channels over the device's SMs), else 0."""
-    share = getattr(collectives, "sm_share", None)
-    return share(axis, goal, size_bytes) if share is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -441,7 +416,7 @@ def step_time(
         passes = 3 if training.recompute is Recompute.FULL else 2
         size = shape.alltoall_bytes
         if model.moe and model.moe.max_nodes:  # node-limited routing: one copy per node reached
-            copies = model.moe.node_copies_per_token(ep_nodes(collectives))
+            copies = model.moe.node_copies_per_token(collectives.nodes("ep"))
             size = math.ceil(size * copies / model.moe.routed_per_token)
         if training.fp8_blocks:  # each pass: one all-to-all in FP8, one in BF16
             fp8_size, bf16_size = moe_alltoall_bytes(size)
@@ -513,17 +488,7 @@ def _alltoall_sizes(training: Training, alltoall_bytes: int) -> tuple[tuple[str,
     return (("ep", alltoall_bytes),)
 
 
-def ep_nodes(collectives: Collectives) -> int:
-    """Nodes (groups of the innermost hierarchy level) an expert-parallel
-    group spans on the placement the collectives price (1 without one): the
-    ep axis's split over the levels above the innermost."""
-    placement = getattr(collectives, "placement", None)
-    if placement is None or "ep" not in placement.axis_names:
-        return 1
-    return math.prod(placement.matrix[placement.axis_names.index("ep")][:-1])
-
-
-class _FreeCollectives:
+class _FreeCollectives(BareCollectives):
     """Collectives that cost nothing (:func:`step_lower_bound_s`)."""
 
     def reduce(self, axis: str, goal: Goal, size_bytes: int) -> float:
@@ -569,9 +534,9 @@ def _data_parallel(training: Training, config: Configuration, collectives: Colle
         gather = collectives.reduce(dense_axes, Goal.ALLGATHER, size)
         scatter = collectives.reduce(dense_axes, Goal.REDUCESCATTER, scattered)
         n = shape.layers_per_stage
-        gather_share = sm_share(collectives, dense_axes, Goal.ALLGATHER, size)
+        gather_share = collectives.sm_share(dense_axes, Goal.ALLGATHER, size)
         both_share = mean_share([(gather, gather_share),
-                                 (scatter, sm_share(collectives, dense_axes, Goal.REDUCESCATTER, scattered))])
+                                 (scatter, collectives.sm_share(dense_axes, Goal.REDUCESCATTER, scattered))])
         per_micro_batch = (sm_held_s(n * gather, overlapped_s(n, gather, micro_batch_s - backward_s), gather_share)
                            + sm_held_s(n * (gather + scatter), overlapped_s(n, gather + scatter, backward_s),
                                        both_share))
@@ -632,8 +597,8 @@ def _sets_share(collectives: Collectives, transfers: list[tuple[int, float]], se
     their count and seconds each, ``sets``: their axes), one set after
     another (:func:`~synth.planner.overlaps.mean_share`)."""
     if len(sets) == 1:
-        return sm_share(collectives, sets[0][0], goal, size_bytes)
-    return mean_share([(n * each, sm_share(collectives, axes, goal, size_bytes))
+        return collectives.sm_share(sets[0][0], goal, size_bytes)
+    return mean_share([(n * each, collectives.sm_share(axes, goal, size_bytes))
                        for (n, each), (axes, _) in zip(transfers, sets)])
 
 
@@ -667,10 +632,10 @@ def _hsdp(collectives: Collectives, shape: StepShape, micro_batch_s: float,
         across = collectives.reduce(HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes)
         used.append((HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes))
     n = shape.layers_per_stage
-    gather_share = sm_share(collectives, HSDP_SHARD, Goal.ALLGATHER, size)
+    gather_share = collectives.sm_share(HSDP_SHARD, Goal.ALLGATHER, size)
     backward_share = mean_share([(gather, gather_share),
-                                 (scatter, sm_share(collectives, HSDP_SHARD, Goal.REDUCESCATTER, size))]
-                                + ([(across, sm_share(collectives, HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes))]
+                                 (scatter, collectives.sm_share(HSDP_SHARD, Goal.REDUCESCATTER, size))]
+                                + ([(across, collectives.sm_share(HSDP_REPLICATE, Goal.ALLREDUCE, shard_bytes))]
                                    if replicate > 1 else []))
     per_micro_batch = (sm_held_s(n * gather, overlapped_s(n, gather, micro_batch_s - backward_s), gather_share)
                        + sm_held_s(n * (gather + scatter + across),

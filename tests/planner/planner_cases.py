@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
-
-from synth.planner.configurations import JobRequest, plan_job
+from synth.planner.collectives import BareCollectives
+from synth.planner.configurations import plan_job
+from synth.planner.request import JobRequest
 from synth.planner.stepmodel import BUCKET_GRID_BYTES, Training
 from synth.planner.transformer import load_model, parse_inline_model
 from synth.synthesis.placement import parse_axis_ranges
@@ -24,11 +24,11 @@ def gpt(layers=4, hidden=64, heads=4, seq=32, vocab=100):
     return parse_inline_model(f"layers={layers},hidden={hidden},heads={heads},seq={seq},vocab={vocab}")
 
 
-class Recording:
+class Recording(BareCollectives):
     """Collectives that cost a fixed time per call and record every call."""
 
-    def __init__(self, reduce_s=1e-3, send_s=2e-3):
-        self.reduce_s, self.send_s = reduce_s, send_s
+    def __init__(self, reduce_s=1e-3, send_s=2e-3, alltoall_s=5e-3):
+        self.reduce_s, self.send_s, self.alltoall_s = reduce_s, send_s, alltoall_s
         self.calls = []
 
     def reduce(self, axis, goal, size_bytes):
@@ -38,6 +38,10 @@ class Recording:
     def send(self, axis, size_bytes):
         self.calls.append(("send", axis, size_bytes))
         return self.send_s
+
+    def alltoall(self, axis, size_bytes):
+        self.calls.append(("alltoall", axis, size_bytes))
+        return self.alltoall_s
 
 
 def plan(topology, model, batch, axes="tp,dp,pp", micro_batches=None, **kwargs):
@@ -49,22 +53,17 @@ def plan(topology, model, batch, axes="tp,dp,pp", micro_batches=None, **kwargs):
 MOE = "layers=4,hidden=64,heads=4,ffn=96,mlp=swiglu,seq=32,vocab=100,experts=8,top_k=2,expert_ffn=48,shared_experts=1"
 
 
-class WithAllToAll(Recording):
-    """Recording collectives that also price all-to-alls."""
-
-    def alltoall(self, axis, size_bytes):
-        self.calls.append(("alltoall", axis, size_bytes))
-        return 5e-3
-
-
-class AlltoallsByBytes:
+class AlltoallsByBytes(BareCollectives):
     """Collectives whose all-to-alls cost their bytes at 1 GB/s, every size
-    recorded, over an ep group split ``outer`` ways above the innermost level
-    (nodes) and ``inner`` inside; reductions and sends cost nothing."""
+    recorded, over an ep group that spans ``ep_nodes`` nodes; reductions and
+    sends cost nothing."""
 
-    def __init__(self, outer: int, inner: int):
-        self.placement = SimpleNamespace(axis_names=("ep",), matrix=((outer, inner),))
+    def __init__(self, ep_nodes: int):
+        self.ep_nodes = ep_nodes
         self.sizes: list[int] = []
+
+    def nodes(self, axis):
+        return self.ep_nodes if axis == "ep" else 1
 
     def reduce(self, axis, goal, size_bytes):
         return 0.0

@@ -55,7 +55,8 @@ from synth.planner.operations import (
     OperationProfile,
     tiled_flops,
 )
-from synth.planner.configurations import JobRequest, plan_job
+from synth.planner.configurations import plan_job
+from synth.planner.request import JobRequest
 from synth.planner.stepfit import RecordCosts, fit_micro_batch_cost, predicted_step_s
 from synth.planner.stepmodel import Configuration, Sharding, Training, compute_estimate, stage_parameters, step_shape
 from synth.planner.steprecords import StepRecord, write_step_records

@@ -185,7 +185,7 @@ def test_deepseeks_fp8_dispatch_by_hand(recompute, passes):
     assert moe_alltoall_bytes(bf16_bytes) == (fp8_bytes, bf16_bytes)
     steps = {}
     for framework in ("deepseek", "megatron"):
-        collectives = AlltoallsByBytes(1, 4)
+        collectives = AlltoallsByBytes(1)
         training = Training(8, "fp8", recompute=Recompute(recompute), framework=framework)
         steps[framework] = step_time(model, training, config, collectives, 1.0)
         expected = {"deepseek": {fp8_bytes, bf16_bytes}, "megatron": {bf16_bytes}}[framework]

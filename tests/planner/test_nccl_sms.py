@@ -13,6 +13,7 @@ from planner_cases import zero1_dp_by_hand
 
 from synth.cost import Algorithm, Model, Predictor
 from synth.cost.predict import default_program
+from synth.planner.collectives import BareCollectives
 from synth.planner.overlaps import mean_share, sm_held_s
 from synth.planner.stepmodel import Configuration, Sharding, Training, step_shape, step_time
 from synth.planner.transformer import parse_inline_model
@@ -24,7 +25,7 @@ from synth.topology import load_topology
 SHARE = 16 / 132  # 16 channels of an H100's 132 SMs
 
 
-class Holding:
+class Holding(BareCollectives):
     """Reductions of ``alpha + size / beta`` seconds whose kernels hold
     ``share`` of the SMs (``shares``: per goal, where they differ)."""
 

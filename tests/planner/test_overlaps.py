@@ -12,6 +12,7 @@ import pytest
 from planner_cases import AlltoallsByBytes, zero1_dp_by_hand
 
 from synth.errors import SynthError
+from synth.planner.collectives import BareCollectives
 from synth.planner.stepmodel import (
     Configuration,
     Sharding,
@@ -27,7 +28,7 @@ from synth.synthesis.semantics import Goal
 MOE = "layers=4,hidden=64,heads=4,ffn=96,mlp=swiglu,seq=32,vocab=100,experts=8,top_k=2,expert_ffn=48"
 
 
-class Fixed:
+class Fixed(BareCollectives):
     """Collectives at a fixed cost per call (all-to-all, send), and a reduction
     cost of ``alpha + size / beta`` that records its axes."""
 
@@ -169,7 +170,7 @@ def test_node_limited_routing_sends_a_token_once_per_node_it_reaches_by_hand(out
     token_bytes = limited.hidden * 2  # bf16
     seen = {}
     for name, model in (("limited", limited), ("plain", plain)):
-        spanning = AlltoallsByBytes(outer, inner)
+        spanning = AlltoallsByBytes(outer)
         step_time(model, Training(64), config, spanning, 1.0)
         seen[name] = set(spanning.sizes)
     tokens = limited.seq  # micro-batch 1, no tp or cp

@@ -15,7 +15,9 @@ import synth
 from synth.cost import Model, rank
 from synth.errors import SynthError
 from synth.plan import load_plan
-from synth.planner.configurations import CollectiveCosts, JobRequest, plan_job
+from synth.planner.collectivecosts import CollectiveCosts
+from synth.planner.configurations import plan_job
+from synth.planner.request import JobRequest
 from synth.planner.stepmodel import BUCKET_GRID_BYTES, Sharding, Training, step_time
 from synth.planner.transformer import Recompute, load_model, parse_inline_model
 from synth.runtime.backends import run_local
@@ -92,7 +94,7 @@ def test_configurations_that_fit_nowhere_are_priced_with_the_default_collectives
     price (no program search); one that fits gets the best synthesized
     program, at least as fast as the default."""
     from synth.cost import Predictor, default_program
-    from synth.planner.configurations import reduce_axes
+    from synth.planner.collectivecosts import reduce_axes
     from synth.synthesis.reduction import Reduction
 
     solution = plan("dgx-a100", "gpt3-175b", 128, micro_batches=(1,), recompute=Recompute.FULL)

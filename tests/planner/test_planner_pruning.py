@@ -11,7 +11,8 @@ import pytest
 
 from synth.planner import pruning
 from synth.planner.compute import DEFAULT_COMPUTE, shipped_profile_for
-from synth.planner.configurations import JobRequest, _evaluate, _placements, _variants, plan_job
+from synth.planner.configurations import _evaluate, _placements, _variants, plan_job
+from synth.planner.request import JobRequest
 from synth.planner.pruning import cheapest_step_bound_s
 from synth.planner.schedules import Schedule
 from synth.planner.stepmodel import (

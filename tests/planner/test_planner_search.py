@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from synth.cli import main
 from synth.planner.schedules import Schedule
-from synth.planner.configurations import JobRequest, _evaluate, _placements, _schedules, _variants, plan_job
+from synth.planner.configurations import _evaluate, _placements, _schedules, _variants, plan_job
+from synth.planner.request import JobRequest
 from synth.planner.stepmodel import Configuration, Training, configuration_problem
 from synth.planner.transformer import parse_inline_model
 from synth.synthesis.placement import parse_axis_ranges

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import yaml
-from planner_cases import MOE, Recording, WithAllToAll, gpt
+from planner_cases import MOE, Recording, gpt
 
 from synth.errors import SynthError
 from synth.planner.compute import DEFAULT_COMPUTE
@@ -377,21 +377,21 @@ def test_expert_parallel_step_by_hand():
     h, s, b, tp = 64, 32, 2, 2
     config = Configuration(tp, 2, 1, b, ep=2)  # 16 / (2 x 2 x 2) = 2 micro-batches
     training = Training(16)
-    rec = WithAllToAll()
+    rec = Recording()
     t_mb = 0.01
     step = step_time(m, training, config, rec, t_mb)
     sends = [c for c in rec.calls if c[0] == "alltoall"]
     assert {c[1:] for c in sends} == {("ep", b * s * 2 * h * 2 // tp)}  # top-2 copies, bf16, / tp
     assert step.ep_s == pytest.approx(2 * 4 * 2 * 2 * 5e-3)  # micro-batches x layers x passes x 2
-    full = step_time(m, replace(training, recompute=Recompute.FULL), config, WithAllToAll(), t_mb)
+    full = step_time(m, replace(training, recompute=Recompute.FULL), config, Recording(), t_mb)
     assert full.ep_s == pytest.approx(step.ep_s * 3 / 2)
     dp_axes = {(c[1], c[2]) for c in rec.calls if c[0] == "reduce" and c[1] != "tp"}
     assert dp_axes == {("dp+ep", Goal.ALLREDUCE), ("dp", Goal.ALLREDUCE)}
-    no_ep = WithAllToAll()
+    no_ep = Recording()
     plain = step_time(m, training, Configuration(tp, 4, 1, b), no_ep, t_mb)
     assert plain.ep_s == 0 and not any(c[0] == "alltoall" for c in no_ep.calls)
     assert {c[1] for c in no_ep.calls if c[0] == "reduce" and c[1] != "tp"} == {"dp"}
-    pipelined = step_time(m, training, Configuration(tp, 2, 2, 1, ep=2), WithAllToAll(), t_mb)
+    pipelined = step_time(m, training, Configuration(tp, 2, 2, 1, ep=2), Recording(), t_mb)
     assert pipelined.bubble_s == pytest.approx(
         (2 - 1) * (t_mb + pipelined.tp_s / 4 + pipelined.ep_s / 4 + pipelined.pp_s / 4))
 
@@ -417,7 +417,7 @@ def test_capacity_factor_pads_what_the_experts_compute_keep_and_send(tmp_path):
         moe_activations(3))
     assert dropless.activation_bytes_per_layer(b, tp, Recompute.NONE, scores=False, moe=True) == pytest.approx(
         moe_activations(2))
-    rec = WithAllToAll()
+    rec = Recording()
     step_time(padded, Training(16), Configuration(tp, 2, 1, b, ep=2), rec, 0.01)
     assert {c[1:] for c in rec.calls if c[0] == "alltoall"} == {("ep", b * s * 3 * h * 2 // tp)}
     spec = dict(name="padded", layers=4, hidden=64, heads=4, ffn=96, mlp="swiglu", seq=32, vocab=100,
@@ -610,7 +610,7 @@ def test_interleaving_on_uneven_stages_by_hand():
     memory = memory_per_device(m, training, config)
     assert memory.total == pytest.approx(max(first, last))
     assert memory.stage == ("first" if first > last else "last")
-    from synth.planner.configurations import JobRequest as Request
+    from synth.planner.request import JobRequest as Request
 
     topology = load_topology("dgx-a100").scaled({"node": 1, "gpu": 4})
     request = Request(topology, topology.device, m, training, parse_axis_ranges("tp=2,dp=1,pp=2"), (2,),

@@ -205,7 +205,7 @@ def test_the_planner_prices_expert_parallelism_with_the_best_program():
     """ep spread over nodes: the planner's all-to-all is the fastest of the
     synthesized programs (the hierarchy at small sizes, the one call at large);
     ep inside a node has one program, the one call."""
-    from synth.planner.configurations import CollectiveCosts
+    from synth.planner.collectivecosts import CollectiveCosts
 
     topology = load_topology("dgx-h100").scaled({"node": 16})
     costs = CollectiveCosts(topology)
@@ -371,7 +371,7 @@ def test_a_configuration_that_fits_nowhere_is_priced_with_the_one_call():
     """Like its reductions (the library's one-call collectives), the all-to-all
     of a configuration that fits on no placement is the one call, not the
     fastest program."""
-    from synth.planner.configurations import CollectiveCosts
+    from synth.planner.collectivecosts import CollectiveCosts
 
     topology = load_topology("dgx-h100").scaled({"node": 16})
     costs = CollectiveCosts(topology)
