@@ -14,7 +14,13 @@ the step moves outside the layers' operations:
   accumulation fusion), so accumulation costs no pass of its own; the step
   zeroes the gradient buffer (4 bytes per parameter), runs Adam on the fp32
   master weights (28 bytes: read weight, gradient and two moments, write three)
-  and copies the master weights to the bf16 ones (read 4, write 2).
+  and copies the master weights to the bf16 ones (read 4, write 2). Before
+  each gradient bucket's data-parallel reduction it takes the bucket's norm to
+  check it for NaN (read 4; ``check_for_nan_in_grad``, on by default under
+  bf16) and, with dp > 1, scales it by ``1 / dp`` (read 4, write 4;
+  ``average_in_collective`` is off by default): ``start_grad_sync`` in
+  megatron/core/distributed/param_and_grad_buffer.py, lines 109-123 at
+  Megatron-LM f2e5db402c (:attr:`Framework.bucket_check_bytes`).
 * ``torchtitan`` (FSDP2 with ``MixedPrecisionPolicy(param_dtype=bfloat16,
   reduce_dtype=float32)``, torchtitan's defaults): the sharded parameters,
   gradients and moments in fp32 (16 bytes per parameter, all over the shard
@@ -83,6 +89,9 @@ from .eagerops import CLIP_GRAD_NORM_BYTES, FOREACH_ADAMW_BYTES
 from .transformer import MLP_WIDE_VALUES, Recompute, Transformer
 
 ADAM_BYTES = 28  # fused Adam(W) on fp32: read weight, gradient, two moments; write weight and moments
+# Megatron-LM's per-bucket passes over its fp32 gradients before each data-parallel reduction: the norm of the
+# NaN check (read 4) always, the scaling by 1 / dp (read 4, write 4) with dp > 1
+MEGATRON_BUCKET_CHECK_BYTES = (4, 8)
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,8 @@ class Framework:
     optimizer_cast_bytes: int = 0  # per updated parameter: the gradients cast to fp32 before the optimizer
     copy_back_bytes: int = 0  # per updated parameter: the fp32 master weights copied to the 16-bit ones
     zero_bytes: int = 0  # moved per parameter (unsharded) to clear the gradients each step
+    bucket_check_bytes: tuple[int, int] = (0, 0)  # moved per parameter (unsharded) and step before the
+    # data-parallel reduction: (always, with dp > 1): Megatron-LM's NaN check of each bucket, its 1/dp scaling
     gradients_freed: bool = False  # the gradients are set to None each step and made anew by the first backward
     logits_freed: bool = False  # the training loop drops its bf16 logits before the backward (eager loss: 12, not 14)
     recomputes_norms: bool = False  # DeepSeek-V3's storage without recomputation: deepseek_activation_bytes
@@ -131,7 +142,7 @@ class Framework:
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("megatron", "Megatron Core user guide, Distributed Optimizer: bf16 parameters, fp32 gradients, 18 bytes "
               "per parameter, 6 + 12/d distributed", 2, 4, 4, default_cross_entropy="fused", copy_back_bytes=6,
-              zero_bytes=4),
+              zero_bytes=4, bucket_check_bytes=MEGATRON_BUCKET_CHECK_BYTES),
     Framework("torchtitan", "torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
               "foreach AdamW after foreach gradient clipping, cross_entropy on logits.float(), del pred before the "
               "backward", 4, 4, 0, forward_cast_bytes=2 * (6 + 4), forward_cast_on_shard=True, gather_copy_bytes=2 * 4,
@@ -144,7 +155,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("deepseek", "DeepSeek-V3 technical report (arXiv:2412.19437), Sections 3.2.3 and 3.3.3: fp32 master "
               "weights and gradients, BF16 AdamW moments, RMSNorm recomputed, FP8 activation caches", 2, 4, 4,
               moment_bytes=4, default_cross_entropy="fused", copy_back_bytes=6, zero_bytes=4, recomputes_norms=True,
-              fp8_blocks=True),
+              fp8_blocks=True, bucket_check_bytes=MEGATRON_BUCKET_CHECK_BYTES),
 )}
 FRAMEWORK_CHOICES = tuple(FRAMEWORKS)
 
@@ -197,18 +208,24 @@ def sac_activation_bytes(model: Transformer, micro_batch: int, tp: int, cp: int 
 
 
 def step_overhead_bytes(framework: Framework, parameters: float, updated: float,
-                        micro_batches: int, gathered: bool = False) -> tuple[float, float, float]:
+                        micro_batches: int, gathered: bool = False, dp: int = 1) -> tuple[float, float, float]:
     """(bytes per micro-batch, bytes of the accumulation over the step, bytes
     of the optimizer step) one device moves outside the layers: ``parameters``
     the weights it computes with, ``updated`` those its optimizer updates (its
     ZeRO shard, which FSDP2 also casts before each all-gather); ``gathered``:
-    ZeRO-3 gathers the weights it computes with (``gather_copy_bytes`` each)."""
+    ZeRO-3 gathers the weights it computes with (``gather_copy_bytes`` each);
+    ``dp`` the data-parallel size the gradients are reduced over (the
+    bucket checks' scaling runs only above 1). The optimizer step's bytes
+    include the once-a-step passes over the whole gradient buffer (zeroing,
+    the bucket checks)."""
     cast_on = updated if framework.forward_cast_on_shard else parameters
     per_micro_batch = framework.forward_cast_bytes * cast_on + framework.gradient_cast_bytes * parameters
     if gathered:
         per_micro_batch += framework.gather_copy_bytes * parameters
     accumulate = framework.accumulate_bytes * parameters * max(0, micro_batches - 1)
-    optimizer = framework.optimizer_bytes * updated + framework.zero_bytes * parameters
+    always, scaled = framework.bucket_check_bytes
+    whole_buffer = framework.zero_bytes + always + (scaled if dp > 1 else 0)
+    optimizer = framework.optimizer_bytes * updated + whole_buffer * parameters
     return per_micro_batch, accumulate, optimizer
 
 

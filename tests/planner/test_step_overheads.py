@@ -48,7 +48,8 @@ def test_autocast_casts_every_weight_each_micro_batch():
 @pytest.mark.parametrize("framework, accumulate, optimizer", [
     ("eager", 12, 28),  # fp32 gradients added (read 4 + 4, write 4); fused AdamW on fp32
     ("eager-master", 6, 6 + 28 + 6),  # bf16 gradients added; cast to fp32, Adam, master copied back
-    ("megatron", 0, 28 + 6 + 4),  # accumulation fused into the weight-gradient GEMM; Adam, copy, buffer zeroed
+    # accumulation fused into the weight-gradient GEMM; Adam, copy, buffer zeroed, each bucket's NaN check (a norm)
+    ("megatron", 0, 28 + 6 + 4 + 4),
 ])
 def test_accumulation_and_optimizer_move_the_framework_bytes(framework, accumulate, optimizer):
     model, estimate = _estimate(framework, 2)  # four micro-batches: three accumulations
@@ -57,6 +58,27 @@ def test_accumulation_and_optimizer_move_the_framework_bytes(framework, accumula
     assert estimate.optimizer_s == pytest.approx(moved_s(optimizer * p))
     _, single = _estimate(framework, 8)
     assert single.accumulate_s == 0.0
+
+
+@pytest.mark.parametrize("framework", ["megatron", "deepseek"])
+def test_megatron_checks_and_scales_each_gradient_bucket_before_reducing_it(framework):
+    """Megatron-LM's start_grad_sync (param_and_grad_buffer.py at f2e5db402c):
+    a norm of each fp32 bucket for its NaN check (read 4 bytes a parameter),
+    and with dp > 1 the bucket scaled by 1/dp (read 4, write 4), over the
+    device's whole gradient buffer, not its ZeRO shard; DeepSeek-V3's passes
+    outside the layers are Megatron-LM's."""
+    model = load_model("gpt3-350m")
+    p = model.parameters
+    training = Training(16, sharding=Sharding.ZERO1, framework=framework, cross_entropy="fused")
+    alone = compute_estimate(model, training, Configuration(1, 1, 1, 2), DEVICE, PROFILE)
+    sharded = compute_estimate(model, training, Configuration(1, 8, 1, 2), DEVICE, PROFILE)
+    adam = 28 - 2 * (8 - (4 if framework == "deepseek" else 8))  # DeepSeek-V3's BF16 moments
+    # ZeRO-1 on 8: Adam and the master copy on an eighth; zeroing and the bucket passes on every parameter
+    assert alone.optimizer_s == pytest.approx(moved_s((adam + 6) * p + (4 + 4) * p), rel=1e-9)
+    assert sharded.optimizer_s == pytest.approx(moved_s((adam + 6) * p / 8 + (4 + 4 + 8) * p), rel=1e-9)
+    others = compute_estimate(model, replace(training, framework="eager-master", sharding=Sharding.NONE),
+                              Configuration(1, 8, 1, 2), DEVICE, PROFILE)
+    assert others.optimizer_s == pytest.approx(moved_s((6 + 28 + 6) * p), rel=1e-9)  # no bucket passes
 
 
 def test_torchtitan_updates_its_shard_and_casts_it_before_each_gather():
