@@ -63,7 +63,7 @@ from ..synthesis.verify import verify_lowered
 from ..topology import Device, Topology
 from ..units import format_size
 from .compute import ComputeModel, default_compute
-from .schedules import SCHEDULE_CHOICES, Schedule, virtual_stage_choices
+from .schedules import SCHEDULE_CHOICES, Schedule, virtual_stage_choices, wanted_schedules
 from .pruning import LayoutEstimates, Skipped, variant_beaten
 from .stages import STAGE_CHOICES, balanced_layers
 from .stepmodel import (
@@ -612,7 +612,7 @@ def _schedules(request: JobRequest, config: Configuration) -> list[Configuration
     ``configuration_problem`` says why a variant asked for cannot run."""
     if config.pp == 1:
         return [config]
-    wanted = [s for s in Schedule if request.schedule in (s.value, "search")]
+    wanted = wanted_schedules(request.schedule, request.training.recipe.name, config.pp, config.micro_batches(request.training))
     out = []
     for schedule in wanted:
         if schedule is not Schedule.INTERLEAVED:
