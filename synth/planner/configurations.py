@@ -63,7 +63,7 @@ from ..synthesis.verify import verify_lowered
 from ..topology import Device, Topology
 from ..units import format_size
 from .compute import ComputeModel, default_compute
-from .schedules import SCHEDULE_CHOICES, Schedule, virtual_stage_choices, wanted_schedules
+from .schedules import SCHEDULE_CHOICES, Schedule, schedule_layouts, virtual_stage_choices, wanted_schedules
 from .pruning import LayoutEstimates, Skipped, variant_beaten
 from .stages import STAGE_CHOICES, balanced_layers
 from .stepmodel import (
@@ -615,8 +615,8 @@ def _schedules(request: JobRequest, config: Configuration) -> list[Configuration
     wanted = wanted_schedules(request.schedule, request.training.recipe.name, config.pp, config.micro_batches(request.training))
     out = []
     for schedule in wanted:
-        if schedule is not Schedule.INTERLEAVED:
-            out.append(replace(config, schedule=schedule))
+        if schedule is not Schedule.INTERLEAVED:  # DualPipe: each split of the first and the last stage's layers
+            out += [replace(config, schedule=schedule, stage_layers=s) for s in schedule_layouts(schedule, config.stage_layers)]
             continue
         layout = config.layers_of_stages(request.model)
         per_stage = max(layout)

@@ -190,3 +190,18 @@ def wanted_schedules(asked: str, framework: str, pp: int, micro_batches: int) ->
         return [Schedule(asked)]
     dualpipe = framework in DUALPIPE_FRAMEWORKS and schedule_problem(Schedule.DUALPIPE, 1, pp, micro_batches, ()) is None
     return [s for s in Schedule if s is not Schedule.DUALPIPE or dualpipe]
+
+
+def schedule_layouts(schedule: Schedule, stage_layers: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The stage layouts a schedule is tried on, from one balanced layout
+    (:mod:`synth.planner.stages`; empty: even stages, kept so): that one, and
+    under DualPipe, whose first and last stages share a rank (only their sum
+    sets its pace, but the first holds ``pp`` micro-batches' activations and
+    the last one), every other split of their layers with at least one each,
+    the middle stages as they are; a split into even stages is left to
+    ``--stages even``."""
+    if schedule is not Schedule.DUALPIPE or len(stage_layers) < 2:
+        return [stage_layers]
+    both, middle = stage_layers[0] + stage_layers[-1], stage_layers[1:-1]
+    splits = [(first,) + middle + (both - first,) for first in range(1, both) if first != stage_layers[0]]
+    return [stage_layers] + [layout for layout in splits if len(set(layout)) > 1]
