@@ -192,16 +192,20 @@ def wanted_schedules(asked: str, framework: str, pp: int, micro_batches: int) ->
     return [s for s in Schedule if s is not Schedule.DUALPIPE or dualpipe]
 
 
-def schedule_layouts(schedule: Schedule, stage_layers: tuple[int, ...]) -> list[tuple[int, ...]]:
+def schedule_layouts(schedule: Schedule, stage_layers: tuple[int, ...], dense_layers: int = 0) -> list[tuple[int, ...]]:
     """The stage layouts a schedule is tried on, from one balanced layout
     (:mod:`synth.planner.stages`; empty: even stages, kept so): that one, and
     under DualPipe, whose first and last stages share a rank (only their sum
     sets its pace, but the first holds ``pp`` micro-batches' activations and
     the last one), every other split of their layers with at least one each,
-    the middle stages as they are; a split into even stages is left to
-    ``--stages even``."""
+    the middle stages as they are. A split keeps on the first stage the
+    model's ``dense_layers`` leading dense layers that the layout's first stage
+    holds (the second stage stands for every middle one,
+    :func:`~synth.planner.training.stage_kinds`, so the middle stages must stay
+    alike); a split into even stages is left to ``--stages even``."""
     if schedule is not Schedule.DUALPIPE or len(stage_layers) < 2:
         return [stage_layers]
     both, middle = stage_layers[0] + stage_layers[-1], stage_layers[1:-1]
-    splits = [(first,) + middle + (both - first,) for first in range(1, both) if first != stage_layers[0]]
+    least = max(1, min(stage_layers[0], dense_layers))
+    splits = [(first,) + middle + (both - first,) for first in range(least, both) if first != stage_layers[0]]
     return [stage_layers] + [layout for layout in splits if len(set(layout)) > 1]

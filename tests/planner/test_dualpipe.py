@@ -165,15 +165,19 @@ def test_search_tries_dualpipe_only_where_its_framework_runs_it():
 
 def test_dualpipe_tries_every_split_of_the_first_and_last_stages():
     """The first and the last stage share a rank, so an uneven layout is
-    tried with each split of their layers (one each at least), the middle
-    stages kept; an even split is --stages even's; one-stage-per-rank
-    schedules keep the layout."""
+    tried with each split of their layers (one each at least, the leading
+    dense layers the first stage holds kept there), the middle stages kept;
+    an even split is --stages even's; one-stage-per-rank schedules keep the
+    layout."""
     from synth.planner.schedules import schedule_layouts
 
     assert schedule_layouts(Schedule.DUALPIPE, (4, 4, 4, 1)) == [(4, 4, 4, 1), (1, 4, 4, 4), (2, 4, 4, 3),
                                                                  (3, 4, 4, 2)]
     assert schedule_layouts(Schedule.DUALPIPE, (3, 4, 4, 5)) == [(3, 4, 4, 5), (1, 4, 4, 7), (2, 4, 4, 6),
                                                                  (5, 4, 4, 3), (6, 4, 4, 2), (7, 4, 4, 1)]
+    # an MoE model's 3 leading dense layers stay on the first stage (the middle stages stay alike)
+    assert schedule_layouts(Schedule.DUALPIPE, (4, 4, 4, 1), 3) == [(4, 4, 4, 1), (3, 4, 4, 2)]
+    assert schedule_layouts(Schedule.DUALPIPE, (2, 4, 4, 3), 3) == [(2, 4, 4, 3), (3, 4, 4, 2), (4, 4, 4, 1)]
     assert schedule_layouts(Schedule.DUALPIPE, ()) == [()]
     assert schedule_layouts(Schedule.ZERO_BUBBLE, (4, 4, 4, 1)) == [(4, 4, 4, 1)]
 
