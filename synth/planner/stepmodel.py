@@ -42,7 +42,12 @@ sources):
   ``t_mb`` plus its tp and pp communication (Narayanan et al. 2021);
   ``(pp - 1) (slot - 2 t_W)`` in zero-bubble ZB-H1 (Qi et al. 2024), ``t_W``
   the weight-gradient share of ``t_mb`` (by FLOPs: the weight GEMMs of the
-  layers and of the output layer);
+  layers and of the output layer); ``(pp/2 - 1) (slot + t_B - 3 t_W)`` in
+  DualPipe (DeepSeek-V3, Table 2), ``t_B`` the backward's share of the slot.
+  Under DualPipe each rank runs stages ``i`` and ``pp - 1 - i``, half the
+  micro-batches each: ``t_mb``, the layers behind the tp, cp and ep terms and
+  the parameters behind the dp term are the slowest rank's (its two stages'
+  mean; their parameters together);
 * context parallelism, per layer and micro-batch, the keys and values of the
   device's ``s / cp`` tokens (``2 b (s / cp) kv w / tp`` bytes, ``kv`` the
   key/value width): Megatron-LM's ring (``--cp-comm ring``) sends them
@@ -74,7 +79,7 @@ sources):
   collectives' ``sm_share``: :func:`sm_share`).
 
 Memory per device (:mod:`synth.planner.memory`) is the worst pipeline
-stage's (the first holds the activations of ``min(pp, m)`` micro-batches in
+stage's (under DualPipe the worst rank's, both its stages'; the first holds the activations of ``min(pp, m)`` micro-batches in
 1F1B and ZB-H1, more with interleaving,
 :func:`~synth.planner.schedules.in_flight_micro_batches`; the last one
 micro-batch but also the output layer's logits): the weights, gradients, fp32
