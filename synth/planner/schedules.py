@@ -40,8 +40,8 @@ pipeline-parallel communication:
   stage ``p - 1 - i`` (steps 1 and 2), each overlapped forward starts before
   its paired backward frees, so stage ``i`` holds ``p - i`` micro-batches
   and stage ``p - 1 - i`` holds ``i + 1``: each stage as many as in 1F1B,
-  ``p + 1`` on every rank. ``dualpipe.py`` (at 3da1bbe, lines 332-333)
-  asserts an even p and an even number of micro-batches at least ``2 p``
+  ``p + 1`` on every rank. deepseek-ai/DualPipe ``dualpipe/dualpipe.py``
+  (lines 332-333 at 3da1bbe) asserts an even p and an even number of micro-batches at least ``2 p``
   (:func:`schedule_problem`). The schedule does not itself overlap the
   all-to-alls: it calls the trainer's own overlapped forward-and-backward
   (the README: "you will need to implement a custom

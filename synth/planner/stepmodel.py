@@ -253,7 +253,7 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
     flops = model.training_flops(config.micro_batch, training.recompute)
     layout = config.layers_of_stages(model)
     dualpipe = config.schedule is Schedule.DUALPIPE
-    if dualpipe:  # the slowest rank's mean of its two stages' FLOPs (schedules.rank_mean)
+    if dualpipe and config.stage_layers:  # the slowest rank's mean of its two stages' FLOPs (schedules.rank_mean)
         per_device = rank_mean(config.schedule, config.pp, kind_costs(layout, _flops_stage_costs(model, training, config)))
         per_device /= config.tp * config.cp
     elif config.stage_layers:  # the slowest stage's FLOPs: its layers' share, and the output layer on the last
