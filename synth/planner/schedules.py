@@ -41,8 +41,8 @@ pipeline-parallel communication:
   its paired backward frees, so stage ``i`` holds ``p - i`` micro-batches
   and stage ``p - 1 - i`` holds ``i + 1``: each stage as many as in 1F1B,
   ``p + 1`` on every rank. deepseek-ai/DualPipe ``dualpipe/dualpipe.py``
-  (lines 332-333 at 3da1bbe) asserts an even p and an even number of micro-batches at least ``2 p``
-  (:func:`schedule_problem`). The schedule does not itself overlap the
+  (lines 332-333 at 3da1bbe) asserts an even p and an even number of
+  micro-batches, at least ``2 p`` (:func:`schedule_problem`). The schedule does not itself overlap the
   all-to-alls: it calls the trainer's own overlapped forward-and-backward
   (the README: "you will need to implement a custom
   ``overlapped_forward_backward``"), which ``--ep-overlap`` prices, so
