@@ -103,6 +103,8 @@ def schedule_problem(schedule: Schedule, virtual_stages: int, pp: int, micro_bat
                     f"{2 * pp} (half enter from each end), not {micro_batches}")
         return None
     if schedule is not Schedule.INTERLEAVED:
+        if schedule is Schedule.DUALPIPE:
+            return f"the dualpipe schedule runs its two stages per device, no virtual stages ({virtual_stages} asked)"
         if virtual_stages != 1:
             return f"the {schedule.value} schedule runs one stage per device (virtual stages {virtual_stages})"
         return None

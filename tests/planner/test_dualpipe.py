@@ -120,7 +120,7 @@ def test_schedule_problems_follow_dualpipes_asserts():
                              "(half enter from each end), not 7")
     assert problem(4, 6) == ("the dualpipe schedule needs an even number of micro-batches per step, at least 2 x pp = 8 "
                              "(half enter from each end), not 6")
-    assert problem(4, 8, 2) == "the dualpipe schedule runs one stage per device (virtual stages 2)"
+    assert problem(4, 8, 2) == "the dualpipe schedule runs its two stages per device, no virtual stages (2 asked)"
     assert configuration_problem(gpt(9, H, HEADS, S, V), training,
                                  Configuration(1, 1, 3, 1, stage_layers=(3, 3, 3), schedule=Schedule.DUALPIPE)) == (
         "the dualpipe schedule pairs stages i and pp-1-i on each rank: it needs an even pp >= 2, not pp=3")
