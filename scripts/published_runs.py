@@ -39,7 +39,8 @@ LLAMA_128K = ("--topology dgx-h100 --scale node=2048 --model layers=126,hidden=1
               "gated_mlp=true,tied_embeddings=false,seq=131072,vocab=128256 --global-batch 128 "
               "--axes tp=8,cp=16,dp=8,pp=16 --micro-batch 1 --stages uneven --sharding zero2 --schedule search "
               "--cp-comm allgather")
-DEEPSEEK_V3 = ("--topology dgx-h800 --model deepseek-v3 --global-batch 15360 --sharding zero1 "
+DEEPSEEK_V3 = (  # --schedule search picks DualPipe here (--framework deepseek runs it)
+               "--topology dgx-h800 --model deepseek-v3 --global-batch 15360 --sharding zero1 "
                "--device memory_GiB=79.647,peak_TFLOPs=989.4 --compute-profile profiles/h100-sxm5-80gb.compute.json "
                "--axes tp=1,ep=64,dp=2,pp=16 --micro-batch 1 --constrain ep@gpu=8 --stages search --schedule search "
                "--recompute search --framework deepseek --ep-overlap")

@@ -108,7 +108,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="1f1b",
                    help="pipeline schedule: 1f1b (default), interleaved (virtual stages per device; every count "
                         "dividing a stage's layers unless --virtual-stages), zero-bubble (ZB-H1: weight gradients "
-                        "fill the bubble) or search (each, the fastest kept); schedule and virtual_stages in --json")
+                        "fill the bubble), dualpipe (DeepSeek-V3's DualPipe: each rank runs stages i and pp-1-i, "
+                        "half the micro-batches from each end; even pp, even micro-batches >= 2 pp) or search "
+                        "(each, the fastest kept; dualpipe only with --framework deepseek); schedule and "
+                        "virtual_stages in --json")
     p.add_argument("--virtual-stages", type=lambda text: bounded_int(text, "--virtual-stages", MAX_COUNT),
                    metavar="V", help="virtual pipeline stages per device for the interleaved schedule (>= 2)")
     p.add_argument("--no-overlap", action="store_true",

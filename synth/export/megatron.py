@@ -42,8 +42,8 @@ with ``--tp-overlap``, and uneven pipeline stages
 (``plan --stages uneven``) as ``--decoder-first-pipeline-num-layers`` and
 ``--decoder-last-pipeline-num-layers``, and ``--cp-comm-type all_gather``
 for a plan made with ``--cp-comm allgather`` (:data:`_ALL_GATHER_CP`). Refused with the reason: a
-zero-bubble schedule (not in Megatron-LM's main line) and ZeRO-2 (Megatron-LM
-shards gradients only with FSDP).
+zero-bubble schedule (not in Megatron-LM's main line), DualPipe (not in
+Megatron-LM) and ZeRO-2 (Megatron-LM shards gradients only with FSDP).
 """
 
 from __future__ import annotations
@@ -187,6 +187,9 @@ def _job(job: TrainerJob, pp: int, ep: int = 1) -> list[str]:
         raise SynthError("plan: Megatron-LM has no zero-bubble schedule (sail-sg's fork of it adds "
                          "--enable-zero-bubble); plan with --schedule 1f1b or interleaved, or export --format "
                          "torchtitan")
+    if job.schedule == "dualpipe" and pp > 1:
+        raise SynthError("plan: Megatron-LM (core 0.16) has no DualPipe schedule (DeepSeek's, two stages per rank); "
+                         "plan with --schedule 1f1b or interleaved")
     if job.sharding == "zero2":
         raise SynthError("plan: Megatron-LM has no ZeRO-2 (its distributed optimizer shards the optimizer states: "
                          "plan with --sharding zero1; or export --format torchtitan, whose FSDP never resharding "

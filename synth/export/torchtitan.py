@@ -17,7 +17,7 @@ the dp axis' split at that level), so the shard groups stay inside a node when
 the placement allows. Every group is checked against the plan's mesh before
 anything is written. With pipeline parallelism the schedule is
 ``pipeline_parallel_schedule`` (``1F1B``, or ``Interleaved1F1B`` for 2
-virtual stages; a zero-bubble plan is refused, :func:`_schedule`); a plan
+virtual stages; a zero-bubble or DualPipe plan is refused, :func:`_schedule`); a plan
 made with ``--tp-overlap`` turns on ``enable_async_tensor_parallel``
 (torchtitan's micro-pipelined tensor parallelism, applied under
 ``torch.compile``); a plan made with ``--dtype fp8`` adds the ``float8``
@@ -170,12 +170,17 @@ def _schedule(job: TrainerJob) -> str:
     """torchtitan's name of the job's pipeline schedule. torchtitan gives a
     multi-stage schedule 2 stages per rank unless told its layers per stage,
     and it counts the embedding and the output layer as layers there: only
-    the interleaved schedule with 2 virtual stages maps exactly, and its zero
-    bubble schedules run 2 stages per rank (not the planner's ZB-H1)."""
+    the interleaved schedule with 2 virtual stages maps exactly, its zero
+    bubble schedules run 2 stages per rank (not the planner's ZB-H1), and its
+    DualPipeV is not the planner's DualPipe."""
     if job.schedule == "zero-bubble":
         raise SynthError("torchtitan export: torchtitan's zero-bubble schedules (InterleavedZeroBubble, "
                          "ZBVZeroBubble) run 2 stages per rank, not the one-stage ZB-H1 the plan was priced "
                          "with; plan with --schedule 1f1b or interleaved")
+    if job.schedule == "dualpipe":
+        raise SynthError("torchtitan export: torchtitan runs DualPipeV (PyTorch's ScheduleDualPipeV: a V of 2 p "
+                         "stages, every micro-batch one way), not the DualPipe the plan was priced with; plan with "
+                         "--schedule 1f1b or interleaved")
     if job.schedule == "interleaved":
         if job.virtual_stages != 2:
             raise SynthError(f"torchtitan export: the plan interleaves {job.virtual_stages} virtual stages per "

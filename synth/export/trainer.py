@@ -23,7 +23,7 @@ from ..planner.training import CP_COMMS
 from ..synthesis.placement import Placement
 
 TRAINER_AXES = ("tp", "cp", "ep", "dp", "pp")
-SCHEDULES = ("1f1b", "interleaved", "zero-bubble")  # the planner's pipeline schedules (job.schedule)
+SCHEDULES = ("1f1b", "interleaved", "zero-bubble", "dualpipe")  # the planner's pipeline schedules (job.schedule)
 
 
 def parse_axis_names(text: str | None) -> dict[str, str]:
@@ -120,7 +120,7 @@ class TrainerJob:
     bucket_bytes: int | None
     sequence_parallel: bool | None = None
     stage_layers: tuple[int, ...] = ()  # layers per pipeline stage; empty: even (or a plan that predates them)
-    schedule: str = "1f1b"  # the pipeline schedule: 1f1b, interleaved or zero-bubble
+    schedule: str = "1f1b"  # the pipeline schedule: 1f1b, interleaved, zero-bubble or dualpipe
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with their GEMMs
     overlap_param_gather: bool = False  # the sharded optimizer's weight all-gather beside the next forward
     framework: str = "megatron"  # whose bytes the plan counted (the DP bucket's gradients among them)

@@ -46,7 +46,7 @@ from ..synthesis.semantics import Goal
 from ..topology import Topology
 from ..units import format_size
 from .collectivecosts import BestProgram, CollectiveCosts, PlacementCollectives, reduce_axes
-from .schedules import Schedule, virtual_stage_choices
+from .schedules import Schedule, schedule_layouts, virtual_stage_choices, wanted_schedules
 from .pruning import LayoutEstimates, Skipped, variant_beaten
 from .request import PLANNER_AXES, JobRequest
 from .stages import balanced_layers
@@ -252,18 +252,18 @@ def _layouts(request: JobRequest, config: Configuration) -> list[Configuration]:
 
 
 def _schedules(request: JobRequest, config: Configuration) -> list[Configuration]:
-    """``config`` under each schedule ``--schedule`` asks for. Without
-    pipeline parallelism there is no schedule to choose (1F1B stands for
-    all); search tries the virtual stages dividing the largest stage's layers
-    (uneven: at most the smallest's; Meta ran Llama 3 405B so), and
-    ``configuration_problem`` says why a variant asked for cannot run."""
+    """``config`` under each schedule ``--schedule`` asks for (1F1B alone without pipeline parallelism); search
+    tries the virtual stages dividing the largest stage's layers (uneven: at most the smallest's; Meta ran Llama 3
+    405B so), DualPipe the layouts of :func:`schedule_layouts`; ``configuration_problem`` says why one cannot run."""
     if config.pp == 1:
         return [config]
-    wanted = [s for s in Schedule if request.schedule in (s.value, "search")]
+    wanted = wanted_schedules(request.schedule, request.training.recipe.name, config.pp,
+                              config.micro_batches(request.training))
     out = []
     for schedule in wanted:
         if schedule is not Schedule.INTERLEAVED:
-            out.append(replace(config, schedule=schedule))
+            layouts = schedule_layouts(schedule, config.stage_layers, request.model.dense_layers)
+            out += [replace(config, schedule=schedule, stage_layers=layout) for layout in layouts]
             continue
         layout = config.layers_of_stages(request.model)
         per_stage = max(layout)

@@ -1,4 +1,5 @@
 """Memory per device of one training step: the worst pipeline stage's
+(under DualPipe the worst rank's, its two stages' together)
 weights, gradients, optimizer states and activations (the accounting is in
 :mod:`synth.planner.stepmodel`'s docstring and docs/planner.md), the states
 in the bytes per parameter of the training's framework
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .frameworks import deepseek_activation_bytes, sac_activation_bytes
-from .schedules import in_flight_micro_batches
+from .schedules import in_flight_micro_batches, rank_stage_kinds
 from .training import (CROSS_ENTROPY_BYTES, Configuration, Sharding, Training, largest_layer_params, sequence_parallel,
                        stage_mix, stage_parameters, stage_routed_parameters)
 from .transformer import Recompute, Transformer
@@ -31,7 +32,7 @@ class Memory:
     gradients: float
     optimizer: float
     activations: float
-    stage: str  # "first", "last" or "only"
+    stage: str  # "first", "middle", "last" or "only"; under DualPipe the rank's: "first+last" or "middle"
 
     @property
     def total(self) -> float:
@@ -77,8 +78,13 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
     routed = stage_routed_parameters(model, layout)
-    worst: Memory | None = None
-    for stage, params in stage_parameters(model, layout).items():
+    params_of = stage_parameters(model, layout)
+
+    def stage_memory(stage: str, index: int, gathered: bool) -> Memory:
+        """One stage's share: ``stage``'s kind, ``index`` its place in the
+        pipeline (its micro-batches in flight), ``gathered`` whether ZeRO-3's
+        gathered layers are counted with it (once per device)."""
+        params = params_of[stage]
         # dense weights split over tp and replicated over dp x ep; routed experts split over tp x ep
         dense, experts = (params - routed[stage]) / config.tp, routed[stage] / (config.tp * config.ep)
         held = dense + experts
@@ -93,13 +99,13 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
             if training.sharding is Sharding.HSDP:  # ep = cp = 1 (configuration_problem)
                 sharded = held / (hsdp_shard or config.dp)
             weights, gradients, optimizer = weight_bytes * sharded, gradient_bytes * sharded, optimizer_bytes * sharded
-            layer = largest_layer_params(model) / config.tp
-            weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
-            gradients += w * layer  # one layer's full gradients before the reduce-scatter
-        index = {"first": 0, "middle": 1, "last": config.pp - 1, "only": 0}[stage]
+            if gathered:
+                layer = largest_layer_params(model) / config.tp
+                weights += 2 * w * layer  # the layer computing and the one prefetched, gathered
+                gradients += w * layer  # one layer's full gradients before the reduce-scatter
         in_flight = in_flight_micro_batches(config.schedule, config.pp, index, m, config.virtual_stages)
         dense_layers, moe_layers = mix[stage]
-        activations = in_flight * (dense_layers * per_layer + moe_layers * per_moe_layer) + working
+        activations = in_flight * (dense_layers * per_layer + moe_layers * per_moe_layer)
         if stage in ("last", "only"):
             loss_bytes = CROSS_ENTROPY_BYTES[training.cross_entropy]
             if recipe.logits_freed and training.cross_entropy == "eager":
@@ -107,11 +113,20 @@ def memory_per_device(model: Transformer, training: Training, config: Configurat
             heads = 1 + model.mtp_depth  # each MTP module's loss holds its logits too, until the backward
             activations += heads * model.logits_bytes(config.micro_batch, config.tp, config.cp) * loss_bytes / 4
             activations += model.mtp_depth * in_flight * mtp_input_bytes(model, config, w, sp)
+        return Memory(weights, gradients, optimizer, activations, stage)
+
+    worst: Memory | None = None
+    # each kind of rank: one stage, or under DualPipe two, whose states and activations it holds both of
+    for rank, stages in rank_stage_kinds(config.schedule, config.pp).items():
+        parts = [stage_memory(stage, index, i == 0) for i, (stage, index) in enumerate(stages)]
+        weights, gradients, optimizer, activations = (sum(getattr(p, f) for p in parts)
+                                                      for f in ("weights", "gradients", "optimizer", "activations"))
+        activations += working
         if recipe.gradients_freed and m == 1 and training.sharding not in (Sharding.ZERO3, Sharding.HSDP):
             # one micro-batch and no gradients at its start: the backward makes them as it frees the
             # activations, so the peak is the larger of the two (the gradients counted are what exceeds)
             gradients = max(0.0, gradients - activations)
-        memory = Memory(weights, gradients, optimizer, activations, stage)
+        memory = Memory(weights, gradients, optimizer, activations, rank)
         if worst is None or memory.total > worst.total:
             worst = memory
     assert worst is not None

@@ -116,7 +116,9 @@ class LayoutEstimates:
         self._found: dict[tuple[Configuration, Training], tuple[StepShape, ComputeEstimate]] = {}
 
     def of(self, training: Training, config: Configuration) -> tuple[StepShape, ComputeEstimate]:
-        key = (replace(config, schedule=Schedule.ONE_F_ONE_B, virtual_stages=1), training)
+        # the shape and compute are a schedule's only under DualPipe (its ranks pair stages)
+        schedule = Schedule.DUALPIPE if config.schedule is Schedule.DUALPIPE else Schedule.ONE_F_ONE_B
+        key = (replace(config, schedule=schedule, virtual_stages=1), training)
         found = self._found.get(key)
         if found is None:
             shape = step_shape(self.model, training, config)

@@ -61,6 +61,18 @@ def slowest_stage(layout: tuple[int, ...], costs: StageCosts) -> float:
     return max(costs.stage(n, i == 0, i == last) for i, n in enumerate(layout))
 
 
+def kind_costs(layout: tuple[int, ...], costs: StageCosts) -> dict[str, float]:
+    """The cost of each kind of stage of ``layout`` (``only``; or ``first``,
+    ``last`` and, when there are more than two stages, ``middle``, the second
+    standing for them all: the middle stages hold the same layers)."""
+    if len(layout) == 1:
+        return {"only": costs.stage(layout[0], True, True)}
+    kinds = {"first": costs.stage(layout[0], True, False), "last": costs.stage(layout[-1], False, True)}
+    if len(layout) > 2:
+        kinds["middle"] = costs.stage(layout[1], False, False)
+    return kinds
+
+
 def balanced_layers(layers: int, pp: int, costs: StageCosts) -> tuple[int, ...]:
     """Layers per stage, first and last free and the middle ones equal, every
     stage at least one layer, minimising the slowest stage; ties go to the

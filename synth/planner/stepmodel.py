@@ -42,7 +42,12 @@ sources):
   ``t_mb`` plus its tp and pp communication (Narayanan et al. 2021);
   ``(pp - 1) (slot - 2 t_W)`` in zero-bubble ZB-H1 (Qi et al. 2024), ``t_W``
   the weight-gradient share of ``t_mb`` (by FLOPs: the weight GEMMs of the
-  layers and of the output layer);
+  layers and of the output layer); ``(pp/2 - 1) (slot + t_B - 3 t_W)`` in
+  DualPipe (DeepSeek-V3, Table 2), ``t_B`` the backward's share of the slot.
+  Under DualPipe each rank runs stages ``i`` and ``pp - 1 - i``, half the
+  micro-batches each: ``t_mb``, the layers behind the tp, cp and ep terms and
+  the parameters behind the dp term are the slowest rank's (its two stages'
+  mean; their parameters together);
 * context parallelism, per layer and micro-batch, the keys and values of the
   device's ``s / cp`` tokens (``2 b (s / cp) kv w / tp`` bytes, ``kv`` the
   key/value width): Megatron-LM's ring (``--cp-comm ring``) sends them
@@ -74,7 +79,7 @@ sources):
   collectives' :meth:`~synth.planner.collectives.Collectives.sm_share`).
 
 Memory per device (:mod:`synth.planner.memory`) is the worst pipeline
-stage's (the first holds the activations of ``min(pp, m)`` micro-batches in
+stage's (under DualPipe the worst rank's, both its stages'; the first holds the activations of ``min(pp, m)`` micro-batches in
 1F1B and ZB-H1, more with interleaving,
 :func:`~synth.planner.schedules.in_flight_micro_batches`; the last one
 micro-batch but also the output layer's logits): the weights, gradients, fp32
@@ -128,8 +133,8 @@ from .overlaps import (
     sm_held_s,
     tp_overlap_exposed_s,
 )
-from .schedules import bubble_s
-from .stages import StageCosts, slowest_stage
+from .schedules import Schedule, bubble_s, rank_mean, rank_stage_kinds
+from .stages import StageCosts, kind_costs, slowest_stage
 from .training import (
     ATTENTIONS,
     CROSS_ENTROPY_BYTES,
@@ -222,12 +227,17 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
     w = training.value_bytes
     flops = model.training_flops(config.micro_batch, training.recompute)
     layout = config.layers_of_stages(model)
-    if config.stage_layers:  # the slowest stage's FLOPs: its layers' share, and the output layer on the last
+    dualpipe = config.schedule is Schedule.DUALPIPE
+    if dualpipe and config.stage_layers:  # the slowest rank's mean of its two stages' FLOPs (schedules.rank_mean)
+        per_device = rank_mean(config.schedule, config.pp, kind_costs(layout, _flops_stage_costs(model, training, config)))
+        per_device /= config.tp * config.cp
+    elif config.stage_layers:  # the slowest stage's FLOPs: its layers' share, and the output layer on the last
         per_device = slowest_stage(layout, _flops_stage_costs(model, training, config)) / (config.tp * config.cp)
     else:
         per_device = flops.total / (config.tp * config.pp * config.cp)
-    routed = stage_routed_parameters(model, layout)
-    params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
+    params, routed, kind = rank_parameters(model, config.schedule, layout)
+    mix = stage_mix(model, layout)
+    blocks = {k: dense + moe_layers for k, (dense, moe_layers) in mix.items()}
     moe = model.moe
     alltoall = 0
     if moe and config.ep > 1:  # each device sends its sequence-parallel share of the routed token copies
@@ -235,7 +245,9 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
                              / (config.tp * config.cp))
     return StepShape(
         micro_batches=config.micro_batches(training),
-        layers_per_stage=max(layout[:-1] + (layout[-1] + model.mtp_depth,)),  # blocks: the MTP ones on the last
+        # blocks (the MTP ones on the last): the stage with the most; DualPipe: the largest mean of a rank's two
+        layers_per_stage=(rank_mean(config.schedule, config.pp, blocks) if dualpipe
+                          else max(layout[:-1] + (layout[-1] + model.mtp_depth,))),
         flops_per_micro_batch=per_device,
         backward_fraction=(flops.backward + flops.recompute) / flops.total,
         weight_gradient_fraction=flops.weight_gradient / flops.total,
@@ -245,15 +257,27 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
         kv_bytes=2 * config.micro_batch * model.seq // config.cp * model.kv_dim * w // config.tp,
         attention_fraction=((model.layers + model.mtp_depth) * 3 * model.attention_core_flops(config.micro_batch * model.seq)
                             / flops.total),
-        gradient_bytes=math.ceil((params - routed[kind]) / config.tp) * training.gradient_reduce_bytes,
+        gradient_bytes=math.ceil((params - routed) / config.tp) * training.gradient_reduce_bytes,
         layer_bytes=math.ceil(largest_layer_params(model) / config.tp) * w,
-        expert_gradient_bytes=math.ceil(routed[kind] / (config.tp * config.ep)) * training.gradient_reduce_bytes,
+        expert_gradient_bytes=math.ceil(routed / (config.tp * config.ep)) * training.gradient_reduce_bytes,
         weight_value_bytes=w,
         gradient_value_bytes=training.gradient_reduce_bytes,
-        moe_layers_per_stage=max(moe_layers for _, moe_layers in stage_mix(model, layout).values()),
+        moe_layers_per_stage=(rank_mean(config.schedule, config.pp, {k: moe for k, (_, moe) in mix.items()})
+                              if dualpipe else max(moe_layers for _, moe_layers in mix.values())),
         alltoall_bytes=alltoall,
-        outer_params=math.ceil((params - model.layers_params(*stage_mix(model, layout)[kind])) / config.tp),
+        outer_params=math.ceil((params - sum(model.layers_params(*mix[k]) for k in kind)) / config.tp),
     )
+
+
+def rank_parameters(model: Transformer, schedule: Schedule, layout: tuple[int, ...]) -> tuple[int, int, tuple[str, ...]]:
+    """The parameters of the rank holding the most, its routed experts' among
+    them, and the kinds of stage it holds: one stage, or under DualPipe two
+    (:func:`~synth.planner.schedules.rank_stage_kinds`), whose parameters it
+    holds both of. Ties go to the kinds named last (``middle`` first)."""
+    params, routed = stage_parameters(model, layout), stage_routed_parameters(model, layout)
+    found = max((sum(params[k] for k, _ in stages), tuple(k for k, _ in stages))
+                for stages in rank_stage_kinds(schedule, len(layout)).values())
+    return found[0], sum(routed[k] for k in found[1]), found[1]
 
 
 @dataclass(frozen=True)
@@ -322,15 +346,16 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
         again = 1 if training.recompute is Recompute.FULL else 0  # the recomputed forward runs them so too
         chunks_s = tuple(c.total_s + again * c.forward_s
                          for c in (tp_overlap_chunk_ops(compute, model, shard, moe) for moe in (False, True)))
-    # each kind of stage's transformer blocks: its layers, and the MTP modules' on the last (stage_mix)
-    micro_batch_s = max(stage_compute(compute, model, shard, dense + moe, training.recompute, kind in ("first", "only"),
-                                      kind in ("last", "only"), moe, training.cross_entropy,
-                                      torchtitan=training.recipe.name == "torchtitan").total_s
-                        + (dense + moe) * again_s + dense * chunks_s[0] + moe * chunks_s[1]
-                        for kind, (dense, moe) in mix.items())
-    routed = stage_routed_parameters(model, layout)
-    params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())
-    dense, experts = (params - routed[kind]) / config.tp, routed[kind] / (config.tp * config.ep)
+    # each kind of stage's transformer blocks: its layers, and the MTP modules' on the last (stage_mix); the
+    # slowest stage sets the pace, under DualPipe the slowest rank's mean of its two (schedules.rank_mean)
+    per_kind = {kind: stage_compute(compute, model, shard, dense + moe, training.recompute, kind in ("first", "only"),
+                                    kind in ("last", "only"), moe, training.cross_entropy,
+                                    torchtitan=training.recipe.name == "torchtitan").total_s
+                + (dense + moe) * again_s + dense * chunks_s[0] + moe * chunks_s[1]
+                for kind, (dense, moe) in mix.items()}
+    micro_batch_s = rank_mean(config.schedule, config.pp, per_kind)
+    params, routed, _ = rank_parameters(model, config.schedule, layout)
+    dense, experts = (params - routed) / config.tp, routed / (config.tp * config.ep)
     held = dense + experts  # the parameters the device computes with
     updated = held
     if training.sharding is not Sharding.NONE:  # ZeRO updates its shard only
@@ -462,7 +487,8 @@ def step_time(
     reductions.extend(dp_reductions)
     return StepTime(
         compute_s=m * micro_batch_s,
-        bubble_s=bubble_s(config.schedule, config.pp, v, slot, micro_batch_s * shape.weight_gradient_fraction),
+        bubble_s=bubble_s(config.schedule, config.pp, v, slot, micro_batch_s * shape.weight_gradient_fraction,
+                          slot * shape.backward_fraction),
         tp_s=m * tp_mb,
         pp_s=m * pp_mb,
         dp_s=dp_s,

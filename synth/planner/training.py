@@ -223,8 +223,8 @@ class Configuration:
 
     def describe(self) -> str:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        if self.schedule is Schedule.ZERO_BUBBLE:
-            v = " zero-bubble"
+        if self.schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE):
+            v = f" {self.schedule.value}"
         stages = f" stages={describe_layers(self.stage_layers)}" if self.stage_layers else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""

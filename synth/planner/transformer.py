@@ -281,6 +281,11 @@ class Transformer:
         return dense, count - dense
 
     @property
+    def dense_layers(self) -> int:
+        """The leading dense layers of an MoE model (0 without ``moe``: its layers are all alike)."""
+        return self.moe.dense_layers if self.moe else 0
+
+    @property
     def expert_params(self) -> int:
         """One expert (routed or shared)."""
         assert self.moe is not None

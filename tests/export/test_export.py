@@ -458,8 +458,8 @@ def test_uneven_stages_in_the_trainer_exports(job_plan):
 def test_schedules_and_zero2_in_the_trainer_exports(job_plan):
     """The planned pipeline schedule reaches both trainers where they run it:
     Megatron-LM's interleaving by layers per virtual stage, torchtitan's by
-    name (2 virtual stages, its default); a zero-bubble plan and ZeRO-2 are
-    refused by Megatron-LM with the reason, ZeRO-2 is torchtitan's FSDP that
+    name (2 virtual stages, its default); zero-bubble and DualPipe plans are
+    refused by both with the reason, ZeRO-2 by Megatron-LM, ZeRO-2 is torchtitan's FSDP that
     never reshards after the forward; an older plan's "1F1B" reads as 1f1b."""
     from dataclasses import replace
 
@@ -481,6 +481,11 @@ def test_schedules_and_zero2_in_the_trainer_exports(job_plan):
         megatron_export(zero_bubble)
     with pytest.raises(SynthError, match="run 2 stages per rank, not the one-stage ZB-H1"):
         torchtitan_export(zero_bubble)
+    dualpipe = replace(plan, job={**plan.job, "schedule": "dualpipe"})
+    with pytest.raises(SynthError, match="Megatron-LM \\(core 0.16\\) has no DualPipe schedule"):
+        megatron_export(dualpipe)
+    with pytest.raises(SynthError, match="torchtitan runs DualPipeV .* not the DualPipe the plan was priced with"):
+        torchtitan_export(dualpipe)
     zero2 = replace(plan, job={**plan.job, "training": {**plan.job["training"], "sharding": "zero2"}})
     with pytest.raises(SynthError, match="Megatron-LM has no ZeRO-2"):
         megatron_export(zero2)

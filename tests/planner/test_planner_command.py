@@ -143,9 +143,12 @@ def test_plan_schedule_option_and_json(cli):
     """--schedule names the schedule of every configuration in --json;
     interleaved tries every virtual-stage count that divides a stage's layers
     (or the one --virtual-stages fixes); search keeps the fastest per (sizes,
-    micro-batch), never slower than any single schedule."""
-    by = {choice: _plan_json(cli, "--schedule", choice) for choice in ("1f1b", "interleaved", "zero-bubble", "search")}
-    for choice in ("1f1b", "interleaved", "zero-bubble"):
+    micro-batch), never slower than any single schedule it tries (DualPipe
+    only under DeepSeek's framework); too few micro-batches for DualPipe are
+    skipped with dualpipe.py's rule."""
+    choices = ("1f1b", "interleaved", "zero-bubble", "dualpipe", "search")
+    by = {choice: _plan_json(cli, "--schedule", choice) for choice in choices}
+    for choice in ("1f1b", "interleaved", "zero-bubble", "dualpipe"):
         assert {c["schedule"] for c in by[choice]["configurations"]} == {choice}
         assert by[choice]["schedule"] == choice
     assert {c["virtual_stages"] for c in by["interleaved"]["configurations"]} <= {2}  # 2 layers per stage
@@ -161,6 +164,9 @@ def test_plan_schedule_option_and_json(cli):
         assert zb[c["micro_batch"]]["breakdown"]["bubble"] < c["breakdown"]["bubble"]
     assert any("interleaved schedule needs the micro-batches per step" in r["reason"]
                for r in by["interleaved"]["skipped"])  # mb 2 gives 16, mb 16 gives 2 micro-batches: not a multiple
+    assert any("dualpipe schedule needs an even number of micro-batches per step, at least 2 x pp = 8" in r["reason"]
+               for r in by["dualpipe"]["skipped"])  # mb 8 gives 4 micro-batches
+    assert "dualpipe" not in {c["schedule"] for c in by["search"]["configurations"]}  # Megatron-LM does not run it
 
 
 def test_plan_json_names_each_option_per_configuration(cli):
