@@ -100,7 +100,9 @@ class MoE:
 
 @dataclass(frozen=True)
 class Transformer(FlopCounts, ActivationCounts):
-    """A decoder-only transformer (see the module docstring).
+    """A decoder-only transformer (see the module docstring). Its FLOP counts
+    are :class:`~synth.planner.flops.FlopCounts`' methods and its activation
+    bytes :class:`~synth.planner.activations.ActivationCounts`'.
 
     ``mtp_depth`` D: D multi-token prediction modules (DeepSeek-AI 2024,
     arXiv:2412.19437 Section 2.2), the k-th predicting the token k + 1 ahead:
