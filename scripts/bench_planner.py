@@ -38,11 +38,12 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from synth.planner.activations import Recompute  # noqa: E402
 from synth.planner.compute import shipped_profile_for  # noqa: E402
 from synth.planner.configurations import plan_job  # noqa: E402
+from synth.planner.modelspec import load_model  # noqa: E402
 from synth.planner.request import JobRequest  # noqa: E402
 from synth.planner.stepmodel import Sharding, Training  # noqa: E402
-from synth.planner.transformer import Recompute, load_model  # noqa: E402
 from synth.synthesis.placement import parse_axis_ranges  # noqa: E402
 from synth.synthesis.search import clear_cache  # noqa: E402
 from synth.topology import Device, load_topology  # noqa: E402

@@ -41,7 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth.planner.transformer import Transformer, load_model  # noqa: E402
+from synth.planner.modelspec import load_model  # noqa: E402
+from synth.planner.transformer import Transformer  # noqa: E402
 
 # (model, tensor-parallel sizes) for layers; every (micro-batch, sequence) below for each
 LAYER_MODELS = ("gpt3-2.7b", "gpt3-6.7b", "megatron-18.4b", "megatron-39.1b", "gpt3-175b",

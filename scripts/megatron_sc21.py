@@ -36,13 +36,14 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
+from synth.planner.activations import Recompute  # noqa: E402
 from synth.planner.compute import EfficiencyCurve  # noqa: E402
 from synth.planner.configurations import plan_job  # noqa: E402
+from synth.planner.modelspec import load_model  # noqa: E402
 from synth.planner.request import JobRequest  # noqa: E402
 from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s  # noqa: E402
 from synth.planner.stepmodel import Configuration, Sharding, Training  # noqa: E402
 from synth.planner.steprecords import StepRecord, read_step_records, write_step_records  # noqa: E402
-from synth.planner.transformer import Recompute, load_model  # noqa: E402
 from synth.synthesis.placement import Axis, AxisRange, Placement  # noqa: E402
 from synth.topology import load_topology  # noqa: E402
 

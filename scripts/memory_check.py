@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from synth.planner.transformer import load_model  # noqa: E402
+from synth.planner.modelspec import load_model  # noqa: E402
 
 # (model, micro-batch, variant): the four reference measurements, then the planner's other memory options
 # (--recompute full: every layer checkpointed; --attention unfused: the math attention, scores stored);

@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from synth.planner.transformer import load_model  # noqa: E402  (the repository's, wherever the script runs from)
+from synth.planner.modelspec import load_model  # noqa: E402  (the repository's, wherever the script runs from)
 DOC = REPO / "docs" / "planner.md"
 
 LLAMA_405B = ("--topology dgx-h100 --scale node=2048 --model llama3-405b --global-batch 2048 "

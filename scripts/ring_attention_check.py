@@ -59,7 +59,7 @@ def measure(out_path: str, iters: int) -> int:
     if not torch.cuda.is_available():
         print("ring_attention_check: needs a CUDA GPU", file=sys.stderr)
         return 3
-    from synth.planner.transformer import load_model
+    from synth.planner.modelspec import load_model
 
     dev, dt = "cuda", torch.bfloat16
     gpu = torch.cuda.get_device_name()
@@ -115,7 +115,7 @@ def compare(records_path: str, profile_path: str | None) -> int:
     from synth.planner.compute import default_compute, load_compute_profile
     from synth.planner.layercompute import Shard, attention_ops
     from synth.planner.operations import OperationProfile
-    from synth.planner.transformer import load_model
+    from synth.planner.modelspec import load_model
 
     rows = [json.loads(line) for line in Path(records_path).read_text().splitlines() if line.strip()]
     if not rows:

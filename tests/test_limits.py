@@ -16,8 +16,8 @@ import synth.cli.fit
 import synth.cli.plan
 from synth.documents import MAX_YAML_BYTES, write_text
 from synth.errors import SynthError
+from synth.planner.modelspec import load_model
 from synth.planner.stepmodel import Training
-from synth.planner.transformer import load_model
 from synth.synthesis.placement import MAX_ASSIGNMENTS, parse_axes
 from synth.topology import MAX_DEVICES, load_topology
 from synth.units import MAX_COUNT, MAX_REPEATS, MAX_SIZE_BYTES, bounded_int, parse_size

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from ..documents import check_writable
 from ..errors import SynthError
 from ..plan import write_plan
+from ..planner.activations import Recompute
 from ..planner.compute import DEFAULT_COMPUTE, ComputeModel
 from ..planner.frameworks import FRAMEWORK_CHOICES, framework_of
 from ..planner.operations import OperationProfile
@@ -22,7 +23,7 @@ from ..planner.request import JobRequest
 from ..planner.stages import describe_layers
 from ..planner.stepmodel import Sharding, Training, sequence_parallel
 from ..planner.training import CP_COMMS, CROSS_ENTROPY_BYTES
-from ..planner.transformer import Recompute, load_model
+from ..planner.modelspec import load_model
 from ..synthesis.placement import parse_axis_ranges
 from ..synthesis.problem import MAX_STEPS_DEFAULT
 from ..topology import load_topology, parse_device, parse_scale

@@ -1,8 +1,11 @@
 """The job planner: which tp/dp/pp sizes, micro-batch, placement and programs
 give the fastest training step that fits in memory (``synth-reduce plan``).
 
-* :mod:`~synth.planner.transformer`: a model's shapes, parameters, FLOPs and
-  activations (shipped models in ``models/``);
+* :mod:`~synth.planner.transformer`: a model's shapes and parameters, with its
+  FLOPs (:mod:`~synth.planner.flops`) and activations
+  (:mod:`~synth.planner.activations`: also the recomputation options);
+  :mod:`~synth.planner.modelspec` loads it (shipped models in ``models/``,
+  YAML files, inline fields);
 * :mod:`~synth.planner.compute`: the compute-efficiency curve and its document;
 * :mod:`~synth.planner.stepmodel`: time of one training step (:mod:`~synth.planner.training`: the options and configurations, :mod:`~synth.planner.memory`: memory per device);
 * :mod:`~synth.planner.workload`: whole-job workloads (``--workload``): the

@@ -45,6 +45,7 @@ from ..synthesis.reduction import Reduction
 from ..synthesis.semantics import Goal
 from ..topology import Topology
 from ..units import format_size
+from .activations import Recompute
 from .collectivecosts import BestProgram, CollectiveCosts, PlacementCollectives, reduce_axes
 from .schedules import Schedule, schedule_layouts, virtual_stage_choices, wanted_schedules
 from .pruning import LayoutEstimates, Skipped, variant_beaten
@@ -70,7 +71,6 @@ from .stepmodel import (
     step_shape,
     step_time,
 )
-from .transformer import Recompute
 
 Progress = Callable[[str], None]
 

@@ -85,8 +85,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SynthError
+from .activations import MLP_WIDE_VALUES, Recompute
 from .eagerops import CLIP_GRAD_NORM_BYTES, FOREACH_ADAMW_BYTES
-from .transformer import MLP_WIDE_VALUES, Recompute, Transformer
+from .transformer import Transformer
 
 ADAM_BYTES = 28  # fused Adam(W) on fp32: read weight, gradient, two moments; write weight and moments
 # Megatron-LM's per-bucket passes over its fp32 gradients before each data-parallel reduction: the norm of the

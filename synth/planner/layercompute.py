@@ -76,11 +76,12 @@ from functools import cached_property
 from typing import Any
 
 from ..caches import memoised
+from .activations import Recompute
 from .eagerops import (REPEAT_KV_LAUNCHES, RMS_NORM_BYTES, RMS_NORM_LAUNCHES, ROTARY_BYTES, ROTARY_LAUNCHES,
                        repeat_kv_bytes)
 from .fp8 import block_scaled_speedup, quantize_bytes, requantize_transposed_bytes
 from .operations import GemmModel, OperationProfile
-from .transformer import Recompute, Transformer
+from .transformer import Transformer
 
 # bytes per logit the loss moves (forward, backward) per --cross-entropy (module docstring;
 # megatron: megatron_loss_bytes)

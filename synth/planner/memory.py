@@ -14,7 +14,8 @@ from .frameworks import deepseek_activation_bytes, sac_activation_bytes
 from .schedules import in_flight_micro_batches, rank_stage_kinds
 from .training import (CROSS_ENTROPY_BYTES, Configuration, Sharding, Training, largest_layer_params, sequence_parallel,
                        stage_mix, stage_parameters, stage_routed_parameters)
-from .transformer import Recompute, Transformer
+from .activations import Recompute
+from .transformer import Transformer
 
 
 # What PyTorch's caching allocator reserves over the bytes allocated at the peak, as a fraction of that peak:

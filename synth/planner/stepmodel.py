@@ -150,7 +150,8 @@ from .training import (
     stage_parameters,
     stage_routed_parameters,
 )
-from .transformer import Recompute, Transformer
+from .activations import Recompute
+from .transformer import Transformer
 
 # the names of :mod:`synth.planner.training` and :mod:`synth.planner.memory` that callers import from here
 __all__ = ["ATTENTIONS", "BUCKET_GRID_BYTES", "CROSS_ENTROPY_BYTES", "DTYPE_BYTES", "HSDP_REPLICATE", "HSDP_SHARD",

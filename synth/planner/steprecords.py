@@ -35,8 +35,10 @@ from ..documents import MAX_DOCUMENT_BYTES, check_schema, json_lines, parse_json
 from ..errors import SynthError
 from ..synthesis.placement import Axis, Placement
 from ..topology import Device, Topology, topology_from_dict
+from .activations import Recompute
+from .modelspec import model_from_dict
 from .stepmodel import Configuration, Sharding, Training, configuration_problem
-from .transformer import Recompute, Transformer, model_from_dict
+from .transformer import Transformer
 
 SCHEMA = "synth-reduce/step"
 VERSION = 1

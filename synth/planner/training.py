@@ -14,10 +14,11 @@ from functools import cached_property
 
 from ..errors import SynthError
 from ..units import MAX_COUNT, shown_number
+from .activations import Recompute
 from .frameworks import Framework, at_dtype, framework_of
 from .schedules import Schedule, schedule_problem
 from .stages import describe_layers
-from .transformer import Recompute, Transformer
+from .transformer import Transformer
 
 
 # bytes of the weights, activations and communication; fp8 is BF16 training whose layers' GEMMs run in

@@ -1,4 +1,4 @@
-"""Transformer models for the job planner: shape, parameters, FLOPs, activations.
+"""Transformer models for the job planner: shape and parameters.
 
 A :class:`Transformer` is a decoder-only model as ``models/*.yaml`` describe it
 (``data/README.md``): ``layers`` L, ``hidden`` h, ``heads`` a, ``seq`` s,
@@ -9,9 +9,12 @@ linear layers, ``norm`` (``layernorm`` or ``rmsnorm``), ``positions``
 (``learned`` or ``rotary``), ``tied_embeddings`` and ``mtp_depth`` (multi-token
 prediction modules, default 0: :attr:`Transformer.mtp_depth`), ``dropout`` (the
 training's dropout probability of the residual branches and the embedding, default
-0; it changes the compute, not the FLOPs). It is loaded from a
-shipped name (``gpt3-175b``), a YAML path, or inline text
-(``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``).
+0; it changes the compute, not the FLOPs). :mod:`synth.planner.modelspec` loads
+it from a shipped name (``gpt3-175b``), a YAML path, or inline text
+(``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``). Its FLOPs
+(:mod:`synth.planner.flops`) and activation memory
+(:mod:`synth.planner.activations`) are parts of the class, mixins in their own
+modules.
 
 The defaults follow two architecture families, told apart by the MLP:
 
@@ -21,9 +24,9 @@ The defaults follow two architecture families, told apart by the MLP:
 * Llama (``mlp: swiglu``): no biases, RMSNorm (weight only), rotary positions
   (no parameters), a SwiGLU MLP of three matrices (gate and up, then down).
 
-Formulas (b = micro-batch, t = tensor-parallel size, kv = h x kv_heads / a):
+Parameters (kv = h x kv_heads / a):
 
-* parameters per layer: ``h(h + 2kv) + h^2`` (q, k, v, o) ``+ m h f`` (MLP, m = 2
+* per layer: ``h(h + 2kv) + h^2`` (q, k, v, o) ``+ m h f`` (MLP, m = 2
   or 3) + biases ``h + 2kv + h + (m - 1) f + h`` (with ``biases``) + norms
   ``4h`` (LayerNorm) or ``2h`` (RMSNorm); for GPT with f = 4h that is
   Megatron's ``12 h^2 + 13 h``;
@@ -31,85 +34,16 @@ Formulas (b = micro-batch, t = tensor-parallel size, kv = h x kv_heads / a):
   ``V h``, a final norm ``2h`` (LayerNorm) or ``h`` (RMSNorm);
 * a multi-token prediction module (``mtp_depth``, :class:`Transformer`):
   one layer of the model's kind, a ``2h x h`` projection and three norms
-  (its two inputs', and the one before the shared head); forward FLOPs its
-  layer's, ``2 T x 2h^2`` and the shared head's logits ``2 T h V``;
-* forward FLOPs of one layer for T = b s tokens: ``2 T x (matrix parameters)``
-  + ``4 T s h`` (attention scores and their product with V, counted over the
-  full s x s as Megatron-LM does); logits ``2 T h V``. Training (forward and
-  backward) is 3x the forward; full recomputation adds one forward of every
-  layer, selective recomputation the attention core ``4 T s h`` per layer. For
-  GPT with f = 4h and no recomputation this is Megatron-LM's
-  ``72 B s L h^2 (1 + s/(6h)) + 6 B s h V`` (Narayanan et al. 2021), with full
-  recomputation ``96 B s L h^2 (1 + s/(6h) + V/(16 L h))``;
-* activations stored per layer and micro-batch, 16-bit, tensor parallelism
-  (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", arXiv:2205.05198, Section 4):
-  ``s b h (10 + 24/t + 5 a s / (h t))`` for GPT without sequence parallelism,
-  ``s b h (34 + 5 a s / h) / t`` with it (the 10 replicated bytes split too);
-  generalised below to GQA and other MLP widths by the same counting; the
-  MLP's wide tensors are ``MLP_WIDE_VALUES`` x ``s b f`` values per MLP.
-  Selective recomputation drops the ``5 a s^2 b / t`` attention core; full
-  recomputation keeps only the layer's input, ``2 s b h`` (``/ t`` with
-  sequence parallelism).
+  (its two inputs', and the one before the shared head).
 """
 
 from __future__ import annotations
 
-import enum
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..documents import read_yaml
-from ..errors import SynthError
-from ..resources import models_dir
-from ..units import MAX_COUNT, bounded_int, shown_number
-
-
-class Recompute(enum.Enum):
-    """Activation recomputation: none, selective (the attention core, Korthikanti
-    et al. 2022) or full (every layer's forward again in the backward pass)."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-    @classmethod
-    def from_text(cls, text: str, option: str = "--recompute") -> "Recompute":
-        for r in cls:
-            if r.value == text:
-                return r
-        raise SynthError(f"{option} {text}: choose one of {', '.join(r.value for r in cls)}")
-
-
-# field -> (type, required); the files' other keys are informative
-_INT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "params", "head_dim",
-               "core_head_dim", "train_batch_tokens")
-_COUNT_FIELDS = ("mtp_depth",)  # integers that may be 0
-_REQUIRED = ("layers", "hidden", "heads", "seq", "vocab")
-_BOOL_FIELDS = ("gated_mlp", "biases", "tied_embeddings")
-_TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
-_FRACTION_FIELDS = ("dropout",)  # numbers from 0 to below 1
-# architecture choices: field -> its values (the first of each is the GPT default, :func:`model_from_dict`)
-_CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("layernorm", "rmsnorm"),
-                  "positions": ("learned", "rotary")}
-# the moe: block's fields (inline: given flat, e.g. experts=8,top_k=2,expert_ffn=14336)
-# the largest value of each model size: far above any model trained today (the largest have about 10^2 layers,
-# 2.5 x 10^4 hidden, 10^2 heads, 2.6 x 10^5 vocabulary, 4 x 10^2 experts, 10^6-10^7 tokens of context), so that
-# a typo of many digits is one error line, not a plan of "25 billion GiB per device"
-MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16,
-                "core_head_dim": 2**16, "ffn": 2**22, "vocab": 2**24, "seq": 2**24, "params": 10**15,
-                "train_batch_tokens": 10**15, "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22, "shared_experts": 2**16,
-                "dense_layers": 10_000, "max_nodes": 2**16, "mtp_depth": 10_000}
-MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "capacity_factor")
-INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "gated_mlp",
-                 "biases", "norm", "positions", "tied_embeddings", "mtp_depth", "dropout") + MOE_FIELDS
-# 16-bit values of s b f each MLP keeps for its backward (Korthikanti et al. count GeLU's input and output,
-# 4 bytes): GeLU keeps its input, the down GEMM its output (2 tensors); SwiGLU the gate-and-up output (2),
-# the product the down GEMM reads (1); ReLU keeps only its output, which is the down GEMM's input (1);
-# squared ReLU its ReLU output (which the square's backward reads too) and the square (2).
-MLP_WIDE_VALUES = {"gelu": 2, "swiglu": 3, "relu": 1, "squared_relu": 2}
+from .activations import ActivationCounts
+from .flops import FlopCounts
 
 
 def family_defaults(mlp: str) -> dict[str, Any]:
@@ -165,8 +99,10 @@ class MoE:
 
 
 @dataclass(frozen=True)
-class Transformer:
-    """A decoder-only transformer (see the module docstring).
+class Transformer(FlopCounts, ActivationCounts):
+    """A decoder-only transformer (see the module docstring). Its FLOP counts
+    are :class:`~synth.planner.flops.FlopCounts`' methods and its activation
+    bytes :class:`~synth.planner.activations.ActivationCounts`'.
 
     ``mtp_depth`` D: D multi-token prediction modules (DeepSeek-AI 2024,
     arXiv:2412.19437 Section 2.2), the k-th predicting the token k + 1 ahead:
@@ -392,111 +328,6 @@ class Transformer:
         """The parameters of all ``mtp_depth`` MTP modules (0 without)."""
         return self.mtp_depth * (self.mtp_block_params + self.mtp_extra_params)
 
-    # ------------------------------------------------------------ FLOPs
-
-    def layer_forward_flops(self, tokens: int) -> float:
-        """Forward FLOPs of one dense layer for ``tokens`` = b s tokens."""
-        return 2.0 * tokens * self.layer_matrix_params + self.attention_core_flops(tokens)
-
-    def moe_layer_forward_flops(self, tokens: int) -> float:
-        """Forward FLOPs of one MoE layer: its attention, router and the
-        experts each token passes (:attr:`moe_layer_matrix_params`)."""
-        return 2.0 * tokens * self.moe_layer_matrix_params + self.attention_core_flops(tokens)
-
-    def layers_forward_flops(self, tokens: int, dense: int, moe: int) -> float:
-        """Forward FLOPs of ``dense`` dense and ``moe`` MoE layers."""
-        return dense * self.layer_forward_flops(tokens) + (moe * self.moe_layer_forward_flops(tokens) if moe else 0.0)
-
-    def attention_core_flops(self, tokens: int) -> float:
-        """Forward FLOPs of QK^T and (scores)V for ``tokens`` tokens: 4 T s q
-        (q = heads x head_dim, :attr:`q_dim`)."""
-        return 4.0 * tokens * self.seq * self.q_dim
-
-    def logits_forward_flops(self, tokens: int) -> float:
-        return 2.0 * tokens * self.hidden * self.vocab
-
-    def mtp_block_forward_flops(self, tokens: int) -> float:
-        """Forward FLOPs of one MTP module's block (:attr:`mtp_block_params`)."""
-        return self.moe_layer_forward_flops(tokens) if self.moe else self.layer_forward_flops(tokens)
-
-    def mtp_forward_flops(self, tokens: int) -> float:
-        """Forward FLOPs of the ``mtp_depth`` MTP modules: per module its
-        block, its projection (``2 T x 2h x h``) and the shared head's logits
-        (``2 T h V``); 0 without."""
-        if not self.mtp_depth:
-            return 0.0
-        projection = 2.0 * tokens * 2 * self.hidden * self.hidden
-        return self.mtp_depth * (self.mtp_block_forward_flops(tokens) + projection + self.logits_forward_flops(tokens))
-
-    def training_flops(self, samples: int, recompute: Recompute = Recompute.NONE) -> "Flops":
-        """FLOPs of forward, backward and recomputation for ``samples``
-        sequences, the MTP modules included (recomputation redoes their blocks
-        as it does the layers)."""
-        tokens = samples * self.seq
-        layers = self.layers_forward_flops(tokens, self.layers - self.moe_layers, self.moe_layers)
-        forward = layers + self.logits_forward_flops(tokens) + self.mtp_forward_flops(tokens)
-        blocks = self.layers + self.mtp_depth  # the layers and the MTP modules' blocks
-        extra = {Recompute.NONE: 0.0,
-                 Recompute.FULL: layers + self.mtp_depth * self.mtp_block_forward_flops(tokens),
-                 Recompute.SELECTIVE: blocks * self.attention_core_flops(tokens)}[recompute]
-        weight_gradient = forward - blocks * self.attention_core_flops(tokens)  # every GEMM's weight gradient
-        return Flops(forward, 2.0 * forward, extra, weight_gradient)
-
-    def mtp_training_flops(self, samples: int, recompute: Recompute = Recompute.NONE) -> float:
-        """Of :meth:`training_flops`' total, the MTP modules' (0 without)."""
-        if not self.mtp_depth:
-            return 0.0
-        tokens = samples * self.seq
-        block = self.mtp_depth * self.mtp_block_forward_flops(tokens)
-        again = {Recompute.NONE: 0.0, Recompute.FULL: block,
-                 Recompute.SELECTIVE: self.mtp_depth * self.attention_core_flops(tokens)}[recompute]
-        return 3 * self.mtp_forward_flops(tokens) + again
-
-    # ------------------------------------------------------------ activations
-
-    def activation_bytes_per_layer(self, micro_batch: int, tp: int, recompute: Recompute,
-                                   bytes_per_value: int = 2, scores: bool = True,
-                                   sequence_parallel: bool = False, moe: bool = False, cp: int = 1) -> float:
-        """Activation bytes one layer stores for one micro-batch on one device
-        (Korthikanti et al. 2022, tensor parallelism, with or without sequence
-        parallelism; ``bytes_per_value`` scales the 16-bit figure).
-        ``scores``: the attention stores its s x s scores, softmax, dropout mask
-        and output (``5 a s^2 b``: an unfused attention); a flash attention
-        keeps none of them. ``sequence_parallel``: the tensors the layer would
-        replicate on every tensor-parallel rank are split along the sequence
-        (their eq. 4: ``s b h (34 + 5 a s / h) / t`` for a 4h MLP). ``moe``: an
-        MoE layer, whose MLP tensors are those of the experts each token passes
-        (routed, padded, and shared, each of ``expert_ffn``), plus the routed
-        copies of its input (``2 s b h`` per routed pass) and the router's fp32
-        probabilities (``4 s b E``), all split over tp. ``cp``: context
-        parallelism holds ``s / cp`` of the sequence (and its queries' rows of
-        the scores)."""
-        s, b, h, f, kv = self.seq // cp, micro_batch, self.hidden, self.ffn, self.kv_dim
-        scale = bytes_per_value / 2
-        replicas = tp if sequence_parallel else 1  # what the replicated tensors are divided by
-        if recompute is Recompute.FULL:
-            return scale * 2 * s * b * h / replicas  # the layer's input only
-        # replicated on every tensor-parallel rank: both norms' inputs (4), the
-        # QKV and MLP inputs (2 + 2) and the two dropout masks (1 + 1 bytes)
-        replicated = 10 * s * b * h
-        # split over tp: Q, K, V, the attention output projection's input, the MLP's
-        # wide tensors (MLP_WIDE_VALUES: GeLU in and out; gate, up and product for SwiGLU)
-        if moe and self.moe:
-            routed = self.moe.routed_per_token
-            mlp = (2 * MLP_WIDE_VALUES[self.mlp] * s * b * (routed + self.moe.shared_experts) * self.moe.expert_ffn
-                   + 2 * s * b * h * routed + 4 * s * b * self.moe.experts)
-        else:
-            mlp = 2 * MLP_WIDE_VALUES[self.mlp] * s * b * f
-        q = self.q_dim  # Q and the attention output are heads x head_dim wide
-        split = 2 * s * b * q + 4 * s * b * kv + 2 * s * b * q + mlp
-        if recompute is Recompute.NONE and scores:  # scores, softmax, dropout mask and output: 5 a s^2 b
-            split += 5 * self.heads * s * self.seq * b
-        return scale * (replicated / replicas + split / tp)
-
-    def logits_bytes(self, micro_batch: int, tp: int, cp: int = 1) -> float:
-        """The output layer's fp32 logits for one micro-batch (4 s b V / (t cp))."""
-        return 4.0 * self.seq * micro_batch * self.vocab / (tp * cp)
-
     # ------------------------------------------------------------ checks
 
     def parallelism_problem(self, tp: int, pp: int, ep: int = 1, cp: int = 1) -> str | None:
@@ -556,7 +387,7 @@ class Transformer:
     def architecture_fields(self) -> dict[str, Any]:
         """The architecture fields (``gated_mlp``, ``mlp``, ``biases``,
         ``norm``, ``positions``, ``tied_embeddings``) a model file needs to
-        give for :func:`model_from_dict` to build this model: those whose
+        give for :func:`~synth.planner.modelspec.model_from_dict` to build this model: those whose
         value is not the default."""
         gated = self.gated_mlp
         out: dict[str, Any] = {"gated_mlp": True} if gated else {}
@@ -589,188 +420,3 @@ def _count(n: int) -> str:
         if n >= factor:
             return f"{n / factor:.2f} {unit}"
     return str(n)
-
-
-@dataclass(frozen=True)
-class Flops:
-    """Training FLOPs of some samples: forward, backward (2x forward) and the
-    forward work recomputation adds; ``weight_gradient`` is the part of the
-    backward that computes weight gradients (one GEMM per forward GEMM, the
-    same FLOPs; the attention core has no weights), what a zero-bubble
-    schedule defers."""
-
-    forward: float
-    backward: float
-    recompute: float
-    weight_gradient: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.forward + self.backward + self.recompute
-
-    @property
-    def model(self) -> float:
-        """The model's FLOPs without recomputation (3x the forward)."""
-        return self.forward + self.backward
-
-
-# ---------------------------------------------------------------- loading
-
-
-def model_from_dict(data: Any, source: str) -> Transformer:
-    """Build and check a model; errors name ``source`` and the field."""
-    if not isinstance(data, dict):
-        raise SynthError(f"{source}: expected a mapping with keys {', '.join(_REQUIRED)}")
-    allowed = (_INT_FIELDS + _COUNT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + _FRACTION_FIELDS + tuple(_CHOICE_FIELDS)
-               + ("moe",))
-    for key in data:
-        if key not in allowed:
-            raise SynthError(f"{source}: unknown model field '{key}'; known fields are {', '.join(allowed)}")
-    for key in _REQUIRED:
-        if key not in data:
-            raise SynthError(f"{source}: missing model field '{key}', e.g. {key}=2048")
-    for key in _INT_FIELDS:
-        if key in data:
-            value = data[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SynthError(f"{source}: model field '{key}' must be an integer >= 1, got {value!r}")
-            if value > MODEL_LIMITS.get(key, value):
-                raise SynthError(f"{source}: model field '{key}' is {shown_number(str(value))}; at most "
-                                 f"{MODEL_LIMITS[key]:,} (far above any model trained today)")
-    for key in _COUNT_FIELDS:
-        if key in data:
-            value = data[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SynthError(f"{source}: model field '{key}' must be an integer >= 0 (0: none), got {value!r}")
-            if value > data["layers"]:
-                raise SynthError(f"{source}: model field '{key}' is {shown_number(str(value))}; at most the model's "
-                                 f"layers ({data['layers']}): each depth is one more transformer block")
-    for key in _BOOL_FIELDS:
-        if key in data and not isinstance(data[key], bool):
-            raise SynthError(f"{source}: model field '{key}' must be true or false, got {data[key]!r}")
-    for key in _FRACTION_FIELDS:
-        value = data.get(key, 0.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise SynthError(f"{source}: model field '{key}' must be a number from 0 to below 1 (0: none), "
-                             f"got {value!r}")
-    for key in _TEXT_FIELDS:
-        if key in data and not isinstance(data[key], str):
-            raise SynthError(f"{source}: model field '{key}' must be text, got {data[key]!r}")
-    for key, values in _CHOICE_FIELDS.items():
-        if key in data and data[key] not in values:
-            raise SynthError(f"{source}: model field '{key}' must be one of {', '.join(values)}, got {data[key]!r}")
-    mlp = data.get("mlp", "swiglu" if data.get("gated_mlp") else "gelu")
-    if "gated_mlp" in data and data["gated_mlp"] != (mlp == "swiglu"):
-        raise SynthError(f"{source}: model fields 'gated_mlp' ({str(data['gated_mlp']).lower()}) and 'mlp' ({mlp}) "
-                         "disagree: gated_mlp true is mlp swiglu; give one of them")
-    gated, defaults = mlp == "swiglu", family_defaults(mlp)
-    heads, hidden = data["heads"], data["hidden"]
-    if hidden % heads and "head_dim" not in data:
-        raise SynthError(f"{source}: model field 'heads' ({heads}) must divide hidden ({hidden}): every head has "
-                         "hidden / heads dimensions (or give head_dim, as a source prints it)")
-    kv_heads = data.get("kv_heads", heads)
-    if heads % kv_heads:
-        raise SynthError(f"{source}: model field 'kv_heads' ({kv_heads}) must divide heads ({heads})")
-    if (hidden * kv_heads) % heads:
-        raise SynthError(f"{source}: model field 'kv_heads': hidden x kv_heads / heads = {hidden} x {kv_heads} / "
-                         f"{heads} is not an integer")
-    if gated and "ffn" not in data:
-        raise SynthError(f"{source}: model field 'ffn' is required with a SwiGLU MLP (its width)")
-    moe = _moe_from(data["moe"], data["layers"], source) if data.get("moe") is not None else None
-    return Transformer(
-        name=str(data.get("name", Path(source).stem)),
-        layers=data["layers"], hidden=hidden, heads=heads, seq=data["seq"], vocab=data["vocab"],
-        ffn=data.get("ffn", 4 * hidden), kv_heads=kv_heads, mlp=mlp,
-        biases=bool(data.get("biases", defaults["biases"])),
-        norm=str(data.get("norm", defaults["norm"])),
-        positions=str(data.get("positions", defaults["positions"])),
-        tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe, head_dim=data.get("head_dim"),
-        core_head_dim=data.get("core_head_dim"),
-        params_stated=data.get("params"), source=str(data.get("source", "")),
-        source_inconsistency=data.get("source_inconsistency"), mtp_depth=data.get("mtp_depth", 0),
-        dropout=float(data.get("dropout", 0.0)),
-    )
-
-
-def _moe_from(block: Any, layers: int, source: str) -> MoE:
-    """The ``moe:`` block; errors name the field."""
-    if not isinstance(block, dict):
-        raise SynthError(f"{source}: model field 'moe' must be a mapping with experts, top_k and expert_ffn")
-    for key in block:
-        if key not in MOE_FIELDS:
-            raise SynthError(f"{source}: unknown field 'moe.{key}'; known fields are {', '.join(MOE_FIELDS)}")
-    for key in ("experts", "top_k", "expert_ffn"):
-        if key not in block:
-            raise SynthError(f"{source}: missing field 'moe.{key}'")
-    for key in MOE_FIELDS[:6]:
-        value = block.get(key, 0)
-        least = 1 if key in ("experts", "top_k", "expert_ffn") else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise SynthError(f"{source}: field 'moe.{key}' must be an integer >= {least}, got {value!r}")
-        if value > MODEL_LIMITS.get(key, value):
-            raise SynthError(f"{source}: field 'moe.{key}' is {shown_number(str(value))}; at most "
-                             f"{MODEL_LIMITS[key]:,} (far above any model trained today)")
-    if block["top_k"] > block["experts"]:
-        raise SynthError(f"{source}: field 'moe.top_k' ({block['top_k']}) is more than moe.experts "
-                         f"({block['experts']})")
-    if block.get("dense_layers", 0) >= layers:
-        raise SynthError(f"{source}: field 'moe.dense_layers' ({block['dense_layers']}) leaves no MoE layer of the "
-                         f"{layers}")
-    capacity = block.get("capacity_factor")
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, (int, float))
-                                 or not 1 <= capacity <= 64):
-        raise SynthError(f"{source}: field 'moe.capacity_factor' must be a number from 1 to 64 or null (dropless), "
-                         f"got {capacity!r}")
-    return MoE(block["experts"], block["top_k"], block["expert_ffn"], block.get("shared_experts", 0),
-               block.get("dense_layers", 0), None if capacity is None else float(capacity), block.get("max_nodes", 0))
-
-
-def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
-    """A model from ``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``."""
-    data: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        m = re.fullmatch(r"([a-z_]+)=(\S+)", item)  # no spaces in a key or around '='; ASCII names
-        if not m:
-            raise SynthError(f"{option} '{item}': expected FIELD=VALUE, e.g. {option} layers=30,hidden=3072,"
-                             "heads=32,seq=2048,vocab=51200")
-        key, value = m.group(1), m.group(2)
-        if key not in INLINE_FIELDS:
-            raise SynthError(f"{option}: unknown model field '{key}'; inline fields are {', '.join(INLINE_FIELDS)}")
-        if key in data:
-            raise SynthError(f"{option}: model field '{key}' is given twice")
-        if key in _BOOL_FIELDS:
-            if value not in ("true", "false"):
-                raise SynthError(f"{option} {key}={value}: must be true or false")
-            data[key] = value == "true"
-        elif key in _CHOICE_FIELDS:
-            data[key] = value  # model_from_dict names the values
-        elif key in ("capacity_factor",) + _FRACTION_FIELDS:
-            try:
-                data[key] = float(value)
-            except ValueError:
-                raise SynthError(f"{option} {key}={value}: must be a number") from None
-        elif not (value.isascii() and value.isdigit()):  # str.isdigit alone is true of superscripts
-            raise SynthError(f"{option} {key}={value}: must be an integer >= 1")
-        else:
-            data[key] = bounded_int(value, f"{option} {key}=", MODEL_LIMITS.get(key, MAX_COUNT),
-                                    low=0 if key in ("shared_experts", "dense_layers", "max_nodes", "mtp_depth") else 1)
-    moe = {key: data.pop(key) for key in MOE_FIELDS if key in data}
-    if moe:
-        data["moe"] = moe
-    data["name"] = "inline"
-    return model_from_dict(data, option)
-
-
-def load_model(spec: str) -> Transformer:
-    """A shipped model name (``gpt3-175b``), a YAML path, or inline fields."""
-    if "=" in spec:
-        return parse_inline_model(spec)
-    path = Path(spec)
-    if not path.is_file():
-        shipped = models_dir() / (spec if spec.endswith(".yaml") else spec + ".yaml")
-        if not shipped.is_file():
-            known = ", ".join(sorted(p.stem for p in models_dir().glob("*.yaml")))
-            raise SynthError(f"--model '{spec}': not a file, a shipped model ({known}) or inline fields "
-                             "like layers=30,hidden=3072,heads=32,seq=2048,vocab=51200")
-        path = shipped
-    return model_from_dict(read_yaml(path, "model"), str(path))

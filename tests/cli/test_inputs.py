@@ -41,7 +41,7 @@ PLAN = ("plan", "--topology", "dgx-a100", "--global-batch", "8", "--model")
 
 @pytest.mark.parametrize("field, limit", [("layers", 10_000), ("hidden", 2**20), ("vocab", 2**24), ("seq", 2**24)])
 def test_model_sizes_are_bounded_in_files_and_inline(cli, tmp_path, field, limit):
-    from synth.planner.transformer import MODEL_LIMITS
+    from synth.planner.modelspec import MODEL_LIMITS
 
     assert MODEL_LIMITS[field] == limit
     fields = dict(item.split("=") for item in TINY.split(","))

@@ -24,7 +24,7 @@ from synth.export.megatron import megatron_export
 from synth.export.rank_map import RankMap, check_rank_map, default_order, launch_environment, parse_order, rank_map
 from synth.export.torchtitan import torchtitan_export
 from synth.plan import Plan, load_plan
-from synth.planner.transformer import load_model
+from synth.planner.modelspec import load_model
 from synth.synthesis.language import parse_program
 from synth.synthesis.lowering import lower
 from synth.synthesis.placement import enumerate_placements, parse_axes

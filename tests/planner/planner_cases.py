@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 from synth.planner.collectives import BareCollectives
 from synth.planner.configurations import plan_job
+from synth.planner.modelspec import load_model, parse_inline_model
 from synth.planner.request import JobRequest
 from synth.planner.stepmodel import BUCKET_GRID_BYTES, Training
-from synth.planner.transformer import load_model, parse_inline_model
 from synth.synthesis.placement import parse_axis_ranges
 from synth.topology import load_topology
 

@@ -15,7 +15,8 @@ import pytest
 
 from synth.planner.layercompute import Shard, layer_compute
 from synth.planner.compute import shipped_profile_for
-from synth.planner.transformer import Recompute, load_model, parse_inline_model
+from synth.planner.activations import Recompute
+from synth.planner.modelspec import load_model, parse_inline_model
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,6 +18,7 @@ from helpers import usage_error
 
 from synth.cli import main
 from synth.errors import SynthError
+from synth.planner.activations import Recompute
 from synth.planner.calibration import (
     CPU_GRID,
     DEFAULT_TILES,
@@ -46,6 +47,7 @@ from synth.planner.layercompute import (
     recompute_ops,
     stage_compute,
 )
+from synth.planner.modelspec import load_model, parse_inline_model
 from synth.planner.operations import (
     AttentionModel,
     ElementwiseModel,
@@ -60,7 +62,6 @@ from synth.planner.request import JobRequest
 from synth.planner.stepfit import RecordCosts, fit_micro_batch_cost, predicted_step_s
 from synth.planner.stepmodel import Configuration, Sharding, Training, compute_estimate, stage_parameters, step_shape
 from synth.planner.steprecords import StepRecord, write_step_records
-from synth.planner.transformer import Recompute, load_model, parse_inline_model
 from synth.synthesis.placement import Axis, AxisRange, enumerate_placements
 from synth.topology import load_topology
 
@@ -824,7 +825,7 @@ def test_the_h200_ring_attention_records_agree_with_the_planners_ring_pass():
     profile (the measured ratios were 0.96-1.14; docs/planner.md)."""
     from synth.planner.compute import default_compute
     from synth.planner.layercompute import attention_ops
-    from synth.planner.transformer import load_model
+    from synth.planner.modelspec import load_model
 
     rows = [r for _, _, r in _json_lines(REPO / "data" / "calibration" / "h200-ring-attention.jsonl")]
     configs: dict[tuple, dict[str, dict]] = {}

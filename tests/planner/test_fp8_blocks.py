@@ -23,8 +23,8 @@ from synth.planner.operations import (
     GemmModel,
     OperationProfile,
 )
+from synth.planner.modelspec import parse_inline_model
 from synth.planner.stepmodel import Configuration, Training, layer_shard, step_shape, step_time
-from synth.planner.transformer import parse_inline_model
 
 REPO = Path(__file__).resolve().parents[2]
 ADD_BANDWIDTH_Bps = 6 / 3e-12  # the profile's add: 6 bytes an element in 3e-12 s
@@ -175,7 +175,7 @@ def test_deepseeks_fp8_dispatch_by_hand(recompute, passes):
     carries FP8 values and their scales (the dispatch forward, the combine's
     gradient backward), the other BF16; row-wise FP8 frameworks send both in
     BF16."""
-    from synth.planner.transformer import Recompute
+    from synth.planner.activations import Recompute
 
     model = parse_inline_model("layers=4,hidden=256,heads=4,ffn=512,mlp=swiglu,seq=64,vocab=100,experts=8,top_k=2,"
                                "expert_ffn=128")

@@ -14,7 +14,7 @@ from planner_cases import REPO
 from synth.errors import SynthError
 from synth.planner.compute import load_compute_profile
 from synth.planner.layercompute import Shard, embedding_compute, head_compute, layer_compute
-from synth.planner.transformer import load_model
+from synth.planner.modelspec import load_model
 
 ROWS = [json.loads(line) for line in (REPO / "data" / "megatron_lm_h100.jsonl").read_text().splitlines() if line]
 # The peak the table's MFU column rounds with: 989 TFLOP/s (462B: 459.9 / 989 = 46.50%, printed 47%; over

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from synth.errors import SynthError
+from synth.planner.activations import Recompute
 from synth.planner.frameworks import sac_activation_bytes
 from synth.planner.memory import ALLOCATOR_RESERVE_FRACTION
+from synth.planner.modelspec import load_model, parse_inline_model
 from synth.planner.stepmodel import Configuration, Sharding, Training, memory_per_device
-from synth.planner.transformer import Recompute, load_model, parse_inline_model
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30

@@ -13,11 +13,12 @@ import pytest
 from helpers import usage_error
 
 from synth.errors import SynthError
+from synth.planner.activations import Recompute
 from synth.planner.compute import shipped_profile_for
 from synth.planner.layercompute import Shard, layer_compute, mtp_compute, recompute_ops, stage_compute
+from synth.planner.modelspec import load_model, model_from_dict, parse_inline_model
 from synth.planner.stepmodel import (Configuration, Training, memory_per_device, stage_costs, stage_mix,
                                      stage_parameters, step_shape)
-from synth.planner.transformer import Recompute, load_model, model_from_dict, parse_inline_model
 
 # h 64, kv 32 (2 of 4 heads), SwiGLU; 8 routed experts of 48, top 2, 1 shared; RMSNorm, no biases
 SMALL_MOE = ("layers=4,hidden=64,heads=4,kv_heads=2,ffn=96,mlp=swiglu,seq=32,vocab=100,"

@@ -14,9 +14,9 @@ from planner_cases import zero1_dp_by_hand
 from synth.cost import Algorithm, Model, Predictor
 from synth.cost.predict import default_program
 from synth.planner.collectives import BareCollectives
+from synth.planner.modelspec import parse_inline_model
 from synth.planner.overlaps import mean_share, sm_held_s
 from synth.planner.stepmodel import Configuration, Sharding, Training, step_shape, step_time
-from synth.planner.transformer import parse_inline_model
 from synth.synthesis.placement import Placement, parse_axes
 from synth.synthesis.reduction import Reduction
 from synth.synthesis.semantics import Goal

@@ -13,6 +13,7 @@ from planner_cases import AlltoallsByBytes, zero1_dp_by_hand
 
 from synth.errors import SynthError
 from synth.planner.collectives import BareCollectives
+from synth.planner.modelspec import parse_inline_model
 from synth.planner.stepmodel import (
     Configuration,
     Sharding,
@@ -22,7 +23,6 @@ from synth.planner.stepmodel import (
     step_shape,
     step_time,
 )
-from synth.planner.transformer import parse_inline_model
 from synth.synthesis.semantics import Goal
 
 MOE = "layers=4,hidden=64,heads=4,ffn=96,mlp=swiglu,seq=32,vocab=100,experts=8,top_k=2,expert_ffn=48"

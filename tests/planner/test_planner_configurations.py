@@ -15,11 +15,12 @@ import synth
 from synth.cost import Model, rank
 from synth.errors import SynthError
 from synth.plan import load_plan
+from synth.planner.activations import Recompute
 from synth.planner.collectivecosts import CollectiveCosts
 from synth.planner.configurations import plan_job
+from synth.planner.modelspec import load_model, parse_inline_model
 from synth.planner.request import JobRequest
 from synth.planner.stepmodel import BUCKET_GRID_BYTES, Sharding, Training, step_time
-from synth.planner.transformer import Recompute, load_model, parse_inline_model
 from synth.runtime.backends import run_local
 from synth.runtime.executor import Executor
 from synth.synthesis.placement import Axis, AxisRange, enumerate_placements, parse_axes, parse_axis_ranges

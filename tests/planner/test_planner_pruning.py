@@ -12,6 +12,7 @@ import pytest
 from synth.planner import pruning
 from synth.planner.compute import DEFAULT_COMPUTE, shipped_profile_for
 from synth.planner.configurations import _evaluate, _placements, _variants, plan_job
+from synth.planner.modelspec import parse_inline_model
 from synth.planner.request import JobRequest
 from synth.planner.pruning import cheapest_step_bound_s
 from synth.planner.schedules import Schedule
@@ -24,7 +25,6 @@ from synth.planner.stepmodel import (
     step_shape,
     step_time,
 )
-from synth.planner.transformer import parse_inline_model
 from synth.synthesis.placement import parse_axis_ranges
 from synth.topology import load_topology
 

@@ -13,11 +13,12 @@ from planner_cases import REPO, TINY
 
 from synth.cli import main
 from synth.errors import SynthError
+from synth.planner.activations import Recompute
 from synth.planner.compute import DEFAULT_COMPUTE, EfficiencyCurve, fit_curve, load_compute_profile
+from synth.planner.modelspec import load_model
 from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s
 from synth.planner.stepmodel import Configuration, Training
 from synth.planner.steprecords import StepRecord, read_step_records, write_step_records
-from synth.planner.transformer import Recompute, load_model
 from synth.synthesis.placement import Axis, enumerate_placements
 from synth.topology import load_topology
 

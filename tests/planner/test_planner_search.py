@@ -12,7 +12,7 @@ from synth.planner.schedules import Schedule
 from synth.planner.configurations import _evaluate, _placements, _schedules, _variants, plan_job
 from synth.planner.request import JobRequest
 from synth.planner.stepmodel import Configuration, Training, configuration_problem
-from synth.planner.transformer import parse_inline_model
+from synth.planner.modelspec import parse_inline_model
 from synth.synthesis.placement import parse_axis_ranges
 from synth.topology import load_topology
 

@@ -12,9 +12,9 @@ from helpers import usage_error
 from planner_cases import TINY, gpt
 
 from synth.errors import SynthError
+from synth.planner.activations import Recompute
 from synth.planner.stages import StageCosts, balanced_layers, describe_layers, slowest_stage
 from synth.planner.stepmodel import Configuration, Training, compute_estimate, configuration_problem, memory_per_device
-from synth.planner.transformer import Recompute
 from synth.topology import load_topology
 
 

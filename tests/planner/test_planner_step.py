@@ -14,8 +14,10 @@ import yaml
 from planner_cases import MOE, Recording, gpt
 
 from synth.errors import SynthError
+from synth.planner.activations import Recompute
 from synth.planner.compute import DEFAULT_COMPUTE
 from synth.planner.configurations import plan_job
+from synth.planner.modelspec import load_model, parse_inline_model
 from synth.planner.schedules import Schedule, in_flight_micro_batches
 from synth.planner.stepmodel import (
     BUCKET_GRID_BYTES,
@@ -29,7 +31,6 @@ from synth.planner.stepmodel import (
     step_shape,
     step_time,
 )
-from synth.planner.transformer import Recompute, load_model, parse_inline_model
 from synth.synthesis.placement import enumerate_placements, parse_axes, parse_axis_ranges
 from synth.synthesis.semantics import Goal
 from synth.topology import load_topology

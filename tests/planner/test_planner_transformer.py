@@ -14,6 +14,8 @@ from helpers import usage_error
 from planner_cases import MOE, gpt
 
 from synth.errors import SynthError
+from synth.planner.activations import Recompute
+from synth.planner.modelspec import load_model, parse_inline_model
 from synth.planner.stepmodel import (
     Configuration,
     Sharding,
@@ -23,7 +25,6 @@ from synth.planner.stepmodel import (
     stage_parameters,
     stage_routed_parameters,
 )
-from synth.planner.transformer import Recompute, load_model, parse_inline_model
 
 
 # ================================================================ the model's arithmetic

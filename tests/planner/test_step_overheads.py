@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from synth.cli import main
+from synth.planner.activations import Recompute
 from synth.planner.compute import load_compute_profile
 from synth.planner.layercompute import Shard, head_compute, layer_compute, layer_launches, stage_compute
+from synth.planner.modelspec import load_model
 from synth.planner.operations import HostModel
 from synth.planner.stepmodel import Configuration, Sharding, Training, compute_estimate
-from synth.planner.transformer import Recompute, load_model
 from synth.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[2]

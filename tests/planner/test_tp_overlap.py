@@ -13,11 +13,12 @@ import pytest
 from planner_cases import Recording, gpt
 
 from synth.errors import SynthError
+from synth.planner.activations import Recompute
 from synth.planner.compute import load_compute_profile
 from synth.planner.layercompute import Shard, tp_overlap_chunk_ops
+from synth.planner.modelspec import load_model
 from synth.planner.overlaps import tp_overlap_exposed_s
 from synth.planner.stepmodel import Configuration, Training, compute_estimate, memory_per_device, step_time
-from synth.planner.transformer import Recompute, load_model
 from synth.synthesis.semantics import Goal
 from synth.topology import load_topology
 
