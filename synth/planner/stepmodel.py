@@ -18,7 +18,7 @@ sources):
   last, a fixed cost per micro-batch), and the optimizer step is a term of its
   own; with the efficiency curve ``t_mb = F_mb / (peak x efficiency(x))``, F_mb
   the training FLOPs of one micro-batch per device (the model's,
-  :mod:`synth.planner.transformer`, divided by tp pp: stages are taken as
+  :mod:`synth.planner.flops`, divided by tp pp: stages are taken as
   balanced), ``x = F_mb / L_s`` (:mod:`synth.planner.compute`), the optimizer
   folded into the fitted efficiency;
 * tensor parallelism (Megatron-LM): per micro-batch and layer two all-reduces of

@@ -506,8 +506,9 @@ def test_the_planner_uses_the_same_numbers_as_compute(tmp_path, capsys):
     best = plan_job(request).candidates[0]
     assert best.step.compute_s == pytest.approx(config.micro_batches(training) * want, rel=1e-12)
     # Megatron-LM (the default framework): Adam on the fp32 master weights (28 bytes per parameter), their
-    # copy to the bf16 weights (6) and the fp32 main-gradient buffer zeroed (4), at the add bandwidth
-    assert best.step.optimizer_s == pytest.approx((28 + 6 + 4) * model.parameters / 2 / (6 / 3e-12))
+    # copy to the bf16 weights (6), the fp32 main-gradient buffer zeroed (4) and, before each bucket's reduction
+    # over dp 8, its NaN check's norm (4) and its scaling by 1/8 (8), at the add bandwidth
+    assert best.step.optimizer_s == pytest.approx((28 + 6 + 4 + 4 + 8) * model.parameters / 2 / (6 / 3e-12))
 
 
 def test_the_slowest_stage_sets_the_pace_and_zero_shards_the_optimizer():
@@ -519,8 +520,9 @@ def test_the_slowest_stage_sets_the_pace_and_zero_shards_the_optimizer():
               for first, last in ((True, False), (False, True), (False, False))]
     assert plain.micro_batch_s == max(stages)
     sharded = compute_estimate(model, Training(64, sharding=Sharding.ZERO1), Configuration(1, 4, 4, 1), device, p)
-    # the distributed optimizer updates a quarter of the stage; Megatron-LM zeroes the whole gradient buffer
-    zero_s = 4 * max(stage_parameters(model, (3, 3, 3, 3)).values()) / (6 / 3e-12)
+    # the distributed optimizer updates a quarter of the stage; Megatron-LM zeroes the whole gradient buffer (4
+    # bytes a parameter), takes each bucket's norm (4) and scales it by 1/dp (8)
+    zero_s = (4 + 4 + 8) * max(stage_parameters(model, (3, 3, 3, 3)).values()) / (6 / 3e-12)
     assert sharded.optimizer_s - zero_s == pytest.approx((plain.optimizer_s - zero_s) / 4, rel=0.05)
     assert plain.efficiency == pytest.approx(step_shape(model, Training(64), Configuration(1, 4, 4, 1))
                                              .flops_per_micro_batch / (device.peak_flops * plain.micro_batch_s))
