@@ -20,7 +20,8 @@ sources):
   the training FLOPs of one micro-batch per device (the model's,
   :mod:`synth.planner.transformer`, divided by tp pp: stages are taken as
   balanced), ``x = F_mb / L_s`` (:mod:`synth.planner.compute`), the optimizer
-  folded into the fitted efficiency;
+  folded into the fitted efficiency, plus an unfused attention's softmax and
+  dropout passes at the device's memory bandwidth (:mod:`synth.planner.scores`);
 * tensor parallelism (Megatron-LM): per micro-batch and layer two all-reduces of
   ``b s h w`` bytes forward and two backward, two more for the recomputed
   forward under full recomputation; on the critical path. With sequence
@@ -129,6 +130,7 @@ from .overlaps import (
     tp_overlap_exposed_s,
 )
 from .schedules import bubble_s
+from .scores import unfused_score_s
 from .stages import StageCosts, slowest_stage
 from .training import (
     ATTENTIONS,
@@ -284,6 +286,10 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
         if training.fp8:  # the layers' GEMMs at the FP8 speed-up, the rest as before
             gemms = _gemm_flops_fraction(model, training, config)
             seconds *= 1 - gemms + gemms / FP8_GEMM_SPEEDUP
+            efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
+        scores_s = unfused_score_s(model, training, config, shape.layers_per_stage, device)  # 0 unless unfused
+        if scores_s:
+            seconds += scores_s
             efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
         return ComputeEstimate(seconds, efficiency)
     return _operations_estimate(model, training, config, device, compute, shape)

@@ -1,0 +1,128 @@
+"""The time of an unfused attention's score passes in the efficiency-curve model.
+
+An unfused ("math") attention materialises its ``s x s`` scores: per layer
+and micro-batch one device holds ``b (a / t) (s / cp) s`` score elements
+(micro-batch b, a heads over t tensor-parallel ranks, s / cp queries against
+s keys). Megatron-LM before flash attention (the code of Narayanan et al.
+2021, SC'21: NVIDIA/Megatron-LM at commit 2babcaf6f5,
+``megatron/model/transformer.py`` ``ParallelAttention.forward``) runs, per
+layer, in fp16/bf16:
+
+forward
+  1. ``torch.baddbmm`` (line 271): Q K^T, writes the scores (2 bytes) -- a GEMM;
+  2. ``self.scale_mask_softmax`` (line 302), GPT's causal mask: the fused
+     ``ScaledUpperTriangMaskedSoftmax`` (``megatron/model/fused_softmax.py``
+     lines 20-49, 140-144; kernel
+     ``megatron/fused_kernels/scaled_upper_triang_masked_softmax.h`` lines
+     143-229): reads each row's causal part only (row r: r + 1 of s elements,
+     ``(s + 1) / (2 s)`` of them on average, 2 bytes each) and writes the whole
+     row (2 bytes, zeros above the diagonal);
+  3. ``self.attention_dropout`` (line 308, ``torch.nn.Dropout``, p 0.1):
+     PyTorch's fused dropout of that era (PyTorch 1.8, the NGC 20.12
+     container Megatron-LM's README names; ``aten/src/ATen/native/cuda/Dropout.cu``
+     ``fused_dropout_cuda``) reads the probabilities (2), writes the dropped
+     ones (2) and a mask of dtype ``kByte`` (1);
+  4. ``torch.bmm`` with V (line 332): reads them (2) -- a GEMM.
+
+backward (the mirror passes)
+  5. the bmm's backward: writes the gradient of the probabilities (2) and
+     reads the dropped probabilities for V's gradient (2) -- GEMMs;
+  6. the dropout's backward (``masked_scale``): reads the gradient (2) and the
+     mask (1), writes the gradient (2);
+  7. the softmax's backward (kernel lines 233-330, in place): reads the
+     gradient and the saved probabilities in the causal part (2 + 2, each
+     ``(s + 1) / (2 s)``) and writes the whole row (2);
+  8. the baddbmm's backward: reads the scores' gradient twice, for Q's and
+     K's gradients (2 + 2) -- GEMMs.
+
+The rule: a GEMM's own reads and writes of the scores are inside the GEMM's
+time, which the compute model already prices from its FLOPs (the attention
+core's FLOPs are in the model's training FLOPs); this term counts only the
+passes that do no counted FLOPs, the softmax and the dropout (2, 3, 6, 7).
+Per score element they move, with ``c = (s + 1) / (2 s)``:
+
+* forward: ``2 c + 2`` (softmax) ``+ 5`` (dropout) = ``7 + 2 c`` bytes;
+* backward: ``5`` (dropout) ``+ 4 c + 2`` (softmax) = ``7 + 4 c`` bytes;
+
+and recomputation (full, or selective, which recomputes exactly the attention
+core) runs the forward's passes once more in the backward. With 16-bit values
+these bytes scale with ``bytes_per_value / 2``, the mask's byte with it
+(kept simple: the term is a lower bound anyway).
+
+The time is those bytes at the device's datasheet memory bandwidth
+(``Device.memory_bandwidth_GBps``): kernels reach a fraction of it, so the
+term is a lower bound on the passes' time; the fitted efficiency curve
+absorbs the rest. Megatron-LM's fused causal kernel of that code took
+sequences up to 2048; longer ones fell back to an unfused fp32 chain that
+moves more bytes (the term is a lower bound there too).
+
+The per-operation model (:mod:`synth.planner.layercompute`) does not use this
+term: it prices the attention core with the measured flash-attention kernel
+whatever ``--attention`` says (which then changes memory only).
+"""
+
+from __future__ import annotations
+
+from ..errors import SynthError
+from ..topology import Device
+from .training import Configuration, Training
+from .transformer import Recompute, Transformer
+
+# Bytes per score element of the passes this term counts (module docstring), 16-bit values; c is the causal
+# share of a row the fused softmax reads.
+DROPOUT_FORWARD_BYTES = 2 + 2 + 1  # read the probabilities, write the dropped ones and the uint8 mask
+DROPOUT_BACKWARD_BYTES = 2 + 1 + 2  # read the gradient and the mask, write the gradient
+SOFTMAX_WRITE_BYTES = 2  # every element of a row, forward and backward
+SOFTMAX_FORWARD_READS = 1  # values read per element of the causal part (the scores)
+SOFTMAX_BACKWARD_READS = 2  # the gradient and the saved probabilities
+
+
+def causal_read_share(seq: int) -> float:
+    """The share of an ``s x s`` score matrix inside the causal triangle (the
+    diagonal included): ``(s + 1) / (2 s)``."""
+    return (seq + 1) / (2 * seq)
+
+
+def score_elements(model: Transformer, micro_batch: int, tp: int, cp: int = 1) -> float:
+    """Score elements one device holds per layer and micro-batch:
+    ``b (a / t) (s / cp) s``."""
+    return micro_batch * (model.heads / tp) * (model.seq / cp) * model.seq
+
+
+def score_bytes_per_element(seq: int, recompute: Recompute, bytes_per_value: int = 2) -> float:
+    """Bytes the softmax and dropout passes move per score element in one
+    micro-batch's forward, backward and recomputed forward (module docstring)."""
+    c = causal_read_share(seq)
+    forward = SOFTMAX_FORWARD_READS * 2 * c + SOFTMAX_WRITE_BYTES + DROPOUT_FORWARD_BYTES
+    backward = DROPOUT_BACKWARD_BYTES + SOFTMAX_BACKWARD_READS * 2 * c + SOFTMAX_WRITE_BYTES
+    again = forward if recompute in (Recompute.FULL, Recompute.SELECTIVE) else 0.0
+    return (forward + backward + again) * bytes_per_value / 2
+
+
+def unfused_score_bytes(model: Transformer, training: Training, config: Configuration, layers: int) -> float:
+    """Bytes one device's unfused attention moves outside its GEMMs for one
+    micro-batch of ``layers`` layers under ``config``; 0 for a flash attention
+    (it keeps no scores in memory)."""
+    if training.attention != "unfused":
+        return 0.0
+    per_element = score_bytes_per_element(model.seq, training.recompute, training.value_bytes)
+    return layers * score_elements(model, config.micro_batch, config.tp, config.cp) * per_element
+
+
+def require_bandwidth(device: Device) -> float:
+    """The device's memory bandwidth in bytes/s; SynthError naming the field
+    and the fix where the device has none."""
+    if device.memory_bandwidth_Bps is None:
+        raise SynthError(f"--attention unfused: device '{device.name}' has no memory_bandwidth_GBps, which prices "
+                         "the unfused attention's softmax and dropout passes; add the datasheet's HBM bandwidth to "
+                         "the topology's device (memory_bandwidth_GBps: 2039 for an A100 80GB) or to --device "
+                         "(...,memory_bandwidth_GBps=2039)")
+    return device.memory_bandwidth_Bps
+
+
+def unfused_score_s(model: Transformer, training: Training, config: Configuration, layers: int,
+                    device: Device) -> float:
+    """Seconds of :func:`unfused_score_bytes` at the device's datasheet memory
+    bandwidth (a lower bound); 0 for a flash attention."""
+    moved = unfused_score_bytes(model, training, config, layers)
+    return moved / require_bandwidth(device) if moved else 0.0
