@@ -45,9 +45,9 @@ Per score element they move, with ``c = (s + 1) / (2 s)``:
 * backward: ``5`` (dropout) ``+ 4 c + 2`` (softmax) = ``7 + 4 c`` bytes;
 
 and recomputation (full, or selective, which recomputes exactly the attention
-core) runs the forward's passes once more in the backward. With 16-bit values
-these bytes scale with ``bytes_per_value / 2``, the mask's byte with it
-(kept simple: the term is a lower bound anyway).
+core) runs the forward's passes once more in the backward. In general, with
+``w`` bytes per value (the training dtype's; the mask stays one byte): ``w (3 +
+c) + 1`` forward and ``w (3 + 2 c) + 1`` backward.
 
 The time is those bytes at the device's datasheet memory bandwidth
 (``Device.memory_bandwidth_GBps``): kernels reach a fraction of it, so the
@@ -68,13 +68,14 @@ from ..topology import Device
 from .training import Configuration, Training
 from .transformer import Recompute, Transformer
 
-# Bytes per score element of the passes this term counts (module docstring), 16-bit values; c is the causal
-# share of a row the fused softmax reads.
-DROPOUT_FORWARD_BYTES = 2 + 2 + 1  # read the probabilities, write the dropped ones and the uint8 mask
-DROPOUT_BACKWARD_BYTES = 2 + 1 + 2  # read the gradient and the mask, write the gradient
-SOFTMAX_WRITE_BYTES = 2  # every element of a row, forward and backward
-SOFTMAX_FORWARD_READS = 1  # values read per element of the causal part (the scores)
-SOFTMAX_BACKWARD_READS = 2  # the gradient and the saved probabilities
+# Values (of the training dtype) and mask bytes per score element of the passes this term counts (module
+# docstring); the softmax's reads are of the causal part only.
+DROPOUT_FORWARD_VALUES = 2  # read the probabilities, write the dropped ones
+DROPOUT_BACKWARD_VALUES = 2  # read the gradient, write the gradient
+DROPOUT_MASK_BYTES = 1  # PyTorch's fused dropout mask (kByte), written forward and read backward
+SOFTMAX_WRITES = 1  # every element of a row, forward and backward
+SOFTMAX_FORWARD_READS = 1  # the scores, causal part
+SOFTMAX_BACKWARD_READS = 2  # the gradient and the saved probabilities, causal part
 
 
 def causal_read_share(seq: int) -> float:
@@ -92,11 +93,11 @@ def score_elements(model: Transformer, micro_batch: int, tp: int, cp: int = 1) -
 def score_bytes_per_element(seq: int, recompute: Recompute, bytes_per_value: int = 2) -> float:
     """Bytes the softmax and dropout passes move per score element in one
     micro-batch's forward, backward and recomputed forward (module docstring)."""
-    c = causal_read_share(seq)
-    forward = SOFTMAX_FORWARD_READS * 2 * c + SOFTMAX_WRITE_BYTES + DROPOUT_FORWARD_BYTES
-    backward = DROPOUT_BACKWARD_BYTES + SOFTMAX_BACKWARD_READS * 2 * c + SOFTMAX_WRITE_BYTES
+    c, w = causal_read_share(seq), bytes_per_value
+    forward = w * (SOFTMAX_FORWARD_READS * c + SOFTMAX_WRITES + DROPOUT_FORWARD_VALUES) + DROPOUT_MASK_BYTES
+    backward = w * (DROPOUT_BACKWARD_VALUES + SOFTMAX_BACKWARD_READS * c + SOFTMAX_WRITES) + DROPOUT_MASK_BYTES
     again = forward if recompute in (Recompute.FULL, Recompute.SELECTIVE) else 0.0
-    return (forward + backward + again) * bytes_per_value / 2
+    return forward + backward + again
 
 
 def unfused_score_bytes(model: Transformer, training: Training, config: Configuration, layers: int) -> float:

@@ -29,21 +29,22 @@ CURVE = EfficiencyCurve(0.5, 1e9, "test")
 DEVICE = Device("test GPU", 80.0, 312.0, memory_bandwidth_GBps=2000.0)
 
 
-def passes_by_hand(b: int, heads: int, s: int) -> tuple[int, int]:
+def passes_by_hand(b: int, heads: int, s: int, w: int = 2) -> tuple[int, int]:
     """(forward, backward) bytes of the softmax and dropout passes over one
-    layer's ``b x heads`` score matrices of ``s x s`` fp16 values, kernel by
-    kernel: the causal softmax reads row r's first r + 1 values and writes all
-    s of them; dropout reads 2 bytes and writes 2 plus a 1-byte mask per value,
-    its backward reads the gradient and the mask and writes the gradient; the
-    softmax backward reads the gradient and the saved output in the causal
-    part and writes the whole row. The GEMMs' reads and writes are not counted."""
+    layer's ``b x heads`` score matrices of ``s x s`` values of ``w`` bytes,
+    kernel by kernel: the causal softmax reads row r's first r + 1 values and
+    writes all s of them; dropout reads a value and writes a value plus a
+    1-byte mask, its backward reads the gradient and the mask and writes the
+    gradient; the softmax backward reads the gradient and the saved output in
+    the causal part and writes the whole row. The GEMMs' reads and writes are
+    not counted."""
     matrices = b * heads
     causal = sum(r + 1 for r in range(s))  # values per matrix the causal kernels read
     full = s * s
-    softmax_forward = 2 * causal + 2 * full
-    dropout_forward = 2 * full + 2 * full + 1 * full
-    dropout_backward = 2 * full + 1 * full + 2 * full
-    softmax_backward = 2 * causal + 2 * causal + 2 * full
+    softmax_forward = w * causal + w * full
+    dropout_forward = w * full + w * full + 1 * full
+    dropout_backward = w * full + 1 * full + w * full
+    softmax_backward = w * causal + w * causal + w * full
     return matrices * (softmax_forward + dropout_forward), matrices * (dropout_backward + softmax_backward)
 
 
@@ -58,6 +59,10 @@ def test_the_score_passes_by_hand_for_a_small_configuration():
     for recompute in (Recompute.FULL, Recompute.SELECTIVE):
         again = replace(plain, recompute=recompute)
         assert unfused_score_bytes(model, again, config, 3) == pytest.approx(3 * (2 * forward + backward), rel=1e-12)
+    # fp32 values: four bytes a value, the mask still one byte
+    forward32, backward32 = passes_by_hand(2, 2, 8, w=4)
+    fp32 = replace(plain, dtype="fp32")
+    assert unfused_score_bytes(model, fp32, config, 3) == pytest.approx(3 * (forward32 + backward32), rel=1e-12)
 
 
 def test_flash_attention_adds_nothing_and_needs_no_bandwidth():
