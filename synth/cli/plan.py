@@ -68,8 +68,8 @@ def parser() -> argparse.ArgumentParser:
                         "states and activations only)")
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="the attention kernel: flash stores no s x s scores (default); unfused stores them (5 a s^2 b "
-                        "bytes per layer and micro-batch without recomputation) and, with the efficiency curve, "
-                        "adds its softmax and dropout passes at the device's memory_bandwidth_GBps")
+                        "bytes per layer and micro-batch without recomputation) and adds its softmax and dropout "
+                        "passes (at the device's memory_bandwidth_GBps with the efficiency curve)")
     p.add_argument("--cross-entropy", default=None, choices=tuple(CROSS_ENTROPY_BYTES),
                    help="the loss, for memory: fused keeps the fp32 logits, 4 s b V / tp bytes (Megatron-LM's "
                         "vocabulary-parallel cross-entropy; megatron's default); eager is F.cross_entropy on "

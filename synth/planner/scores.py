@@ -1,4 +1,4 @@
-"""The time of an unfused attention's score passes in the efficiency-curve model.
+"""The time of an unfused attention's score passes (softmax and dropout).
 
 An unfused ("math") attention materialises its ``s x s`` scores: per layer
 and micro-batch one device holds ``b (a / t) (s / cp) s`` score elements
@@ -49,22 +49,24 @@ core) runs the forward's passes once more in the backward. In general, with
 ``w`` bytes per value (the training dtype's; the mask stays one byte): ``w (3 +
 c) + 1`` forward and ``w (3 + 2 c) + 1`` backward.
 
-The time is those bytes at the device's datasheet memory bandwidth
-(``Device.memory_bandwidth_GBps``): kernels reach a fraction of it, so the
-term is a lower bound on the passes' time; the fitted efficiency curve
-absorbs the rest. Megatron-LM's fused causal kernel of that code took
-sequences up to 2048; longer ones fell back to an unfused fp32 chain that
-moves more bytes (the term is a lower bound there too).
-
-The per-operation model (:mod:`synth.planner.layercompute`) does not use this
-term: it prices the attention core with the measured flash-attention kernel
-whatever ``--attention`` says (which then changes memory only).
+With the efficiency curve the time is those bytes at the device's datasheet
+memory bandwidth (``Device.memory_bandwidth_GBps``): kernels reach a fraction
+of it, so the term is a lower bound on the passes' time; the fitted efficiency
+curve absorbs the rest. With a per-operation profile each pass is one kernel
+at the profile's measured elementwise rate (``add``'s bandwidth and floor,
+:meth:`~synth.planner.operations.ElementwiseModel.bytes_seconds`); the
+attention core's GEMMs stay priced as the measured flash kernel (same FLOPs:
+the profile has no timing of the unfused batched GEMMs), so that is a lower
+bound too. Megatron-LM's fused causal kernel of that code took sequences up
+to 2048; longer ones fell back to an unfused fp32 chain that moves more bytes
+(the term is a lower bound there too).
 """
 
 from __future__ import annotations
 
 from ..errors import SynthError
 from ..topology import Device
+from .operations import ElementwiseModel
 from .training import Configuration, Training
 from .transformer import Recompute, Transformer
 
@@ -90,24 +92,28 @@ def score_elements(model: Transformer, micro_batch: int, tp: int, cp: int = 1) -
     return micro_batch * (model.heads / tp) * (model.seq / cp) * model.seq
 
 
-def score_bytes_per_element(seq: int, recompute: Recompute, bytes_per_value: int = 2) -> float:
-    """Bytes the softmax and dropout passes move per score element in one
-    micro-batch's forward, backward and recomputed forward (module docstring)."""
-    c, w = causal_read_share(seq), bytes_per_value
-    forward = w * (SOFTMAX_FORWARD_READS * c + SOFTMAX_WRITES + DROPOUT_FORWARD_VALUES) + DROPOUT_MASK_BYTES
-    backward = w * (DROPOUT_BACKWARD_VALUES + SOFTMAX_BACKWARD_READS * c + SOFTMAX_WRITES) + DROPOUT_MASK_BYTES
-    again = forward if recompute in (Recompute.FULL, Recompute.SELECTIVE) else 0.0
+def score_pass_bytes(model: Transformer, training: Training, config: Configuration) -> tuple[float, ...]:
+    """Bytes of each softmax and dropout kernel one device runs per layer and
+    micro-batch under ``config``, in order: softmax and dropout forward,
+    dropout and softmax backward, and the forward's two again under full or
+    selective recomputation (module docstring); () for a flash attention (it
+    keeps no scores in memory)."""
+    if training.attention != "unfused":
+        return ()
+    n = score_elements(model, config.micro_batch, config.tp, config.cp)
+    c, w = causal_read_share(model.seq), training.value_bytes
+    forward = (n * w * (SOFTMAX_FORWARD_READS * c + SOFTMAX_WRITES),
+               n * (w * DROPOUT_FORWARD_VALUES + DROPOUT_MASK_BYTES))
+    backward = (n * (w * DROPOUT_BACKWARD_VALUES + DROPOUT_MASK_BYTES),
+                n * w * (SOFTMAX_BACKWARD_READS * c + SOFTMAX_WRITES))
+    again = forward if training.recompute in (Recompute.FULL, Recompute.SELECTIVE) else ()
     return forward + backward + again
 
 
 def unfused_score_bytes(model: Transformer, training: Training, config: Configuration, layers: int) -> float:
     """Bytes one device's unfused attention moves outside its GEMMs for one
-    micro-batch of ``layers`` layers under ``config``; 0 for a flash attention
-    (it keeps no scores in memory)."""
-    if training.attention != "unfused":
-        return 0.0
-    per_element = score_bytes_per_element(model.seq, training.recompute, training.value_bytes)
-    return layers * score_elements(model, config.micro_batch, config.tp, config.cp) * per_element
+    micro-batch of ``layers`` layers under ``config``; 0 for a flash attention."""
+    return layers * sum(score_pass_bytes(model, training, config))
 
 
 def require_bandwidth(device: Device) -> float:
@@ -127,3 +133,11 @@ def unfused_score_s(model: Transformer, training: Training, config: Configuratio
     bandwidth (a lower bound); 0 for a flash attention."""
     moved = unfused_score_bytes(model, training, config, layers)
     return moved / require_bandwidth(device) if moved else 0.0
+
+
+def unfused_score_elementwise_s(model: Transformer, training: Training, config: Configuration, layers: int,
+                                elementwise: ElementwiseModel) -> float:
+    """Seconds of the passes of :func:`score_pass_bytes` for ``layers``
+    layers, each one kernel at a per-operation profile's elementwise rate (with
+    its floor); 0 for a flash attention."""
+    return layers * sum(float(elementwise.bytes_seconds(b)) for b in score_pass_bytes(model, training, config))

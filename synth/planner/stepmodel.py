@@ -15,7 +15,8 @@ sources):
   (:func:`compute_estimate`). With a per-operation profile it is the slowest
   stage's operations (:mod:`synth.planner.layercompute`: GEMMs, attention,
   elementwise passes, embedding on the first stage, logits and loss on the
-  last, a fixed cost per micro-batch), and the optimizer step is a term of its
+  last, a fixed cost per micro-batch, an unfused attention's softmax and
+  dropout passes at the elementwise rate), and the optimizer step is a term of its
   own; with the efficiency curve ``t_mb = F_mb / (peak x efficiency(x))``, F_mb
   the training FLOPs of one micro-batch per device (the model's,
   :mod:`synth.planner.transformer`, divided by tp pp: stages are taken as
@@ -130,7 +131,7 @@ from .overlaps import (
     tp_overlap_exposed_s,
 )
 from .schedules import bubble_s
-from .scores import unfused_score_s
+from .scores import unfused_score_elementwise_s, unfused_score_s
 from .stages import StageCosts, slowest_stage
 from .training import (
     ATTENTIONS,
@@ -328,11 +329,12 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
         again = 1 if training.recompute is Recompute.FULL else 0  # the recomputed forward runs them so too
         chunks_s = tuple(c.total_s + again * c.forward_s
                          for c in (tp_overlap_chunk_ops(compute, model, shard, moe) for moe in (False, True)))
+    scores_s = unfused_score_elementwise_s(model, training, config, 1, compute.elementwise)  # per layer; 0 for flash
     # each kind of stage's transformer blocks: its layers, and the MTP modules' on the last (stage_mix)
     micro_batch_s = max(stage_compute(compute, model, shard, dense + moe, training.recompute, kind in ("first", "only"),
                                       kind in ("last", "only"), moe, training.cross_entropy,
                                       torchtitan=training.recipe.name == "torchtitan").total_s
-                        + (dense + moe) * again_s + dense * chunks_s[0] + moe * chunks_s[1]
+                        + (dense + moe) * (again_s + scores_s) + dense * chunks_s[0] + moe * chunks_s[1]
                         for kind, (dense, moe) in mix.items())
     routed = stage_routed_parameters(model, layout)
     params, kind = max((p, k) for k, p in stage_parameters(model, layout).items())

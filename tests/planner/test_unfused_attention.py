@@ -1,9 +1,10 @@
-"""The time of an unfused attention's score passes in the efficiency-curve
-model (synth/planner/scores.py): bytes counted by hand from Megatron-LM's
+"""The time of an unfused attention's score passes in the compute
+models (synth/planner/scores.py): bytes counted by hand from Megatron-LM's
 passes (SC'21-era ParallelAttention: causal fused softmax, PyTorch's fused
 dropout with a uint8 mask), flash attention adding nothing, recomputation
-running the forward's passes again, the fit subtracting the term, and the
-error for a device without a memory bandwidth."""
+running the forward's passes again, the fit subtracting the term, the error
+for a device without a memory bandwidth, and the per-operation model's
+pricing of the same passes at its elementwise rate."""
 
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ CURVE = EfficiencyCurve(0.5, 1e9, "test")
 DEVICE = Device("test GPU", 80.0, 312.0, memory_bandwidth_GBps=2000.0)
 
 
-def passes_by_hand(b: int, heads: int, s: int, w: int = 2) -> tuple[int, int]:
-    """(forward, backward) bytes of the softmax and dropout passes over one
-    layer's ``b x heads`` score matrices of ``s x s`` values of ``w`` bytes,
-    kernel by kernel: the causal softmax reads row r's first r + 1 values and
-    writes all s of them; dropout reads a value and writes a value plus a
+def kernels_by_hand(b: int, heads: int, s: int, w: int = 2) -> tuple[int, int, int, int]:
+    """Bytes of the softmax forward, dropout forward, dropout backward and
+    softmax backward over one layer's ``b x heads`` score matrices of ``s x s``
+    values of ``w`` bytes: the causal softmax reads row r's first r + 1 values
+    and writes all s of them; dropout reads a value and writes a value plus a
     1-byte mask, its backward reads the gradient and the mask and writes the
     gradient; the softmax backward reads the gradient and the saved output in
     the causal part and writes the whole row. The GEMMs' reads and writes are
@@ -45,7 +46,13 @@ def passes_by_hand(b: int, heads: int, s: int, w: int = 2) -> tuple[int, int]:
     dropout_forward = w * full + w * full + 1 * full
     dropout_backward = w * full + 1 * full + w * full
     softmax_backward = w * causal + w * causal + w * full
-    return matrices * (softmax_forward + dropout_forward), matrices * (dropout_backward + softmax_backward)
+    return tuple(matrices * k for k in (softmax_forward, dropout_forward, dropout_backward, softmax_backward))
+
+
+def passes_by_hand(b: int, heads: int, s: int, w: int = 2) -> tuple[int, int]:
+    """(forward, backward) bytes of :func:`kernels_by_hand`."""
+    kernels = kernels_by_hand(b, heads, s, w)
+    return kernels[0] + kernels[1], kernels[2] + kernels[3]
 
 
 def test_the_score_passes_by_hand_for_a_small_configuration():
@@ -101,10 +108,28 @@ def test_a_device_without_bandwidth_is_refused_for_unfused_attention_on_the_curv
     axes = (AxisRange("tp"), AxisRange("dp"))
     with pytest.raises(SynthError, match="has no memory_bandwidth_GBps"):
         JobRequest(topology, bare, load_model(TINY), unfused, axes, compute=CURVE)
-    # a flash attention, or the per-operation model (which does not use the term), needs none
+    # a flash attention, or the per-operation model (its elementwise rate prices the passes), needs none
     JobRequest(topology, bare, load_model(TINY), replace(unfused, attention="flash"), axes, compute=CURVE)
     JobRequest(topology, bare, load_model(TINY), unfused, axes, compute=shipped_profile_for("h100-sxm5-80gb"))
     message = usage_error(cli, "plan", "--topology", "dgx-a100", "--model", TINY, "--global-batch", "64",
                           "--attention", "unfused", "--device", "memory_GiB=80,peak_TFLOPs=312")
     assert message.startswith("--attention unfused: device 'device' has no memory_bandwidth_GBps")
     assert "--device (...,memory_bandwidth_GBps=2039)" in message
+
+
+def test_the_per_operation_model_prices_each_pass_at_its_elementwise_rate():
+    """With a per-operation profile each pass is one kernel at the profile's
+    ``add`` bandwidth, above its floor; no datasheet bandwidth is needed."""
+    profile = shipped_profile_for("h100-sxm5-80gb")
+    model = parse_inline_model("layers=4,hidden=512,heads=8,seq=1024,vocab=1000")
+    config = Configuration(tp=2, dp=1, pp=1, micro_batch=2)
+    bare = Device("bare", 80.0, 989.4)
+    flash = Training(8, "bf16", recompute=Recompute.FULL)
+    base = compute_estimate(model, flash, config, bare, profile).micro_batch_s
+    unfused = compute_estimate(model, replace(flash, attention="unfused"), config, bare, profile).micro_batch_s
+    softmax_f, dropout_f, dropout_b, softmax_b = kernels_by_hand(2, 8 // 2, 1024)
+    add = profile.elementwise.of("add")
+    kernels = (softmax_f, dropout_f, dropout_b, softmax_b, softmax_f, dropout_f)  # the forward's again (full)
+    expected = 4 * sum(max(add.floor_s, k / profile.elementwise.bandwidth_Bps) for k in kernels)
+    assert all(k / profile.elementwise.bandwidth_Bps > add.floor_s for k in kernels)  # the bytes decide
+    assert unfused - base == pytest.approx(expected, rel=1e-9)
