@@ -12,7 +12,8 @@ forward
   1. ``torch.baddbmm`` (line 271): Q K^T, writes the scores (2 bytes) -- a GEMM;
   2. ``self.scale_mask_softmax`` (line 302), GPT's causal mask: the fused
      ``ScaledUpperTriangMaskedSoftmax`` (``megatron/model/fused_softmax.py``
-     lines 20-49, 140-144; kernel
+     lines 20-49, 140-144, taken where lines 132-137 allow it: keys 17 to
+     2048, queries and ``b a / t`` multiples of 4, as in every SC'21 row; kernel
      ``megatron/fused_kernels/scaled_upper_triang_masked_softmax.h`` lines
      143-229): reads each row's causal part only (row r: r + 1 of s elements,
      ``(s + 1) / (2 s)`` of them on average, 2 bytes each) and writes the whole
