@@ -161,12 +161,16 @@ class NetworkPath:
 class Device:
     """One device of the topology, for the job planner: usable memory in GiB
     (2^30 bytes) and dense 16-bit (bf16/fp16) tensor-core peak in TFLOP/s, not
-    the sparsity figure; ``source`` says where the numbers come from."""
+    the sparsity figure; ``source`` says where the numbers come from.
+    ``memory_bandwidth_GBps``: the datasheet's device-memory (HBM) bandwidth in
+    GB/s (10^9 bytes), optional; only the efficiency curve's pricing of an
+    unfused attention's score passes uses it (:mod:`synth.planner.scores`)."""
 
     name: str
     memory_GiB: float
     peak_TFLOPs: float
     source: str = ""
+    memory_bandwidth_GBps: float | None = None
 
     @property
     def memory_bytes(self) -> float:
@@ -177,9 +181,17 @@ class Device:
         """Peak in FLOP/s."""
         return self.peak_TFLOPs * 1e12
 
+    @property
+    def memory_bandwidth_Bps(self) -> float | None:
+        """Device-memory bandwidth in bytes/s, None where not given."""
+        return None if self.memory_bandwidth_GBps is None else self.memory_bandwidth_GBps * 1e9
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "memory_GiB": self.memory_GiB, "peak_TFLOPs": self.peak_TFLOPs,
-                "source": self.source}
+        out = {"name": self.name, "memory_GiB": self.memory_GiB, "peak_TFLOPs": self.peak_TFLOPs}
+        if self.memory_bandwidth_GBps is not None:
+            out["memory_bandwidth_GBps"] = self.memory_bandwidth_GBps
+        out["source"] = self.source
+        return out
 
 
 @dataclass(frozen=True)
@@ -353,6 +365,7 @@ _DEVICE_FIELDS: dict[str, tuple[type, bool, str]] = {
     "name": (str, True, "name: NVIDIA A100 80GB SXM4"),
     "memory_GiB": (float, True, "memory_GiB: 80.0"),
     "peak_TFLOPs": (float, True, "peak_TFLOPs: 312"),
+    "memory_bandwidth_GBps": (float, False, "memory_bandwidth_GBps: 2039"),
     "source": (str, False, "source: NVIDIA A100 datasheet"),
 }
 
@@ -468,8 +481,8 @@ def _device_from_dict(raw: Any, where: str) -> Device:
     for key, (_, required, example) in _DEVICE_FIELDS.items():
         if required and key not in fields:
             raise SynthError(f"{where}: missing field '{key}'; add e.g. '{example}'")
-    for key in ("memory_GiB", "peak_TFLOPs"):
-        if not (math.isfinite(fields[key]) and fields[key] > 0):
+    for key in ("memory_GiB", "peak_TFLOPs", "memory_bandwidth_GBps"):
+        if key in fields and not (math.isfinite(fields[key]) and fields[key] > 0):
             raise SynthError(f"{where}: '{key}' must be a positive number, got {fields[key]}")
     return Device(**fields)
 

@@ -490,6 +490,7 @@ def test_shipped_devices_come_from_the_gpu_table(name):
     gpu = data["gpus"][key]
     assert device.memory_GiB == gpu["memory_GiB"]  # nvidia-smi's total, not the marketing 'GB'
     assert device.peak_TFLOPs == gpu["peak_TFLOPs"]  # dense, not the sparsity figure
+    assert device.memory_bandwidth_GBps == gpu["memory_bandwidth_GBps"]  # the datasheet's HBM bandwidth
     assert device.name == gpu["name"].split(" (")[0]
     assert key in device.source and device.source.startswith("data/gpus.yaml")
 
@@ -503,13 +504,17 @@ def test_device_round_trips_and_is_optional(tmp_path):
     device = load_topology(str(path)).device
     assert (device.memory_GiB, device.peak_TFLOPs, device.source) == (16.0, 100.0, "")
     assert device.memory_bytes == 16 * 2**30 and device.peak_flops == 100e12
+    assert device.memory_bandwidth_GBps is None and device.memory_bandwidth_Bps is None  # optional
+    assert load_topology("dgx-a100").device.memory_bandwidth_Bps == 2039e9
 
 
 @pytest.mark.parametrize("device, expected", [
-    ("[1]", "device: expected a mapping with keys name, memory_GiB, peak_TFLOPs, source"),
+    ("[1]", "device: expected a mapping with keys name, memory_GiB, peak_TFLOPs, memory_bandwidth_GBps, source"),
     ("{name: X, memory_GiB: 16}", "device: missing field 'peak_TFLOPs'; add e.g. 'peak_TFLOPs: 312'"),
     ("{name: X, memory_GiB: 16, peak_TFLOPs: 1, hbm: 3}", "device: unknown key 'hbm'; allowed keys are name, "
-                                                          "memory_GiB, peak_TFLOPs, source"),
+                                                          "memory_GiB, peak_TFLOPs, memory_bandwidth_GBps, source"),
+    ("{name: X, memory_GiB: 8, peak_TFLOPs: 1, memory_bandwidth_GBps: 0}",
+     "device: 'memory_bandwidth_GBps' must be a positive number, got 0.0"),
     ("{name: X, memory_GiB: lots, peak_TFLOPs: 1}", "device: field 'memory_GiB' must be a number, got 'lots'"),
     ("{name: X, memory_GiB: 0, peak_TFLOPs: 1}", "device: 'memory_GiB' must be a positive number, got 0.0"),
     ("{name: X, memory_GiB: 8, peak_TFLOPs: .inf}", "device: 'peak_TFLOPs' must be a positive number, got inf"),

@@ -68,8 +68,9 @@ def parser() -> argparse.ArgumentParser:
                         "(default 5%% of the device's: 4 GiB of 80; 0 counts the weights, gradients, optimizer "
                         "states and activations only)")
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
-                   help="the attention kernel, for memory: flash stores no s x s scores (default); unfused stores "
-                        "them (5 a s^2 b bytes per layer and micro-batch without recomputation)")
+                   help="the attention kernel: flash stores no s x s scores (default); unfused stores them (5 a s^2 b "
+                        "bytes per layer and micro-batch without recomputation) and adds its softmax and dropout "
+                        "passes (at the device's memory_bandwidth_GBps with the efficiency curve)")
     p.add_argument("--cross-entropy", default=None, choices=tuple(CROSS_ENTROPY_BYTES),
                    help="the loss, for memory: fused keeps the fp32 logits, 4 s b V / tp bytes (Megatron-LM's "
                         "vocabulary-parallel cross-entropy; megatron's default); eager is F.cross_entropy on "
@@ -118,7 +119,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-overlap", action="store_true",
                    help="data-parallel reductions after the backward pass instead of overlapped with it")
     p.add_argument("--device", metavar="memory_GiB=M,peak_TFLOPs=P",
-                   help="the device's memory and dense peak (default: the topology's 'device')")
+                   help="the device's memory and dense peak, optionally name=N and memory_bandwidth_GBps=G (HBM, "
+                        "for --attention unfused with the efficiency curve) (default: the topology's 'device')")
     p.add_argument("--compute-profile", metavar="COMPUTE.json",
                    help="compute profile: per-operation (version 2: synth-reduce calibrate) or the efficiency curve "
                         "(version 1: synth-reduce fit on step records), or a shipped one by name (h100-sxm5-80gb); "

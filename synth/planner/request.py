@@ -9,8 +9,9 @@ from ..cost import Model
 from ..errors import SynthError
 from ..synthesis.placement import Axis, AxisRange, parse_constraint
 from ..topology import Device, Topology
-from .compute import ComputeModel, default_compute
+from .compute import ComputeModel, EfficiencyCurve, default_compute
 from .schedules import SCHEDULE_CHOICES
+from .scores import require_bandwidth
 from .stages import STAGE_CHOICES
 from .stepmodel import Training
 from .transformer import Transformer
@@ -72,6 +73,8 @@ class JobRequest:
                              f"{self.device.memory_GiB:g} GiB")
         if self.compute is None:
             object.__setattr__(self, "compute", default_compute(self.device.name))
+        if self.training.attention == "unfused" and isinstance(self.compute, EfficiencyCurve):
+            require_bandwidth(self.device)  # the curve prices the score passes at it: SynthError naming the fix
         capability = self.topology.levels[-1].compute_capability
         if self.training.fp8 and capability is not None and capability < 8.9:
             raise SynthError(f"--dtype fp8: topology '{self.topology.name}' has GPUs of compute capability "

@@ -15,12 +15,14 @@ sources):
   (:func:`compute_estimate`). With a per-operation profile it is the slowest
   stage's operations (:mod:`synth.planner.layercompute`: GEMMs, attention,
   elementwise passes, embedding on the first stage, logits and loss on the
-  last, a fixed cost per micro-batch), and the optimizer step is a term of its
+  last, a fixed cost per micro-batch, an unfused attention's softmax and
+  dropout passes at the elementwise rate), and the optimizer step is a term of its
   own; with the efficiency curve ``t_mb = F_mb / (peak x efficiency(x))``, F_mb
   the training FLOPs of one micro-batch per device (the model's,
   :mod:`synth.planner.flops`, divided by tp pp: stages are taken as
   balanced), ``x = F_mb / L_s`` (:mod:`synth.planner.compute`), the optimizer
-  folded into the fitted efficiency;
+  folded into the fitted efficiency, plus an unfused attention's softmax and
+  dropout passes at the device's memory bandwidth (:mod:`synth.planner.scores`);
 * tensor parallelism (Megatron-LM): per micro-batch and layer two all-reduces of
   ``b s h w`` bytes forward and two backward, two more for the recomputed
   forward under full recomputation; on the critical path. With sequence
@@ -134,6 +136,7 @@ from .overlaps import (
     tp_overlap_exposed_s,
 )
 from .schedules import Schedule, bubble_s, rank_mean, rank_stage_kinds
+from .scores import unfused_score_elementwise_s, unfused_score_s
 from .stages import StageCosts, kind_costs, slowest_stage
 from .training import (
     ATTENTIONS,
@@ -310,6 +313,10 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
             gemms = _gemm_flops_fraction(model, training, config)
             seconds *= 1 - gemms + gemms / FP8_GEMM_SPEEDUP
             efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
+        scores_s = unfused_score_s(model, training, config, shape.layers_per_stage, device)  # 0 unless unfused
+        if scores_s:
+            seconds += scores_s
+            efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
         return ComputeEstimate(seconds, efficiency)
     return _operations_estimate(model, training, config, device, compute, shape)
 
@@ -347,12 +354,13 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
         again = 1 if training.recompute is Recompute.FULL else 0  # the recomputed forward runs them so too
         chunks_s = tuple(c.total_s + again * c.forward_s
                          for c in (tp_overlap_chunk_ops(compute, model, shard, moe) for moe in (False, True)))
+    scores_s = unfused_score_elementwise_s(model, training, config, 1, compute.elementwise)  # per layer; 0 for flash
     # each kind of stage's transformer blocks: its layers, and the MTP modules' on the last (stage_mix); the
     # slowest stage sets the pace, under DualPipe the slowest rank's mean of its two (schedules.rank_mean)
     per_kind = {kind: stage_compute(compute, model, shard, dense + moe, training.recompute, kind in ("first", "only"),
                                     kind in ("last", "only"), moe, training.cross_entropy,
                                     torchtitan=training.recipe.name == "torchtitan").total_s
-                + (dense + moe) * again_s + dense * chunks_s[0] + moe * chunks_s[1]
+                + (dense + moe) * (again_s + scores_s) + dense * chunks_s[0] + moe * chunks_s[1]
                 for kind, (dense, moe) in mix.items()}
     micro_batch_s = rank_mean(config.schedule, config.pp, per_kind)
     params, routed, _ = rank_parameters(model, config.schedule, layout)

@@ -286,6 +286,12 @@ def test_gpu_entries():
         sparse = g.get("peak_TFLOPs_sparse")
         if sparse is not None:
             assert math.isclose(sparse, 2 * g["peak_TFLOPs"], rel_tol=0.001), key
+        # the datasheet's HBM bandwidth, with its source
+        assert isinstance(g["memory_bandwidth_GBps"], int) and g["memory_bandwidth_GBps"] > 0, key
+        assert g["sources"]["memory_bandwidth"], key
+    gpus = data["gpus"]  # faster memory of the same family: HBM2e over HBM2, HBM3e over HBM3
+    assert gpus["a100-sxm4-80gb"]["memory_bandwidth_GBps"] > gpus["a100-sxm4-40gb"]["memory_bandwidth_GBps"]
+    assert gpus["h200-sxm-141gb"]["memory_bandwidth_GBps"] > gpus["h100-sxm5-80gb"]["memory_bandwidth_GBps"]
 
 
 def test_every_topology_has_a_gpu_entry():
