@@ -67,9 +67,10 @@ from __future__ import annotations
 
 from ..errors import SynthError
 from ..topology import Device
+from .activations import Recompute
 from .operations import ElementwiseModel
 from .training import Configuration, Training
-from .transformer import Recompute, Transformer
+from .transformer import Transformer
 
 # Values (of the training dtype) and mask bytes per score element of the passes this term counts (module
 # docstring); the softmax's reads are of the causal part only.

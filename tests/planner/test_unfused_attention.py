@@ -22,7 +22,8 @@ from synth.planner.scores import unfused_score_bytes, unfused_score_s
 from synth.planner.stepfit import RecordCosts, fit_compute, predicted_step_s
 from synth.planner.stepmodel import Configuration, Training, compute_estimate
 from synth.planner.steprecords import StepRecord
-from synth.planner.transformer import Recompute, load_model, parse_inline_model
+from synth.planner.activations import Recompute
+from synth.planner.modelspec import load_model, parse_inline_model
 from synth.synthesis.placement import Axis, AxisRange, enumerate_placements
 from synth.topology import Device, load_topology
 
