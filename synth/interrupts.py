@@ -5,6 +5,10 @@ ImportError with a traceback) or inside ``MPI_Init`` (the rank then leaves
 with MPI initialised, and its ``MPI_Finalize`` at exit waits for ranks that are
 waiting for it) is held until the stretch is done and then raised as
 KeyboardInterrupt where the caller can end the job cleanly.
+
+A Ctrl-C during z3 work is never lost (``solver_check``, ``z3_interrupts``):
+z3's own SIGINT handler is turned off, so Python's records every SIGINT, and
+a watch thread cancels the check in flight.
 """
 
 from __future__ import annotations
@@ -146,8 +150,6 @@ def _redeliver_dropped_interrupt(previous: Callable[[object], object]) -> Callab
     dropped as well). Anything else, or a SIGINT that is not Python's default
     handler, goes to ``previous``."""
     import os
-    import signal
-
     def hook(unraisable: object) -> None:
         if (isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt) and _WATCH
                 and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
@@ -189,7 +191,6 @@ class _SigintWatch:
     def _read(self) -> None:
         import _thread
         import os
-        import signal
         import time
 
         while True:
@@ -222,7 +223,6 @@ def _watch_sigint(ctx: object) -> bool:
     when no stretch is in progress; False (nothing done) off the main thread
     or where SIGINT is not Python's default handler."""
     import os
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -246,8 +246,6 @@ def _watch_sigint(ctx: object) -> bool:
 def _unwatch_sigint() -> None:
     """Undoes the latest ``_watch_sigint``; the outermost one restores the
     previous wakeup fd."""
-    import signal
-
     if not _WATCH:
         return  # forked inside the stretch: the child has no watch
     watch = _WATCH[0]
