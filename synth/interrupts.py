@@ -104,7 +104,7 @@ class z3_interrupts:
     def __enter__(self) -> "z3_interrupts":
         import z3
 
-        _z3_ctrl_c_off(z3)
+        z3_ctrl_c_off()
         self._watching = _watch_sigint(self._ctx if self._ctx is not None else z3.main_ctx())
         return self
 
@@ -128,12 +128,16 @@ class z3_interrupts:
 _CTRL_C_OFF: list[bool] = []  # once set, z3's global parameter stays off for the process
 
 
-def _z3_ctrl_c_off(z3: object) -> None:
-    """z3's ``ctrl_c`` off (``solver_check`` sets the solver's own parameter
-    as well): each check reads the global parameter when it starts (with it on, z3 installs its own SIGINT handler during the check,
-    and a SIGINT that lands as the check ends is lost: the check answers
-    and Python never hears of it)."""
+def z3_ctrl_c_off() -> None:
+    """z3's ``ctrl_c`` off for the process, before any z3 call that reads it
+    (a check or a simplification; ``solver_check`` sets the solver's own
+    parameter as well). With it on, z3 installs its own SIGINT handler during
+    the call, and a SIGINT that lands as the call ends is lost (the call
+    answers and Python never hears of it); one that lands while z3 installs
+    the handler can deadlock the process."""
     if not _CTRL_C_OFF:
+        import z3
+
         z3.set_param("ctrl_c", False)  # type: ignore[attr-defined]
         _CTRL_C_OFF.append(True)
 

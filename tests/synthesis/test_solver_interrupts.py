@@ -265,3 +265,29 @@ def test_a_check_restores_the_wakeup_fd_it_found():
         signal.signal(signal.SIGINT, inherited)
         os.close(read_fd)
         os.close(write_fd)
+
+
+# a proof that z3's simplification settles (no solver check): z3 reads ctrl_c in each simplification too
+PROOF_ONLY = textwrap.dedent("""
+    import z3
+    from synth.synthesis.language import parse_program
+    from synth.synthesis.lowering import lower
+    from synth.synthesis.placement import Placement, parse_axes
+    from synth.synthesis.prove import prove
+    from synth.synthesis.reduction import Reduction
+    from synth.topology import load_topology
+
+    def no_check(self, *args):
+        raise AssertionError("a solver check")
+
+    z3.Solver.check = no_check
+    placement = Placement(load_topology("p2-a100"), parse_axes("dp=4,mp=16"), ((2, 2), (2, 8)))
+    text = "ReduceScatter(node, inside)\\nAllReduce(node, parallel(root))\\nAllGather(node, inside)"
+    print(prove(lower(parse_program(text), Reduction.of(placement, ["dp"]))).proved, z3.get_param("ctrl_c"))
+""")
+
+
+def test_z3s_own_ctrl_c_handler_is_off_before_a_proof_simplifies():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = run([sys.executable, "-c", PROOF_ONLY], 60, env=env)
+    assert (result.returncode, result.stdout) == (0, "True false\n"), result
