@@ -160,7 +160,7 @@ def test_a_ctrl_c_that_ctypes_wraps_is_an_interrupt_not_a_traceback(cli, monkeyp
 # ---------------------------------------------------------------- a real SIGINT during z3 work
 
 # a child doing many small checks (a fresh solver each time, as the proofs do, so z3 objects are freed all
-# along) for a few seconds after "ready": a SIGINT anywhere in them ends it with exit 130, never "completed"
+# along) for argv[1] seconds after "ready": a SIGINT anywhere in them ends it with exit 130, never "completed"
 SMALL_CHECKS = textwrap.dedent("""
     import signal, sys, time
     signal.signal(signal.SIGINT, signal.default_int_handler)  # an interactive shell's Ctrl-C, whatever the runner inherited
@@ -169,7 +169,7 @@ SMALL_CHECKS = textwrap.dedent("""
     try:
         with z3_interrupts():
             print("ready", flush=True)
-            end = time.monotonic() + 3.0
+            end = time.monotonic() + float(sys.argv[1])
             while time.monotonic() < end:
                 solver = z3.Solver()
                 x, y = z3.Ints("x y")
@@ -202,8 +202,8 @@ LONG_CHECK = textwrap.dedent("""
 """)
 
 
-def sigint_after_ready(script: str, delay_s: float, quiet_s: float) -> tuple[int, str, str]:
-    """Runs ``script``, sends it SIGINT ``delay_s`` after it printed "ready",
+def sigint_after_ready(script: str, delay_s: float, quiet_s: float, *args: str) -> tuple[int, str, str]:
+    """Runs ``script`` (with ``args``), sends it SIGINT ``delay_s`` after it printed "ready",
     and returns its exit code, stdout and stderr (killed past
     ``limit_s(quiet_s)``: a lost interrupt fails, never hangs)."""
     import signal
@@ -213,7 +213,7 @@ def sigint_after_ready(script: str, delay_s: float, quiet_s: float) -> tuple[int
     from processes import limit_s
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:
         first = proc.stdout.readline()
@@ -237,7 +237,9 @@ def test_a_sigint_at_any_point_of_many_checks_ends_the_loop():
     import random
 
     delays = sorted(random.uniform(0.02, 0.6) for _ in range(12))
-    ends = [sigint_after_ready(SMALL_CHECKS, delay, 30) for delay in delays]
+    from processes import limit_s
+
+    ends = [sigint_after_ready(SMALL_CHECKS, delay, 30, str(limit_s(3.0))) for delay in delays]
     assert [end[:2] for end in ends] == [(130, "ready\n")] * len(delays), list(zip(delays, ends))
 
 
