@@ -5,6 +5,10 @@ ImportError with a traceback) or inside ``MPI_Init`` (the rank then leaves
 with MPI initialised, and its ``MPI_Finalize`` at exit waits for ranks that are
 waiting for it) is held until the stretch is done and then raised as
 KeyboardInterrupt where the caller can end the job cleanly.
+
+A Ctrl-C during z3 work is never lost (``solver_check``, ``z3_interrupts``):
+z3's own SIGINT handler is turned off, so Python's records every SIGINT, and
+a watch thread cancels the check in flight.
 """
 
 from __future__ import annotations
@@ -36,22 +40,27 @@ def holding_interrupts(work: Callable[[], object]) -> tuple[object, bool]:
     return result, bool(held)
 
 
-# what z3 says in reason_unknown() when its check was stopped from outside: its own Ctrl-C handler (installed
-# during each check) or Context.interrupt() cancel the check, which then returns unknown
+# what z3 says in reason_unknown() when its check was stopped from outside: Context.interrupt() (from the
+# SIGINT watch below or any other thread) cancels the check, which then returns unknown
 _Z3_INTERRUPTED = ("canceled", "cancelled", "interrupted", "interrupted from keyboard")
 
 
 def solver_check(solver: object) -> object:
     """``solver.check()`` (a z3 Solver) when it is ``sat`` or ``unsat``; never
     ``unknown``, which would read as the end of an enumeration. An interrupt
-    (Ctrl-C during the check, which z3's own handler turns into ``unknown``,
-    or z3's ``Context.interrupt``) raises KeyboardInterrupt; any other
-    ``unknown`` a SynthError naming the solver's ``reason_unknown()``. A
+    (Ctrl-C during the check, which cancels it through the SIGINT watch of
+    ``z3_interrupts``, or z3's ``Context.interrupt``) raises
+    KeyboardInterrupt; any other ``unknown`` a SynthError naming the solver's
+    ``reason_unknown()``. A check that answers while a Ctrl-C arrives still
+    ends in KeyboardInterrupt (Python's handler recorded it). A
     KeyboardInterrupt that Python raised while ctypes converted an argument
     of a z3 call (a ``ctypes.ArgumentError``) is raised as itself."""
     import z3
 
-    with z3_interrupts():
+    with z3_interrupts(solver.ctx):  # type: ignore[attr-defined]
+        if not getattr(solver, "_synth_ctrl_c_off", False):  # once per solver: setting it costs a small check
+            solver.set(ctrl_c=False)  # type: ignore[attr-defined]
+            solver._synth_ctrl_c_off = True  # type: ignore[attr-defined]
         result = solver.check()  # type: ignore[attr-defined]
         if result == z3.unknown:
             reason = str(solver.reason_unknown())  # type: ignore[attr-defined]
@@ -65,16 +74,44 @@ def solver_check(solver: object) -> object:
 
 
 class z3_interrupts:
-    """Context for a stretch of z3 calls: a Ctrl-C that Python raised inside
-    ctypes' conversion of a call's arguments (``ctypes.ArgumentError: ...
-    KeyboardInterrupt``) leaves as a plain KeyboardInterrupt, and a z3 error
-    that says the solver was canceled as well, so the CLI's one-line
-    ``interrupted`` (exit 130) handles it, never a traceback."""
+    """Context for a stretch of z3 calls on context ``ctx`` (z3's main
+    context when None).
+
+    Ctrl-C is never lost: z3's own SIGINT handler (its global parameter
+    ``ctrl_c``), which cancels a check and swallows the signal, is turned
+    off, so Python's handler records every SIGINT. While the stretch runs on
+    the main thread with Python's default SIGINT handler, a SIGINT also
+    cancels the check in flight: Python writes it to a wakeup pipe
+    (``signal.set_wakeup_fd``; the previous wakeup fd is restored when the
+    outermost stretch ends and gets every byte meanwhile) that one daemon
+    thread per process reads, calling ``Context.interrupt()``. Off the main
+    thread, or with another SIGINT handler, nothing but ``ctrl_c`` changes.
+
+    A Ctrl-C that Python raised inside ctypes' conversion of a call's
+    arguments (``ctypes.ArgumentError: ... KeyboardInterrupt``) leaves as a
+    plain KeyboardInterrupt, and a z3 error that says the solver was
+    canceled as well, so the CLI's one-line ``interrupted`` (exit 130)
+    handles it, never a traceback. From the first watched stretch on, a
+    KeyboardInterrupt that Python dropped in a finalizer (a z3 object's
+    ``__del__``, anywhere in the process) is delivered again as SIGINT
+    (``sys.unraisablehook``).
+    """
+
+    def __init__(self, ctx: object = None) -> None:
+        self._ctx = ctx
+        self._watching = False
 
     def __enter__(self) -> "z3_interrupts":
+        import z3
+
+        z3_ctrl_c_off()
+        self._watching = _watch_sigint(self._ctx if self._ctx is not None else z3.main_ctx())
         return self
 
     def __exit__(self, kind: object, exc: object, traceback: object) -> bool:
+        if self._watching:
+            self._watching = False
+            _unwatch_sigint()
         if exc is None or isinstance(exc, KeyboardInterrupt):
             return False
         import ctypes
@@ -86,3 +123,138 @@ class z3_interrupts:
         if interrupted:
             raise KeyboardInterrupt from None
         return False
+
+
+_CTRL_C_OFF: list[bool] = []  # once set, z3's global parameter stays off for the process
+
+
+def z3_ctrl_c_off() -> None:
+    """z3's ``ctrl_c`` off for the process, before any z3 call that reads it
+    (a check or a simplification; ``solver_check`` sets the solver's own
+    parameter as well). With it on, z3 installs its own SIGINT handler during
+    the call, and a SIGINT that lands as the call ends is lost (the call
+    answers and Python never hears of it); one that lands while z3 installs
+    the handler can deadlock the process."""
+    if not _CTRL_C_OFF:
+        import z3
+
+        z3.set_param("ctrl_c", False)  # type: ignore[attr-defined]
+        _CTRL_C_OFF.append(True)
+
+
+_REDELIVER = 0  # the byte that asks the watch thread for SIGINT again (signal numbers start at 1)
+
+
+def _redeliver_dropped_interrupt(previous: Callable[[object], object]) -> Callable[[object], object]:
+    """A ``sys.unraisablehook`` for the KeyboardInterrupt that Python raised
+    inside a finalizer, where it would be printed and dropped (each z3
+    object's ``__del__`` calls z3 through ctypes, a point where Python raises
+    a pending interrupt): it asks the watch thread to deliver SIGINT again
+    (from here, on the main thread, it would be raised inside this hook and
+    dropped as well). Anything else, or a SIGINT that is not Python's default
+    handler, goes to ``previous``."""
+    import os
+    def hook(unraisable: object) -> None:
+        if (isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt) and _WATCH
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            try:
+                _ask_redelivery(os)
+            except KeyboardInterrupt:  # the thread's redelivery, raised here as the write returned
+                _ask_redelivery(os)
+        else:
+            previous(unraisable)
+
+    return hook
+
+
+def _ask_redelivery(os: object) -> None:
+    try:
+        os.write(_WATCH[0].write_fd, bytes([_REDELIVER]))  # type: ignore[attr-defined]
+    except OSError:
+        pass  # the pipe is full: the thread has bytes to read, an interrupt among them
+
+
+class _SigintWatch:
+    """One wakeup pipe and the daemon thread that reads it: for each SIGINT
+    byte it interrupts the z3 contexts of the stretches in progress (none
+    after the outermost one ended, so an interrupt never outlives its
+    stretch); every byte goes on to the wakeup fd the stretch replaced. For
+    a ``_REDELIVER`` byte it delivers SIGINT to the main thread again."""
+
+    def __init__(self) -> None:
+        import os
+        import threading
+
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)  # Python's signal handler must never block on it
+        self.lock = threading.Lock()
+        self.contexts: list[object] = []  # innermost last; empty: no stretch in progress
+        self.previous_fd = -1
+        threading.Thread(target=self._read, name="synth-z3-sigint", daemon=True).start()
+
+    def _read(self) -> None:
+        import _thread
+        import os
+        import time
+
+        while True:
+            data = os.read(self.read_fd, 512)
+            if _REDELIVER in data:
+                time.sleep(0.01)  # the main thread leaves the hook that asked (raised there, it would be dropped)
+                _thread.interrupt_main()  # Python's handler, as for a SIGINT; its byte comes next
+                data = data.replace(bytes([_REDELIVER]), b"")
+            with self.lock:
+                if self.previous_fd != -1 and data:
+                    try:
+                        os.write(self.previous_fd, data)
+                    except OSError:
+                        pass  # its owner's pipe is full or gone: as if the byte had been dropped there
+                if signal.SIGINT in data:
+                    for ctx in {id(c): c for c in self.contexts}.values():
+                        ctx.interrupt()  # type: ignore[attr-defined]
+
+
+_WATCH: list[_SigintWatch] = []  # at most one per process, made by the first stretch that needs it
+
+
+def _forget_watch() -> None:
+    """In a forked child: the thread did not survive the fork."""
+    _WATCH.clear()
+
+
+def _watch_sigint(ctx: object) -> bool:
+    """Adds ``ctx`` to the contexts a SIGINT interrupts, arming the wakeup fd
+    when no stretch is in progress; False (nothing done) off the main thread
+    or where SIGINT is not Python's default handler."""
+    import os
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return False
+    if not _WATCH:
+        import sys
+
+        _WATCH.append(_SigintWatch())
+        os.register_at_fork(after_in_child=_forget_watch)
+        sys.unraisablehook = _redeliver_dropped_interrupt(sys.unraisablehook)
+    watch = _WATCH[0]
+    with watch.lock:
+        if not watch.contexts:
+            watch.previous_fd = signal.set_wakeup_fd(watch.write_fd, warn_on_full_buffer=False)
+        watch.contexts.append(ctx)
+    return True
+
+
+def _unwatch_sigint() -> None:
+    """Undoes the latest ``_watch_sigint``; the outermost one restores the
+    previous wakeup fd."""
+    if not _WATCH:
+        return  # forked inside the stretch: the child has no watch
+    watch = _WATCH[0]
+    with watch.lock:
+        watch.contexts.pop()
+        if not watch.contexts:
+            signal.set_wakeup_fd(watch.previous_fd)
+            watch.previous_fd = -1

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import z3
 
 from ..caches import memoised
-from ..interrupts import solver_check
+from ..interrupts import solver_check, z3_ctrl_c_off
 from .language import Collective
 from .lowering import LoweredProgram, check_structure, verification_scope
 from .semantics import Goal
@@ -64,6 +64,7 @@ class _Terms:
     (instead of a Python wrapper with its own reference count per term)."""
 
     def __init__(self) -> None:
+        z3_ctrl_c_off()  # before the first simplification: z3's own Ctrl-C handler would lose a SIGINT
         self.ctx = z3.main_ctx()
         self.ref = self.ctx.ref()
         self._keep = z3.AstVector(ctx=self.ctx)

@@ -155,3 +155,141 @@ def test_a_ctrl_c_that_ctypes_wraps_is_an_interrupt_not_a_traceback(cli, monkeyp
     monkeypatch.setattr(z3.Solver, "check", wrapped)  # inside the loop: solver_check's own
     with pytest.raises(KeyboardInterrupt):
         enumerate_matrices_z3((2, 4), (2, 4))
+
+
+# ---------------------------------------------------------------- a real SIGINT during z3 work
+
+# a child doing many small checks (a fresh solver each time, as the proofs do, so z3 objects are freed all
+# along) for argv[1] seconds after "ready": a SIGINT anywhere in them ends it with exit 130, never "completed"
+SMALL_CHECKS = textwrap.dedent("""
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # an interactive shell's Ctrl-C, whatever the runner inherited
+    import z3
+    from synth.interrupts import solver_check, z3_interrupts
+    try:
+        with z3_interrupts():
+            print("ready", flush=True)
+            end = time.monotonic() + float(sys.argv[1])
+            while time.monotonic() < end:
+                solver = z3.Solver()
+                x, y = z3.Ints("x y")
+                solver.add(x + y == 10, x > 2, y > 3)
+                solver_check(solver)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    print("completed", flush=True)
+""")
+
+# a child whose one check (pigeonhole 12 -> 11, a minute or more of z3) is cancelled by SIGINT: the check
+# itself must stop (z3 says it was canceled), not end with an answer that Python then interrupts
+LONG_CHECK = textwrap.dedent("""
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as above
+    import z3
+    from synth.interrupts import solver_check
+    n = 12
+    pigeon = [[z3.Bool(f"p{i}_{j}") for j in range(n - 1)] for i in range(n)]
+    solver = z3.Solver()
+    solver.add([z3.Or(row) for row in pigeon])
+    solver.add([z3.Or(z3.Not(pigeon[i][j]), z3.Not(pigeon[k][j]))
+                for j in range(n - 1) for i in range(n) for k in range(i + 1, n)])
+    print("ready", flush=True)
+    try:
+        print("answered", solver_check(solver), flush=True)
+    except KeyboardInterrupt:
+        print("interrupted:", solver.reason_unknown(), flush=True)
+        sys.exit(130)
+""")
+
+
+def sigint_after_ready(script: str, delay_s: float, quiet_s: float, *args: str) -> tuple[int, str, str]:
+    """Runs ``script`` (with ``args``), sends it SIGINT ``delay_s`` after it printed "ready",
+    and returns its exit code, stdout and stderr (killed past
+    ``limit_s(quiet_s)``: a lost interrupt fails, never hangs)."""
+    import signal
+    import subprocess
+    import time
+
+    from processes import limit_s
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        first = proc.stdout.readline()
+        assert first == "ready\n", (first, proc.stderr.read())
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=limit_s(quiet_s))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, first + out, err
+
+
+@pytest.mark.slow
+def test_a_sigint_at_any_point_of_many_checks_ends_the_loop():
+    """z3's own Ctrl-C handler, installed during each check, swallowed a
+    SIGINT that landed as the check ended (and Python drops a
+    KeyboardInterrupt raised in a z3 object's finalizer): about one such run
+    in eight went on to the end as if nothing had happened."""
+    import random
+
+    delays = sorted(random.uniform(0.02, 0.6) for _ in range(12))
+    from processes import limit_s
+
+    ends = [sigint_after_ready(SMALL_CHECKS, delay, 30, str(limit_s(3.0))) for delay in delays]
+    assert [end[:2] for end in ends] == [(130, "ready\n")] * len(delays), list(zip(delays, ends))
+
+
+@pytest.mark.slow
+def test_a_sigint_cancels_a_long_check_midway():
+    code, out, err = sigint_after_ready(LONG_CHECK, 0.5, 60)
+    cancelled = [f"ready\ninterrupted: {reason}\n" for reason in ("interrupted", "canceled", "interrupted from keyboard")]
+    assert code == 130 and out in cancelled, (code, out, err)
+
+
+def test_a_check_restores_the_wakeup_fd_it_found():
+    """The SIGINT watch borrows Python's wakeup fd during a stretch of z3 work
+    on the main thread and gives back the one that was set."""
+    import signal
+
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd)
+    try:
+        assert enumerate_matrices_z3((2, 2), (2, 2)) == [((1, 2), (2, 1)), ((2, 1), (1, 2))]
+        assert signal.set_wakeup_fd(previous) == write_fd
+    finally:
+        signal.set_wakeup_fd(previous)
+        signal.signal(signal.SIGINT, inherited)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+# a proof that z3's simplification settles (no solver check): z3 reads ctrl_c in each simplification too
+PROOF_ONLY = textwrap.dedent("""
+    import z3
+    from synth.synthesis.language import parse_program
+    from synth.synthesis.lowering import lower
+    from synth.synthesis.placement import Placement, parse_axes
+    from synth.synthesis.prove import prove
+    from synth.synthesis.reduction import Reduction
+    from synth.topology import load_topology
+
+    def no_check(self, *args):
+        raise AssertionError("a solver check")
+
+    z3.Solver.check = no_check
+    placement = Placement(load_topology("p2-a100"), parse_axes("dp=4,mp=16"), ((2, 2), (2, 8)))
+    text = "ReduceScatter(node, inside)\\nAllReduce(node, parallel(root))\\nAllGather(node, inside)"
+    print(prove(lower(parse_program(text), Reduction.of(placement, ["dp"]))).proved, z3.get_param("ctrl_c"))
+""")
+
+
+def test_z3s_own_ctrl_c_handler_is_off_before_a_proof_simplifies():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = run([sys.executable, "-c", PROOF_ONLY], 60, env=env)
+    assert (result.returncode, result.stdout) == (0, "True false\n"), result
