@@ -16,8 +16,8 @@ the step moves outside the layers' operations:
   master weights (28 bytes: read weight, gradient and two moments, write three)
   and copies the master weights to the bf16 ones (read 4, write 2). Before
   each gradient bucket's data-parallel reduction it takes the bucket's norm to
-  check it for NaN (read 4; ``check_for_nan_in_grad``, on by default under
-  bf16) and, with dp > 1, scales it by ``1 / dp`` (read 4, write 4;
+  check it for NaN (read 4; ``check_for_nan_in_grad``, on by default except
+  under fp16's dynamic loss scaling) and, with dp > 1, scales it by ``1 / dp`` (read 4, write 4;
   ``average_in_collective`` is off by default): ``start_grad_sync`` in
   megatron/core/distributed/param_and_grad_buffer.py, lines 109-123 at
   Megatron-LM f2e5db402c (:attr:`Framework.bucket_check_bytes`).
@@ -209,14 +209,18 @@ def sac_activation_bytes(model: Transformer, micro_batch: int, tp: int, cp: int 
 
 
 def step_overhead_bytes(framework: Framework, parameters: float, updated: float,
-                        micro_batches: int, gathered: bool = False, dp: int = 1) -> tuple[float, float, float]:
+                        micro_batches: int, gathered: bool = False, dp: int = 1,
+                        loss_scaled: bool = False) -> tuple[float, float, float]:
     """(bytes per micro-batch, bytes of the accumulation over the step, bytes
     of the optimizer step) one device moves outside the layers: ``parameters``
     the weights it computes with, ``updated`` those its optimizer updates (its
     ZeRO shard, which FSDP2 also casts before each all-gather); ``gathered``:
     ZeRO-3 gathers the weights it computes with (``gather_copy_bytes`` each);
     ``dp`` the data-parallel size the gradients are reduced over (the
-    bucket checks' scaling runs only above 1). The optimizer step's bytes
+    bucket checks' scaling runs only above 1); ``loss_scaled``: fp16 training
+    under dynamic loss scaling, where Megatron-LM turns the NaN check off
+    (NaNs are the loss scaler's signal: ``megatron/training/arguments.py``
+    lines 292-298 at Megatron-LM f2e5db402c). The optimizer step's bytes
     include the once-a-step passes over the whole gradient buffer (zeroing,
     the bucket checks)."""
     cast_on = updated if framework.forward_cast_on_shard else parameters
@@ -225,7 +229,7 @@ def step_overhead_bytes(framework: Framework, parameters: float, updated: float,
         per_micro_batch += framework.gather_copy_bytes * parameters
     accumulate = framework.accumulate_bytes * parameters * max(0, micro_batches - 1)
     always, scaled = framework.bucket_check_bytes
-    whole_buffer = framework.zero_bytes + always + (scaled if dp > 1 else 0)
+    whole_buffer = framework.zero_bytes + (0 if loss_scaled else always) + (scaled if dp > 1 else 0)
     optimizer = framework.optimizer_bytes * updated + whole_buffer * parameters
     return per_micro_batch, accumulate, optimizer
 

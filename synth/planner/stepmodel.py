@@ -371,7 +371,7 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
         updated = dense / config.dense_shards + experts / config.expert_shards
     per_micro_batch, accumulate, optimizer = step_overhead_bytes(training.recipe, held, updated, shape.micro_batches,
                                                                 training.sharding in (Sharding.ZERO3, Sharding.HSDP),
-                                                                config.dense_shards)
+                                                                config.dense_shards, training.dtype == "fp16")
     moved_s = compute.elementwise.bytes_seconds
     micro_batch_s += float(moved_s(per_micro_batch)) if per_micro_batch else 0.0
     efficiency = shape.flops_per_micro_batch / (device.peak_flops * micro_batch_s)

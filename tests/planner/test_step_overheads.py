@@ -77,6 +77,9 @@ def test_megatron_checks_and_scales_each_gradient_bucket_before_reducing_it(fram
     # ZeRO-1 on 8: Adam and the master copy on an eighth; zeroing and the bucket passes on every parameter
     assert alone.optimizer_s == pytest.approx(moved_s((adam + 6) * p + (4 + 4) * p), rel=1e-9)
     assert sharded.optimizer_s == pytest.approx(moved_s((adam + 6) * p / 8 + (4 + 4 + 8) * p), rel=1e-9)
+    # fp16 under dynamic loss scaling: Megatron-LM turns the NaN check off, the 1/dp scaling stays
+    fp16 = compute_estimate(model, replace(training, dtype="fp16"), Configuration(1, 8, 1, 2), DEVICE, PROFILE)
+    assert fp16.optimizer_s == pytest.approx(moved_s((adam + 6) * p / 8 + (4 + 8) * p), rel=1e-9)
     others = compute_estimate(model, replace(training, framework="eager-master", sharding=Sharding.NONE),
                               Configuration(1, 8, 1, 2), DEVICE, PROFILE)
     assert others.optimizer_s == pytest.approx(moved_s((6 + 28 + 6) * p), rel=1e-9)  # no bucket passes
