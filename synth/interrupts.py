@@ -13,6 +13,7 @@ a watch thread cancels the check in flight.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 
@@ -57,10 +58,7 @@ def solver_check(solver: object) -> object:
     of a z3 call (a ``ctypes.ArgumentError``) is raised as itself."""
     import z3
 
-    with z3_interrupts(solver.ctx):  # type: ignore[attr-defined]
-        if not getattr(solver, "_synth_ctrl_c_off", False):  # once per solver: setting it costs a small check
-            solver.set(ctrl_c=False)  # type: ignore[attr-defined]
-            solver._synth_ctrl_c_off = True  # type: ignore[attr-defined]
+    with z3_interrupts(solver.ctx):  # type: ignore[attr-defined]  # z3's global ctrl_c off: every solver reads it
         result = solver.check()  # type: ignore[attr-defined]
         if result == z3.unknown:
             reason = str(solver.reason_unknown())  # type: ignore[attr-defined]
@@ -130,8 +128,8 @@ _CTRL_C_OFF: list[bool] = []  # once set, z3's global parameter stays off for th
 
 def z3_ctrl_c_off() -> None:
     """z3's ``ctrl_c`` off for the process, before any z3 call that reads it
-    (a check or a simplification; ``solver_check`` sets the solver's own
-    parameter as well). With it on, z3 installs its own SIGINT handler during
+    (a check or a simplification reads it at its start, solvers made before
+    included). With it on, z3 installs its own SIGINT handler during
     the call, and a SIGINT that lands as the call ends is lost (the call
     answers and Python never hears of it); one that lands while z3 installs
     the handler can deadlock the process."""
@@ -153,23 +151,22 @@ def _redeliver_dropped_interrupt(previous: Callable[[object], object]) -> Callab
     (from here, on the main thread, it would be raised inside this hook and
     dropped as well). Anything else, or a SIGINT that is not Python's default
     handler, goes to ``previous``."""
-    import os
     def hook(unraisable: object) -> None:
         if (isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt) and _WATCH
                 and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
             try:
-                _ask_redelivery(os)
+                _ask_redelivery()
             except KeyboardInterrupt:  # the thread's redelivery, raised here as the write returned
-                _ask_redelivery(os)
+                _ask_redelivery()
         else:
             previous(unraisable)
 
     return hook
 
 
-def _ask_redelivery(os: object) -> None:
+def _ask_redelivery() -> None:
     try:
-        os.write(_WATCH[0].write_fd, bytes([_REDELIVER]))  # type: ignore[attr-defined]
+        os.write(_WATCH[0].write_fd, bytes([_REDELIVER]))
     except OSError:
         pass  # the pipe is full: the thread has bytes to read, an interrupt among them
 
@@ -182,7 +179,6 @@ class _SigintWatch:
     a ``_REDELIVER`` byte it delivers SIGINT to the main thread again."""
 
     def __init__(self) -> None:
-        import os
         import threading
 
         self.read_fd, self.write_fd = os.pipe()
@@ -194,7 +190,6 @@ class _SigintWatch:
 
     def _read(self) -> None:
         import _thread
-        import os
         import time
 
         while True:
@@ -226,7 +221,6 @@ def _watch_sigint(ctx: object) -> bool:
     """Adds ``ctx`` to the contexts a SIGINT interrupts, arming the wakeup fd
     when no stretch is in progress; False (nothing done) off the main thread
     or where SIGINT is not Python's default handler."""
-    import os
     import threading
 
     if threading.current_thread() is not threading.main_thread():
