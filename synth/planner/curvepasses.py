@@ -93,13 +93,16 @@ passes), and everything that scales with the parameters rather than the
 tokens (weight gradients' accumulation, the embedding's weight gradient, the
 optimizer step): the curve folds those into its fitted efficiency.
 
-These are the fused kernels of Megatron-LM, the fewest bytes a framework
-moves for these operations (torchtitan's eager RMSNorm moves more,
-:mod:`synth.planner.eagerops`), so the term applies to every prediction of the
-curve, whatever ``--framework``: it is a lower bound for each. The
-per-operation model prices its own elementwise passes from a measured
-profile (:mod:`synth.planner.layercompute`) and has no use for this one. A
-device without a ``memory_bandwidth_GBps`` has the curve alone.
+The term applies to every prediction of the curve, whatever
+``--framework``: every transformer layer runs these passes, and the curve is
+fitted on the SC'21 runs with them taken out. Frameworks differ in the
+detail, which the fitted efficiency absorbs: torchtitan's eager RMSNorm moves
+more (:mod:`synth.planner.eagerops`); newer Megatron-LM folds the QKV bias into
+its GEMM (``24 h / t`` bytes a token and layer in fp16 with recomputation:
+12% of these at tp 1, 3% at tp 8). The per-operation model prices its
+own elementwise passes from a measured profile
+(:mod:`synth.planner.layercompute`) and has no use for this one. A device
+without a ``memory_bandwidth_GBps`` has the curve alone.
 """
 
 from __future__ import annotations
