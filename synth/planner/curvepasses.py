@@ -89,7 +89,8 @@ device.
 Not counted: the per-token fp32 LayerNorm statistics (8 bytes a token), the
 ``[b, s, h]`` to ``[s, b, h]`` copies around the stack (``transformer.py``
 lines 652 and 686: four values of ``T h`` a micro-batch, under 0.2% of these
-passes), and everything that scales with the parameters rather than the
+passes), the heads and losses of multi-token prediction modules (their blocks
+count as layers), and everything that scales with the parameters rather than the
 tokens (weight gradients' accumulation, the embedding's weight gradient, the
 optimizer step): the curve folds those into its fitted efficiency.
 
