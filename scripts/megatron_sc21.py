@@ -78,7 +78,7 @@ def record_of(row: dict) -> StepRecord:
                         overlap_dp=row["script_ddp_impl"] == "torch",
                         attention="unfused",  # 2021: Megatron-LM's attention stored its scores (no flash attention)
                         sequence_parallel=False,  # and had no sequence parallelism (Korthikanti et al. 2022)
-                        cross_entropy="megatron")  # its vocabulary-parallel loss on the fp32 logits (gpt_model.py 52-56)
+                        cross_entropy="megatron")  # the vocabulary-parallel loss on fp32 logits (gpt_model.py 52-56)
     step_s = paper_flops(row) / (row["tflops_per_gpu"] * 1e12 * gpus)
     source = (f"derived from Narayanan et al. 2021 (SC'21) Table 1 row {row['row']}: step_s = paper FLOPs / "
               f"({row['tflops_per_gpu']} TFLOP/s x {gpus} GPUs); micro-batch, interleaving and DDP from "
