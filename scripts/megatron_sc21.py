@@ -10,7 +10,8 @@ DGX A100 topology scaled to the row's GPUs, Megatron's rank order (tensor
 parallelism fastest, then data, then pipeline: Megatron-LM's
 ``initialize_model_parallel``) as a placement, the authors' script's micro-batch,
 interleaving and DDP implementation (local DDP all-reduces after the backward
-pass: no overlap), fp16 and full recomputation, and the step time DERIVED from
+pass: no overlap), fp16, full recomputation and the vocabulary-parallel loss on
+fp32 logits (`--cross-entropy megatron`), and the step time DERIVED from
 the printed throughput: ``step_s = F / (TFLOP/s x 1e12 x GPUs)`` with the
 paper's FLOPs per iteration ``F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h))``.
 
@@ -76,7 +77,8 @@ def record_of(row: dict) -> StepRecord:
     training = Training(row["batch_size"], "fp16", Sharding.NONE, Recompute.FULL,
                         overlap_dp=row["script_ddp_impl"] == "torch",
                         attention="unfused",  # 2021: Megatron-LM's attention stored its scores (no flash attention)
-                        sequence_parallel=False)  # and had no sequence parallelism (Korthikanti et al. 2022)
+                        sequence_parallel=False,  # and had no sequence parallelism (Korthikanti et al. 2022)
+                        cross_entropy="megatron")  # the vocabulary-parallel loss on fp32 logits (gpt_model.py 52-56)
     step_s = paper_flops(row) / (row["tflops_per_gpu"] * 1e12 * gpus)
     source = (f"derived from Narayanan et al. 2021 (SC'21) Table 1 row {row['row']}: step_s = paper FLOPs / "
               f"({row['tflops_per_gpu']} TFLOP/s x {gpus} GPUs); micro-batch, interleaving and DDP from "

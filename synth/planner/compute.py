@@ -79,7 +79,7 @@ class EfficiencyCurve:
 # with the default communication model (tests/planner/test_planner_records.py checks that a refit
 # gives these numbers; regenerate them when the default cost model changes).
 DEFAULT_COMPUTE = EfficiencyCurve(
-    efficiency_max=0.5996376191703141,
+    efficiency_max=0.6473240701528752,
     half_flops=0.0,
     source="least-squares fit on the 10 Megatron-LM SC'21 Table 1 runs (data/megatron_sc21_steps.jsonl)",
 )

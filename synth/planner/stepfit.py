@@ -4,8 +4,10 @@ For each record (:mod:`synth.planner.steprecords`) the step model (:mod:`synth.p
 is inverted: with the record's communication predicted by the cost model on its
 placement (each collective with its best program, as the planner does), the
 compute time of one micro-batch that makes the predicted step equal the
-measured one, less an unfused attention's softmax and dropout passes (priced
-apart at the device's memory bandwidth, :mod:`synth.planner.scores`), gives the
+measured one, less the passes priced apart at the device's memory bandwidth
+(an unfused attention's softmax and dropout, :mod:`synth.planner.scores`; the
+layers' other elementwise passes, the embedding's and the loss's,
+:mod:`synth.planner.curvepasses`), gives the
 efficiency the run implies, ``F_mb / (peak x t_mb)``, at its per-layer work
 ``x``. :func:`synth.planner.compute.fit_curve` then fits
 ``efficiency(x)`` to those points. The fit is as good as the communication
@@ -21,6 +23,7 @@ from ..cost import Model, NetworkProfile
 from ..errors import SynthError
 from .collectivecosts import CollectiveCosts
 from .compute import ComputeModel, CurveFit, fit_curve
+from .curvepasses import curve_pass_s
 from .layercompute import micro_batch_fixed_s
 from .operations import OperationProfile
 from .scores import unfused_score_s
@@ -64,9 +67,10 @@ def implied(records: Sequence[StepRecord], costs: RecordCosts | None = None) -> 
         t = micro_batch_seconds_for(r.model, r.training, r.config, collectives, r.step_s, where)
         shape = step_shape(r.model, r.training, r.config)
         t -= unfused_score_s(r.model, r.training, r.config, shape.layers_per_stage, r.device)  # priced apart
+        t -= curve_pass_s(r.model, r.training, r.config, shape.layers_per_stage, r.device)  # priced apart
         if t <= 0:
             raise SynthError(f"{where}: the measured step is not longer than the predicted communication and "
-                             "unfused attention passes; check the record or the device's memory_bandwidth_GBps")
+                             "bandwidth-bound passes; check the record or the device's memory_bandwidth_GBps")
         out.append(Implied(r, shape.flops_per_layer, shape.flops_per_micro_batch / (r.device.peak_flops * t)))
     return out
 

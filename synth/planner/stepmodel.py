@@ -22,7 +22,9 @@ sources):
   :mod:`synth.planner.flops`, divided by tp pp: stages are taken as
   balanced), ``x = F_mb / L_s`` (:mod:`synth.planner.compute`), the optimizer
   folded into the fitted efficiency, plus an unfused attention's softmax and
-  dropout passes at the device's memory bandwidth (:mod:`synth.planner.scores`);
+  dropout passes (:mod:`synth.planner.scores`) and the layers' other
+  elementwise passes, the embedding's and the loss's
+  (:mod:`synth.planner.curvepasses`), at the device's memory bandwidth;
 * tensor parallelism (Megatron-LM): per micro-batch and layer two all-reduces of
   ``b s h w`` bytes forward and two backward, two more for the recomputed
   forward under full recomputation; on the critical path. With sequence
@@ -110,6 +112,7 @@ from ..synthesis.semantics import Goal
 from ..topology import Device
 from .collectives import BareCollectives, Collectives
 from .compute import ComputeModel, EfficiencyCurve
+from .curvepasses import curve_pass_s
 from .layercompute import (
     FP8_GEMM_SPEEDUP,
     Shard,
@@ -313,9 +316,10 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
             gemms = _gemm_flops_fraction(model, training, config)
             seconds *= 1 - gemms + gemms / FP8_GEMM_SPEEDUP
             efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
-        scores_s = unfused_score_s(model, training, config, shape.layers_per_stage, device)  # 0 unless unfused
-        if scores_s:
-            seconds += scores_s
+        passes_s = unfused_score_s(model, training, config, shape.layers_per_stage, device)  # 0 unless unfused
+        passes_s += curve_pass_s(model, training, config, shape.layers_per_stage, device)  # 0 without bandwidth
+        if passes_s:
+            seconds += passes_s
             efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
         return ComputeEstimate(seconds, efficiency)
     return _operations_estimate(model, training, config, device, compute, shape)
