@@ -7,8 +7,10 @@ waiting for it) is held until the stretch is done and then raised as
 KeyboardInterrupt where the caller can end the job cleanly.
 
 A Ctrl-C during z3 work is never lost (``solver_check``, ``z3_interrupts``):
-z3's own SIGINT handler is turned off, so Python's records every SIGINT, and
-a watch thread cancels the check in flight.
+z3's own SIGINT handler is turned off, so Python's records every SIGINT; a
+watch thread cancels the check in flight; and an interrupt that lands inside
+a finalizer (where Python would drop the KeyboardInterrupt) is raised again
+once the finalizer is done.
 """
 
 from __future__ import annotations
@@ -85,6 +87,14 @@ class z3_interrupts:
     thread per process reads, calling ``Context.interrupt()``. Off the main
     thread, or with another SIGINT handler, nothing but ``ctrl_c`` changes.
 
+    While a watched stretch runs, SIGINT's handler is
+    :func:`_stretch_sigint_handler`: it raises KeyboardInterrupt as Python's
+    default handler does, except inside a finalizer (a ``__del__`` on the
+    stack: z3 objects are freed all along a stretch), where Python would
+    print and drop it; there it asks the watch thread to deliver SIGINT again
+    shortly, so the interrupt is raised once the finalizer has returned. The
+    outermost stretch puts Python's default handler back.
+
     A Ctrl-C that Python raised inside ctypes' conversion of a call's
     arguments (``ctypes.ArgumentError: ... KeyboardInterrupt``) leaves as a
     plain KeyboardInterrupt, and a z3 error that says the solver was
@@ -112,15 +122,21 @@ class z3_interrupts:
             _unwatch_sigint()
         if exc is None or isinstance(exc, KeyboardInterrupt):
             return False
-        import ctypes
-
-        text = str(exc)
-        interrupted = isinstance(exc, ctypes.ArgumentError) and "KeyboardInterrupt" in text
+        interrupted = _wrapped_interrupt(exc)
         if not interrupted and type(exc).__name__ == "Z3Exception":
-            interrupted = any(word in text.lower() for word in ("canceled", "cancelled", "interrupted"))
+            interrupted = any(word in str(exc).lower() for word in ("canceled", "cancelled", "interrupted"))
         if interrupted:
             raise KeyboardInterrupt from None
         return False
+
+
+def _wrapped_interrupt(exc: object) -> bool:
+    """Whether ``exc`` is the KeyboardInterrupt that Python raised while
+    ctypes converted a call's arguments, which ctypes wraps in a
+    ``ctypes.ArgumentError`` whose text names it."""
+    import ctypes
+
+    return isinstance(exc, ctypes.ArgumentError) and "KeyboardInterrupt" in str(exc)
 
 
 _CTRL_C_OFF: list[bool] = []  # once set, z3's global parameter stays off for the process
@@ -147,12 +163,15 @@ def _redeliver_dropped_interrupt(previous: Callable[[object], object]) -> Callab
     """A ``sys.unraisablehook`` for the KeyboardInterrupt that Python raised
     inside a finalizer, where it would be printed and dropped (each z3
     object's ``__del__`` calls z3 through ctypes, a point where Python raises
-    a pending interrupt): it asks the watch thread to deliver SIGINT again
-    (from here, on the main thread, it would be raised inside this hook and
-    dropped as well). Anything else, or a SIGINT that is not Python's default
-    handler, goes to ``previous``."""
+    a pending interrupt, bare or wrapped by ctypes: :func:`_wrapped_interrupt`),
+    outside a watched stretch (inside one, :func:`_stretch_sigint_handler`
+    never raises in a finalizer): it asks the watch thread to deliver SIGINT
+    again (from here, on the main thread, it would be raised inside this hook
+    and dropped as well). Anything else, or a SIGINT that is not Python's
+    default handler, goes to ``previous``."""
     def hook(unraisable: object) -> None:
-        if (isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt) and _WATCH
+        exc = getattr(unraisable, "exc_value", None)
+        if ((isinstance(exc, KeyboardInterrupt) or _wrapped_interrupt(exc)) and _WATCH
                 and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
             try:
                 _ask_redelivery()
@@ -162,6 +181,29 @@ def _redeliver_dropped_interrupt(previous: Callable[[object], object]) -> Callab
             previous(unraisable)
 
     return hook
+
+
+def _inside_finalizer(frame: object) -> bool:
+    """Whether ``frame`` (where a signal handler was called) runs inside a
+    ``__del__``: an exception raised there is printed and dropped."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":  # type: ignore[attr-defined]
+            return True
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return False
+
+
+def _stretch_sigint_handler(signum: int, frame: object) -> None:
+    """SIGINT's handler during a watched stretch of z3 work: Python's default
+    (KeyboardInterrupt), except inside a finalizer, where the interrupt would
+    be dropped: then the watch thread is asked to deliver it again (it calls
+    this handler once more, after the finalizer has had time to return, and
+    asks again while it has not). The check in flight was cancelled by the
+    signal's wakeup byte either way."""
+    if _WATCH and _inside_finalizer(frame):
+        _ask_redelivery()
+        return
+    raise KeyboardInterrupt
 
 
 def _ask_redelivery() -> None:
@@ -225,7 +267,7 @@ def _watch_sigint(ctx: object) -> bool:
 
     if threading.current_thread() is not threading.main_thread():
         return False
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if signal.getsignal(signal.SIGINT) not in (signal.default_int_handler, _stretch_sigint_handler):
         return False
     if not _WATCH:
         import sys
@@ -237,6 +279,7 @@ def _watch_sigint(ctx: object) -> bool:
     with watch.lock:
         if not watch.contexts:
             watch.previous_fd = signal.set_wakeup_fd(watch.write_fd, warn_on_full_buffer=False)
+            signal.signal(signal.SIGINT, _stretch_sigint_handler)
         watch.contexts.append(ctx)
     return True
 
@@ -250,5 +293,7 @@ def _unwatch_sigint() -> None:
     with watch.lock:
         watch.contexts.pop()
         if not watch.contexts:
+            if signal.getsignal(signal.SIGINT) is _stretch_sigint_handler:  # unless the stretch set another
+                signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.set_wakeup_fd(watch.previous_fd)
             watch.previous_fd = -1

@@ -293,3 +293,58 @@ def test_z3s_own_ctrl_c_handler_is_off_before_a_proof_simplifies():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = run([sys.executable, "-c", PROOF_ONLY], 60, env=env)
     assert (result.returncode, result.stdout) == (0, "True false\n"), result
+
+
+# a child whose finalizer gets a SIGINT in the middle of its work, during a stretch of z3 work (argv[1]
+# "stretch") or after one (argv[1] "after", the finalizer raising what ctypes makes of an interrupt)
+FINALIZER_INTERRUPTED = textwrap.dedent("""
+    import ctypes, os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as above
+    import z3
+    from synth.interrupts import solver_check, z3_interrupts
+
+    class Freed:
+        def __del__(self):
+            if sys.argv[1] == "after":
+                raise ctypes.ArgumentError("argument 1: KeyboardInterrupt: ")  # as ctypes wraps one
+            os.kill(os.getpid(), signal.SIGINT)
+            total = 0
+            for i in range(200000):  # Python work: the interrupt is due at any of these steps
+                total += i
+            print("finalized", flush=True)
+
+    def checks(seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            solver = z3.Solver()
+            solver.add(z3.Int("x") > 2)
+            solver_check(solver)
+
+    try:
+        with z3_interrupts():
+            checks(0.1)
+            if sys.argv[1] == "stretch":
+                Freed()
+                checks(3.0)
+        if sys.argv[1] == "after":
+            Freed()
+            checks(3.0)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(130)
+    print("completed", flush=True)
+""")
+
+
+@pytest.mark.parametrize("when", ["stretch", "after"])
+def test_an_interrupt_in_a_finalizer_is_raised_after_it(when):
+    """During a stretch of z3 work a SIGINT that lands in a finalizer (z3
+    frees its objects in ``__del__``, where Python drops an exception) waits
+    until the finalizer has returned and then ends the work; after the
+    stretch, one that a finalizer dropped (bare, or wrapped by ctypes as
+    here) is delivered again."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = run([sys.executable, "-c", FINALIZER_INTERRUPTED, when], 60, env=env)
+    finalized = "finalized\n" if when == "stretch" else ""
+    assert (result.returncode, result.stdout) == (130, f"{finalized}interrupted\n"), result
+    assert "Exception ignored" not in result.stderr, result.stderr
