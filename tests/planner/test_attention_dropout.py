@@ -87,3 +87,20 @@ def test_a_call_at_the_floor_stays_at_the_floor():
     floor = H100.attention.forward_floor_s
     for m in (tiny, replace(tiny, attention_dropout=0.1)):
         assert attention_ops(H100, m, shard)[0].seconds == floor
+
+
+def test_under_an_unfused_attention_the_score_passes_price_the_dropout_once():
+    """``--attention unfused`` prices the attention's dropout as its own
+    passes (synth.planner.scores): the model's attention_dropout then leaves
+    the step as it is; under the flash kernel it lengthens it."""
+    from synth.planner.stepmodel import Configuration, Training, compute_estimate
+    from synth.topology import Device
+
+    plain = load_model("layers=4,hidden=2048,heads=16,seq=4096,vocab=1000")
+    dropped = replace(plain, attention_dropout=0.1)
+    config, bare = Configuration(tp=1, dp=1, pp=1, micro_batch=4), Device("bare", 80.0, 989.4)
+    flash = Training(8, "bf16")
+    unfused = replace(flash, attention="unfused")
+    step = lambda m, t: compute_estimate(m, t, config, bare, H100).micro_batch_s
+    assert step(dropped, unfused) == step(plain, unfused)
+    assert step(dropped, flash) > step(plain, flash)
