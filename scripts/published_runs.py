@@ -91,7 +91,7 @@ def readme_arguments(row: dict) -> str:
     README ran it: the row's shape and degrees (untied embeddings, as
     models/megatron-462b.yaml infers from the table's parameter counts),
     Megatron-LM's defaults at f2e5db402c for what the README does not state
-    (its hidden dropout, 0.1, and its unfused cross-entropy), the
+    (its hidden and attention dropouts, 0.1, and its unfused cross-entropy), the
     distributed optimizer (``--sharding zero1``) with its overlapped parameter
     all-gather, tp's overlap where tp > 1, and for pp > 1 the interleaved
     schedule (the README overlaps pipeline communication, which Megatron-LM
@@ -100,7 +100,7 @@ def readme_arguments(row: dict) -> str:
     by the README: the micro-batch, the search's pick (the fastest that fits),
     and recomputation, searched."""
     shape = (f"layers={row['layers']},hidden={row['hidden_size']},heads={row['attention_heads']},"
-             f"seq={row['seq_length']},vocab={row['vocab_size']},tied_embeddings=false,dropout=0.1")
+             f"seq={row['seq_length']},vocab={row['vocab_size']},tied_embeddings=false,dropout=0.1,attention_dropout=0.1")
     words = [f"--topology dgx-h100 --scale node={row['gpus'] // 8} --model {shape}",
              f"--global-batch {row['batch_size']} --axes tp={row['tp']},dp={row['dp']},pp={row['pp']}",
              "--sharding zero1 --overlap-param-gather --stages search --recompute search --cross-entropy megatron"]

@@ -23,7 +23,8 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   ``--max-position-embeddings``, ``--untie-embeddings-and-output-weights``),
   ``--micro-batch-size``, ``--global-batch-size``, the loss and the dropout
   the plan priced (``--cross-entropy-loss-fusion`` for the fused loss,
-  ``--hidden-dropout`` and ``--attention-dropout`` at the model's ``dropout``:
+  ``--hidden-dropout`` and ``--attention-dropout`` at the model's ``dropout``
+  and ``attention_dropout``:
   :func:`_loss_and_dropout`), ``--bf16``/``--fp16``, the
   recomputation (``--recompute-granularity selective``, or ``full`` with
   ``--recompute-method uniform --recompute-num-layers 1``), interleaving
@@ -130,12 +131,12 @@ def _loss_and_dropout(job: TrainerJob) -> list[str]:
     default off), which the planner's ``fused`` loss is; its dropouts are 0.1
     unless set (``hidden_dropout``, ``attention_dropout``,
     megatron/core/transformer/transformer_config.py:188, 191), and the plan
-    priced the model's ``dropout`` (0 unless the model file says), written as
-    both (the planner prices the residual branches' masks, not the attention
-    kernel's: docs/planner.md)."""
-    dropout = job.model.get("dropout", 0.0)
+    priced the model's ``dropout`` (the residual branches' and the embedding's)
+    and ``attention_dropout`` (the attention kernel's), each 0 unless the model
+    file says, written as ``--hidden-dropout`` and ``--attention-dropout``."""
+    dropout, attention = job.model.get("dropout", 0.0), job.model.get("attention_dropout", 0.0)
     args = ["--cross-entropy-loss-fusion"] if job.cross_entropy == "fused" else []
-    return args + ["--hidden-dropout", f"{dropout:g}", "--attention-dropout", f"{dropout:g}"]
+    return args + ["--hidden-dropout", f"{dropout:g}", "--attention-dropout", f"{attention:g}"]
 
 
 def _job(job: TrainerJob, pp: int, ep: int = 1) -> list[str]:

@@ -25,8 +25,9 @@ norms and residual adds, written below over T h, run over T h / t):
   input gradient), and one add per residual (the gradients of the two branches
   meet). With the model's ``dropout``, each residual branch's dropout mask
   (written forward, applied backward) and the embedding's dropout
-  (:data:`RESIDUAL_DROPOUT_BYTES`, :data:`EMBEDDING_DROPOUT_BYTES`); the
-  attention's dropout inside its kernel is not priced. These backward
+  (:data:`RESIDUAL_DROPOUT_BYTES`, :data:`EMBEDDING_DROPOUT_BYTES`); with its
+  ``attention_dropout``, the attention's passes at
+  :data:`ATTENTION_DROPOUT_SLOWDOWN` times their time. These backward
   factors are modelling choices: the calibration grid times forward passes
   only.
 * Inside a backward pass kernels are issued by the autograd engine, one call
@@ -115,6 +116,13 @@ LOSS_BYTES_PER_LOGIT = {"fused": (14, 14), "eager": (14, 22), "megatron": megatr
 #   and the mask 1; backward, read 2 and 1, write 2.
 RESIDUAL_DROPOUT_BYTES = (1, 2 + 1 + 2)
 EMBEDDING_DROPOUT_BYTES = (2 + 2 + 1, 2 + 1 + 2)
+# Dropout of the attention's probabilities inside its kernel (a model's ``attention_dropout``; Megatron-LM's
+# --attention-dropout, 0.1 by default: arguments.py line 947 at f2e5db402c): the attention's forward and backward
+# each at this multiple of their time without it. A measured ratio on Hopper (data/attention_dropout.jsonl, its
+# first row): Transformer Engine's fused (cuDNN) attention on an H200, bf16, sbhd, head_dim 128, 4 sequences of
+# 1,024 tokens, forward and backward together 0.594 ms without dropout and 0.614 ms with 0.1
+# (NVIDIA/TransformerEngine issue 3312). Stated only for the two passes together, it is taken for each alike.
+ATTENTION_DROPOUT_SLOWDOWN = 0.614 / 0.594
 # Kernels eager PyTorch launches per operation of a layer, (forward, backward). The totals per
 # layer agree with the PyTorch profiler's counts at the host-bound shapes of
 # data/calibration/h100-layers.jsonl (GPT 11 and 28, Llama 22 and 42-46); the split by operation
@@ -449,18 +457,22 @@ def attention_ops(profile: OperationProfile, model: Transformer, shard: Shard) -
     ring step the ``s / cp`` queries against half a step's keys (``s / (2 cp)``,
     every pair: the steps whose queries are the second chunk against both key
     chunks do as much work and are priced alike). Together they are ``1 / cp``
-    of the whole sequence's causal attention, in shorter kernels."""
+    of the whole sequence's causal attention, in shorter kernels. With the
+    model's ``attention_dropout`` every call's time is
+    :data:`ATTENTION_DROPOUT_SLOWDOWN` times the profile's (before the floor)."""
     a = profile.attention
     b, heads, head_dim = shard.micro_batch, model.heads // shard.tp, model.attention_head_dim
     shape = (b, heads, shard.seq, head_dim)
     local = shard.seq // shard.cp
+    slowdown = ATTENTION_DROPOUT_SLOWDOWN if model.attention_dropout else 1.0
 
     def calls_s(gpu_s) -> float:
         """The pass's calls, each above the floor (one call without cp)."""
-        own = max(a.forward_floor_s, float(gpu_s(b, heads, local, head_dim)))
+        own = max(a.forward_floor_s, slowdown * float(gpu_s(b, heads, local, head_dim)))
         if shard.cp == 1:
             return own
-        return own + (shard.cp - 1) * max(a.forward_floor_s, float(gpu_s(b, heads, local, head_dim, False, local // 2)))
+        ring = slowdown * float(gpu_s(b, heads, local, head_dim, False, local // 2))
+        return own + (shard.cp - 1) * max(a.forward_floor_s, ring)
 
     return [OpTime("attention", "forward", shape, calls_s(a.forward_gpu_s)),
             OpTime("attention.backward", "backward", shape, calls_s(a.backward_gpu_s))]

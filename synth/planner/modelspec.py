@@ -30,7 +30,7 @@ _COUNT_FIELDS = ("mtp_depth",)  # integers that may be 0
 _REQUIRED = ("layers", "hidden", "heads", "seq", "vocab")
 _BOOL_FIELDS = ("gated_mlp", "biases", "tied_embeddings")
 _TEXT_FIELDS = ("name", "description", "source", "source_inconsistency")
-_FRACTION_FIELDS = ("dropout",)  # numbers from 0 to below 1
+_FRACTION_FIELDS = ("dropout", "attention_dropout")  # numbers from 0 to below 1
 # architecture choices: field -> its values (the first of each is the GPT default, :func:`model_from_dict`)
 _CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("layernorm", "rmsnorm"),
                   "positions": ("learned", "rotary")}
@@ -44,7 +44,7 @@ MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2
 # the moe: block's fields (inline: given flat, e.g. experts=8,top_k=2,expert_ffn=14336)
 MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "capacity_factor")
 INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "gated_mlp",
-                 "biases", "norm", "positions", "tied_embeddings", "mtp_depth", "dropout") + MOE_FIELDS
+                 "biases", "norm", "positions", "tied_embeddings", "mtp_depth", "dropout", "attention_dropout") + MOE_FIELDS
 
 
 def model_from_dict(data: Any, source: str) -> Transformer:
@@ -118,7 +118,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         core_head_dim=data.get("core_head_dim"),
         params_stated=data.get("params"), source=str(data.get("source", "")),
         source_inconsistency=data.get("source_inconsistency"), mtp_depth=data.get("mtp_depth", 0),
-        dropout=float(data.get("dropout", 0.0)),
+        dropout=float(data.get("dropout", 0.0)), attention_dropout=float(data.get("attention_dropout", 0.0)),
     )
 
 

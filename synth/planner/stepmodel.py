@@ -105,7 +105,7 @@ computes with the project's cost model on the configuration's placement.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import SynthError
 from ..synthesis.semantics import Goal
@@ -344,8 +344,19 @@ def layer_shard(training: Training, config: Configuration, model: Transformer) -
                  training.fp8, config.cp, training.fp8_blocks)
 
 
+def kernel_model(model: Transformer, training: Training) -> Transformer:
+    """The model as the per-operation model times its layers: under
+    ``--attention unfused`` the score passes (:mod:`synth.planner.scores`)
+    price the attention's dropout as kernels of their own, so the attention
+    core runs without the model's ``attention_dropout`` (not counted twice)."""
+    if training.attention == "unfused" and model.attention_dropout:
+        return replace(model, attention_dropout=0.0)
+    return model
+
+
 def _operations_estimate(model: Transformer, training: Training, config: Configuration, device: Device,
                          compute: OperationProfile, shape: StepShape) -> ComputeEstimate:
+    model = kernel_model(model, training)
     shard = layer_shard(training, config, model)
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
@@ -401,6 +412,7 @@ def stage_costs(model: Transformer, training: Training, config: Configuration, c
     prices them all at one rate)."""
     if isinstance(compute, EfficiencyCurve):
         return _flops_stage_costs(model, training, config)
+    model = kernel_model(model, training)
     shard = layer_shard(training, config, model)
     layer = layer_compute(compute, model, shard, model.moe_layers > 0)  # an MoE model's layers: as its MoE layers
     layer = layer + recompute_ops(compute, model, shard, training.recompute, layer)

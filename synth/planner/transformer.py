@@ -9,7 +9,8 @@ linear layers, ``norm`` (``layernorm`` or ``rmsnorm``), ``positions``
 (``learned`` or ``rotary``), ``tied_embeddings`` and ``mtp_depth`` (multi-token
 prediction modules, default 0: :attr:`Transformer.mtp_depth`), ``dropout`` (the
 training's dropout probability of the residual branches and the embedding, default
-0; it changes the compute, not the FLOPs). :mod:`synth.planner.modelspec` loads
+0; it changes the compute, not the FLOPs), ``attention_dropout`` (the dropout of the
+attention's probabilities inside its kernel, default 0; the compute too). :mod:`synth.planner.modelspec` loads
 it from a shipped name (``gpt3-175b``), a YAML path, or inline text
 (``layers=30,hidden=3072,heads=32,seq=2048,vocab=51200``). Its FLOPs
 (:mod:`synth.planner.flops`) and activation memory
@@ -134,6 +135,7 @@ class Transformer(FlopCounts, ActivationCounts):
     params_stated: int | None = None  # the count the source states (informative)
     mtp_depth: int = 0  # multi-token prediction modules on the last stage (:attr:`mtp_module_params`)
     dropout: float = 0.0  # training's dropout of the residual branches and the embedding (Megatron's --hidden-dropout)
+    attention_dropout: float = 0.0  # dropout of the attention probabilities, in its kernel (--attention-dropout)
     source: str = ""
     source_inconsistency: str | None = None
 
@@ -377,6 +379,8 @@ class Transformer(FlopCounts, ActivationCounts):
             extra.append(f"MoE {moe.experts} experts{shared} of {moe.expert_ffn}, top-{moe.top_k}{dense}")
         if self.dropout:
             extra.append(f"dropout {self.dropout:g}")
+        if self.attention_dropout:
+            extra.append(f"attention dropout {self.attention_dropout:g}")
         if self.mtp_depth:
             extra.append(f"multi-token prediction depth {self.mtp_depth} ({_count(self.mtp_params)} parameters)")
         more = ", " + ", ".join(extra) if extra else ""
@@ -401,6 +405,8 @@ class Transformer(FlopCounts, ActivationCounts):
             out["mtp_depth"] = self.mtp_depth
         if self.dropout:
             out["dropout"] = self.dropout
+        if self.attention_dropout:
+            out["attention_dropout"] = self.attention_dropout
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -411,6 +417,7 @@ class Transformer(FlopCounts, ActivationCounts):
                 **({"core_head_dim": self.core_head_dim} if self.core_head_dim else {}),
                 **({"mtp_depth": self.mtp_depth, "mtp_parameters": self.mtp_params} if self.mtp_depth else {}),
                 **({"dropout": self.dropout} if self.dropout else {}),
+                **({"attention_dropout": self.attention_dropout} if self.attention_dropout else {}),
                 "parameters": self.parameters,
                 **({"moe": self.moe.to_dict(), "active_parameters": self.active_parameters} if self.moe else {})}
 

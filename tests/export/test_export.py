@@ -589,8 +589,9 @@ def test_cp_comm_in_the_trainer_exports(tmp_path):
 def test_the_megatron_export_runs_the_loss_and_dropout_the_plan_priced(job_plan):
     """Megatron-LM's defaults are the unfused loss and dropouts of 0.1
     (model_parallel_config.py:320, transformer_config.py:188, 191): the
-    export asks for the fused loss where the plan priced it, and sets both
-    dropouts to the model's ``dropout`` (0 unless its file says), so the run
+    export asks for the fused loss where the plan priced it, and sets the
+    dropouts to the model's ``dropout`` and ``attention_dropout`` (each 0
+    unless its file says), so the run
     is the one the plan priced; the transcribed parser and megatron-core's
     TransformerConfig take them."""
     from dataclasses import replace
@@ -608,8 +609,11 @@ def test_the_megatron_export_runs_the_loss_and_dropout_the_plan_priced(job_plan)
                                  "training": {**plan.job["training"], "cross_entropy": "megatron"}})
     args = list(megatron_export(unfused).arguments)
     assert "--cross-entropy-loss-fusion" not in args
-    assert args[args.index("--hidden-dropout") + 1] == "0.1" and args[args.index("--attention-dropout") + 1] == "0.1"
+    assert args[args.index("--hidden-dropout") + 1] == "0.1" and args[args.index("--attention-dropout") + 1] == "0"
     assert megatron_args.parse(args).hidden_dropout == 0.1
+    both = replace(unfused, job={**unfused.job, "model": {**unfused.job["model"], "attention_dropout": 0.05}})
+    parsed = megatron_args.parse(list(megatron_export(both).arguments))
+    assert parsed.hidden_dropout == 0.1 and parsed.attention_dropout == 0.05
 
 
 def test_fp8_in_the_trainer_exports(job_plan):

@@ -73,9 +73,10 @@ def test_readme_arguments_as_the_readme_ran_them():
     assert "--tp-overlap" in large and large[large.index("--schedule") + 1] == "search"
     assert large[large.index("--axes") + 1] == "tp=8,dp=48,pp=16"
     assert large[large.index("--scale") + 1] == "node=768"
-    for words in (small, large):  # Megatron-LM's defaults at f2e5db402c: unfused loss, hidden dropout 0.1
+    for words in (small, large):  # Megatron-LM's defaults at f2e5db402c: unfused loss, dropouts 0.1
         assert words[words.index("--cross-entropy") + 1] == "megatron"
-        assert load_model(words[words.index("--model") + 1]).dropout == 0.1
+        model = load_model(words[words.index("--model") + 1])
+        assert model.dropout == 0.1 and model.attention_dropout == 0.1
 
 
 def test_count_cell_counts_runs_within_ten_percent():
