@@ -347,18 +347,24 @@ def solution_document(solution: JobSolution) -> dict[str, Any]:
 # ---------------------------------------------------------------- table
 
 
-def _compute_text(compute: ComputeModel) -> str:
+def _compute_text(compute: ComputeModel, memory_bandwidth_GBps: float | None = None) -> str:
+    """The header's account of how compute is priced; with the efficiency curve
+    on a device without a memory bandwidth it says that the layers'
+    memory-bound passes are left out, and how to give the bandwidth."""
     if isinstance(compute, OperationProfile):
         return (f"compute per operation ({compute.name or compute.source}: GEMMs up to "
                 f"{compute.gemm.rate_flops / 1e12:.0f} TFLOP/s, {compute.elementwise.bandwidth_Bps / 1e9:.0f} GB/s "
                 "memory-bound)")
+    unpriced = ("" if memory_bandwidth_GBps is not None else
+                "; the layers' memory-bound passes not priced: the device has no memory bandwidth "
+                "(--device ...,memory_bandwidth_GBps=G)")
     if compute is DEFAULT_COMPUTE:
         return (f"compute at {compute.efficiency_max:.1%} of peak (the curve fitted on A100 Megatron-LM runs: no "
-                "per-operation profile for this device)")
+                f"per-operation profile for this device){unpriced}")
     if compute.half_flops == 0:
-        return f"compute at {compute.efficiency_max:.1%} of peak"
+        return f"compute at {compute.efficiency_max:.1%} of peak{unpriced}"
     return (f"compute at {compute.efficiency_max:.1%} of peak x x / (x + {compute.half_flops:.3g}), x = FLOPs per "
-            "layer and micro-batch")
+            f"layer and micro-batch{unpriced}")
 
 
 def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
@@ -375,7 +381,7 @@ def print_table(solution: JobSolution, listed: Sequence[Candidate]) -> None:
           f"{schedule}, stages {r.stages}, " + ("tp overlapped with GEMMs, " if t.tp_overlap else "") +
           ("cp keys and values all-gathered, " if t.cp_comm == "allgather" else "") +
           f"sequence parallel {'on where tp > 1' if t.sequence_parallel else 'off'}; "
-          f"{r.comm.describe()}; {_compute_text(r.compute)}")
+          f"{r.comm.describe()}; {_compute_text(r.compute, r.device.memory_bandwidth_GBps)}")
     feasible = len(solution.feasible)
     print(f"{solution.evaluated} configurations (sizes x micro-batch x placement) of {solution.assignments} size "
           f"assignments ranked in {format_seconds(solution.elapsed_s)}; {len(solution.candidates)} (sizes, "

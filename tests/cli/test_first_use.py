@@ -118,3 +118,27 @@ def test_moe_plan_tables_keep_their_columns(cli):
     table = table[:table.index("")] if "" in table else table
     continued = [line for line in table if line not in rows]
     assert continued and all(len(line) - len(line.lstrip()) == start for line in continued)
+
+
+def test_a_device_without_memory_bandwidth_says_the_curve_leaves_out_its_passes(cli):
+    """With the efficiency curve the layers' memory-bound passes are priced at the
+    device's memory bandwidth; a --device without one has the curve alone, and
+    the header says so and how to give it; with the bandwidth the passes are in
+    the step (it is longer) and the header says nothing of it."""
+    base = ("plan", "--topology", "dgx-a100", "--scale", "node=1", "--model", TINY, "--global-batch", "8",
+            "--axes", "tp=1,dp=8,pp=1", "--top", "1", "--no-verify", "--json")
+    import json
+
+    steps, headers = {}, {}
+    for given in ("memory_GiB=80,peak_TFLOPs=312", "memory_GiB=80,peak_TFLOPs=312,memory_bandwidth_GBps=2039"):
+        code, out, err = cli(*base, "--device", given)
+        assert code == 0, err
+        steps[given] = json.loads(out)["configurations"][0]["predicted_step_s"]
+        code, out, err = cli(*base[:-1], "--device", given)
+        assert code == 0, err
+        headers[given] = out
+    without, with_bandwidth = steps.values()
+    assert with_bandwidth > without
+    note = ("the layers' memory-bound passes not priced: the device has no memory bandwidth "
+            "(--device ...,memory_bandwidth_GBps=G)")
+    assert [note in text for text in headers.values()] == [True, False]
