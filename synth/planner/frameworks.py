@@ -255,8 +255,8 @@ def deepseek_activation_bytes(model: Transformer, micro_batch: int, tp: int, moe
       (the norms' inputs) are, and the rotary key they are recomputed with
       (``2 s b d_r``);
     * the input of the linear after the attention is cached in E5M6, 12 bits
-      (Section 3.3.3 (1)): ``1.5 s b o / t`` for ``2 s b o / t`` (o the
-      attention's output width, heads x head_dim or heads x v_head_dim);
+      (Section 3.3.3 (1)): ``1.5 s b h`` for ``2 s b h`` (with latent
+      attention ``1.5 s b a d_v / t`` for ``2 s b a d_v / t``);
     * an MoE layer caches its experts' inputs in FP8, as the dispatch sends
       them (Section 3.3.3, "Low-Precision Communication"): ``s b h`` per routed
       copy for ``2 s b h``; and of each expert's SwiGLU it caches the inputs in
@@ -268,7 +268,8 @@ def deepseek_activation_bytes(model: Transformer, micro_batch: int, tp: int, moe
     baseline = model.activation_bytes_per_layer(micro_batch, tp, Recompute.NONE, 2, False, sequence_parallel, moe, cp)
     s, b, h = model.seq // cp, micro_batch, model.hidden
     replicas = tp if sequence_parallel else 1
-    saved = 2 * 2 * s * b * h / replicas + 0.5 * s * b * model.attention_output_dim / tp  # norms' outputs; E5M6
+    projection_input = model.attention_output_dim if model.mla else h  # (ordinary heads: counted hidden wide)
+    saved = 2 * 2 * s * b * h / replicas + 0.5 * s * b * projection_input / tp  # the norms' outputs; E5M6
     if model.mla:  # the latents' norms' outputs; Q, K, V; less the rotary key kept for the recomputation
         saved += (2 * s * b * (model.latent_width - model.mla.qk_rope_head_dim) / replicas
                   + 2 * s * b * (model.q_dim + model.kv_dim + model.value_dim) / tp)
