@@ -157,3 +157,21 @@ def test_mla_conflicts_are_one_line(cli):
     gpt = SMALL.replace("ffn=512,gated_mlp=true,", "")
     msg = usage_error(cli, "plan", "--topology", "dgx-a100", "--model", gpt, "--global-batch", "8")
     assert msg.startswith("--model: model field 'biases' must be false with an mla: block")
+
+
+def test_tp_overlap_chunks_the_up_projections_not_the_down_projections(profile):
+    """With sequence parallelism Megatron-core's duplicated down-projections run
+    on the rank's own tokens, and the column-parallel up-projections are the
+    GEMMs that read gathered tokens: Transformer Engine's ring exchange chunks
+    them (tp chunks of T / tp tokens), and the output projection is pipelined
+    as any attention's."""
+    from synth.planner.layercompute import tp_overlap_chunk_ops
+
+    m = parse_inline_model(SMALL)
+    ops = {op.name: op for op in tp_overlap_chunk_ops(profile, m, Shard(2, 2, 128, True)).ops}
+    assert set(ops) == {"q_up.chunks", "kv_up.chunks", "attention_projection.chunks",
+                        "attention_projection.dgrad.chunks", "mlp_up.chunks", "mlp_down.chunks", "mlp_down.dgrad.chunks"}
+    g = profile.gemm
+    assert ops["q_up.chunks"].shape == (128, 96, 96)
+    assert ops["q_up.chunks"].seconds == pytest.approx(2 * float(g.seconds(128, 96, 96)) - float(g.seconds(256, 96, 96)))
+    assert ops["attention_projection.chunks"].shape == (256, 48, 64)
