@@ -175,3 +175,34 @@ def test_tp_overlap_chunks_the_up_projections_not_the_down_projections(profile):
     assert ops["q_up.chunks"].shape == (128, 96, 96)
     assert ops["q_up.chunks"].seconds == pytest.approx(2 * float(g.seconds(128, 96, 96)) - float(g.seconds(256, 96, 96)))
     assert ops["attention_projection.chunks"].shape == (256, 48, 64)
+
+
+def test_the_megatron_export_runs_latent_attention(cli, tmp_path):
+    """A plan of a latent-attention model exports Megatron-LM's
+    --multi-latent-attention with its ranks and head widths (--qk-head-dim:
+    the part without positions) and --qk-layernorm (its latents' norms, which
+    the planner counts); the transcribed parser, validate_args and
+    megatron-core's MLATransformerConfig take them."""
+    import megatron_args
+
+    from synth.export.megatron import megatron_export
+    from synth.plan import load_plan
+
+    path = tmp_path / "mla.json"
+    code, _, err = cli("plan", "--topology", "dgx-h100", "--scale", "node=1", "--model", SMALL, "--global-batch",
+                       "16", "--axes", "tp=2,dp=4,pp=1", "--micro-batch", "1", "--no-verify", "--out", str(path))
+    assert code == 0, err
+    export = megatron_export(load_plan(path))
+    args = list(export.arguments)
+    for option, value in (("--q-lora-rank", "96"), ("--kv-lora-rank", "32"), ("--qk-head-dim", "32"),
+                          ("--qk-pos-emb-head-dim", "16"), ("--v-head-dim", "24")):
+        assert args[args.index(option) + 1] == value
+    assert {"--multi-latent-attention", "--qk-layernorm"} <= set(args) and "--group-query-attention" not in args
+    parsed = megatron_args.parse(args)
+    megatron_args.validate(parsed, len(export.ranks.device_of_rank))
+    megatron_args.core_checks(parsed, len(export.ranks.device_of_rank))
+    with pytest.raises(AssertionError, match="arguments.py:1974"):
+        megatron_args.validate(megatron_args.parse(args + ["--group-query-attention"]), 8)
+    msg = usage_error(cli, "export", str(path), "--format", "torchtitan")
+    assert msg == ("torchtitan export: the plan's model has multi-head latent attention, and the export writes "
+                   "torchtitan's Llama; export --format megatron (--multi-latent-attention)")
