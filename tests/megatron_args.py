@@ -55,6 +55,13 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--bf16": ("switch", f"{MPC}:180"),
     "--tp-comm-overlap": ("switch", f"{MPC}:265"),
     "--group-query-attention": ("switch", f"{ARGS}:2382"),
+    "--multi-latent-attention": ("switch", f"{TC}:288"),
+    "--qk-layernorm": ("switch", f"{TC}:259"),
+    "--q-lora-rank": (int, f"{ARGS}:3548"),
+    "--kv-lora-rank": (int, f"{ARGS}:3550"),
+    "--qk-head-dim": (int, f"{ARGS}:3552"),
+    "--qk-pos-emb-head-dim": (int, f"{ARGS}:3554"),
+    "--v-head-dim": (int, f"{ARGS}:3556"),
     "--max-position-embeddings": (int, f"{ARGS}:2394"),
     "--position-embedding-type": (("learned_absolute", "rope", "yarn", "mrope", "relative", "none"), f"{ARGS}:2397"),
     "--squared-relu": ("switch", f"{ARGS}:2448"),
@@ -106,7 +113,8 @@ CORE_FIELDS = {"--tensor-model-parallel-size": "tensor_model_parallel_size",
                "--sequence-parallel": "sequence_parallel", "--fp16": "fp16", "--bf16": "bf16",
                "--tp-comm-overlap": "tp_comm_overlap", "--cp-comm-type": "cp_comm_type",
                "--cross-entropy-loss-fusion": "cross_entropy_loss_fusion", "--hidden-dropout": "hidden_dropout",
-               "--attention-dropout": "attention_dropout"}
+               "--attention-dropout": "attention_dropout", "--multi-latent-attention": "multi_latent_attention",
+               "--qk-layernorm": "qk_layernorm"}
 
 
 def _freq(text: str) -> int | list[int]:
@@ -212,6 +220,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if a.expert_model_parallel_size > 1:
         rule(a.num_experts is not None, 1656, "expert parallelism without --num-experts")
         rule(a.num_experts % a.expert_model_parallel_size == 0, 1657, "experts % ep")
+    if a.multi_latent_attention:
+        rule(not a.group_query_attention, 1974, "group query attention with multi latent attention")
 
 
 def core_checks(args: argparse.Namespace, world_size: int) -> None:
@@ -249,6 +259,13 @@ def core_checks(args: argparse.Namespace, world_size: int) -> None:
                       moe_expert_capacity_factor=a.moe_expert_capacity_factor,
                       moe_pad_expert_input_to_capacity=a.moe_pad_expert_input_to_capacity,
                       moe_layer_freq=a.moe_layer_freq)
-    TransformerConfig(**kwargs)
+    config = TransformerConfig
+    if a.multi_latent_attention:  # Megatron-LM builds an MLATransformerConfig (arguments.py's core config)
+        from megatron.core.transformer.transformer_config import MLATransformerConfig as config
+
+        kwargs.update(multi_latent_attention=True, q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank,
+                      qk_head_dim=a.qk_head_dim, qk_pos_emb_head_dim=a.qk_pos_emb_head_dim, v_head_dim=a.v_head_dim,
+                      qk_layernorm=a.qk_layernorm)
+    config(**kwargs)
     dp = world_size // (tp * pp * cp)
     ConstantNumMicroBatchesCalculator(a.global_batch_size, a.micro_batch_size, dp, False, 0)

@@ -15,7 +15,9 @@ whatever the placement. Arguments (Megatron-LM's spelling):
   head width, where it is not hidden / heads), ``--group-query-attention``
   with ``--num-query-groups``, the layer the planner counts (``--swiglu`` or
   ``--squared-relu``, ``--normalization RMSNorm``, ``--position-embedding-type
-  rope``, ``--disable-bias-linear``; a ReLU MLP is refused; for a model with
+  rope``, ``--disable-bias-linear``; a ReLU MLP is refused; multi-head latent
+  attention's ``--multi-latent-attention`` with its ranks, head widths and
+  ``--qk-layernorm``; for a model with
   experts ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
   ``--moe-shared-expert-intermediate-size``, ``--moe-layer-freq`` for dense
   first layers, the capacity factor, and the all-to-all dispatcher),
@@ -104,6 +106,22 @@ def _architecture(model: dict[str, Any]) -> list[str]:
     return args + _experts(model)
 
 
+def _latent_attention(model: dict[str, Any]) -> list[str]:
+    """Megatron-LM's multi-head latent attention for a model with an ``mla``
+    block: ``--multi-latent-attention`` with its ranks and head widths
+    (``_add_mla_args``, megatron/training/arguments.py:3546-3557 at
+    d98e8a64dd; ``--qk-head-dim`` is the part without positions) and
+    ``--qk-layernorm``, which gives its two latents their norms (the
+    layer-norm-fused up-projections of gpt_layer_specs.py:104-114), as the
+    planner counts them."""
+    mla = model.get("mla")
+    if not isinstance(mla, dict):
+        return []
+    return ["--multi-latent-attention", "--q-lora-rank", str(mla["q_lora_rank"]), "--kv-lora-rank",
+            str(mla["kv_lora_rank"]), "--qk-head-dim", str(mla["qk_nope_head_dim"]), "--qk-pos-emb-head-dim",
+            str(mla["qk_rope_head_dim"]), "--v-head-dim", str(mla["v_head_dim"]), "--qk-layernorm"]
+
+
 def _experts(model: dict[str, Any]) -> list[str]:
     """Megatron-LM's MoE arguments for a model with a ``moe`` block: experts,
     top-k, the experts' width, shared experts, which layers are MoE, the
@@ -152,6 +170,7 @@ def _job(job: TrainerJob, pp: int, ep: int = 1) -> list[str]:
     kv = model.get("kv_heads")
     if isinstance(kv, int) and kv != heads:
         args += ["--group-query-attention", "--num-query-groups", str(kv)]
+    args += _latent_attention(model)
     args += _architecture(model)
     if model.get("tied_embeddings") is False:
         args += ["--untie-embeddings-and-output-weights"]

@@ -144,6 +144,9 @@ def torchtitan_export(plan: Plan, axis_names: dict[str, str] | None = None) -> T
         raise SynthError("torchtitan export: torchtitan's tensor parallelism always splits the norms over the "
                          "sequence (sequence parallelism), and this plan was made without it; plan again with "
                          "--sequence-parallel on, or export --format megatron")
+    if job is not None and isinstance(job.model.get("mla"), dict):
+        raise SynthError("torchtitan export: the plan's model has multi-head latent attention, and the export "
+                         "writes torchtitan's Llama; export --format megatron (--multi-latent-attention)")
     if job is not None and job.stage_layers:
         raise SynthError(f"torchtitan export: the plan's pipeline stages are uneven ({list(job.stage_layers)} layers) "
                          "and are not exported to torchtitan; plan with --stages even, or export --format megatron")

@@ -7,7 +7,9 @@ Section 4): ``s b h (10 + 24/t + 5 a s / (h t))`` for GPT without sequence
 parallelism, ``s b h (34 + 5 a s / h) / t`` with it (the 10 replicated bytes
 split too); generalised to grouped-query attention and other MLP widths by the
 same counting; the MLP's wide tensors are ``MLP_WIDE_VALUES`` x ``s b f``
-values per MLP. Selective recomputation drops the ``5 a s^2 b / t`` attention
+values per MLP; multi-head latent attention keeps its queries, keys, values and
+output at their own widths and, on every tensor-parallel rank, its two latents
+before and after their norms (``4 s b (r_q + r_kv)``). Selective recomputation drops the ``5 a s^2 b / t`` attention
 core; full recomputation keeps only the layer's input, ``2 s b h`` (``/ t``
 with sequence parallelism).
 
@@ -74,8 +76,10 @@ class ActivationCounts:
         if recompute is Recompute.FULL:
             return scale * 2 * s * b * h / replicas  # the layer's input only
         # replicated on every tensor-parallel rank: both norms' inputs (4), the
-        # QKV and MLP inputs (2 + 2) and the two dropout masks (1 + 1 bytes)
-        replicated = 10 * s * b * h
+        # QKV and MLP inputs (2 + 2) and the two dropout masks (1 + 1 bytes); with
+        # latent attention its latents, each its norm's input and the up-projection's
+        # (the norm's output), which the down-projections compute on every rank
+        replicated = 10 * s * b * h + 4 * s * b * self.latent_width
         # split over tp: Q, K, V, the attention output projection's input, the MLP's
         # wide tensors (MLP_WIDE_VALUES: GeLU in and out; gate, up and product for SwiGLU)
         if moe and self.moe:
@@ -84,8 +88,9 @@ class ActivationCounts:
                    + 2 * s * b * h * routed + 4 * s * b * self.moe.experts)
         else:
             mlp = 2 * MLP_WIDE_VALUES[self.mlp] * s * b * f
-        q = self.q_dim  # Q and the attention output are heads x head_dim wide
-        split = 2 * s * b * q + 4 * s * b * kv + 2 * s * b * q + mlp
+        # Q, K, V and the attention's output, which the output projection reads
+        q, value, out = self.q_dim, self.value_dim, self.attention_output_dim
+        split = 2 * s * b * q + 2 * s * b * kv + 2 * s * b * value + 2 * s * b * out + mlp
         if recompute is Recompute.NONE and scores:  # scores, softmax, dropout mask and output: 5 a s^2 b
             split += 5 * self.heads * s * self.seq * b
         return scale * (replicated / replicas + split / tp)

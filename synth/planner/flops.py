@@ -5,7 +5,9 @@ Formulas (T = b s tokens; the matrices are the model's parameter counts,
 
 * forward FLOPs of one layer: ``2 T x (matrix parameters)`` + ``4 T s h``
   (attention scores and their product with V, counted over the full s x s as
-  Megatron-LM does); logits ``2 T h V``. An MoE layer multiplies by the
+  Megatron-LM does; with multi-head latent attention ``2 T s a (qk + v)``, its
+  query-key and value heads' widths, and its five projections among the
+  matrices); logits ``2 T h V``. An MoE layer multiplies by the
   matrices one token passes (its attention, the router and the experts it is
   routed to, padded by the capacity factor, plus the shared ones);
 * a multi-token prediction module (``mtp_depth``): its block's, ``2 T x 2h^2``
@@ -72,7 +74,12 @@ class FlopCounts:
 
     def attention_core_flops(self, tokens: int) -> float:
         """Forward FLOPs of QK^T and (scores)V for ``tokens`` tokens: 4 T s q
-        (q = heads x head_dim, :attr:`q_dim`)."""
+        (q = heads x head_dim, :attr:`q_dim`); with latent attention ``2 T s
+        (q + v)``, the scores over the queries' width q = heads x (qk_nope +
+        qk_rope) and the product with the values over v = heads x v_head_dim
+        (:attr:`value_dim`)."""
+        if self.mla:
+            return 2.0 * tokens * self.seq * (self.q_dim + self.value_dim)
         return 4.0 * tokens * self.seq * self.q_dim
 
     def logits_forward_flops(self, tokens: int) -> float:

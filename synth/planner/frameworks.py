@@ -69,8 +69,11 @@ the step moves outside the layers' operations:
   so Adam moves 20 bytes, not 28); the passes outside the layers, which the
   report does not describe, are Megatron-LM's. Without other recomputation it
   stores a layer's activations as :func:`deepseek_activation_bytes` counts
-  (RMSNorm recomputed, FP8 and E5M6 caches) and recomputes both RMSNorms in
-  the backward (:attr:`Framework.recomputes_norms`). Under ``--dtype fp8`` its
+  (RMSNorm and latent attention's up-projections recomputed, FP8 and E5M6
+  caches) and recomputes both RMSNorms, and with latent attention its
+  latents' norms and up-projections, in the backward
+  (:attr:`Framework.recomputes_norms`,
+  :func:`~synth.planner.layercompute.deepseek_recompute_s`). Under ``--dtype fp8`` its
   GEMMs are DeepSeek-V3's tile- and block-scaled ones, with their online
   quantization passes and FP8 dispatch (:attr:`Framework.fp8_blocks`,
   :mod:`synth.planner.fp8`); the other frameworks' FP8 is row-wise scaled
@@ -120,7 +123,8 @@ class Framework:
     # data-parallel reduction: (always, with dp > 1): Megatron-LM's NaN check of each bucket, its 1/dp scaling
     gradients_freed: bool = False  # the gradients are set to None each step and made anew by the first backward
     logits_freed: bool = False  # the training loop drops its bf16 logits before the backward (eager loss: 12, not 14)
-    recomputes_norms: bool = False  # DeepSeek-V3's storage without recomputation: deepseek_activation_bytes
+    recomputes_norms: bool = False  # DeepSeek-V3's storage without recomputation: deepseek_activation_bytes (and
+    # its recomputation: layercompute.deepseek_recompute_s)
     fp8_blocks: bool = False  # under --dtype fp8: DeepSeek-V3's tile- and block-scaled FP8 (synth.planner.fp8)
     adam_bytes: int = ADAM_BYTES  # Adam(W) with fp32 moments, per updated parameter (fused: 28)
     clip_bytes: int = 0  # per updated parameter: the gradients' norm and their scaling before the optimizer
@@ -243,20 +247,32 @@ def deepseek_activation_bytes(model: Transformer, micro_batch: int, tp: int, moe
 
     * both RMSNorms are recomputed in the backward (Section 3.2.3): their
       outputs, the QKV and MLP inputs (``2 s b h`` each), are not kept;
+    * with multi-head latent attention, its up-projections and its latents'
+      RMSNorms are recomputed too (Section 3.2.3): the norms' outputs (``2 s
+      b (r_q + r_kv)``, on every tensor-parallel rank) and the
+      up-projections' outputs, the attention core's queries, keys and values
+      (``2 s b a (2 (d_n + d_r) + d_v) / t``), are not kept; the latents
+      (the norms' inputs) are, and the rotary key they are recomputed with
+      (``2 s b d_r``);
     * the input of the linear after the attention is cached in E5M6, 12 bits
-      (Section 3.3.3 (1)): ``1.5 s b h`` for ``2 s b h``;
+      (Section 3.3.3 (1)): ``1.5 s b h`` for ``2 s b h`` (with latent
+      attention ``1.5 s b a d_v / t`` for ``2 s b a d_v / t``);
     * an MoE layer caches its experts' inputs in FP8, as the dispatch sends
       them (Section 3.3.3, "Low-Precision Communication"): ``s b h`` per routed
       copy for ``2 s b h``; and of each expert's SwiGLU it caches the inputs in
       FP8 and recomputes the output (Section 3.3.3 (2)): ``2 s b f_e`` per
       expert pass (routed and shared) for ``6 s b f_e`` (SwiGLU experts).
 
-    MLA's up-projections, also recomputed (Section 3.2.3), are not modelled
-    (the model approximates MLA by multi-head attention, with no latents)."""
+    The recomputation's time is
+    :func:`~synth.planner.layercompute.deepseek_recompute_s`."""
     baseline = model.activation_bytes_per_layer(micro_batch, tp, Recompute.NONE, 2, False, sequence_parallel, moe, cp)
     s, b, h = model.seq // cp, micro_batch, model.hidden
     replicas = tp if sequence_parallel else 1
-    saved = 2 * 2 * s * b * h / replicas + 0.5 * s * b * h / tp  # the norms' outputs; E5M6 for bf16
+    projection_input = model.attention_output_dim if model.mla else h  # (ordinary heads: counted hidden wide)
+    saved = 2 * 2 * s * b * h / replicas + 0.5 * s * b * projection_input / tp  # the norms' outputs; E5M6
+    if model.mla:  # the latents' norms' outputs; Q, K, V; less the rotary key kept for the recomputation
+        saved += (2 * s * b * (model.latent_width - model.mla.qk_rope_head_dim) / replicas
+                  + 2 * s * b * (model.q_dim + model.kv_dim + model.value_dim) / tp)
     if moe and model.moe and model.mlp == "swiglu":
         expert_passes = model.moe.routed_per_token + model.moe.shared_experts
         saved += (s * b * h * model.moe.routed_per_token  # FP8 for bf16 routed copies

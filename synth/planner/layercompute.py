@@ -12,9 +12,14 @@ norms and residual adds, written below over T h, run over T h / t):
   projection ``(T, q / t, h)``, MLP up ``(T, h, m f / t)`` (m = 2 for a gated
   MLP: gate and up in one GEMM, as Megatron-LM fuses them), MLP down
   ``(T, f / t, h)``. Backward: the input gradient ``(T, N, K)`` and the weight
-  gradient ``(K, T, N)`` of each.
+  gradient ``(K, T, N)`` of each. Multi-head latent attention (``mla:``) runs
+  its down-projections, the RMSNorms of its two latents and its up-projections
+  in place of qkv (:func:`latent_gemms`, :func:`latent_attention_ops`), and its
+  output projection reads ``a d_v / t``.
 * Attention: batch b, heads / t heads, sequence s, head dim q / heads, causal;
-  forward and backward (grouped-query attention computes like full heads).
+  forward and backward (grouped-query attention computes like full heads;
+  latent attention at the mean of its query-key and value heads' widths,
+  :attr:`~synth.planner.transformer.Transformer.attention_head_dim`).
 * Elementwise, forward: two norms (``layer_norm``'s rate for LayerNorm and
   RMSNorm) and two residual adds over T h (replicated on every tensor-parallel
   rank), the activation over T f / t (``silu_mul`` for a gated MLP, else
@@ -286,9 +291,12 @@ def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, 
     t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
     ops: list[OpTime] = []
     fp8 = shard.fp8_gemms
-    ops += _gemm(profile, "qkv", tokens, h, (q + 2 * kv) // t, fp8)
+    if model.mla:
+        ops += latent_attention_ops(profile, model, shard)
+    else:
+        ops += _gemm(profile, "qkv", tokens, h, (q + 2 * kv) // t, fp8)
     ops += attention_ops(profile, model, shard)
-    ops += _gemm(profile, "attention_projection", tokens, q // t, h, fp8)
+    ops += _gemm(profile, "attention_projection", tokens, model.attention_output_dim // t, h, fp8)
     if moe:
         ops += _expert_ops(profile, model, shard)
     else:
@@ -301,7 +309,7 @@ def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, 
         if model.dropout:
             ops += _bytes_pass(profile, f"dropout{i}", shard.replicated_tokens * h, RESIDUAL_DROPOUT_BYTES)
     if model.positions == "rotary":
-        ops += _pass(profile, "rotary", "silu_mul", tokens * (q + kv) // t, 2)
+        ops += _pass(profile, "rotary", "silu_mul", rotary_values(model, shard), 2)
     if fp8 == "blocks":
         ops += block_fp8_passes(profile, model, shard, moe)
     launches = layer_launches(model)
@@ -311,6 +319,67 @@ def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, 
         if host_s > gpu_s:
             ops.append(OpTime("host_issue", phase, (count,), host_s - gpu_s))
     return ComputeTime(tuple(ops))
+
+
+def latent_gemms(model: Transformer, shard: Shard) -> tuple[tuple[str, int, int, int], ...]:
+    """Multi-head latent attention's GEMMs ``(name, M, K, N)`` on one device
+    before the attention core, as Megatron-core's ``MLASelfAttention`` splits
+    them over tensor parallelism (megatron/core/transformer/
+    multi_latent_attention.py: the down-projections ``duplicated``, the
+    up-projections column-parallel): the down-projections ``(T', h, r_q)``
+    and ``(T', h, r_kv + d_r)`` on every rank over its replicated tokens T'
+    (T, or T / t with sequence parallelism, where Megatron-core computes them
+    on the rank's share of the sequence), the up-projections ``(T, r_q, a
+    (d_n + d_r) / t)`` and ``(T, r_kv, a (d_n + d_v) / t)``. The output
+    projection, row-parallel, is the layer's ``attention_projection``."""
+    assert model.mla is not None
+    t, tokens, replicated = shard.tp, shard.tokens, shard.replicated_tokens
+    (_, h, q_lora), (_, _, q_up), (_, _, kv_down), (_, kv_lora, kv_up), _ = model.mla.projections(model.hidden,
+                                                                                                   model.heads)
+    return (("q_down", replicated, h, q_lora), ("q_up", tokens, q_lora, q_up // t),
+            ("kv_down", replicated, h, kv_down), ("kv_up", tokens, kv_lora, kv_up // t))
+
+
+def latent_attention_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> list[OpTime]:
+    """Latent attention's projections before the core (:func:`latent_gemms`)
+    and the RMSNorms of its two latents (``q_norm`` over T' r_q, ``kv_norm``
+    over T' r_kv values, at ``layer_norm``'s rate, backward twice the
+    forward as the layer's norms)."""
+    assert model.mla is not None
+    ops: list[OpTime] = []
+    for name, m, k, n in latent_gemms(model, shard):
+        ops += _gemm(profile, name, m, k, n, shard.fp8_gemms)
+    for name, width in (("q_norm", model.mla.q_lora_rank), ("kv_norm", model.mla.kv_lora_rank)):
+        ops += _pass(profile, name, "layer_norm", shard.replicated_tokens * width, 2)
+    return ops
+
+
+# the forward operations of a latent-attention layer DeepSeek-V3 runs again in the backward (arXiv:2412.19437
+# Section 3.2.3: "we recompute all RMSNorm operations and MLA up-projections during back-propagation"): the
+# layer's two norms, the latents' norms, the up-projections and, in FP8, the quantization of the up-projections'
+# inputs (their forward ``.quantize`` passes, block_fp8_passes)
+DEEPSEEK_RECOMPUTED = ("norm1", "norm2", "q_norm", "kv_norm", "q_up", "kv_up", "q_up.quantize", "kv_up.quantize")
+
+
+def deepseek_recompute_s(profile: OperationProfile, model: Transformer, shard: Shard) -> float:
+    """Seconds one layer's backward spends recomputing what DeepSeek-V3 does
+    not save (``--framework deepseek`` without other recomputation;
+    :func:`~synth.planner.frameworks.deepseek_activation_bytes`): one more
+    forward of each operation of :data:`DEEPSEEK_RECOMPUTED` the layer runs
+    (both RMSNorms for any model; with latent attention also its latents'
+    norms and up-projections). The same in a dense and an MoE layer."""
+    return sum(op.seconds for op in layer_compute(profile, model, shard).ops
+               if op.phase == "forward" and op.name in DEEPSEEK_RECOMPUTED)
+
+
+def rotary_values(model: Transformer, shard: Shard) -> int:
+    """Values one device rotates per micro-batch: the queries and keys,
+    ``T (q + kv) / t``; with latent attention each query head's rotary part
+    and the one rotary key all heads share, ``T (a d_r / t + d_r)``."""
+    if model.mla:
+        rope = model.mla.qk_rope_head_dim
+        return shard.tokens * (model.heads * rope // shard.tp + rope)
+    return shard.tokens * (model.q_dim + model.kv_dim) // shard.tp
 
 
 # Transformer Engine's userbuffers (NVIDIA/TransformerEngine at 4e7caa1c3, v1.7; synth.planner.overlaps): the ring
@@ -340,9 +409,13 @@ def tp_overlap_chunk_ops(profile: OperationProfile, model: Transformer, shard: S
         part = (m // chunks, k, n) if rows else (m, k, n // chunks)
         return OpTime(f"{name}.chunks", phase, part, chunks * float(g.seconds(*part, rate, operand)) - whole)
 
-    ops = [extra("qkv", "forward", tokens, h, (q + 2 * kv) // t, t, True),
-           extra("attention_projection", "forward", tokens, q // t, h, p, False),
-           extra("attention_projection.dgrad", "backward", tokens, h, q // t, t, True)]
+    out = model.attention_output_dim
+    if model.mla:  # the up-projections gather the latents (the down-projections run on the rank's tokens)
+        ops = [extra(name, "forward", m, k, n, t, True) for name, m, k, n in latent_gemms(model, shard)[1::2]]
+    else:
+        ops = [extra("qkv", "forward", tokens, h, (q + 2 * kv) // t, t, True)]
+    ops += [extra("attention_projection", "forward", tokens, out // t, h, p, False),
+            extra("attention_projection.dgrad", "backward", tokens, h, out // t, t, True)]
     if not (moe and model.moe is not None):
         up = (model.mlp_matrices - 1) * f // t
         ops += [extra("mlp_up", "forward", tokens, h, up, t, True),
@@ -414,8 +487,12 @@ def block_fp8_passes(profile: OperationProfile, model: Transformer, shard: Shard
         passes.append((name, "backward", requantize_transposed_bytes(inputs)))
         passes.extend([(name, "backward", quantize_bytes(outputs))] * gradients)
 
-    linear("qkv", tokens * h, tokens * (q + 2 * kv) // t)
-    linear("attention_projection", tokens * q // t, tokens * h)
+    if model.mla:  # each of latent attention's Linear layers quantizes its own input
+        for name, m, k, n in latent_gemms(model, shard):
+            linear(name, m * k, m * n)
+    else:
+        linear("qkv", tokens * h, tokens * (q + 2 * kv) // t)
+    linear("attention_projection", tokens * model.attention_output_dim // t, tokens * h)
     if not moe:
         linear("mlp_up", tokens * h, tokens * up * f // t)
         linear("mlp_down", tokens * f // t, tokens * h)
@@ -441,9 +518,11 @@ def block_fp8_passes(profile: OperationProfile, model: Transformer, shard: Shard
 def layer_launches(model: Transformer) -> tuple[int, int]:
     """Kernels one layer of ``model`` launches in eager PyTorch, (forward,
     backward): ``EAGER_LAUNCHES`` over its operations (GPT: biased GEMMs,
-    LayerNorm, GELU; Llama: unbiased GEMMs, RMSNorm, SwiGLU, rotary)."""
-    names = [("gemm_bias" if model.biases else "gemm")] * 4 + ["attention"]
-    names += [("rms_norm" if model.norm == "rmsnorm" else "layer_norm")] * 2 + ["residual"] * 2
+    LayerNorm, GELU; Llama: unbiased GEMMs, RMSNorm, SwiGLU, rotary; latent
+    attention: four GEMMs and two norms in place of QKV)."""
+    gemms, norms = (7, 4) if model.mla else (4, 2)  # latent attention: four projections for QKV, the latents' norms
+    names = [("gemm_bias" if model.biases else "gemm")] * gemms + ["attention"]
+    names += [("rms_norm" if model.norm == "rmsnorm" else "layer_norm")] * norms + ["residual"] * 2
     names += [_ACTIVATION_LAUNCHES[model.mlp]] + (["rotary"] if model.positions == "rotary" else [])
     return (sum(EAGER_LAUNCHES[n][0] for n in names), sum(EAGER_LAUNCHES[n][1] for n in names))
 
@@ -516,8 +595,7 @@ def torchtitan_eager_ops(profile: OperationProfile, model: Transformer, shard: S
         for name in ("norm1", "norm2", "final_norm"):
             new[name] = _bytes_pass(profile, name, replicated * h, RMS_NORM_BYTES)
     if model.positions == "rotary":
-        new["rotary"] = _bytes_pass(profile, "rotary", shard.tokens * (model.q_dim + model.kv_dim) // shard.tp,
-                                    ROTARY_BYTES)
+        new["rotary"] = _bytes_pass(profile, "rotary", rotary_values(model, shard), ROTARY_BYTES)
     names = {op.name for op in ops.ops}
     kept = [op for op in ops.ops if op.name.removesuffix(".backward") not in new]
     added = [op for name, passes in new.items() if name in names for op in passes]

@@ -21,11 +21,11 @@ from ..documents import read_yaml
 from ..errors import SynthError
 from ..resources import models_dir
 from ..units import MAX_COUNT, bounded_int, shown_number
-from .transformer import MoE, Transformer, family_defaults
+from .transformer import MLA, MoE, Transformer, family_defaults
 
 # field -> (type, required); the files' other keys are informative
 _INT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "params", "head_dim",
-               "core_head_dim", "train_batch_tokens")
+               "train_batch_tokens")
 _COUNT_FIELDS = ("mtp_depth",)  # integers that may be 0
 _REQUIRED = ("layers", "hidden", "heads", "seq", "vocab")
 _BOOL_FIELDS = ("gated_mlp", "biases", "tied_embeddings")
@@ -38,13 +38,17 @@ _CHOICE_FIELDS = {"mlp": ("gelu", "swiglu", "relu", "squared_relu"), "norm": ("l
 # 2.5 x 10^4 hidden, 10^2 heads, 2.6 x 10^5 vocabulary, 4 x 10^2 experts, 10^6-10^7 tokens of context), so that
 # a typo of many digits is one error line, not a plan of "25 billion GiB per device"
 MODEL_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16,
-                "core_head_dim": 2**16, "ffn": 2**22, "vocab": 2**24, "seq": 2**24, "params": 10**15,
+                "ffn": 2**22, "vocab": 2**24, "seq": 2**24, "params": 10**15,
                 "train_batch_tokens": 10**15, "experts": 2**16, "top_k": 2**16, "expert_ffn": 2**22, "shared_experts": 2**16,
-                "dense_layers": 10_000, "max_nodes": 2**16, "mtp_depth": 10_000}
+                "dense_layers": 10_000, "max_nodes": 2**16, "mtp_depth": 10_000, "q_lora_rank": 2**20,
+                "kv_lora_rank": 2**20, "qk_rope_head_dim": 2**16, "qk_nope_head_dim": 2**16, "v_head_dim": 2**16}
 # the moe: block's fields (inline: given flat, e.g. experts=8,top_k=2,expert_ffn=14336)
 MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "capacity_factor")
+# the mla: block's fields, all required (multi-head latent attention, transformer.MLA; inline: given flat)
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 INLINE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "gated_mlp",
-                 "biases", "norm", "positions", "tied_embeddings", "mtp_depth", "dropout", "attention_dropout") + MOE_FIELDS
+                 "biases", "norm", "positions", "tied_embeddings", "mtp_depth", "dropout", "attention_dropout") + MOE_FIELDS \
+                + MLA_FIELDS
 
 
 def model_from_dict(data: Any, source: str) -> Transformer:
@@ -52,7 +56,7 @@ def model_from_dict(data: Any, source: str) -> Transformer:
     if not isinstance(data, dict):
         raise SynthError(f"{source}: expected a mapping with keys {', '.join(_REQUIRED)}")
     allowed = (_INT_FIELDS + _COUNT_FIELDS + _BOOL_FIELDS + _TEXT_FIELDS + _FRACTION_FIELDS + tuple(_CHOICE_FIELDS)
-               + ("moe",))
+               + ("moe", "mla"))
     for key in data:
         if key not in allowed:
             raise SynthError(f"{source}: unknown model field '{key}'; known fields are {', '.join(allowed)}")
@@ -95,7 +99,9 @@ def model_from_dict(data: Any, source: str) -> Transformer:
                          "disagree: gated_mlp true is mlp swiglu; give one of them")
     gated, defaults = mlp == "swiglu", family_defaults(mlp)
     heads, hidden = data["heads"], data["hidden"]
-    if hidden % heads and "head_dim" not in data:
+    biases = bool(data.get("biases", defaults["biases"]))
+    mla = _mla_from(data["mla"], data, biases, source) if data.get("mla") is not None else None
+    if hidden % heads and "head_dim" not in data and mla is None:
         raise SynthError(f"{source}: model field 'heads' ({heads}) must divide hidden ({hidden}): every head has "
                          "hidden / heads dimensions (or give head_dim, as a source prints it)")
     kv_heads = data.get("kv_heads", heads)
@@ -111,15 +117,51 @@ def model_from_dict(data: Any, source: str) -> Transformer:
         name=str(data.get("name", Path(source).stem)),
         layers=data["layers"], hidden=hidden, heads=heads, seq=data["seq"], vocab=data["vocab"],
         ffn=data.get("ffn", 4 * hidden), kv_heads=kv_heads, mlp=mlp,
-        biases=bool(data.get("biases", defaults["biases"])),
+        biases=biases,
         norm=str(data.get("norm", defaults["norm"])),
         positions=str(data.get("positions", defaults["positions"])),
-        tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe, head_dim=data.get("head_dim"),
-        core_head_dim=data.get("core_head_dim"),
+        tied_embeddings=bool(data.get("tied_embeddings", True)), moe=moe, head_dim=data.get("head_dim"), mla=mla,
         params_stated=data.get("params"), source=str(data.get("source", "")),
         source_inconsistency=data.get("source_inconsistency"), mtp_depth=data.get("mtp_depth", 0),
         dropout=float(data.get("dropout", 0.0)), attention_dropout=float(data.get("attention_dropout", 0.0)),
     )
+
+
+def _mla_from(block: Any, data: dict[str, Any], biases: bool, source: str) -> MLA:
+    """The ``mla:`` block (multi-head latent attention); errors name the field.
+    Its heads are the model's ``heads``, each with its own keys and values
+    (no ``kv_heads`` below heads), their widths the block's (no
+    ``head_dim``), and its projections have no biases."""
+    if not isinstance(block, dict):
+        raise SynthError(f"{source}: model field 'mla' must be a mapping with {', '.join(MLA_FIELDS)}")
+    for key in block:
+        if key not in MLA_FIELDS:
+            raise SynthError(f"{source}: unknown field 'mla.{key}'; known fields are {', '.join(MLA_FIELDS)}")
+    for key in MLA_FIELDS:
+        if key not in block:
+            raise SynthError(f"{source}: missing field 'mla.{key}' (latent attention needs all of "
+                             f"{', '.join(MLA_FIELDS)}; DeepSeek-V3's {key} is {_DEEPSEEK_V3_MLA[key]})")
+        value = block[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SynthError(f"{source}: field 'mla.{key}' must be an integer >= 1, got {value!r}")
+        if value > MODEL_LIMITS[key]:
+            raise SynthError(f"{source}: field 'mla.{key}' is {shown_number(str(value))}; at most "
+                             f"{MODEL_LIMITS[key]:,} (far above any model trained today)")
+    if data.get("kv_heads", data["heads"]) != data["heads"]:
+        raise SynthError(f"{source}: model field 'kv_heads' ({data['kv_heads']}) must equal heads ({data['heads']}) "
+                         "with an mla: block: latent attention projects every head's keys and values (drop kv_heads)")
+    if "head_dim" in data:
+        raise SynthError(f"{source}: model field 'head_dim' cannot be given with an mla: block: its heads' widths "
+                         "are mla.qk_nope_head_dim + mla.qk_rope_head_dim and mla.v_head_dim (drop head_dim)")
+    if biases:
+        raise SynthError(f"{source}: model field 'biases' must be false with an mla: block (latent attention's "
+                         "projections have no biases; GPT's MLPs default to biases: give biases: false)")
+    return MLA(*(block[key] for key in MLA_FIELDS))
+
+
+# DeepSeek-V3's values (arXiv:2412.19437 Section 4.2), quoted in the errors as examples
+_DEEPSEEK_V3_MLA = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                    "v_head_dim": 128}
 
 
 def _moe_from(block: Any, layers: int, source: str) -> MoE:
@@ -187,6 +229,9 @@ def parse_inline_model(spec: str, option: str = "--model") -> Transformer:
     moe = {key: data.pop(key) for key in MOE_FIELDS if key in data}
     if moe:
         data["moe"] = moe
+    mla = {key: data.pop(key) for key in MLA_FIELDS if key in data}
+    if mla:
+        data["mla"] = mla
     data["name"] = "inline"
     return model_from_dict(data, option)
 

@@ -116,6 +116,7 @@ from .curvepasses import curve_pass_s
 from .layercompute import (
     FP8_GEMM_SPEEDUP,
     Shard,
+    deepseek_recompute_s,
     embedding_compute,
     head_compute,
     layer_compute,
@@ -261,7 +262,7 @@ def step_shape(model: Transformer, training: Training, config: Configuration) ->
         activation_bytes=config.micro_batch * model.seq // config.cp * model.hidden * w,
         gemm_flops=tuple(2.0 * config.micro_batch * model.seq * p / (config.tp * config.cp)
                          for p in (model.moe_layer_gemm_params if moe else model.layer_gemm_params)),
-        kv_bytes=2 * config.micro_batch * model.seq // config.cp * model.kv_dim * w // config.tp,
+        kv_bytes=config.micro_batch * model.seq // config.cp * (model.kv_dim + model.value_dim) * w // config.tp,
         attention_fraction=((model.layers + model.mtp_depth) * 3 * model.attention_core_flops(config.micro_batch * model.seq)
                             / flops.total),
         gradient_bytes=math.ceil((params - routed) / config.tp) * training.gradient_reduce_bytes,
@@ -360,10 +361,9 @@ def _operations_estimate(model: Transformer, training: Training, config: Configu
     shard = layer_shard(training, config, model)
     layout = config.layers_of_stages(model)
     mix = stage_mix(model, layout)
-    again_s = 0.0  # per layer: DeepSeek-V3's RMSNorms, recomputed in the backward (frameworks.deepseek_activation_bytes)
+    again_s = 0.0  # per layer: what DeepSeek-V3 recomputes in the backward (frameworks.deepseek_activation_bytes)
     if training.recipe.recomputes_norms and training.recompute is Recompute.NONE:
-        again_s = sum(op.seconds for op in layer_compute(compute, model, shard).ops
-                      if op.phase == "forward" and op.name in ("norm1", "norm2"))
+        again_s = deepseek_recompute_s(compute, model, shard)
     chunks_s = (0.0, 0.0)  # per dense and MoE layer: its GEMMs in Transformer Engine's chunks (--tp-overlap)
     if training.tp_overlap:
         again = 1 if training.recompute is Recompute.FULL else 0  # the recomputed forward runs them so too

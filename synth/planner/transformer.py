@@ -30,7 +30,10 @@ Parameters (kv = h x kv_heads / a):
 * per layer: ``h(h + 2kv) + h^2`` (q, k, v, o) ``+ m h f`` (MLP, m = 2
   or 3) + biases ``h + 2kv + h + (m - 1) f + h`` (with ``biases``) + norms
   ``4h`` (LayerNorm) or ``2h`` (RMSNorm); for GPT with f = 4h that is
-  Megatron's ``12 h^2 + 13 h``;
+  Megatron's ``12 h^2 + 13 h``; with multi-head latent attention (``mla:``,
+  :class:`MLA`, a heads, latents r_q and r_kv, rotary width d_r, head widths
+  d_n and d_v) the attention is ``h r_q + r_q a (d_n + d_r) + h (r_kv + d_r) +
+  r_kv a (d_n + d_v) + a d_v h`` and its latents' norms ``r_q + r_kv``;
 * embeddings ``V h`` (+ ``s h`` learned positions), an untied output head
   ``V h``, a final norm ``2h`` (LayerNorm) or ``h`` (RMSNorm);
 * a multi-token prediction module (``mtp_depth``, :class:`Transformer`):
@@ -100,6 +103,48 @@ class MoE:
 
 
 @dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention (DeepSeek-AI 2024, arXiv:2412.19437 Section
+    2.1.1; ``mla:`` in a model file), in place of the query, key and value
+    projections of ordinary heads. The layer's input (hidden h) is projected
+    down to two latents, the query's (``q_lora_rank``) and the keys' and values'
+    (``kv_lora_rank``, with the decoupled rotary key of ``qk_rope_head_dim``,
+    one head shared by all), each RMS-normed; the latents are projected up to
+    ``heads`` query heads of ``qk_nope_head_dim + qk_rope_head_dim`` and to the
+    heads' keys (``qk_nope_head_dim``, joined by the shared rotary key) and
+    values (``v_head_dim``); the output projection reads ``heads x
+    v_head_dim``. Five matrices, no biases (:meth:`projections`)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        """One query (and key) head's width in the scores: the part without
+        positions and the rotary part."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def projections(self, hidden: int, heads: int) -> tuple[tuple[str, int, int], ...]:
+        """The attention's matrices as ``(name, inputs, outputs)``, in the
+        order the layer runs them: the query's down- and up-projection, the
+        keys' and values' down-projection (latent and rotary key) and
+        up-projection (each head's key part without positions and its value),
+        the output projection."""
+        q, kv, rope = self.q_lora_rank, self.kv_lora_rank, self.qk_rope_head_dim
+        return (("q_down", hidden, q), ("q_up", q, heads * self.qk_head_dim),
+                ("kv_down", hidden, kv + rope), ("kv_up", kv, heads * (self.qk_nope_head_dim + self.v_head_dim)),
+                ("attention_projection", heads * self.v_head_dim, hidden))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"q_lora_rank": self.q_lora_rank, "kv_lora_rank": self.kv_lora_rank,
+                "qk_rope_head_dim": self.qk_rope_head_dim, "qk_nope_head_dim": self.qk_nope_head_dim,
+                "v_head_dim": self.v_head_dim}
+
+
+@dataclass(frozen=True)
 class Transformer(FlopCounts, ActivationCounts):
     """A decoder-only transformer (see the module docstring). Its FLOP counts
     are :class:`~synth.planner.flops.FlopCounts`' methods and its activation
@@ -131,7 +176,7 @@ class Transformer(FlopCounts, ActivationCounts):
     tied_embeddings: bool = True
     moe: MoE | None = None  # None: every layer dense
     head_dim: int | None = None  # the model file's head_dim where it gives one (None: hidden / heads)
-    core_head_dim: int | None = None  # the attention core's head width where not head_dim's (latent attention)
+    mla: MLA | None = None  # multi-head latent attention in place of the q, k, v projections (None: ordinary heads)
     params_stated: int | None = None  # the count the source states (informative)
     mtp_depth: int = 0  # multi-token prediction modules on the last stage (:attr:`mtp_module_params`)
     dropout: float = 0.0  # training's dropout of the residual branches and the embedding (Megatron's --hidden-dropout)
@@ -158,25 +203,58 @@ class Transformer(FlopCounts, ActivationCounts):
         return self.head_dim or self.hidden // self.heads
 
     @property
-    def attention_head_dim(self) -> int:
-        """The head width the attention core computes over: the model file's
-        ``core_head_dim`` where its core differs from its projections (DeepSeek-V3's
-        multi-head latent attention, approximated as ordinary heads whose
-        projections are :attr:`head_dimension` wide), else :attr:`head_dimension`."""
-        return self.core_head_dim or self.head_dimension
+    def attention_head_dim(self) -> float:
+        """The head width the attention core is timed at: :attr:`head_dimension`;
+        with latent attention the mean of the query-key and the value heads'
+        widths, ``(qk + v) / 2`` (its scores run over qk, its product with the
+        values over v: ``2 s^2 (qk + v)`` FLOPs per head, those of heads that
+        wide, :meth:`~synth.planner.flops.FlopCounts.attention_core_flops`)."""
+        if self.mla:
+            width = self.mla.qk_head_dim + self.mla.v_head_dim
+            return width // 2 if width % 2 == 0 else width / 2
+        return self.head_dimension
 
     @property
     def q_dim(self) -> int:
-        """Width of the query projection, and of the attention output the
-        output projection reads: heads x head_dim (the hidden width unless the
+        """Width of the queries: heads x head_dim (the hidden width unless the
         model file gives a head_dim that differs; Megatron-LM's
-        ``--kv-channels``)."""
+        ``--kv-channels``); with latent attention heads x (qk_nope_head_dim +
+        qk_rope_head_dim)."""
+        if self.mla:
+            return self.heads * self.mla.qk_head_dim
         return self.heads * self.head_dimension
 
     @property
     def kv_dim(self) -> int:
-        """Width of the key (and value) projection: kv_heads x head_dim."""
+        """Width of the keys: kv_heads x head_dim (the values' too, :attr:`value_dim`);
+        with latent attention as wide as the queries (:attr:`q_dim`)."""
+        if self.mla:
+            return self.q_dim
         return self.kv_heads * self.head_dimension
+
+    @property
+    def value_dim(self) -> int:
+        """Width of the values: :attr:`kv_dim`; with latent attention heads x v_head_dim."""
+        return self.heads * self.mla.v_head_dim if self.mla else self.kv_dim
+
+    @property
+    def attention_output_dim(self) -> int:
+        """Width of the attention core's output, which the output projection
+        reads: :attr:`q_dim`; with latent attention heads x v_head_dim."""
+        return self.heads * self.mla.v_head_dim if self.mla else self.q_dim
+
+    @property
+    def latent_width(self) -> int:
+        """Latent attention's two latents per token, q_lora_rank + kv_lora_rank
+        (each RMS-normed; 0 without latent attention)."""
+        return self.mla.q_lora_rank + self.mla.kv_lora_rank if self.mla else 0
+
+    @property
+    def attention_norm_params(self) -> int:
+        """The norms inside the attention: latent attention's two latents'
+        (a weight per value with RMSNorm, weight and bias with LayerNorm); 0
+        without."""
+        return (2 if self.norm == "layernorm" else 1) * self.latent_width
 
     @property
     def mlp_matrices(self) -> int:
@@ -186,8 +264,20 @@ class Transformer(FlopCounts, ActivationCounts):
     @property
     def attention_matrix_params(self) -> int:
         """Q, K, V (hidden to q_dim + 2 kv_dim) and the output projection
-        (q_dim to hidden)."""
+        (q_dim to hidden); with latent attention its five matrices
+        (:meth:`MLA.projections`)."""
         return sum(self.layer_gemm_params[:2])
+
+    @property
+    def attention_gemm_params(self) -> tuple[int, int]:
+        """The attention's matrices as two tensor-parallel GEMMs: what reads
+        the layer's input (QKV, hidden to q_dim + 2 kv_dim; with latent
+        attention the down- and up-projections) and the output projection."""
+        if self.mla:
+            sizes = [k * n for _, k, n in self.mla.projections(self.hidden, self.heads)]
+            return sum(sizes[:-1]), sizes[-1]
+        h, q = self.hidden, self.q_dim
+        return h * (q + 2 * self.kv_dim), q * h
 
     @property
     def attention_bias_params(self) -> int:
@@ -240,7 +330,7 @@ class Transformer(FlopCounts, ActivationCounts):
         shared experts."""
         assert self.moe is not None
         return (self.attention_matrix_params + self.attention_bias_params + 2 * self.norm_params
-                + self.hidden * self.moe.experts + self.moe_layer_routed_params
+                + self.attention_norm_params + self.hidden * self.moe.experts + self.moe_layer_routed_params
                 + self.moe.shared_experts * self.expert_params)
 
     @property
@@ -258,23 +348,23 @@ class Transformer(FlopCounts, ActivationCounts):
         """The matrices of a layer's four tensor-parallel GEMMs, in order:
         QKV, attention output projection, MLP up (with the gate when gated),
         MLP down. Their sum is :attr:`layer_matrix_params`."""
-        h, f, q = self.hidden, self.ffn, self.q_dim
-        return h * (q + 2 * self.kv_dim), q * h, (self.mlp_matrices - 1) * h * f, h * f
+        h, f = self.hidden, self.ffn
+        return (*self.attention_gemm_params, (self.mlp_matrices - 1) * h * f, h * f)
 
     @property
     def moe_layer_gemm_params(self) -> tuple[float, float, float, float]:
         """:attr:`layer_gemm_params` of an MoE layer per token: the experts a
         token passes (routed, padded, and shared) in place of the MLP."""
         assert self.moe is not None
-        h, f, q = self.hidden, self.moe.expert_ffn, self.q_dim
+        h, f = self.hidden, self.moe.expert_ffn
         experts = self.moe.routed_per_token + self.moe.shared_experts
-        return h * (q + 2 * self.kv_dim), q * h, experts * (self.mlp_matrices - 1) * h * f, experts * h * f
+        return (*self.attention_gemm_params, experts * (self.mlp_matrices - 1) * h * f, experts * h * f)
 
     @property
     def layer_params(self) -> int:
         """One dense layer: matrices, biases and norms."""
         return (self.attention_matrix_params + self.attention_bias_params + self.mlp_params(self.ffn)
-                + 2 * self.norm_params)
+                + 2 * self.norm_params + self.attention_norm_params)
 
     def layers_params(self, dense: int, moe: int) -> int:
         """``dense`` dense layers and ``moe`` MoE layers."""
@@ -357,7 +447,11 @@ class Transformer(FlopCounts, ActivationCounts):
 
     def describe(self) -> str:
         extra = []
-        if self.q_dim != self.hidden:
+        if self.mla:
+            m = self.mla
+            extra.append(f"latent attention (q {m.q_lora_rank}, kv {m.kv_lora_rank}, heads qk {m.qk_head_dim} = "
+                         f"{m.qk_nope_head_dim} + rotary {m.qk_rope_head_dim}, v {m.v_head_dim})")
+        elif self.q_dim != self.hidden:
             extra.append(f"head_dim {self.head_dimension}")
         if self.ffn != 4 * self.hidden:
             extra.append(f"ffn {self.ffn}")
@@ -407,6 +501,8 @@ class Transformer(FlopCounts, ActivationCounts):
             out["dropout"] = self.dropout
         if self.attention_dropout:
             out["attention_dropout"] = self.attention_dropout
+        if self.mla:
+            out["mla"] = self.mla.to_dict()
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -414,7 +510,7 @@ class Transformer(FlopCounts, ActivationCounts):
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.ffn, "kv_heads": self.kv_heads,
                 "mlp": self.mlp, "gated_mlp": self.gated_mlp, "biases": self.biases, "norm": self.norm,
                 "positions": self.positions, "tied_embeddings": self.tied_embeddings, "head_dim": self.head_dimension,
-                **({"core_head_dim": self.core_head_dim} if self.core_head_dim else {}),
+                **({"mla": self.mla.to_dict()} if self.mla else {}),
                 **({"mtp_depth": self.mtp_depth, "mtp_parameters": self.mtp_params} if self.mtp_depth else {}),
                 **({"dropout": self.dropout} if self.dropout else {}),
                 **({"attention_dropout": self.attention_dropout} if self.attention_dropout else {}),

@@ -116,15 +116,3 @@ def test_megatron_cores_own_modules_have_the_planners_parameter_count():
     assert done.returncode == 0, done.stderr[-2000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert counts == [m.parameters for m in models]
-
-
-def test_a_core_head_width_times_the_attention_core_only():
-    """DeepSeek-V3's latent attention, approximated as ordinary heads: its
-    projections stay hidden wide (7168 = 128 x 56) and only the attention
-    core runs at core_head_dim 160 (models/deepseek-v3.yaml)."""
-    m = load_model("deepseek-v3")
-    assert (m.q_dim, m.kv_dim, m.attention_head_dim) == (7168, 7168, 160)
-    assert m.attention_core_flops(4096) == 4 * 4096 * m.seq * 7168
-    profile = shipped_profile_for("h100-sxm5-80gb")
-    ops = {op.name: op.shape for op in layer_compute(profile, m, Shard(8, 1, 4096)).ops}
-    assert ops["qkv"] == (4096, 7168, 3 * 7168 // 8) and ops["attention"] == (1, 16, 4096, 160)

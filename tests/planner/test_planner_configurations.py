@@ -338,8 +338,8 @@ def test_the_frontier_models_plan_as_documented(cli):
     # as DeepSeek stores its activations (BF16 moments, FP8 caches, RMSNorm recomputed) it fits without
     ours = one(*h800, "--axes", "tp=1,ep=64,dp=2,pp=16", "--framework", "deepseek")
     assert ours["feasible"] and ours["recompute"] == "none" and ours["breakdown"]["ep"] < published["breakdown"]["ep"]
-    pick = one(*h800, "--axes", "tp=2,ep=8,dp=8,pp=16")  # the full search's pick (docs/planner.md)
-    assert pick["feasible"] and pick["predicted_step_s"] < published["predicted_step_s"] / 1.5
+    pick = one(*h800, "--axes", "tp=2,ep=16,dp=8,pp=8")  # the full search's pick (docs/planner.md: 1.45x)
+    assert pick["feasible"] and pick["predicted_step_s"] < published["predicted_step_s"] / 1.4
     meta = one("--topology", "dgx-h100", "--scale", "node=2048", "--model", "llama3-405b", "--global-batch", "2048",
                "--axes", "tp=8,dp=128,pp=16", "--micro-batch", "1", "--stages", "uneven", "--sharding", "zero2",
                "--schedule", "search", "--no-verify", "--json")

@@ -43,7 +43,7 @@ GPUS = ROOT / "data" / "gpus.yaml"
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
 
 REQUIRED_INT = ("layers", "hidden", "heads", "seq", "vocab")
-OPTIONAL_INT = ("ffn", "kv_heads", "params", "head_dim", "core_head_dim", "train_batch_tokens")
+OPTIONAL_INT = ("ffn", "kv_heads", "params", "head_dim", "train_batch_tokens")
 IGNORED_REL = 0.01
 MAX_REL = 0.04
 
@@ -90,6 +90,11 @@ def moe_params(m: dict) -> int:
     heads = m["heads"]
     kv_dim = h * m.get("kv_heads", heads) // heads
     attention = h * h + 2 * h * kv_dim + h * h + 2 * h  # q, k, v, o and the two RMSNorms
+    if "mla" in m:  # latent attention: q down and up, kv down and up, o; the latents' norms; the layer's two
+        r_q, r_kv, rope = m["mla"]["q_lora_rank"], m["mla"]["kv_lora_rank"], m["mla"]["qk_rope_head_dim"]
+        nope, v = m["mla"]["qk_nope_head_dim"], m["mla"]["v_head_dim"]
+        attention = (h * r_q + r_q * heads * (nope + rope) + h * (r_kv + rope) + r_kv * heads * (nope + v)
+                     + heads * v * h + r_q + r_kv + 2 * h)
     expert = 3 * h * moe["expert_ffn"]
     dense_layers = moe.get("dense_layers", 0)
     moe_layer = attention + h * moe["experts"] + (moe["experts"] + moe.get("shared_experts", 0)) * expert
@@ -159,9 +164,8 @@ def test_model_heads_divide_hidden(path: Path):
     """hidden = heads x head size, unless the file records that its source disagrees."""
     m = _load(path)
     consistent = m["hidden"] % m["heads"] == 0
-    for width in ("head_dim", "core_head_dim"):  # the projections' heads, the attention core's
-        if width in m:
-            consistent = consistent and m["heads"] * m[width] == m["hidden"]
+    if "head_dim" in m:  # the projections' heads
+        consistent = consistent and m["heads"] * m["head_dim"] == m["hidden"]
     if not consistent:
         assert isinstance(m.get("source_inconsistency"), str), (
             f"{path.name}: hidden {m['hidden']} does not match heads {m['heads']}"

@@ -144,8 +144,8 @@ def test_model_yaml_with_an_unknown_field(cli, tmp_path):
     path.write_text(yaml.safe_dump({"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 100, "colour": 1}))
     msg = usage_error(cli, "plan", "--topology", "dgx-a100", "--model", path, "--global-batch", "8")
     assert msg == (f"{path}: unknown model field 'colour'; known fields are layers, hidden, heads, seq, vocab, ffn, "
-                   "kv_heads, params, head_dim, core_head_dim, train_batch_tokens, mtp_depth, gated_mlp, biases, tied_embeddings, "
-                   "name, description, source, source_inconsistency, dropout, attention_dropout, mlp, norm, positions, moe")
+                   "kv_heads, params, head_dim, train_batch_tokens, mtp_depth, gated_mlp, biases, tied_embeddings, "
+                   "name, description, source, source_inconsistency, dropout, attention_dropout, mlp, norm, positions, moe, mla")
 
 
 # ================================================================ architecture fields
