@@ -1,6 +1,6 @@
 """FP8 against BF16 GEMMs on this GPU, side by side: a first-hand check of the
 speed-up the planner's ``--dtype fp8`` takes from FBGEMM's H100 measurements
-(``FP8_GEMM_SPEEDUP`` in synth/planner/layercompute.py, data/fp8_gemm_h100.jsonl).
+(``FP8_GEMM_SPEEDUP`` in synth/planner/optimes.py, data/fp8_gemm_h100.jsonl).
 
     python scripts/fp8_gemm_check.py [--out RECORDS.jsonl] [--iters 20]
 

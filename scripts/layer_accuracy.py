@@ -414,7 +414,8 @@ def compare(args: argparse.Namespace) -> int:
     from synth.errors import SynthError
     from synth.planner.calibration import fit_host
     from synth.planner.compute import load_compute_profile, shipped_profile_for
-    from synth.planner.layercompute import Shard, layer_compute
+    from synth.planner.layercompute import layer_compute
+    from synth.planner.optimes import Shard
     from synth.planner.operations import HostModel, OperationProfile
     rows = [json.loads(line) for line in open(args.measured) if line.strip()]
     gpus = sorted({r["gpu"] for r in rows})

@@ -113,7 +113,8 @@ def measure(out_path: str, iters: int) -> int:
 def compare(records_path: str, profile_path: str | None) -> int:
     from synth.errors import SynthError
     from synth.planner.compute import default_compute, load_compute_profile
-    from synth.planner.layercompute import Shard, attention_ops
+    from synth.planner.layercompute import attention_ops
+    from synth.planner.optimes import Shard
     from synth.planner.operations import OperationProfile
     from synth.planner.modelspec import load_model
 

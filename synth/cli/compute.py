@@ -11,9 +11,10 @@ from typing import Any, Sequence
 
 from ..errors import SynthError
 from ..planner.compute import shipped_profile_for
-from ..planner.layercompute import Shard, layer_compute
+from ..planner.layercompute import layer_compute
 from ..planner.modelspec import load_model
 from ..planner.operations import OperationProfile
+from ..planner.optimes import Shard
 from ..units import MAX_COUNT, bounded_int, format_seconds
 from .args import Parser, compute_profile_argument
 

@@ -2,7 +2,8 @@
 
 Two models, one file schema (``synth-reduce/compute-profile``): version 2 is
 the per-operation model (:mod:`synth.planner.operations`, composed per layer
-and stage by :mod:`synth.planner.layercompute`), fitted per GPU from operation
+by :mod:`synth.planner.layercompute` and per stage by
+:mod:`synth.planner.stagecompute`), fitted per GPU from operation
 timings (``synth-reduce calibrate``); a shipped one (``profiles/``) is the
 default for the devices it names. Version 1 is the compute-efficiency curve
 below, the default for every other device (:data:`DEFAULT_COMPUTE`, fitted on

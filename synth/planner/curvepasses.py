@@ -110,7 +110,8 @@ from __future__ import annotations
 
 from ..topology import Device
 from .activations import Recompute
-from .layercompute import EMBEDDING_DROPOUT_BYTES, LOSS_BYTES_PER_LOGIT, RESIDUAL_DROPOUT_BYTES
+from .layercompute import EMBEDDING_DROPOUT_BYTES, RESIDUAL_DROPOUT_BYTES
+from .stagecompute import LOSS_BYTES_PER_LOGIT
 from .training import Configuration, Training, sequence_parallel
 from .transformer import Transformer
 

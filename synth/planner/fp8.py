@@ -6,7 +6,8 @@ the passes around them and its FP8 communication, each a small term.
   Fprop, Dgrad and Wgrad, run in FP8; the embedding, the output head, the MoE
   gating, the normalizations and the attention core keep BF16 or FP32. That
   is the split the planner already makes for ``--dtype fp8`` (the router and
-  the logits GEMM stay 16-bit; :mod:`synth.planner.layercompute`).
+  the logits GEMM stay 16-bit; :mod:`synth.planner.layercompute`,
+  :mod:`synth.planner.stagecompute`).
 * **Their rate** (Sections 3.3.2 and 3.5.2): the scaling is fine-grained, one
   scale per 1x128 tile of an activation (per token and 128 channels) and per
   128x128 block of a weight, and the tensor cores' partial sums are promoted to

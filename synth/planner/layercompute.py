@@ -1,6 +1,6 @@
-"""The operations one device runs for a transformer, timed by a per-operation
-profile (:mod:`synth.planner.operations`): one layer and one pipeline stage's
-micro-batch.
+"""One layer's operations on one device, forward and backward, timed by a
+per-operation profile (:mod:`synth.planner.operations`; the values and the
+pricing primitives: :mod:`synth.planner.optimes`).
 
 Shapes per device, with T = b s tokens of a micro-batch, t = tensor-parallel
 size, q = heads x head_dim and kv = kv_heads x head_dim (the query and
@@ -38,25 +38,8 @@ norms and residual adds, written below over T h, run over T h / t):
 * Inside a backward pass kernels are issued by the autograd engine, one call
   per micro-batch: the attention backward there costs its GPU time with the
   forward's floor; the standalone backward call's extra fixed cost is part of
-  the micro-batch's fixed cost (:func:`micro_batch_fixed_s`).
-* Embedding (first stage): a gather of T h values forward (``add``'s rate);
-  backward the gradient's V h / t values zeroed and T h accumulated. GPT's
-  learned positions add one more add over T h.
-* Head (last stage): the final norm, the logits GEMM ``(T, h, V / t)`` with its
-  two backward GEMMs, and the cross-entropy in fp32 over T V / t logits,
-  priced in bytes at the bandwidth ``add`` reaches: forward 14 bytes per logit
-  (read bf16, write fp32, read and write fp32 for the log-softmax), backward
-  14 (the softmax gradient in fp32 and its bf16 copy); PyTorch's
-  ``F.cross_entropy(logits.float())`` (``--cross-entropy eager``) moves 22
-  backward: ``nll_loss``'s fp32 gradient written (4), the log-softmax
-  backward reading it and the saved output and writing its own (12), and the
-  cast's backward to bf16 (read 4, write 2); Megatron-LM's unfused
-  vocabulary-parallel cross-entropy (``--cross-entropy megatron``) moves 38
-  forward and 14 backward (:func:`megatron_loss_bytes`).
-* Multi-token prediction (last stage, per module, :func:`mtp_compute`): its
-  block as a layer, the embedding's lookup of the shifted tokens, the two
-  input norms, their concatenation, the projection ``(T, 2h, h / t)`` and the
-  head and loss again.
+  the micro-batch's fixed cost
+  (:func:`~synth.planner.stagecompute.micro_batch_fixed_s`).
 * Host issue: eager PyTorch launches ``EAGER_LAUNCHES`` kernels per
   operation; each phase of a layer lasts at least its launches times the
   profile's host seconds per launch (``OperationProfile.host``), the excess
@@ -66,52 +49,23 @@ norms and residual adds, written below over T h, run over T h / t):
   logits') at FP8's rate, row-wise scaled (``FP8_GEMM_SPEEDUP``) or, under
   DeepSeek-V3's framework, tile- and block-scaled with the online quantization
   passes around them (:func:`block_fp8_passes`, :mod:`synth.planner.fp8`).
-* torchtitan's Llama without ``torch.compile`` (``--framework torchtitan``):
-  its RMSNorm, rotary positions and grouped keys' copies as the eager kernel
-  chains its source writes (:func:`torchtitan_eager_ops`,
-  :mod:`synth.planner.eagerops`).
-* The optimizer step and the framework's passes outside the layers (weight
-  casts, gradient accumulation): :mod:`synth.planner.frameworks`.
+* Beside the layer itself: what recomputation adds to its backward
+  (:func:`recompute_ops`; DeepSeek-V3's, :func:`deepseek_recompute_s`), what
+  Transformer Engine's chunked GEMMs add (:func:`tp_overlap_chunk_ops`) and
+  the kernels it launches (:func:`layer_launches`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
 
 from ..caches import memoised
 from .activations import Recompute
-from .eagerops import (REPEAT_KV_LAUNCHES, RMS_NORM_BYTES, RMS_NORM_LAUNCHES, ROTARY_BYTES, ROTARY_LAUNCHES,
-                       repeat_kv_bytes)
-from .fp8 import block_scaled_speedup, quantize_bytes, requantize_transposed_bytes
-from .operations import GemmModel, OperationProfile
+from .fp8 import quantize_bytes, requantize_transposed_bytes
+from .operations import OperationProfile
+from .optimes import ComputeTime, OpTime, Shard, bytes_pass_ops, gemm_ops, gemm_rate, pass_ops
 from .transformer import Transformer
 
-# bytes per logit the loss moves (forward, backward) per --cross-entropy (module docstring;
-# megatron: megatron_loss_bytes)
-def megatron_loss_bytes() -> tuple[int, int]:
-    """Bytes per logit (forward, backward) of Megatron-LM's vocabulary-parallel
-    cross-entropy without ``--cross-entropy-loss-fusion`` (off by default:
-    ``megatron/training/arguments.py`` line 1134 at f2e5db402c; the GPT model
-    then calls ``tensor_parallel.vocab_parallel_cross_entropy``,
-    ``megatron/core/models/common/language_module/language_module.py`` line
-    40), each of its passes over the logits as
-    ``megatron/core/tensor_parallel/cross_entropy.py`` at f2e5db402c runs it
-    (the per-token gathers and all-reduces aside). Forward: the bf16 logits
-    cast to fp32 (``.float()``, line 27: read 2, write 4), their maximum (line
-    29: read 4), the maximum subtracted in place (line 43: read 4, write 4),
-    ``exp`` in place (line 62: read 4, write 4), its sum (line 63: read 4) and
-    the division by it in place (line 75: read 4, write 4): 38. Backward: the
-    softmax times the output gradient in place (line 112: read 4, write 4)
-    and the cast's backward to bf16 (read 4, write 2): 14."""
-    forward = (2 + 4) + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4)
-    backward = (4 + 4) + (4 + 2)
-    return forward, backward
-
-
-LOSS_BYTES_PER_LOGIT = {"fused": (14, 14), "eager": (14, 22), "megatron": megatron_loss_bytes()}
 # Dropout of a model with ``dropout`` (Megatron-LM's --hidden-dropout, 0.1 by default: arguments.py line 949 at
 # f2e5db402c), bytes per value (forward, backward) beyond the passes priced without it:
 # * on each residual branch, inside Megatron-LM's fused bias-dropout-add (megatron/core/fusions/
@@ -148,132 +102,6 @@ EAGER_LAUNCHES: dict[str, tuple[int, int]] = {
     # products, the negation, the two halves' zero-padded slices (two kernels each) and two sums
 }
 _ACTIVATION_LAUNCHES = {"gelu": "gelu_tanh", "swiglu": "silu_mul", "relu": "relu", "squared_relu": "squared_relu"}
-# FP8 GEMMs (``--dtype fp8``): FP8's sustained tile rate over BF16's on an H100, row-wise scaling
-# included: the median of the three shapes of data/fp8_gemm_h100.jsonl (FBGEMM pull request #2546,
-# H100 at 500 W: 585.23 -> 931.80, 575.12 -> 1024.09, 546.31 -> 876.66 TFLOP/s), large compute-bound
-# shapes, so the ratio of their times is the ratio of the rates. That is FP8's own efficiency: 0.80
-# of BF16's at its 2x peak (NVIDIA's H100 SXM datasheet: 3,958 FP8 TFLOP/s with sparsity, 1,979 dense,
-# against 989.4 BF16). The per-operation model runs the tiles at this rate and reads the operands at
-# one byte a value; a GEMM bound by the call's fixed cost gains nothing.
-FP8_GEMM_SPEEDUP = 876.66 / 546.31
-FP8_OPERAND_BYTES = 1  # an FP8 GEMM reads its two operands in FP8 (E4M3 or E5M2); it writes 16 bits
-
-
-@dataclass(frozen=True)
-class OpTime:
-    """One operation of a layer or stage: its name, phase (``forward`` or
-    ``backward``), the shape it runs at, how many times it runs (``count``,
-    e.g. once per layer of a stage) and the seconds of all of them."""
-
-    name: str
-    phase: str
-    shape: tuple[int, ...]
-    seconds: float
-    count: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "phase": self.phase, "shape": list(self.shape), "count": self.count,
-                "seconds": self.seconds}
-
-
-@dataclass(frozen=True)
-class ComputeTime:
-    """Operations and their totals by phase."""
-
-    ops: tuple[OpTime, ...]
-
-    def phase_s(self, phase: str) -> float:
-        return sum(op.seconds for op in self.ops if op.phase == phase)
-
-    @property
-    def forward_s(self) -> float:
-        return self.phase_s("forward")
-
-    @property
-    def backward_s(self) -> float:
-        return self.phase_s("backward")
-
-    @cached_property  # asked for once per stage kind and schedule variant of every configuration
-    def total_s(self) -> float:
-        return sum(op.seconds for op in self.ops)
-
-    def __add__(self, other: "ComputeTime") -> "ComputeTime":
-        return ComputeTime(self.ops + other.ops)
-
-    def times(self, count: int) -> "ComputeTime":
-        """The same operations run ``count`` times each."""
-        return ComputeTime(tuple(OpTime(op.name, op.phase, op.shape, op.seconds * count, op.count * count)
-                                 for op in self.ops))
-
-
-@dataclass(frozen=True)
-class Shard:
-    """What one device runs of a model: tensor-parallel size, micro-batch,
-    sequence length, and whether the sequence is split over the
-    tensor-parallel group outside its GEMMs and attention (sequence
-    parallelism: norms and residual adds on ``s / tp`` of it)."""
-
-    tp: int
-    micro_batch: int
-    seq: int
-    sequence_parallel: bool = False
-    ep: int = 1  # expert-parallel size: the device holds experts / ep of each MoE layer's routed experts
-    fp8: bool = False  # the layers' GEMMs run in FP8 (FP8_GEMM_SPEEDUP); router and logits stay 16-bit
-    cp: int = 1  # context-parallel size: the device holds seq / cp of each sequence
-    fp8_blocks: bool = False  # with fp8: DeepSeek-V3's tile- and block-scaled GEMMs (synth.planner.fp8)
-
-    @property
-    def fp8_gemms(self) -> str:
-        """How the layers' GEMMs run: ``""`` (16-bit), ``"rowwise"``
-        (FP8_GEMM_SPEEDUP) or ``"blocks"`` (DeepSeek-V3's scaling,
-        :func:`~synth.planner.fp8.block_scaled_speedup`, with its quantization
-        passes, :func:`block_fp8_passes`)."""
-        if not self.fp8:
-            return ""
-        return "blocks" if self.fp8_blocks else "rowwise"
-
-    @property
-    def replicated_tokens(self) -> int:
-        """Tokens of the tensors every tensor-parallel rank holds whole
-        without sequence parallelism (the norms' and residuals')."""
-        return self.tokens // self.tp if self.sequence_parallel else self.tokens
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of a micro-batch on the device: ``b s / cp``."""
-        return self.micro_batch * self.seq // self.cp
-
-
-def _gemm_rate(gemm: GemmModel, fp8: str) -> tuple[float, int | None]:
-    """The rate multiplier over the profile's 16-bit GEMMs and the operand
-    bytes per value (None: the profile's) of GEMMs run as ``fp8`` says
-    (:attr:`Shard.fp8_gemms`)."""
-    if not fp8:
-        return 1.0, None
-    return (block_scaled_speedup(gemm) if fp8 == "blocks" else FP8_GEMM_SPEEDUP), FP8_OPERAND_BYTES
-
-
-def _gemm(profile: OperationProfile, name: str, m: int, k: int, n: int, fp8: str = "") -> list[OpTime]:
-    """A GEMM ``(m, k, n)`` forward and its two backward GEMMs; ``fp8``
-    (:attr:`Shard.fp8_gemms`): their tiles at FP8's sustained rate (``rowwise``:
-    FP8_GEMM_SPEEDUP, ``blocks``: DeepSeek-V3's, x the profile's 16-bit rate,
-    the same tiles and waves) and their operands one byte a value (the product
-    stays 16-bit); a GEMM bound by the call's fixed cost gains nothing."""
-    g = profile.gemm
-    rate, operand = _gemm_rate(g, fp8)
-    return [OpTime(name, "forward", (m, k, n), float(g.seconds(m, k, n, rate, operand))),
-            OpTime(f"{name}.dgrad", "backward", (m, n, k), float(g.seconds(m, n, k, rate, operand))),
-            OpTime(f"{name}.wgrad", "backward", (k, m, n), float(g.seconds(k, m, n, rate, operand)))]
-
-
-def _pass(profile: OperationProfile, name: str, op: str, elements: int, backward_factor: float) -> list[OpTime]:
-    e = profile.elementwise
-    forward = float(e.seconds(op, elements))
-    ops = [OpTime(name, "forward", (elements,), forward)]
-    if backward_factor:
-        ops.append(OpTime(f"{name}.backward", "backward", (elements,),
-                          float(e.seconds(op, backward_factor * elements))))
-    return ops
 
 
 def layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, moe: bool = False) -> ComputeTime:
@@ -294,22 +122,22 @@ def _layer_compute(profile: OperationProfile, model: Transformer, shard: Shard, 
     if model.mla:
         ops += latent_attention_ops(profile, model, shard)
     else:
-        ops += _gemm(profile, "qkv", tokens, h, (q + 2 * kv) // t, fp8)
+        ops += gemm_ops(profile, "qkv", tokens, h, (q + 2 * kv) // t, fp8)
     ops += attention_ops(profile, model, shard)
-    ops += _gemm(profile, "attention_projection", tokens, model.attention_output_dim // t, h, fp8)
+    ops += gemm_ops(profile, "attention_projection", tokens, model.attention_output_dim // t, h, fp8)
     if moe:
         ops += _expert_ops(profile, model, shard)
     else:
-        ops += _gemm(profile, "mlp_up", tokens, h, (model.mlp_matrices - 1) * f // t, fp8)
-        ops += _gemm(profile, "mlp_down", tokens, f // t, h, fp8)
-        ops += _pass(profile, "activation", _activation_rate(model), tokens * f // t, 2)
+        ops += gemm_ops(profile, "mlp_up", tokens, h, (model.mlp_matrices - 1) * f // t, fp8)
+        ops += gemm_ops(profile, "mlp_down", tokens, f // t, h, fp8)
+        ops += pass_ops(profile, "activation", _activation_rate(model), tokens * f // t, 2)
     for i in (1, 2):
-        ops += _pass(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
-        ops += _pass(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
+        ops += pass_ops(profile, f"norm{i}", "layer_norm", shard.replicated_tokens * h, 2)
+        ops += pass_ops(profile, f"residual{i}", "add", shard.replicated_tokens * h, 1)
         if model.dropout:
-            ops += _bytes_pass(profile, f"dropout{i}", shard.replicated_tokens * h, RESIDUAL_DROPOUT_BYTES)
+            ops += bytes_pass_ops(profile, f"dropout{i}", shard.replicated_tokens * h, RESIDUAL_DROPOUT_BYTES)
     if model.positions == "rotary":
-        ops += _pass(profile, "rotary", "silu_mul", rotary_values(model, shard), 2)
+        ops += pass_ops(profile, "rotary", "silu_mul", rotary_values(model, shard), 2)
     if fp8 == "blocks":
         ops += block_fp8_passes(profile, model, shard, moe)
     launches = layer_launches(model)
@@ -348,9 +176,9 @@ def latent_attention_ops(profile: OperationProfile, model: Transformer, shard: S
     assert model.mla is not None
     ops: list[OpTime] = []
     for name, m, k, n in latent_gemms(model, shard):
-        ops += _gemm(profile, name, m, k, n, shard.fp8_gemms)
+        ops += gemm_ops(profile, name, m, k, n, shard.fp8_gemms)
     for name, width in (("q_norm", model.mla.q_lora_rank), ("kv_norm", model.mla.kv_lora_rank)):
-        ops += _pass(profile, name, "layer_norm", shard.replicated_tokens * width, 2)
+        ops += pass_ops(profile, name, "layer_norm", shard.replicated_tokens * width, 2)
     return ops
 
 
@@ -402,7 +230,7 @@ def tp_overlap_chunk_ops(profile: OperationProfile, model: Transformer, shard: S
     if t < 2 or not shard.sequence_parallel:
         return ComputeTime(())
     g, p = profile.gemm, TP_OVERLAP_PIPELINE_CHUNKS
-    rate, operand = _gemm_rate(g, shard.fp8_gemms)
+    rate, operand = gemm_rate(g, shard.fp8_gemms)
 
     def extra(name: str, phase: str, m: int, k: int, n: int, chunks: int, rows: bool) -> OpTime:
         whole = float(g.seconds(m, k, n, rate, operand))
@@ -444,21 +272,21 @@ def _expert_ops(profile: OperationProfile, model: Transformer, shard: Shard) -> 
     moe, t, tokens, h = model.moe, shard.tp, shard.tokens, model.hidden
     f, up = moe.expert_ffn, model.mlp_matrices - 1
     activation = _activation_rate(model)
-    ops = _gemm(profile, "router", tokens, h, moe.experts)
+    ops = gemm_ops(profile, "router", tokens, h, moe.experts)
     if moe.shared_experts:
         width = moe.shared_experts * f
-        ops += _gemm(profile, "shared_up", tokens, h, up * width // t, shard.fp8_gemms)
-        ops += _gemm(profile, "shared_down", tokens, width // t, h, shard.fp8_gemms)
-        ops += _pass(profile, "shared_activation", activation, tokens * width // t, 2)
+        ops += gemm_ops(profile, "shared_up", tokens, h, up * width // t, shard.fp8_gemms)
+        ops += gemm_ops(profile, "shared_down", tokens, width // t, h, shard.fp8_gemms)
+        ops += pass_ops(profile, "shared_activation", activation, tokens * width // t, 2)
     local = moe.experts // shard.ep
     routed = tokens * moe.routed_per_token  # token copies the device's experts receive
     per_expert = max(1, math.ceil(routed * shard.ep / moe.experts))
-    experts = (_gemm(profile, "expert_up", per_expert, h, up * f // t, shard.fp8_gemms)
-               + _gemm(profile, "expert_down", per_expert, f // t, h, shard.fp8_gemms))
+    experts = (gemm_ops(profile, "expert_up", per_expert, h, up * f // t, shard.fp8_gemms)
+               + gemm_ops(profile, "expert_down", per_expert, f // t, h, shard.fp8_gemms))
     for op in experts:
         ops.append(OpTime(op.name, op.phase, op.shape, local * op.seconds, local))
-    ops += _pass(profile, "expert_activation", activation, int(routed) * f // t, 2)
-    ops += _pass(profile, "permute", "add", 2 * int(routed) * h // t, 2)
+    ops += pass_ops(profile, "expert_activation", activation, int(routed) * f // t, 2)
+    ops += pass_ops(profile, "permute", "add", 2 * int(routed) * h // t, 2)
     return ops
 
 
@@ -568,213 +396,3 @@ def recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard, r
     else:
         chosen = [op for op in attention_ops(profile, model, shard) if op.phase == "forward"]
     return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))
-
-
-def _bytes_pass(profile: OperationProfile, name: str, elements: int, per_element: tuple[int, int]) -> list[OpTime]:
-    """An operation of ``elements`` values priced by the bytes its eager
-    kernels move per value, (forward, backward), at the profile's ``add``
-    bandwidth."""
-    moved = profile.elementwise.bytes_seconds
-    return [OpTime(name, "forward", (elements,), float(moved(per_element[0] * elements))),
-            OpTime(f"{name}.backward", "backward", (elements,), float(moved(per_element[1] * elements)))]
-
-
-def torchtitan_eager_ops(profile: OperationProfile, model: Transformer, shard: Shard,
-                         ops: ComputeTime) -> ComputeTime:
-    """``ops`` (a layer's, or the head's) as torchtitan's Llama runs them
-    without ``torch.compile`` (:mod:`synth.planner.eagerops`): each RMSNorm
-    (``norm1``, ``norm2``, ``final_norm``) and the rotary positions priced by
-    the bytes their fp32 kernel chains move in place of the profile's fused
-    rates, and, in a layer with fewer key heads than query heads, the keys'
-    and values' copies for the attention (``repeat_kv``) added. Models
-    without RMSNorm, rotary positions or grouped queries keep those
-    operations as they are."""
-    h, replicated = model.hidden, shard.replicated_tokens
-    new: dict[str, list[OpTime]] = {}
-    if model.norm == "rmsnorm":
-        for name in ("norm1", "norm2", "final_norm"):
-            new[name] = _bytes_pass(profile, name, replicated * h, RMS_NORM_BYTES)
-    if model.positions == "rotary":
-        new["rotary"] = _bytes_pass(profile, "rotary", rotary_values(model, shard), ROTARY_BYTES)
-    names = {op.name for op in ops.ops}
-    kept = [op for op in ops.ops if op.name.removesuffix(".backward") not in new]
-    added = [op for name, passes in new.items() if name in names for op in passes]
-    copies = repeat_kv_bytes(model.heads // model.kv_heads)
-    if copies[0] and "qkv" in names:  # a layer: the keys and the values, each copied
-        added += _bytes_pass(profile, "repeat_kv", 2 * shard.tokens * model.kv_dim // shard.tp, copies)
-    return ComputeTime(tuple(kept + added))
-
-
-def torchtitan_recompute_ops(profile: OperationProfile, model: Transformer, shard: Shard,
-                             layer: ComputeTime) -> ComputeTime:
-    """What torchtitan's operator-level selective checkpointing
-    (``selective_ac_option = "op"``) recomputes in one layer's backward: the
-    forward of every second GEMM in the order the layer runs them (wk, wo, w3
-    of wq, wk, wv, wo, w1, w3, w2; wk, wo, down for an ungated MLP) at its own
-    shape, and of every elementwise operation (norms, residual adds, the
-    activation, rotary positions, the keys' and values' copies for grouped
-    queries), none of which it saves; the attention core's
-    output is saved and not recomputed (the memory side:
-    :func:`synth.planner.frameworks.sac_activation_bytes`)."""
-    t, tokens, h, f, kv, q = shard.tp, shard.tokens, model.hidden, model.ffn, model.kv_dim, model.q_dim
-    gemms = [("wq", h, q // t), ("wk", h, kv // t), ("wv", h, kv // t), ("wo", q // t, h)]
-    gemms += ([("w1", h, f // t), ("w3", h, f // t), ("w2", f // t, h)] if model.gated_mlp
-              else [("up", h, f // t), ("down", f // t, h)])
-    chosen = [_gemm(profile, name, tokens, k, n, shard.fp8_gemms)[0] for name, k, n in gemms[1::2]]
-    chosen += [op for op in layer.ops if op.phase == "forward"
-               and op.name in ("norm1", "norm2", "residual1", "residual2", "activation", "rotary", "repeat_kv")]
-    return ComputeTime(tuple(OpTime(f"{op.name}.recompute", "backward", op.shape, op.seconds) for op in chosen))
-
-
-@memoised(maxsize=4096)  # stage_costs and stage_compute ask for the same shards
-def embedding_compute(profile: OperationProfile, model: Transformer, shard: Shard) -> ComputeTime:
-    tokens, h = shard.tokens, model.hidden
-    e = profile.elementwise
-    ops = [OpTime("embedding", "forward", (tokens, h), float(e.seconds("add", tokens * h))),
-           OpTime("embedding.backward", "backward", (model.vocab // shard.tp, h),
-                  float(e.seconds("add", model.vocab * h // shard.tp)) + float(e.seconds("add", tokens * h)))]
-    if model.positions == "learned":
-        ops += _pass(profile, "positions", "add", tokens * h, 1)
-    if model.dropout:
-        ops += _bytes_pass(profile, "embedding_dropout", tokens * h, EMBEDDING_DROPOUT_BYTES)
-    return ComputeTime(tuple(ops))
-
-
-@memoised(maxsize=4096)  # stage_costs and stage_compute ask for the same shards
-def head_compute(profile: OperationProfile, model: Transformer, shard: Shard, loss: str = "fused") -> ComputeTime:
-    """The final norm, the logits GEMM and the loss (``loss``: the
-    ``--cross-entropy`` kind, :data:`LOSS_BYTES_PER_LOGIT`)."""
-    tokens, h = shard.tokens, model.hidden
-    logits = tokens * model.vocab // shard.tp
-    forward_s, backward_s = (float(profile.elementwise.bytes_seconds(n * logits)) for n in LOSS_BYTES_PER_LOGIT[loss])
-    ops = _pass(profile, "final_norm", "layer_norm", shard.replicated_tokens * h, 2)
-    ops += _gemm(profile, "logits", tokens, h, model.vocab // shard.tp)
-    ops += [OpTime("loss", "forward", (logits,), forward_s), OpTime("loss.backward", "backward", (logits,), backward_s)]
-    return ComputeTime(tuple(ops))
-
-
-@memoised(maxsize=4096)  # stage_costs and stage_compute ask for the same shards
-def mtp_compute(profile: OperationProfile, model: Transformer, shard: Shard, loss: str = "fused") -> ComputeTime:
-    """One multi-token prediction module beside its block (which runs as a
-    layer, :func:`layer_compute`), on the last stage: the shared embedding's
-    lookup of the shifted tokens (as :func:`embedding_compute` gathers, its
-    T h gradient accumulated backward), the norms of the two inputs (as a
-    layer's norms), their concatenation (one pass over 2 T h values at
-    ``add``'s rate; its backward is views), the projection GEMM ``(T, 2h,
-    h / t)`` (FP8 where the layers' GEMMs are) and the shared output head
-    with its own loss (:func:`head_compute`). Named ``mtp.<operation>``."""
-    tokens, h, e = shard.tokens, model.hidden, profile.elementwise
-    ops = [OpTime("embedding", "forward", (tokens, h), float(e.seconds("add", tokens * h))),
-           OpTime("embedding.backward", "backward", (tokens, h), float(e.seconds("add", tokens * h)))]
-    for name in ("embedding_norm", "hidden_norm"):
-        ops += _pass(profile, name, "layer_norm", shard.replicated_tokens * h, 2)
-    ops += _pass(profile, "concat", "add", 2 * shard.replicated_tokens * h, 0)
-    ops += _gemm(profile, "projection", tokens, 2 * h, h // shard.tp, shard.fp8_gemms)
-    ops += head_compute(profile, model, shard, loss).ops
-    return ComputeTime(tuple(OpTime(f"mtp.{op.name}", op.phase, op.shape, op.seconds) for op in ops))
-
-
-def micro_batch_fixed_s(profile: OperationProfile) -> float:
-    """The fixed cost of one micro-batch: the profile's own (fitted on step
-    records) or, without one, a standalone attention backward call's fixed
-    cost beyond the forward kernel's (the autograd call, from the smallest
-    attention records)."""
-    if profile.micro_batch_s:
-        return profile.micro_batch_s
-    return max(0.0, profile.attention.backward_floor_s - profile.attention.forward_floor_s)
-
-
-@memoised(maxsize=8192)  # every schedule and recomputation search variant of a configuration asks again
-def stage_compute(profile: OperationProfile, model: Transformer, shard: Shard, layers: int, recompute: Recompute,
-                  first: bool, last: bool, moe_layers: int = 0, loss: str = "fused",
-                  torchtitan: bool = False) -> ComputeTime:
-    """One micro-batch of one pipeline stage of ``layers`` layers, of which
-    ``moe_layers`` have experts: forward, backward and recomputation, the
-    embedding on the first stage, the head and loss (``loss``: its
-    ``--cross-entropy`` kind) on the last, with the rest of the model's
-    multi-token prediction modules (:func:`mtp_compute`; their blocks are
-    among ``layers``, :func:`~synth.planner.training.stage_mix`), and the
-    micro-batch's fixed cost. ``torchtitan``: the layers and the head as
-    torchtitan's Llama runs them eagerly (:func:`torchtitan_eager_ops`), and
-    selective recomputation its operator-level one
-    (:func:`torchtitan_recompute_ops`)."""
-
-    def eager(ops: ComputeTime) -> ComputeTime:
-        return torchtitan_eager_ops(profile, model, shard, ops) if torchtitan else ops
-
-    def again(layer: ComputeTime) -> ComputeTime:
-        if torchtitan and recompute is Recompute.SELECTIVE:
-            return torchtitan_recompute_ops(profile, model, shard, layer)
-        return recompute_ops(profile, model, shard, recompute, layer)
-
-    layer = eager(layer_compute(profile, model, shard))
-    one = layer + again(layer)
-    total = one.times(layers - moe_layers)
-    if moe_layers:
-        expert_layer = eager(layer_compute(profile, model, shard, True))
-        total = total + (expert_layer + again(expert_layer)).times(moe_layers)
-    if first:
-        total = total + embedding_compute(profile, model, shard)
-    if last:
-        total = total + eager(head_compute(profile, model, shard, loss))
-        if model.mtp_depth:
-            total = total + mtp_compute(profile, model, shard, loss).times(model.mtp_depth)
-    total = total + ComputeTime((OpTime("micro_batch_fixed", "backward", (), micro_batch_fixed_s(profile)),))
-    return issued_ahead(total, layers * stage_host_s(profile, model, recompute, torchtitan))
-
-
-def torchtitan_layer_launches(model: Transformer) -> tuple[int, int, int]:
-    """Kernels one layer of torchtitan's Llama launches without
-    ``torch.compile``, (forward, backward, forward again under its
-    operator-level selective checkpointing): :func:`layer_launches` with one
-    GEMM per weight (wq, wk, wv, wo and w1, w3, w2, or up and down), each
-    RMSNorm as :data:`~synth.planner.eagerops.RMS_NORM_LAUNCHES`, the rotary
-    positions as :data:`~synth.planner.eagerops.ROTARY_LAUNCHES` and, with
-    grouped queries, ``repeat_kv``'s copies
-    (:data:`~synth.planner.eagerops.REPEAT_KV_LAUNCHES`). The recomputation
-    runs the forward again but for the GEMMs it saved (the 1st, 3rd, ...)
-    and the attention core's two kernels, whose outputs it keeps."""
-    forward, backward = layer_launches(model)
-    gemms = 7 if model.gated_mlp else 6
-    gemm_f, gemm_b = EAGER_LAUNCHES["gemm_bias" if model.biases else "gemm"]
-    forward, backward = forward + (gemms - 4) * gemm_f, backward + (gemms - 4) * gemm_b
-    if model.norm == "rmsnorm":
-        forward += 2 * (RMS_NORM_LAUNCHES[0] - EAGER_LAUNCHES["rms_norm"][0])
-        backward += 2 * (RMS_NORM_LAUNCHES[1] - EAGER_LAUNCHES["rms_norm"][1])
-    if model.positions == "rotary":
-        forward += ROTARY_LAUNCHES[0] - EAGER_LAUNCHES["rotary"][0]
-        backward += ROTARY_LAUNCHES[1] - EAGER_LAUNCHES["rotary"][1]
-    if model.kv_heads < model.heads:
-        forward, backward = forward + REPEAT_KV_LAUNCHES[0], backward + REPEAT_KV_LAUNCHES[1]
-    saved = (gemms + 1) // 2 * gemm_f + EAGER_LAUNCHES["attention"][0]
-    return forward, backward, forward - saved
-
-
-def stage_host_s(profile: OperationProfile, model: Transformer, recompute: Recompute,
-                 torchtitan: bool = False) -> float:
-    """The host's seconds issuing one layer's kernels in a micro-batch: its
-    forward and backward launches (:func:`layer_launches`) at the profile's
-    seconds per launch, and the forward's again under full recomputation (the
-    attention core's two under selective), at the forward's rate;
-    ``torchtitan``: torchtitan's eager Llama and its selective checkpointing
-    (:func:`torchtitan_layer_launches`)."""
-    forward, backward = layer_launches(model)
-    selective = EAGER_LAUNCHES["attention"][0]
-    if torchtitan:
-        forward, backward, selective = torchtitan_layer_launches(model)
-    again = {Recompute.NONE: 0, Recompute.FULL: forward, Recompute.SELECTIVE: selective}
-    return (forward + again[recompute]) * profile.host.forward_launch_s + backward * profile.host.backward_launch_s
-
-
-def issued_ahead(stretch: ComputeTime, host_s: float) -> ComputeTime:
-    """A stretch of work issued without a synchronisation (a stage's
-    micro-batch: its forward, loss and backward): the host queues kernels
-    ahead of the GPU, so the stretch lasts the larger of the GPU's time (its
-    operations without the per-phase ``host_issue``, which bounds a layer
-    timed alone) and the host's ``host_s``; the excess, if any, is one
-    ``host_issue`` operation."""
-    gpu = tuple(op for op in stretch.ops if op.name not in ("host_issue", "host_issue.recompute"))
-    gpu_s = sum(op.seconds for op in gpu)
-    if host_s <= gpu_s:
-        return ComputeTime(gpu)
-    return ComputeTime(gpu + (OpTime("host_issue", "backward", (), host_s - gpu_s),))

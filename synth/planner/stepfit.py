@@ -24,9 +24,9 @@ from ..errors import SynthError
 from .collectivecosts import CollectiveCosts
 from .compute import ComputeModel, CurveFit, fit_curve
 from .curvepasses import curve_pass_s
-from .layercompute import micro_batch_fixed_s
 from .operations import OperationProfile
 from .scores import unfused_score_s
+from .stagecompute import micro_batch_fixed_s
 from .stepmodel import compute_estimate, micro_batch_seconds_for, step_shape, step_time
 from .steprecords import StepRecord
 

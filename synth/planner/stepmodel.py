@@ -113,22 +113,12 @@ from ..topology import Device
 from .collectives import BareCollectives, Collectives
 from .compute import ComputeModel, EfficiencyCurve
 from .curvepasses import curve_pass_s
-from .layercompute import (
-    FP8_GEMM_SPEEDUP,
-    Shard,
-    deepseek_recompute_s,
-    embedding_compute,
-    head_compute,
-    layer_compute,
-    mtp_compute,
-    recompute_ops,
-    stage_compute,
-    tp_overlap_chunk_ops,
-)
+from .layercompute import deepseek_recompute_s, layer_compute, recompute_ops, tp_overlap_chunk_ops
 from .frameworks import step_overhead_bytes
 from .fp8 import moe_alltoall_bytes
 from .memory import Memory, memory_per_device
 from .operations import OperationProfile
+from .optimes import FP8_GEMM_SPEEDUP, Shard
 from .overlaps import (
     EP_OVERLAP_SM_SHARE,
     chunked_overlap_s,
@@ -141,6 +131,7 @@ from .overlaps import (
 )
 from .schedules import Schedule, bubble_s, rank_mean, rank_stage_kinds
 from .scores import unfused_score_elementwise_s, unfused_score_s
+from .stagecompute import embedding_compute, head_compute, mtp_compute, stage_compute
 from .stages import StageCosts, kind_costs, slowest_stage
 from .training import (
     ATTENTIONS,

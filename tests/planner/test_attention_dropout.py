@@ -13,7 +13,8 @@ import pytest
 
 from synth.errors import SynthError
 from synth.planner.compute import load_compute_profile
-from synth.planner.layercompute import ATTENTION_DROPOUT_SLOWDOWN, Shard, attention_ops, layer_compute
+from synth.planner.layercompute import ATTENTION_DROPOUT_SLOWDOWN, attention_ops, layer_compute
+from synth.planner.optimes import Shard
 from synth.planner.modelspec import load_model, model_from_dict
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from synth.planner.layercompute import Shard, layer_compute
+from synth.planner.layercompute import layer_compute
+from synth.planner.optimes import Shard
 from synth.planner.compute import shipped_profile_for
 from synth.planner.activations import Recompute
 from synth.planner.modelspec import load_model, parse_inline_model

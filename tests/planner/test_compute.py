@@ -37,16 +37,9 @@ from synth.planner.compute import (
     save_operation_profile,
     shipped_profile_for,
 )
-from synth.planner.layercompute import (
-    EAGER_LAUNCHES,
-    Shard,
-    head_compute,
-    layer_compute,
-    layer_launches,
-    micro_batch_fixed_s,
-    recompute_ops,
-    stage_compute,
-)
+from synth.planner.layercompute import EAGER_LAUNCHES, layer_compute, layer_launches, recompute_ops
+from synth.planner.optimes import Shard
+from synth.planner.stagecompute import head_compute, micro_batch_fixed_s, stage_compute
 from synth.planner.modelspec import load_model, parse_inline_model
 from synth.planner.operations import (
     AttentionModel,
@@ -497,7 +490,7 @@ def test_the_planner_uses_the_same_numbers_as_compute(tmp_path, capsys):
     estimate = compute_estimate(model, training, config, topology.device, known_profile())
     shard = Shard(2, 2, model.seq, sequence_parallel=True)  # both default to sequence parallelism at tp 2
     assert layer["sequence_parallel"] is True
-    from synth.planner.layercompute import embedding_compute
+    from synth.planner.stagecompute import embedding_compute
     want = (model.layers * (layer["forward_s"] + layer["backward_s"]) + embedding_compute(known_profile(), model, shard)
             .total_s + head_compute(known_profile(), model, shard).total_s + micro_batch_fixed_s(known_profile()))
     assert estimate.micro_batch_s == pytest.approx(want, rel=1e-12)
@@ -674,7 +667,7 @@ def test_the_layer_accuracy_script_measures_on_the_cpu_and_compares(tmp_path):
 def test_fp8_speedup_is_the_median_of_the_transcribed_measurements():
     """FP8_GEMM_SPEEDUP is the median, over data/fp8_gemm_h100.jsonl's shapes,
     of FP8 (row-wise scaled, scaling included) over BF16 TFLOP/s."""
-    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+    from synth.planner.optimes import FP8_GEMM_SPEEDUP
 
     rows = [json.loads(line) for line in (REPO / "data" / "fp8_gemm_h100.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all("FBGEMM pull request #2546" in r["source"] for r in rows)
@@ -692,7 +685,7 @@ def test_fp8_runs_the_layers_gemms_faster_and_nothing_else(spec):
     its operands at one byte a value, while the call's fixed cost stays (by
     hand: max(floor, tile FLOPs / FP8 rate, bytes / bandwidth)); attention,
     elementwise passes, the router and the logits are unchanged."""
-    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+    from synth.planner.optimes import FP8_GEMM_SPEEDUP
 
     p, model = known_profile(), parse_inline_model(spec)
     moe = model.moe is not None
@@ -722,7 +715,7 @@ def test_fp8_gains_where_the_tiles_bound_a_gemm():
     """A layer of hidden 4096 at 8,192 tokens: every GEMM is bound by its
     tiles, and FP8 divides each by FP8_GEMM_SPEEDUP; at 256 tokens of hidden
     256 the calls' fixed cost bounds them and FP8 gains nothing."""
-    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+    from synth.planner.optimes import FP8_GEMM_SPEEDUP
 
     p = known_profile()
     big = parse_inline_model("layers=2,hidden=4096,heads=32,seq=2048,vocab=1000")
@@ -738,7 +731,7 @@ def test_fp8_with_the_efficiency_curve_by_hand():
     """With the curve, the layers' GEMM FLOPs (3 x forward, and once more when
     fully recomputed) go FP8_GEMM_SPEEDUP times faster, the rest (attention
     core, logits) as in BF16; memory is BF16's; an A100 has no FP8."""
-    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+    from synth.planner.optimes import FP8_GEMM_SPEEDUP
     from synth.planner.stepmodel import memory_per_device
 
     model = load_model("gpt3-1.3b")
@@ -806,7 +799,7 @@ def test_the_h200_fp8_records_bound_the_planners_fp8_speed_up():
     (FBGEMM's and the 8,192-token layer GEMMs) the FP8 GEMM alone is faster than
     the planner's FP8 speed-up with scaling included (FP8_GEMM_SPEEDUP), which
     it must leave room for; the small tensor-parallel slice is not (docs say so)."""
-    from synth.planner.layercompute import FP8_GEMM_SPEEDUP
+    from synth.planner.optimes import FP8_GEMM_SPEEDUP
 
     rows = [r for _, _, r in _json_lines(REPO / "data" / "calibration" / "h200-fp8.jsonl")]
     assert len(rows) == 9

@@ -15,7 +15,8 @@ import pytest
 from planner_cases import AlltoallsByBytes
 
 from synth.planner.fp8 import DEEPGEMM_H800, block_scaled_speedup, moe_alltoall_bytes
-from synth.planner.layercompute import FP8_GEMM_SPEEDUP, Shard, layer_compute
+from synth.planner.layercompute import layer_compute
+from synth.planner.optimes import FP8_GEMM_SPEEDUP, Shard
 from synth.planner.operations import (
     AttentionModel,
     ElementwiseModel,

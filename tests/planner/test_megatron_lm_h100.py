@@ -13,7 +13,9 @@ from planner_cases import REPO
 
 from synth.errors import SynthError
 from synth.planner.compute import load_compute_profile
-from synth.planner.layercompute import Shard, embedding_compute, head_compute, layer_compute
+from synth.planner.layercompute import layer_compute
+from synth.planner.optimes import Shard
+from synth.planner.stagecompute import embedding_compute, head_compute
 from synth.planner.modelspec import load_model
 
 ROWS = [json.loads(line) for line in (REPO / "data" / "megatron_lm_h100.jsonl").read_text().splitlines() if line]

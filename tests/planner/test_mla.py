@@ -12,7 +12,8 @@ from synth.planner.activations import Recompute
 from synth.planner.compute import shipped_profile_for
 from synth.planner.fp8 import block_scaled_speedup
 from synth.planner.frameworks import deepseek_activation_bytes
-from synth.planner.layercompute import Shard, deepseek_recompute_s, layer_compute
+from synth.planner.layercompute import deepseek_recompute_s, layer_compute
+from synth.planner.optimes import Shard
 from synth.planner.modelspec import load_model, parse_inline_model
 
 # a small latent-attention model: hidden 256, 4 heads; latents 96 (query) and 32 (keys and values), rotary 16,

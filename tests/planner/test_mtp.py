@@ -15,7 +15,9 @@ from helpers import usage_error
 from synth.errors import SynthError
 from synth.planner.activations import Recompute
 from synth.planner.compute import shipped_profile_for
-from synth.planner.layercompute import Shard, layer_compute, mtp_compute, recompute_ops, stage_compute
+from synth.planner.layercompute import layer_compute, recompute_ops
+from synth.planner.optimes import Shard
+from synth.planner.stagecompute import mtp_compute, stage_compute
 from synth.planner.modelspec import load_model, model_from_dict, parse_inline_model
 from synth.planner.stepmodel import (Configuration, Training, memory_per_device, stage_costs, stage_mix,
                                      stage_parameters, step_shape)

@@ -96,7 +96,8 @@ def test_uneven_stage_memory_and_compute_by_hand():
     from test_compute import known_profile
     from test_unfused_attention import kernels_by_hand
 
-    from synth.planner.layercompute import Shard, stage_compute
+    from synth.planner.optimes import Shard
+    from synth.planner.stagecompute import stage_compute
     L, h, a, s, V = 16, 64, 4, 32, 128
     m = gpt(L, h, a, s, V)
     config = Configuration(1, 1, 4, 1, stage_layers=(3, 5, 5, 3))

@@ -18,7 +18,9 @@ import pytest
 from synth.cli import main
 from synth.planner.activations import Recompute
 from synth.planner.compute import load_compute_profile
-from synth.planner.layercompute import Shard, head_compute, layer_compute, layer_launches, stage_compute
+from synth.planner.layercompute import layer_compute, layer_launches
+from synth.planner.optimes import Shard
+from synth.planner.stagecompute import head_compute, stage_compute
 from synth.planner.modelspec import load_model
 from synth.planner.operations import HostModel
 from synth.planner.stepmodel import Configuration, Sharding, Training, compute_estimate

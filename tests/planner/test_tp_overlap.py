@@ -15,7 +15,8 @@ from planner_cases import Recording, gpt
 from synth.errors import SynthError
 from synth.planner.activations import Recompute
 from synth.planner.compute import load_compute_profile
-from synth.planner.layercompute import Shard, tp_overlap_chunk_ops
+from synth.planner.layercompute import tp_overlap_chunk_ops
+from synth.planner.optimes import Shard
 from synth.planner.modelspec import load_model
 from synth.planner.overlaps import tp_overlap_exposed_s
 from synth.planner.stepmodel import Configuration, Training, compute_estimate, memory_per_device, step_time
