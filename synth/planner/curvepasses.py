@@ -78,7 +78,7 @@ and write ``T h``; learned positions, another gather and the add of the two
 dropout's and each gather's gradient read once) and the head (last stage:
 the final LayerNorm as a layer's, and the loss over ``T V / t`` logits as the
 ``--cross-entropy`` kind moves them,
-:data:`~synth.planner.layercompute.LOSS_BYTES_PER_LOGIT`; the SC'21 code's
+:data:`~synth.planner.stagecompute.LOSS_BYTES_PER_LOGIT`; the SC'21 code's
 ``vocab_parallel_cross_entropy`` on ``output.float()``,
 ``megatron/model/gpt_model.py`` lines 52-56 and
 ``megatron/mpu/cross_entropy.py`` lines 25-105, moves the same passes as
@@ -102,7 +102,7 @@ more (:mod:`synth.planner.eagerops`); newer Megatron-LM folds the QKV bias into
 its GEMM (``24 h / t`` bytes a token and layer in fp16 with recomputation:
 12% of these at tp 1, 3% at tp 8). The per-operation model prices its
 own elementwise passes from a measured profile
-(:mod:`synth.planner.layercompute`) and has no use for this one. A device
+(:mod:`synth.planner.layercompute`, :mod:`synth.planner.stagecompute`) and has no use for this one. A device
 without a ``memory_bandwidth_GBps`` has the curve alone.
 """
 

@@ -13,7 +13,8 @@ sources):
 
 * compute: ``m t_mb``, ``t_mb`` one micro-batch per device
   (:func:`compute_estimate`). With a per-operation profile it is the slowest
-  stage's operations (:mod:`synth.planner.layercompute`: GEMMs, attention,
+  stage's operations (:mod:`synth.planner.layercompute` and
+  :mod:`synth.planner.stagecompute`: GEMMs, attention,
   elementwise passes, embedding on the first stage, logits and loss on the
   last, a fixed cost per micro-batch, an unfused attention's softmax and
   dropout passes at the elementwise rate), and the optimizer step is a term of its
