@@ -89,3 +89,42 @@ def pytest_runtest_protocol(item, nextitem):
         if base:
             item.add_marker(pytest.mark.timeout(float(base) * scale), append=False)
     yield
+
+
+#: the markers of tests that take seconds each: a launch of ranks, a large search or cross-check
+COSTLY_MARKERS = ("slow", "mpi", "torchrun")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``--dist loadfile``), run the test files in the
+    order :func:`pytest_collection_modifyitems` gives them: xdist's own
+    reordering, by how many tests a file holds, leaves a file of a few long
+    launches for the end, where one worker runs it while the other idles."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def costly_files_first(items: list) -> list:
+    """``items`` grouped by test file, the files holding the most tests marked
+    :data:`COSTLY_MARKERS` first, then those holding the most tests (stable:
+    files alike keep their collection order, each file its tests' order).
+    Longest first is how two workers finish together."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def weight(tests: list) -> tuple[int, int]:
+        costly = sum(1 for t in tests if any(t.get_closest_marker(m) for m in COSTLY_MARKERS))
+        return -costly, -len(tests)
+
+    return [item for tests in sorted(files.values(), key=weight) for item in tests]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker, the order of :func:`costly_files_first` over
+    the tests left after ``-m`` and ``-k`` (trylast: after their deselection);
+    every worker collects alike, so the controller hands out the files in
+    that order. One process (``-n 0``) keeps the collection order."""
+    if hasattr(config, "workerinput"):
+        items[:] = costly_files_first(items)

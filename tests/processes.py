@@ -11,6 +11,7 @@ they fail only when they print nothing for a while, however long they take.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -96,3 +97,22 @@ def launch_output(done: subprocess.CompletedProcess) -> str:
     before the launcher's summary) and the tail of stderr (the summary)."""
     err = done.stderr if len(done.stderr) <= 6000 else done.stderr[:4500] + "\n[...]\n" + done.stderr[-1500:]
     return done.stdout[-3000:] + err
+
+
+def launch_sections(stdout: str) -> dict[str, tuple[str, int | None]]:
+    """The sections of a launch's stdout whose rank 0 prints ``#section NAME``,
+    the section's output, then the JSON line ``{"section": NAME, "code": CODE}``
+    (tests/torch_worker.py ``run_sections``): NAME -> (its output, CODE; None
+    where the section never reported one)."""
+    sections: dict[str, list] = {}
+    name = None
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith("#section "):
+            name = line.split()[1]
+            sections[name] = ["", None]
+        elif line.startswith('{"section": '):
+            record = json.loads(line)
+            sections[record["section"]][1] = record["code"]
+        elif name is not None:
+            sections[name][0] += line
+    return {k: (text, code) for k, (text, code) in sections.items()}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import launch_output, limit_s
+from processes import launch_output, launch_sections, limit_s
 
 import synth
 from synth.cli import main
@@ -161,11 +161,41 @@ def torchrun(n: int, *argv: str, timeout_s: float, wrap: list[str] | None = None
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    """One launch of 8 gloo ranks for every check of tests/torch_worker.py."""
-    done = torchrun(8, "tests/torch_worker.py", "checks", str(tmp_path_factory.mktemp("torch")), timeout_s=500)
+def parity_plans(tmp_path_factory):
+    from test_runtime import tampered_plans
+
+    directory = tmp_path_factory.mktemp("parity")
+    plan8 = directory / "plan8.json"
+    assert main(["--topology", "testbed-2x4", "--axes", "dp=8", "--program", "5", "--out", str(plan8)]) == 0
+    tampered_plans(plan8, directory)  # swapped.json beside it
+    return directory
+
+
+@pytest.fixture(scope="module")
+def suite(parity_plans):
+    """One launch of 8 gloo ranks (tests/torch_worker.py ``suite``) for the
+    pipelined schedules, the mpiexec failure cases, bench and tune, and every
+    check of ``checks``: ``(sections, done, directory)``, ``sections`` mapping
+    each section's name to its stdout text and its exit code (None if the
+    section never reported one)."""
+    done = torchrun(8, "tests/torch_worker.py", "suite", str(parity_plans), timeout_s=900)
+    return launch_sections(done.stdout), done, parity_plans
+
+
+def suite_section(suite, name: str) -> str:
+    """The stdout of section ``name`` of the suite launch, asserted to have run
+    to exit code 0 (the launch's output as the message otherwise)."""
+    sections, done, _ = suite
+    assert name in sections and sections[name][1] == 0, (name, launch_output(done))
+    return sections[name][0]
+
+
+@pytest.fixture(scope="module")
+def checks(suite):
+    """The ``checks`` section's records by check name, and the launch."""
+    sections, done, _ = suite
     results = {}
-    for line in done.stdout.splitlines():
+    for line in sections.get("checks", [""])[0].splitlines():
         if line.startswith("{"):
             record = json.loads(line)
             results[record["check"]] = record
@@ -180,7 +210,7 @@ def assert_check(checks, name: str) -> str:
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_executor_is_exact_on_every_allreduce_program_at_odd_lengths(checks):
     detail = assert_check(checks, "allreduce_programs")
     # every program of dp over both nodes (100 on a (2, 4) hierarchy), x 3 lengths, float32 and float64
@@ -190,7 +220,7 @@ def test_executor_is_exact_on_every_allreduce_program_at_odd_lengths(checks):
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_ddp_sparse_embedding_gradients_run_the_plans_program_in_sparse_form(checks):
     """comm_hook(plan, sparse=True) under DDP: nn.Embedding(sparse=True)'s
     gradient equals default DDP's exactly, and without sparse=True the hook
@@ -201,7 +231,7 @@ def test_ddp_sparse_embedding_gradients_run_the_plans_program_in_sparse_form(che
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_alltoall_programs_run_exactly_on_gloo(checks):
     """synth.runtime.alltoall on the torch world: the one call and both
     hierarchical programs of ep=8 over 2 x 4 (tests/torch_worker.py)."""
@@ -209,18 +239,19 @@ def test_alltoall_programs_run_exactly_on_gloo(checks):
 
 
 @pytest.mark.torchrun
+@pytest.mark.timeout(900)
 def test_executor_is_exact_on_reducescatter_and_allgather_plans(checks):
     assert re.fullmatch(r"\d+ programs", assert_check(checks, "shard_programs"))
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_executor_takes_a_plan_path_and_picks_the_program_by_size(checks):
     assert_check(checks, "plan_file_with_size_ranges")
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_a_job_plan_from_the_planner_runs_exactly_through_synth_torch(checks):
     detail = assert_check(checks, "job_plan")
     assert detail == "allgather over tp, reducescatter over tp, reducescatter over dp, allgather over dp: exact", \
@@ -228,13 +259,13 @@ def test_a_job_plan_from_the_planner_runs_exactly_through_synth_torch(checks):
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_device_mesh_groups_are_the_plans_reduction_groups(checks):
     assert_check(checks, "device_mesh")
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_ddp_with_the_plans_hook_trains_like_default_ddp(checks):
     for name in ("ddp_dp_only", "ddp_dp_mp"):
         detail = assert_check(checks, name)
@@ -243,20 +274,20 @@ def test_ddp_with_the_plans_hook_trains_like_default_ddp(checks):
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_hsdp_on_the_hierarchical_mesh_runs_the_blueconnect_program(checks):
     assert_check(checks, "hsdp")
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_the_hook_refuses_a_process_group_other_than_the_plans(checks):
     detail = assert_check(checks, "hook_group")
     assert "else replicas would silently diverge" in detail
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_the_trainer_mesh_has_stable_names_and_the_plans_groups(checks):
     assert assert_check(checks, "trainer_mesh").startswith("tp [")
 
@@ -322,14 +353,13 @@ def test_bad_launches_fail_on_every_rank_with_one_message(tmp_path):
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(300)
-def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
-    done = torchrun(8, "tests/torch_worker.py", "bench", str(tmp_path), timeout_s=240)
-    assert done.returncode == 0, launch_output(done)
-    assert "backend torch-gloo, 8 ranks" in done.stdout and "gloo implements reduce-scatter through all-reduce" \
-        in done.stdout
-    rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+/\d+\s+\d+\s+\d+\s", line)]
-    assert rows and all(row[-1] == "0" for row in rows), done.stdout
+@pytest.mark.timeout(900)
+def test_bench_and_tune_run_on_the_torch_backend(suite, cli):
+    stdout, tmp_path = suite_section(suite, "bench"), suite[2]
+    assert "backend torch-gloo, 8 ranks" in stdout and "gloo implements reduce-scatter through all-reduce" \
+        in stdout
+    rows = [line.split() for line in stdout.splitlines() if re.match(r"\s+\d+/\d+\s+\d+\s+\d+\s", line)]
+    assert rows and all(row[-1] == "0" for row in rows), stdout
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     # the 2 best predicted at the largest size (the NCCL model, as bench ranks them) and the default, x 2 sizes
     best = synth.solve("testbed-2x4", {"dp": 8}, model="nccl", size=4096, top=2, verify=False).placements[0]
@@ -337,7 +367,7 @@ def test_bench_and_tune_run_on_the_torch_backend(tmp_path, cli):
     assert {r["program"] for r in records} == expected and len(records) == 2 * len(expected)
     assert {r["backend"] for r in records} == {"torch-gloo"} and all(r["wrong"] == 0 for r in records)
     assert not any("nccl_version" in r or "nccl_choices" in r for r in records)  # gloo: nothing from NCCL
-    assert re.search(r"winner at 4 KiB: .*\n# winner at 64 KiB: ", done.stdout)
+    assert re.search(r"winner at 4 KiB: .*\n# winner at 64 KiB: ", stdout)
     code, out, err = cli("verify", tmp_path / "tuned.json")
     assert code == 0 and "verified allreduce over dp" in out, err
     programs = load_plan(tmp_path / "tuned.json").only.programs
@@ -380,27 +410,15 @@ def test_the_ddp_example_refuses_a_plan_without_a_dp_allreduce_in_one_line(tmp_p
 # ---------------------------------------------------------------- parity with the mpiexec failure cases
 
 
-@pytest.fixture(scope="module")
-def parity_plans(tmp_path_factory):
-    from test_runtime import tampered_plans
-
-    directory = tmp_path_factory.mktemp("parity")
-    plan8 = directory / "plan8.json"
-    assert main(["--topology", "testbed-2x4", "--axes", "dp=8", "--program", "5", "--out", str(plan8)]) == 0
-    tampered_plans(plan8, directory)  # swapped.json beside it
-    return directory
-
-
 @pytest.mark.torchrun
-@pytest.mark.timeout(600)
-def test_the_mpiexec_failure_cases_fail_alike_under_torchrun(parity_plans):
+@pytest.mark.timeout(900)
+def test_the_mpiexec_failure_cases_fail_alike_under_torchrun(suite, parity_plans):
     """The tampered-plan, buffer-mismatch and argument-mismatch cases of
     tests/runtime/test_runtime.py, under torchrun on gloo: every rank gets the same
     one-line error, the one the MPI runs give (dtype names aside)."""
-    done = torchrun(8, "tests/torch_worker.py", "parity", str(parity_plans), timeout_s=300)
-    assert done.returncode == 0, launch_output(done)
-    cases = {r["case"]: r["errors"] for r in map(json.loads, (l for l in done.stdout.splitlines() if l.startswith("{")))}
-    assert set(cases) == {"tampered-5", "tampered-all", "bad-length", "bad-dtype", "arguments"}, done.stdout
+    stdout = suite_section(suite, "parity")
+    cases = {r["case"]: r["errors"] for r in map(json.loads, (l for l in stdout.splitlines() if l.startswith("{")))}
+    assert set(cases) == {"tampered-5", "tampered-all", "bad-length", "bad-dtype", "arguments"}, stdout
     for name, errors in cases.items():
         assert len(errors) == 8 and len(set(errors)) == 1 and errors[0], (name, errors)
     bad = parity_plans / "swapped.json"
@@ -425,11 +443,10 @@ def test_a_rank_that_dies_ends_the_torchrun_job(parity_plans):
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(400)
-def test_pipelined_schedules_are_exact_with_gloo_point_to_point(tmp_path):
+@pytest.mark.timeout(900)
+def test_pipelined_schedules_are_exact_with_gloo_point_to_point(request):
     """MSCCL schedules of 12 all-reduce programs run with torch.distributed
     isend/irecv (gloo) on 8 ranks: every buffer equals the direct sum."""
     pytest.importorskip("torch")
-    done = torchrun(8, "tests/torch_worker.py", "pipelined", str(tmp_path), timeout_s=300)
-    assert done.returncode == 0, launch_output(done)
-    assert "pipelined: 24 gloo runs per rank on 8 ranks, all exact" in done.stdout, done.stdout[-2000:]
+    stdout = suite_section(request.getfixturevalue("suite"), "pipelined")
+    assert "pipelined: 24 gloo runs per rank on 8 ranks, all exact" in stdout, stdout[-2000:]

@@ -18,6 +18,10 @@ plan: each must raise the same SynthError on every rank, printed as
 ``bench PLAN_DIR`` (8 ranks): ``synth-reduce bench --backend torch`` with
 ``--jsonl`` and ``synth-reduce tune --backend torch`` over two sizes,
 in-process through the CLI's ``main``.
+
+``suite PLAN_DIR`` (8 ranks): ``pipelined``, ``parity``, ``bench`` and
+``checks`` in one launch (:func:`run_suite`), each section's output framed
+for ``processes.launch_sections``; ``kill`` stays a launch of its own.
 """
 
 from __future__ import annotations
@@ -436,6 +440,13 @@ def check_hsdp(rank: int) -> str:
 
 def run_checks(directory: Path) -> int:
     dist.init_process_group("gloo")
+    code = checks_on(directory)
+    end_process_group()
+    return code
+
+
+def checks_on(directory: Path) -> int:
+    """The ``checks`` on the initialized process group (left initialized)."""
     rank = dist.get_rank()
     checks = [("allreduce_programs", lambda: check_allreduce_programs(rank)),
               ("shard_programs", lambda: check_shard_programs(rank)),
@@ -460,7 +471,6 @@ def run_checks(directory: Path) -> int:
             bad = [d for o, d in everyone if not o]
             print(json.dumps({"check": name, "ok": not bad, "detail": bad[0] if bad else detail}), flush=True)
         failed |= not all(o for o, _ in everyone)
-    end_process_group()
     return 1 if failed else 0
 
 
@@ -491,10 +501,16 @@ def run_launch(directory: Path) -> int:
 
 def run_bench(directory: Path) -> int:
     dist.init_process_group("gloo")
+    code = bench_on(directory)
+    end_process_group()
+    return code
+
+
+def bench_on(directory: Path) -> int:
+    """``bench`` and ``tune`` on the initialized process group (left initialized)."""
     common = ["--backend", "torch", "--topology", "testbed-2x4", "--axes", "dp=8", "--iters", "2", "--warmup", "0"]
     code = cli_main(["bench", *common, "--sizes", "52,4K", "--top", "2", "--jsonl", str(directory / "m.jsonl")])
     code |= cli_main(["tune", *common, "--sizes", "4K,64K", "--top", "3", "--out", str(directory / "tuned.json")])
-    end_process_group()
     return code
 
 
@@ -506,15 +522,27 @@ def devices_of_group(pg, device: int) -> list[int]:
     return [int(x) for x in gathered]
 
 
-def report(problems: list[str], ok: str) -> int:
+# set by run_launched: the modes it runs in one process group leave it initialized
+KEEP_GROUP = []
+
+
+def ensure_process_group() -> None:
+    """Initialize gloo's default process group unless it is already."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+def report(problems: list[str], ok: str, end: bool = True) -> int:
     """Gather every rank's problems; rank 0 prints them, or ``ok``. Ends the
-    process group; the exit code says whether any rank had a problem."""
+    process group unless ``end`` is false or :data:`KEEP_GROUP` is set; the
+    exit code says whether any rank had a problem."""
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, problems)
     if dist.get_rank() == 0:
         wrong = [p for ps in everyone for p in ps]
         print("; ".join(wrong) if wrong else ok, flush=True)
-    end_process_group()
+    if end and not KEEP_GROUP:
+        end_process_group()
     return 1 if any(everyone) else 0
 
 
@@ -534,141 +562,6 @@ def end_process_group() -> None:
     dist.destroy_process_group()
 
 
-def run_renumbered(plan_path: Path) -> int:
-    """Under ``synth-reduce launch``: this process's rank is the rank map's
-    for its device (``SYNTH_DEVICE``). Groups formed from rank order as
-    megatron-core forms them (its RankGenerator; without it, the rank map's own
-    grouping) gather each member's device: every group must be the plan's
-    group of that axis, member order included."""
-    import os
-
-    from synth.plan import load_plan
-
-    dist.init_process_group("gloo")
-    rank, device = dist.get_rank(), int(os.environ["SYNTH_DEVICE"])
-    plan = load_plan(plan_path)
-    sizes = {a.name: a.size for a in plan.placement.axes}
-    try:
-        from megatron.core.parallel_state import RankGenerator
-
-        generator = RankGenerator(tp=sizes.get("tp", 1), ep=1, dp=sizes.get("dp", 1), pp=sizes.get("pp", 1),
-                                  cp=1, order="tp-cp-ep-dp-pp")
-        groups_of = generator.get_ranks
-    except ImportError:
-        from synth.export.rank_map import rank_map
-
-        groups_of = rank_map(plan.placement).groups
-    problems = []
-    for axis in ("tp", "dp"):
-        mine = None
-        for group in groups_of(axis):  # every rank creates every group, in the same order
-            pg = dist.new_group(list(group))
-            if rank in group:
-                mine = (list(group), pg)
-        got = devices_of_group(mine[1], device)
-        want = next(list(map(int, row)) for row in Reduction.of(plan.placement, (axis,)).reduction_groups
-                    if device in row)
-        if got != want:
-            problems.append(f"rank {rank} (device {device}): {axis} group holds devices {got}, the plan's {want}")
-    return report(problems, f"renumbered: tp, dp groups are the plan's on {dist.get_world_size()} ranks")
-
-
-def run_synth_under_launch(plan_path: Path) -> int:
-    """Under ``synth-reduce launch`` (ranks renumbered): ``synth.torch``'s
-    device mesh and trainer mesh give each axis the plan's devices (gathered
-    ``SYNTH_DEVICE`` of the group's members, member order included); the
-    executor's all-reduce over the plan's group is exact; DDP on the plan's dp
-    group with the hook trains like default DDP; and the hook refuses a DDP
-    whose own process group is not the plan's even when registered with the
-    plan's group as its state."""
-    import os
-
-    from synth.plan import load_plan
-
-    device = int(os.environ["SYNTH_DEVICE"])
-    synth.torch.init_process_group()
-    plan = load_plan(plan_path)
-    problems = []
-
-    def want(axis: str) -> list[int]:
-        return next(list(map(int, row)) for row in Reduction.of(plan.placement, (axis,)).reduction_groups
-                    if device in row)
-
-    mesh = synth.torch.device_mesh(plan, "cpu")
-    trainer = synth.torch.trainer_mesh(plan, "cpu")
-    for axis in ("tp", "dp"):
-        for name, m in (("device_mesh", mesh), ("trainer_mesh", trainer)):
-            got = devices_of_group(m.get_group(axis), device)
-            if got != want(axis):
-                problems.append(f"device {device}: {name} {axis} group holds devices {got}, the plan's {want(axis)}")
-    data = torch.full((12,), float(device + 1))
-    synth.torch.Executor(plan)(data)
-    total = float(sum(d + 1 for d in want("dp")))
-    if not torch.all(data == total):
-        problems.append(f"device {device}: executor gave {data[0].item()}, the plan's dp sum is {total}")
-    dp = mesh.get_group("dp")
-    difference, _, _ = ddp_against_default(device, plan, dp, seed=3)
-    if difference > 1e-6:
-        problems.append(f"device {device}: DDP with the hook differs from default DDP by {difference}")
-    tp = mesh.get_group("tp")
-    wrong = DDP(model(5), process_group=tp)
-    wrong.register_comm_hook(dp, synth.torch.comm_hook(plan))  # the state is the plan's group, DDP's is not
-    try:
-        ((wrong(torch.ones(2, 32)) - 1) ** 2).mean().backward()
-        problems.append(f"device {device}: a DDP on the tp group ran the plan's dp hook")
-    except Exception as exc:  # DDP's reducer re-raises the hook's SynthError as a RuntimeError
-        if "DDP's process group spans ranks" not in str(exc):
-            problems.append(f"device {device}: the hook failed otherwise: {exc}")
-    return report(problems, "under launch: device_mesh, trainer_mesh, executor, hook on the plan's devices")
-
-
-def run_torchtitan(plan_path: Path) -> int:
-    """Under ``synth-reduce launch``: torchtitan's own ParallelDims, given the
-    degrees of ``export --format torchtitan``, builds its mesh from rank order
-    (on CPU: its device type forced to cpu); each of its groups of degree > 1,
-    as devices, must be the plan's: ``tp`` and ``pp`` the plan's, ``batch``
-    (dp_replicate x dp_shard) the plan's dp group, ``dp_shard`` this device's
-    block of consecutive dp ranks, ``dp_replicate`` the dp members at its
-    place in the other blocks."""
-    import os
-
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend torchtitan
-    import torchtitan.distributed.parallel_dims as titan  # gives its degree-1 and batch dimensions
-
-    from synth.export.torchtitan import torchtitan_export
-    from synth.plan import load_plan
-
-    dist.init_process_group("gloo")
-    device = int(os.environ["SYNTH_DEVICE"])
-    plan = load_plan(plan_path)
-    degrees = torchtitan_export(plan).parallelism
-    titan.device_type = "cpu"
-    shard = degrees["data_parallel_shard_degree"]
-    dims = titan.ParallelDims(dp_replicate=degrees["data_parallel_replicate_degree"], dp_shard=shard,
-                              cp=degrees["context_parallel_degree"], tp=degrees["tensor_parallel_degree"],
-                              pp=degrees["pipeline_parallel_degree"], ep=1, world_size=dist.get_world_size())
-    dims.build_mesh()
-    sizes = {a.name: a.size for a in plan.placement.axes}
-    want = {axis: next(list(map(int, row)) for row in Reduction.of(plan.placement, (axis,)).reduction_groups
-                       if device in row) for axis in sizes if sizes[axis] > 1}
-    dp = want.get("dp", [device])
-    place = dp.index(device)
-    want["batch"] = dp
-    want["dp_shard"] = dp[place // shard * shard:(place // shard + 1) * shard]
-    want["dp_replicate"] = dp[place % shard::shard]
-    degree = {"tp": degrees["tensor_parallel_degree"], "pp": degrees["pipeline_parallel_degree"],
-              "batch": len(dp), "dp_shard": shard, "dp_replicate": degrees["data_parallel_replicate_degree"]}
-    problems, checked = [], []
-    for name in ("tp", "pp", "batch", "dp_shard", "dp_replicate"):
-        if degree[name] == 1:
-            continue
-        got = devices_of_group(dims.get_mesh(name).get_group(), device)
-        checked.append(name)
-        if got != want[name]:
-            problems.append(f"device {device}: torchtitan's {name} group holds {got}, the plan's {want[name]}")
-    return report(problems, f"torchtitan: {', '.join(checked)} groups are the plan's ({degrees})")
-
-
 def run_parity(directory: Path) -> int:
     """The failure cases the suite runs under mpiexec, under torchrun (8 gloo
     ranks, one launch): a tampered plan file on one rank and on all, a buffer
@@ -676,10 +569,17 @@ def run_parity(directory: Path) -> int:
     given different bench arguments. Each case's error on every rank is
     gathered; rank 0 prints one JSON line per case: ``{"case", "errors"}``
     (one message per rank, None where a rank raised nothing)."""
+    dist.init_process_group("gloo")
+    code = parity_on(directory)
+    end_process_group()
+    return code
+
+
+def parity_on(directory: Path) -> int:
+    """The ``parity`` cases on the initialized process group (left initialized)."""
     import contextlib
     import io
 
-    dist.init_process_group("gloo")
     rank = dist.get_rank()
     plan8, bad = directory / "plan8.json", directory / "swapped.json"
 
@@ -714,7 +614,6 @@ def run_parity(directory: Path) -> int:
         dist.all_gather_object(everyone, message)
         if rank == 0:
             print(json.dumps({"case": name, "errors": everyone}), flush=True)
-    end_process_group()
     return 0
 
 
@@ -722,6 +621,12 @@ def run_pipelined(directory: Path) -> int:
     """The all-reduce programs of testbed-2x4 dp=8 (the first 12), each as its
     checked MSCCL schedule run with gloo point-to-point (synth.runtime.pipelined
     TorchLinks): every rank's buffer must equal the direct sum."""
+    dist.init_process_group("gloo")
+    return pipelined_on(directory, end=True)
+
+
+def pipelined_on(directory: Path, end: bool = False) -> int:
+    """The ``pipelined`` runs on the initialized process group (ended only if ``end``)."""
     from synth.export.msccl import compile_program, schedule_of
     from synth.export.msccl_check import check_algorithm
     from synth.runtime.pipelined import TorchLinks, allreduce
@@ -731,7 +636,6 @@ def run_pipelined(directory: Path) -> int:
     from synth.synthesis.semantics import Goal
     from synth.topology import load_topology
 
-    dist.init_process_group("gloo")
     rank = dist.get_rank()
     placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("dp=8"))[0]
     reduction = Reduction.of(placement, "dp", Goal.ALLREDUCE)
@@ -749,7 +653,41 @@ def run_pipelined(directory: Path) -> int:
             if not np.array_equal(buffer, inputs.sum(axis=0)):
                 problems.append(f"rank {rank}: {program} length {length} wrong")
             runs += 1
-    return report(problems, f"pipelined: {runs} gloo runs per rank on 8 ranks, all exact")
+    return report(problems, f"pipelined: {runs} gloo runs per rank on 8 ranks, all exact", end=end)
+
+
+def run_sections(sections) -> int:
+    """Run each ``(name, section)`` in order on the initialized process group:
+    rank 0 prints ``#section NAME``, the section's output, then ``{"section":
+    NAME, "code": CODE}``, CODE the highest exit code any rank's section gave
+    (1 for a section that raised: reported, and the rest still run). The exit
+    code: 1 if any section's CODE was not 0."""
+    rank, failed = dist.get_rank(), False
+    for name, section in sections:
+        if rank == 0:
+            print(f"#section {name}", flush=True)
+        try:
+            code = section()
+        except Exception:  # reported; the other sections still run
+            traceback.print_exc()
+            code = 1
+        codes = synth.torch.world().allgather(code)
+        if rank == 0:
+            print(json.dumps({"section": name, "code": max(codes)}), flush=True)
+        failed |= max(codes) != 0
+    return 1 if failed else 0
+
+
+def run_suite(directory: Path) -> int:
+    """``pipelined``, ``parity`` (plans from ``directory``), ``bench`` and
+    ``checks`` in one launch, one process group (the ranks import torch once,
+    not four times), reported by :func:`run_sections`; ``checks`` come last
+    (their final check makes DDP raise)."""
+    dist.init_process_group("gloo")
+    sections = [("pipelined", pipelined_on), ("parity", parity_on), ("bench", bench_on), ("checks", checks_on)]
+    code = run_sections([(name, lambda section=section: section(directory)) for name, section in sections])
+    end_process_group()
+    return code
 
 
 def run_kill(directory: Path) -> int:
@@ -769,6 +707,5 @@ def run_kill(directory: Path) -> int:
 
 if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
-    sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench,
-              "renumbered": run_renumbered, "synth_launch": run_synth_under_launch, "torchtitan": run_torchtitan, "parity": run_parity,
-              "kill": run_kill, "pipelined": run_pipelined}[mode](where))
+    sys.exit({"checks": run_checks, "launch": run_launch, "bench": run_bench, "parity": run_parity,
+              "kill": run_kill, "pipelined": run_pipelined, "suite": run_suite}[mode](where))

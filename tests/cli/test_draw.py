@@ -18,9 +18,7 @@ import pytest
 from helpers import usage_error
 
 from synth.cli import main
-from synth.cli.drawing import COLOURS, MAX_DRAWN, draw_plan, layout
-from synth.cost import Model
-from synth.plan import load_plan
+from synth.cli.drawing import COLOURS, MAX_DRAWN, layout
 from synth.topology import load_topology
 
 pytest.importorskip("matplotlib")
@@ -51,10 +49,27 @@ def expected_colours(groups: list[set[int]], drawn: int) -> int:
     return min(COLOURS, sum(1 for g in groups if min(g) < drawn))
 
 
+def recording_draws(monkeypatch) -> list[dict[str, int]]:
+    """What each ``draw_plan`` the ``draw`` command calls returns (the colours
+    used per panel title), in call order: the command's own drawing is the
+    one checked, not a second drawing of the same plan."""
+    import synth.cli.draw as command
+
+    returned, draw = [], command.draw_plan
+
+    def recording(*args, **kwargs):
+        returned.append(draw(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(command, "draw_plan", recording)
+    return returned
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_each_shipped_topology_example_plan_is_drawn(topology, tmp_path, capsys):
+def test_each_shipped_topology_example_plan_is_drawn(topology, tmp_path, capsys, monkeypatch):
     plan_path, picture = tmp_path / "plan.json", tmp_path / "plan.svg"
+    draws = recording_draws(monkeypatch)
     axes = example_axes(topology)
     reduce = "dp"
     assert main(["--topology", topology, "--axes", axes, "--reduce", reduce, "--max-steps", "3", "--top", "1",
@@ -73,7 +88,8 @@ def test_each_shipped_topology_example_plan_is_drawn(topology, tmp_path, capsys)
     for n, step in enumerate(program["steps"][:6], start=1):
         assert f"{n}. {step['instruction']}" in text
     drawn = min(load_topology(topology).num_devices, layout(load_topology(topology)).drawn)
-    used = draw_plan(load_plan(plan_path), tmp_path / "again.svg", Model())
+    assert len(draws) == 1
+    used = draws[0]
     for i, axis in enumerate(doc["axes"]):
         title = next(t for t in used if t.startswith(f"{axis['name']}={axis['size']}:"))
         assert used[title] == expected_colours(reference_groups(doc, i), drawn), title

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import usage_error
-from processes import launch_output, run
+from processes import launch_output, launch_sections, run
 
 import synth
 from synth.errors import SynthError
@@ -193,88 +193,98 @@ def test_launch_rank_sets_the_rank_before_the_process_group(monkeypatch, tmp_pat
     assert torch_module.launch_rank(path) == ranks.rank_of_device[5]
 
 
-@pytest.mark.torchrun
-@pytest.mark.timeout(300)
-def test_launch_under_torchrun_gives_megatrons_groups_the_plans_devices(tmp_path):
-    """8 gloo ranks launched through ``synth-reduce launch`` on an interleaved
-    plan: megatron-core's groups (or the plain reference without it) summed
-    over gloo hold exactly the plan's devices, in member order."""
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One launch of 8 gloo ranks through ``synth-reduce launch`` on an
+    interleaved placement of tp=2,dp=4 (mesh [[0, 1, 4, 5], [2, 3, 6, 7]]:
+    its rank map renumbers), running tests/launch_worker.py ``launched``:
+    ``renumbered`` and (where installed) ``torchtitan`` on ``plan.json`` (the
+    default all-reduce over tp), ``synth_launch`` on ``dp.json`` (a proved
+    all-reduce over dp, same placement). ``(placement, sections, done)``,
+    ``sections`` as :func:`processes.launch_sections` gives them."""
     pytest.importorskip("torch")
     placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))[0]
-    assert not rank_map(placement).is_identity
-    path = tmp_path / "plan.json"
-    synth.write_plan(path, Plan(placement, (_any_reduction(placement),)))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SYNTH_DEVICE", "SYNTH_RENUMBERED")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
-                "-m", "synth.cli", "launch", str(path), "--", "tests/torch_worker.py", "renumbered", str(path)],
-               quiet_s=180, cwd=REPO, env=env)
-    assert done.returncode == 0, launch_output(done)
-    assert "renumbered: tp, dp groups are the plan's on 8 ranks" in done.stdout
-
-
-@pytest.mark.torchrun
-@pytest.mark.timeout(300)
-def test_synth_torch_under_launch_puts_every_axis_on_the_plans_devices(tmp_path):
-    """8 gloo ranks under ``synth-reduce launch`` on a plan whose rank map
-    renumbers: synth.torch's meshes, executor and DDP hook work on the plan's
-    devices (tests/torch_worker.py run_synth_under_launch), and the hook
-    refuses a DDP on another group registered with the plan's group as state."""
-    pytest.importorskip("torch")
-    placement = enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))[0]
-    assert not rank_map(placement).is_identity
-    path = tmp_path / "plan.json"
+    assert placement.matrix == ((1, 2), (2, 2)), placement.matrix
+    directory = tmp_path_factory.mktemp("launched")
+    synth.write_plan(directory / "plan.json", Plan(placement, (_any_reduction(placement),)))
     reduction = Reduction.of(placement, ("dp",))
     from synth.synthesis.verify import verify_lowered
 
     lowered = lower(parse_program("AllReduce(root, inside)"), reduction)
     verify_lowered(lowered)
-    synth.write_plan(path, Plan.single(lowered, reduction))
+    synth.write_plan(directory / "dp.json", Plan.single(lowered, reduction))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SYNTH_DEVICE", "SYNTH_RENUMBERED")}
     env.update(PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
-                "-m", "synth.cli", "launch", str(path), "--", "tests/torch_worker.py", "synth_launch", str(path)],
-               quiet_s=240, cwd=REPO, env=env)
-    assert done.returncode == 0, launch_output(done)
-    assert "under launch: device_mesh, trainer_mesh, executor, hook on the plan's devices" in done.stdout
+                "-m", "synth.cli", "launch", str(directory / "plan.json"), "--", "tests/launch_worker.py", "launched",
+                str(directory)], quiet_s=480, cwd=REPO, env=env)
+    return placement, launch_sections(done.stdout), done
 
 
-def _torchtitan_plans(directory: Path) -> list[tuple[Path, str]]:
-    """An interleaved HSDP placement plan (dp over 2 nodes x 2 ranks, mesh
-    [[0, 1, 4, 5], [2, 3, 6, 7]]) and a ZeRO-3 job plan over tp, dp and pp,
-    with the groups each must show."""
-    from synth.cli import main
-
-    placement = next(p for p in enumerate_placements(load_topology("testbed-2x4"), parse_axes("tp=2,dp=4"))
-                     if p.matrix == ((1, 2), (2, 2)))
-    hsdp = directory / "hsdp.json"
-    synth.write_plan(hsdp, Plan(placement, (_any_reduction(placement),)))
-    job = directory / "job3.json"
-    assert main(["plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "16", "--axes",
-                 "tp=2,dp=2,pp=2", "--device", DEVICE, "--sharding", "zero3", "--out", str(job)]) == 0
-    return [(hsdp, "tp, batch, dp_shard, dp_replicate"), (job, "tp, pp, batch, dp_shard")]
+def launched_section(launched, name: str) -> str:
+    """The output of section ``name`` of the ``launched`` launch, asserted to
+    have run to exit code 0 (the launch's output as the message otherwise)."""
+    _, sections, done = launched
+    assert name in sections and sections[name][1] == 0, (name, launch_output(done))
+    return sections[name][0]
 
 
 @pytest.mark.torchrun
 @pytest.mark.timeout(600)
-def test_torchtitans_own_mesh_holds_the_plans_groups(tmp_path):
+def test_launch_under_torchrun_gives_megatrons_groups_the_plans_devices(launched):
+    """8 gloo ranks launched through ``synth-reduce launch`` on an interleaved
+    plan: megatron-core's groups (or the plain reference without it) summed
+    over gloo hold exactly the plan's devices, in member order."""
+    assert not rank_map(launched[0]).is_identity
+    assert "renumbered: tp, dp groups are the plan's on 8 ranks" in launched_section(launched, "renumbered")
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(600)
+def test_synth_torch_under_launch_puts_every_axis_on_the_plans_devices(launched):
+    """8 gloo ranks under ``synth-reduce launch`` on a plan whose rank map
+    renumbers: synth.torch's meshes, executor and DDP hook work on the plan's
+    devices (tests/launch_worker.py run_synth_under_launch), and the hook
+    refuses a DDP on another group registered with the plan's group as state."""
+    assert not rank_map(launched[0]).is_identity
+    assert "under launch: device_mesh, trainer_mesh, executor, hook on the plan's devices" in launched_section(
+        launched, "synth_launch")
+
+
+def _torchtitan_job_plan(directory: Path) -> Path:
+    """A ZeRO-3 job plan over tp, dp and pp (its groups: tp, pp, batch, dp_shard)."""
+    from synth.cli import main
+
+    job = directory / "job3.json"
+    assert main(["plan", "--topology", "testbed-2x4", "--model", TINY, "--global-batch", "16", "--axes",
+                 "tp=2,dp=2,pp=2", "--device", DEVICE, "--sharding", "zero3", "--out", str(job)]) == 0
+    return job
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(900)
+def test_torchtitans_own_mesh_holds_the_plans_groups(tmp_path, request):
     """torchtitan's ParallelDims (installed by .ci/run's own step: its package
     pulls datasets, tensorboard and wandb, so it is not in the test extra),
     given the exported degrees and launched through ``synth-reduce launch``,
-    forms the plan's groups on 8 gloo ranks, for a placement plan and a job
-    plan."""
+    forms the plan's groups on 8 gloo ranks, for a placement plan (an
+    interleaved HSDP placement: dp over 2 nodes x 2 ranks; the ``launched``
+    launch) and a job plan (a launch of its own)."""
     pytest.importorskip("torchtitan.distributed.parallel_dims",
                         reason="torchtitan is not installed (.ci/run installs it: see the README's test section)")
+    launch = request.getfixturevalue("launched")
+    assert not rank_map(launch[0]).is_identity
+    hsdp = launched_section(launch, "torchtitan")
+    assert "torchtitan: tp, batch, dp_shard, dp_replicate groups are the plan's" in hsdp, hsdp[-2000:]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SYNTH_DEVICE", "SYNTH_RENUMBERED")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    for path, groups in _torchtitan_plans(tmp_path):
-        assert not rank_map(load_plan(path).placement).is_identity or "job" in path.name
-        done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
-                    "-m", "synth.cli", "launch", str(path), "--", "tests/torch_worker.py", "torchtitan", str(path)],
-                   quiet_s=180, cwd=REPO, env=env)
-        assert done.returncode == 0, launch_output(done)
-        assert f"torchtitan: {groups} groups are the plan's" in done.stdout, done.stdout[-2000:]
+    path = _torchtitan_job_plan(tmp_path)
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
+                "-m", "synth.cli", "launch", str(path), "--", "tests/launch_worker.py", "torchtitan", str(path)],
+               quiet_s=180, cwd=REPO, env=env)
+    assert done.returncode == 0, launch_output(done)
+    assert "torchtitan: tp, pp, batch, dp_shard groups are the plan's" in done.stdout, done.stdout[-2000:]
 
 
 # ---------------------------------------------------------------- formats and the command

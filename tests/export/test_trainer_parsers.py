@@ -103,12 +103,17 @@ def test_the_rules_refuse_what_megatron_lm_refuses():
         megatron_args.validate(megatron_args.parse(base + ["--tp-comm-overlap"]), 8)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_torchtitans_config_manager_parses_every_export(shipped_plans, tmp_path):
-    """torchtitan 0.3's ConfigManager parses each exported command line and
-    reads back the degrees, schedule, activation checkpointing, async tensor
-    parallelism and the CUDA graph switch the export meant."""
+# the pre-0.3 spelling of settings the exports write: torchtitan 0.3 must refuse each line
+OLD_SPELLINGS = [["--activation_checkpoint.mode", "full"], ["--parallelism.enable_async_tensor_parallel"],
+                 ["--parallelism.pipeline_parallel_degree", "2"]]
+
+
+@pytest.fixture(scope="module")
+def torchtitan_parsed(shipped_plans, tmp_path_factory):
+    """One run of tests/torchtitan_parse.py (torchtitan's import costs most of
+    a run) on every torchtitan export of the shipped plans, then on
+    :data:`OLD_SPELLINGS`: ``(exports, parsed exports, parsed old spellings,
+    the run)``; each parse is one JSON record, in the order given."""
     pytest.importorskip("torchtitan.config.manager", reason="torchtitan is not installed (.ci/run installs it)")
     pytest.importorskip("tyro")
     exports = []
@@ -117,13 +122,24 @@ def test_torchtitans_config_manager_parses_every_export(shipped_plans, tmp_path)
             exports.append(torchtitan_export(load_plan(path)))
         except SynthError as e:  # expert axes, uneven stages, zero-bubble: refused with the reason
             assert "torchtitan export:" in str(e)
-    assert len(exports) >= len(MODELS) // 2
-    lines = tmp_path / "lines.json"
-    lines.write_text(json.dumps([e.overrides() for e in exports]))
-    done = run([sys.executable, str(REPO / "tests" / "torchtitan_parse.py"), str(lines)], 600, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    directory = tmp_path_factory.mktemp("torchtitan")
+    lines = directory / "lines.json"
+    lines.write_text(json.dumps([e.overrides() for e in exports] + OLD_SPELLINGS))
+    done = run([sys.executable, str(REPO / "tests" / "torchtitan_parse.py"), str(lines)], 600, cwd=directory)
     parsed = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(parsed) == len(exports)
+    return exports, parsed[:len(exports)], parsed[len(exports):], done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_torchtitans_config_manager_parses_every_export(torchtitan_parsed):
+    """torchtitan 0.3's ConfigManager parses each exported command line and
+    reads back the degrees, schedule, activation checkpointing, async tensor
+    parallelism and the CUDA graph switch the export meant."""
+    exports, parsed, old, done = torchtitan_parsed
+    assert len(exports) >= len(MODELS) // 2
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(parsed) == len(exports) and len(old) == len(OLD_SPELLINGS), done.stdout[-3000:]
     modes = {"none": "NoneType", "selective": "SelectiveAC.Config", "full": "FullAC.Config"}
     for export, got in zip(exports, parsed):
         assert "error" not in got, (export.overrides(), got["error"])
@@ -136,13 +152,12 @@ def test_torchtitans_config_manager_parses_every_export(shipped_plans, tmp_path)
 
 
 @pytest.mark.slow
-def test_torchtitans_config_manager_refuses_the_old_spelling(tmp_path):
-    """The parse is real: the pre-0.3 spelling of the same settings fails."""
-    pytest.importorskip("torchtitan.config.manager", reason="torchtitan is not installed (.ci/run installs it)")
-    lines = tmp_path / "lines.json"
-    lines.write_text(json.dumps([["--activation_checkpoint.mode", "full"],
-                                 ["--parallelism.enable_async_tensor_parallel"],
-                                 ["--parallelism.pipeline_parallel_degree", "2"]]))
-    done = run([sys.executable, str(REPO / "tests" / "torchtitan_parse.py"), str(lines)], 300, cwd=tmp_path)
+@pytest.mark.timeout(1200)
+def test_torchtitans_config_manager_refuses_the_old_spelling(torchtitan_parsed):
+    """The parse is real: the pre-0.3 spelling of the same settings fails
+    (parsed in the same run as the exports, after them)."""
+    _, _, old, done = torchtitan_parsed
     assert done.returncode == 0, done.stderr[-3000:]
-    assert all("error" in json.loads(line) for line in done.stdout.splitlines())
+    assert len(old) == len(OLD_SPELLINGS), done.stdout[-3000:]
+    for line, got in zip(OLD_SPELLINGS, old):
+        assert "error" in got, (line, got)
