@@ -111,6 +111,7 @@ from __future__ import annotations
 from ..topology import Device
 from .activations import Recompute
 from .layercompute import EMBEDDING_DROPOUT_BYTES, RESIDUAL_DROPOUT_BYTES
+from .scores import unfused_score_s
 from .stagecompute import LOSS_BYTES_PER_LOGIT
 from .training import Configuration, Training, sequence_parallel
 from .transformer import Transformer
@@ -205,3 +206,16 @@ def curve_pass_s(model: Transformer, training: Training, config: Configuration, 
     bandwidth (a lower bound); 0 for a device without one."""
     bandwidth = device.memory_bandwidth_Bps
     return curve_pass_bytes(model, training, config, layers) / bandwidth if bandwidth else 0.0
+
+
+def bandwidth_passes_s(model: Transformer, training: Training, config: Configuration, layers: float,
+                       device: Device) -> float:
+    """Everything the efficiency curve prices apart from its FLOPs, for one
+    micro-batch of ``layers`` layers at the device's datasheet memory
+    bandwidth: an unfused attention's score passes
+    (:func:`~synth.planner.scores.unfused_score_s`) and the passes of this
+    module (:func:`curve_pass_s`). The one sum that the curve's prediction adds
+    (:func:`synth.planner.stepmodel.compute_estimate`) and its fit takes out of
+    each record (:func:`synth.planner.stepfit.implied`), so the two agree."""
+    return (unfused_score_s(model, training, config, layers, device)
+            + curve_pass_s(model, training, config, layers, device))

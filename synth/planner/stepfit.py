@@ -23,9 +23,8 @@ from ..cost import Model, NetworkProfile
 from ..errors import SynthError
 from .collectivecosts import CollectiveCosts
 from .compute import ComputeModel, CurveFit, fit_curve
-from .curvepasses import curve_pass_s
+from .curvepasses import bandwidth_passes_s
 from .operations import OperationProfile
-from .scores import unfused_score_s
 from .stagecompute import micro_batch_fixed_s
 from .stepmodel import compute_estimate, micro_batch_seconds_for, step_shape, step_time
 from .steprecords import StepRecord
@@ -66,8 +65,7 @@ def implied(records: Sequence[StepRecord], costs: RecordCosts | None = None) -> 
         collectives = costs.of(r).on(r.placement)
         t = micro_batch_seconds_for(r.model, r.training, r.config, collectives, r.step_s, where)
         shape = step_shape(r.model, r.training, r.config)
-        t -= unfused_score_s(r.model, r.training, r.config, shape.layers_per_stage, r.device)  # priced apart
-        t -= curve_pass_s(r.model, r.training, r.config, shape.layers_per_stage, r.device)  # priced apart
+        t -= bandwidth_passes_s(r.model, r.training, r.config, shape.layers_per_stage, r.device)  # priced apart
         if t <= 0:
             raise SynthError(f"{where}: the measured step is not longer than the predicted communication and "
                              "bandwidth-bound passes; check the record or the device's memory_bandwidth_GBps")

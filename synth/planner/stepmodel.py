@@ -113,7 +113,7 @@ from ..synthesis.semantics import Goal
 from ..topology import Device
 from .collectives import BareCollectives, Collectives
 from .compute import ComputeModel, EfficiencyCurve
-from .curvepasses import curve_pass_s
+from .curvepasses import bandwidth_passes_s
 from .layercompute import deepseek_recompute_s, layer_compute, recompute_ops, tp_overlap_chunk_ops
 from .frameworks import step_overhead_bytes
 from .fp8 import moe_alltoall_bytes
@@ -131,7 +131,7 @@ from .overlaps import (
     tp_overlap_exposed_s,
 )
 from .schedules import Schedule, bubble_s, rank_mean, rank_stage_kinds
-from .scores import unfused_score_elementwise_s, unfused_score_s
+from .scores import unfused_score_elementwise_s
 from .stagecompute import embedding_compute, head_compute, mtp_compute, stage_compute
 from .stages import StageCosts, kind_costs, slowest_stage
 from .training import (
@@ -309,8 +309,7 @@ def compute_estimate(model: Transformer, training: Training, config: Configurati
             gemms = _gemm_flops_fraction(model, training, config)
             seconds *= 1 - gemms + gemms / FP8_GEMM_SPEEDUP
             efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
-        passes_s = unfused_score_s(model, training, config, shape.layers_per_stage, device)  # 0 unless unfused
-        passes_s += curve_pass_s(model, training, config, shape.layers_per_stage, device)  # 0 without bandwidth
+        passes_s = bandwidth_passes_s(model, training, config, shape.layers_per_stage, device)
         if passes_s:
             seconds += passes_s
             efficiency = shape.flops_per_micro_batch / (device.peak_flops * seconds)
